@@ -1,0 +1,3 @@
+from dcptool.cli.app import main
+
+main()

@@ -1,0 +1,1 @@
+"""The dcptool command line."""
