@@ -144,8 +144,10 @@ def _render_table(items: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(show_lines=False)
-    for col in ("#", "offset", "magic", "opcode", "vb/status", "opaque", "cas", "dt", "key", "fields"):
-        table.add_column(col, overflow="fold")
+    for col in ("#", "offset", "magic", "opcode", "vb/status", "opaque", "cas", "dt"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("key", overflow="fold")
+    table.add_column("fields", overflow="fold", ratio=1)
     skip = {"line", "offset", "magic", "opcode", "vbucket", "status", "opaque", "cas", "datatype", "key",
             "error", "field"}
     for i, it in enumerate(items, 1):
@@ -158,7 +160,10 @@ def _render_table(items: list[dict[str, Any]]) -> None:
         table.add_row(str(i), where, it["magic"], it["opcode"],
                       str(it.get("vbucket", it.get("status", ""))), it["opaque"], str(it["cas"]),
                       str(it["datatype"]), str(it.get("key", it.get("key_hex", ""))), rest)
-    console().print(table)
+    out = console()
+    if not out.is_terminal:
+        out.width = max(out.width, 160)
+    out.print(table)
 
 
 @app.command()
