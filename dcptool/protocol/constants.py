@@ -1,7 +1,6 @@
 """Named constants of the memcached binary protocol and DCP.
 
-Values are the ones a Couchbase node puts on the wire; see docs/protocol-notes.md
-for where each table comes from.
+Values are the ones a Couchbase node puts on the wire (kv_engine's tables).
 """
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Spark jobs: backup, restore, merge and export, and the PySpark data source for archives."""
