@@ -1,0 +1,199 @@
+"""The blocking driver of a DCP session: one connection, one receive buffer, one loop.
+
+    with DcpConsumer.open(host, port, username=u, password=pw, bucket="default",
+                          config=SessionConfig(name="backup:task-3")) as c:
+        for vb, (pos, end) in plan.items():
+            c.add_stream(vb, pos, end_seqno=end)
+        for events in c.batches():
+            for ev in events:
+                ...                       # ev[0] is the kind, see dcptool.client.events
+        final = c.positions()
+
+`batches()` yields a list of events per read from the socket (an empty list after
+`tick` seconds without data, so callers can check clocks and signals) and stops when
+every stream has ended. Errors a stream ran into (NOT_MY_VBUCKET, a refused request,
+a rollback under `fail_on_rollback`) are raised after the events before them were
+handed out; the session stays usable for the other streams.
+"""
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from typing import Callable, Iterable, Iterator
+
+from dcptool.protocol.constants import HEADER_LEN, SEQNO_MAX
+from dcptool.protocol.frame import HEADER
+
+from .connection import DEFAULT_FEATURES, DEFAULT_PORT, Connection
+from .errors import ClientTimeout, ConnectionClosed
+from .position import ZERO, Position
+from .session import DcpSession, RollbackCallback, SessionConfig
+
+DEFAULT_RECV_BUFFER = 1024 * 1024
+
+
+class DcpConsumer:
+    """A DcpSession driven over a blocking Connection."""
+
+    def __init__(self, conn: Connection, config: SessionConfig | None = None, *,
+                 on_rollback: RollbackCallback | None = None,
+                 recv_buffer: int = DEFAULT_RECV_BUFFER, session: DcpSession | None = None) -> None:
+        self.conn = conn
+        self.session = session or DcpSession(config, on_rollback=on_rollback, address=conn.address)
+        self.config = self.session.config
+        self._buf = bytearray(max(recv_buffer, 64 * 1024))
+        self._mv = memoryview(self._buf)
+        leftover = conn.take_buffered()
+        self._have = len(leftover)
+        self._mv[:self._have] = leftover
+        self._last_rx = time.monotonic()
+        self.dead_timeout = self.config.effective_dead_timeout
+
+    @classmethod
+    def open(cls, host: str, port: int = DEFAULT_PORT, *, username: str, password: str,
+             bucket: str = "default", tls: ssl.SSLContext | None = None, timeout: float = 10.0,
+             config: SessionConfig | None = None, on_rollback: RollbackCallback | None = None,
+             features: Iterable[int] = DEFAULT_FEATURES, agent: str | None = None,
+             recv_buffer: int = DEFAULT_RECV_BUFFER) -> "DcpConsumer":
+        conn = Connection.open(host, port, username=username, password=password, bucket=bucket,
+                               tls=tls, timeout=timeout, features=features, agent=agent)
+        try:
+            try:
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+            except OSError:
+                pass
+            consumer = cls(conn, config, on_rollback=on_rollback, recv_buffer=recv_buffer)
+            consumer.start()
+        except BaseException:
+            conn.close()
+            raise
+        return consumer
+
+    # ------------------------------------------------------------------ control
+
+    def start(self) -> None:
+        self.session.start()
+        self.flush()
+
+    def add_stream(self, vbucket: int, position: Position = ZERO, *, end_seqno: int = SEQNO_MAX,
+                   flags: int = 0) -> None:
+        self.session.add_stream(vbucket, position, end_seqno=end_seqno, flags=flags)
+        self.flush()
+
+    def add_streams(self, plan: dict[int, Position | tuple[Position, int]]) -> None:
+        """Request many vbuckets at once: {vb: position} or {vb: (position, end_seqno)}."""
+        for vb, item in plan.items():
+            if isinstance(item, tuple):
+                pos, end = item
+            else:
+                pos, end = item, SEQNO_MAX
+            self.session.add_stream(vb, pos, end_seqno=end)
+        self.flush()
+
+    def close_stream(self, vbucket: int) -> None:
+        self.session.close_stream(vbucket)
+        self.flush()
+
+    def flush(self) -> None:
+        data = self.session.data_to_send()
+        if data:
+            self.conn.send_bytes(data)
+
+    def position(self, vbucket: int, consistent: bool | None = None) -> Position:
+        return self.session.position(vbucket, consistent)
+
+    def positions(self, consistent: bool | None = None) -> dict[int, Position]:
+        return self.session.positions(consistent)
+
+    @property
+    def done(self) -> bool:
+        return self.session.done
+
+    def raise_errors(self) -> None:
+        exc = self.session.take_error()
+        if exc is not None:
+            raise exc
+
+    # ------------------------------------------------------------------ the loop
+
+    def poll(self, timeout: float | None = 1.0) -> list:
+        """Send what is pending, read once (waiting at most `timeout` s), return the events.
+
+        Raises a stream's error (after an earlier poll returned the events before it),
+        ClientTimeout when the connection is presumed dead, ConnectionClosed.
+        """
+        self.raise_errors()
+        self.flush()
+        mv = self._mv
+        have = self._have
+        cap = len(mv)
+        if have >= HEADER_LEN:
+            need = HEADER_LEN + HEADER.unpack_from(mv, 0)[6]
+            if need > cap:
+                self._grow(need)
+                mv = self._mv
+                cap = len(mv)
+        sock = self.conn.sock
+        sock.settimeout(timeout)
+        try:
+            n = sock.recv_into(mv[have:])
+        except (socket.timeout, TimeoutError, ssl.SSLWantReadError):
+            self._check_dead()
+            return []
+        except OSError as exc:
+            raise ConnectionClosed(f"connection to {self.conn.address} broke: {exc.strerror or exc}",
+                                   host=self.conn.address) from None
+        if n == 0:
+            raise ConnectionClosed(f"{self.conn.address} closed the connection",
+                                   host=self.conn.address)
+        self._last_rx = time.monotonic()
+        total = have + n
+        out: list = []
+        used = self.session.parse(mv[:total], out)
+        rest = total - used
+        if rest and used:
+            mv[:rest] = bytes(mv[used:total])
+        self._have = rest
+        return out
+
+    def _grow(self, need: int) -> None:
+        # a new buffer (memoryviews handed out keep the old one alive)
+        size = max(need, 2 * len(self._buf))
+        buf = bytearray(size)
+        buf[:self._have] = self._mv[:self._have]
+        self._buf = buf
+        self._mv = memoryview(buf)
+
+    def _check_dead(self) -> None:
+        dead = self.dead_timeout
+        if dead is None or not self.session.noop_enabled or self.session.active_streams == 0:
+            return
+        idle = time.monotonic() - self._last_rx
+        if idle > dead:
+            raise ClientTimeout(
+                f"nothing from {self.conn.address} for {idle:.0f}s (not even a noop): "
+                f"connection presumed dead", host=self.conn.address)
+
+    def batches(self, tick: float | None = 1.0) -> Iterator[list]:
+        """Yield lists of events until every stream has ended; [] after `tick` idle seconds."""
+        while not self.session.done:
+            yield self.poll(tick)
+        self.raise_errors()
+        self.flush()
+
+    def run(self, handle: Callable[[list], object], *, tick: float | None = 1.0) -> dict[int, Position]:
+        """Hand every batch to `handle(events)` until all streams end; return the positions."""
+        for events in self.batches(tick):
+            if events:
+                handle(events)
+        return self.positions()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "DcpConsumer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,67 @@
+"""What a DCP session hands its caller: compact tuples, `event[0]` is the kind.
+
+Records (the hot path, one per document change), 10 fields:
+
+    (kind, vbucket, seqno, rev_seqno, cas, flags, expiry, datatype, key, value)
+
+`kind` is MUTATION, DELETION or EXPIRATION (their DCP opcodes). For deletions and
+expirations `flags` is 0 and `expiry` holds the delete time (0 when the node sent none).
+`key` is bytes; `value` is bytes, or a memoryview into the receive buffer when the
+session was created with `copy_values=False` (valid only until the next feed).
+
+With `typed=True` a record is instead `(kind, vbucket, message)` where message is the
+codec's `DcpMutation`, `DcpDeletion` or `DcpExpiration`, and a snapshot is
+`(SNAPSHOT, vbucket, DcpSnapshotMarker)`.
+
+Other events:
+
+    (SNAPSHOT, vbucket, start, end, flags)
+    (STREAM_OPEN, vbucket, failover_log)           # the node accepted the stream request
+    (STREAM_END, vbucket, reason, retrying)        # retrying: the session re-requested
+    (ROLLBACK, vbucket, rollback_seqno, RollbackInfo)
+    (SEQNO_ADVANCED, vbucket, seqno)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dcptool.protocol.constants import Opcode
+
+from .position import Position
+
+MUTATION = int(Opcode.DCP_MUTATION)
+DELETION = int(Opcode.DCP_DELETION)
+EXPIRATION = int(Opcode.DCP_EXPIRATION)
+SNAPSHOT = int(Opcode.DCP_SNAPSHOT_MARKER)
+STREAM_END = int(Opcode.DCP_STREAM_END)
+STREAM_OPEN = int(Opcode.DCP_STREAM_REQ)
+SEQNO_ADVANCED = int(Opcode.DCP_SEQNO_ADVANCED)
+ROLLBACK = 0x100
+
+#: kinds that carry a document change
+RECORD_KINDS = frozenset({MUTATION, DELETION, EXPIRATION})
+
+EVENT_NAMES = {
+    MUTATION: "mutation",
+    DELETION: "deletion",
+    EXPIRATION: "expiration",
+    SNAPSHOT: "snapshot",
+    STREAM_END: "stream_end",
+    STREAM_OPEN: "stream_open",
+    SEQNO_ADVANCED: "seqno_advanced",
+    ROLLBACK: "rollback",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackInfo:
+    """A rollback the node asked for, and where the session moved the vbucket.
+
+    `rollback_seqno` is what the node sent (roll back to at most this); `before` is the
+    position the stream was requested from; `after` the position it is re-requested from.
+    """
+
+    vbucket: int
+    rollback_seqno: int
+    before: Position
+    after: Position
