@@ -35,6 +35,8 @@ def _root(
 
 def _register() -> None:
     from dcptool.cli import decode  # noqa: F401  (registers its commands)
+    from dcptool.cli import failover_log  # noqa: F401
+    from dcptool.cli import tail  # noqa: F401
 
 
 _register()

@@ -1,0 +1,59 @@
+"""`dcptool failover-log`: print vbucket failover logs (GET_FAILOVER_LOG, no streams)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from dcptool.cli.app import app
+from dcptool.cli.connopts import (
+    BucketOpt,
+    CacertOpt,
+    ClusterOpt,
+    ConnOptions,
+    NoVerifyOpt,
+    PasswordOpt,
+    TimeoutOpt,
+    UsernameOpt,
+)
+from dcptool.cli.output import console, print_json
+from dcptool.cli.vbspec import parse_vbuckets
+from dcptool.client import get_failover_logs, get_vbucket_seqnos
+
+
+@app.command("failover-log")
+def failover_log(
+    vbuckets: Optional[str] = typer.Option(None, "--vbuckets", metavar="LIST",
+                                           help="vbuckets, e.g. 0-15,512 (default: all)."),
+    as_json: bool = typer.Option(False, "--json", help='Print {"<vb>": [{"uuid": N, "seqno": N}, ...]}.'),
+    cluster: ClusterOpt = None,
+    username: UsernameOpt = None,
+    password: PasswordOpt = None,
+    bucket: BucketOpt = "default",
+    cacert: CacertOpt = None,
+    no_verify: NoVerifyOpt = False,
+    timeout: TimeoutOpt = 10.0,
+) -> None:
+    """Print each vbucket's failover log, newest entry first."""
+    vbs = parse_vbuckets(vbuckets)
+    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
+    with opts.connect() as conn:
+        if vbs is None:
+            vbs = sorted(get_vbucket_seqnos(conn))
+        logs = get_failover_logs(conn, vbs)
+    if as_json:
+        print_json({str(vb): [{"uuid": u, "seqno": s} for u, s in logs[vb]] for vb in vbs})
+        return
+    table = Table(title=f"Failover logs of bucket '{opts.bucket}' on {opts.address}",
+                  show_lines=False)
+    table.add_column("vbucket", justify="right")
+    table.add_column("entry", justify="right")
+    table.add_column("uuid (hex)", justify="right", style="cyan")
+    table.add_column("uuid", justify="right")
+    table.add_column("seqno", justify="right", style="green")
+    for vb in vbs:
+        for i, (u, s) in enumerate(logs[vb]):
+            table.add_row(str(vb) if i == 0 else "", str(i), f"0x{u:016x}", str(u), str(s),
+                          end_section=(i == len(logs[vb]) - 1))
+    console().print(table)

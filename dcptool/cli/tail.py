@@ -1,0 +1,346 @@
+"""`dcptool tail`: follow a bucket's changes over DCP, like `tail -f`."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.text import Text
+
+from dcptool.cli.app import app
+from dcptool.cli.connopts import (
+    BucketOpt,
+    CacertOpt,
+    ClusterOpt,
+    ConnOptions,
+    NoVerifyOpt,
+    PasswordOpt,
+    TimeoutOpt,
+    UsernameOpt,
+)
+from dcptool.cli.output import console
+from dcptool.cli.vbspec import parse_vbuckets
+from dcptool.client import (
+    DELETION,
+    EXPIRATION,
+    MUTATION,
+    ROLLBACK,
+    SEQNO_ADVANCED,
+    SNAPSHOT,
+    STREAM_END,
+    ZERO,
+    DcpConsumer,
+    Position,
+    SessionConfig,
+    SessionState,
+    get_vbucket_seqnos,
+    latest_positions,
+    load_state,
+    save_state,
+)
+from dcptool.errors import UsageError
+from dcptool.protocol.constants import SnapshotFlag, StreamEndReason
+
+_KIND = {MUTATION: "mutation", DELETION: "deletion", EXPIRATION: "expiration"}
+_SAVE_EVERY = 1.0
+
+
+def _text_field(out: dict, name: str, raw) -> None:
+    raw = bytes(raw)
+    try:
+        out[name] = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        out[name] = base64.b64encode(raw).decode("ascii")
+        out[f"{name}_encoding"] = "base64"
+
+
+def record_json(ev, keys_only: bool) -> dict:
+    kind, vb, seqno, rev, cas, flags, expiry, datatype, key, value = ev
+    out = {"type": _KIND[kind], "vbucket": vb, "seqno": seqno, "rev_seqno": rev, "cas": cas,
+           "flags": flags, "expiry": expiry if kind == MUTATION else 0, "datatype": datatype}
+    if kind != MUTATION:
+        out["delete_time"] = expiry
+    _text_field(out, "key", key)
+    if not keys_only:
+        _text_field(out, "value", value)
+    return out
+
+
+def event_json(ev) -> dict | None:
+    kind = ev[0]
+    if kind == SNAPSHOT:
+        return {"type": "snapshot", "vbucket": ev[1], "start": ev[2], "end": ev[3],
+                "flags": ev[4], "disk": bool(ev[4] & SnapshotFlag.DISK)}
+    if kind == ROLLBACK:
+        info = ev[3]
+        return {"type": "rollback", "vbucket": ev[1], "rollback_seqno": ev[2],
+                "from_seqno": info.before.seqno, "from_uuid": info.before.uuid,
+                "to_seqno": info.after.seqno, "to_uuid": info.after.uuid}
+    if kind == STREAM_END:
+        return {"type": "stream_end", "vbucket": ev[1], "reason": _reason(ev[2]),
+                "retrying": ev[3]}
+    if kind == SEQNO_ADVANCED:
+        return {"type": "seqno_advanced", "vbucket": ev[1], "seqno": ev[2]}
+    return None
+
+
+def _reason(code: int) -> str:
+    try:
+        return StreamEndReason(code).name.lower()
+    except ValueError:
+        return str(code)
+
+
+class _Tracker:
+    """What the tail has handed out per vbucket, so saved state never skips or repeats.
+
+    The session parses whole reads; the tail may stop in the middle of one (--count,
+    Ctrl-C), so it keeps its own (seqno, snapshot start, end, last complete end).
+    """
+
+    def __init__(self, positions: dict[int, Position]) -> None:
+        self.t = {vb: [p.seqno, p.snap_start, p.snap_end, None] for vb, p in positions.items()}
+
+    def see(self, ev) -> None:
+        kind = ev[0]
+        t = self.t.get(ev[1])
+        if t is None:
+            return
+        if kind in _KIND or kind == SEQNO_ADVANCED:
+            t[0] = ev[2]
+        elif kind == SNAPSHOT:
+            t[3] = t[2]
+            t[1], t[2] = ev[2], ev[3]
+        elif kind == ROLLBACK:
+            p = ev[3].after
+            t[:] = [p.seqno, p.snap_start, p.snap_end, None]
+
+    def position(self, consumer: DcpConsumer, vb: int) -> Position:
+        p = consumer.position(vb, consistent=False)
+        seq, ms, me, done = self.t[vb]
+        if (p.seqno, p.snap_start, p.snap_end) == (seq, ms, me):
+            return p
+        if seq >= me:
+            seq = ms = me
+        elif seq < ms:
+            seq = ms = me = done if done is not None else seq
+        ends = tuple(e for e in p.snapshot_ends if e <= seq)
+        if seq == me and seq and (not ends or ends[-1] != seq):
+            ends += (seq,)
+        return Position(p.uuid_at(seq) or p.uuid, seq, ms, me, p.failover_log, ends)
+
+    def positions(self, consumer: DcpConsumer) -> dict[int, Position]:
+        return {vb: self.position(consumer, vb) for vb in self.t}
+
+
+class _Printer:
+    def __init__(self, as_json: bool, keys_only: bool) -> None:
+        self.as_json = as_json
+        self.keys_only = keys_only
+        self.out = sys.stdout
+        self.con = None if as_json else console()
+
+    def record(self, ev) -> None:
+        if self.as_json:
+            self.out.write(json.dumps(record_json(ev, self.keys_only)) + "\n")
+            return
+        kind, vb, seqno, rev, cas, flags, expiry, datatype, key, value = ev
+        name = _KIND[kind]
+        style = {"mutation": "green", "deletion": "red", "expiration": "yellow"}[name]
+        line = Text.assemble((f"vb {vb:<4} ", "dim"), (f"#{seqno:<8} ", "cyan"),
+                             (f"{name:<10} ", style), (bytes(key).decode("utf-8", "replace"), "bold"))
+        details = f"  rev {rev} cas {cas}"
+        if kind == MUTATION:
+            details += f" flags 0x{flags:x}" + (f" expiry {expiry}" if expiry else "")
+        elif expiry:
+            details += f" deleted at {expiry}"
+        line.append(details, "dim")
+        if kind == MUTATION and not self.keys_only:
+            raw = bytes(value)
+            try:
+                text = raw.decode("utf-8")
+                preview = text if len(text) <= 80 else text[:77] + "..."
+                line.append("  " + preview.replace("\n", " "))
+            except UnicodeDecodeError:
+                line.append(f"  <{len(raw)} bytes binary>", "magenta")
+        self.con.print(line, soft_wrap=True)
+
+    def event(self, ev) -> None:
+        doc = event_json(ev)
+        if doc is None:
+            return
+        if self.as_json:
+            self.out.write(json.dumps(doc) + "\n")
+            return
+        kind = ev[0]
+        if kind == SNAPSHOT:
+            text = Text.assemble((f"vb {ev[1]:<4} ", "dim"),
+                                 (f"snapshot {ev[2]}-{ev[3]}" + (" (disk)" if doc["disk"] else ""),
+                                  "dim"))
+        elif kind == ROLLBACK:
+            text = Text(f"vb {ev[1]:<4} rollback: the node asked to roll back to seqno {ev[2]}; "
+                        f"continuing from seqno {doc['to_seqno']} (was {doc['from_seqno']})",
+                        "bold red")
+        elif kind == STREAM_END:
+            again = ", asking again" if ev[3] else ""
+            text = Text(f"vb {ev[1]:<4} stream ended: {doc['reason']}{again}", "yellow")
+        else:
+            text = Text(json.dumps(doc), "dim")
+        self.con.print(text, soft_wrap=True)
+
+    def flush(self) -> None:
+        try:
+            self.out.flush()
+        except BrokenPipeError:
+            raise
+
+
+@app.command("tail")
+def tail(
+    from_: Optional[str] = typer.Option(
+        None, "--from", metavar="beginning|now|STATEFILE",
+        help="Where to start: 'beginning', 'now' (default), or a state file saved by --state. "
+             "With --state FILE and no --from, resumes from FILE when it exists."),
+    vbuckets: Optional[str] = typer.Option(None, "--vbuckets", metavar="LIST",
+                                           help="vbuckets to follow, e.g. 0-15,512 (default: all active)."),
+    keys_only: bool = typer.Option(False, "--keys-only", help="Do not fetch document values."),
+    filter_: Optional[str] = typer.Option(None, "--filter", metavar="REGEX",
+                                          help="Only show documents whose key matches REGEX."),
+    state: Optional[Path] = typer.Option(None, "--state", metavar="FILE",
+                                         help="Save positions to FILE as it goes and on exit."),
+    until_idle: Optional[float] = typer.Option(None, "--until-idle", metavar="SECONDS",
+                                               help="Stop after SECONDS without any change."),
+    count: Optional[int] = typer.Option(None, "--count", metavar="N",
+                                        help="Stop after printing N documents."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per event."),
+    noop_interval: float = typer.Option(60.0, "--noop-interval", metavar="SECONDS",
+                                        help="Ask the node for a NOOP this often when idle."),
+    fail_on_rollback: bool = typer.Option(False, "--fail-on-rollback",
+                                          help="Stop with an error instead of rolling back."),
+    verbose: bool = typer.Option(False, "-v", "--verbose",
+                                 help="Print a summary on stderr at the end."),
+    cluster: ClusterOpt = None,
+    username: UsernameOpt = None,
+    password: PasswordOpt = None,
+    bucket: BucketOpt = "default",
+    cacert: CacertOpt = None,
+    no_verify: NoVerifyOpt = False,
+    timeout: TimeoutOpt = 10.0,
+) -> None:
+    """Follow changes as they happen; Ctrl-C saves --state and exits 0."""
+    vbs = parse_vbuckets(vbuckets)
+    try:
+        key_re = re.compile(filter_.encode("utf-8")) if filter_ else None
+    except re.error as exc:
+        raise UsageError(f"--filter: bad regular expression: {exc}") from None
+    if until_idle is not None and until_idle <= 0:
+        raise UsageError("--until-idle must be positive")
+    if count is not None and count <= 0:
+        raise UsageError("--count must be positive")
+    if noop_interval <= 0:
+        raise UsageError("--noop-interval must be positive")
+    start = from_
+    if start is None:
+        start = str(state) if state is not None and state.exists() else "now"
+    saved = None
+    if start not in ("beginning", "now"):
+        saved = load_state(start)
+    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
+    if saved is not None and saved.bucket and saved.bucket != opts.bucket:
+        raise UsageError(f"state file {start} holds positions of bucket '{saved.bucket}', "
+                         f"not '{opts.bucket}'")
+
+    conn = opts.connect()
+    try:
+        if start == "beginning":
+            wanted = vbs if vbs is not None else sorted(get_vbucket_seqnos(conn, state=1))
+            positions = {vb: ZERO for vb in wanted}
+        elif start == "now":
+            positions = latest_positions(conn, vbs)
+        else:
+            wanted = vbs if vbs is not None else sorted(saved.positions)
+            positions = {vb: saved.positions.get(vb, ZERO) for vb in wanted}
+        if not positions:
+            raise UsageError("no vbuckets to follow")
+        config = SessionConfig(name=f"dcptool-tail:{os.getpid()}:{int(time.time())}",
+                               no_value=keys_only, consistent=False, noop_interval=noop_interval,
+                               fail_on_rollback=fail_on_rollback)
+        consumer = DcpConsumer(conn, config)
+    except BaseException:
+        conn.close()
+        raise
+
+    tracker = _Tracker(positions)
+    printer = _Printer(as_json, keys_only)
+    printed = 0
+    records = 0
+    last_change = time.monotonic()
+    last_save = 0.0
+    dirty = False
+    tick = 0.5 if until_idle is None else max(0.05, min(0.5, until_idle / 4))
+
+    def save() -> None:
+        nonlocal dirty, last_save
+        if state is not None:
+            save_state(state, SessionState(tracker.positions(consumer), opts.bucket,
+                                           {"node": opts.address}))
+        dirty = False
+        last_save = time.monotonic()
+
+    stop = False
+    try:
+        consumer.start()
+        consumer.add_streams(positions)
+        save()
+        for events in consumer.batches(tick):
+            now = time.monotonic()
+            for ev in events:
+                kind = ev[0]
+                if kind in _KIND:
+                    records += 1
+                    last_change = now
+                    if key_re is None or key_re.search(ev[8]):
+                        printer.record(ev)
+                        printed += 1
+                    tracker.see(ev)
+                    dirty = True
+                    if count is not None and printed >= count:
+                        stop = True
+                        break
+                else:
+                    printer.event(ev)
+                    tracker.see(ev)
+                    dirty = True
+            printer.flush()
+            if stop:
+                break
+            if until_idle is not None and now - last_change >= until_idle:
+                break
+            if dirty and now - last_save >= _SAVE_EVERY:
+                save()
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:
+        save()
+        consumer.close()
+        raise
+    except BaseException:
+        try:
+            save()
+        finally:
+            consumer.close()
+        raise
+    try:
+        save()
+    finally:
+        consumer.close()
+    if verbose:
+        print(f"dcptool tail: {printed} documents shown ({records} changes received), "
+              f"{consumer.session.noops_answered} noops answered"
+              + (f", state saved to {state}" if state is not None else ""), file=sys.stderr)

@@ -1,0 +1,54 @@
+"""Parse vbucket lists such as `0-15,512` (used by every command that takes --vbuckets)."""
+from __future__ import annotations
+
+from dcptool.errors import UsageError
+
+MAX_VBUCKET = 0xFFFF
+
+
+def parse_vbuckets(text: str | None, *, limit: int | None = None,
+                   option: str = "--vbuckets") -> list[int] | None:
+    """`0-15,512` -> [0, 1, ..., 15, 512] (sorted, without duplicates). None/"" -> None (all).
+
+    `limit` is the number of vbuckets the node has; ids must be below it.
+    Raises UsageError naming the bad part.
+    """
+    if text is None:
+        return None
+    text = text.strip()
+    if not text or text.lower() == "all":
+        return None
+    top = (limit - 1) if limit else MAX_VBUCKET
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            raise UsageError(f"{option}: empty item in '{text}'")
+        lo_s, dash, hi_s = part.partition("-")
+        try:
+            lo = int(lo_s)
+            hi = int(hi_s) if dash else lo
+        except ValueError:
+            raise UsageError(f"{option}: '{part}' is not a vbucket number or a range like 0-15") from None
+        if lo < 0 or hi < 0:
+            raise UsageError(f"{option}: '{part}' is negative")
+        if hi < lo:
+            raise UsageError(f"{option}: range '{part}' goes backwards")
+        if hi > top:
+            raise UsageError(f"{option}: vbucket {hi} is out of range (0-{top})")
+        out.update(range(lo, hi + 1))
+    return sorted(out)
+
+
+def format_vbuckets(vbs) -> str:
+    """The inverse: [0, 1, 2, 5] -> `0-2,5`."""
+    vbs = sorted(set(vbs))
+    parts = []
+    i = 0
+    while i < len(vbs):
+        j = i
+        while j + 1 < len(vbs) and vbs[j + 1] == vbs[j] + 1:
+            j += 1
+        parts.append(str(vbs[i]) if i == j else f"{vbs[i]}-{vbs[j]}")
+        i = j + 1
+    return ",".join(parts)
