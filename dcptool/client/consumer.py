@@ -98,6 +98,7 @@ class DcpConsumer:
     def flush(self) -> None:
         data = self.session.data_to_send()
         if data:
+            self.conn.sock.settimeout(self.conn.timeout)
             self.conn.send_bytes(data)
 
     def position(self, vbucket: int, consistent: bool | None = None) -> Position:
