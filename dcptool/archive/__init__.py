@@ -1,0 +1,49 @@
+"""The backup archive: layout, manifest, vbucket writer and reader, recovery of partial
+backups, chain resolution and verification. Pure files: no sockets, no Spark.
+
+The format is described in docs/archive-format.md.
+"""
+from .archive import LATEST, Archive, BackupWriter, PartialBackup
+from .errors import (
+    ArchiveError,
+    ArchiveLockedError,
+    ChainError,
+    CorruptFileError,
+    NotAnArchiveError,
+    PartialBackupExistsError,
+    ResolutionError,
+    SummaryMismatchError,
+)
+from .format import (
+    DELETION,
+    END,
+    EXPIRATION,
+    FULL,
+    HEADER,
+    INCREMENTAL,
+    ITEM_TYPES,
+    KEY_INDEX,
+    MUTATION,
+    RECORD_NAMES,
+    ROLLBACK,
+    SNAPSHOT,
+    STREAM,
+    Position,
+)
+from .frames import iter_file_records, iter_frame_batches
+from .reader import Backup, VBucketHistory, iter_vbucket_batches, iter_vbucket_records
+from .recovery import VBucketRecovery, recover_backup, recover_vbucket
+from .resolve import mark_dead, part_cuts, resolve, resolved_in_seqno_order
+from .writer import VBucketWriter
+
+__all__ = [
+    "Archive", "BackupWriter", "PartialBackup", "LATEST", "VBucketWriter", "Backup",
+    "VBucketHistory", "VBucketRecovery", "Position",
+    "ArchiveError", "ArchiveLockedError", "ChainError", "CorruptFileError", "NotAnArchiveError",
+    "PartialBackupExistsError", "ResolutionError", "SummaryMismatchError",
+    "HEADER", "STREAM", "SNAPSHOT", "MUTATION", "DELETION", "EXPIRATION", "ROLLBACK", "END",
+    "ITEM_TYPES", "KEY_INDEX", "RECORD_NAMES", "FULL", "INCREMENTAL",
+    "iter_file_records", "iter_frame_batches", "iter_vbucket_batches", "iter_vbucket_records",
+    "recover_backup", "recover_vbucket", "resolve", "resolved_in_seqno_order", "part_cuts",
+    "mark_dead",
+]

@@ -1,0 +1,544 @@
+"""The archive: its directory, the backups in it, and the driver side of writing a backup.
+
+    ARCHIVE/archive.json                 what this archive is (written once)
+    ARCHIVE/lock                         present while a writer holds the archive
+    ARCHIVE/backups/<id>/backup.json     a backup's intent, written when it begins
+    ARCHIVE/backups/<id>/vb-NNNN-SSS.mpk.zst, vb-NNNN.done.json
+    ARCHIVE/backups/<id>/manifest.json   written last: the backup is committed
+
+See docs/archive-format.md for every field.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid as uuidlib
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from .errors import (
+    ArchiveError,
+    ChainError,
+    CorruptFileError,
+    NotAnArchiveError,
+    PartialBackupExistsError,
+    SummaryMismatchError,
+)
+from .format import (
+    ARCHIVE_JSON,
+    BACKUP_ID_RE,
+    BACKUP_JSON,
+    BACKUP_TYPES,
+    BACKUPS_DIR,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_LEVEL,
+    DEFAULT_SEGMENT_BYTES,
+    DIR_MODE,
+    DONE_RE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    FULL,
+    INCREMENTAL,
+    MANIFEST_FORMAT,
+    MANIFEST_JSON,
+    Position,
+    atomic_write_json,
+    backup_id_for,
+    data_file_name,
+    fsync_dir,
+    iso_time,
+    make_dir,
+    parse_backup_id,
+    parse_data_name,
+    read_json,
+    utc_now,
+)
+from .lock import ArchiveLock
+from .manifest import check_manifest, check_summary, totals_of
+from .reader import Backup, VBucketHistory
+from .recovery import VBucketRecovery, file_digest, recover_backup
+from .resolve import resolve
+from .writer import VBucketWriter
+
+LATEST = "latest"
+
+
+class Archive:
+    """An archive directory. Open with `Archive.open(path)` or make one with `Archive.create`."""
+
+    def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any]):
+        self.path = Path(path)
+        self.meta = meta
+
+    # -- opening and creating ---------------------------------------------------------------
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], *, bucket: str, vbuckets: int = 1024,
+               exist_ok: bool = False, extra: dict[str, Any] | None = None) -> "Archive":
+        """Create a new archive (the directory may exist if it is empty).
+
+        With `exist_ok`, an existing archive is opened instead (its bucket must match).
+        """
+        path = Path(path)
+        if (path / ARCHIVE_JSON).exists():
+            if not exist_ok:
+                raise ArchiveError(f"{path} already holds an archive")
+            archive = cls.open(path)
+            if archive.bucket != bucket:
+                raise ArchiveError(f"archive {path} holds bucket {archive.bucket!r}, "
+                                   f"not {bucket!r}")
+            return archive
+        if not isinstance(vbuckets, int) or not 1 <= vbuckets <= 65536:
+            raise ArchiveError(f"vbucket count {vbuckets!r} is out of range")
+        if path.exists():
+            if not path.is_dir():
+                raise ArchiveError(f"{path} exists and is not a directory")
+            if any(path.iterdir()):
+                raise ArchiveError(f"{path} is not empty and is not an archive",
+                                   hint="choose a new or empty directory")
+            os.chmod(path, DIR_MODE)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            make_dir(path)
+        make_dir(path / BACKUPS_DIR)
+        meta = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "uuid": uuidlib.uuid4().hex,
+            "bucket": bucket,
+            "vbuckets": vbuckets,
+            "created": iso_time(utc_now()),
+            "extra": dict(extra or {}),
+        }
+        atomic_write_json(path / ARCHIVE_JSON, meta)
+        return cls(path, meta)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> "Archive":
+        path = Path(path)
+        if not path.exists():
+            raise NotAnArchiveError(f"no archive at {path}: no such directory")
+        if not path.is_dir():
+            raise NotAnArchiveError(f"{path} is not an archive: not a directory")
+        meta_path = path / ARCHIVE_JSON
+        try:
+            meta = read_json(meta_path)
+        except FileNotFoundError:
+            raise NotAnArchiveError(f"{path} is not a dcptool archive (no {ARCHIVE_JSON})") from None
+        except (OSError, ValueError) as exc:
+            raise NotAnArchiveError(f"{meta_path} is unreadable: {exc}") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+            raise NotAnArchiveError(f"{meta_path} does not describe a dcptool archive")
+        version = meta.get("version")
+        if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+            raise NotAnArchiveError(f"{meta_path}: format version {version!r} is not supported "
+                                    f"(this dcptool reads version {FORMAT_VERSION})",
+                                    hint="use a newer dcptool")
+        for key, typ in (("uuid", str), ("bucket", str), ("vbuckets", int), ("created", str)):
+            if not isinstance(meta.get(key), typ):
+                raise NotAnArchiveError(f"{meta_path}: field {key!r} is missing or not a {typ.__name__}")
+        return cls(path, meta)
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def uuid(self) -> str:
+        return self.meta["uuid"]
+
+    @property
+    def bucket(self) -> str:
+        return self.meta["bucket"]
+
+    @property
+    def vbucket_count(self) -> int:
+        return self.meta["vbuckets"]
+
+    @property
+    def backups_dir(self) -> Path:
+        return self.path / BACKUPS_DIR
+
+    def backup_dir(self, backup_id: str) -> Path:
+        return self.backups_dir / backup_id
+
+    def __repr__(self) -> str:
+        return f"Archive({str(self.path)!r}, bucket={self.bucket!r})"
+
+    # -- listing ------------------------------------------------------------------------------
+
+    def backup_ids(self) -> list[str]:
+        """Ids of all backup directories, committed or partial, oldest first."""
+        try:
+            names = os.listdir(self.backups_dir)
+        except FileNotFoundError:
+            raise NotAnArchiveError(f"{self.path} is not a dcptool archive "
+                                    f"({BACKUPS_DIR}/ is missing)") from None
+        return sorted(n for n in names if BACKUP_ID_RE.match(n)
+                      and (self.backups_dir / n).is_dir())
+
+    def is_committed(self, backup_id: str) -> bool:
+        return (self.backup_dir(backup_id) / MANIFEST_JSON).is_file()
+
+    def committed_ids(self) -> list[str]:
+        return [b for b in self.backup_ids() if self.is_committed(b)]
+
+    def partial_ids(self) -> list[str]:
+        return [b for b in self.backup_ids() if not self.is_committed(b)]
+
+    def manifest(self, backup_id: str) -> dict[str, Any]:
+        """The manifest of a committed backup, checked to be well-formed."""
+        path = self.backup_dir(backup_id) / MANIFEST_JSON
+        try:
+            doc = read_json(path)
+        except FileNotFoundError:
+            if self.backup_dir(backup_id).is_dir():
+                raise ArchiveError(f"backup {backup_id} is partial (it has no manifest)") from None
+            raise ArchiveError(f"archive {self.path} has no backup {backup_id}",
+                               hint="see 'dcptool info' for the backups it holds") from None
+        except (OSError, ValueError) as exc:
+            raise CorruptFileError(path, f"unreadable: {exc}") from None
+        problems = check_manifest(doc, backup_id, self.meta)
+        if problems:
+            raise CorruptFileError(path, "; ".join(problems[:3]))
+        return doc
+
+    def backup(self, backup_id: str) -> Backup:
+        return Backup(self.path, self.manifest(backup_id))
+
+    def latest_id(self) -> str | None:
+        ids = self.committed_ids()
+        return ids[-1] if ids else None
+
+    def chain(self, upto: str | None = None) -> list[Backup]:
+        """The committed backups a restore of `upto` (default: the newest) reads, oldest
+        first: from the full backup it descends from, along parent links."""
+        target = upto or self.latest_id()
+        if target is None:
+            return []
+        out: list[Backup] = []
+        seen: set[str] = set()
+        bid: str | None = target
+        while bid is not None:
+            if bid in seen:
+                raise ChainError(f"backup {bid} is its own ancestor")
+            seen.add(bid)
+            if not self.is_committed(bid):
+                child = out[-1].id if out else None
+                if child is None:
+                    self.manifest(bid)  # raises the right error for a missing/partial target
+                raise ChainError(f"backup {child} names parent {bid}, which is "
+                                 f"{'partial' if self.backup_dir(bid).is_dir() else 'missing'}",
+                                 hint="restore an older backup, or run a new full backup")
+            b = self.backup(bid)
+            out.append(b)
+            bid = b.parent
+        out.reverse()
+        return out
+
+    def end_positions(self, upto: str | None = None) -> dict[int, Position]:
+        """Per vbucket, where the chain ending at `upto` (default newest) stopped: the start
+        of the next incremental backup."""
+        ends: dict[int, Position] = {}
+        for b in self.chain(upto):
+            for e in b.manifest["vbuckets"]:
+                ends[e["vbucket"]] = Position.coerce(e["end"])
+        return ends
+
+    def failover_logs(self, upto: str | None = None) -> dict[int, list[list[int]]]:
+        """Per vbucket, the newest failover log the chain recorded."""
+        logs: dict[int, list[list[int]]] = {}
+        for b in self.chain(upto):
+            for e in b.manifest["vbuckets"]:
+                logs[e["vbucket"]] = e["failover_log"]
+        return logs
+
+    def history(self, vbucket: int, upto: str | None = None, *,
+                check_sha256: bool = False) -> list[VBucketHistory]:
+        """The parts of `vbucket`'s history along the chain, oldest first (for resolve)."""
+        return [VBucketHistory(b, vbucket, check_sha256=check_sha256) for b in self.chain(upto)
+                if b.entry(vbucket) is not None]
+
+    def resolve_vbucket(self, vbucket: int, *, backup: str | None = None,
+                        upto_seqno: int | None = None,
+                        include_deletions: bool = True) -> dict[bytes, tuple]:
+        """The newest surviving version of each key of `vbucket` as of `backup` (default the
+        newest) and `upto_seqno`: what a restore writes. See resolve.resolve."""
+        return resolve(self.history(vbucket, backup), upto_seqno=upto_seqno,
+                       include_deletions=include_deletions)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def lock(self, purpose: str) -> ArchiveLock:
+        """An (unacquired) archive lock; use `with archive.lock("merge"):`."""
+        return ArchiveLock(self.path, purpose)
+
+    def _new_id(self) -> str:
+        now = utc_now()
+        existing = self.backup_ids()
+        if existing:
+            newest = parse_backup_id(existing[-1])
+            if now <= newest:
+                now = newest + timedelta(microseconds=1)
+        return backup_id_for(now)
+
+    def begin_backup(self, backup_type: str, parent: str | None = LATEST, *,
+                     level: int = DEFAULT_LEVEL, block_size: int = DEFAULT_BLOCK_SIZE,
+                     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                     extra: dict[str, Any] | None = None) -> "BackupWriter":
+        """Start a backup: take the archive lock, create the (partial) backup directory.
+
+        An incremental backup's parent defaults to the newest committed backup. Refuses to
+        start while a partial backup exists (resume it or purge it first).
+        """
+        if backup_type not in BACKUP_TYPES:
+            raise ArchiveError(f"backup type must be full or incremental, not {backup_type!r}")
+        if not 1 <= int(level) <= 22:
+            raise ArchiveError(f"zstd level {level} is out of range (1..22)")
+        lock = self.lock(f"{backup_type} backup").acquire()
+        try:
+            partial = self.partial_ids()
+            if partial:
+                raise PartialBackupExistsError(
+                    f"archive {self.path} holds a partial backup {partial[-1]}",
+                    hint="resume it, or purge it with --purge-partial")
+            if backup_type == FULL:
+                parent_id = None
+            else:
+                parent_id = self.latest_id() if parent == LATEST else parent
+                if parent_id is None:
+                    raise ArchiveError(f"archive {self.path} holds no committed backup; the first "
+                                       "backup must be full")
+                self.manifest(parent_id)  # must exist, be committed and well-formed
+            backup_id = self._new_id()
+            bdir = self.backup_dir(backup_id)
+            make_dir(bdir)
+            intent = {
+                "format": "dcptool-backup",
+                "version": FORMAT_VERSION,
+                "archive": self.uuid,
+                "id": backup_id,
+                "parent": parent_id,
+                "type": backup_type,
+                "started": iso_time(utc_now()),
+                "compression": {"codec": "zstd", "level": int(level),
+                                "block_size": int(block_size),
+                                "segment_bytes": int(segment_bytes)},
+                "extra": dict(extra or {}),
+            }
+            atomic_write_json(bdir / BACKUP_JSON, intent)
+        except BaseException:
+            lock.release()
+            raise
+        return BackupWriter(self, intent, lock)
+
+    def partial_backup(self) -> "PartialBackup | None":
+        """The newest backup without a manifest, None when there is none."""
+        ids = self.partial_ids()
+        if not ids:
+            return None
+        return PartialBackup(self, ids[-1])
+
+    def resume_backup(self) -> "BackupWriter":
+        """Take the lock and continue the partial backup (see PartialBackup.recover)."""
+        lock = self.lock("resumed backup").acquire()
+        try:
+            partial = self.partial_backup()
+            if partial is None:
+                raise ArchiveError(f"archive {self.path} holds no partial backup to resume")
+            intent = partial.intent
+            if intent is None:
+                raise ArchiveError(f"partial backup {partial.id} has no readable {BACKUP_JSON}; "
+                                   "it cannot be resumed", hint="purge it with --purge-partial")
+        except BaseException:
+            lock.release()
+            raise
+        return BackupWriter(self, intent, lock, resumed=True)
+
+    def purge_partial(self) -> list[str]:
+        """Delete every partial backup (under the lock). Returns the ids removed."""
+        with self.lock("purge partial backups"):
+            removed = []
+            for bid in self.partial_ids():
+                shutil.rmtree(self.backup_dir(bid))
+                removed.append(bid)
+            if removed:
+                fsync_dir(self.backups_dir)
+            return removed
+
+
+class PartialBackup:
+    """A backup directory without a manifest: a backup killed (or still running elsewhere)."""
+
+    def __init__(self, archive: Archive, backup_id: str):
+        self.archive = archive
+        self.id = backup_id
+        self.dir = archive.backup_dir(backup_id)
+        try:
+            intent = read_json(self.dir / BACKUP_JSON)
+            self.intent: dict[str, Any] | None = intent if isinstance(intent, dict) else None
+        except (OSError, ValueError):
+            self.intent = None
+
+    def __repr__(self) -> str:
+        return f"PartialBackup({self.id!r})"
+
+    @property
+    def type(self) -> str | None:
+        return self.intent.get("type") if self.intent else None
+
+    @property
+    def parent(self) -> str | None:
+        return self.intent.get("parent") if self.intent else None
+
+    def recover(self, *, scan: bool = True, rehash: bool = True) -> dict[int, VBucketRecovery]:
+        """Per vbucket found in the directory: complete (done file verified) or not, and for
+        the others the position after their last complete snapshot. Read-only.
+
+        With scan=False only the done files are checked (fast); incomplete vbuckets then
+        have position None.
+        """
+        return recover_backup(self.dir, self.id, scan=scan, rehash=rehash)
+
+
+class BackupWriter:
+    """The driver's handle on a backup being written; holds the archive lock until commit."""
+
+    def __init__(self, archive: Archive, intent: dict[str, Any], lock: ArchiveLock, *,
+                 resumed: bool = False):
+        self.archive = archive
+        self.intent = intent
+        self.id: str = intent["id"]
+        self.type: str = intent["type"]
+        self.parent: str | None = intent["parent"]
+        self.dir = archive.backup_dir(self.id)
+        self.lock = lock
+        self.resumed = resumed
+        self.committed = False
+
+    def __repr__(self) -> str:
+        return f"BackupWriter({self.id!r}, type={self.type!r}, parent={self.parent!r})"
+
+    @property
+    def level(self) -> int:
+        return self.intent["compression"]["level"]
+
+    def vbucket(self, vbucket: int, start: Any, failover_log: Iterable[Any] | None = (), *,
+                resume: bool = False, **kwargs: Any) -> VBucketWriter:
+        """A writer for one vbucket (the same as VBucketWriter(archive path, id, ...))."""
+        self._check_open()
+        if not 0 <= vbucket < self.archive.vbucket_count:
+            raise ArchiveError(f"vbucket {vbucket} is out of range for this archive "
+                               f"({self.archive.vbucket_count} vbuckets)")
+        return VBucketWriter(self.archive.path, self.id, vbucket, start, failover_log,
+                             resume=resume, **kwargs)
+
+    def recover(self, *, scan: bool = True, rehash: bool = True) -> dict[int, VBucketRecovery]:
+        return recover_backup(self.dir, self.id, scan=scan, rehash=rehash)
+
+    def _check_open(self) -> None:
+        if self.committed:
+            raise ArchiveError(f"backup {self.id} is already committed")
+        if not self.lock.held:
+            raise ArchiveError(f"backup {self.id} was aborted (the archive lock is released)")
+
+    def _load_done(self) -> list[dict[str, Any]]:
+        out = []
+        for name in sorted(os.listdir(self.dir)):
+            if DONE_RE.match(name):
+                try:
+                    out.append(read_json(self.dir / name))
+                except (OSError, ValueError) as exc:
+                    raise CorruptFileError(self.dir / name, f"unreadable: {exc}") from None
+        return out
+
+    def commit(self, summaries: Sequence[dict[str, Any]] | None = None, *,
+               extra: dict[str, Any] | None = None, rehash: bool = True) -> dict[str, Any]:
+        """Check every summary against the files on disk and write the manifest atomically.
+
+        `summaries` are the dicts VBucketWriter.close returned (None: the done files in the
+        directory). Data and done files of vbuckets not in the summaries are deleted first
+        (leftovers of failed attempts). Releases the archive lock. Returns the manifest.
+        """
+        self._check_open()
+        if summaries is None:
+            summaries = self._load_done()
+        count = self.archive.vbucket_count
+        by_vb: dict[int, dict[str, Any]] = {}
+        for s in summaries:
+            problems = check_summary(s, self.id, count)
+            if problems:
+                raise SummaryMismatchError(f"backup {self.id}: {problems[0]}")
+            if s["vbucket"] in by_vb:
+                raise SummaryMismatchError(f"backup {self.id}: two summaries for vbucket "
+                                           f"{s['vbucket']}")
+            by_vb[s["vbucket"]] = s
+        listed = {f["name"] for s in by_vb.values() for f in s["files"]}
+        for s in by_vb.values():
+            for f in s["files"]:
+                path = self.dir / f["name"]
+                try:
+                    if rehash:
+                        size, digest = file_digest(path)
+                    else:
+                        size, digest = os.stat(path).st_size, f["sha256"]
+                except FileNotFoundError:
+                    raise SummaryMismatchError(f"{path}: listed for vbucket {s['vbucket']} but "
+                                               "missing") from None
+                if size != f["size"] or digest != f["sha256"]:
+                    raise SummaryMismatchError(
+                        f"{path}: the file on disk ({size} bytes) is not the one vbucket "
+                        f"{s['vbucket']}'s summary describes ({f['size']} bytes, sha256 "
+                        f"{f['sha256'][:12]}...)", hint="rerun the task for this vbucket")
+        removed = False
+        for name in os.listdir(self.dir):
+            parsed = parse_data_name(name)
+            stale = (parsed is not None and name not in listed) or (
+                DONE_RE.match(name) is not None and int(name[3:-10]) not in by_vb)
+            if stale or (name.startswith(".") and name.endswith(".tmp")):
+                os.unlink(self.dir / name)
+                removed = True
+        if removed:
+            fsync_dir(self.dir)
+        entries = [by_vb[vb] for vb in sorted(by_vb)]
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "version": FORMAT_VERSION,
+            "archive": self.archive.uuid,
+            "bucket": self.archive.bucket,
+            "id": self.id,
+            "parent": self.parent,
+            "type": self.type,
+            "started": self.intent["started"],
+            "finished": iso_time(utc_now()),
+            "compression": self.intent["compression"],
+            "totals": totals_of(entries),
+            "vbuckets": entries,
+            "extra": {**self.intent.get("extra", {}), **(extra or {})},
+        }
+        problems = check_manifest(manifest, self.id, self.archive.meta)
+        if problems:
+            raise SummaryMismatchError(f"backup {self.id}: {problems[0]}")
+        atomic_write_json(self.dir / MANIFEST_JSON, manifest)
+        self.committed = True
+        self.lock.release()
+        return manifest
+
+    def abort(self) -> None:
+        """Release the lock without committing; the backup stays partial."""
+        self.lock.release()
+
+    def __enter__(self) -> "BackupWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.committed:
+            self.abort()
+
+
+def iter_backups(archive: Archive) -> Iterator[tuple[str, bool]]:
+    """(id, committed) for every backup directory, oldest first."""
+    for bid in archive.backup_ids():
+        yield bid, archive.is_committed(bid)
+
+
+__all__ = ["Archive", "BackupWriter", "PartialBackup", "LATEST", "data_file_name"]

@@ -1,0 +1,228 @@
+"""Names, numbers and small helpers of the archive format (see docs/archive-format.md).
+
+Everything a reader of the format needs to agree on lives here: record type numbers and
+arities, file and directory names, the JSON shape of positions, and the atomic-write and
+fsync discipline used for every metadata file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, NamedTuple
+
+#: archive.json "format" value and the format version this code writes and reads.
+FORMAT_NAME = "dcptool-archive"
+FORMAT_VERSION = 1
+MANIFEST_FORMAT = "dcptool-manifest"
+
+ARCHIVE_JSON = "archive.json"
+BACKUPS_DIR = "backups"
+LOCK_FILE = "lock"
+MANIFEST_JSON = "manifest.json"
+BACKUP_JSON = "backup.json"  # written when a backup begins: its intent (id, parent, type, level)
+
+FULL = "full"
+INCREMENTAL = "incremental"
+BACKUP_TYPES = (FULL, INCREMENTAL)
+
+DEFAULT_LEVEL = 3
+DEFAULT_BLOCK_SIZE = 1 << 20  # uncompressed bytes per zstd frame (a frame closes once it passes this)
+DEFAULT_SEGMENT_BYTES = 256 << 20  # a data file is closed and the next segment opened past this
+#: a frame whose header claims more than this many uncompressed bytes is rejected as corrupt
+#: (a frame holds ~block size plus at most one record; memcached values are <= 20 MiB)
+MAX_FRAME_CONTENT = 64 << 20
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+# ---------------------------------------------------------------------------------------------
+# Records: msgpack arrays whose first element is the record type.
+
+HEADER = 0        # (0, "dcptool-archive", version, vbucket, backup_id, segment)
+STREAM = 1        # (1, uuid, seqno, snap_start, snap_end, failover_log)
+SNAPSHOT = 2      # (2, start, end, flags)
+MUTATION = 3      # (3, seqno, rev_seqno, cas, flags, expiry, datatype, key, value, xattrs|nil)
+DELETION = 4      # (4, seqno, rev_seqno, cas, key, delete_time, datatype, value)
+EXPIRATION = 5    # (5, seqno, rev_seqno, cas, key, delete_time, datatype, value)
+ROLLBACK = 6      # (6, seqno, vbucket_uuid)
+END = 7           # (7, uuid, seqno, snap_start, snap_end)
+
+RECORD_NAMES = {
+    HEADER: "header", STREAM: "stream", SNAPSHOT: "snapshot", MUTATION: "mutation",
+    DELETION: "deletion", EXPIRATION: "expiration", ROLLBACK: "rollback", END: "end",
+}
+RECORD_ARITY = {
+    HEADER: 6, STREAM: 6, SNAPSHOT: 4, MUTATION: 10, DELETION: 8, EXPIRATION: 8,
+    ROLLBACK: 3, END: 5,
+}
+ITEM_TYPES = (MUTATION, DELETION, EXPIRATION)
+
+#: index of the key inside each item record type
+KEY_INDEX = {MUTATION: 7, DELETION: 4, EXPIRATION: 4}
+
+# ---------------------------------------------------------------------------------------------
+# File names inside a backup directory.
+
+DATA_RE = re.compile(r"^vb-(\d{4,5})-(\d{3,})\.mpk\.zst$")
+DONE_RE = re.compile(r"^vb-(\d{4,5})\.done\.json$")
+BACKUP_ID_RE = re.compile(r"^\d{8}T\d{6}\.\d{6}Z$")
+
+
+def data_file_name(vbucket: int, segment: int) -> str:
+    return f"vb-{vbucket:04d}-{segment:03d}.mpk.zst"
+
+
+def done_file_name(vbucket: int) -> str:
+    return f"vb-{vbucket:04d}.done.json"
+
+
+def parse_data_name(name: str) -> tuple[int, int] | None:
+    """(vbucket, segment) for a data file name, None for anything else."""
+    m = DATA_RE.match(name)
+    if not m:
+        return None
+    return int(m.group(1)), int(m.group(2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Positions and failover logs.
+
+
+class Position(NamedTuple):
+    """Where a vbucket stream stands: the vbucket version plus the snapshot around it.
+
+    This is exactly what a DCP stream request needs to resume: (vbucket uuid, start seqno,
+    snapshot start, snapshot end). On a snapshot boundary snap_start == snap_end == seqno.
+    """
+
+    uuid: int
+    seqno: int
+    snap_start: int
+    snap_end: int
+
+    @classmethod
+    def at(cls, uuid: int, seqno: int) -> "Position":
+        """A position on a snapshot boundary."""
+        return cls(uuid, seqno, seqno, seqno)
+
+    @classmethod
+    def coerce(cls, value: Any) -> "Position":
+        """Accept a Position, a 4-sequence or the JSON dict form."""
+        if isinstance(value, Position):
+            return value
+        if isinstance(value, dict):
+            try:
+                return cls(int(value["uuid"]), int(value["seqno"]), int(value["snap_start"]),
+                           int(value["snap_end"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"not a position: {value!r}") from exc
+        try:
+            uuid, seqno, ss, se = value
+            return cls(int(uuid), int(seqno), int(ss), int(se))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not a position: {value!r}") from exc
+
+    def to_json(self) -> dict[str, int]:
+        return {"uuid": self.uuid, "seqno": self.seqno, "snap_start": self.snap_start,
+                "snap_end": self.snap_end}
+
+
+def coerce_failover_log(log: Iterable[Any] | None) -> list[list[int]]:
+    """Failover log as [[uuid, seqno], ...], newest entry first."""
+    out: list[list[int]] = []
+    for entry in log or ():
+        if isinstance(entry, dict):
+            uuid, seqno = entry["uuid"], entry["seqno"]
+        else:
+            uuid, seqno = entry
+        out.append([int(uuid), int(seqno)])
+    return out
+
+
+def uuid_for_seqno(failover_log: list[list[int]], seqno: int, default: int) -> int:
+    """The vbucket uuid of the history branch that holds `seqno`: the newest failover log
+    entry starting at or below it (the log is newest first)."""
+    for uuid, start in failover_log:
+        if start <= seqno:
+            return uuid
+    return default
+
+
+# ---------------------------------------------------------------------------------------------
+# Time and backup ids.
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def iso_time(dt: datetime) -> str:
+    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def backup_id_for(dt: datetime) -> str:
+    return dt.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+def parse_backup_id(backup_id: str) -> datetime:
+    return datetime.strptime(backup_id, "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=timezone.utc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Durable file operations.
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dir(path: str | os.PathLike[str]) -> None:
+    """Create a directory 0700 (and fsync its parent so the entry survives a crash)."""
+    os.mkdir(path, DIR_MODE)
+    os.chmod(path, DIR_MODE)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write a file so that it is either absent or complete: write a temporary file in the
+    same directory, fsync it, rename it over the target, fsync the directory."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Parse a JSON file; raises OSError or ValueError (json.JSONDecodeError, UnicodeDecodeError)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return json.loads(data.decode("utf-8"))

@@ -1,0 +1,246 @@
+"""Reading data files: zstd frames found by their headers, msgpack records inside each frame.
+
+A data file is a plain concatenation of zstd frames (RFC 8878). Each frame decompresses to
+whole msgpack records: a record never spans two frames. So a reader can find frame
+boundaries from the zstd block headers alone, decompress one frame at a time (memory bounded
+by the frame size) and tell a torn last frame (a writer killed mid-write) from a complete one.
+
+Everything here raises `CorruptFileError` naming the file and byte offset; nothing lets a
+zstd or msgpack exception escape.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import BinaryIO, Iterator
+
+import msgpack
+import zstandard
+
+from .errors import CorruptFileError
+from .format import MAX_FRAME_CONTENT
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_SKIPPABLE_LOW = 0x184D2A50
+_READ_CHUNK = 1 << 20
+_MAX_BLOCK = 128 << 10
+
+
+class TornFrame(Exception):
+    """The file ends inside a frame (only raised internally by the scanner)."""
+
+
+def frame_end(buf: bytes | bytearray | memoryview, pos: int) -> int | None:
+    """Offset just past the zstd frame starting at `pos`, or None when `buf` ends first.
+
+    Raises ValueError when the bytes at `pos` are not a zstd frame.
+    """
+    n = len(buf)
+    if n - pos < 6:
+        if n - pos >= 4 and bytes(buf[pos:pos + 4]) != ZSTD_MAGIC and not _is_skippable(buf, pos):
+            raise ValueError("not a zstd frame (bad magic number)")
+        return None
+    if bytes(buf[pos:pos + 4]) != ZSTD_MAGIC:
+        if _is_skippable(buf, pos):
+            if n - pos < 8:
+                return None
+            size = int.from_bytes(buf[pos + 4:pos + 8], "little")
+            end = pos + 8 + size
+            return end if end <= n else None
+        raise ValueError("not a zstd frame (bad magic number)")
+    fhd = buf[pos + 4]
+    if fhd & 0x08:
+        raise ValueError("zstd frame header has its reserved bit set")
+    fcs_flag = fhd >> 6
+    single = (fhd >> 5) & 1
+    has_checksum = (fhd >> 2) & 1
+    dict_flag = fhd & 3
+    off = pos + 5
+    if not single:
+        off += 1
+    off += (0, 1, 2, 4)[dict_flag]
+    off += (1 if single else 0, 2, 4, 8)[fcs_flag]
+    while True:
+        if off + 3 > n:
+            return None
+        bh = buf[off] | (buf[off + 1] << 8) | (buf[off + 2] << 16)
+        last = bh & 1
+        btype = (bh >> 1) & 3
+        bsize = bh >> 3
+        if btype == 3:
+            raise ValueError("zstd block of reserved type")
+        if bsize > _MAX_BLOCK:
+            raise ValueError("zstd block larger than 128 KiB")
+        off += 3 + (1 if btype == 1 else bsize)
+        if off > n:
+            return None
+        if last:
+            break
+    if has_checksum:
+        off += 4
+        if off > n:
+            return None
+    return off
+
+
+def _is_skippable(buf: bytes | bytearray | memoryview, pos: int) -> bool:
+    magic = int.from_bytes(buf[pos:pos + 4], "little")
+    return magic & 0xFFFFFFF0 == _SKIPPABLE_LOW
+
+
+def scan_frames(f: BinaryIO, path: str, *, start: int = 0) -> Iterator[tuple[int, bytes]]:
+    """Yield (file offset, compressed frame bytes) for every complete frame.
+
+    Raises TornFrame(offset) when the file ends inside a frame and CorruptFileError when
+    the bytes at a frame boundary are not a frame. Skippable frames are passed over.
+    """
+    f.seek(start)
+    buf = bytearray()
+    base = start  # file offset of buf[0]
+    pos = 0
+    eof = False
+    while True:
+        if pos >= len(buf) and eof:
+            return
+        try:
+            end = frame_end(buf, pos) if pos < len(buf) else None
+        except ValueError as exc:
+            raise CorruptFileError(path, str(exc), offset=base + pos) from None
+        if end is None:
+            if eof:
+                raise TornFrame(base + pos)
+            if pos:
+                del buf[:pos]
+                base += pos
+                pos = 0
+            chunk = f.read(_READ_CHUNK)
+            if not chunk:
+                eof = True
+            else:
+                buf += chunk
+            continue
+        if bytes(buf[pos:pos + 4]) == ZSTD_MAGIC:
+            yield base + pos, bytes(buf[pos:end])
+        pos = end
+
+
+_DCTX = zstandard.ZstdDecompressor()
+
+
+def decompress_frame(frame: bytes, path: str, offset: int) -> bytes:
+    """The uncompressed content of one frame, checked against its checksum when it has one."""
+    try:
+        size = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as exc:
+        raise CorruptFileError(path, f"bad zstd frame header: {exc}", offset=offset) from None
+    if size > MAX_FRAME_CONTENT:
+        raise CorruptFileError(path, f"zstd frame claims {size} uncompressed bytes", offset=offset)
+    try:
+        return _DCTX.decompress(frame, max_output_size=MAX_FRAME_CONTENT)
+    except zstandard.ZstdError as exc:
+        raise CorruptFileError(path, f"zstd frame does not decompress: {exc}", offset=offset) from None
+
+
+def new_unpacker() -> msgpack.Unpacker:
+    return msgpack.Unpacker(use_list=False, raw=False, strict_map_key=False,
+                            max_buffer_size=MAX_FRAME_CONTENT)
+
+
+def frame_records(content: bytes, path: str, offset: int) -> list[tuple]:
+    """All records of one frame's content; the content must end exactly after the last."""
+    unpacker = new_unpacker()
+    try:
+        unpacker.feed(content)
+        records = list(unpacker)
+        used = unpacker.tell()
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise CorruptFileError(path, f"records in the zstd frame do not decode: "
+                                     f"{type(exc).__name__}: {exc}", offset=offset) from None
+    if used != len(content):
+        raise CorruptFileError(path, f"zstd frame ends inside a record "
+                                     f"({len(content) - used} bytes left over)", offset=offset)
+    return records
+
+
+def frame_records_with_ends(content: bytes, path: str, offset: int) -> list[tuple[tuple, int]]:
+    """Like frame_records, with the byte offset (within the content) just past each record."""
+    unpacker = new_unpacker()
+    out: list[tuple[tuple, int]] = []
+    try:
+        unpacker.feed(content)
+        for rec in unpacker:
+            out.append((rec, unpacker.tell()))
+        used = unpacker.tell()
+    except Exception as exc:
+        raise CorruptFileError(path, f"records in the zstd frame do not decode: "
+                                     f"{type(exc).__name__}: {exc}", offset=offset) from None
+    if used != len(content):
+        raise CorruptFileError(path, f"zstd frame ends inside a record "
+                                     f"({len(content) - used} bytes left over)", offset=offset)
+    return out
+
+
+def iter_frame_batches(path: str | os.PathLike[str], *, expect_size: int | None = None,
+                       expect_sha256: str | None = None) -> Iterator[list[tuple]]:
+    """Yield the records of a data file one frame (~1 MiB uncompressed) at a time.
+
+    A torn or corrupt frame raises CorruptFileError naming the file; nothing is silently
+    skipped. Every frame carries a content checksum, so a changed byte is caught in the frame
+    that holds it. `expect_size` is checked before the first record; `expect_sha256` is
+    checked once the whole file was read (after the last batch).
+    """
+    path = os.fspath(path)
+    try:
+        f = open(path, "rb", buffering=0)
+    except FileNotFoundError:
+        raise CorruptFileError(path, "file is missing") from None
+    except OSError as exc:
+        raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
+    with f:
+        if expect_size is not None:
+            size = os.fstat(f.fileno()).st_size
+            if size != expect_size:
+                raise CorruptFileError(path, f"size is {size} bytes, the manifest says "
+                                             f"{expect_size}")
+        src: BinaryIO = f
+        hashing = None
+        if expect_sha256 is not None:
+            hashing = _HashingReader(f)
+            src = hashing  # type: ignore[assignment]
+        try:
+            for offset, frame in scan_frames(src, path):
+                yield frame_records(decompress_frame(frame, path, offset), path, offset)
+        except TornFrame as torn:
+            raise CorruptFileError(path, "file ends inside a zstd frame (truncated)",
+                                   offset=torn.args[0]) from None
+        except OSError as exc:
+            raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
+        if hashing is not None and hashing.hexdigest() != expect_sha256:
+            raise CorruptFileError(path, "SHA-256 does not match the manifest")
+
+
+class _HashingReader:
+    """A file wrapper that hashes what is read sequentially."""
+
+    def __init__(self, f: BinaryIO):
+        self._f = f
+        self._h = hashlib.sha256()
+
+    def seek(self, pos: int) -> None:
+        if pos != 0:
+            raise ValueError("hashing reader only reads from the start")
+        self._f.seek(0)
+
+    def read(self, n: int) -> bytes:
+        data = self._f.read(n)
+        self._h.update(data)
+        return data
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def iter_file_records(path: str | os.PathLike[str]) -> Iterator[tuple]:
+    """Yield every record of one data file in order (header record included)."""
+    for batch in iter_frame_batches(path):
+        yield from batch

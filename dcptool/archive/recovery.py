@@ -1,0 +1,443 @@
+"""Partial backups: which vbuckets finished, and where the others can restart.
+
+A vbucket of a partial backup is *complete* when its `vb-NNNN.done.json` exists and every file
+it lists still has the recorded size and SHA-256. Otherwise its data files are scanned frame
+by frame: every complete zstd frame is read, a torn or corrupt frame ends the scan, and the
+*valid prefix* is everything up to the last snapshot boundary seen (a stream start, a rollback
+record, or a snapshot whose last item or successor marker was read). The restart position is
+that boundary.
+
+Keeping the prefix (done by `truncate_to_cut`, used when a writer resumes) truncates the data
+file holding the boundary at the start of the frame that contains it, re-appends the part of
+that frame before the boundary as a fresh frame, and deletes later segments. So at most one
+frame (~1 MiB) is rewritten, whatever the size of the data kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from .errors import CorruptFileError
+from .format import (
+    DATA_RE,
+    DELETION,
+    END,
+    EXPIRATION,
+    FILE_MODE,
+    HEADER,
+    MUTATION,
+    RECORD_ARITY,
+    ROLLBACK,
+    SNAPSHOT,
+    STREAM,
+    FORMAT_NAME,
+    Position,
+    done_file_name,
+    fsync_dir,
+    read_json,
+    uuid_for_seqno,
+)
+from .frames import TornFrame, decompress_frame, frame_records_with_ends, scan_frames
+
+
+def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """(size, SHA-256 hex) of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(1 << 20)
+        view = memoryview(buf)
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+            size += n
+    return size, h.hexdigest()
+
+
+def vbucket_files(backup_dir: str | os.PathLike[str]) -> dict[int, list[tuple[int, str]]]:
+    """Data files in a backup directory: {vbucket: [(segment, name), ...] sorted by segment}."""
+    out: dict[int, list[tuple[int, str]]] = {}
+    try:
+        names = os.listdir(backup_dir)
+    except FileNotFoundError:
+        return out
+    for name in names:
+        m = DATA_RE.match(name)
+        if m:
+            out.setdefault(int(m.group(1)), []).append((int(m.group(2)), name))
+    for segs in out.values():
+        segs.sort()
+    return out
+
+
+@dataclass
+class Cut:
+    """A record boundary in a vbucket's data: keep segments before `seg_pos` whole, and in
+    segment `seg_pos` everything before `frame_offset` plus the first `keep_bytes`
+    uncompressed bytes of the frame at `frame_offset` (all of it when keep_bytes == content)."""
+
+    seg_pos: int
+    frame_offset: int
+    frame_len: int
+    keep_bytes: int
+    content_len: int
+
+
+@dataclass
+class VBucketScan:
+    """What a scan of one vbucket's data found (see module docstring)."""
+
+    vbucket: int
+    files: list[tuple[int, str]]
+    start: Position | None = None          # position of the first stream record
+    failover_log: list[list[int]] = field(default_factory=list)  # of the latest stream record
+    position: Position | None = None       # restart position: the last boundary kept
+    cut: Cut | None = None                 # None: nothing worth keeping
+    counts: dict[str, int] = field(default_factory=dict)  # counts of the kept prefix
+    value_bytes: int = 0
+    rollbacks: list[dict[str, int]] = field(default_factory=list)
+    segment_records: list[int] = field(default_factory=list)  # records kept per segment
+    max_seqno: int = 0                     # highest item seqno kept
+    problem: str | None = None             # why the scan stopped before the end of the data
+    records_scanned: int = 0
+
+
+_ZERO_COUNTS = ("mutations", "deletions", "expirations", "snapshots", "rollbacks", "records")
+
+
+class _Stop(Exception):
+    pass
+
+
+def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
+                 files: list[tuple[int, str]] | None = None, *,
+                 rollback_to: int | None = None) -> VBucketScan:
+    """Read a vbucket's data files of one backup and find the valid prefix.
+
+    With `rollback_to=S`, the prefix instead ends at the boundary at seqno S (or just after
+    the first stream record when S is below where this backup's stream started); a ValueError
+    says when S is not a snapshot boundary of the data.
+    """
+    backup_dir = Path(backup_dir)
+    if files is None:
+        files = vbucket_files(backup_dir).get(vbucket, [])
+    scan = VBucketScan(vbucket=vbucket, files=list(files))
+    counts = dict.fromkeys(_ZERO_COUNTS, 0)
+    per_seg: list[int] = []
+    rollbacks: list[dict[str, int]] = []
+    vbytes = 0
+    max_seqno = 0
+    uuid = 0  # uuid of the latest stream record (fallback when the failover log is empty)
+    flog: list[list[int]] = []
+    snap: tuple[int, int] | None = None  # open snapshot (start, end)
+    last_seqno = -1
+    prev_end: Cut | None = None  # boundary just after the previous record
+    found_rollback_point = False
+
+    def mark(at: Cut | None, pos: Position) -> None:
+        scan.cut = at
+        scan.position = pos
+        scan.counts = dict(counts)
+        scan.value_bytes = vbytes
+        scan.rollbacks = list(rollbacks)
+        scan.segment_records = list(per_seg)
+        scan.max_seqno = max_seqno
+        scan.failover_log = [list(e) for e in flog]
+
+    def boundary(at: Cut | None, seqno: int) -> None:
+        nonlocal found_rollback_point
+        pos = Position.at(uuid_for_seqno(flog, seqno, uuid), seqno)
+        if rollback_to is None:
+            mark(at, pos)
+        elif seqno <= rollback_to:
+            mark(at, pos)
+            found_rollback_point = seqno == rollback_to
+
+    expected_seg = 0
+    try:
+        for seg_pos, (segment, name) in enumerate(files):
+            if segment != expected_seg:
+                raise _Stop(f"segment {expected_seg:03d} is missing")
+            expected_seg += 1
+            path = str(backup_dir / name)
+            per_seg.append(0)
+            first = True
+            try:
+                f = open(path, "rb", buffering=0)
+            except OSError as exc:
+                raise _Stop(f"{name}: cannot read: {exc.strerror}") from None
+            with f:
+                try:
+                    for offset, frame in scan_frames(f, path):
+                        content = decompress_frame(frame, path, offset)
+                        recs = frame_records_with_ends(content, path, offset)
+                        clen = len(content)
+                        for rec, end in recs:
+                            here = Cut(seg_pos, offset, len(frame), end, clen)
+                            before = prev_end
+                            prev_end = here
+                            scan.records_scanned += 1
+                            if not rec or not isinstance(rec, tuple) or rec[0] not in RECORD_ARITY \
+                                    or len(rec) != RECORD_ARITY[rec[0]]:
+                                raise _Stop(f"{name}: unknown or malformed record at byte {offset}")
+                            rtype = rec[0]
+                            if first:
+                                first = False
+                                if rtype != HEADER or rec[1] != FORMAT_NAME or rec[3] != vbucket \
+                                        or rec[4] != backup_id or rec[5] != segment:
+                                    raise _Stop(f"{name}: does not start with this file's header")
+                                counts["records"] += 1
+                                per_seg[-1] += 1
+                                continue
+                            if rtype in (MUTATION, DELETION, EXPIRATION):
+                                seqno = rec[1]
+                                if snap is None or not (snap[0] <= seqno <= snap[1]) \
+                                        or seqno <= last_seqno:
+                                    raise _Stop(f"{name}: item seqno {seqno} outside its snapshot")
+                                last_seqno = seqno
+                                max_seqno = seqno
+                                if rtype == MUTATION:
+                                    counts["mutations"] += 1
+                                    vbytes += len(rec[8])
+                                else:
+                                    counts["deletions" if rtype == DELETION else "expirations"] += 1
+                                    vbytes += len(rec[7])
+                                counts["records"] += 1
+                                per_seg[-1] += 1
+                                if seqno == snap[1]:
+                                    snap = None
+                                    boundary(here, seqno)
+                            elif rtype == SNAPSHOT:
+                                start, end_s = rec[1], rec[2]
+                                if snap is not None:
+                                    boundary(before, snap[1])  # the previous snapshot is complete
+                                if start > end_s:
+                                    raise _Stop(f"{name}: snapshot marker {start}..{end_s}")
+                                snap = (start, end_s)
+                                counts["snapshots"] += 1
+                                counts["records"] += 1
+                                per_seg[-1] += 1
+                            elif rtype == STREAM:
+                                if snap is not None:
+                                    raise _Stop(f"{name}: stream record inside a snapshot")
+                                pos = Position(rec[1], rec[2], rec[3], rec[4])
+                                uuid = pos.uuid
+                                flog = [list(e) for e in rec[5]]
+                                last_seqno = pos.seqno
+                                counts["records"] += 1
+                                per_seg[-1] += 1
+                                if scan.start is None:
+                                    scan.start = pos
+                                    scan.failover_log = [list(e) for e in flog]
+                                    if rollback_to is not None:
+                                        # even a rollback below this backup's start keeps the
+                                        # header and the first stream record
+                                        mark(here, pos)
+                                        found_rollback_point = pos.seqno == rollback_to
+                                        continue
+                                boundary(here, pos.seqno)
+                            elif rtype == ROLLBACK:
+                                if snap is not None:
+                                    boundary(before, snap[1])
+                                    snap = None
+                                seqno, ruuid = rec[1], rec[2]
+                                rollbacks.append({"seqno": seqno, "vbucket_uuid": ruuid})
+                                counts["rollbacks"] += 1
+                                counts["records"] += 1
+                                per_seg[-1] += 1
+                                last_seqno = seqno
+                                uuid = ruuid
+                                boundary(here, seqno)
+                            elif rtype == END:
+                                # the vbucket closed here; keep everything before END, restart at it
+                                if snap is not None:
+                                    snap = None
+                                seqno = rec[2]
+                                uuid = rec[1]
+                                boundary(before, seqno)
+                            else:  # a header in the middle of a file
+                                raise _Stop(f"{name}: header record in the middle of the file")
+                except TornFrame as torn:
+                    raise _Stop(f"{name}: torn zstd frame at byte {torn.args[0]} (ignored)") from None
+                except CorruptFileError as exc:
+                    raise _Stop(str(exc)) from None
+                except OSError as exc:
+                    raise _Stop(f"{name}: cannot read: {exc.strerror}") from None
+    except _Stop as stop:
+        scan.problem = str(stop)
+    if rollback_to is not None and scan.start is not None and rollback_to >= scan.start.seqno \
+            and not found_rollback_point:
+        raise ValueError(f"seqno {rollback_to} is not a snapshot boundary of vbucket "
+                         f"{vbucket}'s data in this backup")
+    return scan
+
+
+def truncate_to_cut(backup_dir: str | os.PathLike[str], scan: VBucketScan, *,
+                    level: int) -> list[dict[str, Any]]:
+    """Make the vbucket's files hold exactly the scan's valid prefix.
+
+    Returns the file entries ({name, size, sha256, records}) of the segments kept, in order.
+    With no cut at all, every data file of the vbucket is deleted.
+    """
+    backup_dir = Path(backup_dir)
+    cut = scan.cut
+    keep_upto = -1 if cut is None else cut.seg_pos
+    for seg_pos, (_segment, name) in enumerate(scan.files):
+        if seg_pos > keep_upto:
+            try:
+                os.unlink(backup_dir / name)
+            except FileNotFoundError:
+                pass
+    entries: list[dict[str, Any]] = []
+    if cut is None:
+        fsync_dir(backup_dir)
+        return entries
+    name = scan.files[cut.seg_pos][1]
+    path = backup_dir / name
+    if cut.keep_bytes == cut.content_len:
+        os.truncate(path, cut.frame_offset + cut.frame_len)
+    else:
+        with open(path, "rb") as f:
+            f.seek(cut.frame_offset)
+            frame = f.read(cut.frame_len)
+        content = decompress_frame(frame, str(path), cut.frame_offset)
+        tail = zstandard.ZstdCompressor(level=level, write_checksum=True).compress(
+            content[:cut.keep_bytes])
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC, FILE_MODE)
+        try:
+            os.ftruncate(fd, cut.frame_offset)
+            os.lseek(fd, cut.frame_offset, os.SEEK_SET)
+            view = memoryview(tail)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_dir(backup_dir)
+    for seg_pos in range(cut.seg_pos + 1):
+        seg_name = scan.files[seg_pos][1]
+        size, digest = file_digest(backup_dir / seg_name)
+        entries.append({"name": seg_name, "size": size, "sha256": digest,
+                        "records": scan.segment_records[seg_pos]})
+    return entries
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class VBucketRecovery:
+    """The state of one vbucket in a partial backup."""
+
+    vbucket: int
+    complete: bool
+    summary: dict[str, Any] | None = None  # the done summary when complete
+    position: Position | None = None       # where an incomplete vbucket restarts (None: unknown
+                                           # or no valid data; restart from the planned start)
+    start: Position | None = None
+    failover_log: list[list[int]] = field(default_factory=list)
+    records_kept: int = 0
+    problem: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "vbucket": self.vbucket,
+            "complete": self.complete,
+            "position": None if self.position is None else self.position.to_json(),
+            "start": None if self.start is None else self.start.to_json(),
+            "failover_log": self.failover_log,
+            "records_kept": self.records_kept,
+            "problem": self.problem,
+            "summary": self.summary,
+        }
+
+
+def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
+               files: list[tuple[int, str]] | None = None, *,
+               rehash: bool = True) -> tuple[dict[str, Any] | None, str | None]:
+    """(summary, None) when the vbucket's done file exists and matches its files on disk,
+    else (None, reason) — reason None when there simply is no done file."""
+    backup_dir = Path(backup_dir)
+    done = backup_dir / done_file_name(vbucket)
+    if not done.exists():
+        return None, None
+    try:
+        summary = read_json(done)
+        listed = summary["files"]
+        if summary["vbucket"] != vbucket or summary["backup"] != backup_id:
+            return None, f"{done.name} belongs to another vbucket or backup"
+        names = [e["name"] for e in listed]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"{done.name} is unreadable: {exc}"
+    if files is None:
+        files = vbucket_files(backup_dir).get(vbucket, [])
+    on_disk = [name for _seg, name in files]
+    if on_disk != names:
+        return None, f"{done.name} lists {names} but the directory holds {on_disk}"
+    for entry in listed:
+        path = backup_dir / entry["name"]
+        try:
+            if rehash:
+                size, digest = file_digest(path)
+            else:
+                size, digest = os.stat(path).st_size, entry["sha256"]
+        except OSError as exc:
+            return None, f"{entry['name']}: cannot read: {exc.strerror}"
+        if size != entry["size"]:
+            return None, f"{entry['name']}: size {size} but {entry['size']} was recorded"
+        if digest != entry["sha256"]:
+            return None, f"{entry['name']}: SHA-256 does not match the recorded one"
+    return summary, None
+
+
+def recover_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
+                    files: list[tuple[int, str]] | None = None, *, scan: bool = True,
+                    rehash: bool = True) -> VBucketRecovery:
+    """Tell whether a vbucket of a partial backup completed and, if not, where it restarts.
+
+    Read-only: nothing is changed on disk (a resuming VBucketWriter keeps the prefix).
+    """
+    if files is None:
+        files = vbucket_files(backup_dir).get(vbucket, [])
+    summary, problem = check_done(backup_dir, backup_id, vbucket, files, rehash=rehash)
+    if summary is not None:
+        return VBucketRecovery(vbucket, True, summary=summary,
+                               position=Position.coerce(summary["end"]),
+                               start=Position.coerce(summary["start"]),
+                               failover_log=summary.get("failover_log", []),
+                               records_kept=summary["counts"]["records"])
+    rec = VBucketRecovery(vbucket, False, problem=problem)
+    if not scan:
+        return rec
+    s = scan_vbucket(backup_dir, backup_id, vbucket, files)
+    rec.position = s.position
+    rec.start = s.start
+    rec.failover_log = s.failover_log
+    rec.records_kept = s.counts.get("records", 0)
+    if s.problem:
+        rec.problem = s.problem if rec.problem is None else f"{rec.problem}; {s.problem}"
+    return rec
+
+
+def recover_backup(backup_dir: str | os.PathLike[str], backup_id: str, *, scan: bool = True,
+                   rehash: bool = True) -> dict[int, VBucketRecovery]:
+    """recover_vbucket for every vbucket that has data files or a done file in the directory."""
+    backup_dir = Path(backup_dir)
+    files = vbucket_files(backup_dir)
+    vbs = set(files)
+    for name in os.listdir(backup_dir):
+        if name.startswith("vb-") and name.endswith(".done.json"):
+            try:
+                vbs.add(int(name[3:-10]))
+            except ValueError:
+                pass
+    return {vb: recover_vbucket(backup_dir, backup_id, vb, files.get(vb, []), scan=scan,
+                                rehash=rehash)
+            for vb in sorted(vbs)}

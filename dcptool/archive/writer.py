@@ -1,0 +1,422 @@
+"""Writing one vbucket's data in one backup: records packed into a reused buffer, compressed
+into a zstd frame each time the buffer passes the block size, and written to segment files.
+
+The writer is built from plain values (archive path, backup id, vbucket, positions) so a
+Spark task on an executor can make one without any of the driver's objects; `close` returns
+a plain JSON-able summary dict and also writes it, atomically, as `vb-NNNN.done.json`.
+
+Hot path: `mutation()` and friends do one tuple build, one `Packer.pack`, one buffer append,
+two counter updates and a length check; everything else happens once per frame (~1 MiB).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import msgpack
+import zstandard
+
+from .errors import ArchiveError, CorruptFileError
+from .format import (
+    BACKUP_JSON,
+    BACKUPS_DIR,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_LEVEL,
+    DEFAULT_SEGMENT_BYTES,
+    DELETION,
+    END,
+    EXPIRATION,
+    FILE_MODE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    HEADER,
+    MANIFEST_JSON,
+    MUTATION,
+    ROLLBACK,
+    SNAPSHOT,
+    STREAM,
+    Position,
+    atomic_write_json,
+    coerce_failover_log,
+    data_file_name,
+    done_file_name,
+    fsync_dir,
+    read_json,
+)
+from .recovery import check_done, scan_vbucket, truncate_to_cut, vbucket_files
+
+SUMMARY_VERSION = 1
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def load_backup_intent(archive_path: str | os.PathLike[str], backup_id: str) -> dict[str, Any]:
+    """The backup.json of a backup that is still being written (raises if it is committed)."""
+    bdir = Path(archive_path) / BACKUPS_DIR / backup_id
+    if (bdir / MANIFEST_JSON).exists():
+        raise ArchiveError(f"backup {backup_id} in {archive_path} is committed; its files are "
+                           "immutable")
+    try:
+        intent = read_json(bdir / BACKUP_JSON)
+    except FileNotFoundError:
+        raise ArchiveError(f"no backup {backup_id} is being written in {archive_path} "
+                           f"({bdir / BACKUP_JSON} is missing)") from None
+    except (OSError, ValueError) as exc:
+        raise CorruptFileError(bdir / BACKUP_JSON, f"unreadable: {exc}") from None
+    if not isinstance(intent, dict) or intent.get("id") != backup_id:
+        raise CorruptFileError(bdir / BACKUP_JSON, "does not describe this backup")
+    return intent
+
+
+class VBucketWriter:
+    """Writes the records of one vbucket for one backup.
+
+    `start` is where this backup's stream for the vbucket begins (the parent's end position,
+    or seqno 0 for a full backup); `failover_log` is the one the node returned (newest first).
+
+    `resume=False` (a new attempt, e.g. a retried Spark task) deletes whatever files this
+    vbucket already has in the backup and starts over; nothing of other vbuckets is touched.
+    `resume=True` keeps the valid prefix of a killed attempt (see recovery.py) and continues
+    after it: the caller must stream from `writer.position`.
+    """
+
+    def __init__(self, archive_path: str | os.PathLike[str], backup_id: str, vbucket: int,
+                 start: Any, failover_log: Iterable[Any] | None = (), *,
+                 resume: bool = False, level: int | None = None,
+                 block_size: int | None = None, segment_bytes: int | None = None):
+        self.archive_path = Path(archive_path)
+        self.backup_id = backup_id
+        self.vbucket = int(vbucket)
+        self.dir = self.archive_path / BACKUPS_DIR / backup_id
+        intent = load_backup_intent(archive_path, backup_id)
+        comp = intent.get("compression", {})
+        self.level = int(level if level is not None else comp.get("level", DEFAULT_LEVEL))
+        self._block = int(block_size or comp.get("block_size", DEFAULT_BLOCK_SIZE))
+        self._segment_bytes = int(segment_bytes or comp.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
+        self._cctx = zstandard.ZstdCompressor(level=self.level, write_checksum=True)
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+        self._buf = bytearray()
+        self.start = Position.coerce(start)
+        self.failover_log = coerce_failover_log(failover_log)
+        # counters: records of each kind, value bytes; "other" = header/stream/rollback/end
+        self._nm = self._nd = self._ne = self._ns = self._no = 0
+        self._vbytes = 0
+        self._flushed = 0  # records already in written frames
+        self._seg_records = 0  # records in the current segment's written frames
+        self._roll = False  # the current segment is full: the next frame starts a new one
+        self._files: list[dict[str, Any]] = []  # closed segments
+        self._fd = -1
+        self._segment = -1
+        self._fsize = 0
+        self._sha = hashlib.sha256()
+        self.rollbacks: list[dict[str, int]] = []
+        self.closed = False
+        self.summary: dict[str, Any] | None = None
+
+        files = vbucket_files(self.dir).get(self.vbucket, [])
+        done = self.dir / done_file_name(self.vbucket)
+        if resume:
+            summary, _why = check_done(self.dir, backup_id, self.vbucket, files)
+            if summary is not None:
+                raise ArchiveError(f"vbucket {self.vbucket} of backup {backup_id} is already "
+                                   "complete", hint="use its summary from the recovery instead")
+            self._unlink(done)
+            scan = scan_vbucket(self.dir, backup_id, self.vbucket, files)
+            if scan.cut is None or scan.start is None:
+                self._unlink_all(files)
+                self.position = self.start
+                self._open_segment(0)
+                self._stream_record(self.start, self.failover_log)
+            else:
+                self._adopt(scan, files)
+                self.start = scan.start
+                if not self.failover_log:
+                    self.failover_log = scan.failover_log
+                self._open_segment(self._segment + 1)
+                self._stream_record(self.position, self.failover_log)
+        else:
+            self._unlink(done)
+            self._unlink_all(files)
+            self.position = self.start
+            self._open_segment(0)
+            self._stream_record(self.start, self.failover_log)
+
+    # -- hot path ------------------------------------------------------------------------------
+
+    def marker(self, start: int, end: int, flags: int = 0) -> None:
+        """A snapshot marker: the items that follow have seqnos in start..end."""
+        self._buf += self._pack((SNAPSHOT, start, end, flags))
+        self._ns += 1
+        if len(self._buf) >= self._block:
+            self._flush()
+
+    def mutation(self, seqno: int, rev_seqno: int, cas: int, flags: int, expiry: int,
+                 datatype: int, key: bytes, value: bytes, xattrs: bytes | None = None) -> None:
+        self._buf += self._pack((MUTATION, seqno, rev_seqno, cas, flags, expiry, datatype, key,
+                                 value, xattrs))
+        self._nm += 1
+        self._vbytes += len(value)
+        if len(self._buf) >= self._block:
+            self._flush()
+
+    def deletion(self, seqno: int, rev_seqno: int, cas: int, key: bytes, delete_time: int = 0,
+                 datatype: int = 0, value: bytes = b"") -> None:
+        self._buf += self._pack((DELETION, seqno, rev_seqno, cas, key, delete_time, datatype,
+                                 value))
+        self._nd += 1
+        self._vbytes += len(value)
+        if len(self._buf) >= self._block:
+            self._flush()
+
+    def expiration(self, seqno: int, rev_seqno: int, cas: int, key: bytes, delete_time: int = 0,
+                   datatype: int = 0, value: bytes = b"") -> None:
+        self._buf += self._pack((EXPIRATION, seqno, rev_seqno, cas, key, delete_time, datatype,
+                                 value))
+        self._ne += 1
+        self._vbytes += len(value)
+        if len(self._buf) >= self._block:
+            self._flush()
+
+    def write(self, records: Iterable[tuple]) -> None:
+        """Append plain record tuples (snapshot markers and items, in the format's layout,
+        first element the record type). Faster than one method call per record."""
+        pack = self._pack
+        buf = self._buf
+        block = self._block
+        nm = nd = ne = ns = vb = 0
+        try:
+            for rec in records:
+                t = rec[0]
+                if t == MUTATION:
+                    nm += 1
+                    vb += len(rec[8])
+                elif t == SNAPSHOT:
+                    ns += 1
+                elif t == DELETION:
+                    nd += 1
+                    vb += len(rec[7])
+                elif t == EXPIRATION:
+                    ne += 1
+                    vb += len(rec[7])
+                else:
+                    raise ValueError(f"write() takes snapshot markers and items, not record "
+                                     f"type {t!r}")
+                buf += pack(rec)
+                if len(buf) >= block:
+                    self._nm += nm
+                    self._nd += nd
+                    self._ne += ne
+                    self._ns += ns
+                    self._vbytes += vb
+                    nm = nd = ne = ns = vb = 0
+                    self._flush()
+                    buf = self._buf
+        finally:
+            self._nm += nm
+            self._nd += nd
+            self._ne += ne
+            self._ns += ns
+            self._vbytes += vb
+
+    def add_packed(self, data: bytes, *, mutations: int = 0, deletions: int = 0,
+                   expirations: int = 0, snapshots: int = 0, value_bytes: int = 0) -> None:
+        """Append records the caller already packed with msgpack (whole snapshot-marker and
+        item records only, in the format's layout), with their counts."""
+        self._buf += data
+        self._nm += mutations
+        self._nd += deletions
+        self._ne += expirations
+        self._ns += snapshots
+        self._vbytes += value_bytes
+        if len(self._buf) >= self._block:
+            self._flush()
+
+    # -- frames and segments ----------------------------------------------------------------
+
+    def _records(self) -> int:
+        return self._nm + self._nd + self._ne + self._ns + self._no
+
+    def _flush(self) -> None:
+        if self._roll:
+            self._roll = False
+            self._close_segment()
+            self._open_segment(self._segment + 1)
+        buf = self._buf
+        if not buf:
+            return
+        frame = self._cctx.compress(buf)
+        self._buf = bytearray()
+        _write_all(self._fd, frame)
+        self._sha.update(frame)
+        self._fsize += len(frame)
+        total = self._records()
+        self._seg_records += total - self._flushed
+        self._flushed = total
+        if self._fsize >= self._segment_bytes:
+            self._roll = True  # the next frame goes to a new segment
+
+    def _open_segment(self, segment: int) -> None:
+        """Create the next data file; its header record goes first in the buffer."""
+        self._segment = segment
+        path = self.dir / data_file_name(self.vbucket, segment)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        self._fsize = 0
+        self._sha = hashlib.sha256()
+        self._seg_records = 0
+        self._buf[0:0] = self._pack((HEADER, FORMAT_NAME, FORMAT_VERSION, self.vbucket,
+                                     self.backup_id, segment))
+        self._no += 1
+
+    def _close_segment(self, sync: bool = True) -> None:
+        """Finish the current segment (its frames must already be flushed)."""
+        if self._fd < 0:
+            return
+        if sync:
+            os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        self._files.append({"name": data_file_name(self.vbucket, self._segment),
+                            "size": self._fsize, "sha256": self._sha.hexdigest(),
+                            "records": self._seg_records})
+
+    def _stream_record(self, pos: Position, failover_log: list[list[int]]) -> None:
+        self._buf += self._pack((STREAM, pos.uuid, pos.seqno, pos.snap_start, pos.snap_end,
+                                 [tuple(e) for e in failover_log]))
+        self._no += 1
+
+    def _adopt(self, scan: Any, files: list[tuple[int, str]]) -> None:
+        """Take a scan's valid prefix as this writer's state (truncating the files to it)."""
+        self._files = truncate_to_cut(self.dir, scan, level=self.level)
+        c = scan.counts
+        self._nm, self._nd, self._ne, self._ns = (c["mutations"], c["deletions"],
+                                                  c["expirations"], c["snapshots"])
+        self._no = c["records"] - self._nm - self._nd - self._ne - self._ns
+        self._vbytes = scan.value_bytes
+        self._flushed = c["records"]
+        self._roll = False
+        self.rollbacks = list(scan.rollbacks)
+        self.position = scan.position
+        self._segment = scan.files[scan.cut.seg_pos][0]
+
+    def _unlink(self, path: Path) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _unlink_all(self, files: list[tuple[int, str]]) -> None:
+        for _seg, name in files:
+            self._unlink(self.dir / name)
+        if files:
+            fsync_dir(self.dir)
+
+    def _cut_back(self, seqno: int) -> None:
+        """Make the data end on the boundary at `seqno` (dropping anything after it), or just
+        after the stream start when `seqno` is below it; continue in a new segment."""
+        if self._nm + self._nd + self._ne + self._ns == 0:
+            return  # nothing but headers and stream/rollback records so far
+        self._flush()
+        self._close_segment()
+        files = vbucket_files(self.dir).get(self.vbucket, [])
+        try:
+            scan = scan_vbucket(self.dir, self.backup_id, self.vbucket, files, rollback_to=seqno)
+        except ValueError as exc:
+            self._open_segment(self._segment + 1)
+            raise ArchiveError(str(exc), hint="roll back to the end of a snapshot") from None
+        if scan.problem:
+            raise CorruptFileError(self.dir, f"vbucket {self.vbucket}: {scan.problem}")
+        self._adopt(scan, files)
+        self._open_segment(self._segment + 1)
+
+    # -- boundaries ------------------------------------------------------------------------------
+
+    def rollback(self, seqno: int, vbucket_uuid: int) -> None:
+        """Record that the vbucket rolled back to `seqno` (a snapshot end the chain holds).
+
+        Records this backup already wrote above `seqno` are removed first (this backup is not
+        committed, so its files may still change), so in every archive a rollback record is
+        preceded only by records at or below its seqno. Earlier backups are never touched:
+        their records above `seqno` are dead for restores from here on.
+        """
+        self._check_open()
+        self._cut_back(seqno)
+        self._buf += self._pack((ROLLBACK, seqno, vbucket_uuid))
+        self._no += 1
+        self.rollbacks.append({"seqno": seqno, "vbucket_uuid": vbucket_uuid})
+        self.position = Position.at(vbucket_uuid, seqno)
+
+    def stream(self, position: Any, failover_log: Iterable[Any] | None = None) -> None:
+        """Record that the stream (re)started at `position` (after a rollback or a reconnect),
+        with the failover log the node returned. Data above the position is dropped first."""
+        self._check_open()
+        pos = Position.coerce(position)
+        self._cut_back(pos.seqno)
+        if failover_log is not None:
+            self.failover_log = coerce_failover_log(failover_log)
+        self._stream_record(pos, self.failover_log)
+        self.position = pos
+
+    # -- finishing ---------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ArchiveError(f"vbucket {self.vbucket} writer of backup {self.backup_id} is closed")
+
+    def counts(self) -> dict[str, int]:
+        return {"mutations": self._nm, "deletions": self._nd, "expirations": self._ne,
+                "snapshots": self._ns, "rollbacks": len(self.rollbacks),
+                "records": self._records()}
+
+    def close(self, end: Any) -> dict[str, Any]:
+        """Finish the vbucket at `end` (a snapshot boundary): write the end record, fsync the
+        files, write the done file atomically, and return the summary dict."""
+        self._check_open()
+        end_pos = Position.coerce(end)
+        self._buf += self._pack((END, end_pos.uuid, end_pos.seqno, end_pos.snap_start,
+                                 end_pos.snap_end))
+        self._no += 1
+        self._flush()
+        self._close_segment()
+        self.closed = True
+        files = self._files
+        summary = {
+            "summary_version": SUMMARY_VERSION,
+            "vbucket": self.vbucket,
+            "backup": self.backup_id,
+            "start": self.start.to_json(),
+            "end": end_pos.to_json(),
+            "failover_log": self.failover_log,
+            "counts": self.counts(),
+            "bytes": {"values": self._vbytes, "files": sum(f["size"] for f in files)},
+            "files": files,
+            "rollbacks": self.rollbacks,
+        }
+        atomic_write_json(self.dir / done_file_name(self.vbucket), summary)
+        self.summary = summary
+        self.position = end_pos
+        return summary
+
+    def abort(self) -> None:
+        """Stop without finishing: what was flushed stays as a partial vbucket."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._fd >= 0:
+            try:
+                self._flush()
+            except OSError:
+                pass
+            self._close_segment(sync=False)
+
+    def __enter__(self) -> "VBucketWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if not self.closed:
+            self.abort()
