@@ -1,0 +1,104 @@
+"""What an archive holds, as a JSON-able description (for `dcptool info`). Reads only
+metadata files and directory listings: no data file is decompressed."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .archive import Archive
+from .errors import ArchiveError
+from .format import BACKUP_JSON, DONE_RE, MANIFEST_JSON, parse_data_name, read_json
+from .lock import ArchiveLock
+
+_COUNTS = ("mutations", "deletions", "expirations", "snapshots", "rollbacks", "records")
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    try:
+        with os.scandir(path) as it:
+            for e in it:
+                try:
+                    if e.is_file(follow_symlinks=False):
+                        total += e.stat(follow_symlinks=False).st_size
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    return total
+
+
+def _partial(archive: Archive, bid: str) -> dict[str, Any]:
+    bdir = archive.backup_dir(bid)
+    try:
+        intent = read_json(bdir / BACKUP_JSON)
+        if not isinstance(intent, dict):
+            intent = {}
+    except (OSError, ValueError):
+        intent = {}
+    counts = dict.fromkeys(_COUNTS, 0)
+    done = 0
+    started: set[int] = set()
+    value_bytes = 0
+    rollbacks: list[dict[str, Any]] = []
+    for name in sorted(os.listdir(bdir)):
+        parsed = parse_data_name(name)
+        if parsed:
+            started.add(parsed[0])
+        elif DONE_RE.match(name):
+            try:
+                s = read_json(bdir / name)
+                for k in _COUNTS:
+                    counts[k] += int(s["counts"][k])
+                value_bytes += int(s["bytes"]["values"])
+                rollbacks += [{"vbucket": s["vbucket"], **r} for r in s["rollbacks"]]
+                done += 1
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+    return {
+        "id": bid, "parent": intent.get("parent"), "type": intent.get("type"),
+        "state": "partial", "started": intent.get("started"), "finished": None,
+        "vbuckets": done, "vbuckets_started": len(started),
+        **counts, "value_bytes": value_bytes, "size_on_disk": _dir_size(bdir),
+        "rollback_records": rollbacks,
+        "note": "counts cover the vbuckets that completed",
+    }
+
+
+def describe_archive(archive: Archive) -> dict[str, Any]:
+    """The archive's metadata and one entry per backup, oldest first."""
+    backups = []
+    for bid in archive.backup_ids():
+        bdir = archive.backup_dir(bid)
+        if not (bdir / MANIFEST_JSON).exists():
+            backups.append(_partial(archive, bid))
+            continue
+        try:
+            m = archive.manifest(bid)
+        except ArchiveError as exc:
+            backups.append({"id": bid, "state": "damaged", "error": exc.message,
+                            "size_on_disk": _dir_size(bdir)})
+            continue
+        t = m["totals"]
+        backups.append({
+            "id": bid, "parent": m["parent"], "type": m["type"], "state": "complete",
+            "started": m["started"], "finished": m["finished"],
+            "vbuckets": t["vbuckets"], **{k: t[k] for k in _COUNTS},
+            "value_bytes": t["value_bytes"], "file_bytes": t["file_bytes"], "files": t["files"],
+            "size_on_disk": _dir_size(bdir),
+            "compression": m.get("compression"),
+            "rollback_records": [{"vbucket": e["vbucket"], **r} for e in m["vbuckets"]
+                                 for r in e["rollbacks"]],
+        })
+    holder = ArchiveLock(archive.path, "info").holder()
+    return {
+        "archive": {
+            "path": str(archive.path), "format": archive.meta["format"],
+            "version": archive.meta["version"], "uuid": archive.uuid, "bucket": archive.bucket,
+            "vbuckets": archive.vbucket_count, "created": archive.meta["created"],
+            "locked_by": holder,
+            "size_on_disk": sum(b["size_on_disk"] for b in backups),
+        },
+        "backups": backups,
+    }

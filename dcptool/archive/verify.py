@@ -1,0 +1,434 @@
+"""Prove an archive sound, or say exactly what is wrong with it and where.
+
+Checks, for every committed backup: the manifest is well-formed and belongs to this archive;
+every listed file exists with its size and SHA-256; no unlisted data file sits beside them;
+every record decodes and has the layout of its type; each file starts with the header of the
+vbucket, backup and segment it is listed for; within each vbucket seqnos increase, items lie
+inside their snapshot marker's range, a rollback record follows nothing above its seqno,
+the stream and end records match the manifest's start and end positions, and the counts
+match; each backup's parent is committed and each vbucket starts where the chain before it
+ended (or a rollback record says why not).
+
+Partial backups are reported as notes, not problems: a killed backup is a normal state.
+Nothing here raises on bad data; every finding is a Problem naming a file.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .archive import Archive
+from .errors import CorruptFileError
+from .format import (
+    ARCHIVE_JSON,
+    BACKUP_ID_RE,
+    BACKUP_JSON,
+    DATA_RE,
+    DELETION,
+    DONE_RE,
+    END,
+    EXPIRATION,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    FULL,
+    HEADER,
+    LOCK_FILE,
+    MANIFEST_JSON,
+    MUTATION,
+    RECORD_ARITY,
+    RECORD_NAMES,
+    ROLLBACK,
+    SNAPSHOT,
+    STREAM,
+    Position,
+    read_json,
+)
+from .frames import iter_frame_batches
+from .lock import ArchiveLock
+from .manifest import check_manifest
+from .recovery import file_digest
+
+
+@dataclass
+class Problem:
+    path: str
+    message: str
+    backup: str | None = None
+    vbucket: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "backup": self.backup, "vbucket": self.vbucket,
+                "message": self.message}
+
+
+@dataclass
+class VerifyReport:
+    archive: str
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    backups_checked: int = 0
+    partial_backups: int = 0
+    files_checked: int = 0
+    bytes_checked: int = 0
+    records_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "archive": self.archive, "ok": self.ok,
+            "backups_checked": self.backups_checked, "partial_backups": self.partial_backups,
+            "files_checked": self.files_checked, "bytes_checked": self.bytes_checked,
+            "records_checked": self.records_checked,
+            "problems": [p.to_json() for p in self.problems], "notes": self.notes,
+        }
+
+
+_INT = int
+
+
+def _uint(v: Any) -> bool:
+    return type(v) is _INT and 0 <= v < 1 << 64
+
+
+def _shape_error(rec: Any) -> str | None:
+    """Why a record does not have the layout of its type, None when it does."""
+    if not isinstance(rec, tuple) or not rec:
+        return f"record is a {type(rec).__name__}, not an array"
+    t = rec[0]
+    if type(t) is not int or t not in RECORD_ARITY:
+        return f"unknown record type {t!r}"
+    if len(rec) != RECORD_ARITY[t]:
+        return (f"{RECORD_NAMES[t]} record has {len(rec)} fields, expected "
+                f"{RECORD_ARITY[t]}")
+    if t == MUTATION:
+        ok = all(_uint(x) for x in rec[1:7]) and type(rec[7]) is bytes \
+            and type(rec[8]) is bytes and (rec[9] is None or type(rec[9]) is bytes)
+    elif t == DELETION or t == EXPIRATION:
+        ok = _uint(rec[1]) and _uint(rec[2]) and _uint(rec[3]) and type(rec[4]) is bytes \
+            and _uint(rec[5]) and _uint(rec[6]) and type(rec[7]) is bytes
+    elif t == SNAPSHOT:
+        ok = _uint(rec[1]) and _uint(rec[2]) and _uint(rec[3])
+    elif t == STREAM:
+        ok = all(_uint(x) for x in rec[1:5]) and isinstance(rec[5], tuple) and all(
+            isinstance(e, tuple) and len(e) == 2 and _uint(e[0]) and _uint(e[1]) for e in rec[5])
+    elif t == ROLLBACK:
+        ok = _uint(rec[1]) and _uint(rec[2])
+    elif t == END:
+        ok = all(_uint(x) for x in rec[1:5])
+    else:  # HEADER
+        ok = type(rec[1]) is str and _uint(rec[2]) and _uint(rec[3]) and type(rec[4]) is str \
+            and _uint(rec[5])
+    return None if ok else f"{RECORD_NAMES[t]} record has a field of the wrong type"
+
+
+class _VBucketCheck:
+    """Walks one vbucket's records of one backup, across its segment files."""
+
+    def __init__(self, backup_id: str, entry: dict[str, Any]):
+        self.backup_id = backup_id
+        self.vb = entry["vbucket"]
+        self.entry = entry
+        self.counts = {"mutations": 0, "deletions": 0, "expirations": 0, "snapshots": 0,
+                       "rollbacks": 0, "records": 0}
+        self.value_bytes = 0
+        self.rollbacks: list[dict[str, int]] = []
+        self.first_stream: Position | None = None
+        self.end: Position | None = None
+        self.snap: tuple[int, int] | None = None
+        self.last = -1        # seqnos of later items must be above this
+        self.top = -1         # highest item seqno so far
+        self.marker_end = -1
+        self.seen_stream = False
+
+    def record(self, rec: tuple, segment: int, first_in_file: bool) -> str | None:
+        """Check one record; returns a problem description or None."""
+        why = _shape_error(rec)
+        if why:
+            return why
+        t = rec[0]
+        self.counts["records"] += 1
+        if first_in_file:
+            if t != HEADER:
+                return "does not start with a header record"
+            if rec[1] != FORMAT_NAME or rec[2] != FORMAT_VERSION:
+                return f"header names format {rec[1]!r} version {rec[2]!r}"
+            if rec[3] != self.vb or rec[4] != self.backup_id or rec[5] != segment:
+                return (f"holds segment {rec[5]} of vbucket {rec[3]} of backup {rec[4]}, not "
+                        f"segment {segment} of vbucket {self.vb} of backup {self.backup_id} "
+                        "(file swapped or misplaced)")
+            return None
+        if self.end is not None:
+            return f"{RECORD_NAMES[t]} record after the end record"
+        if t == HEADER:
+            return "header record in the middle of the file"
+        if not self.seen_stream and t != STREAM:
+            return f"{RECORD_NAMES[t]} record before the first stream record"
+        if t == MUTATION or t == DELETION or t == EXPIRATION:
+            seqno = rec[1]
+            if self.snap is None:
+                return f"item at seqno {seqno} outside any snapshot"
+            if not self.snap[0] <= seqno <= self.snap[1]:
+                return (f"item seqno {seqno} lies outside its snapshot "
+                        f"{self.snap[0]}..{self.snap[1]}")
+            if seqno <= self.last:
+                return f"item seqno {seqno} does not increase (after {self.last})"
+            self.last = self.top = seqno
+            if t == MUTATION:
+                self.counts["mutations"] += 1
+                self.value_bytes += len(rec[8])
+            else:
+                self.counts["deletions" if t == DELETION else "expirations"] += 1
+                self.value_bytes += len(rec[7])
+        elif t == SNAPSHOT:
+            start, end = rec[1], rec[2]
+            if start > end:
+                return f"snapshot marker start {start} is above its end {end}"
+            if end < self.marker_end:
+                return f"snapshot marker {start}..{end} ends before the previous one ({self.marker_end})"
+            self.snap = (start, end)
+            self.marker_end = end
+            self.counts["snapshots"] += 1
+        elif t == STREAM:
+            pos = Position(rec[1], rec[2], rec[3], rec[4])
+            if pos.seqno < self.top:
+                return (f"stream restarts at seqno {pos.seqno} below items already written "
+                        f"(up to {self.top})")
+            if self.first_stream is None:
+                self.first_stream = pos
+            self.seen_stream = True
+            self.snap = None
+            self.last = pos.seqno
+            self.marker_end = min(self.marker_end, pos.seqno)
+        elif t == ROLLBACK:
+            s = rec[1]
+            if s < self.top:
+                return (f"rollback record to seqno {s} follows items above it (up to "
+                        f"{self.top}) in the same backup")
+            self.rollbacks.append({"seqno": s, "vbucket_uuid": rec[2]})
+            self.counts["rollbacks"] += 1
+            self.snap = None
+            self.last = s
+            self.marker_end = min(self.marker_end, s)
+        elif t == END:
+            pos = Position(rec[1], rec[2], rec[3], rec[4])
+            if pos.seqno < self.top:
+                return f"end position seqno {pos.seqno} is below the last item ({self.top})"
+            self.end = pos
+        return None
+
+    def finish(self) -> list[str]:
+        """Problems found once all records were read."""
+        out = []
+        e = self.entry
+        if self.end is None:
+            out.append("the last file has no end record (data incomplete)")
+        elif self.end != Position.coerce(e["end"]):
+            out.append(f"end record {self.end.to_json()} differs from the manifest's end "
+                       f"{e['end']}")
+        if self.first_stream is not None and self.first_stream != Position.coerce(e["start"]):
+            out.append(f"first stream record {self.first_stream.to_json()} differs from the "
+                       f"manifest's start {e['start']}")
+        for k, v in self.counts.items():
+            if e["counts"].get(k) != v:
+                out.append(f"holds {v} {k} but the manifest says {e['counts'].get(k)}")
+        if e["bytes"]["values"] != self.value_bytes:
+            out.append(f"holds {self.value_bytes} value bytes but the manifest says "
+                       f"{e['bytes']['values']}")
+        if self.rollbacks != e["rollbacks"]:
+            out.append("rollback records differ from the manifest's rollbacks")
+        return out
+
+
+def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
+                           report: VerifyReport) -> None:
+    vb = entry["vbucket"]
+    check = _VBucketCheck(backup_id, entry)
+    for segment, f in enumerate(entry["files"]):
+        path = bdir / f["name"]
+        if not path.is_file():
+            return  # already reported by the file check
+        n_before = check.counts["records"]
+        first = True
+        try:
+            for batch in iter_frame_batches(path):
+                for rec in batch:
+                    why = check.record(rec, segment, first)
+                    first = False
+                    if why:
+                        idx = check.counts["records"] - n_before
+                        report.problems.append(Problem(str(path), f"record {idx}: {why}",
+                                                       backup_id, vb))
+                        return
+                report.records_checked += len(batch)
+        except CorruptFileError as exc:
+            report.problems.append(Problem(str(path), exc.reason if exc.offset is None
+                                           else f"at byte {exc.offset}: {exc.reason}",
+                                           backup_id, vb))
+            return
+        if first:
+            report.problems.append(Problem(str(path), "holds no records", backup_id, vb))
+            return
+        got = check.counts["records"] - n_before
+        if got != f["records"]:
+            report.problems.append(Problem(str(path), f"holds {got} records but the manifest "
+                                           f"says {f['records']}", backup_id, vb))
+    for why in check.finish():
+        report.problems.append(Problem(str(bdir / entry["files"][-1]["name"]),
+                                       f"vbucket {vb}: {why}", backup_id, vb))
+
+
+def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
+                 report: VerifyReport) -> set[str]:
+    """Size and SHA-256 of every listed file; returns the names that passed."""
+    good: set[str] = set()
+    listed: set[str] = set()
+    for entry in manifest["vbuckets"]:
+        vb = entry["vbucket"]
+        for f in entry["files"]:
+            listed.add(f["name"])
+            path = bdir / f["name"]
+            try:
+                size, digest = file_digest(path)
+            except FileNotFoundError:
+                report.problems.append(Problem(str(path), "listed in the manifest but missing",
+                                               backup_id, vb))
+                continue
+            except OSError as exc:
+                report.problems.append(Problem(str(path), f"cannot read: {exc.strerror}",
+                                               backup_id, vb))
+                continue
+            report.files_checked += 1
+            report.bytes_checked += size
+            if size != f["size"]:
+                report.problems.append(Problem(
+                    str(path), f"size is {size} bytes, the manifest says {f['size']} "
+                               f"({'truncated' if size < f['size'] else 'grown'})", backup_id, vb))
+            elif digest != f["sha256"]:
+                report.problems.append(Problem(str(path), "SHA-256 does not match the manifest "
+                                               "(the file's content changed)", backup_id, vb))
+            else:
+                good.add(f["name"])
+    try:
+        names = sorted(os.listdir(bdir))
+    except OSError:
+        names = []
+    known = {MANIFEST_JSON, BACKUP_JSON}
+    for name in names:
+        if name in listed or name in known or DONE_RE.match(name):
+            continue
+        if DATA_RE.match(name):
+            report.problems.append(Problem(str(bdir / name), "data file not listed in the "
+                                           "manifest", backup_id))
+        else:
+            report.notes.append(f"{bdir / name}: unexpected file (ignored)")
+    return good
+
+
+def _continuity(archive: Archive, manifests: dict[str, dict[str, Any]],
+                broken: set[str], report: VerifyReport) -> None:
+    ends_after: dict[str, dict[int, Position]] = {}
+    for bid in sorted(manifests):
+        m = manifests[bid]
+        mpath = str(archive.backup_dir(bid) / MANIFEST_JSON)
+        parent = m.get("parent")
+        if m["type"] == FULL:
+            prev: dict[int, Position] | None = {}
+        elif parent in broken:
+            report.problems.append(Problem(mpath, f"parent backup {parent} is itself broken; "
+                                           "this backup cannot be restored", bid))
+            prev = None
+        elif parent not in manifests:
+            state = "partial" if archive.backup_dir(parent).is_dir() else "missing"
+            report.problems.append(Problem(mpath, f"parent backup {parent} is {state}", bid))
+            prev = None
+        else:
+            prev = ends_after.get(parent)
+        ends: dict[int, Position] = dict(prev or {})
+        for e in m["vbuckets"]:
+            vb = e["vbucket"]
+            start = Position.coerce(e["start"])
+            if prev is not None:
+                rb = e["rollbacks"]
+                if m["type"] == FULL:
+                    if start.seqno != 0 and not rb:
+                        report.problems.append(Problem(
+                            mpath, f"vbucket {vb}: a full backup starts at seqno {start.seqno}, "
+                                   "not 0", bid, vb))
+                elif vb in prev:
+                    p = prev[vb]
+                    if (start.uuid, start.seqno) != (p.uuid, p.seqno):
+                        if not (rb and rb[0]["seqno"] <= p.seqno):
+                            report.problems.append(Problem(
+                                mpath, f"vbucket {vb}: starts at uuid {start.uuid} seqno "
+                                       f"{start.seqno} but the chain before it ended at uuid "
+                                       f"{p.uuid} seqno {p.seqno}, with no rollback recorded",
+                                bid, vb))
+                elif start.seqno != 0 and not rb:
+                    report.problems.append(Problem(
+                        mpath, f"vbucket {vb}: starts at seqno {start.seqno} but no earlier "
+                               "backup of the chain holds it", bid, vb))
+            ends[vb] = Position.coerce(e["end"])
+        if prev is None:
+            broken.add(bid)
+        ends_after[bid] = ends
+
+
+def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> VerifyReport:
+    """Check the whole archive (see module docstring). Raises NotAnArchiveError only when
+    the path is not an archive at all; everything else ends up in the report."""
+    archive = Archive.open(path)
+    report = VerifyReport(str(archive.path))
+    holder = ArchiveLock(archive.path, "verify").holder()
+    if holder is not None:
+        report.notes.append(f"{archive.path / LOCK_FILE}: archive is locked by pid "
+                            f"{holder.get('pid')} on {holder.get('host')} ({holder.get('purpose')});"
+                            " a backup may be running")
+    if not isinstance(archive.meta.get("vbuckets"), int) or archive.meta["vbuckets"] < 1:
+        report.problems.append(Problem(str(archive.path / ARCHIVE_JSON), "vbucket count is invalid"))
+    try:
+        entries = sorted(os.listdir(archive.backups_dir))
+    except OSError as exc:
+        report.problems.append(Problem(str(archive.backups_dir), f"cannot list: {exc.strerror}"))
+        return report
+    manifests: dict[str, dict[str, Any]] = {}
+    broken: set[str] = set()
+    for name in entries:
+        bdir = archive.backups_dir / name
+        if not BACKUP_ID_RE.match(name) or not bdir.is_dir():
+            report.notes.append(f"{bdir}: not a backup directory (ignored)")
+            continue
+        mpath = bdir / MANIFEST_JSON
+        if not mpath.exists():
+            report.partial_backups += 1
+            report.notes.append(f"{bdir}: partial backup (no manifest); resume it with the next "
+                                "backup or discard it with --purge-partial")
+            continue
+        report.backups_checked += 1
+        try:
+            doc = read_json(mpath)
+        except (OSError, ValueError) as exc:
+            report.problems.append(Problem(str(mpath), f"unreadable: {exc}", name))
+            broken.add(name)
+            continue
+        probs = check_manifest(doc, name, archive.meta)
+        if probs:
+            for p in probs:
+                report.problems.append(Problem(str(mpath), p, name))
+            broken.add(name)
+            continue
+        manifests[name] = doc
+        _check_files(bdir, name, doc, report)
+        if records:
+            # files that failed the checksum are decoded too: it tells where they went bad
+            for entry in doc["vbuckets"]:
+                _check_vbucket_records(bdir, name, entry, report)
+    _continuity(archive, manifests, broken, report)
+    return report
