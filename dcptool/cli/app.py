@@ -35,7 +35,6 @@ def _root(
 
 def _register() -> None:
     from dcptool.cli import decode  # noqa: F401  (registers its commands)
-    from dcptool.cli import node  # noqa: F401
     from dcptool.cli import failover_log  # noqa: F401
     from dcptool.cli import tail  # noqa: F401
     from dcptool.cli import info, verify  # noqa: F401
