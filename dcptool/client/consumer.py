@@ -135,6 +135,9 @@ class DcpConsumer:
                 self._grow(need)
                 mv = self._mv
                 cap = len(mv)
+        dead = self.dead_timeout
+        if dead is not None and (timeout is None or timeout > dead):
+            timeout = dead  # wake up in time to notice a dead connection
         sock = self.conn.sock
         sock.settimeout(timeout)
         try:
