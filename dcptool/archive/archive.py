@@ -15,7 +15,7 @@ import shutil
 import uuid as uuidlib
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Sequence
 
 from .errors import (
     ArchiveError,
@@ -39,13 +39,11 @@ from .format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     FULL,
-    INCREMENTAL,
     MANIFEST_FORMAT,
     MANIFEST_JSON,
     Position,
     atomic_write_json,
     backup_id_for,
-    data_file_name,
     fsync_dir,
     iso_time,
     make_dir,
@@ -125,7 +123,8 @@ class Archive:
         try:
             meta = read_json(meta_path)
         except FileNotFoundError:
-            raise NotAnArchiveError(f"{path} is not a dcptool archive (no {ARCHIVE_JSON})") from None
+            raise NotAnArchiveError(f"{path} is not a dcptool archive "
+                                    f"(no {ARCHIVE_JSON})") from None
         except (OSError, ValueError) as exc:
             raise NotAnArchiveError(f"{meta_path} is unreadable: {exc}") from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
@@ -137,7 +136,8 @@ class Archive:
                                     hint="use a newer dcptool")
         for key, typ in (("uuid", str), ("bucket", str), ("vbuckets", int), ("created", str)):
             if not isinstance(meta.get(key), typ):
-                raise NotAnArchiveError(f"{meta_path}: field {key!r} is missing or not a {typ.__name__}")
+                raise NotAnArchiveError(f"{meta_path}: field {key!r} is missing or not a "
+                                        f"{typ.__name__}")
         return cls(path, meta)
 
     # -- properties -------------------------------------------------------------------------
@@ -535,10 +535,4 @@ class BackupWriter:
             self.abort()
 
 
-def iter_backups(archive: Archive) -> Iterator[tuple[str, bool]]:
-    """(id, committed) for every backup directory, oldest first."""
-    for bid in archive.backup_ids():
-        yield bid, archive.is_committed(bid)
-
-
-__all__ = ["Archive", "BackupWriter", "PartialBackup", "LATEST", "data_file_name"]
+__all__ = ["Archive", "BackupWriter", "PartialBackup", "LATEST"]

@@ -30,7 +30,8 @@ INCREMENTAL = "incremental"
 BACKUP_TYPES = (FULL, INCREMENTAL)
 
 DEFAULT_LEVEL = 3
-DEFAULT_BLOCK_SIZE = 1 << 20  # uncompressed bytes per zstd frame (a frame closes once it passes this)
+#: uncompressed bytes per zstd frame (a frame is compressed once the buffer passes this)
+DEFAULT_BLOCK_SIZE = 1 << 20
 DEFAULT_SEGMENT_BYTES = 256 << 20  # a data file is closed and the next segment opened past this
 #: a frame whose header claims more than this many uncompressed bytes is rejected as corrupt
 #: (a frame holds ~block size plus at most one record; memcached values are <= 20 MiB)
@@ -222,7 +223,7 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Parse a JSON file; raises OSError or ValueError (json.JSONDecodeError, UnicodeDecodeError)."""
+    """Parse a JSON file; raises OSError or ValueError (bad JSON or bad UTF-8)."""
     with open(path, "rb") as f:
         data = f.read()
     return json.loads(data.decode("utf-8"))

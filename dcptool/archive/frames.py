@@ -18,12 +18,73 @@ import msgpack
 import zstandard
 
 from .errors import CorruptFileError
-from .format import MAX_FRAME_CONTENT
+from .format import (
+    DELETION,
+    END,
+    EXPIRATION,
+    HEADER,
+    MAX_FRAME_CONTENT,
+    MUTATION,
+    RECORD_NAMES,
+    ROLLBACK,
+    SNAPSHOT,
+    STREAM,
+)
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _SKIPPABLE_LOW = 0x184D2A50
 _READ_CHUNK = 1 << 20
 _MAX_BLOCK = 128 << 10
+
+
+_N = type(None)
+#: (record type, python type of each field...) of every well-formed record
+_SHAPES = frozenset({
+    (HEADER, int, str, int, int, str, int),
+    (STREAM, int, int, int, int, int, tuple),
+    (SNAPSHOT, int, int, int, int),
+    (MUTATION, int, int, int, int, int, int, int, bytes, bytes, _N),
+    (MUTATION, int, int, int, int, int, int, int, bytes, bytes, bytes),
+    (DELETION, int, int, int, int, bytes, int, int, bytes),
+    (EXPIRATION, int, int, int, int, bytes, int, int, bytes),
+    (ROLLBACK, int, int, int),
+    (END, int, int, int, int, int),
+})
+
+
+def record_ok(rec: object) -> bool:
+    """Whether a decoded record has the field types of its record type (so code that
+    indexes and compares its fields cannot fail on it)."""
+    try:
+        if type(rec) is not tuple or (rec[0], *map(type, rec)) not in _SHAPES:
+            return False
+    except (IndexError, TypeError):
+        return False
+    if rec[0] == STREAM:
+        return all(type(e) is tuple and len(e) == 2 and type(e[0]) is int and type(e[1]) is int
+                   for e in rec[5])
+    return True
+
+
+def check_records(records: list, path: str, offset: int) -> None:
+    """Raise CorruptFileError unless every record is well-formed (see record_ok)."""
+    shapes = _SHAPES
+    try:
+        for rec in records:
+            if type(rec) is not tuple or (rec[0], *map(type, rec)) not in shapes:
+                break
+            if rec[0] == STREAM and not record_ok(rec):
+                break
+        else:
+            return
+    except (IndexError, TypeError):
+        pass
+    for i, rec in enumerate(records):
+        if not record_ok(rec):
+            what = RECORD_NAMES.get(rec[0], "unknown") if type(rec) is tuple and rec \
+                and type(rec[0]) is int else "malformed"
+            raise CorruptFileError(path, f"record {i} of the zstd frame is not a well-formed "
+                                         f"{what} record", offset=offset)
 
 
 class TornFrame(Exception):
@@ -138,7 +199,8 @@ def decompress_frame(frame: bytes, path: str, offset: int) -> bytes:
     try:
         return _DCTX.decompress(frame, max_output_size=MAX_FRAME_CONTENT)
     except zstandard.ZstdError as exc:
-        raise CorruptFileError(path, f"zstd frame does not decompress: {exc}", offset=offset) from None
+        raise CorruptFileError(path, f"zstd frame does not decompress: {exc}",
+                               offset=offset) from None
 
 
 def new_unpacker() -> msgpack.Unpacker:
@@ -146,8 +208,10 @@ def new_unpacker() -> msgpack.Unpacker:
                             max_buffer_size=MAX_FRAME_CONTENT)
 
 
-def frame_records(content: bytes, path: str, offset: int) -> list[tuple]:
-    """All records of one frame's content; the content must end exactly after the last."""
+def frame_records(content: bytes, path: str, offset: int, *,
+                  validate: bool = True) -> list[tuple]:
+    """All records of one frame's content; the content must end exactly after the last.
+    With `validate`, every record must have its type's layout (check_records)."""
     unpacker = new_unpacker()
     try:
         unpacker.feed(content)
@@ -159,6 +223,8 @@ def frame_records(content: bytes, path: str, offset: int) -> list[tuple]:
     if used != len(content):
         raise CorruptFileError(path, f"zstd frame ends inside a record "
                                      f"({len(content) - used} bytes left over)", offset=offset)
+    if validate:
+        check_records(records, path, offset)
     return records
 
 
@@ -181,13 +247,15 @@ def frame_records_with_ends(content: bytes, path: str, offset: int) -> list[tupl
 
 
 def iter_frame_batches(path: str | os.PathLike[str], *, expect_size: int | None = None,
-                       expect_sha256: str | None = None) -> Iterator[list[tuple]]:
+                       expect_sha256: str | None = None,
+                       validate: bool = True) -> Iterator[list[tuple]]:
     """Yield the records of a data file one frame (~1 MiB uncompressed) at a time.
 
     A torn or corrupt frame raises CorruptFileError naming the file; nothing is silently
     skipped. Every frame carries a content checksum, so a changed byte is caught in the frame
     that holds it. `expect_size` is checked before the first record; `expect_sha256` is
-    checked once the whole file was read (after the last batch).
+    checked once the whole file was read (after the last batch). `validate` checks every
+    record's field types (~0.7 us a record); turn it off only for files already verified.
     """
     path = os.fspath(path)
     try:
@@ -209,7 +277,8 @@ def iter_frame_batches(path: str | os.PathLike[str], *, expect_size: int | None 
             src = hashing  # type: ignore[assignment]
         try:
             for offset, frame in scan_frames(src, path):
-                yield frame_records(decompress_frame(frame, path, offset), path, offset)
+                yield frame_records(decompress_frame(frame, path, offset), path, offset,
+                                    validate=validate)
         except TornFrame as torn:
             raise CorruptFileError(path, "file ends inside a zstd frame (truncated)",
                                    offset=torn.args[0]) from None
@@ -240,7 +309,7 @@ class _HashingReader:
         return self._h.hexdigest()
 
 
-def iter_file_records(path: str | os.PathLike[str]) -> Iterator[tuple]:
+def iter_file_records(path: str | os.PathLike[str], *, validate: bool = True) -> Iterator[tuple]:
     """Yield every record of one data file in order (header record included)."""
-    for batch in iter_frame_batches(path):
+    for batch in iter_frame_batches(path, validate=validate):
         yield from batch

@@ -43,7 +43,8 @@ def check_summary(s: Any, backup_id: str | None, vbucket_count: int | None) -> l
     _check_position(s.get("end"), f"{what}: end", out)
     flog = s.get("failover_log")
     if not isinstance(flog, list) or any(
-            not isinstance(e, list) or len(e) != 2 or not all(_is_uint(x) for x in e) for e in flog):
+            not isinstance(e, list) or len(e) != 2 or not all(_is_uint(x) for x in e)
+            for e in flog):
         out.append(f"{what}: failover_log is not a list of [uuid, seqno]")
     counts = s.get("counts")
     if not isinstance(counts, dict) or any(not _is_uint(counts.get(k)) for k in _COUNT_KEYS):

@@ -11,13 +11,15 @@ from .frames import iter_frame_batches
 
 
 def iter_vbucket_batches(backup_dir: str | os.PathLike[str], entry: dict[str, Any], *,
-                         check_sha256: bool = False) -> Iterator[list[tuple]]:
+                         check_sha256: bool = False,
+                         validate: bool = True) -> Iterator[list[tuple]]:
     """Record batches (one per zstd frame) of one vbucket of one backup, in order.
 
     `entry` is the vbucket's manifest entry (or done summary). Each file's size is checked
     against it before reading and its header record against the vbucket, backup and segment
     it should hold (so misplaced or swapped files are refused); with `check_sha256` the
-    SHA-256 is compared once each file is read.
+    SHA-256 is compared once each file is read. `validate` (default) checks that every
+    record has its type's field layout, so consumers can index fields without guarding.
     """
     backup_dir = Path(backup_dir)
     vb = entry["vbucket"]
@@ -26,7 +28,8 @@ def iter_vbucket_batches(backup_dir: str | os.PathLike[str], entry: dict[str, An
         path = backup_dir / f["name"]
         first = True
         for batch in iter_frame_batches(path, expect_size=f["size"],
-                                        expect_sha256=f["sha256"] if check_sha256 else None):
+                                        expect_sha256=f["sha256"] if check_sha256 else None,
+                                        validate=validate):
             if first:
                 first = False
                 head = batch[0] if batch else None
@@ -43,9 +46,10 @@ def iter_vbucket_batches(backup_dir: str | os.PathLike[str], entry: dict[str, An
 
 
 def iter_vbucket_records(backup_dir: str | os.PathLike[str], entry: dict[str, Any], *,
-                         check_sha256: bool = False) -> Iterator[tuple]:
+                         check_sha256: bool = False, validate: bool = True) -> Iterator[tuple]:
     """Every record of one vbucket of one backup, header, stream and end records included."""
-    for batch in iter_vbucket_batches(backup_dir, entry, check_sha256=check_sha256):
+    for batch in iter_vbucket_batches(backup_dir, entry, check_sha256=check_sha256,
+                                      validate=validate):
         yield from batch
 
 
@@ -78,18 +82,23 @@ class Backup:
         return [(vb, self.dir / f["name"]) for vb in vbs if vb in self._entries
                 for f in self._entries[vb]["files"]]
 
-    def records(self, vbucket: int, *, check_sha256: bool = False) -> Iterator[tuple]:
+    def records(self, vbucket: int, *, check_sha256: bool = False,
+                validate: bool = True) -> Iterator[tuple]:
         """All records of the vbucket in this backup ([] when it holds none)."""
         entry = self._entries.get(vbucket)
         if entry is None:
             return iter(())
-        return iter_vbucket_records(self.dir, entry, check_sha256=check_sha256)
+        return iter_vbucket_records(self.dir, entry, check_sha256=check_sha256,
+                                    validate=validate)
 
-    def batches(self, vbucket: int, *, check_sha256: bool = False) -> Iterator[list[tuple]]:
+    def batches(self, vbucket: int, *, check_sha256: bool = False,
+                validate: bool = True) -> Iterator[list[tuple]]:
+        """The vbucket's records one zstd frame (~1 MiB) at a time."""
         entry = self._entries.get(vbucket)
         if entry is None:
             return iter(())
-        return iter_vbucket_batches(self.dir, entry, check_sha256=check_sha256)
+        return iter_vbucket_batches(self.dir, entry, check_sha256=check_sha256,
+                                    validate=validate)
 
     def items(self, vbucket: int) -> Iterator[tuple]:
         """Only the mutation, deletion and expiration records."""

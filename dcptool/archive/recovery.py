@@ -31,7 +31,6 @@ from .format import (
     FILE_MODE,
     HEADER,
     MUTATION,
-    RECORD_ARITY,
     ROLLBACK,
     SNAPSHOT,
     STREAM,
@@ -42,7 +41,13 @@ from .format import (
     read_json,
     uuid_for_seqno,
 )
-from .frames import TornFrame, decompress_frame, frame_records_with_ends, scan_frames
+from .frames import (
+    TornFrame,
+    decompress_frame,
+    frame_records_with_ends,
+    record_ok,
+    scan_frames,
+)
 
 
 def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
@@ -184,9 +189,9 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
                             before = prev_end
                             prev_end = here
                             scan.records_scanned += 1
-                            if not rec or not isinstance(rec, tuple) or rec[0] not in RECORD_ARITY \
-                                    or len(rec) != RECORD_ARITY[rec[0]]:
-                                raise _Stop(f"{name}: unknown or malformed record at byte {offset}")
+                            if not record_ok(rec):
+                                raise _Stop(f"{name}: malformed record in the frame at byte "
+                                            f"{offset}")
                             rtype = rec[0]
                             if first:
                                 first = False
@@ -265,7 +270,8 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
                             else:  # a header in the middle of a file
                                 raise _Stop(f"{name}: header record in the middle of the file")
                 except TornFrame as torn:
-                    raise _Stop(f"{name}: torn zstd frame at byte {torn.args[0]} (ignored)") from None
+                    raise _Stop(f"{name}: torn zstd frame at byte {torn.args[0]} "
+                                "(ignored)") from None
                 except CorruptFileError as exc:
                     raise _Stop(str(exc)) from None
                 except OSError as exc:

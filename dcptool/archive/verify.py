@@ -150,11 +150,11 @@ class _VBucketCheck:
 
     def record(self, rec: tuple, segment: int, first_in_file: bool) -> str | None:
         """Check one record; returns a problem description or None."""
+        self.counts["records"] += 1
         why = _shape_error(rec)
         if why:
             return why
         t = rec[0]
-        self.counts["records"] += 1
         if first_in_file:
             if t != HEADER:
                 return "does not start with a header record"
@@ -192,7 +192,8 @@ class _VBucketCheck:
             if start > end:
                 return f"snapshot marker start {start} is above its end {end}"
             if end < self.marker_end:
-                return f"snapshot marker {start}..{end} ends before the previous one ({self.marker_end})"
+                return (f"snapshot marker {start}..{end} ends before the previous one "
+                        f"({self.marker_end})")
             self.snap = (start, end)
             self.marker_end = end
             self.counts["snapshots"] += 1
@@ -258,12 +259,13 @@ def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
         n_before = check.counts["records"]
         first = True
         try:
-            for batch in iter_frame_batches(path):
+            for batch in iter_frame_batches(path, validate=False):
                 for rec in batch:
                     why = check.record(rec, segment, first)
                     first = False
                     if why:
-                        idx = check.counts["records"] - n_before
+                        # records are numbered from 0 within the file (the header is 0)
+                        idx = check.counts["records"] - n_before - 1
                         report.problems.append(Problem(str(path), f"record {idx}: {why}",
                                                        backup_id, vb))
                         return
@@ -389,10 +391,11 @@ def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> Ver
     holder = ArchiveLock(archive.path, "verify").holder()
     if holder is not None:
         report.notes.append(f"{archive.path / LOCK_FILE}: archive is locked by pid "
-                            f"{holder.get('pid')} on {holder.get('host')} ({holder.get('purpose')});"
-                            " a backup may be running")
+                            f"{holder.get('pid')} on {holder.get('host')} "
+                            f"({holder.get('purpose')}); a backup may be running")
     if not isinstance(archive.meta.get("vbuckets"), int) or archive.meta["vbuckets"] < 1:
-        report.problems.append(Problem(str(archive.path / ARCHIVE_JSON), "vbucket count is invalid"))
+        report.problems.append(Problem(str(archive.path / ARCHIVE_JSON),
+                                       "vbucket count is invalid"))
     try:
         entries = sorted(os.listdir(archive.backups_dir))
     except OSError as exc:

@@ -366,7 +366,8 @@ class VBucketWriter:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise ArchiveError(f"vbucket {self.vbucket} writer of backup {self.backup_id} is closed")
+            raise ArchiveError(f"vbucket {self.vbucket} writer of backup {self.backup_id} "
+                               "is closed")
 
     def counts(self) -> dict[str, int]:
         return {"mutations": self._nm, "deletions": self._nd, "expirations": self._ne,

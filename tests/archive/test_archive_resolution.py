@@ -217,7 +217,8 @@ def test_resolution_equals_the_model(history, include_deletions):
     best = {}
     for cut, part in zip(cuts, parts):
         for r in part:
-            if r[0] in (3, 4, 5) and (cut is None or r[1] <= cut) and (upto is None or r[1] <= upto):
+            alive = cut is None or r[1] <= cut
+            if r[0] in (3, 4, 5) and alive and (upto is None or r[1] <= upto):
                 k = r[7] if r[0] == 3 else r[4]
                 if k not in best or r[1] > best[k][1]:
                     best[k] = r
