@@ -112,9 +112,13 @@ class Position(NamedTuple):
 
     @classmethod
     def coerce(cls, value: Any) -> "Position":
-        """Accept a Position, a 4-sequence or the JSON dict form."""
+        """Accept a Position, a 4-sequence, the JSON dict form, or any object with uuid,
+        seqno, snap_start and snap_end attributes (such as the client's stream position)."""
         if isinstance(value, Position):
             return value
+        if hasattr(value, "snap_end") and hasattr(value, "uuid"):
+            return cls(int(value.uuid), int(value.seqno), int(value.snap_start),
+                       int(value.snap_end))
         if isinstance(value, dict):
             try:
                 return cls(int(value["uuid"]), int(value["seqno"]), int(value["snap_start"]),
