@@ -27,3 +27,40 @@ def spark():
     session = get_spark("local[2]", app_name="dcptool-tests")
     yield session
     session.stop()
+
+
+# -- reference node fixtures -------------------------------------------------------------
+
+
+@pytest.fixture
+def node_factory(tmp_path):
+    """Make `tests.nodeproc.NodeProcess` objects in a temporary directory; all are stopped
+    at the end of the test. `make(name="node", start=True, **kwargs)`."""
+    from nodeproc import NodeProcess
+
+    made = []
+
+    def make(name: str = "node", *, start: bool = True, **kwargs):
+        n = NodeProcess(tmp_path / name, **kwargs)
+        made.append(n)
+        if start:
+            n.start()
+        return n
+
+    yield make
+    for n in made:
+        try:
+            n.stop(timeout=15)
+        except Exception:  # pragma: no cover - teardown must go on
+            n.kill()
+
+
+@pytest.fixture(scope="module")
+def shared_node(tmp_path_factory):
+    """One running node (16 vbuckets) shared by the tests of a module."""
+    from nodeproc import NodeProcess
+
+    n = NodeProcess(tmp_path_factory.mktemp("shared-node") / "node", vbuckets=16)
+    n.start()
+    yield n
+    n.stop(timeout=15)

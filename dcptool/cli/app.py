@@ -35,9 +35,11 @@ def _root(
 
 def _register() -> None:
     from dcptool.cli import decode  # noqa: F401  (registers its commands)
+    from dcptool.cli import node  # noqa: F401
     from dcptool.cli import failover_log  # noqa: F401
     from dcptool.cli import tail  # noqa: F401
     from dcptool.cli import info, verify  # noqa: F401
+    from dcptool.cli import backup  # noqa: F401  (backup, restore)
 
 
 _register()

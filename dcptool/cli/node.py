@@ -1,0 +1,132 @@
+"""`dcptool node`: run the reference node and ask about it."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dcptool.cli.app import app
+from dcptool.errors import DcptoolError, UsageError
+
+node_app = typer.Typer(
+    name="node",
+    help="Run dcptool's reference node: a memcached-protocol server that speaks DCP.",
+    no_args_is_help=True,
+)
+app.add_typer(node_app, name="node")
+
+
+@node_app.command("start")
+def start(
+    data: Path = typer.Option(..., "--data", help="Directory for the node's database, users and node.json."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(11210, "--port", help="TCP port (0 picks a free one)."),
+    vbuckets: int = typer.Option(1024, "--vbuckets", help="Number of vbuckets (fixed once created)."),
+    bucket: str = typer.Option("default", "--bucket", help="Bucket name."),
+    username: str = typer.Option("Administrator", "--username", help="User to create or update."),
+    password: Optional[str] = typer.Option(
+        None, "--password", help="Password for --username (default: $DCPTOOL_PASSWORD)."),
+    checkpoint_memory: str = typer.Option(
+        "256MiB", "--checkpoint-memory",
+        help="Memory budget of DCP checkpoints; slow cursors are dropped above it."),
+    checkpoint_max_items: int = typer.Option(
+        10000, "--checkpoint-max-items", help="Items per checkpoint before a new one opens."),
+    flush_interval: float = typer.Option(
+        0.02, "--flush-interval", help="Seconds between flusher batches (disk snapshots)."),
+    expiry_pager_interval: float = typer.Option(
+        10.0, "--expiry-pager-interval", help="Seconds between expiry pager runs."),
+    max_backfills: int = typer.Option(8, "--max-backfills", help="Concurrent disk backfills."),
+    log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Run a node in the foreground until SIGTERM or SIGINT."""
+    from dcptool.node.auth import Users
+    from dcptool.node.config import NodeConfig, parse_size
+
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        raise UsageError(f"--log-level {log_level!r} is not one of debug, info, warning, error")
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = NodeConfig(
+        data_dir=data, host=host, port=port, vbuckets=vbuckets, bucket=bucket,
+        checkpoint_memory=parse_size(checkpoint_memory, what="--checkpoint-memory"),
+        checkpoint_max_items=checkpoint_max_items, flush_interval=flush_interval,
+        expiry_pager_interval=expiry_pager_interval, max_backfills=max(1, max_backfills),
+    )
+    config.validate()
+    if not username:
+        raise UsageError("--username must not be empty")
+    if data.exists() and not data.is_dir():
+        raise UsageError(f"--data {data} exists and is not a directory")
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DcptoolError(f"cannot create {data}: {exc.strerror}") from None
+    if password is None:
+        password = os.environ.get("DCPTOOL_PASSWORD") or None
+    users = Users.load(data)
+    if password is not None:
+        if not password:
+            raise UsageError("the password must not be empty")
+        users.set_password(username, password)
+        users.save()
+    elif not users:
+        raise UsageError(f"{data} has no users yet and no password was given",
+                         hint="pass --password or set DCPTOOL_PASSWORD")
+    from dcptool.node.server import run_node
+
+    try:
+        run_node(config, users)
+    except OSError as exc:
+        raise DcptoolError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+@node_app.command("status")
+def status(
+    data: Path = typer.Option(..., "--data", help="The node's directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    username: str = typer.Option("Administrator", "--username",
+                                 help="User for live figures from a running node."),
+    password: Optional[str] = typer.Option(
+        None, "--password", help="Password for live figures (default: $DCPTOOL_PASSWORD)."),
+) -> None:
+    """Whether the node runs, its port, and per-vbucket seqnos and failover log heads."""
+    from dcptool.node.status import node_status
+
+    if password is None:
+        password = os.environ.get("DCPTOOL_PASSWORD") or None
+    info = node_status(data, username=username, password=password)
+    if as_json:
+        from dcptool.cli.output import print_json
+
+        print_json(info)
+        return
+    from rich.table import Table
+
+    from dcptool.cli.output import console
+
+    con = console()
+    if info["running"]:
+        con.print(f"running: yes (pid {info.get('pid')}, {info.get('host')}:{info.get('port')}, "
+                  f"bucket {info.get('bucket')})")
+    else:
+        con.print("running: no")
+    if info.get("live_error"):
+        con.print(f"live figures unavailable: {info['live_error']}")
+    table = Table(title=f"vbuckets (from {info['source']})")
+    for col in ("vb", "state", "high seqno", "persisted seqno", "failover head uuid",
+                "failover head seqno", "entries"):
+        table.add_column(col, justify="right")
+    states = {1: "active", 2: "replica", 3: "pending", 4: "dead"}
+    for vb, d in info["vbuckets_detail"].items():
+        head = d.get("failover_head") or [None, None]
+        table.add_row(vb, states.get(d.get("state"), "?"), str(d.get("high_seqno", "")),
+                      str(d.get("persisted_seqno", "")),
+                      f"{head[0]:#x}" if head[0] is not None else "",
+                      str(head[1] if head[1] is not None else ""),
+                      str(d.get("failover_entries", "")))
+    con.print(table)

@@ -1,0 +1,198 @@
+"""The bucket: all vbuckets of the node, their storage, warm-up and background tasks.
+
+Shared state, and why it exists:
+
+* `vbuckets`: vbid -> VBucket, every vbucket this node holds (fixed count, chosen at
+  creation and kept in the database).
+* `storage`: the SQLite database and its flusher; the only writer to disk.
+* `memory`: checkpoint memory accounting shared by every vbucket (the DCP budget).
+* `expiry_heap`: (expiry, vbid, key, seqno) of items that carry a TTL, so the expiry
+  pager finds due items without scanning the hash tables.
+* `producers`: DCP producer connections by name (a second one with the same name
+  replaces the first).
+* `warmup`: what warm-up found (clean or unclean shutdown, items loaded).
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from dcptool.errors import DcptoolError
+from dcptool.protocol.constants import VBucketState
+
+from .checkpoint import CheckpointMemory
+from .storage import FORMAT_VERSION, Storage
+from .vbucket import VBucket, new_vbucket_uuid
+
+log = logging.getLogger("dcptool.node")
+
+
+class Bucket:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        name: str = "default",
+        num_vbuckets: int = 1024,
+        flush_interval: float = 0.02,
+        checkpoint_memory: int = 256 * 1024 * 1024,
+        checkpoint_max_items: int = 10000,
+        checkpoint_max_bytes: int | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.name = name
+        self.num_vbuckets = num_vbuckets
+        self.memory = CheckpointMemory(checkpoint_memory)
+        if checkpoint_max_bytes is None:
+            # an open checkpoint must be small enough that closed ones can be freed while
+            # the open ones of all vbuckets stay well within the budget
+            checkpoint_max_bytes = max(16 * 1024, min(8 * 1024 * 1024,
+                                                      checkpoint_memory // (4 * num_vbuckets)))
+        self.checkpoint_max_items = checkpoint_max_items
+        self.checkpoint_max_bytes = checkpoint_max_bytes
+        self.storage = Storage(self.data_dir / "data.sqlite3", flush_interval=flush_interval)
+        self.vbuckets: dict[int, VBucket] = {}
+        self.expiry_heap: list = []
+        self.producers: dict[str, Any] = {}
+        self.warmup: dict[str, Any] = {}
+        self.expired_by_pager = 0
+
+    # -- warm-up ------------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """Load the database; after an unclean stop give every active vbucket a new branch."""
+        t0 = time.monotonic()
+        st = self.storage
+        meta = st.get_meta()
+        fresh = not meta
+        if fresh:
+            st.set_meta(format=FORMAT_VERSION, vbuckets=self.num_vbuckets, bucket=self.name,
+                        clean_shutdown=1)
+            meta = st.get_meta()
+        if int(meta.get("format", FORMAT_VERSION)) != FORMAT_VERSION:
+            raise DcptoolError(f"{self.data_dir}: storage format {meta.get('format')} is not "
+                               f"supported by this dcptool")
+        if int(meta["vbuckets"]) != self.num_vbuckets:
+            raise DcptoolError(
+                f"{self.data_dir} holds a node with {meta['vbuckets']} vbuckets, not {self.num_vbuckets}",
+                hint=f"start it with --vbuckets {meta['vbuckets']} or use another --data directory")
+        if meta.get("bucket", self.name) != self.name:
+            raise DcptoolError(
+                f"{self.data_dir} holds bucket {meta['bucket']!r}, not {self.name!r}",
+                hint=f"start it with --bucket {meta['bucket']}")
+        clean = meta.get("clean_shutdown") == "1"
+        vb_meta = st.load_vbucket_meta()
+        disk_high = st.high_seqnos()
+        new_rows = []
+        for vbid in range(self.num_vbuckets):
+            m = vb_meta.get(vbid)
+            if m is None:
+                m = {"state": VBucketState.ACTIVE, "failover": [(new_vbucket_uuid(), 0)],
+                     "persisted_seqno": 0, "purge_seqno": 0, "max_cas": 0}
+                vb_meta[vbid] = m
+                new_rows.append(vbid)
+            high = max(m["persisted_seqno"], disk_high.get(vbid, 0))
+            m["persisted_seqno"] = high
+            vb = VBucket(
+                vbid, state=m["state"], failover_log=list(m["failover"]), high_seqno=high,
+                persisted_seqno=high, purge_seqno=m["purge_seqno"], max_cas=m["max_cas"],
+                memory=self.memory, dirty=st.dirty, expiry_heap=self.expiry_heap,
+                checkpoint_max_items=self.checkpoint_max_items,
+                checkpoint_max_bytes=self.checkpoint_max_bytes,
+            )
+            self.vbuckets[vbid] = vb
+        loaded = 0
+        vbs = self.vbuckets
+        for vbid, item in st.iter_items():
+            vb = vbs.get(vbid)
+            if vb is None:
+                continue
+            vb.items[item.key] = item
+            if item.op == 0:
+                vb.live_items += 1
+            if item.cas > vb.max_cas:
+                vb.max_cas = item.cas
+            loaded += 1
+        # the expiry heap: only items with a TTL
+        for vb in vbs.values():
+            for it in vb.items.values():
+                if it.expiry and it.op == 0:
+                    self.expiry_heap.append((it.expiry, vb.id, it.key, it.seqno))
+        heapq.heapify(self.expiry_heap)
+        branched = []
+        if not clean and not fresh:
+            for vb in vbs.values():
+                if vb.state == VBucketState.ACTIVE:
+                    vb.add_failover_entry(vb.persisted_seqno)
+                    branched.append(vb.id)
+        changed = set(new_rows) | set(branched)
+        if changed:
+            st.write_vbucket_meta([
+                (vbid, vbs[vbid].state, vbs[vbid].failover_log, vbs[vbid].persisted_seqno,
+                 vbs[vbid].purge_seqno, vbs[vbid].max_cas) for vbid in sorted(changed)])
+        st.set_meta(clean_shutdown=0)
+        for vb in vbs.values():
+            vb.on_meta_change = self._meta_changed
+        self.warmup = {"clean_shutdown": clean, "fresh": fresh, "items_loaded": loaded,
+                       "new_failover_entries": len(branched),
+                       "seconds": round(time.monotonic() - t0, 3)}
+        log.info("warm-up: %s", self.warmup)
+
+    def _meta_changed(self, vb: VBucket) -> None:
+        self.storage.enqueue_meta(vb.id, {"state": vb.state, "failover": vb.failover_log,
+                                          "max_cas": vb.max_cas})
+
+    # -- running ------------------------------------------------------------------------
+
+    def start(self, loop) -> None:
+        self.storage.start_flusher(loop, self.on_persisted)
+
+    def on_persisted(self, persisted: dict[int, int]) -> None:
+        """Runs on the loop after a flusher commit: advance persisted seqnos, free checkpoints."""
+        vbs = self.vbuckets
+        for vbid, seqno in persisted.items():
+            vb = vbs.get(vbid)
+            if vb is None:
+                continue
+            if seqno > vb.persisted_seqno:
+                vb.persisted_seqno = seqno
+                vb.checkpoints.set_persisted(seqno)
+        self.memory.maybe_reduce()
+
+    def run_expiry_pager(self, now: float | None = None, limit: int = 10000) -> int:
+        """Turn due items into tombstones (new seqnos); returns how many were expired."""
+        if now is None:
+            now = time.time()
+        heap = self.expiry_heap
+        n = 0
+        while heap and heap[0][0] <= now and n < limit:
+            _exp, vbid, key, seqno = heapq.heappop(heap)
+            vb = self.vbuckets.get(vbid)
+            if vb is not None and vb.expire_if_due(key, seqno, now):
+                n += 1
+        self.expired_by_pager += n
+        return n
+
+    def stop(self, *, clean: bool) -> None:
+        """Persist every vbucket's CAS clock and failover log, flush everything, close."""
+        for vb in self.vbuckets.values():
+            self.storage.enqueue_meta(vb.id, {"state": vb.state, "failover": vb.failover_log,
+                                              "max_cas": vb.max_cas})
+            vb.checkpoints.close()
+        self.storage.stop(clean=clean)
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def vbucket(self, vbid: int) -> VBucket | None:
+        return self.vbuckets.get(vbid)
+
+    def totals(self) -> dict[str, int]:
+        live = tomb = 0
+        for vb in self.vbuckets.values():
+            a, b = vb.counts()
+            live += a
+            tomb += b
+        return {"curr_items": live, "tombstones": tomb}

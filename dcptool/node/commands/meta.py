@@ -1,0 +1,118 @@
+"""Metadata commands: GET_META, SET/ADD/DEL_WITH_META (the restore and XDCR path).
+
+SET_WITH_META and DEL_WITH_META store a version with the revision seqno, CAS, flags and
+expiry the client brings, if it wins revision-seqno conflict resolution against the
+stored version (fact sheet 4.14; `decisions.with_meta_wins`). FORCE (0x01) and
+SKIP_CONFLICT_RESOLUTION (0x08) store it regardless; REGENERATE_CAS (0x04, only with
+0x08) gives it a fresh local CAS. A loss answers KEY_EEXISTS.
+"""
+from __future__ import annotations
+
+import struct
+import time
+
+from dcptool.protocol.constants import DATATYPE_MASK, Datatype, MetaOption, Opcode, Status
+from dcptool.protocol.messages import SetWithMeta
+
+from ..item import MUTATION, valid_xattr_blob
+from . import command
+from .kv import active_vbucket, mutation_extras
+
+_GET_META = struct.Struct(">IIIQ")
+
+
+@command(Opcode.GET_META, Opcode.GETQ_META)
+def get_meta(conn, frame, msg) -> None:
+    vb = active_vbucket(conn, frame)
+    if vb is None:
+        return
+    item = vb.get_meta(msg.key, time.time())
+    if item is None:
+        if frame.opcode == Opcode.GETQ_META:
+            return
+        conn.reply(frame, Status.KEY_ENOENT)
+        return
+    deleted = item.op != MUTATION
+    extras = _GET_META.pack(1 if deleted else 0, item.flags,
+                            item.delete_time if deleted else item.expiry, item.rev)
+    if msg.version == 2:
+        extras += bytes([item.datatype])
+    conn.reply(frame, extras=extras, cas=item.cas)
+
+
+def _validate_datatype(conn, frame, value: bytes) -> bool:
+    dt = frame.datatype
+    if dt & ~DATATYPE_MASK or dt & Datatype.SNAPPY:
+        conn.reply(frame, Status.EINVAL)
+        return False
+    if dt & Datatype.XATTR:
+        if not conn.xattr:
+            conn.reply(frame, Status.EINVAL)
+            return False
+        if not valid_xattr_blob(value):
+            conn.reply(frame, Status.XATTR_EINVAL)
+            return False
+    return True
+
+
+def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
+    options = msg.options or 0
+    if options & MetaOption.FORCE_ACCEPT_WITH_META_OPS:
+        # only for last-write-wins buckets; this node resolves by revision seqno
+        conn.reply(frame, Status.EINVAL)
+        return
+    if options & MetaOption.REGENERATE_CAS and not options & MetaOption.SKIP_CONFLICT_RESOLUTION:
+        conn.reply(frame, Status.EINVAL)
+        return
+    if options & MetaOption.IS_EXPIRATION and not deletion:
+        conn.reply(frame, Status.EINVAL)
+        return
+    value = msg.value
+    if msg.nmeta:
+        if msg.nmeta > len(value):
+            conn.reply(frame, Status.EINVAL)
+            return
+        value = value[:len(value) - msg.nmeta]
+    if deletion and value and not frame.datatype & Datatype.XATTR:
+        conn.reply(frame, Status.EINVAL)
+        return
+    if not _validate_datatype(conn, frame, value):
+        return
+    if msg.meta_cas == 0 and not options & MetaOption.REGENERATE_CAS:
+        conn.reply(frame, Status.EINVAL)
+        return
+    vb = active_vbucket(conn, frame)
+    if vb is None:
+        return
+    now = time.time()
+    if add:
+        old = vb.get(msg.key, now)
+        if old is not None:
+            conn.reply(frame, Status.KEY_EEXISTS)
+            return
+    res = vb.store_with_meta(
+        msg.key, value, flags=msg.flags, expiry=msg.expiry, rev=msg.rev_seqno,
+        meta_cas=msg.meta_cas, datatype=frame.datatype, options=options, cas=frame.cas,
+        deletion=deletion, now=now)
+    if res.status:
+        conn.reply(frame, res.status)
+        return
+    if msg.quiet or frame.opcode in (Opcode.ADDQ_WITH_META,):
+        return
+    conn.reply(frame, cas=res.item.cas, extras=mutation_extras(conn, vb, res.item))
+
+
+@command(Opcode.SET_WITH_META, Opcode.SETQ_WITH_META)
+def set_with_meta(conn, frame, msg) -> None:
+    _with_meta(conn, frame, msg, deletion=False)
+
+
+@command(Opcode.ADD_WITH_META, Opcode.ADDQ_WITH_META, decode=False)
+def add_with_meta(conn, frame) -> None:
+    msg = SetWithMeta.from_frame(frame)
+    _with_meta(conn, frame, msg, deletion=False, add=True)
+
+
+@command(Opcode.DEL_WITH_META, Opcode.DELQ_WITH_META)
+def del_with_meta(conn, frame, msg) -> None:
+    _with_meta(conn, frame, msg, deletion=True)

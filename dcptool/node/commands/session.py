@@ -1,0 +1,126 @@
+"""Connection set-up: HELLO, SASL, SELECT_BUCKET, VERSION, NOOP, QUIT, GET_ERROR_MAP."""
+from __future__ import annotations
+
+import struct
+
+from dcptool import __version__
+from dcptool.protocol.constants import Datatype, Feature, Opcode, Status
+
+from .. import errormap
+from ..auth import MECHANISM_LIST, SaslSession
+from . import command
+
+_U16 = struct.Struct(">H")
+
+#: HELLO features this node implements (echoed when asked for)
+SUPPORTED_FEATURES = frozenset({
+    Feature.TCP_NODELAY, Feature.MUTATION_SEQNO, Feature.XATTR, Feature.XERROR,
+    Feature.SELECT_BUCKET, Feature.JSON, Feature.ALT_REQUEST_SUPPORT,
+})
+#: feature -> features it needs (asking for it without them is EINVAL)
+_REQUIRES = {
+    Feature.CLUSTERMAP_CHANGE_NOTIFICATION: {Feature.DUPLEX},
+    Feature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF: {Feature.DUPLEX},
+    0x15: {Feature.XATTR},  # VAttr
+    0x18: {Feature.XATTR},  # SubdocDocumentMacroSupport
+    0x22: {Feature.XATTR},  # RangeScanIncludeXattr
+    0x24: {Feature.XATTR, Feature.JSON, Feature.SNAPPY_EVERYWHERE},
+}
+
+#: what VERSION answers; clients parse the leading X.Y.Z
+SERVER_VERSION = f"7.6.0-dcptool-{__version__}"
+
+
+@command(Opcode.HELLO, pre_auth=True, bucket=False)
+def hello(conn, frame, msg) -> None:
+    asked = set(msg.features)
+    for feat, needs in _REQUIRES.items():
+        if feat in asked and not needs <= asked:
+            conn.reply(frame, Status.EINVAL)
+            return
+    enabled = sorted(f for f in asked if f in SUPPORTED_FEATURES)
+    conn.features = frozenset(enabled)
+    conn.agent = msg.user_agent
+    conn.xerror = Feature.XERROR in conn.features
+    conn.json = Feature.JSON in conn.features
+    conn.xattr = Feature.XATTR in conn.features
+    conn.mutation_seqno = Feature.MUTATION_SEQNO in conn.features
+    conn.reply(frame, value=b"".join(_U16.pack(f) for f in enabled))
+
+
+@command(Opcode.SASL_LIST_MECHS, pre_auth=True, bucket=False)
+def sasl_list_mechs(conn, frame, msg) -> None:
+    conn.reply(frame, value=" ".join(MECHANISM_LIST).encode())
+
+
+def _sasl_result(conn, frame, result) -> None:
+    status, payload, username = result
+    if status == "ok":
+        conn.authenticated = True
+        conn.user = username
+        conn.sasl = None
+        node = conn.node
+        # kv_engine selects the bucket named like the user
+        if username == node.bucket.name and conn.bucket is None:
+            conn.bucket = node.bucket
+        conn.reply(frame, value=payload)
+    elif status == "continue":
+        conn.reply(frame, Status.AUTH_CONTINUE, value=payload)
+    else:
+        conn.sasl = None
+        conn.node.auth_failures += 1
+        conn.reply(frame, Status.AUTH_ERROR)
+
+
+@command(Opcode.SASL_AUTH, pre_auth=True, bucket=False)
+def sasl_auth(conn, frame, msg) -> None:
+    conn.sasl = SaslSession(conn.node.users)
+    _sasl_result(conn, frame, conn.sasl.start(msg.mechanism, msg.payload))
+
+
+@command(Opcode.SASL_STEP, pre_auth=True, bucket=False)
+def sasl_step(conn, frame, msg) -> None:
+    if conn.sasl is None:
+        conn.reply(frame, Status.AUTH_ERROR)
+        return
+    _sasl_result(conn, frame, conn.sasl.step(msg.mechanism, msg.payload))
+
+
+@command(Opcode.SELECT_BUCKET, bucket=False)
+def select_bucket(conn, frame, msg) -> None:
+    if msg.bucket == "@no bucket@":
+        if conn.producer is not None:
+            conn.reply(frame, Status.NOT_SUPPORTED)
+            return
+        conn.bucket = None
+        conn.reply(frame)
+        return
+    if msg.bucket != conn.node.bucket.name:
+        conn.reply(frame, Status.KEY_ENOENT)
+        return
+    conn.bucket = conn.node.bucket
+    conn.reply(frame)
+
+
+@command(Opcode.VERSION, pre_auth=True, bucket=False)
+def version(conn, frame, msg) -> None:
+    conn.reply(frame, value=SERVER_VERSION.encode())
+
+
+@command(Opcode.NOOP, pre_auth=True, bucket=False)
+def noop(conn, frame, msg) -> None:
+    conn.reply(frame)
+
+
+@command(Opcode.QUIT, pre_auth=True, bucket=False, decode=False)
+def quit_(conn, frame) -> None:
+    conn.close()
+
+
+@command(Opcode.GET_ERROR_MAP, pre_auth=True, bucket=False)
+def get_error_map(conn, frame, msg) -> None:
+    if msg.version == 0:
+        conn.reply(frame, Status.EINVAL)
+        return
+    conn.reply(frame, value=errormap.error_map_json(msg.version),
+               datatype=Datatype.JSON if conn.json else 0)

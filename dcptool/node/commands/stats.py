@@ -1,0 +1,159 @@
+"""STAT groups real tools ask for: the default group, `vbucket-seqno`, `failovers`,
+`vbucket`, `checkpoint`, `dcp` and `warmup`. Each stat is one response (key = name,
+value = ASCII); an empty response ends the group."""
+from __future__ import annotations
+
+import os
+import time
+
+from dcptool import __version__
+from dcptool.protocol.constants import Opcode, Status, VBucketState
+
+from . import command
+
+_STATE_NAMES = {1: "active", 2: "replica", 3: "pending", 4: "dead"}
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def default_stats(node) -> list[tuple[str, object]]:
+    b = node.bucket
+    totals = b.totals()
+    active = sum(1 for vb in b.vbuckets.values() if vb.state == VBucketState.ACTIVE)
+    replica = sum(1 for vb in b.vbuckets.values() if vb.state == VBucketState.REPLICA)
+    now = time.time()
+    return [
+        ("pid", os.getpid()),
+        ("uptime", int(now - node.started_at)),
+        ("time", int(now)),
+        ("version", f"7.6.0-dcptool-{__version__}"),
+        ("curr_connections", len(node.connections)),
+        ("total_connections", node.total_connections),
+        ("auth_errors", node.auth_failures),
+        ("curr_items", totals["curr_items"]),
+        ("curr_temp_items", 0),
+        ("ep_tombstones", totals["tombstones"]),
+        ("vb_active_num", active),
+        ("vb_replica_num", replica),
+        ("ep_num_vbuckets", len(b.vbuckets)),
+        ("ep_queue_size", len(b.storage.dirty)),
+        ("ep_flusher_batches", b.storage.batches),
+        ("ep_total_persisted", b.storage.items_written),
+        ("ep_flusher_last_error", b.storage.last_error or ""),
+        ("ep_checkpoint_memory", b.memory.used),
+        ("ep_checkpoint_memory_budget", b.memory.budget),
+        ("ep_cursors_dropped", b.memory.cursors_dropped),
+        ("ep_expired_pager", b.expired_by_pager),
+        ("ep_dcp_producer_count", len(b.producers)),
+        ("ep_dcp_backfills_running", node.backfills.running),
+        ("ep_dcp_backfills_waiting", len(node.backfills.waiting)),
+        ("mem_rss", _rss_bytes()),
+    ]
+
+
+def _vb_filter(conn, arg: str):
+    vbs = conn.bucket.vbuckets
+    if not arg:
+        return sorted(vbs.items())
+    try:
+        vbid = int(arg)
+    except ValueError:
+        return None
+    if vbid not in vbs:
+        return None
+    return [(vbid, vbs[vbid])]
+
+
+def vbucket_seqno_stats(vbs) -> list[tuple[str, object]]:
+    out = []
+    for vbid, vb in vbs:
+        p = f"vb_{vbid}:"
+        out += [
+            (p + "high_seqno", vb.high_seqno),
+            (p + "abs_high_seqno", vb.high_seqno),
+            (p + "last_persisted_seqno", vb.persisted_seqno),
+            (p + "uuid", vb.uuid),
+            (p + "purge_seqno", vb.purge_seqno),
+            (p + "last_persisted_snap_start", vb.persisted_seqno),
+            (p + "last_persisted_snap_end", vb.persisted_seqno),
+            (p + "high_completed_seqno", 0),
+            (p + "high_prepared_seqno", 0),
+            (p + "max_visible_seqno", vb.high_seqno),
+        ]
+    return out
+
+
+def failover_stats(vbs) -> list[tuple[str, object]]:
+    out = []
+    for vbid, vb in vbs:
+        p = f"vb_{vbid}:"
+        out.append((p + "num_entries", len(vb.failover_log)))
+        out.append((p + "num_erroneous_entries_erased", 0))
+        for i, (uuid, seqno) in enumerate(vb.failover_log):
+            out.append((f"{p}{i}:id", uuid))
+            out.append((f"{p}{i}:seq", seqno))
+    return out
+
+
+def checkpoint_stats(vbs) -> list[tuple[str, object]]:
+    out = []
+    for vbid, vb in vbs:
+        for k, v in vb.checkpoints.stats().items():
+            out.append((f"vb_{vbid}:{k}", v))
+    return out
+
+
+def dcp_stats(node) -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = [("ep_dcp_count", len(node.bucket.producers))]
+    for name, prod in sorted(node.bucket.producers.items()):
+        for k, v in prod.stats().items():
+            out.append((f"eq_dcpq:{name}:{k}", v))
+    return out
+
+
+@command(Opcode.STAT)
+def stat(conn, frame, msg) -> None:
+    group, _, arg = msg.group.strip().partition(" ")
+    arg = arg.strip()
+    node = conn.node
+    if group == "":
+        stats = default_stats(node)
+    elif group in ("vbucket-seqno", "vbucket-seqno-details"):
+        vbs = _vb_filter(conn, arg)
+        if vbs is None:
+            conn.reply(frame, Status.NOT_MY_VBUCKET)
+            return
+        stats = vbucket_seqno_stats(vbs)
+    elif group == "failovers":
+        vbs = _vb_filter(conn, arg)
+        if vbs is None:
+            conn.reply(frame, Status.NOT_MY_VBUCKET)
+            return
+        stats = failover_stats(vbs)
+    elif group == "vbucket":
+        stats = [(f"vb_{vbid}", _STATE_NAMES.get(vb.state, "dead"))
+                 for vbid, vb in sorted(conn.bucket.vbuckets.items())]
+    elif group == "checkpoint":
+        vbs = _vb_filter(conn, arg)
+        if vbs is None:
+            conn.reply(frame, Status.NOT_MY_VBUCKET)
+            return
+        stats = checkpoint_stats(vbs) + [("ep_checkpoint_memory", conn.bucket.memory.used)]
+    elif group == "dcp":
+        stats = dcp_stats(node)
+    elif group == "warmup":
+        stats = [(f"ep_warmup_{k}", v) for k, v in node.bucket.warmup.items()]
+    else:
+        conn.reply(frame, Status.KEY_ENOENT)
+        return
+    for name, value in stats:
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        conn.reply(frame, key=name.encode(), value=str(value).encode())
+    conn.reply(frame)

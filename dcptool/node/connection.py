@@ -1,0 +1,289 @@
+"""One client connection: buffered frame reading, dispatch, batched replies.
+
+A `Connection` is an `asyncio.BufferedProtocol`: the loop reads straight into our buffer,
+a `FrameDecoder` cuts it into frames, and each frame goes to the command registered for
+its opcode (`dcptool.node.commands`). Replies produced while handling one read are
+joined and written once. A frame whose sections do not fit gets EINVAL; when the byte
+stream can no longer be framed (unknown magic, oversized body) the connection is closed.
+Nothing a client sends can stop the node: a failing command answers EINTERNAL.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+from typing import TYPE_CHECKING, Any
+
+from dcptool.protocol import FrameDecoder, ProtocolError, decode_message
+from dcptool.protocol.constants import (
+    DEFAULT_MAX_BODY,
+    HEADER_LEN,
+    RESPONSE_MAGICS,
+    Magic,
+    Status,
+)
+from dcptool.protocol.frame import HEADER, Frame
+
+from .commands import COMMANDS
+
+if TYPE_CHECKING:
+    from .bucket import Bucket
+    from .producer import Producer
+    from .server import Node
+
+log = logging.getLogger("dcptool.node.connection")
+
+RESPONSE_HEADER = struct.Struct(">BBHBBHIIQ")
+_RSP_PACK = RESPONSE_HEADER.pack
+
+#: statuses a client without XERROR never sees: the connection is closed instead
+_DISCONNECT_WITHOUT_XERROR = frozenset({
+    Status.EACCESS, Status.NO_BUCKET, Status.AUTH_STALE, Status.DCP_STREAM_ID_INVALID,
+    Status.UNKNOWN_FRAME_INFO, Status.NOT_INITIALIZED,
+})
+#: statuses mapped to older ones for a client without XERROR
+_REMAP_WITHOUT_XERROR = {
+    Status.LOCKED: Status.KEY_EEXISTS,
+    Status.CAS_VALUE_INVALID: Status.KEY_EEXISTS,
+    Status.NOT_LOCKED: Status.ETMPFAIL,
+    Status.UNKNOWN_COLLECTION: Status.EINVAL,
+    Status.UNKNOWN_SCOPE: Status.EINVAL,
+}
+
+READ_BUFFER = 256 * 1024
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+
+
+class Connection(asyncio.BufferedProtocol):
+    """Per-connection state.
+
+    * `authenticated`/`user`: set by a successful SASL exchange.
+    * `bucket`: the selected bucket (None until SELECT_BUCKET, or auto-selected when the
+      user has the bucket's name).
+    * `features`: HELLO features in force; `xerror`, `json`, `xattr`, `mutation_seqno`
+      are shortcuts read on hot paths.
+    * `sasl`: the SASL exchange in progress.
+    * `producer`: the DCP producer once DCP_OPEN succeeded.
+    """
+
+    def __init__(self, node: "Node") -> None:
+        self.node = node
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.decoder = FrameDecoder(max_body=DEFAULT_MAX_BODY)
+        self._buf = bytearray(READ_BUFFER)
+        self._view = memoryview(self._buf)
+        self._discard = 0
+        self.out: list[bytes] = []
+        self.closing = False
+        self.authenticated = False
+        self.user: str | None = None
+        self.bucket: "Bucket | None" = None
+        self.agent = ""
+        self.features: frozenset[int] = frozenset()
+        self.xerror = False
+        self.json = False
+        self.xattr = False
+        self.mutation_seqno = False
+        self.sasl: Any = None
+        self.producer: "Producer | None" = None
+        self.dcp_opened = False
+        self.write_paused = False
+        self.frames_in = 0
+
+    # -- asyncio callbacks ---------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.peer = f"{peer[0]}:{peer[1]}"
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self.node.connection_opened(self)
+
+    def connection_lost(self, exc) -> None:
+        self.closing = True
+        if self.producer is not None:
+            try:
+                self.producer.close()
+            except Exception:  # pragma: no cover - never let teardown fail
+                log.exception("closing DCP producer")
+            self.producer = None
+        self.node.connection_closed(self)
+        self.transport = None
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.producer is not None:
+            self.producer.schedule()
+
+    def get_buffer(self, sizehint: int):
+        return self._view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = self._view[:nbytes]
+        if self._discard:
+            n = min(self._discard, nbytes)
+            self._discard -= n
+            data = data[n:]
+            if not len(data):
+                return
+        self.decoder.feed(data)
+        self._process()
+
+    def eof_received(self):
+        return False
+
+    # -- framing -------------------------------------------------------------------------
+
+    def _process(self) -> None:
+        decoder = self.decoder
+        try:
+            while not self.closing:
+                try:
+                    frame = decoder.next_frame()
+                except ProtocolError as exc:
+                    if not self._bad_frame(exc):
+                        return
+                    continue
+                if frame is None:
+                    break
+                self.frames_in += 1
+                self.dispatch(frame)
+        finally:
+            self.flush()
+
+    def _bad_frame(self, exc: ProtocolError) -> bool:
+        """Answer or drop a malformed frame; False when the connection had to be closed."""
+        if exc.framing_lost or exc.frame_size is None:
+            log.info("%s: closing, framing lost: %s", self.peer, exc)
+            self.close()
+            return False
+        size = exc.frame_size
+        have = self.decoder.buffered
+        if size <= have:
+            self.decoder.skip(size)
+        else:
+            self.decoder.skip(have)
+            self._discard = size - have
+        opcode = exc.opcode if exc.opcode is not None else 0
+        self._send_header(opcode, Status.EINVAL, exc.opaque or 0)
+        return True
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    def dispatch(self, frame: Frame) -> None:
+        if frame.magic in RESPONSE_MAGICS:
+            if self.producer is not None:
+                self.producer.handle_response(frame)
+            return
+        if frame.magic == Magic.SERVER_REQUEST:
+            self.reply(frame, Status.EINVAL)
+            return
+        cmd = COMMANDS.get(frame.opcode)
+        if cmd is None:
+            self.reply(frame, Status.UNKNOWN_COMMAND)
+            return
+        if not self.authenticated and not cmd.pre_auth:
+            self.error(frame, Status.EACCESS)
+            return
+        if cmd.needs_bucket and self.bucket is None:
+            self.error(frame, Status.NO_BUCKET)
+            return
+        if cmd.dcp and not self.dcp_opened:
+            self.reply(frame, Status.EINVAL)
+            return
+        try:
+            if cmd.decode:
+                try:
+                    msg = decode_message(frame)
+                except ProtocolError as exc:
+                    log.debug("%s: EINVAL for opcode 0x%02x: %s", self.peer, frame.opcode, exc)
+                    self.reply(frame, Status.EINVAL)
+                    return
+                cmd.fn(self, frame, msg)
+            else:
+                cmd.fn(self, frame)
+        except ProtocolError as exc:
+            self.reply(frame, Status.EINVAL)
+            log.debug("%s: EINVAL: %s", self.peer, exc)
+        except Exception:
+            log.exception("%s: command 0x%02x failed", self.peer, frame.opcode)
+            self.reply(frame, Status.EINTERNAL)
+
+    # -- replies -------------------------------------------------------------------------
+
+    def reply(self, frame: Frame, status: int = Status.SUCCESS, *, extras: bytes = b"",
+              key: bytes = b"", value: bytes = b"", cas: int = 0, datatype: int = 0) -> None:
+        """Queue the response to `frame` (same opcode and opaque)."""
+        klen = len(key)
+        elen = len(extras)
+        self.out.append(_RSP_PACK(0x81, frame.opcode, klen, elen, datatype, status,
+                                  elen + klen + len(value), frame.opaque, cas))
+        if elen:
+            self.out.append(extras)
+        if klen:
+            self.out.append(key)
+        if value:
+            self.out.append(value)
+
+    def _send_header(self, opcode: int, status: int, opaque: int) -> None:
+        self.out.append(_RSP_PACK(0x81, opcode, 0, 0, 0, status, 0, opaque, 0))
+
+    def error(self, frame: Frame, status: int, value: bytes = b"", datatype: int = 0) -> None:
+        """An error reply, following what a client without XERROR expects (section 2.1)."""
+        if not self.xerror:
+            if status in _DISCONNECT_WITHOUT_XERROR:
+                self.flush()
+                self.close()
+                return
+            status = _REMAP_WITHOUT_XERROR.get(status, status)
+        self.reply(frame, status, value=value, datatype=datatype)
+
+    def write(self, data: bytes) -> None:
+        """Write at once (DCP producer output), after anything queued by `reply`."""
+        if self.out:
+            self.flush()
+        t = self.transport
+        if t is not None and not self.closing:
+            t.write(data)
+
+    def flush(self) -> None:
+        out = self.out
+        if not out:
+            return
+        self.out = []
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        t.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def close(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        t = self.transport
+        if t is not None:
+            self.flush_pending_then_close(t)
+
+    def flush_pending_then_close(self, t) -> None:
+        out = self.out
+        self.out = []
+        if out and not t.is_closing():
+            t.write(b"".join(out))
+        t.close()
+
+    def abort(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()

@@ -1,0 +1,268 @@
+"""The node's decisions as pure functions: no sockets, no clocks, no shared state.
+
+Each function here is the rule a seed or the protocol fact sheet states, written so it
+can be tested with the seeds' own numbers:
+
+* `rollback_point`: how far a DCP client must roll back, from the failover log
+  (fact sheet section 8.3, seeds 000 and 004).
+* `evaluate_stream_request`: the order in which a stream request is checked and the
+  seqno range the stream then serves (fact sheet section 8.1).
+* `with_meta_wins`: revision-seqno conflict resolution for SET/DEL_WITH_META
+  (fact sheet section 4.14).
+* `absolute_expiry`: the memcached expiry convention (relative up to 30 days).
+* `first_marker_start` / `memory_marker_start`: where snapshot markers begin (seed 003).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from dcptool.protocol.constants import SEQNO_MAX, Status, StreamFlag, VBucketState
+
+#: relative expiry values up to this many seconds are offsets from now (memcached rule)
+RELATIVE_EXPIRY_LIMIT = 30 * 24 * 3600
+
+#: the stream flags a node knows; bits above are ignored (a real client sets some by mistake)
+KNOWN_STREAM_FLAGS = 0x1FF
+
+FailoverLog = Sequence[tuple[int, int]]  # (vbucket uuid, seqno), newest first
+
+
+# ---------------------------------------------------------------------------
+# rollback
+
+
+def rollback_point(
+    failover_log: FailoverLog,
+    start: int,
+    vb_uuid: int,
+    snap_start: int,
+    snap_end: int,
+    high_seqno: int,
+    purge_seqno: int = 0,
+    *,
+    strict_vb_uuid: bool = False,
+    ignore_purged_tombstones: bool = False,
+    client_purge_seqno: int = 0,
+) -> int | None:
+    """The seqno a client must roll back to, or None when it may resume where it is.
+
+    `failover_log` is newest first. The steps are those of the fact sheet, section 8.3:
+
+    1. start 0 never rolls back (unless StrictVbUuid with a non-zero uuid);
+    2. a start below the purge seqno rolls back to 0 (not with IgnorePurgedTombstones);
+    3. an unknown uuid rolls back to 0; a known one bounds the client's branch by the
+       seqno of the next newer entry (or the high seqno when it is the newest);
+    4. a client at the start of its snapshot has nothing of it; at the end it has all of
+       it; the rollback point is the branch point, or the snapshot start when the branch
+       point falls inside the client's partial snapshot.
+
+    Seed 004: log [(X, 900), (W, 0)], client (W, 1000) -> 900; then (W, 900) -> None.
+    """
+    if start == 0 and (not strict_vb_uuid or vb_uuid == 0):
+        return None
+    local_purge = 0 if ignore_purged_tombstones else purge_seqno
+    if start != 0 and start < local_purge and client_purge_seqno != local_purge:
+        return 0
+    upper = None
+    for i, (uuid, _seqno) in enumerate(failover_log):
+        if uuid == vb_uuid:
+            upper = failover_log[i - 1][1] if i > 0 else high_seqno
+            break
+    if upper is None:
+        return 0
+    if start == snap_start:
+        snap_end = start
+    if snap_end <= upper:
+        return None
+    if start == snap_end:
+        snap_start = start
+    return upper if upper < snap_start else snap_start
+
+
+# ---------------------------------------------------------------------------
+# stream request
+
+
+@dataclass(frozen=True, slots=True)
+class VBucketView:
+    """What a stream request needs to know about one vbucket (a snapshot, not the object)."""
+
+    state: int
+    high_seqno: int
+    persisted_seqno: int
+    purge_seqno: int
+    failover_log: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """An accepted stream: the range it serves and the position the client resumes from."""
+
+    start: int
+    end: int
+    snap_start: int
+    snap_end: int
+    vb_uuid: int
+    flags: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDecision:
+    """The answer to a stream request: a status, a rollback seqno or a plan."""
+
+    status: int
+    plan: StreamPlan | None = None
+    rollback_seqno: int | None = None
+    reason: str = ""
+
+
+def evaluate_stream_request(
+    vb: VBucketView | None,
+    *,
+    flags: int,
+    start: int,
+    end: int,
+    vb_uuid: int,
+    snap_start: int,
+    snap_end: int,
+    has_value: bool = False,
+    noop_enabled: bool = True,
+    wants_xattrs: bool = False,
+    stream_ids_enabled: bool = False,
+    stream_id: int | None = None,
+    stream_exists: bool = False,
+    client_purge_seqno: int = 0,
+) -> StreamDecision:
+    """Check a DCP_STREAM_REQ in the order of the fact sheet, section 8.1.
+
+    Unknown high flag bits are ignored: libdcp writes its flags without byte swapping
+    (0x30000000), and a node that failed such streams would break a real client.
+    """
+    flags &= KNOWN_STREAM_FLAGS
+    # 0. validation
+    if flags & StreamFlag.NO_VALUE:
+        return StreamDecision(Status.EINVAL, reason="the NoValue stream flag was removed; use DCP_OPEN")
+    if flags & StreamFlag.CACHE_TRANSFER and flags & ~(
+            StreamFlag.CACHE_TRANSFER | StreamFlag.TAKEOVER | StreamFlag.ACTIVE_VB_ONLY):
+        return StreamDecision(Status.EINVAL, reason="CacheTransfer combined with other flags")
+    if has_value:
+        return StreamDecision(Status.EINVAL, reason="a stream request value needs collections")
+    if flags & (StreamFlag.TAKEOVER | StreamFlag.CACHE_TRANSFER):
+        return StreamDecision(Status.NOT_SUPPORTED, reason="takeover streams are not supported")
+    # 1, 2. the vbucket
+    if vb is None:
+        return StreamDecision(Status.NOT_MY_VBUCKET, reason="no such vbucket")
+    if vb.state not in (VBucketState.ACTIVE, VBucketState.REPLICA):
+        return StreamDecision(Status.NOT_MY_VBUCKET, reason="vbucket is neither active nor replica")
+    if flags & StreamFlag.ACTIVE_VB_ONLY and vb.state != VBucketState.ACTIVE:
+        return StreamDecision(Status.NOT_MY_VBUCKET, reason="vbucket is not active")
+    # 3. FromLatest
+    if flags & StreamFlag.FROM_LATEST:
+        start = snap_start = snap_end = vb.high_seqno
+        if vb_uuid == 0:
+            vb_uuid = vb.failover_log[0][0]
+    # 4. noop is mandatory for xattrs
+    if wants_xattrs and not noop_enabled:
+        return StreamDecision(Status.NOT_SUPPORTED, reason="enable noop before streaming xattrs")
+    # 5, 6. ranges
+    if start > end:
+        return StreamDecision(Status.ERANGE, reason="start seqno is above end seqno")
+    if not snap_start <= start <= snap_end:
+        return StreamDecision(Status.ERANGE, reason="start seqno is outside the snapshot range")
+    # 7. stream ids
+    if stream_ids_enabled != (stream_id is not None):
+        return StreamDecision(Status.DCP_STREAM_ID_INVALID,
+                              reason="stream id present/absent does not match enable_stream_id")
+    # 8. one stream per vbucket (and stream id)
+    if stream_exists:
+        return StreamDecision(Status.KEY_EEXISTS, reason="a stream for this vbucket already exists")
+    # 9. rollback
+    rb = rollback_point(
+        vb.failover_log, start, vb_uuid, snap_start, snap_end, vb.high_seqno, vb.purge_seqno,
+        strict_vb_uuid=bool(flags & StreamFlag.STRICT_VB_UUID),
+        ignore_purged_tombstones=bool(flags & StreamFlag.IGNORE_PURGED_TOMBSTONES),
+        client_purge_seqno=client_purge_seqno,
+    )
+    if rb is not None:
+        return StreamDecision(Status.ROLLBACK, rollback_seqno=rb)
+    # 10. ToLatest / DiskOnly
+    if flags & StreamFlag.TO_LATEST:
+        end = vb.high_seqno
+    if flags & StreamFlag.DISK_ONLY:
+        end = min(end, vb.persisted_seqno)
+    if start > end:
+        return StreamDecision(Status.ERANGE, reason="start seqno is above the adjusted end seqno")
+    if start > vb.high_seqno:
+        return StreamDecision(Status.ERANGE, reason="start seqno is above the vbucket's high seqno")
+    return StreamDecision(Status.SUCCESS, plan=StreamPlan(start, end, snap_start, snap_end,
+                                                          vb_uuid, flags))
+
+
+# ---------------------------------------------------------------------------
+# conflict resolution
+
+
+def with_meta_wins(
+    incoming: tuple[int, int, int, int],
+    existing: tuple[int, int, int, int] | None,
+    *,
+    deletion: bool = False,
+    incoming_xattr: bool = False,
+    existing_xattr: bool = False,
+) -> bool:
+    """Does an incoming SET/DEL_WITH_META version beat the stored one (revision-seqno buckets)?
+
+    Versions are (rev_seqno, cas, expiry, flags). A mutation compares the whole tuple
+    lexicographically; an equal tuple wins only when it brings xattrs the stored one lacks.
+    A deletion compares (rev_seqno, cas) and loses ties. No stored version: it wins.
+    """
+    if existing is None:
+        return True
+    if deletion:
+        a, b = incoming[:2], existing[:2]
+        return a > b
+    if incoming > existing:
+        return True
+    if incoming < existing:
+        return False
+    return incoming_xattr and not existing_xattr
+
+
+# ---------------------------------------------------------------------------
+# expiry
+
+
+def absolute_expiry(expiry: int, now: int) -> int:
+    """The memcached convention: 0 never expires; up to 30 days is relative; above is absolute."""
+    if expiry == 0:
+        return 0
+    if expiry <= RELATIVE_EXPIRY_LIMIT:
+        return now + expiry
+    return expiry
+
+
+def is_expired(expiry: int, now: float) -> bool:
+    return expiry != 0 and expiry <= now
+
+
+# ---------------------------------------------------------------------------
+# snapshot markers
+
+
+def first_marker_start(request_start: int, first_seqno: int) -> int:
+    """Start of the first snapshot marker of a stream served from memory.
+
+    When the snapshot continues exactly where the client is, the marker starts at the
+    client's seqno (seed 003: R1 asks from 0 and gets 0..100). When deduplication removed
+    the seqnos in between, it starts at the first seqno sent (seed 003: A, B, A gives a
+    client from 0 the marker 2..3).
+    """
+    if first_seqno == request_start + 1:
+        return request_start
+    return first_seqno
+
+
+def stream_end_reached(snapshot_end: int, end_seqno: int) -> bool:
+    """A stream ends after the complete snapshot containing its end seqno."""
+    return end_seqno != SEQNO_MAX and snapshot_end >= end_seqno

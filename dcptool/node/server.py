@@ -1,0 +1,178 @@
+"""The node process: warm-up, the asyncio server, background tasks, clean shutdown.
+
+`Node.run()` is what `dcptool node start` calls. It warms the bucket up from disk,
+listens, writes `DIR/node.json`, prints `listening on HOST:PORT`, and serves until
+SIGTERM or SIGINT; then it stops accepting, closes connections, lets the flusher write
+everything, marks a clean shutdown and returns.
+
+Shared state, and why it exists:
+
+* `bucket`: the one bucket this node serves (vbuckets, storage, checkpoints).
+* `users`: credentials for SASL.
+* `connections`: live client connections (closed at shutdown; counted in stats).
+* `backfills`: admission control for disk backfills (read transactions).
+* `config_rev`: revision of the cluster map; bumped when a vbucket changes state.
+* `bucket_uuid`: stable identity of the bucket, kept in the database.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import uuid as uuidlib
+from pathlib import Path
+
+from dcptool import __version__
+
+from .auth import Users
+from .backfill import BackfillManager
+from .bucket import Bucket
+from .config import NodeConfig
+from .connection import Connection
+
+log = logging.getLogger("dcptool.node")
+
+NODE_FILE = "node.json"
+
+
+class Node:
+    def __init__(self, config: NodeConfig, users: Users) -> None:
+        self.config = config
+        self.users = users
+        self.bucket = Bucket(
+            config.data_dir, name=config.bucket, num_vbuckets=config.vbuckets,
+            flush_interval=config.flush_interval, checkpoint_memory=config.checkpoint_memory,
+            checkpoint_max_items=config.checkpoint_max_items,
+        )
+        self.connections: set[Connection] = set()
+        self.total_connections = 0
+        self.auth_failures = 0
+        self.config_rev = 1
+        self.bucket_uuid = ""
+        self.started_at = time.time()
+        self.backfills = BackfillManager(config.max_backfills)
+        self.port = config.port
+        self.host = config.host
+        self._stop: asyncio.Event | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # -- connections -------------------------------------------------------------------
+
+    def connection_opened(self, conn: Connection) -> None:
+        self.connections.add(conn)
+        self.total_connections += 1
+        if len(self.connections) > self.config.max_connections:
+            log.warning("too many connections; closing %s", conn.peer)
+            conn.abort()
+
+    def connection_closed(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        if self._stop is not None and not self._stop.is_set():
+            log.info("stopping")
+            self._stop.set()
+
+    async def serve(self, *, announce=print) -> None:
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        bucket = self.bucket
+        bucket.warm_up()
+        meta = bucket.storage.get_meta()
+        self.bucket_uuid = meta.get("bucket_uuid") or uuidlib.uuid4().hex
+        if "bucket_uuid" not in meta:
+            bucket.storage.set_meta(bucket_uuid=self.bucket_uuid)
+        for vb in bucket.vbuckets.values():
+            vb.state_listeners.append(self._vbucket_state_changed)
+        bucket.start(loop)
+        # The node holds millions of small acyclic objects (items); the cyclic collector
+        # would walk them again and again. Keep what warm-up loaded out of its way and
+        # collect young objects less often.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(100_000, 50, 100)
+        clean = False
+        try:
+            self._server = await loop.create_server(
+                lambda: Connection(self), self.config.host, self.config.port,
+                reuse_address=True, backlog=1024)
+            sock = self._server.sockets[0]
+            self.host, self.port = sock.getsockname()[:2]
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    loop.add_signal_handler(sig, self.request_stop)
+                except (NotImplementedError, RuntimeError):  # pragma: no cover
+                    pass
+            self._tasks.append(loop.create_task(self._expiry_pager()))
+            self._write_node_file()
+            announce(f"listening on {self.config.host}:{self.port}")
+            await self._stop.wait()
+            clean = True
+        finally:
+            await self._shutdown(clean=clean)
+
+    async def _shutdown(self, *, clean: bool) -> None:
+        if self._server is not None:
+            self._server.close()
+        for t in self._tasks:
+            t.cancel()
+        for conn in list(self.connections):
+            conn.close()
+        # give transports a moment to flush and run connection_lost
+        for _ in range(50):
+            if not self.connections:
+                break
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections):
+            conn.abort()
+        await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, lambda: self.bucket.stop(clean=clean))
+        log.info("stopped (clean=%s)", clean)
+
+    def _vbucket_state_changed(self, vb, old_state: int) -> None:
+        self.config_rev += 1
+
+    async def _expiry_pager(self) -> None:
+        interval = self.config.expiry_pager_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.bucket.run_expiry_pager()
+            except Exception:  # pragma: no cover - keep paging
+                log.exception("expiry pager failed")
+
+    def _write_node_file(self) -> None:
+        doc = {
+            "host": self.config.host,
+            "port": self.port,
+            "pid": os.getpid(),
+            "bucket": self.bucket.name,
+            "vbuckets": self.bucket.num_vbuckets,
+            "started_at": self.started_at,
+            "version": __version__,
+        }
+        path = Path(self.config.data_dir) / NODE_FILE
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, path)
+
+
+def run_node(config: NodeConfig, users: Users) -> int:
+    """Run a node in the foreground until SIGTERM/SIGINT. Returns the exit status."""
+    node = Node(config, users)
+
+    def announce(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    asyncio.run(node.serve(announce=announce))
+    return 0

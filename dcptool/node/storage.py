@@ -1,0 +1,420 @@
+"""Persistence: one SQLite database in WAL mode, written by a flusher thread in batches.
+
+Layout (`DIR/data.sqlite3`):
+
+* `items`: one row per key with its newest version, tombstones included. The row id is
+  `(vbucket << 48) | seqno`, so a vbucket's rows in seqno order are one range of the
+  primary key and a disk backfill is a range scan. `(vb, key)` is unique.
+* `vbucket_meta`: per vbucket its state, failover log (JSON, newest first), persisted
+  seqno, purge seqno and the highest CAS given out.
+* `meta`: node-wide facts: format version, vbucket count, bucket name and the
+  clean-shutdown mark.
+
+The event loop never waits for the disk: it appends `(vbid, item)` or
+`(vbid, None, meta)` entries to a deque; the flusher thread takes what is there every
+`flush_interval`, keeps the newest version of each key, writes it in one transaction
+and commits. Each commit is one disk snapshot: the persisted seqno of every vbucket in
+the batch moves to the highest seqno the batch held for it, in the same transaction, and
+the loop is told afterwards. Backfills read through their own connections; WAL mode gives
+each read transaction a consistent snapshot while the flusher goes on writing.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .item import Item
+
+log = logging.getLogger("dcptool.node.storage")
+
+FORMAT_VERSION = 1
+SEQNO_BITS = 48
+SEQNO_MASK = (1 << SEQNO_BITS) - 1
+_TWO63 = 1 << 63
+_TWO64 = 1 << 64
+
+ITEM_COLUMNS = "id, key, rev, cas, flags, expiry, datatype, op, delete_time, value"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS vbucket_meta (
+    vb              INTEGER PRIMARY KEY,
+    state           INTEGER NOT NULL,
+    failover        TEXT NOT NULL,
+    persisted_seqno INTEGER NOT NULL DEFAULT 0,
+    purge_seqno     INTEGER NOT NULL DEFAULT 0,
+    max_cas         INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS items (
+    id          INTEGER PRIMARY KEY,
+    vb          INTEGER NOT NULL,
+    key         BLOB NOT NULL,
+    rev         INTEGER NOT NULL,
+    cas         INTEGER NOT NULL,
+    flags       INTEGER NOT NULL,
+    expiry      INTEGER NOT NULL,
+    datatype    INTEGER NOT NULL,
+    op          INTEGER NOT NULL,
+    delete_time INTEGER NOT NULL,
+    value       BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS items_by_key ON items (vb, key);
+"""
+
+
+def _first(row: tuple) -> int:
+    return row[0]
+
+
+def to_i64(v: int) -> int:
+    """Store an unsigned 64-bit value in SQLite's signed INTEGER."""
+    return v - _TWO64 if v >= _TWO63 else v
+
+
+def from_i64(v: int) -> int:
+    return v + _TWO64 if v < 0 else v
+
+
+def row_id(vbid: int, seqno: int) -> int:
+    return (vbid << SEQNO_BITS) | seqno
+
+
+def item_from_row(row: tuple) -> tuple[int, Item]:
+    rid, key, rev, cas, flags, expiry, datatype, op, delete_time, value = row
+    return rid >> SEQNO_BITS, Item(key, value, rid & SEQNO_MASK, from_i64(rev), from_i64(cas),
+                                   flags, expiry, datatype, op, delete_time)
+
+
+class StorageError(Exception):
+    pass
+
+
+class Storage:
+    """The node's database and its flusher thread.
+
+    `dirty` is the deque vbuckets append to. `on_persisted(dict vbid -> seqno)` runs on
+    the event loop after each commit (through `call_soon_threadsafe`).
+    """
+
+    def __init__(self, path: Path, *, flush_interval: float = 0.02,
+                 synchronous: str = "NORMAL") -> None:
+        self.path = Path(path)
+        self.flush_interval = flush_interval
+        self.synchronous = synchronous
+        self.dirty: deque = deque()
+        self._db = self._connect()
+        self._db.executescript(_SCHEMA)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._idle = threading.Condition()
+        self._busy = False
+        self._loop = None
+        self._on_persisted: Callable[[dict[int, int]], None] | None = None
+        self.batches = 0
+        self.items_written = 0
+        self.last_error: str | None = None
+        self._readers: list[sqlite3.Connection] = []
+
+    def _connect(self, readonly: bool = False) -> sqlite3.Connection:
+        if readonly:
+            uri = f"file:{self.path}?mode=ro"
+            db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        else:
+            db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={self.synchronous}")
+            # checkpoint the WAL into the database less often: fewer rewrites of hot pages
+            db.execute("PRAGMA wal_autocheckpoint=20000")
+        db.execute("PRAGMA busy_timeout=10000")
+        db.execute("PRAGMA cache_size=-65536")
+        return db
+
+    # -- node-wide meta -------------------------------------------------------------
+
+    def get_meta(self) -> dict[str, str]:
+        return dict(self._db.execute("SELECT name, value FROM meta").fetchall())
+
+    def set_meta(self, **values: Any) -> None:
+        """Write node-wide meta synchronously (only while the flusher is not running)."""
+        with self._tx():
+            self._db.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
+                                 [(k, str(v)) for k, v in values.items()])
+
+    def _tx(self):
+        db = self._db
+
+        class _T:
+            def __enter__(self_inner):
+                db.execute("BEGIN IMMEDIATE")
+
+            def __exit__(self_inner, et, ev, tb):
+                db.execute("COMMIT" if et is None else "ROLLBACK")
+                return False
+        return _T()
+
+    # -- vbuckets ---------------------------------------------------------------------
+
+    def load_vbucket_meta(self) -> dict[int, dict[str, Any]]:
+        out = {}
+        for vb, state, failover, persisted, purge, max_cas in self._db.execute(
+                "SELECT vb, state, failover, persisted_seqno, purge_seqno, max_cas FROM vbucket_meta"):
+            out[vb] = {"state": state, "failover": [tuple(e) for e in json.loads(failover)],
+                       "persisted_seqno": persisted, "purge_seqno": purge,
+                       "max_cas": from_i64(max_cas)}
+        return out
+
+    def write_vbucket_meta(self, rows: list[tuple[int, int, list, int, int, int]]) -> None:
+        """(vb, state, failover, persisted, purge, max_cas) rows, synchronously (warm-up only)."""
+        with self._tx():
+            self._db.executemany(_UPSERT_VB_META, [
+                (vb, st, json.dumps(fo), p, pu, to_i64(mc)) for vb, st, fo, p, pu, mc in rows])
+
+    def high_seqnos(self) -> dict[int, int]:
+        """The highest seqno on disk per vbucket."""
+        out = {}
+        for (vb,) in self._db.execute("SELECT DISTINCT vb FROM items"):
+            row = self._db.execute("SELECT max(id) FROM items WHERE id >= ? AND id < ?",
+                                   (row_id(vb, 0), row_id(vb + 1, 0))).fetchone()
+            if row[0] is not None:
+                out[vb] = row[0] & SEQNO_MASK
+        return out
+
+    def iter_items(self, batch: int = 10000) -> Iterator[tuple[int, Item]]:
+        cur = self._db.execute(f"SELECT {ITEM_COLUMNS} FROM items ORDER BY id")
+        while True:
+            rows = cur.fetchmany(batch)
+            if not rows:
+                return
+            for r in rows:
+                yield item_from_row(r)
+
+    def count_items(self) -> int:
+        return self._db.execute("SELECT count(*) FROM items").fetchone()[0]
+
+    # -- flusher --------------------------------------------------------------------------
+
+    def start_flusher(self, loop, on_persisted: Callable[[dict[int, int]], None]) -> None:
+        self._loop = loop
+        self._on_persisted = on_persisted
+        self._thread = threading.Thread(target=self._run, name="dcptool-flusher", daemon=True)
+        self._thread.start()
+
+    def enqueue_meta(self, vbid: int, meta: dict[str, Any]) -> None:
+        """Persist a vbucket's state/failover log/purge seqno/max CAS in order with its items."""
+        self.dirty.append((vbid, None, meta))
+        self._wake.set()
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_interval)
+            self._wake.clear()
+            try:
+                self._flush_once()
+            except Exception as exc:  # keep flushing; report it
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("flush failed")
+                time.sleep(0.5)
+        # final drain
+        try:
+            while self.dirty:
+                self._flush_once()
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.exception("final flush failed")
+
+    def _flush_once(self, max_batch: int = 200_000) -> int:
+        dirty = self.dirty
+        if not dirty:
+            return 0
+        with self._idle:
+            self._busy = True
+        try:
+            latest: dict[tuple[int, bytes], Item] = {}
+            persisted: dict[int, int] = {}
+            metas: dict[int, dict[str, Any]] = {}
+            popleft = dirty.popleft
+            n = 0
+            while dirty and n < max_batch:
+                entry = popleft()
+                n += 1
+                vbid = entry[0]
+                item = entry[1]
+                if item is None:
+                    metas.setdefault(vbid, {}).update(entry[2])
+                    continue
+                latest[(vbid, item.key)] = item
+                persisted[vbid] = item.seqno
+            rows = [
+                ((vbid << SEQNO_BITS) | it.seqno, vbid, it.key, to_i64(it.rev), to_i64(it.cas),
+                 it.flags, it.expiry, it.datatype, it.op, it.delete_time, it.value)
+                for (vbid, _k), it in latest.items()
+            ]
+            # in row-id order the b-tree pages a batch touches are written once each
+            rows.sort(key=_first)
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if rows:
+                    db.executemany(_UPSERT_ITEM, rows)
+                for vbid, meta in metas.items():
+                    self._apply_meta(vbid, meta)
+                if persisted:
+                    db.executemany(
+                        "UPDATE vbucket_meta SET persisted_seqno = ? WHERE vb = ? AND persisted_seqno < ?",
+                        [(s, vb, s) for vb, s in persisted.items()])
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            self.batches += 1
+            self.items_written += len(rows)
+            if persisted and self._loop is not None and self._on_persisted is not None:
+                try:
+                    self._loop.call_soon_threadsafe(self._on_persisted, persisted)
+                except RuntimeError:  # loop closed during shutdown
+                    pass
+            return n
+        finally:
+            with self._idle:
+                self._busy = False
+                self._idle.notify_all()
+
+    def _apply_meta(self, vbid: int, meta: dict[str, Any]) -> None:
+        sets = []
+        args: list[Any] = []
+        if "state" in meta:
+            sets.append("state = ?")
+            args.append(meta["state"])
+        if "failover" in meta:
+            sets.append("failover = ?")
+            args.append(json.dumps(meta["failover"]))
+        if "purge_seqno" in meta:
+            sets.append("purge_seqno = ?")
+            args.append(meta["purge_seqno"])
+        if "max_cas" in meta:
+            sets.append("max_cas = max(max_cas, ?)")
+            args.append(to_i64(meta["max_cas"]))
+        if not sets:
+            return
+        self._db.execute(f"UPDATE vbucket_meta SET {', '.join(sets)} WHERE vb = ?", (*args, vbid))
+
+    def wait_flushed(self, timeout: float = 60.0) -> bool:
+        """Block until everything queued so far is committed (used at shutdown and by tests)."""
+        deadline = time.monotonic() + timeout
+        self._wake.set()
+        while True:
+            with self._idle:
+                if not self.dirty and not self._busy:
+                    return True
+                self._idle.wait(0.01)
+            self._wake.set()
+            if time.monotonic() > deadline:
+                return False
+
+    def stop(self, *, clean: bool) -> None:
+        """Stop the flusher after it wrote everything; mark a clean shutdown when asked."""
+        if self._thread is not None:
+            self._stop.set()
+            self._wake.set()
+            self._thread.join()
+            self._thread = None
+        while self.dirty:
+            self._flush_once()
+        if clean:
+            self.set_meta(clean_shutdown=1)
+        for r in self._readers:
+            try:
+                r.close()
+            except sqlite3.Error:
+                pass
+        self._readers.clear()
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error:
+            pass
+        self._db.close()
+
+    # -- readers (backfill) -------------------------------------------------------------
+
+    def reader(self) -> sqlite3.Connection:
+        """A read connection for one backfill; give it back with `release_reader`."""
+        if self._readers:
+            return self._readers.pop()
+        return self._connect(readonly=True)
+
+    def release_reader(self, db: sqlite3.Connection) -> None:
+        if db.in_transaction:
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+        if len(self._readers) < 16:
+            self._readers.append(db)
+        else:
+            db.close()
+
+
+_UPSERT_ITEM = (
+    "INSERT OR REPLACE INTO items (id, vb, key, rev, cas, flags, expiry, datatype, op, "
+    "delete_time, value) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)
+_UPSERT_VB_META = (
+    "INSERT INTO vbucket_meta (vb, state, failover, persisted_seqno, purge_seqno, max_cas) "
+    "VALUES (?,?,?,?,?,?) ON CONFLICT(vb) DO UPDATE SET state=excluded.state, "
+    "failover=excluded.failover, persisted_seqno=excluded.persisted_seqno, "
+    "purge_seqno=excluded.purge_seqno, max_cas=excluded.max_cas"
+)
+
+
+class BackfillReader:
+    """One disk snapshot of one vbucket: the newest version of each key in (start, end], by seqno.
+
+    Opening it starts a read transaction; `end` is the vbucket's persisted seqno in that
+    same transaction, so rows and bound agree. `fetch(n)` returns raw rows
+    (id, key, rev, cas, flags, expiry, datatype, op, delete_time, value).
+    """
+
+    def __init__(self, storage: Storage, vbid: int, start: int, end_limit: int | None = None) -> None:
+        self.storage = storage
+        self.vbid = vbid
+        self.start = start
+        self.db = storage.reader()
+        self.done = False
+        db = self.db
+        db.execute("BEGIN")
+        row = db.execute("SELECT persisted_seqno, purge_seqno FROM vbucket_meta WHERE vb = ?",
+                         (vbid,)).fetchone()
+        persisted = row[0] if row else 0
+        self.purge_seqno = row[1] if row else 0
+        self.end = persisted if end_limit is None else min(persisted, end_limit)
+        self._cur = db.execute(
+            f"SELECT {ITEM_COLUMNS} FROM items WHERE id > ? AND id <= ? ORDER BY id",
+            (row_id(vbid, start), row_id(vbid, max(self.end, start))))
+
+    def fetch(self, n: int) -> list[tuple]:
+        if self.done:
+            return []
+        rows = self._cur.fetchmany(n)
+        if len(rows) < n:
+            self.close()
+        return rows
+
+    def close(self) -> None:
+        if not self.done:
+            self.done = True
+            self._cur = None
+            self.storage.release_reader(self.db)
+            self.db = None

@@ -1,0 +1,295 @@
+"""A vbucket: the owner of its seqno counter, CAS clock, failover log, documents and checkpoints.
+
+Nothing outside this class assigns seqnos, CAS values or failover entries. Every change
+goes through `_commit`, which gives it the next seqno, puts it in the hash table, queues
+it into the open checkpoint (where streams read it) and hands it to the flusher.
+"""
+from __future__ import annotations
+
+import heapq
+import secrets
+import time
+from collections import deque
+from typing import Callable
+
+from dcptool.protocol.constants import Datatype, MetaOption, Status, VBucketState
+
+from . import decisions
+from .checkpoint import CheckpointManager, CheckpointMemory
+from .item import DELETION, EXPIRATION, MUTATION, Item
+
+#: at most this many failover entries are kept (oldest dropped)
+MAX_FAILOVER_ENTRIES = 25
+#: the low 16 bits of a hybrid-logical-clock CAS are a counter
+_HLC_MASK = ~0xFFFF
+_U64 = (1 << 64) - 1
+
+
+def new_vbucket_uuid() -> int:
+    """A random non-zero uuid of at most 48 significant bits, as kv_engine makes them."""
+    while True:
+        u = secrets.randbits(48)
+        if u:
+            return u
+
+
+class MutationResult:
+    """What a KV command needs to answer: the status and, on success, the stored item."""
+
+    __slots__ = ("status", "item")
+
+    def __init__(self, status: int, item: Item | None = None) -> None:
+        self.status = status
+        self.item = item
+
+
+class VBucket:
+    """One partition of the key space.
+
+    * `state`: VBucketState (active, replica, pending, dead).
+    * `high_seqno`: the last seqno given out; strictly increasing.
+    * `persisted_seqno`: the last seqno the flusher committed (updated from the flusher).
+    * `purge_seqno`: tombstones up to here have been purged from disk.
+    * `failover_log`: (uuid, seqno) pairs, newest first; entry 0's uuid is the current one.
+    * `max_cas`: the hybrid logical clock; every CAS given out is above it.
+    * `items`: key -> newest Item (tombstones included, until purged).
+    * `checkpoints`: the in-memory change queue read by DCP streams.
+    * `waiters`: callbacks to run once when the next change is queued (idle streams).
+    * `streams`: the live DCP streams of this vbucket, ended on a state change.
+    """
+
+    def __init__(
+        self,
+        vbid: int,
+        *,
+        state: int,
+        failover_log: list[tuple[int, int]],
+        high_seqno: int,
+        persisted_seqno: int,
+        purge_seqno: int,
+        max_cas: int,
+        memory: CheckpointMemory,
+        dirty: deque,
+        expiry_heap: list | None = None,
+        checkpoint_max_items: int = 10000,
+        checkpoint_max_bytes: int = 8 * 1024 * 1024,
+    ) -> None:
+        self.id = vbid
+        self.state = state
+        self.failover_log = failover_log
+        self.high_seqno = high_seqno
+        self.persisted_seqno = persisted_seqno
+        self.purge_seqno = purge_seqno
+        self.max_cas = max_cas
+        self.items: dict[bytes, Item] = {}
+        #: live (not deleted) items in `items`, kept as items change
+        self.live_items = 0
+        self.checkpoints = CheckpointManager(vbid, memory, start_seqno=high_seqno + 1,
+                                             max_items=checkpoint_max_items,
+                                             max_bytes=checkpoint_max_bytes)
+        self.checkpoints.persisted_seqno = persisted_seqno
+        self._dirty = dirty
+        self._expiry_heap = expiry_heap if expiry_heap is not None else []
+        self.waiters: list[Callable[[], None]] = []
+        self.streams: set = set()
+        self.state_listeners: list[Callable[["VBucket", int], None]] = []
+        self.on_meta_change: Callable[["VBucket"], None] | None = None
+
+    # -- identity -------------------------------------------------------------
+
+    @property
+    def uuid(self) -> int:
+        return self.failover_log[0][0]
+
+    @property
+    def is_active(self) -> bool:
+        return self.state == VBucketState.ACTIVE
+
+    def add_failover_entry(self, seqno: int | None = None) -> tuple[int, int]:
+        """Start a new history branch at `seqno` (default: the high seqno)."""
+        if seqno is None:
+            seqno = self.high_seqno
+        log = [(u, s) for (u, s) in self.failover_log if s <= seqno]
+        uuid = new_vbucket_uuid()
+        while any(u == uuid for u, _ in log):
+            uuid = new_vbucket_uuid()
+        log.insert(0, (uuid, seqno))
+        del log[MAX_FAILOVER_ENTRIES:]
+        self.failover_log = log
+        if self.on_meta_change is not None:
+            self.on_meta_change(self)
+        return uuid, seqno
+
+    def set_state(self, state: int) -> None:
+        """Change state; becoming active starts a new history branch (a new failover entry)."""
+        old = self.state
+        if state == old:
+            return
+        self.state = state
+        if state == VBucketState.ACTIVE:
+            self.add_failover_entry()
+        elif self.on_meta_change is not None:
+            self.on_meta_change(self)
+        for listener in list(self.state_listeners):
+            listener(self, old)
+
+    # -- clock ----------------------------------------------------------------
+
+    def next_cas(self) -> int:
+        cas = time.time_ns() & _HLC_MASK
+        if cas <= self.max_cas:
+            cas = self.max_cas + 1
+        self.max_cas = cas
+        return cas
+
+    def observe_cas(self, cas: int) -> None:
+        """Keep the clock above a CAS that came from elsewhere (SET_WITH_META)."""
+        if cas > self.max_cas:
+            self.max_cas = cas
+
+    # -- the one way in ------------------------------------------------------------
+
+    def _commit(self, item: Item) -> Item:
+        seqno = self.high_seqno + 1
+        self.high_seqno = seqno
+        item.seqno = seqno
+        items = self.items
+        old = items.get(item.key)
+        self.live_items += (item.op == MUTATION) - (old is not None and old.op == MUTATION)
+        items[item.key] = item
+        self.checkpoints.queue(item)
+        self._dirty.append((self.id, item))
+        if item.expiry and item.op == MUTATION:
+            heapq.heappush(self._expiry_heap, (item.expiry, self.id, item.key, seqno))
+        if self.waiters:
+            waiters, self.waiters = self.waiters, []
+            for w in waiters:
+                w()
+        return item
+
+    def load(self, item: Item) -> None:
+        """Put an item read from disk at warm-up into the hash table (no new seqno)."""
+        self.items[item.key] = item
+        if item.op == MUTATION:
+            self.live_items += 1
+        if item.expiry and item.op == MUTATION:
+            heapq.heappush(self._expiry_heap, (item.expiry, self.id, item.key, item.seqno))
+
+    # -- reads -------------------------------------------------------------------
+
+    def get(self, key: bytes, now: float) -> Item | None:
+        """The live item for `key`, or None. An expired item is turned into a tombstone."""
+        it = self.items.get(key)
+        if it is None or it.op != MUTATION:
+            return None
+        if it.expiry and it.expiry <= now:
+            if self.state == VBucketState.ACTIVE:
+                self.expire(it, int(now))
+            return None
+        return it
+
+    def get_meta(self, key: bytes, now: float) -> Item | None:
+        """The newest version of `key`, tombstones included (expired items are expired first)."""
+        it = self.items.get(key)
+        if it is not None and it.op == MUTATION and it.expiry and it.expiry <= now \
+                and self.state == VBucketState.ACTIVE:
+            it = self.expire(it, int(now))
+        return it
+
+    # -- front-end writes ----------------------------------------------------------
+
+    def store(self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int, *,
+              cas: int = 0, mode: int = 0, now: float | None = None) -> MutationResult:
+        """SET (mode 0), ADD (1) or REPLACE (2). `expiry` is already absolute."""
+        if now is None:
+            now = time.time()
+        old = self.items.get(key)
+        live = old if (old is not None and old.op == MUTATION
+                       and not (old.expiry and old.expiry <= now)) else None
+        if old is not None and live is None and old.op == MUTATION:
+            # expired: it becomes a tombstone first so the history shows the expiry
+            old = self.expire(old, int(now))
+        if mode == 1 and live is not None:
+            return MutationResult(Status.KEY_EEXISTS)
+        if mode == 2 and live is None:
+            return MutationResult(Status.KEY_ENOENT)
+        if cas:
+            if live is None:
+                return MutationResult(Status.KEY_ENOENT)
+            if live.cas != cas:
+                return MutationResult(Status.KEY_EEXISTS)
+        rev = old.rev + 1 if old is not None else 1
+        item = Item(key, value, 0, rev, self.next_cas(), flags, expiry, datatype)
+        return MutationResult(Status.SUCCESS, self._commit(item))
+
+    def delete(self, key: bytes, *, cas: int = 0, now: float | None = None) -> MutationResult:
+        if now is None:
+            now = time.time()
+        live = self.get(key, now)
+        if live is None:
+            return MutationResult(Status.KEY_ENOENT)
+        if cas and live.cas != cas:
+            return MutationResult(Status.KEY_EEXISTS)
+        item = Item(key, b"", 0, live.rev + 1, self.next_cas(), live.flags, 0, 0, DELETION,
+                    int(now))
+        return MutationResult(Status.SUCCESS, self._commit(item))
+
+    def expire(self, live: Item, now: int) -> Item:
+        """Turn an expired item into a tombstone with a new seqno (DCP sends an expiration)."""
+        item = Item(live.key, b"", 0, live.rev + 1, self.next_cas(), live.flags, 0, 0, EXPIRATION,
+                    now)
+        return self._commit(item)
+
+    def expire_if_due(self, key: bytes, seqno: int, now: float) -> bool:
+        """Called by the expiry pager for a heap entry; True when a tombstone was written."""
+        if self.state != VBucketState.ACTIVE:
+            return False
+        it = self.items.get(key)
+        if it is None or it.seqno != seqno or it.op != MUTATION:
+            return False
+        if not (it.expiry and it.expiry <= now):
+            return False
+        self.expire(it, int(now))
+        return True
+
+    # -- replication-style writes (conflict resolution) -----------------------------
+
+    def store_with_meta(self, key: bytes, value: bytes, *, flags: int, expiry: int, rev: int,
+                        meta_cas: int, datatype: int, options: int = 0, cas: int = 0,
+                        deletion: bool = False, now: float | None = None) -> MutationResult:
+        """SET_WITH_META / DEL_WITH_META: keep the incoming version if it wins (section 4.14)."""
+        if now is None:
+            now = time.time()
+        old = self.items.get(key)
+        if cas:
+            if old is None or old.op != MUTATION:
+                return MutationResult(Status.KEY_ENOENT)
+            if old.cas != cas:
+                return MutationResult(Status.KEY_EEXISTS)
+        skip = bool(options & (MetaOption.FORCE_WITH_META_OP | MetaOption.SKIP_CONFLICT_RESOLUTION))
+        if not skip and old is not None:
+            existing = (old.rev, old.cas,
+                        old.delete_time if old.op != MUTATION else old.expiry, old.flags)
+            incoming = (rev, meta_cas, expiry, flags)
+            if not decisions.with_meta_wins(
+                    incoming, existing, deletion=deletion,
+                    incoming_xattr=bool(datatype & Datatype.XATTR),
+                    existing_xattr=bool(old.datatype & Datatype.XATTR)):
+                return MutationResult(Status.KEY_EEXISTS)
+        if options & MetaOption.REGENERATE_CAS:
+            meta_cas = self.next_cas()
+        else:
+            self.observe_cas(meta_cas)
+        if deletion:
+            op = EXPIRATION if options & MetaOption.IS_EXPIRATION else DELETION
+            item = Item(key, value, 0, rev, meta_cas, flags, 0, datatype, op,
+                        expiry or int(now))
+        else:
+            item = Item(key, value, 0, rev, meta_cas, flags, expiry, datatype)
+        return MutationResult(Status.SUCCESS, self._commit(item))
+
+    # -- stats ---------------------------------------------------------------------
+
+    def counts(self) -> tuple[int, int]:
+        """(live items, tombstones)."""
+        return self.live_items, len(self.items) - self.live_items
