@@ -74,3 +74,10 @@ def test_missing_password_without_terminal(shared_node):
     r = run_cli("failover-log", "-c", f"{shared_node.host}:{shared_node.port}")
     line = _one_error_line(r)
     assert "no password" in line
+
+
+def test_tls_to_a_plain_node_is_one_line(shared_node):
+    n = shared_node
+    line = _one_error_line(run_cli("failover-log", "-c", f"couchbases://{n.host}:{n.port}",
+                                   "--no-verify", node=n))
+    assert "TLS" in line and f"{n.host}:{n.port}" in line
