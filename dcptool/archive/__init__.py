@@ -33,7 +33,7 @@ from .format import (
 from .frames import iter_file_records, iter_frame_batches
 from .reader import Backup, VBucketHistory, iter_vbucket_batches, iter_vbucket_records
 from .recovery import VBucketRecovery, recover_backup, recover_vbucket
-from .resolve import mark_dead, part_cuts, resolve, resolved_in_seqno_order
+from .resolve import mark_dead, part_cuts, resolve, resolved_in_seqno_order, snapshot_boundaries
 from .writer import VBucketWriter
 
 __all__ = [
@@ -45,5 +45,5 @@ __all__ = [
     "ITEM_TYPES", "KEY_INDEX", "RECORD_NAMES", "FULL", "INCREMENTAL",
     "iter_file_records", "iter_frame_batches", "iter_vbucket_batches", "iter_vbucket_records",
     "recover_backup", "recover_vbucket", "resolve", "resolved_in_seqno_order", "part_cuts",
-    "mark_dead",
+    "mark_dead", "snapshot_boundaries",
 ]

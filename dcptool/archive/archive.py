@@ -51,12 +51,13 @@ from .format import (
     parse_data_name,
     read_json,
     utc_now,
+    uuid_for_seqno,
 )
 from .lock import ArchiveLock
 from .manifest import check_manifest, check_summary, totals_of
 from .reader import Backup, VBucketHistory
 from .recovery import VBucketRecovery, file_digest, recover_backup
-from .resolve import resolve
+from .resolve import part_cuts, resolve, snapshot_boundaries
 from .writer import VBucketWriter
 
 LATEST = "latest"
@@ -265,6 +266,25 @@ class Archive:
         newest) and `upto_seqno`: what a restore writes. See resolve.resolve."""
         return resolve(self.history(vbucket, backup), upto_seqno=upto_seqno,
                        include_deletions=include_deletions)
+
+    def rollback_point(self, vbucket: int, seqno: int, upto: str | None = None) -> Position:
+        """Where to roll `vbucket` back to when the node answers ROLLBACK to `seqno`: the
+        latest snapshot boundary at or below `seqno` on the live branch of the chain (seqno
+        0 when there is none), with the uuid of the history branch that holds it."""
+        parts = [b for b in self.chain(upto) if b.entry(vbucket) is not None]
+        cuts = part_cuts([[r["seqno"] for r in b.entry(vbucket)["rollbacks"]] for b in parts])
+        best = 0
+        for b, cut in zip(reversed(parts), reversed(cuts)):
+            entry = b.entry(vbucket)
+            if Position.coerce(entry["end"]).seqno <= best and not entry["rollbacks"]:
+                break  # this backup and older ones hold nothing above what was found
+            limit = seqno if cut is None else min(seqno, cut)
+            for s in snapshot_boundaries(b.records(vbucket)):
+                if best < s <= limit:
+                    best = s
+        logs = self.failover_logs(upto)
+        flog = logs.get(vbucket, [])
+        return Position.at(uuid_for_seqno(flog, best, flog[-1][0] if flog else 0), best)
 
     # -- writing ------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from typing import BinaryIO, Iterator
 
 import msgpack
@@ -185,7 +186,15 @@ def scan_frames(f: BinaryIO, path: str, *, start: int = 0) -> Iterator[tuple[int
         pos = end
 
 
-_DCTX = zstandard.ZstdDecompressor()
+_local = threading.local()
+
+
+def _dctx() -> zstandard.ZstdDecompressor:
+    """A decompressor per thread (a ZstdDecompressor must not be used by two threads at once)."""
+    d = getattr(_local, "dctx", None)
+    if d is None:
+        d = _local.dctx = zstandard.ZstdDecompressor()
+    return d
 
 
 def decompress_frame(frame: bytes, path: str, offset: int) -> bytes:
@@ -197,7 +206,7 @@ def decompress_frame(frame: bytes, path: str, offset: int) -> bytes:
     if size > MAX_FRAME_CONTENT:
         raise CorruptFileError(path, f"zstd frame claims {size} uncompressed bytes", offset=offset)
     try:
-        return _DCTX.decompress(frame, max_output_size=MAX_FRAME_CONTENT)
+        return _dctx().decompress(frame, max_output_size=MAX_FRAME_CONTENT)
     except zstandard.ZstdError as exc:
         raise CorruptFileError(path, f"zstd frame does not decompress: {exc}",
                                offset=offset) from None

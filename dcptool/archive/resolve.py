@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator, Sequence
 
 from .errors import ResolutionError
-from .format import DELETION, EXPIRATION, MUTATION, ROLLBACK
+from .format import DELETION, END, EXPIRATION, MUTATION, ROLLBACK, SNAPSHOT, STREAM
 
 
 def part_cuts(rollbacks_per_part: Sequence[Iterable[int]]) -> list[int | None]:
@@ -107,3 +107,42 @@ def mark_dead(parts: Sequence[Iterable[tuple]],
         for rec in part:
             if rec[0] in (MUTATION, DELETION, EXPIRATION):
                 yield i, rec, cut is not None and rec[1] > cut
+
+
+def snapshot_boundaries(records: Iterable[tuple]) -> list[int]:
+    """Seqnos at which one backup's records of a vbucket stand on a snapshot boundary of the
+    live branch, ascending: stream and rollback positions, the end position, and the end of
+    every snapshot known to be complete (an item at its end seqno was read, or another
+    marker followed). A rollback record removes the boundaries above its seqno (such as the
+    position the stream started from before the node rolled back)."""
+    out: list[int] = []
+    open_end: int | None = None
+
+    def add(s: int) -> None:
+        if not out or out[-1] != s:
+            out.append(s)
+
+    for rec in records:
+        t = rec[0]
+        if t == MUTATION or t == DELETION or t == EXPIRATION:
+            if open_end is not None and rec[1] == open_end:
+                add(open_end)
+                open_end = None
+        elif t == SNAPSHOT:
+            if open_end is not None:
+                add(open_end)
+            open_end = rec[2]
+        elif t == STREAM:
+            open_end = None
+            add(rec[2])
+        elif t == ROLLBACK:
+            if open_end is not None:
+                add(open_end)
+                open_end = None
+            while out and out[-1] > rec[1]:
+                out.pop()
+            add(rec[1])
+        elif t == END:
+            add(rec[2])
+            open_end = None
+    return out

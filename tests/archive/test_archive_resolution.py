@@ -225,3 +225,32 @@ def test_resolution_equals_the_model(history, include_deletions):
     if not include_deletions:
         best = {k: v for k, v in best.items() if v[0] == 3}
     assert best == got
+
+
+def test_rollback_point_is_the_latest_live_snapshot_end(tmp_path):
+    archive, _full, _inc = seed_004_archive(tmp_path / "arc")
+    # the chain holds snapshot ends every 100 up to 900 on W, then 920, 940, 960 on X
+    assert archive.rollback_point(0, 950) == Position.at(X, 940)
+    assert archive.rollback_point(0, 930) == Position.at(X, 920)
+    assert archive.rollback_point(0, 919) == Position.at(X, 900)  # X began at 900
+    assert archive.rollback_point(0, 899) == Position.at(W, 800)
+    assert archive.rollback_point(0, 5) == Position.at(W, 0)
+    # as of the first backup, 1000 was a boundary of W; after the rollback it is dead
+    first = archive.chain()[0].id
+    assert archive.rollback_point(0, 2000, upto=first) == Position.at(W, 1000)
+    assert archive.rollback_point(0, 2000) == Position.at(X, 960)
+    assert archive.rollback_point(3, 100) == Position(0, 0, 0, 0)  # never backed up
+
+
+def test_snapshot_boundaries():
+    from dcptool.archive import snapshot_boundaries
+    recs = [(0, "dcptool-archive", 1, 0, "id", 0), (1, W, 10, 10, 10, ()),
+            (2, 11, 20, 0), doc(11, b"a"), doc(20, b"b"),       # complete: item at its end
+            (2, 21, 30, 0), doc(22, b"c"),                      # complete: next marker follows
+            (2, 31, 40, 0), doc(33, b"d"),                      # open when the rollback comes
+            rollback(40), (2, 41, 50, 0), doc(45, b"e"), (7, X, 50, 50, 50)]
+    assert snapshot_boundaries(recs) == [10, 20, 30, 40, 50]
+    # a rollback below the stream's start removes the boundaries above it
+    recs = [(1, W, 1000, 1000, 1000, ()), rollback(900), (1, W, 900, 900, 900, ()),
+            (2, 901, 920, 0), doc(920, b"x"), (7, X, 920, 920, 920)]
+    assert snapshot_boundaries(recs) == [900, 920]
