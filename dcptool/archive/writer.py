@@ -368,7 +368,11 @@ class VBucketWriter:
 
     def stream(self, position: Any, failover_log: Iterable[Any] | None = None) -> None:
         """Record that the stream (re)started at `position` (after a rollback or a reconnect),
-        with the failover log the node returned. Data above the position is dropped first."""
+        with the failover log the node returned. Data above the position is dropped first.
+
+        `position` must be where the data stands when the stream opens: every item written
+        after this call must have a higher seqno (verify reports a stream record followed by
+        lower seqnos)."""
         self._check_open()
         pos = Position.coerce(position)
         self._cut_back(pos.seqno)
