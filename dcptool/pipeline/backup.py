@@ -1,0 +1,337 @@
+"""The backup job: stream every vbucket to a snapshot boundary into a new archive backup.
+
+The driver reads the node's seqnos and failover logs, decides where each vbucket starts
+(seqno 0 for a full backup, the last committed backup's end position for an incremental
+one, the last complete snapshot of a killed attempt when resuming), and runs one Spark
+task per group of vbuckets. Each task opens its own DCP connection, writes its own files
+and returns one small summary per vbucket; the driver checks them and commits the
+manifest. Nothing is committed unless every vbucket completed.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from dcptool.archive import Archive, FULL, INCREMENTAL
+from dcptool.archive.errors import NotAnArchiveError
+from dcptool.archive.format import DONE_RE
+from dcptool.client.events import (
+    DELETION,
+    EXPIRATION,
+    MUTATION,
+    ROLLBACK,
+    SNAPSHOT as EV_SNAPSHOT,
+    STREAM_END,
+    STREAM_OPEN,
+)
+from dcptool.client.position import ZERO, Position
+from dcptool.client.session import SessionConfig
+from dcptool.errors import DcptoolError, UsageError
+from dcptool.protocol.constants import StreamEndReason
+
+from .nodeinfo import node_state
+from .spark import default_parallelism, get_spark, plan_groups
+
+
+@dataclass
+class BackupResult:
+    backup_id: str
+    type: str
+    resumed: bool
+    vbuckets: int
+    mutations: int = 0
+    deletions: int = 0
+    expirations: int = 0
+    rollbacks: int = 0
+    bytes: int = 0
+    value_bytes: int = 0
+    seconds: float = 0.0
+    spark_seconds: float = 0.0
+    kept_vbuckets: int = 0
+    rollback_details: list[dict] = field(default_factory=list)
+
+    @property
+    def items(self) -> int:
+        return self.mutations + self.deletions + self.expirations
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backup_id": self.backup_id, "type": self.type, "resumed": self.resumed,
+            "vbuckets": self.vbuckets, "mutations": self.mutations, "deletions": self.deletions,
+            "expirations": self.expirations, "rollbacks": self.rollbacks, "bytes": self.bytes,
+            "value_bytes": self.value_bytes, "seconds": round(self.seconds, 3),
+            "spark_startup_seconds": round(self.spark_seconds, 3),
+            "items_per_second": round(self.items / self.seconds, 1) if self.seconds else None,
+            "kept_vbuckets": self.kept_vbuckets, "rollback_details": self.rollback_details,
+        }
+
+
+def _client_position(pos: Any, failover_log) -> Position:
+    """An archive position (uuid, seqno, snap start, snap end) as a client Position."""
+    log = tuple((int(u), int(s)) for u, s in (failover_log or ()))
+    ends = (pos.snap_end,) if pos.seqno == pos.snap_end and pos.seqno else ()
+    return Position(pos.uuid, pos.seqno, pos.snap_start, pos.snap_end, log, ends)
+
+
+def _end_dict(pos: Position) -> dict[str, int]:
+    return {"uuid": pos.uuid, "seqno": pos.seqno, "snap_start": pos.snap_start, "snap_end": pos.snap_end}
+
+
+def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Stream one group of vbuckets into the backup's files; one summary per vbucket.
+
+    spec: opts (picklable connection options), archive, backup_id, session (name),
+    plan {vb: {"start": position dict, "end": end seqno, "resume": bool, "log": failover log}}.
+    Runs on a Spark executor (or in the driver for tests): it only needs the archive path.
+    """
+    from dcptool.archive import VBucketWriter
+
+    opts = spec["opts"]
+    archive_path = spec["archive"]
+    backup_id = spec["backup_id"]
+    plan: dict[int, dict] = {int(vb): p for vb, p in spec["plan"].items()}
+    writers: dict[int, VBucketWriter] = {}
+    starts: dict[int, Position] = {}
+    for vb, p in plan.items():
+        start = Position.from_dict(p["start"])
+        w = VBucketWriter(archive_path, backup_id, vb, _end_dict(start), p.get("log") or (),
+                          resume=bool(p.get("resume")))
+        if p.get("resume"):
+            wp = w.position
+            start = Position(wp.uuid, wp.seqno, wp.snap_start, wp.snap_end,
+                             tuple(tuple(e) for e in w.failover_log),
+                             (wp.snap_end,) if wp.seqno == wp.snap_end and wp.seqno else ())
+        writers[vb] = w
+        starts[vb] = start
+    summaries: list[dict[str, Any]] = []
+    rollbacks: list[dict[str, int]] = []
+    opened: dict[int, Position] = dict(starts)  # the position each stream was last requested from
+
+    def on_rollback(info):
+        # roll back to the latest snapshot end at or below the node's seqno that the chain
+        # (or this session) holds; the writer records it so restores skip the dead branch
+        vb = info.vbucket
+        chain_pt = Archive.open(archive_path).rollback_point(vb, info.rollback_seqno,
+                                                             upto=spec.get("parent"))
+        seen = [s for s in info.before.snapshot_ends if s <= info.rollback_seqno]
+        target = max([chain_pt.seqno, *seen])
+        after = info.before.moved_to(target)
+        writers[vb].rollback(after.seqno, after.uuid)
+        opened[vb] = after
+        rollbacks.append({"vbucket": vb, "node_seqno": info.rollback_seqno, "seqno": after.seqno,
+                          "uuid": after.uuid})
+        return after
+
+    config = SessionConfig(name=spec.get("session", f"dcptool-backup:{backup_id}"),
+                           consistent=True, max_rollbacks=16)
+    consumer = opts.consumer(config, on_rollback=on_rollback)
+    try:
+        consumer.add_streams({vb: (starts[vb], plan[vb]["end"]) for vb in plan})
+        pending = set(plan)
+        for events in consumer.batches(tick=1.0):
+            for ev in events:
+                kind = ev[0]
+                if kind == MUTATION:
+                    writers[ev[1]].mutation(ev[2], ev[3], ev[4], ev[5], ev[6], ev[7], ev[8], ev[9])
+                elif kind == EV_SNAPSHOT:
+                    writers[ev[1]].marker(ev[2], ev[3], ev[4])
+                elif kind == DELETION:
+                    writers[ev[1]].deletion(ev[2], ev[3], ev[4], ev[8], ev[6], ev[7], ev[9])
+                elif kind == EXPIRATION:
+                    writers[ev[1]].expiration(ev[2], ev[3], ev[4], ev[8], ev[6], ev[7], ev[9])
+                elif kind == STREAM_OPEN:
+                    vb = ev[1]
+                    writers[vb].stream(_end_dict(ev[3] if len(ev) > 3 else opened[vb]), ev[2])
+                elif kind == STREAM_END:
+                    vb, reason, retrying = ev[1], ev[2], ev[3]
+                    if reason == StreamEndReason.OK:
+                        summaries.append(writers[vb].close(_end_dict(consumer.position(vb))))
+                        pending.discard(vb)
+                        _fault_point("vbucket-closed", len(summaries))
+                    elif not retrying:
+                        raise DcptoolError(f"vbucket {vb}: the node ended the stream "
+                                           f"({StreamEndReason(reason).name if reason in StreamEndReason._value2member_map_ else reason})")
+                elif kind == ROLLBACK:
+                    pass  # recorded by on_rollback
+        if pending:
+            raise DcptoolError(f"vbuckets {sorted(pending)[:8]} ended without a complete stream")
+    except BaseException:
+        for w in writers.values():
+            if not w.closed:
+                w.abort()
+        raise
+    finally:
+        consumer.close()
+    for s in summaries:
+        s.setdefault("task_rollbacks", [r for r in rollbacks if r["vbucket"] == s["vbucket"]])
+    return summaries
+
+
+def _fault_point(where: str, count: int) -> None:
+    """Fault injection for the crash tests: DCPTOOL_FAULT=stall-after-vbuckets:N makes a task
+    stop (sleep) once it has closed N vbuckets, so a test can SIGKILL a backup mid-run."""
+    spec = os.environ.get("DCPTOOL_FAULT")
+    if not spec:
+        return
+    name, _, arg = spec.partition(":")
+    if name == "stall-after-vbuckets" and where == "vbucket-closed" and count >= int(arg or 1):
+        time.sleep(600)
+
+
+def _progress_watch(backup_dir: Path, total: int, callback: Callable[[int, int, int], None],
+                    stop: threading.Event) -> None:
+    """Poll the vbuckets' done files: (vbuckets done, items, bytes) to `callback`."""
+    import json as _json
+
+    seen: dict[str, tuple[int, int]] = {}
+    while not stop.wait(0.5):
+        try:
+            names = [n for n in os.listdir(backup_dir) if DONE_RE.match(n)]
+        except OSError:
+            continue
+        for n in names:
+            if n in seen:
+                continue
+            try:
+                d = _json.loads((backup_dir / n).read_text())
+                c = d["counts"]
+                seen[n] = (c["mutations"] + c["deletions"] + c["expirations"], d["bytes"]["files"])
+            except (OSError, ValueError, KeyError):
+                continue
+        callback(len(seen), sum(i for i, _ in seen.values()), sum(b for _, b in seen.values()))
+
+
+def run_backup(opts, archive_path: str | os.PathLike[str], *, full: bool = False,
+               partitions: int | None = None, master: str | None = None, level: int = 3,
+               purge_partial: bool = False, vbuckets: list[int] | None = None,
+               progress: Callable[[int, int, int], None] | None = None,
+               on_plan: Callable[[dict], None] | None = None,
+               spark=None) -> BackupResult:
+    """Run one backup of the node `opts` into the archive at `archive_path`."""
+    t0 = time.monotonic()
+    archive_path = str(Path(archive_path).absolute())
+    with opts.connect() as conn:
+        count, seqnos, logs = node_state(conn, vbuckets)
+    if not seqnos:
+        raise DcptoolError(f"{opts.address} holds no active vbuckets to back up")
+
+    if Path(archive_path).exists() and any(Path(archive_path).iterdir()):
+        try:
+            archive = Archive.open(archive_path)
+        except NotAnArchiveError:
+            raise
+        if archive.bucket != opts.bucket:
+            raise UsageError(f"archive {archive_path} holds bucket '{archive.bucket}', not "
+                             f"'{opts.bucket}'", hint="use another archive directory or -b")
+        if archive.vbucket_count != count:
+            raise UsageError(f"archive {archive_path} has {archive.vbucket_count} vbuckets but the "
+                             f"node has {count}")
+    else:
+        archive = Archive.create(archive_path, bucket=opts.bucket, vbuckets=count)
+
+    partial = archive.partial_backup()
+    if partial is not None and purge_partial:
+        archive.purge_partial()
+        partial = None
+    resumed = partial is not None
+    kept: dict[int, dict] = {}
+    resume_vbs: set[int] = set()
+    if resumed:
+        writer = archive.resume_backup()
+        btype = writer.type
+        for vb, rec in writer.recover(scan=True).items():
+            if rec.complete:
+                kept[vb] = rec.summary
+            elif rec.position is not None:
+                resume_vbs.add(vb)
+    else:
+        btype = FULL if (full or archive.latest_id() is None) else INCREMENTAL
+        writer = archive.begin_backup(btype, level=level)
+
+    try:
+        if btype == FULL:
+            starts = {vb: Position(failover_log=()) for vb in seqnos}
+        else:
+            ends = archive.end_positions(writer.parent)
+            chain_logs = archive.failover_logs(writer.parent)
+            starts = {vb: (_client_position(ends[vb], chain_logs.get(vb)) if vb in ends else ZERO)
+                      for vb in seqnos}
+        plan: dict[int, dict] = {}
+        for vb in sorted(seqnos):
+            if vb in kept:
+                continue
+            plan[vb] = {"start": starts[vb].to_dict(), "end": seqnos[vb],
+                        "resume": vb in resume_vbs, "log": [list(e) for e in logs.get(vb, ())]}
+        if on_plan is not None:
+            on_plan({"backup_id": writer.id, "type": btype, "resumed": resumed,
+                     "vbuckets": len(seqnos), "kept": len(kept), "to_stream": len(plan)})
+
+        summaries: list[dict] = list(kept.values())
+        spark_seconds = 0.0
+        if plan:
+            ts = time.monotonic()
+            spark = spark or get_spark(master)
+            spark_seconds = time.monotonic() - ts
+            n = partitions or 2 * default_parallelism(spark)
+            groups = plan_groups(list(plan), n)
+            specs = [{"opts": opts, "archive": archive_path, "backup_id": writer.id,
+                      "parent": writer.parent,
+                      "session": f"dcptool-backup:{writer.id}:{i}",
+                      "plan": {vb: plan[vb] for vb in g}} for i, g in enumerate(groups)]
+            stop = threading.Event()
+            watcher = None
+            if progress is not None:
+                watcher = threading.Thread(target=_progress_watch,
+                                           args=(writer.dir, len(seqnos), progress, stop), daemon=True)
+                watcher.start()
+            try:
+                results = spark.sparkContext.parallelize(specs, len(specs)).map(backup_task).collect()
+            except Exception as exc:  # a task failed: keep the partial backup for a resume
+                raise _task_error(exc) from None
+            finally:
+                stop.set()
+                if watcher is not None:
+                    watcher.join(timeout=2)
+            for r in results:
+                summaries.extend(r)
+        manifest = writer.commit(summaries, extra={"node": opts.address,
+                                                   "resumed": resumed})
+    except BaseException:
+        writer.abort()
+        raise
+    result = BackupResult(writer.id, btype, resumed, len(manifest["vbuckets"]),
+                          kept_vbuckets=len(kept), spark_seconds=spark_seconds)
+    for e in manifest["vbuckets"]:
+        c = e["counts"]
+        result.mutations += c["mutations"]
+        result.deletions += c["deletions"]
+        result.expirations += c["expirations"]
+        result.rollbacks += c["rollbacks"]
+        result.bytes += e["bytes"]["files"]
+        result.value_bytes += e["bytes"]["values"]
+        for r in e.get("rollbacks", []):
+            result.rollback_details.append({"vbucket": e["vbucket"], **r})
+    if progress is not None:
+        progress(len(manifest["vbuckets"]), result.items, result.bytes)
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _task_error(exc: Exception) -> DcptoolError:
+    """The one-line cause of a failed Spark task (the DcptoolError message raised inside it)."""
+    text = str(exc)
+    for marker in ("dcptool.client.errors.", "dcptool.errors.", "dcptool.archive.errors."):
+        idx = text.rfind(marker)
+        if idx >= 0:
+            line = text[idx:].splitlines()[0]
+            _name, _, msg = line.partition(": ")
+            return DcptoolError(f"backup task failed: {msg or line}",
+                                hint="the partial backup is kept; rerun the backup to resume it")
+    lines = [l for l in text.splitlines() if l.strip()]
+    last = lines[-1] if lines else type(exc).__name__
+    return DcptoolError(f"backup task failed: {last[:300]}",
+                        hint="the partial backup is kept; rerun the backup to resume it")
