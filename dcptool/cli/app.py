@@ -40,6 +40,7 @@ def _register() -> None:
     from dcptool.cli import tail  # noqa: F401
     from dcptool.cli import info, verify  # noqa: F401
     from dcptool.cli import backup  # noqa: F401  (backup, restore)
+    from dcptool.cli import quickstart  # noqa: F401
 
 
 _register()

@@ -16,6 +16,7 @@ from nodeproc import NodeProcess
 from dcptool.archive import Archive
 from dcptool.pipeline.backup import run_backup
 from dcptool.pipeline.restore import run_restore
+from dcptool.protocol import vbucket_of
 
 VBS = 16
 N = 10_000
@@ -146,24 +147,38 @@ def test_backup_killed_mid_run_resumes(spark, tmp_path):
 
 
 def test_unclean_restart_between_backups_rolls_back(spark, tmp_path):
+    """Backed-up items the node never persisted are lost in an unclean restart: the node
+    starts a new history branch, and the next backup must roll back and record it."""
     with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
         opts = opts_for(node)
         with opts.connect() as conn:
             load(conn, _docs(2000), VBS)
         archive = tmp_path / "archive"
-        run_backup(opts, archive, spark=spark)
-        # writes the node acknowledges but may not persist, then an unclean stop
+        first = run_backup(opts, archive, spark=spark)
+        # a clean restart with the flusher held back: what comes next stays in memory only
+        node.extra_args = ("--flush-interval", "3600")
+        node.restart()
+        opts = opts_for(node)
         with opts.connect() as conn:
             load(conn, {f"late::{i}": {"i": i} for i in range(200)}, VBS)
-        time.sleep(1.5)  # let the flusher persist them
-        node.kill()
+        second = run_backup(opts, archive, spark=spark)
+        assert second.mutations == 200 and second.rollbacks == 0
+        node.kill()  # the 200 late documents were never persisted
+        node.extra_args = ()
         node.start()
         opts = opts_for(node)
         with opts.connect() as conn:
             load(conn, {f"after::{i}": {"i": i} for i in range(100)}, VBS)
-        res = run_backup(opts, archive, spark=spark)
-        assert res.rollbacks >= 1, "the node's new failover entries must cause a rollback"
+        third = run_backup(opts, archive, spark=spark)
+        # every vbucket that got late documents was ahead of the node's new branch
+        late_vbs = {vbucket_of(f"late::{i}".encode(), VBS) for i in range(200)}
+        assert {r["vbucket"] for r in third.rollback_details} == late_vbs
+        ends = Archive.open(archive).manifest(first.backup_id)["vbuckets"]
+        first_end = {e["vbucket"]: e["end"]["seqno"] for e in ends}
+        for r in third.rollback_details:
+            assert r["seqno"] == first_end[r["vbucket"]]
         expected = node_documents(opts)
+        assert not any(k.startswith(b"late::") for k in expected)
     with NodeProcess(tmp_path / "dst", vbuckets=VBS) as dst:
         run_restore(str(archive), opts_for(dst), spark=spark)
         assert node_documents(opts_for(dst)) == expected
