@@ -42,6 +42,8 @@ def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[s
             .config("spark.driver.bindAddress", "127.0.0.1" if master.startswith("local") else "0.0.0.0")
             .config("spark.python.worker.reuse", "true")
         )
+        log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{log4j}")
         if master.startswith("local"):
             builder = builder.config("spark.python.unix.domain.socket.enabled", "true")
         for k, v in (conf or {}).items():
