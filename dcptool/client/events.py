@@ -16,7 +16,8 @@ codec's `DcpMutation`, `DcpDeletion` or `DcpExpiration`, and a snapshot is
 Other events:
 
     (SNAPSHOT, vbucket, start, end, flags)
-    (STREAM_OPEN, vbucket, failover_log)           # the node accepted the stream request
+    (STREAM_OPEN, vbucket, failover_log, position) # the node accepted the request made
+                                                   # from `position`
     (STREAM_END, vbucket, reason, retrying)        # retrying: the session re-requested
     (ROLLBACK, vbucket, rollback_seqno, RollbackInfo)
     (SEQNO_ADVANCED, vbucket, seqno)

@@ -563,7 +563,7 @@ class DcpSession:
             if st.state == REQUESTED:
                 st.state = OPEN
             st.rollbacks = 0
-            out.append((STREAM_OPEN, vb, st.failover_log))
+            out.append((STREAM_OPEN, vb, st.failover_log, st.base))
             return
         if isinstance(msg, StreamReqRollback):
             self._rollback(st, msg.rollback_seqno, out)

@@ -85,7 +85,7 @@ def test_records_snapshots_and_positions():
             + DcpExpiration(vbucket=3, opaque=op, by_seqno=3, rev_seqno=4, key=b"c",
                             delete_time=88, cas=13).encode())
     ev = s.feed(data)
-    assert ev[0] == (STREAM_OPEN, 3, ((W, 0),))
+    assert ev[0] == (STREAM_OPEN, 3, ((W, 0),), Position())
     assert ev[1] == (SNAPSHOT, 3, 0, 3, 1)
     assert ev[2] == (MUTATION, 3, 1, 5, 11, 0xDEADBEEF, 1234, 1, b"a", b"va")
     assert ev[3] == (DELETION, 3, 2, 2, 12, 0, 77, 0, b"b", b"")
@@ -262,7 +262,7 @@ def test_not_my_vbucket_names_vbucket():
     reqs = handshake(s)
     ev = s.feed(encode_frame(Magic.RESPONSE, Opcode.DCP_STREAM_REQ, Status.NOT_MY_VBUCKET,
                              reqs[7].opaque) + accept(reqs[8]))
-    assert ev == [(STREAM_OPEN, 8, ((W, 0),))]
+    assert ev == [(STREAM_OPEN, 8, ((W, 0),), Position())]
     err = s.take_error()
     assert isinstance(err, NotMyVbucketError) and err.vbucket == 7 and "n:1" in str(err)
     assert not s.done  # vbucket 8 goes on
