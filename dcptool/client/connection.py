@@ -411,6 +411,11 @@ class Connection:
             raise ConnectionClosed(f"{self.address} closed the connection", host=self.address)
         return data
 
+    @property
+    def has_buffered(self) -> bool:
+        """True when bytes or frames were read from the socket but not handed out yet."""
+        return bool(self._pending) or self._pos < len(self._buf)
+
     def take_buffered(self) -> bytes:
         """Hand over the bytes read from the socket but not yet returned as frames.
 

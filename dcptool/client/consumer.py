@@ -47,6 +47,7 @@ class DcpConsumer:
         leftover = conn.take_buffered()
         self._have = len(leftover)
         self._mv[:self._have] = leftover
+        self._early: list = []
         self._last_rx = time.monotonic()
         self.dead_timeout = self.config.effective_dead_timeout
 
@@ -126,6 +127,11 @@ class DcpConsumer:
         """
         self.raise_errors()
         self.flush()
+        if self.conn.has_buffered:
+            self._take_from_connection()
+            if self._early:
+                early, self._early = self._early, []
+                return early
         mv = self._mv
         have = self._have
         cap = len(mv)
@@ -160,6 +166,23 @@ class DcpConsumer:
             mv[:rest] = bytes(mv[used:total])
         self._have = rest
         return out
+
+    def _take_from_connection(self) -> None:
+        """Frames the Connection read while answering a request made through it (e.g.
+        `get_failover_logs(consumer.conn, ...)` before streaming) go back to the session."""
+        extra = self.conn.take_buffered()
+        need = self._have + len(extra)
+        if need > len(self._buf):
+            self._grow(need)
+        self._mv[self._have:need] = extra
+        self._have = need
+        out: list = []
+        used = self.session.parse(self._mv[:need], out)
+        self._early.extend(out)
+        rest = need - used
+        if rest and used:
+            self._mv[:rest] = bytes(self._mv[used:need])
+        self._have = rest
 
     def _grow(self, need: int) -> None:
         # a new buffer (memoryviews handed out keep the old one alive)
