@@ -31,6 +31,8 @@ from .position import ZERO, Position
 from .session import DcpSession, RollbackCallback, SessionConfig
 
 DEFAULT_RECV_BUFFER = 1024 * 1024
+#: seconds before asking again for streams the node answered TMPFAIL/ENOMEM/EBUSY
+RETRY_DELAY = 0.5
 
 
 class DcpConsumer:
@@ -48,6 +50,7 @@ class DcpConsumer:
         self._have = len(leftover)
         self._mv[:self._have] = leftover
         self._early: list = []
+        self._retry_at: float | None = None
         self._last_rx = time.monotonic()
         self.dead_timeout = self.config.effective_dead_timeout
 
@@ -126,6 +129,9 @@ class DcpConsumer:
         ClientTimeout when the connection is presumed dead, ConnectionClosed.
         """
         self.raise_errors()
+        if self._retry_at is not None and time.monotonic() >= self._retry_at:
+            self._retry_at = None
+            self.session.retry_waiting()
         self.flush()
         if self.conn.has_buffered:
             self._take_from_connection()
@@ -144,6 +150,10 @@ class DcpConsumer:
         dead = self.dead_timeout
         if dead is not None and (timeout is None or timeout > dead):
             timeout = dead  # wake up in time to notice a dead connection
+        if self._retry_at is not None:
+            left = max(0.0, self._retry_at - time.monotonic())
+            if timeout is None or timeout > left:
+                timeout = left or 0.001
         sock = self.conn.sock
         sock.settimeout(timeout)
         try:
@@ -165,6 +175,8 @@ class DcpConsumer:
         if rest and used:
             mv[:rest] = bytes(mv[used:total])
         self._have = rest
+        if self._retry_at is None and self.session.waiting():
+            self._retry_at = time.monotonic() + RETRY_DELAY
         return out
 
     def _take_from_connection(self) -> None:

@@ -71,6 +71,10 @@ RETRY_REASONS = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.SLOW,
                            StreamEndReason.ROLLBACK})
 
 REQUESTED, OPEN, CLOSING, ENDED, FAILED = "requested", "open", "closing", "ended", "failed"
+#: a stream request answered "try again later" waits in this state until `retry_waiting`
+WAITING = "waiting"
+#: statuses after which a stream request is tried again later (warm-up, memory pressure)
+TEMPORARY = frozenset({Status.ETMPFAIL, Status.ENOMEM, Status.EBUSY})
 
 RollbackCallback = Callable[[RollbackInfo], "Position | None"]
 
@@ -100,6 +104,7 @@ class SessionConfig:
     consistent: bool = True
     fail_on_rollback: bool = False
     max_rollbacks: int = 8
+    max_temporary_failures: int = 30
     typed: bool = False
     copy_values: bool = True
 
@@ -126,7 +131,8 @@ class Stream:
     """The session's record of one vbucket stream. Only the session mutates it."""
 
     __slots__ = ("vbucket", "opaque", "state", "end_seqno", "flags", "base", "failover_log",
-                 "marker_start", "marker_end", "complete_end", "ends", "rollbacks", "reason")
+                 "marker_start", "marker_end", "complete_end", "ends", "rollbacks", "reason",
+                 "tmpfails")
 
     def __init__(self, vbucket: int, base: Position, end_seqno: int, flags: int) -> None:
         self.vbucket = vbucket
@@ -142,6 +148,7 @@ class Stream:
         self.ends: list[int] = list(base.snapshot_ends)
         self.rollbacks = 0
         self.reason: int | None = None
+        self.tmpfails = 0
 
     def reset(self, base: Position) -> None:
         self.base = base
@@ -264,6 +271,16 @@ class DcpSession:
                          snap_end_seqno=pos.snap_end),
             "stream", "DCP_STREAM_REQ")
         self._by_opaque[st.opaque] = st
+
+    def waiting(self) -> list[int]:
+        """vbuckets whose stream request got a temporary failure (TMPFAIL, ENOMEM, EBUSY)
+        and wait to be asked again; the driver calls `retry_waiting` after a pause."""
+        return [vb for vb, st in self.streams.items() if st.state == WAITING]
+
+    def retry_waiting(self) -> None:
+        for st in self.streams.values():
+            if st.state == WAITING:
+                self._request(st)
 
     def close_stream(self, vbucket: int) -> None:
         st = self.streams.get(vbucket)
@@ -563,6 +580,7 @@ class DcpSession:
             if st.state == REQUESTED:
                 st.state = OPEN
             st.rollbacks = 0
+            st.tmpfails = 0
             out.append((STREAM_OPEN, vb, st.failover_log, st.base))
             return
         if isinstance(msg, StreamReqRollback):
@@ -579,6 +597,10 @@ class DcpSession:
                 f"{self.address} refused vbucket {vb} from seqno {pos.seqno} (snapshot "
                 f"[{pos.snap_start}, {pos.snap_end}], end {st.end_seqno}): seqno range not valid",
                 host=self.address, vbucket=vb, seqno=pos.seqno, status=status))
+        elif status in TEMPORARY and st.tmpfails < self.config.max_temporary_failures:
+            st.tmpfails += 1
+            st.state = WAITING
+            st.reason = status
         elif status == Status.KEY_EEXISTS:
             self._fail(st, StreamError(
                 f"{self.address} already has a stream for vbucket {vb} on this connection",

@@ -319,3 +319,21 @@ def test_any_split_gives_same_events(cuts):
         prev = c
     assert got == expected
     assert s.positions() == whole_session.positions()
+
+
+def test_temporary_failure_waits_and_is_retried():
+    s = DcpSession(SessionConfig(max_temporary_failures=2))
+    s.add_stream(4, Position.at(W, 3, ((W, 0),)))
+    req = handshake(s)[4]
+    s.feed(encode_frame(Magic.RESPONSE, Opcode.DCP_STREAM_REQ, Status.ETMPFAIL, req.opaque))
+    assert s.waiting() == [4] and s.errors == [] and not s.done
+    assert s.data_to_send() == b""
+    s.retry_waiting()
+    (again,) = sent(s)
+    assert again.vbucket == 4 and again.start_seqno == 3
+    s.feed(encode_frame(Magic.RESPONSE, Opcode.DCP_STREAM_REQ, Status.ENOMEM, again.opaque))
+    s.retry_waiting()
+    (third,) = sent(s)
+    s.feed(encode_frame(Magic.RESPONSE, Opcode.DCP_STREAM_REQ, Status.ETMPFAIL, third.opaque))
+    err = s.take_error()
+    assert isinstance(err, StreamError) and err.vbucket == 4 and "ETMPFAIL" in str(err)
