@@ -1,0 +1,145 @@
+"""Back up N documents of S bytes from a local node with local Spark, then restore them.
+
+    python benchmarks/backup_restore.py -n 1000000 -s 256 [--vbuckets 1024] [--json out.json]
+
+Reports, measured in one run on this machine: load rate, Spark start-up, backup wall time,
+items/s and MB/s of values, archive size against the raw values and against `zstd -3` of
+the concatenated raw values, Spark's per-job overhead (an empty job with as many tasks),
+and the restore rate into a second node.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import shutil
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import zstandard  # noqa: E402
+
+from dcptool.cli.connopts import ConnOptions  # noqa: E402
+from dcptool.node.launcher import LocalNode  # noqa: E402
+from dcptool.pipeline.backup import run_backup  # noqa: E402
+from dcptool.pipeline.restore import run_restore  # noqa: E402
+from dcptool.pipeline.spark import get_spark, plan_groups, default_parallelism  # noqa: E402
+from dcptool.protocol import HEADER, vbucket_of  # noqa: E402
+from dcptool.protocol.constants import Magic, Opcode  # noqa: E402
+
+SET_EXTRAS = struct.Struct(">II")
+
+
+def make_value(i: int, size: int, rnd: random.Random) -> bytes:
+    """A JSON document of exactly `size` bytes with realistic repeated field names."""
+    head = (f'{{"id":{i},"type":"order","status":"{rnd.choice(["new", "paid", "shipped"])}",'
+            f'"customer":"cust-{rnd.randrange(100000):06d}","total":{rnd.randrange(100000) / 100},'
+            f'"note":"')
+    pad = size - len(head) - 2
+    body = "".join(rnd.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(max(0, pad)))
+    return (head + body + '"}').encode()[:size]
+
+
+def load(opts: ConnOptions, n: int, size: int, vbuckets: int, window: int = 5000) -> list[bytes]:
+    rnd = random.Random(42)
+    values = []
+    with opts.connect() as conn:
+        for start in range(0, n, window):
+            buf = bytearray()
+            count = min(window, n - start)
+            for i in range(start, start + count):
+                key = f"order::{i:09d}".encode()
+                val = make_value(i, size, rnd)
+                values.append(val)
+                extras = SET_EXTRAS.pack(0, 0)
+                buf += HEADER.pack(Magic.REQUEST, Opcode.SETQ, len(key), 8, 1, vbucket_of(key, vbuckets),
+                                   8 + len(key) + len(val), i, 0)
+                buf += extras + key + val
+            buf += HEADER.pack(Magic.REQUEST, Opcode.NOOP, 0, 0, 0, 0, 0, 0xFFFFFFFF, 0)
+            conn.send_bytes(buf)
+            while True:
+                f = conn.recv_frame(timeout=120)
+                if f.opcode == Opcode.NOOP:
+                    break
+                if f.status:
+                    raise RuntimeError(f"SETQ failed: status {f.status:#x}")
+    return values
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=1_000_000)
+    ap.add_argument("-s", type=int, default=256)
+    ap.add_argument("--vbuckets", type=int, default=1024)
+    ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--partitions", type=int, default=None)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--json", dest="json_out", default=None)
+    args = ap.parse_args()
+
+    work = Path(args.dir or tempfile.mkdtemp(prefix="dcptool-bench-"))
+    password = secrets.token_urlsafe(10)
+    res: dict = {"n": args.n, "value_size": args.s, "vbuckets": args.vbuckets}
+    try:
+        with LocalNode(work / "a", password=password, vbuckets=args.vbuckets) as a:
+            src = ConnOptions(a.host, a.port, "Administrator", password)
+            t = time.perf_counter()
+            values = load(src, args.n, args.s, args.vbuckets)
+            res["load_sets_per_s"] = round(args.n / (time.perf_counter() - t))
+            raw = b"".join(values)
+            res["raw_value_bytes"] = len(raw)
+            t = time.perf_counter()
+            res["zstd3_bytes"] = len(zstandard.ZstdCompressor(level=3).compress(raw))
+            res["zstd3_seconds"] = round(time.perf_counter() - t, 2)
+            del raw
+
+            t = time.perf_counter()
+            spark = get_spark(args.master)
+            spark.sparkContext.parallelize([0], 1).count()
+            res["spark_startup_s"] = round(time.perf_counter() - t, 2)
+            parts = args.partitions or 2 * default_parallelism(spark)
+            t = time.perf_counter()
+            spark.sparkContext.parallelize(range(parts), parts).map(lambda x: x).collect()
+            res["spark_empty_job_s"] = round(time.perf_counter() - t, 3)
+
+            archive = work / "archive"
+            t = time.perf_counter()
+            b = run_backup(src, archive, spark=spark, partitions=args.partitions)
+            wall = time.perf_counter() - t
+            res["backup_wall_s"] = round(wall, 2)
+            res["backup_items"] = b.items
+            res["backup_items_per_s"] = round(b.items / wall)
+            res["backup_value_MB_per_s"] = round(b.value_bytes / wall / 1e6, 1)
+            res["archive_bytes"] = b.bytes
+            res["archive_vs_raw"] = round(b.bytes / res["raw_value_bytes"], 3)
+            res["archive_vs_zstd3"] = round(b.bytes / res["zstd3_bytes"], 3)
+            res["spark_overhead_share"] = round(
+                (res["spark_startup_s"] + res["spark_empty_job_s"]) / (res["spark_startup_s"] + wall), 3)
+            with LocalNode(work / "b", password=password, vbuckets=args.vbuckets) as bnode:
+                dst = ConnOptions(bnode.host, bnode.port, "Administrator", password)
+                t = time.perf_counter()
+                r = run_restore(str(archive), dst, spark=spark, partitions=args.partitions).as_dict()
+                wall = time.perf_counter() - t
+            restored = sum(r["restored"].values())
+            res["restore_wall_s"] = round(wall, 2)
+            res["restore_items_per_s"] = round(restored / wall)
+            res["restore_value_MB_per_s"] = round(res["raw_value_bytes"] / wall / 1e6, 1)
+            res["restore_failed"] = sum(r["failed"].values())
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+    width = max(len(k) for k in res)
+    for k, v in res.items():
+        print(f"{k:<{width}}  {v}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
