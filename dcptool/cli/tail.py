@@ -5,6 +5,7 @@ import base64
 import json
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -294,6 +295,14 @@ def tail(
         last_save = time.monotonic()
 
     stop = False
+    interrupted = []
+
+    def on_signal(signum, frame):
+        # Ctrl-C (or SIGTERM) stops between two events, so what was printed and what the
+        # state file says always agree; the read in progress returns within one tick
+        interrupted.append(signum)
+
+    old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         consumer.start()
         consumer.add_streams(positions)
@@ -317,8 +326,10 @@ def tail(
                     printer.event(ev)
                     tracker.see(ev)
                     dirty = True
+                if interrupted:
+                    break
             printer.flush()
-            if stop:
+            if stop or interrupted:
                 break
             if until_idle is not None and now - last_change >= until_idle:
                 break
@@ -336,6 +347,9 @@ def tail(
         finally:
             consumer.close()
         raise
+    finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
     try:
         save()
     finally:

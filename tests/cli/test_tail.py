@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from client.nodeutil import REPO, json_lines, node_state, run_cli, write_docs
 
 from dcptool.protocol import vbucket_of
@@ -140,7 +141,8 @@ def test_idle_tail_answers_noops_and_stays_connected(shared_node):
     assert answered >= 2
 
 
-def test_ctrl_c_saves_state_and_exits_0(shared_node, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_saves_state_and_exits_0(shared_node, tmp_path, sig):
     n = shared_node
     state = tmp_path / "sigint.state"
     write_docs(n, {b"ci-%02d" % i: b"v" for i in range(10)})
@@ -150,7 +152,7 @@ def test_ctrl_c_saves_state_and_exits_0(shared_node, tmp_path):
         while not state.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.5)
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         out, err = p.communicate(timeout=20)
     finally:
         if p.poll() is None:
