@@ -42,7 +42,6 @@ from dcptool.client import (  # noqa: E402
     DcpSession,
     Position,
     SessionConfig,
-    get_failover_logs,
     get_vbucket_seqnos,
 )
 from dcptool.protocol import FrameDecoder, decode_message, encode_frame  # noqa: E402

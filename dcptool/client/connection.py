@@ -25,7 +25,6 @@ from dcptool.protocol import (
     decode_message,
 )
 from dcptool.protocol.constants import (
-    HEADER_LEN,
     REQUEST_MAGICS,
     Feature,
     Opcode,

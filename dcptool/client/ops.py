@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from dcptool.protocol.constants import Opcode, Status
+from dcptool.protocol.constants import Status
 from dcptool.protocol.messages import FailoverLogResponse, GetAllVbSeqnos, GetFailoverLog
 
 from .connection import Connection, decode_response, raise_for_status
@@ -69,4 +69,4 @@ def latest_positions(conn: Connection, vbuckets: Iterable[int] | None = None) ->
     return {vb: Position.latest(logs[vb], seqnos.get(vb, 0)) for vb in vbs}
 
 
-__all__ = ["get_failover_logs", "get_vbucket_seqnos", "latest_positions", "Opcode"]
+__all__ = ["get_failover_logs", "get_vbucket_seqnos", "latest_positions"]

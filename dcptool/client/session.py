@@ -63,8 +63,6 @@ _DEL2 = struct.Struct(">QQIB")  # 21-byte deletion extras (with delete time)
 _DEL1 = struct.Struct(">QQH")  # 18-byte deletion extras
 _EXP = struct.Struct(">QQI")  # 20-byte expiration extras
 _MARKER = struct.Struct(">QQI")  # 20-byte snapshot marker v1
-_U32 = struct.Struct(">I")
-_OPAQUE = struct.Struct(">I")
 
 #: stream end reasons after which the session asks for the stream again from its position
 RETRY_REASONS = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.SLOW,

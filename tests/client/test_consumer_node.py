@@ -10,8 +10,8 @@ import time
 import pytest
 
 from dcptool.client import (
-    DELETION, MUTATION, ROLLBACK, SNAPSHOT, STREAM_END, STREAM_OPEN, ZERO,
-    AuthenticationError, ClientTimeout, Connection, DcpConsumer, NotMyVbucketError, Position,
+    DELETION, MUTATION, ROLLBACK, STREAM_END, STREAM_OPEN, ZERO,
+    AuthenticationError, ClientTimeout, Connection, DcpConsumer, NotMyVbucketError,
     SessionConfig, UnknownBucketError, get_failover_logs, latest_positions,
 )
 from dcptool.protocol.messages import DcpMutation
