@@ -54,6 +54,7 @@ class Bucket:
         self.checkpoint_max_items = checkpoint_max_items
         self.checkpoint_max_bytes = checkpoint_max_bytes
         self.storage = Storage(self.data_dir / "data.sqlite3", flush_interval=flush_interval)
+        self.memory.on_pressure = self.storage.kick
         self.vbuckets: dict[int, VBucket] = {}
         self.expiry_heap: list = []
         self.producers: dict[str, Any] = {}
@@ -134,8 +135,11 @@ class Bucket:
                 (vbid, vbs[vbid].state, vbs[vbid].failover_log, vbs[vbid].persisted_seqno,
                  vbs[vbid].purge_seqno, vbs[vbid].max_cas) for vbid in sorted(changed)])
         st.set_meta(clean_shutdown=0)
+        from .producer import end_streams_on_state_change
+
         for vb in vbs.values():
             vb.on_meta_change = self._meta_changed
+            vb.state_listeners.append(end_streams_on_state_change)
         self.warmup = {"clean_shutdown": clean, "fresh": fresh, "items_loaded": loaded,
                        "new_failover_entries": len(branched),
                        "seconds": round(time.monotonic() - t0, 3)}

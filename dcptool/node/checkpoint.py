@@ -108,6 +108,8 @@ class CheckpointMemory:
         self.managers: list[CheckpointManager] = []
         #: do not try again before usage passes this (nothing was droppable last time)
         self.retry_above = 0
+        #: called when over budget (the node wakes the flusher: unpersisted items cannot be freed)
+        self.on_pressure: Callable[[], None] | None = None
 
     def over_budget(self) -> bool:
         return self.used > self.budget
@@ -119,6 +121,8 @@ class CheckpointMemory:
     def reduce(self) -> int:
         """Free checkpoint memory until under budget, dropping the slowest cursors. Returns drops."""
         drops = 0
+        if self.on_pressure is not None:
+            self.on_pressure()
         for m in self.managers:
             m.free_unreferenced()
         while self.used > self.budget:

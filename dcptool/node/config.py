@@ -53,8 +53,8 @@ class NodeConfig:
                              "(letters, digits, . _ % -, at most 100)")
         if self.checkpoint_memory < 64 * 1024:
             raise UsageError("--checkpoint-memory must be at least 64KiB")
-        if not 0.001 <= self.flush_interval <= 60:
-            raise UsageError("--flush-interval must be between 0.001 and 60 seconds")
+        if not 0.001 <= self.flush_interval <= 3600:
+            raise UsageError("--flush-interval must be between 0.001 and 3600 seconds")
         if not 0.05 <= self.expiry_pager_interval <= 86400:
             raise UsageError("--expiry-pager-interval must be between 0.05 and 86400 seconds")
         if self.checkpoint_max_items < 1:

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import socket
 import struct
+import time
 from typing import TYPE_CHECKING, Any
 
 from dcptool.protocol import FrameDecoder, ProtocolError, decode_message
@@ -91,6 +92,9 @@ class Connection(asyncio.BufferedProtocol):
         self.dcp_opened = False
         self.write_paused = False
         self.frames_in = 0
+        #: this read stored something (set by the KV/meta handlers; checked for throttling)
+        self.wrote = False
+        self.read_paused = False
 
     # -- asyncio callbacks ---------------------------------------------------------------
 
@@ -131,6 +135,8 @@ class Connection(asyncio.BufferedProtocol):
         return self._view
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self.producer is not None:
+            self.producer.last_recv = time.monotonic()
         data = self._view[:nbytes]
         if self._discard:
             n = min(self._discard, nbytes)
@@ -162,6 +168,11 @@ class Connection(asyncio.BufferedProtocol):
                 self.dispatch(frame)
         finally:
             self.flush()
+            if self.wrote:
+                self.wrote = False
+                mem = self.node.bucket.memory
+                if mem.used > mem.budget:
+                    self.node.throttle(self)
 
     def _bad_frame(self, exc: ProtocolError) -> bool:
         """Answer or drop a malformed frame; False when the connection had to be closed."""
@@ -282,6 +293,17 @@ class Connection(asyncio.BufferedProtocol):
         if out and not t.is_closing():
             t.write(b"".join(out))
         t.close()
+
+    def pause_reading(self) -> None:
+        if not self.read_paused and self.transport is not None and not self.closing:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self.read_paused = False
+            if self.transport is not None and not self.closing:
+                self.transport.resume_reading()
 
     def abort(self) -> None:
         self.closing = True

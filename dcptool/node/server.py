@@ -50,6 +50,9 @@ class Node:
             checkpoint_max_items=config.checkpoint_max_items,
         )
         self.connections: set[Connection] = set()
+        self.throttled: set[Connection] = set()
+        self.write_throttles = 0
+        self._throttle_timer = None
         self.total_connections = 0
         self.auth_failures = 0
         self.config_rev = 1
@@ -73,6 +76,37 @@ class Node:
 
     def connection_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        self.throttled.discard(conn)
+
+    # -- write throttling ----------------------------------------------------------------
+    #
+    # Items the flusher has not written yet cannot leave checkpoint memory. When writers
+    # outrun the flusher and checkpoint memory passes its budget, the node stops reading
+    # from the connections that write (TCP pushes back on the client) until the flusher
+    # has caught up. kv_engine answers TMPFAIL instead; pausing needs no client retries.
+
+    def throttle(self, conn: Connection) -> None:
+        if conn not in self.throttled:
+            self.throttled.add(conn)
+            self.write_throttles += 1
+            conn.pause_reading()
+            self.bucket.storage.kick()
+            if self._throttle_timer is None:
+                self._throttle_timer = asyncio.get_event_loop().call_later(0.05, self._unthrottle_check)
+
+    def _unthrottle_check(self) -> None:
+        self._throttle_timer = None
+        if not self.throttled:
+            return
+        mem = self.bucket.memory
+        mem.maybe_reduce()
+        if mem.used <= mem.budget * 0.9 or not self.bucket.storage.dirty:
+            for conn in list(self.throttled):
+                conn.resume_reading()
+            self.throttled.clear()
+        else:
+            self.bucket.storage.kick()
+            self._throttle_timer = asyncio.get_event_loop().call_later(0.01, self._unthrottle_check)
 
     # -- lifecycle ----------------------------------------------------------------------
 

@@ -20,8 +20,15 @@ U32 = struct.Struct(">I")
 
 
 class Client:
-    def __init__(self, host: str, port: int, *, timeout: float = 10.0, vbuckets: int = 16) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, host: str, port: int, *, timeout: float = 10.0, vbuckets: int = 16,
+                 rcvbuf: int | None = None) -> None:
+        if rcvbuf is None:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+        else:
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            self.sock.settimeout(timeout)
+            self.sock.connect((host, port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.timeout = timeout
         self.decoder = FrameDecoder()
@@ -145,6 +152,36 @@ class Client:
         return self.call(opcode, key=key, value=value, extras=struct.pack(">II", flags, expiry),
                          cas=cas, datatype=datatype,
                          vbucket=self.vb(key) if vbucket is None else vbucket)
+
+    def set_many(self, docs, *, window: int = 256) -> list[Frame]:
+        """Pipelined SETs of (key, value) or (key, value, vbucket); returns the responses."""
+        out = []
+        pending = []
+        ext = struct.pack(">II", 0, 0)
+
+        def collect(n):
+            for _ in range(n):
+                f = self._read_frame()
+                assert f.status == Status.SUCCESS, f
+                out.append(f)
+
+        buf = []
+        for d in docs:
+            key, value = d[0], d[1]
+            vb = d[2] if len(d) > 2 else self.vb(key)
+            buf.append(encode_frame(0x80, Opcode.SET, vb, 0, 0, 0, b"", ext, key, value))
+            if len(buf) >= window:
+                self.send(b"".join(buf))
+                pending.append(len(buf))
+                buf = []
+                if len(pending) > 1:
+                    collect(pending.pop(0))
+        if buf:
+            self.send(b"".join(buf))
+            pending.append(len(buf))
+        for n in pending:
+            collect(n)
+        return out
 
     def get(self, key: bytes, *, vbucket: int | None = None) -> Frame:
         return self.call(Opcode.GET, key=key, vbucket=self.vb(key) if vbucket is None else vbucket)

@@ -111,6 +111,7 @@ def store(conn, frame) -> None:
     now = time.time()
     if expiry:
         expiry = decisions.absolute_expiry(expiry, int(now))
+    conn.wrote = True
     res = vb.store(key, value, flags, expiry, dt, cas=frame.cas, mode=_SET_MODE[frame.opcode],
                    now=now)
     if res.status:
@@ -134,6 +135,7 @@ def delete(conn, frame) -> None:
     vb = active_vbucket(conn, frame)
     if vb is None:
         return
+    conn.wrote = True
     res = vb.delete(frame.key, cas=frame.cas)
     if res.status:
         conn.reply(frame, res.status)

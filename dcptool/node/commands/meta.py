@@ -90,6 +90,7 @@ def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
         if old is not None:
             conn.reply(frame, Status.KEY_EEXISTS)
             return
+    conn.wrote = True
     res = vb.store_with_meta(
         msg.key, value, flags=msg.flags, expiry=msg.expiry, rev=msg.rev_seqno,
         meta_cas=msg.meta_cas, datatype=frame.datatype, options=options, cas=frame.cas,

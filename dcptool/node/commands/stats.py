@@ -49,6 +49,7 @@ def default_stats(node) -> list[tuple[str, object]]:
         ("ep_checkpoint_memory", b.memory.used),
         ("ep_checkpoint_memory_budget", b.memory.budget),
         ("ep_cursors_dropped", b.memory.cursors_dropped),
+        ("ep_write_throttles", node.write_throttles),
         ("ep_expired_pager", b.expired_by_pager),
         ("ep_dcp_producer_count", len(b.producers)),
         ("ep_dcp_backfills_running", node.backfills.running),

@@ -1,0 +1,151 @@
+"""DCP commands on the producer side: open, control, stream requests, close, acks, logs.
+
+A connection becomes a DCP producer connection with DCP_OPEN (Producer flag); the
+other DCP opcodes are EINVAL elsewhere. The stream request is judged by
+`decisions.evaluate_stream_request` (fact sheet 8.1); on success the answer carries the
+failover log, newest first, and the stream starts sending after it.
+"""
+from __future__ import annotations
+
+import json
+import struct
+
+from dcptool.protocol.constants import DcpOpenFlag, Opcode, Status
+
+from ..decisions import VBucketView, evaluate_stream_request
+from ..producer import Producer
+from ..stream import Stream
+from . import command
+from .cluster import failover_log_bytes
+from .kv import not_my_vbucket
+
+_U64 = struct.Struct(">Q")
+
+#: DCP_OPEN flags a node accepts; 0x002 (old Notifier), 0x010 and 0x080 (PiTR) are refused
+_OPEN_KNOWN = 0x3FF
+_OPEN_REFUSED = int(DcpOpenFlag.INVALID | DcpOpenFlag.UNUSED | DcpOpenFlag.PITR)
+MAX_NAME = 200
+
+
+@command(Opcode.DCP_OPEN)
+def dcp_open(conn, frame, msg) -> None:
+    flags = msg.flags
+    if conn.dcp_opened:
+        conn.reply(frame, Status.EINVAL)
+        return
+    if flags & ~_OPEN_KNOWN or flags & _OPEN_REFUSED:
+        conn.reply(frame, Status.EINVAL)
+        return
+    if flags & DcpOpenFlag.NO_VALUE and flags & DcpOpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE:
+        conn.reply(frame, Status.EINVAL)
+        return
+    if flags & DcpOpenFlag.INCLUDE_DELETED_USER_XATTRS and not flags & DcpOpenFlag.INCLUDE_XATTRS:
+        conn.reply(frame, Status.EINVAL)
+        return
+    if flags & DcpOpenFlag.SKIP_DELETES_IN_INITIAL_BACKFILL:
+        conn.reply(frame, Status.EINVAL)  # needs collections
+        return
+    if len(msg.name) > MAX_NAME:
+        conn.reply(frame, Status.EINVAL)
+        return
+    if msg.value:
+        # only {"consumer_name": ...} on consumer connections, with datatype JSON
+        try:
+            doc = json.loads(msg.value)
+        except ValueError:
+            doc = None
+        if flags & DcpOpenFlag.PRODUCER or not isinstance(doc, dict) or set(doc) - {"consumer_name"}:
+            conn.reply(frame, Status.EINVAL)
+            return
+    if not flags & DcpOpenFlag.PRODUCER:
+        conn.reply(frame, Status.NOT_SUPPORTED)  # this node has no DCP consumer endpoint
+        return
+    bucket = conn.bucket
+    old = bucket.producers.get(msg.name)
+    if old is not None:
+        # a second connection with the same name replaces the first
+        old.close()
+        old.conn.close()
+    prod = Producer(conn, msg.name, flags)
+    conn.producer = prod
+    conn.dcp_opened = True
+    conn.json = True  # DCP_OPEN turns JSON on for the connection
+    bucket.producers[msg.name] = prod
+    conn.reply(frame)
+
+
+@command(Opcode.DCP_CONTROL, dcp=True)
+def dcp_control(conn, frame, msg) -> None:
+    conn.reply(frame, conn.producer.control(msg.key, msg.value_text))
+
+
+@command(Opcode.DCP_STREAM_REQ, dcp=True)
+def dcp_stream_req(conn, frame, msg) -> None:
+    prod = conn.producer
+    vbid = frame.specific
+    vb = conn.bucket.vbuckets.get(vbid)
+    view = None
+    if vb is not None:
+        view = VBucketView(vb.state, vb.high_seqno, vb.persisted_seqno, vb.purge_seqno,
+                           tuple(vb.failover_log))
+    sid = msg.stream_id
+    d = evaluate_stream_request(
+        view, flags=msg.flags, start=msg.start_seqno, end=msg.end_seqno,
+        vb_uuid=msg.vbucket_uuid, snap_start=msg.snap_start_seqno, snap_end=msg.snap_end_seqno,
+        has_value=bool(msg.value), noop_enabled=prod.noop_enabled,
+        wants_xattrs=prod.include_xattrs, stream_ids_enabled=prod.stream_ids, stream_id=sid,
+        stream_exists=prod.has_stream(vbid, sid))
+    if d.status == Status.ROLLBACK:
+        conn.reply(frame, Status.ROLLBACK, value=_U64.pack(d.rollback_seqno))
+        return
+    if d.status:
+        conn.error(frame, d.status)
+        return
+    conn.reply(frame, value=failover_log_bytes(vb))
+    prod.add_stream(Stream(prod, vb, frame.opaque, sid, d.plan))
+
+
+@command(Opcode.DCP_CLOSE_STREAM, dcp=True)
+def dcp_close_stream(conn, frame, msg) -> None:
+    prod = conn.producer
+    sid = msg.stream_id
+    if prod.stream_ids != (sid is not None):
+        conn.error(frame, Status.DCP_STREAM_ID_INVALID)
+        return
+    if not prod.close_stream(frame.specific, sid):
+        conn.reply(frame, Status.KEY_ENOENT)
+        return
+    conn.reply(frame)
+
+
+@command(Opcode.DCP_BUFFER_ACKNOWLEDGEMENT, dcp=True)
+def dcp_buffer_ack(conn, frame, msg) -> None:
+    conn.producer.ack(msg.bytes_to_ack)  # no response on success
+
+
+@command(Opcode.DCP_GET_FAILOVER_LOG, dcp=True)
+def dcp_get_failover_log(conn, frame, msg) -> None:
+    vb = conn.bucket.vbuckets.get(frame.specific)
+    if vb is None:
+        not_my_vbucket(conn, frame)
+        return
+    conn.reply(frame, value=failover_log_bytes(vb))
+
+
+@command(Opcode.DCP_NOOP, dcp=True, decode=False)
+def dcp_noop_request(conn, frame) -> None:
+    conn.reply(frame)
+
+
+@command(Opcode.DCP_ADD_STREAM, dcp=True, decode=False)
+def dcp_add_stream(conn, frame) -> None:
+    conn.reply(frame, Status.NOT_SUPPORTED)  # consumer-side command; this is a producer
+
+
+@command(Opcode.DCP_STREAM_END, Opcode.DCP_SNAPSHOT_MARKER, Opcode.DCP_MUTATION,
+         Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION, Opcode.DCP_FLUSH,
+         Opcode.DCP_SET_VBUCKET_STATE, Opcode.DCP_SYSTEM_EVENT, Opcode.DCP_PREPARE,
+         Opcode.DCP_SEQNO_ACKNOWLEDGED, Opcode.DCP_COMMIT, Opcode.DCP_ABORT,
+         Opcode.DCP_SEQNO_ADVANCED, Opcode.DCP_OSO_SNAPSHOT, dcp=True, decode=False)
+def dcp_wrong_direction(conn, frame) -> None:
+    conn.reply(frame, Status.EINVAL)  # producer-to-consumer messages sent to a producer

@@ -1,0 +1,423 @@
+"""One DCP stream: the changes of one vbucket, in seqno order, as snapshots.
+
+A stream owns a cursor in its vbucket's checkpoint manager from the moment it is
+accepted. If memory still holds everything after the client's start seqno the stream
+reads memory snapshots from that cursor; otherwise it first sends one disk snapshot
+(a backfill read in a single SQLite read transaction: marker with the Disk flag from
+its start to the persisted seqno, then the newest version of each key in seqno order),
+then goes on from memory, skipping what the disk snapshot already covered. When the
+memory budget drops its cursor, the stream finishes the snapshot it is sending, takes a
+new cursor and backfills the gap from disk (seed 003, "slow clients").
+
+States: BACKFILL_PENDING (waiting for a backfill slot), BACKFILLING, MEMORY, DEAD.
+`last_sent` is always the end of the last complete snapshot: the position a client
+may resume from, and where a new backfill starts.
+
+The hot loops (`_send_items`, `_send_rows`) build frames with precompiled structs and
+append the pieces to the producer's output list; flow control is enforced by `limit`,
+the bytes this call may still add.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from dcptool.protocol.constants import SEQNO_MAX, SnapshotFlag, StreamEndReason, StreamFlag
+
+from . import dcpwire as w
+from .decisions import StreamPlan, first_marker_start
+from .item import DELETION, EXPIRATION, MUTATION, split_xattrs
+from .storage import SEQNO_MASK, BackfillReader
+
+if TYPE_CHECKING:
+    from .producer import Producer
+    from .vbucket import VBucket
+
+log = logging.getLogger("dcptool.node.stream")
+
+BACKFILL_PENDING = 0
+BACKFILLING = 1
+MEMORY = 2
+DEAD = 3
+
+_MEM = int(SnapshotFlag.MEMORY)
+_DISK = int(SnapshotFlag.DISK)
+_CHK = int(SnapshotFlag.CHECKPOINT)
+_XATTR = 0x04
+_JSON = 0x01
+_TWO64 = 1 << 64
+ROWS_PER_FETCH = 512
+
+_MUT = w.MUTATION.pack
+_DEL1 = w.DELETION_V1.pack
+_DEL2 = w.DELETION_V2.pack
+_EXP = w.EXPIRATION.pack
+
+
+class Stream:
+    def __init__(self, producer: "Producer", vb: "VBucket", opaque: int, sid: int | None,
+                 plan: StreamPlan) -> None:
+        self.producer = producer
+        self.vb = vb
+        self.vbid = vb.id
+        self.opaque = opaque
+        self.sid = sid
+        self.flags = plan.flags
+        self.start = plan.start
+        self.end = plan.end
+        self.last_sent = plan.start
+        self.items_sent = 0
+        self.first_marker = True
+        self.snap: list | None = None
+        self.held: tuple | None = None
+        self.snap_pos = 0
+        self.snap_end = 0
+        self.reader: BackfillReader | None = None
+        self.rows: list | None = None
+        self.row_pos = 0
+        self.backfill_end = 0
+        self.pending_end: int | None = None
+        self.state = MEMORY
+        self.queued = False
+        self.waiting = False
+        self.waiting_backfill = False
+        self.holds_slot = False
+        self.backfills = 0
+        self.cursor = None
+        self._register_cursor()
+        if plan.flags & StreamFlag.DISK_ONLY:
+            self.state = BACKFILL_PENDING
+        if self.start >= self.end:
+            self.pending_end = StreamEndReason.OK
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def _register_cursor(self) -> None:
+        name = f"{self.producer.name}:{self.vbid}:{self.opaque}"
+        self.cursor, need_backfill = self.vb.checkpoints.register_cursor(
+            name, self.last_sent, on_drop=self._cursor_dropped)
+        if need_backfill:
+            self.state = BACKFILL_PENDING
+
+    def _cursor_dropped(self, cursor) -> None:
+        # the memory budget took our cursor: carry on from disk once the current snapshot is out
+        self.producer.cursor_drops += 1
+        if self.waiting:
+            self.wake()
+
+    def wake(self) -> None:
+        """Called by the vbucket (new data) or the backfill manager (a slot is free)."""
+        self.waiting = False
+        self.waiting_backfill = False
+        self.producer.ready_stream(self)
+
+    @property
+    def dead(self) -> bool:
+        return self.state == DEAD
+
+    def end_stream(self, reason: int) -> None:
+        """End as soon as possible with STREAM_END `reason`, dropping what was not sent."""
+        if self.state == DEAD or self.pending_end is not None and reason == StreamEndReason.OK:
+            return
+        self._release()
+        self.snap = None
+        self.held = None
+        self.pending_end = reason
+        self.producer.ready_stream(self)
+
+    def _release(self) -> None:
+        """Give back the cursor, the disk snapshot and the backfill slot."""
+        if self.cursor is not None:
+            self.vb.checkpoints.remove_cursor(self.cursor)
+            self.cursor = None
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        self.rows = None
+        if self.holds_slot:
+            self.holds_slot = False
+            self.producer.backfills.release()
+        if self.waiting_backfill:
+            self.producer.backfills.cancel(self.wake)
+            self.waiting_backfill = False
+        if self.waiting:
+            try:
+                self.vb.waiters.remove(self.wake)
+            except ValueError:
+                pass
+            self.waiting = False
+
+    def close(self) -> None:
+        """Drop the stream at once (connection gone, or close without a STREAM_END)."""
+        self._release()
+        self.state = DEAD
+        self.snap = None
+        self.held = None
+
+    # -- producing -------------------------------------------------------------------------
+
+    def fill(self, out: list, limit: int, single: bool = False) -> int:
+        """Append frames to `out`, at most `limit` bytes (one message regardless if `single`).
+
+        Returns the bytes appended. Leaves `self.waiting`/`self.waiting_backfill` set when
+        it stopped for lack of data or of a backfill slot.
+        """
+        used = 0
+        while used < limit or single:
+            if self.snap is not None:
+                n = self._send_items(out, limit - used, single)
+                used += n
+                if self.snap_pos < len(self.snap):
+                    return used
+                self.snap = None
+                self.last_sent = self.snap_end
+                self._check_end(self.snap_end)
+                if single and n:
+                    return used
+                continue
+            if self.held is not None:
+                size = w.MARKER_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
+                if used + size > limit and not single:
+                    return used
+                items, end, chk = self.held
+                self.held = None
+                self._start_memory_snapshot(out, items, end, chk)
+                used += size
+                if single:
+                    return used
+                continue
+            if self.rows is not None:
+                n = self._send_rows(out, limit - used, single)
+                used += n
+                if self.row_pos < len(self.rows):
+                    return used
+                self.rows = None
+                if single and n:
+                    return used
+                continue
+            if self.pending_end is not None:
+                size = w.STREAM_END_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
+                if used + size > limit and not single:
+                    return used
+                out.append(w.stream_end(self.vbid, self.opaque, self.pending_end, self.sid))
+                self.state = DEAD
+                self._release()
+                self.producer.stream_finished(self)
+                return used + size
+            state = self.state
+            if state == MEMORY:
+                if self.cursor is None or self.cursor.dropped:
+                    self.cursor = None
+                    self._register_cursor()
+                    if self.state != MEMORY:
+                        continue
+                snap = self.vb.checkpoints.read(self.cursor)
+                if snap is None:
+                    if self.cursor.dropped:
+                        continue
+                    self.waiting = True
+                    self.vb.waiters.append(self.wake)
+                    return used
+                items = snap.items
+                floor = self.last_sent
+                if items[0].seqno <= floor:
+                    items = [i for i in items if i.seqno > floor]
+                    if not items:
+                        continue
+                size = w.MARKER_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
+                if used + size > limit and not single:
+                    # keep the snapshot for the next call; its marker goes first
+                    self.held = (items, snap.end, snap.checkpoint_start)
+                    return used
+                self._start_memory_snapshot(out, items, snap.end, snap.checkpoint_start)
+                used += size
+                if single:
+                    return used
+                continue
+            if state == BACKFILL_PENDING:
+                if used + w.MARKER_SIZE + w.SID_EXTRA > limit and not single:
+                    return used
+                if not self.producer.backfills.acquire(self.wake):
+                    self.waiting_backfill = True
+                    return used
+                self.holds_slot = True
+                self.reader = BackfillReader(self.producer.storage, self.vbid, self.last_sent)
+                end = self.reader.end
+                if end <= self.last_sent:
+                    self._finish_backfill()
+                    continue
+                self.backfill_end = end
+                self.state = BACKFILLING
+                start = self.start if self.first_marker else self.last_sent + 1
+                self.first_marker = False
+                self.backfills += 1
+                self.producer.backfills_started += 1
+                out.append(w.marker(self.vbid, self.opaque, start, end, _DISK | _CHK, self.sid))
+                used += w.MARKER_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
+                if single:
+                    return used
+                continue
+            if state == BACKFILLING:
+                rows = self.reader.fetch(ROWS_PER_FETCH) if self.reader is not None else []
+                if self.reader is not None and self.reader.done:
+                    self.reader = None
+                if rows:
+                    self.rows = rows
+                    self.row_pos = 0
+                    continue
+                # the disk snapshot is complete
+                self.last_sent = self.backfill_end
+                self._finish_backfill()
+                self._check_end(self.backfill_end)
+                continue
+            return used  # DEAD
+        return used
+
+    def _finish_backfill(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        if self.holds_slot:
+            self.holds_slot = False
+            self.producer.backfills.release()
+        self.state = MEMORY
+
+    def _check_end(self, snapshot_end: int) -> None:
+        if self.end != SEQNO_MAX and snapshot_end >= self.end and self.pending_end is None:
+            self.pending_end = StreamEndReason.OK
+
+    def _start_memory_snapshot(self, out, items, end, chk) -> None:
+        first = items[0].seqno
+        if self.first_marker:
+            start = first_marker_start(self.start, first)
+            self.first_marker = False
+        else:
+            start = first
+        out.append(w.marker(self.vbid, self.opaque, start, end, _MEM | (_CHK if chk else 0),
+                            self.sid))
+        self.snap = items
+        self.snap_pos = 0
+        self.snap_end = end
+
+    # -- the hot loops ---------------------------------------------------------------------
+
+    def _send_items(self, out: list, limit: int, single: bool) -> int:
+        """Encode items of the current memory snapshot. Returns bytes appended."""
+        items = self.snap
+        i = self.snap_pos
+        n = len(items)
+        prod = self.producer
+        used = 0
+        vb = self.vbid
+        opq = self.opaque
+        append = out.append
+        strip = prod.strip_mask
+        simple = prod.simple and self.sid is None
+        pack = _MUT
+        while i < n:
+            it = items[i]
+            if simple and it.op == 0 and not it.datatype & strip:
+                key = it.key
+                val = it.value
+                kl = len(key)
+                body = 31 + kl + len(val)
+                size = 24 + body
+                if used + size > limit and not (single and not used):
+                    break
+                append(pack(0x80, 0x57, kl, 31, it.datatype, vb, body, opq, it.cas, it.seqno,
+                            it.rev, it.flags, it.expiry, 0, 0, 0))
+                append(key)
+                append(val)
+            else:
+                parts = prod.encode(vb, opq, self.sid, it.key, it.value, it.datatype, it.cas,
+                                    it.seqno, it.rev, it.flags, it.expiry, it.op, it.delete_time)
+                size = len(parts[0]) + len(parts[1]) + len(parts[2])
+                if used + size > limit and not (single and not used):
+                    break
+                out.extend(parts)
+            used += size
+            i += 1
+            if single:
+                break
+        self.items_sent += i - self.snap_pos
+        self.snap_pos = i
+        return used
+
+    def _send_rows(self, out: list, limit: int, single: bool) -> int:
+        """Encode rows of the disk snapshot. Returns bytes appended."""
+        rows = self.rows
+        i = self.row_pos
+        n = len(rows)
+        prod = self.producer
+        used = 0
+        vb = self.vbid
+        opq = self.opaque
+        append = out.append
+        strip = prod.strip_mask
+        simple = prod.simple and self.sid is None
+        pack = _MUT
+        mask = SEQNO_MASK
+        while i < n:
+            rid, key, rev, cas, flags, expiry, dt, op, dtime, val = rows[i]
+            if cas < 0:
+                cas += _TWO64
+            if rev < 0:
+                rev += _TWO64
+            if simple and op == 0 and not dt & strip:
+                kl = len(key)
+                body = 31 + kl + len(val)
+                size = 24 + body
+                if used + size > limit and not (single and not used):
+                    break
+                append(pack(0x80, 0x57, kl, 31, dt, vb, body, opq, cas, rid & mask, rev, flags,
+                            expiry, 0, 0, 0))
+                append(key)
+                append(val)
+            else:
+                parts = prod.encode(vb, opq, self.sid, key, val, dt, cas, rid & mask, rev, flags,
+                                    expiry, op, dtime)
+                size = len(parts[0]) + len(parts[1]) + len(parts[2])
+                if used + size > limit and not (single and not used):
+                    break
+                out.extend(parts)
+            used += size
+            i += 1
+            if single:
+                break
+        self.items_sent += i - self.row_pos
+        self.row_pos = i
+        return used
+
+    # -- stats -------------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        return {"state": ("backfill_pending", "backfilling", "in-memory", "dead")[self.state],
+                "opaque": self.opaque, "start_seqno": self.start, "end_seqno": self.end,
+                "last_sent_seqno": self.last_sent, "items_sent": self.items_sent,
+                "backfills": self.backfills}
+
+
+def payload(value: bytes, datatype: int, op: int, *, include_xattrs: bool, no_value: bool,
+            keep_datatype: bool) -> tuple[bytes, int]:
+    """The value and datatype a DCP client gets for a stored value (fact sheet 1.5, 4.8)."""
+    if datatype & _XATTR:
+        xattrs, body = split_xattrs(value)
+    else:
+        xattrs, body = b"", value
+    if no_value or op != MUTATION:
+        body = b""
+    if include_xattrs and xattrs:
+        out = xattrs + body
+        dt = datatype if body else datatype & ~_JSON
+    else:
+        out = body
+        dt = datatype & ~_XATTR
+        if not body and not keep_datatype:
+            dt &= ~_JSON
+    if keep_datatype:
+        dt = datatype if include_xattrs else datatype & ~_XATTR
+    return out, dt
+
+
+__all__ = ["Stream", "payload", "BACKFILL_PENDING", "BACKFILLING", "MEMORY", "DEAD",
+           "DELETION", "EXPIRATION"]
