@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dcptool.archive import DELETION, EXPIRATION, MUTATION, Archive
+from dcptool.archive import DELETION, EXPIRATION, MUTATION, Archive, VBucketHistory, resolve
 
 from . import metawriter as mw
 from .nodeinfo import vbucket_count
@@ -23,12 +23,15 @@ _KIND = {MUTATION: mw.MUTATION, DELETION: mw.DELETION, EXPIRATION: mw.EXPIRATION
 
 
 def resolved_records(archive_path: str, vbucket: int, backup: str | None,
-                     key_filter: str | None = None):
+                     key_filter: str | None = None, *, chain=None):
     """(kind, key, value, flags, expiry, rev_seqno, cas, datatype) for each resolved key of the
-    vbucket, in seqno order."""
-    archive = Archive.open(archive_path)
+    vbucket, in seqno order. `chain` (from Archive.chain) saves re-reading the manifests when
+    many vbuckets are resolved in a row."""
+    if chain is None:
+        chain = Archive.open(archive_path).chain(backup)
     pattern = re.compile(key_filter.encode()) if key_filter else None
-    recs = sorted(archive.resolve_vbucket(vbucket, backup=backup).values(), key=lambda r: r[1])
+    parts = [VBucketHistory(b, vbucket) for b in chain if b.entry(vbucket) is not None]
+    recs = sorted(resolve(parts).values(), key=lambda r: r[1])
     for r in recs:
         t = r[0]
         if t == MUTATION:
@@ -44,8 +47,10 @@ def resolved_records(archive_path: str, vbucket: int, backup: str | None,
 
 def restore_task(spec: dict[str, Any]) -> dict[str, Any]:
     counts = mw.WriteCounts()
+    chain = Archive.open(spec["archive"]).chain(spec["backup"])
     records = (rec for vb in spec["vbuckets"]
-               for rec in resolved_records(spec["archive"], vb, spec["backup"], spec.get("filter")))
+               for rec in resolved_records(spec["archive"], vb, spec["backup"], spec.get("filter"),
+                                           chain=chain))
     if spec.get("dry_run"):
         for rec in records:
             counts.restored[rec[0]] += 1
