@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import zstandard  # noqa: E402
 
-from dcptool.cli.connopts import ConnOptions  # noqa: E402
+from dcptool.client.options import ConnOptions  # noqa: E402
 from dcptool.node.launcher import LocalNode  # noqa: E402
 from dcptool.pipeline.backup import run_backup  # noqa: E402
 from dcptool.pipeline.restore import run_restore  # noqa: E402

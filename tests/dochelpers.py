@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
-from dcptool.cli.connopts import ConnOptions
+from dcptool.client.options import ConnOptions
 from dcptool.client.connection import Connection
 from dcptool.client.events import DELETION, EXPIRATION, MUTATION
 from dcptool.client.ops import get_vbucket_seqnos

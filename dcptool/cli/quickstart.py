@@ -29,7 +29,7 @@ def quickstart(
 
     Example: dcptool quickstart --dir /tmp/dcptool-demo --docs 20000
     """
-    from dcptool.cli.connopts import ConnOptions
+    from dcptool.client.options import ConnOptions
     from dcptool.node.launcher import LocalNode
     from dcptool.pipeline.backup import run_backup
     from dcptool.pipeline.restore import run_restore

@@ -1,0 +1,88 @@
+"""Where and how to connect to a node: a picklable value shared by commands and Spark tasks.
+
+`ConnOptions` holds no socket or SSL context, so a Spark driver can ship it to its tasks;
+`connect()` and `consumer()` open what a task needs. The password is kept out of repr().
+"""
+from __future__ import annotations
+
+import getpass
+import ssl
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dcptool.errors import UsageError
+
+from .connection import Connection, parse_cluster_url
+from .consumer import DcpConsumer
+from .session import SessionConfig
+
+DEFAULT_USERNAME = "Administrator"
+
+
+@dataclass(frozen=True)
+class ConnOptions:
+    host: str
+    port: int
+    username: str
+    password: str = field(repr=False)
+    bucket: str = "default"
+    tls: bool = False
+    cacert: str | None = None
+    verify: bool = True
+    timeout: float = 10.0
+
+    @classmethod
+    def from_cli(cls, cluster: str | None, username: str | None, password: str | None,
+                 bucket: str = "default", cacert: Path | None = None, no_verify: bool = False,
+                 timeout: float = 10.0, *, prompt: bool = True) -> "ConnOptions":
+        if not cluster:
+            raise UsageError("no node given", hint="use -c/--cluster or set DCPTOOL_CLUSTER")
+        host, port, tls = parse_cluster_url(cluster)
+        user = username or DEFAULT_USERNAME
+        if password is None:
+            if prompt and sys.stdin.isatty():
+                try:
+                    password = getpass.getpass(f"Password for {user}@{host}:{port}: ")
+                except (EOFError, KeyboardInterrupt):
+                    raise UsageError("no password given") from None
+            else:
+                raise UsageError("no password given",
+                                 hint="set DCPTOOL_PASSWORD, or run on a terminal to be prompted")
+        if cacert is not None and not Path(cacert).is_file():
+            raise UsageError(f"--cacert: file {cacert} not found")
+        if timeout <= 0:
+            raise UsageError("--timeout must be positive")
+        return cls(host, port, user, password, bucket or "default", tls,
+                   str(cacert) if cacert else None, not no_verify, timeout)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.tls:
+            return None
+        if self.cacert:
+            try:
+                ctx = ssl.create_default_context(cafile=self.cacert)
+            except (ssl.SSLError, OSError) as exc:
+                raise UsageError(f"--cacert {self.cacert}: {exc}") from None
+        else:
+            ctx = ssl.create_default_context()
+        if not self.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def connect(self, *, bucket: str | None = ...) -> Connection:
+        """An authenticated connection with the bucket selected."""
+        return Connection.open(self.host, self.port, username=self.username, password=self.password,
+                               bucket=self.bucket if bucket is ... else bucket,
+                               tls=self.ssl_context(), timeout=self.timeout)
+
+    def consumer(self, config: SessionConfig | None = None, **kw) -> DcpConsumer:
+        """A started DCP consumer session (see dcptool.client.DcpConsumer)."""
+        return DcpConsumer.open(self.host, self.port, username=self.username,
+                                password=self.password, bucket=self.bucket,
+                                tls=self.ssl_context(), timeout=self.timeout, config=config, **kw)
