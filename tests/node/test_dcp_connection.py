@@ -16,7 +16,9 @@ from dcptool.protocol.constants import (
 )
 from dcptool.protocol.messages import DcpDeletion, DcpExpiration, DcpMutation, DcpStreamEnd
 
-from .dcpclient import DcpClient, connect, dcp_connect, high_seqno, vb_uuid
+from dcptool.protocol import encode_stream_id
+
+from .dcpclient import connect, dcp_connect, high_seqno, vb_uuid
 from .mcbp import wait_persisted
 
 
@@ -301,3 +303,35 @@ def test_a_client_that_answers_noop_stays(shared_node):
                 c.next_message(timeout=0.2)
         assert c.noops >= 3
         assert c.call(Opcode.NOOP).status == Status.SUCCESS
+
+
+def test_stream_ids_allow_several_streams_per_vbucket(node_factory):
+    node = node_factory(vbuckets=2)
+    with connect(node) as kv:
+        for i in range(3):
+            kv.set(b"sid-%d" % i, b"v", vbucket=1)
+    forever = struct.pack(">IIQQQQQ", 0, 0, 0, 2**64 - 1, 0, 0, 0)
+    with dcp_connect(node, "sids") as c:
+        assert c.control("enable_stream_id", "true").status == Status.SUCCESS
+        assert c.stream_req(1).status == Status.DCP_STREAM_ID_INVALID  # no stream id
+        for sid, opaque in ((7, 70), (9, 90)):
+            f = c.call(Opcode.DCP_STREAM_REQ, vbucket=1, opaque=opaque,
+                       framing=encode_stream_id(sid), extras=forever)
+            assert f.status == Status.SUCCESS
+        f = c.call(Opcode.DCP_STREAM_REQ, vbucket=1, opaque=71, framing=encode_stream_id(7),
+                   extras=forever)
+        assert f.status == Status.KEY_EEXISTS
+        frames = [c.recv(timeout=5) for _ in range(8)]
+        assert all(f.magic == 0x08 for f in frames), "every stream message carries its id"
+        by_sid = {}
+        for f in frames:
+            m = c.decode(f)
+            by_sid.setdefault(m.stream_id, []).append(type(m).__name__)
+        assert set(by_sid) == {7, 9}
+        for kinds in by_sid.values():
+            assert kinds == ["DcpSnapshotMarker"] + ["DcpMutation"] * 3
+        assert c.call(Opcode.DCP_CLOSE_STREAM, vbucket=1).status == Status.DCP_STREAM_ID_INVALID
+        f = c.call(Opcode.DCP_CLOSE_STREAM, vbucket=1, framing=encode_stream_id(9))
+        assert f.status == Status.SUCCESS
+        f = c.call(Opcode.DCP_CLOSE_STREAM, vbucket=1, framing=encode_stream_id(9))
+        assert f.status == Status.KEY_ENOENT
