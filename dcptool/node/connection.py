@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Any
 from dcptool.protocol import FrameDecoder, ProtocolError, decode_message
 from dcptool.protocol.constants import (
     DEFAULT_MAX_BODY,
-    HEADER_LEN,
     RESPONSE_MAGICS,
     Magic,
     Status,
 )
-from dcptool.protocol.frame import HEADER, Frame
+from dcptool.protocol.frame import Frame
 
 from .commands import COMMANDS
 

@@ -118,6 +118,12 @@ class Node:
     async def serve(self, *, announce=print) -> None:
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        # a SIGTERM that arrives during warm-up still ends in a clean shutdown
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.request_stop)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover
+                pass
         bucket = self.bucket
         bucket.warm_up()
         meta = bucket.storage.get_meta()
@@ -133,25 +139,19 @@ class Node:
         gc.collect()
         gc.freeze()
         gc.set_threshold(100_000, 50, 100)
-        clean = False
         try:
             self._server = await loop.create_server(
                 lambda: Connection(self), self.config.host, self.config.port,
                 reuse_address=True, backlog=1024)
             sock = self._server.sockets[0]
             self.host, self.port = sock.getsockname()[:2]
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                try:
-                    loop.add_signal_handler(sig, self.request_stop)
-                except (NotImplementedError, RuntimeError):  # pragma: no cover
-                    pass
             self._tasks.append(loop.create_task(self._expiry_pager()))
             self._write_node_file()
             announce(f"listening on {self.config.host}:{self.port}")
             await self._stop.wait()
-            clean = True
         finally:
-            await self._shutdown(clean=clean)
+            # everything acknowledged gets flushed: the shutdown is clean unless that fails
+            await self._shutdown(clean=True)
 
     async def _shutdown(self, *, clean: bool) -> None:
         if self._server is not None:

@@ -246,9 +246,11 @@ class Storage:
             persisted: dict[int, int] = {}
             metas: dict[int, dict[str, Any]] = {}
             popleft = dirty.popleft
+            taken = []
             n = 0
             while dirty and n < max_batch:
                 entry = popleft()
+                taken.append(entry)
                 n += 1
                 vbid = entry[0]
                 item = entry[1]
@@ -277,7 +279,11 @@ class Storage:
                         [(s, vb, s) for vb, s in persisted.items()])
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                try:
+                    db.execute("ROLLBACK")
+                finally:
+                    # nothing of this batch is on disk: put it back, in order, for the next try
+                    dirty.extendleft(reversed(taken))
                 raise
             self.batches += 1
             self.items_written += len(rows)

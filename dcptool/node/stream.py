@@ -46,7 +46,7 @@ _CHK = int(SnapshotFlag.CHECKPOINT)
 _XATTR = 0x04
 _JSON = 0x01
 _TWO64 = 1 << 64
-ROWS_PER_FETCH = 512
+ROWS_PER_FETCH = 2048
 
 _MUT = w.MUTATION.pack
 _DEL1 = w.DELETION_V1.pack

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from dcptool.protocol.constants import Status
+from dcptool.protocol.constants import Opcode, Status
 
 from .mcbp import Client, connect
 
@@ -92,17 +92,24 @@ def test_restart_with_other_vbucket_count_or_bucket_is_refused(node_factory):
     assert_one_error_line(p, "bucket")
 
 
-def test_port_in_use_is_one_line(tmp_path):
+def test_port_in_use_is_one_line_and_leaves_the_data_clean(node_factory):
+    node = node_factory(vbuckets=4)
+    with connect(node) as c:
+        logs = [c.call(Opcode.GET_FAILOVER_LOG, vbucket=vb).value for vb in range(4)]
+    node.stop()
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     s.listen()
     port = s.getsockname()[1]
     try:
-        p = run("node", "start", "--data", str(tmp_path / "n"), "--port", str(port),
-                "--password", "pw")
+        p = run("node", "start", "--data", str(node.data_dir), "--port", str(port),
+                "--vbuckets", "4")
         assert_one_error_line(p, "cannot listen")
     finally:
         s.close()
+    node.start()
+    with connect(node) as c:
+        assert [c.call(Opcode.GET_FAILOVER_LOG, vbucket=vb).value for vb in range(4)] == logs
 
 
 def test_status_running_and_stopped(node_factory):

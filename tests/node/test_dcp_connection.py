@@ -9,7 +9,6 @@ import pytest
 from dcptool.protocol.constants import (
     DcpOpenFlag,
     Opcode,
-    SnapshotFlag,
     Status,
     StreamEndReason,
     StreamFlag,
@@ -289,7 +288,7 @@ def test_a_client_that_ignores_noop_is_disconnected(shared_node):
         while time.monotonic() - t0 < 10:
             c.next_message(timeout=10)
     assert c.noops >= 1
-    assert 0.9 < time.monotonic() - t0 < 4
+    assert 0.9 < time.monotonic() - t0 < 8
     c.close()
 
 

@@ -91,3 +91,35 @@ def test_scram_exchange_with_a_standard_client(tmp_path):
         _, first, _ = s.start(cb, bad.get_client_first().encode())
         bad.set_server_first(first.decode())
         assert s.step(cb, bad.get_client_final().encode())[0] == "error"
+
+
+def test_a_failed_flush_keeps_its_batch_for_the_next_try(tmp_path):
+    st = Storage(tmp_path / "d.sqlite3")
+    _meta(st, vbs=(0,))
+    real = st._db
+
+    class Failing:
+        calls = 0
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def executemany(self, sql, rows):
+            Failing.calls += 1
+            if Failing.calls == 1:
+                raise OSError("disk full")
+            return real.executemany(sql, rows)
+
+    st._db = Failing()
+    for i in range(1, 4):
+        st.dirty.append((0, Item(b"k%d" % i, b"v", i, 1, i, 0, 0, 0)))
+    try:
+        st._flush_once()
+    except OSError:
+        pass
+    assert len(st.dirty) == 3, "the batch went back to the queue"
+    st._flush_once()
+    st._db = real
+    assert st.load_vbucket_meta()[0]["persisted_seqno"] == 3
+    assert sorted(it.seqno for _, it in st.iter_items()) == [1, 2, 3]
+    st.stop(clean=True)

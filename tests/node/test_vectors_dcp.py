@@ -107,7 +107,7 @@ def _note_stream_ends(c: DcpClient, st: ConnState) -> None:
 def test_dcp_frames_get_the_answers_of_a_real_node(loaded_node, vectors_dir, name):
     frames = read_vector(vectors_dir / name)
     checked = 0
-    for conn_id, captured in by_connection(frames).items():
+    for _conn, captured in by_connection(frames).items():
         st = ConnState()
         with DcpClient(loaded_node.host, loaded_node.port, vbuckets=4) as c:
             for cap in captured:

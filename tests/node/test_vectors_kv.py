@@ -41,7 +41,7 @@ def _vector_params():
 def test_non_dcp_frames_get_well_formed_answers(vector_node, vectors_dir, name):
     frames = read_vector(vectors_dir / name)
     answered = 0
-    for conn_id, captured in by_connection(frames).items():
+    for _conn, captured in by_connection(frames).items():
         with Client(vector_node.host, vector_node.port, vbuckets=4) as c:
             for cap in captured:
                 f = cap.frame

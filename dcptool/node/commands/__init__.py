@@ -35,4 +35,5 @@ def command(*opcodes: int, pre_auth: bool = False, bucket: bool = True, decode: 
     return register
 
 
-from . import cluster, dcp, kv, meta, session, stats  # noqa: E402,F401  (register commands)
+from . import cluster, kv, meta, session, stats  # noqa: E402,F401  (register commands)
+from . import dcp as _dcp  # noqa: E402,F401
