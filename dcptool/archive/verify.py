@@ -435,3 +435,20 @@ def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> Ver
                 _check_vbucket_records(bdir, name, entry, report)
     _continuity(archive, manifests, broken, report)
     return report
+
+
+def verify_backup_dir(bdir: str | os.PathLike[str], manifest: dict[str, Any], *,
+                      records: bool = True) -> VerifyReport:
+    """Check one committed backup directory on its own: each listed file's size and
+    SHA-256, no unlisted data file, and (with `records`) every record, the invariants and
+    the counts against `manifest`. No chain checks (parent, continuity). Used to prove a
+    backup sound before it is put into an archive (merge)."""
+    bdir = Path(bdir)
+    report = VerifyReport(str(bdir))
+    report.backups_checked = 1
+    name = manifest["id"]
+    _check_files(bdir, name, manifest, report)
+    if records:
+        for entry in manifest["vbuckets"]:
+            _check_vbucket_records(bdir, name, entry, report)
+    return report

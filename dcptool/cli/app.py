@@ -41,6 +41,9 @@ def _register() -> None:
     from dcptool.cli import info, verify  # noqa: F401
     from dcptool.cli import backup  # noqa: F401  (backup, restore)
     from dcptool.cli import quickstart  # noqa: F401
+    from dcptool.cli import merge  # noqa: F401
+    from dcptool.cli import export  # noqa: F401
+    from dcptool.cli import examine  # noqa: F401
 
 
 _register()

@@ -1,12 +1,24 @@
-"""`dcptool verify ARCHIVE`: prove every file and record of an archive sound."""
+"""`dcptool verify ARCHIVE`: prove every file and record of an archive sound; with
+`--against`, compare the archive's state with the live node it came from."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from dcptool.archive.verify import verify_archive
 from dcptool.cli.app import app
+from dcptool.cli.backup import MasterOpt, PartitionsOpt
+from dcptool.cli.connopts import (
+    BucketOpt,
+    CacertOpt,
+    ClusterOpt,
+    ConnOptions,
+    NoVerifyOpt,
+    PasswordOpt,
+    UsernameOpt,
+)
 from dcptool.cli.output import print_json
 
 
@@ -17,14 +29,44 @@ def verify(
     checksums_only: bool = typer.Option(
         False, "--checksums-only",
         help="Check manifests, sizes and SHA-256 only; do not decode records."),
+    against: bool = typer.Option(
+        False, "--against",
+        help="Compare the archive's state as of its last backup with the node given by -c "
+             "(per vbucket: count and hash of key, rev seqno, cas, deleted)."),
+    backup_id: Optional[str] = typer.Option(
+        None, "--backup", metavar="ID",
+        help="With --against: compare the state as of this backup (default: the newest)."),
+    vbuckets: Optional[str] = typer.Option(
+        None, "--vbuckets", metavar="LIST", help="With --against: only these vbuckets."),
+    cluster: ClusterOpt = None,
+    username: UsernameOpt = None,
+    password: PasswordOpt = None,
+    bucket: BucketOpt = "default",
+    cacert: CacertOpt = None,
+    no_verify: NoVerifyOpt = False,
+    master: MasterOpt = None,
+    partitions: PartitionsOpt = None,
 ) -> None:
     """Check every backup of an archive: manifests, each file's size and SHA-256, every record,
     seqno order inside snapshots, and that each backup starts where its parent ended.
 
     Prints what is wrong, naming the file, and exits 1 if anything is; 0 otherwise.
 
+    With --against -c CLUSTER it instead compares, for each vbucket, the archive's resolved
+    state with the node's current data up to the seqno the last backup reached (a keys-only
+    DCP pass), and names the vbuckets that differ with their first differing keys.
+
     Example: dcptool verify /backups/default
+    Example: dcptool verify /backups/default --against -c couchbase://127.0.0.1
     """
+    if against:
+        _verify_against(archive, as_json, backup_id, vbuckets, cluster, username, password,
+                        bucket, cacert, no_verify, master, partitions)
+        return
+    if cluster or backup_id or vbuckets:
+        from dcptool.errors import UsageError
+
+        raise UsageError("-c, --backup and --vbuckets only apply with --against")
     report = verify_archive(archive, records=not checksums_only)
     if as_json:
         print_json(report.to_json(), pretty=True)
@@ -44,3 +86,50 @@ def verify(
                        f"{'s' if len(report.problems) != 1 else ''} in {what}")
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _verify_against(archive, as_json, backup_id, vbuckets, cluster, username, password, bucket,
+                    cacert, no_verify, master, partitions) -> None:
+    from dcptool.archive import Archive
+    from dcptool.cli.vbspec import parse_vbuckets
+    from dcptool.pipeline.against import run_verify_against
+
+    Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
+    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify)
+    vbs = parse_vbuckets(vbuckets) if vbuckets else None
+    report = run_verify_against(archive, opts, backup=backup_id, vbuckets=vbs,
+                                partitions=partitions, master=master)
+    if as_json:
+        print_json(report.to_json(), pretty=True)
+    else:
+        for v in report.vbuckets:
+            for note in v["notes"]:
+                typer.echo(f"vbucket {v['vbucket']}: note: {note}")
+            if v["match"]:
+                continue
+            a, n = v["archive"], v["node"]
+            typer.echo(f"vbucket {v['vbucket']} differs: archive {a['count']} keys (hash "
+                       f"{a['hash']}), node {n['count']} keys (hash {n['hash']}) up to seqno "
+                       f"{v['end_seqno']}")
+            for d in v["differences"]:
+                typer.echo(f"  {d['key']}: archive {_state(d['archive'])}, node "
+                           f"{_state(d['node'])}")
+        for note in report.notes:
+            typer.echo(f"note: {note}")
+        total = len(report.vbuckets)
+        keys = sum(v["archive"]["count"] for v in report.vbuckets)
+        if report.ok:
+            typer.echo(f"OK: {total} vbuckets ({keys:,} keys) of backup {report.backup} match "
+                       f"{report.node}")
+        else:
+            bad = report.differing
+            typer.echo(f"FAILED: {len(bad)} of {total} vbuckets differ from {report.node}: "
+                       + ", ".join(str(v["vbucket"]) for v in bad))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _state(s) -> str:
+    if s is None:
+        return "absent"
+    return (f"{'deleted' if s['deleted'] else 'live'} rev {s['rev_seqno']} cas {s['cas']}")

@@ -1,0 +1,63 @@
+"""`dcptool examine ARCHIVE KEY`: every version of one key across the backups."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dcptool.cli.app import app
+from dcptool.cli.output import console, print_json
+from dcptool.errors import DcptoolError
+
+
+@app.command()
+def examine(
+    archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
+    key: Annotated[str, typer.Argument(help="Document key.", show_default=False)],
+    backup_id: Annotated[Optional[str], typer.Option(
+        "--backup", metavar="ID", help="Only the chain of this backup (default: every "
+                                       "backup).")] = None,
+    show_values: Annotated[bool, typer.Option("--values", help="Show each version's value.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the timeline as JSON.")] = False,
+) -> None:
+    """Show every version of one key across the archive's backups.
+
+    For each version: backup, vbucket, seqno, rev seqno, cas, type and size, oldest first.
+    Versions on a history branch a rollback cut off are marked
+    dead; the version a restore writes is marked restored. Needs no node.
+
+    Example: dcptool examine /backups/default airline_10 --values
+    """
+    from dcptool.pipeline.examine import examine_key
+
+    d = examine_key(archive, key, backup=backup_id, values=show_values)
+    if json_out:
+        print_json(d)
+        if not d["versions"]:
+            raise typer.Exit(1)
+        return
+    if not d["versions"]:
+        raise DcptoolError(f"key {key!r} has no version in archive {archive} "
+                           f"(vbucket {d['vbucket']}, {d['backups_read']} backups read)")
+    from rich.table import Table
+
+    con = console()
+    if not con.is_terminal:
+        con.width = max(con.width, 160)
+    t = Table(title=f"{d['key']} (vbucket {d['vbucket']})")
+    for col in ("backup", "seqno", "rev", "cas", "type", "size", "flags", "expiry", "note"):
+        t.add_column(col, justify="right" if col in ("seqno", "rev", "cas", "size", "flags",
+                                                     "expiry") else "left", no_wrap=True)
+    for v in d["versions"]:
+        note = "dead branch" if v["dead"] else ("restored" if v["restored"] else "")
+        t.add_row(v["backup"], str(v["seqno"]), str(v["rev_seqno"]), str(v["cas"]), v["type"],
+                  str(v["size"]), "-" if v["flags"] is None else str(v["flags"]),
+                  "-" if v["expiry"] is None else str(v["expiry"]), note)
+    con.print(t)
+    if show_values:
+        for v in d["versions"]:
+            text = v.get("value", v.get("value_base64"))
+            enc = "" if "value" in v else " (base64)"
+            con.print(f"{v['backup']} seqno {v['seqno']}{enc}: {text}", markup=False,
+                      highlight=False)

@@ -1,0 +1,58 @@
+"""`dcptool merge ARCHIVE`: fold a range of backups into one, as a Spark job."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dcptool.cli.app import app
+from dcptool.cli.backup import MasterOpt, PartitionsOpt, _human
+from dcptool.cli.output import console, print_json
+
+
+@app.command()
+def merge(
+    archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
+    first: Annotated[Optional[str], typer.Option(
+        "--from", metavar="ID", help="First backup of the range (default: the full backup "
+                                     "the chain starts with).")] = None,
+    last: Annotated[Optional[str], typer.Option(
+        "--to", metavar="ID", help="Last backup of the range (default: the newest).")] = None,
+    level: Annotated[Optional[int], typer.Option(
+        "--level", min=1, max=22, help="zstd level of the merged backup (default: the last "
+                                       "backup's).")] = None,
+    master: MasterOpt = None,
+    partitions: PartitionsOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Merge a range of backups of one chain into a single backup.
+
+    The merged backup holds the newest version of each key (deletions kept) and ends where
+    the last backup of the range ended, so restores are unchanged and the next incremental
+    backup continues from it. The originals are removed only once the merged backup is
+    committed and verified; backups taken after the range are re-linked to it.
+
+    Example: dcptool merge /backups/default --to 20261122T101502.123456Z
+    """
+    from dcptool.pipeline.merge import run_merge
+
+    result = run_merge(archive, first=first, last=last, level=level, partitions=partitions,
+                       master=master)
+    d = result.as_dict()
+    if json_out:
+        print_json(d)
+        return
+    con = console()
+    if d["finished_earlier"]:
+        con.print(f"finished an interrupted merge first: removed {len(d['finished_earlier'])} "
+                  "backups it had replaced")
+    con.print(f"merged {len(d['replaced'])} backups ({d['replaced'][0]} .. {d['replaced'][-1]}) "
+              f"into {d['type']} backup [bold]{d['merged_id']}[/bold]")
+    con.print(f"  items {d['items_before']:,} -> {d['items_after']:,} "
+              f"({d['mutations']:,} mutations, {d['deletions']:,} deletions, "
+              f"{d['expirations']:,} expirations; {d['rollbacks']} rollback records kept)")
+    con.print(f"  size {_human(d['bytes_before'])} -> {_human(d['bytes_after'])}, "
+              f"{d['seconds']:.1f} s")
+    for child in d["relinked"]:
+        con.print(f"  backup {child} now continues from {d['merged_id']}")

@@ -1,0 +1,210 @@
+"""`verify --against`: does the archive still describe the node it came from?
+
+For each vbucket the archive holds, the archive's resolved state as of its last backup
+(what a restore would write) is compared with the node's current data up to the seqno that
+backup ended at. The node's side comes from a keys-only DCP pass (no values) from seqno 0
+to that seqno: a document whose current version is above it (changed after the backup) is
+not in the pass, so it shows up as a difference, while documents created after the backup
+do not. Each side is summarised by a count and an order-independent hash of
+(key, rev seqno, cas, deleted); the vbuckets that differ are reported with their first
+differing keys.
+
+One Spark task per group of vbuckets: it resolves the group from the archive files and
+reads the same vbuckets from the node over its own DCP connection.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dcptool.archive import Archive
+from dcptool.archive.format import BACKUPS_DIR
+from dcptool.errors import UsageError
+
+from .datasource import chain_ids, load_manifests, resolve_parts
+from .spark import default_parallelism, get_spark, plan_groups
+
+MASK = (1 << 64) - 1
+
+
+def entry_hash(key: bytes, rev: int, cas: int, deleted: bool) -> int:
+    h = hashlib.blake2b(key, digest_size=8)
+    h.update(b"\0%d:%d:%d" % (rev, cas, 1 if deleted else 0))
+    return int.from_bytes(h.digest(), "big")
+
+
+def summarise(state: dict[bytes, tuple[int, int, bool]]) -> dict[str, Any]:
+    total = 0
+    for k, (rev, cas, deleted) in state.items():
+        total = (total + entry_hash(k, rev, cas, deleted)) & MASK
+    return {"count": len(state), "hash": f"{total:016x}"}
+
+
+def _side(v: tuple[int, int, bool] | None) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    return {"rev_seqno": v[0], "cas": v[1], "deleted": v[2]}
+
+
+def compare_states(a: dict[bytes, tuple], n: dict[bytes, tuple], limit: int) -> list[dict]:
+    """The first `limit` keys (in key order) whose state differs between the archive `a`
+    and the node `n`."""
+    diff = sorted(k for k in a.keys() | n.keys() if a.get(k) != n.get(k))
+    return [{"key": k.decode("utf-8", "replace"), "archive": _side(a.get(k)),
+             "node": _side(n.get(k))} for k in diff[:limit]]
+
+
+def against_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Compare one group of vbuckets (see the module docstring)."""
+    from dcptool.client.events import DELETION, EXPIRATION, MUTATION
+    from dcptool.client.position import ZERO
+    from dcptool.client.session import SessionConfig
+
+    root = Path(spec["archive"]) / BACKUPS_DIR
+    plan: dict[int, dict[str, Any]] = {int(vb): p for vb, p in spec["plan"].items()}
+    node: dict[int, dict[bytes, tuple]] = {vb: {} for vb in plan}
+    ends = {vb: p["stream_end"] for vb, p in plan.items()}
+    streams = {vb: (ZERO, e) for vb, e in ends.items() if e > 0}
+    if streams:
+        config = SessionConfig(name=spec.get("name", "dcptool-verify"), no_value=True,
+                               consistent=True)
+        consumer = spec["opts"].consumer(config)
+        try:
+            consumer.add_streams(streams)
+            for events in consumer.batches(tick=1.0):
+                for ev in events:
+                    kind = ev[0]
+                    if kind == MUTATION or kind == DELETION or kind == EXPIRATION:
+                        vb = ev[1]
+                        if ev[2] <= ends[vb]:
+                            node[vb][bytes(ev[8])] = (ev[3], ev[4], kind != MUTATION)
+        finally:
+            consumer.close()
+    out = []
+    for vb in sorted(plan):
+        p = plan[vb]
+        recs, _owners = resolve_parts([(bid, root / bid, e) for bid, e in p["parts"]])
+        arch = {}
+        for r in recs:
+            if r[0] == 3:
+                arch[r[7]] = (r[2], r[3], False)
+            else:
+                arch[r[4]] = (r[2], r[3], True)
+        del recs
+        nside = node.pop(vb)
+        a_sum = summarise(arch)
+        n_sum = summarise(nside)
+        res = {"vbucket": vb, "end_seqno": p["end_seqno"], "node_high_seqno": p["node_high"],
+               "archive": a_sum, "node": n_sum, "match": a_sum == n_sum, "differences": [],
+               "notes": list(p.get("notes", []))}
+        if not res["match"]:
+            res["differences"] = compare_states(arch, nside, spec.get("max_keys", 5))
+        out.append(res)
+    return out
+
+
+@dataclass
+class AgainstReport:
+    archive: str
+    node: str
+    backup: str
+    vbuckets: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def differing(self) -> list[dict[str, Any]]:
+        return [v for v in self.vbuckets if not v["match"]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.differing
+
+    def to_json(self) -> dict[str, Any]:
+        return {"archive": self.archive, "node": self.node, "backup": self.backup,
+                "ok": self.ok, "vbuckets_compared": len(self.vbuckets),
+                "vbuckets_differing": [v["vbucket"] for v in self.differing],
+                "keys_archive": sum(v["archive"]["count"] for v in self.vbuckets),
+                "keys_node": sum(v["node"]["count"] for v in self.vbuckets),
+                "vbuckets": self.vbuckets, "notes": self.notes,
+                "seconds": round(self.seconds, 3)}
+
+
+def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: str | None = None,
+                       vbuckets: list[int] | None = None, partitions: int | None = None,
+                       master: str | None = None, max_keys: int = 5,
+                       spark=None) -> AgainstReport:
+    from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
+
+    from .nodeinfo import vbucket_count
+
+    t0 = time.monotonic()
+    archive = Archive.open(archive_path)
+    manifests = load_manifests(archive)
+    if not manifests:
+        raise UsageError(f"archive {archive.path} holds no committed backup to compare")
+    chain = chain_ids(archive, manifests, backup)
+    parts: dict[int, list] = {}
+    last_entry: dict[int, dict] = {}
+    for bid in chain:
+        for e in manifests[bid]["vbuckets"]:
+            if vbuckets is not None and e["vbucket"] not in vbuckets:
+                continue
+            parts.setdefault(e["vbucket"], []).append((bid, e))
+            last_entry[e["vbucket"]] = e
+    with opts.connect() as conn:
+        count = vbucket_count(conn)
+        highs = get_vbucket_seqnos(conn, state=1)
+        logs = get_failover_logs(conn, sorted(v for v in parts if v in highs)) if parts else {}
+    if count and count != archive.vbucket_count:
+        raise UsageError(f"the node has {count} vbuckets but archive {archive.path} has "
+                         f"{archive.vbucket_count}")
+    report = AgainstReport(str(archive.path), opts.address, chain[-1])
+    plan: dict[int, dict[str, Any]] = {}
+    for vb, ps in sorted(parts.items()):
+        end = last_entry[vb]["end"]
+        notes = []
+        if vb not in highs:
+            notes.append("the node does not hold this vbucket as active")
+            high = 0
+        else:
+            high = highs[vb]
+            if high < end["seqno"]:
+                notes.append(f"the node's high seqno {high} is below the archive's "
+                             f"{end['seqno']} (the node lost data, or rolled back)")
+            log = logs.get(vb, ())
+            if end["seqno"] and not any(u == end["uuid"] for u, _s in log):
+                notes.append(f"the node's failover log does not hold the archive's vbucket "
+                             f"uuid {end['uuid']} (different history)")
+        plan[vb] = {"parts": ps, "end_seqno": end["seqno"], "node_high": high,
+                    "stream_end": min(end["seqno"], high), "notes": notes}
+    if plan:
+        spark = spark or get_spark(master)
+        n = partitions or 2 * default_parallelism(spark)
+        specs = [{"opts": opts, "archive": str(archive.path.absolute()), "max_keys": max_keys,
+                  "name": f"dcptool-verify:{os.getpid()}:{i}",
+                  "plan": {vb: plan[vb] for vb in g}}
+                 for i, g in enumerate(plan_groups(sorted(plan), n))]
+        try:
+            results = spark.sparkContext.parallelize(specs, len(specs)) \
+                .map(against_task).collect()
+        except Exception as exc:
+            from .backup import _task_error
+            err = _task_error(exc)
+            err.message = err.message.replace("backup task", "verify task")
+            err.hint = None
+            raise err from None
+        for r in results:
+            report.vbuckets.extend(r)
+        report.vbuckets.sort(key=lambda v: v["vbucket"])
+    else:
+        report.notes.append("the archive holds no vbucket to compare")
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+__all__ = ["run_verify_against", "AgainstReport", "summarise", "entry_hash"]

@@ -1,0 +1,467 @@
+"""Archives as Spark data: the PySpark data source `format("dcptool")`.
+
+    spark.read.format("dcptool").load("/backups/default")                  # every record
+    spark.read.format("dcptool").option("backup", ID).load(path)           # one backup's records
+    spark.read.format("dcptool").option("resolved", "true").load(path)     # what restore writes
+
+Use `dcptool.spark.read_archive` (it registers the source on demand). The schema is in
+`docs/spark.md`; one row per item record (mutation, deletion, expiration).
+
+The work is split in two plain-Python halves so they can be used (and measured) without
+Spark: `plan_scan` reads manifests only and groups the work into partitions (each a group
+of vbuckets, balanced by bytes: never one partition per vbucket), and `read_partition`
+decodes one partition into pyarrow RecordBatches. Decoding takes whole zstd frames (one
+msgpack feed per ~1 MiB), keeps records as tuples and turns a few thousand of them at a
+time into Arrow columns, so Spark's per-row Python-to-Arrow conversion never runs.
+
+`resolved=true` resolves each vbucket over the chain of the chosen backup exactly as a
+restore does (docs/archive-format.md, "Rollbacks and resolution"): records of a backup
+above the lowest rollback seqno of any later backup of the chain are dead and skipped, and
+of the rest the newest version of each key wins (tombstones included).
+"""
+from __future__ import annotations
+
+import os
+from bisect import bisect_left
+from operator import itemgetter
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from dcptool.archive import Archive
+from dcptool.archive.errors import ChainError
+from dcptool.archive.format import BACKUPS_DIR
+from dcptool.archive.reader import iter_vbucket_batches
+from dcptool.archive.resolve import part_cuts
+from dcptool.errors import UsageError
+
+NAME = "dcptool"
+
+#: the columns, in order: (name, Spark SQL type)
+COLUMNS = (
+    ("backup_id", "string"),
+    ("vbucket", "int"),
+    ("type", "string"),
+    ("seqno", "bigint"),
+    ("rev_seqno", "bigint"),
+    ("cas", "bigint"),
+    ("flags", "bigint"),
+    ("expiry", "bigint"),
+    ("datatype", "int"),
+    ("key", "string"),
+    ("value", "binary"),
+    ("xattrs", "binary"),
+    ("deleted", "boolean"),
+    ("delete_time", "bigint"),
+    ("dead", "boolean"),
+)
+SCHEMA_DDL = ", ".join(f"{n} {t}" for n, t in COLUMNS)
+
+#: rows per Arrow batch handed to Spark
+BATCH_ROWS = 32768
+
+TYPE_NAMES = ("", "", "", "mutation", "deletion", "expiration")
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off", ""}
+
+
+def arrow_schema():
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
+             "binary": pa.binary(), "boolean": pa.bool_()}
+    return pa.schema([(n, types[t]) for n, t in COLUMNS])
+
+
+def _flag(options: dict[str, str], name: str, default: bool = False) -> bool:
+    v = options.get(name)
+    if v is None:
+        return default
+    v = str(v).strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise UsageError(f"option {name}: expected true or false, not {v!r}")
+
+
+def default_partitions() -> int:
+    return 2 * (os.cpu_count() or 1)
+
+
+# -- planning (manifests only) ----------------------------------------------------------------
+
+
+def descendant_cuts(manifests: dict[str, dict[str, Any]]) -> dict[str, dict[int, int]]:
+    """{backup id: {vbucket: seqno}}: records of that backup above the seqno are dead,
+    because a later backup descending from it recorded a rollback to that seqno (the
+    lowest one wins). `manifests` are those of the committed backups, by id."""
+    cuts: dict[str, dict[int, int]] = {b: {} for b in manifests}
+    for m in manifests.values():
+        rbs = {}
+        for e in m["vbuckets"]:
+            if e["rollbacks"]:
+                rbs[e["vbucket"]] = min(r["seqno"] for r in e["rollbacks"])
+        if not rbs:
+            continue
+        parent = m.get("parent")
+        seen = set()
+        while parent is not None and parent in manifests and parent not in seen:
+            seen.add(parent)
+            c = cuts[parent]
+            for vb, s in rbs.items():
+                if vb not in c or s < c[vb]:
+                    c[vb] = s
+            parent = manifests[parent].get("parent")
+    return cuts
+
+
+def chain_ids(archive: Archive, manifests: dict[str, dict[str, Any]],
+              upto: str | None = None) -> list[str]:
+    """The ids of the chain ending at `upto` (default the newest committed backup), oldest
+    first; the same as `Archive.chain` but over manifests already read."""
+    if upto is None:
+        if not manifests:
+            return []
+        upto = max(manifests)
+    out: list[str] = []
+    bid: str | None = upto
+    while bid is not None:
+        if bid not in manifests:
+            if not out:
+                archive.manifest(bid)  # the precise error for a missing or partial backup
+            raise ChainError(f"backup {out[-1]} names parent {bid}, which is "
+                             f"{'partial' if archive.backup_dir(bid).is_dir() else 'missing'}",
+                             hint="restore an older backup, or run a new full backup")
+        if bid in out:
+            raise ChainError(f"backup {bid} is its own ancestor")
+        out.append(bid)
+        bid = manifests[bid].get("parent")
+    out.reverse()
+    return out
+
+
+def load_manifests(archive: Archive) -> dict[str, dict[str, Any]]:
+    """The manifest of every committed backup, by id (each read and checked once)."""
+    return {bid: archive.manifest(bid) for bid in archive.committed_ids()}
+
+
+def _balance(units: list[tuple[int, int, Any]], n: int) -> list[list[Any]]:
+    """Spread (vbucket, weight, unit) over at most n groups, whole vbuckets per group,
+    heaviest vbuckets first onto the lightest group; each group sorted by vbucket."""
+    by_vb: dict[int, list] = {}
+    weight: dict[int, int] = {}
+    for vb, w, u in units:
+        by_vb.setdefault(vb, []).append(u)
+        weight[vb] = weight.get(vb, 0) + w
+    if not by_vb:
+        return []
+    n = max(1, min(n, len(by_vb)))
+    groups: list[list[int]] = [[] for _ in range(n)]
+    loads = [0] * n
+    for vb in sorted(by_vb, key=lambda v: (-weight[v], v)):
+        i = loads.index(min(loads))
+        groups[i].append(vb)
+        loads[i] += weight[vb] + 1
+    return [[u for vb in sorted(g) for u in by_vb[vb]] for g in groups if g]
+
+
+def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
+              vbuckets: Iterable[int] | None = None, resolved: bool = False,
+              partitions: int | None = None, values: bool = True,
+              validate: bool = False) -> list[dict[str, Any]]:
+    """The partitions of a read: a list of plain dicts for `read_partition`.
+
+    Without `resolved`: the records of every committed backup (or only of `backup`).
+    With `resolved`: the state as of `backup` (default the newest) over its chain.
+    """
+    archive = Archive.open(path)
+    root = str(archive.path.absolute())
+    if backup in ("", "latest"):
+        backup = None
+    wanted = set(vbuckets) if vbuckets is not None else None
+    n = partitions or default_partitions()
+    common = {"archive": root, "values": values, "validate": validate, "resolved": resolved}
+    units: list[tuple[int, int, Any]] = []
+    manifests = load_manifests(archive)
+    if resolved:
+        per_vb: dict[int, list] = {}
+        for bid in chain_ids(archive, manifests, backup):
+            for e in manifests[bid]["vbuckets"]:
+                vb = e["vbucket"]
+                if wanted is not None and vb not in wanted:
+                    continue
+                per_vb.setdefault(vb, []).append((bid, e))
+        for vb, parts in per_vb.items():
+            w = sum(e["bytes"]["files"] for _, e in parts)
+            units.append((vb, w, (vb, parts)))
+    else:
+        if backup is not None:
+            if backup not in manifests:
+                archive.manifest(backup)  # raises: missing or partial
+            scan_ids = [backup]
+        else:
+            scan_ids = list(manifests)
+        cuts = descendant_cuts(manifests)
+        for bid in scan_ids:
+            for e in manifests[bid]["vbuckets"]:
+                vb = e["vbucket"]
+                if wanted is not None and vb not in wanted:
+                    continue
+                units.append((vb, e["bytes"]["files"], (bid, e, cuts[bid].get(vb))))
+    return [{**common, "units": g} for g in _balance(units, n)]
+
+
+# -- decoding -----------------------------------------------------------------------------------
+
+
+_GET = [itemgetter(i) for i in range(10)]
+
+
+def _tomb(r: tuple) -> tuple:
+    """A deletion/expiration record in the mutation layout; delete time in the expiry slot."""
+    return (r[0], r[1], r[2], r[3], None, r[5], r[6], r[4], r[7], None)
+
+
+class _Batches:
+    """Collects item records (as mutation-layout tuples) with their backup and vbucket and
+    turns them into RecordBatches of about BATCH_ROWS rows."""
+
+    def __init__(self, values: bool = True):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self.pa = pa
+        self.pc = pc
+        self.schema = arrow_schema()
+        self.values = values
+        self.rows: list[tuple] = []
+        self.backups: list[str] = []
+        self.vbs: list[int] = []
+        self.dead: list[bool] | None = None  # None: no dead row so far in this batch
+        self.types_dict = pa.array(TYPE_NAMES, pa.string())
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, batch: list[tuple], backup: str | list[str], vb: int,
+            cut: int | None = None, items_only: bool = False) -> None:
+        """Add the item records of `batch` (other record types are skipped; with
+        `items_only` the batch holds nothing else)."""
+        if items_only:
+            rows = [r if r[0] == 3 else _tomb(r) for r in batch]
+        else:
+            rows = [r if r[0] == 3 else _tomb(r) for r in batch if 2 < r[0] < 6]
+        n = len(rows)
+        if not n:
+            return
+        self.rows.extend(rows)
+        if isinstance(backup, str):
+            self.backups.extend([backup] * n)
+        else:
+            self.backups.extend(backup)
+        self.vbs.extend([vb] * n)
+        if cut is not None and rows[-1][1] > cut:
+            dead = [r[1] > cut for r in rows]
+            if self.dead is None:
+                self.dead = [False] * (len(self.rows) - n)
+            self.dead.extend(dead)
+        elif self.dead is not None:
+            self.dead.extend([False] * n)
+
+    def _int64(self, col):
+        pa = self.pa
+        try:
+            return pa.array(col, pa.int64())
+        except (OverflowError, pa.ArrowInvalid):
+            # uint64 above 2^63 (a CAS far in the future): keep the bits, as signed
+            return pa.array(col, pa.uint64()).cast(pa.int64(), safe=False)
+
+    def flush(self):
+        """The collected rows as one RecordBatch (None when empty); starts a new batch."""
+        if not self.rows:
+            return None
+        pa, pc = self.pa, self.pc
+        rows = self.rows
+        n = len(rows)
+        cols = [list(map(_GET[i], rows)) for i in range(10)]
+        t = pa.array(cols[0], pa.int8())
+        typ = self.types_dict.take(t)
+        keys = pa.array(cols[7], pa.binary())
+        try:
+            key = keys.cast(pa.string())
+        except pa.ArrowInvalid:
+            key = pa.array([k.decode("utf-8", "replace") for k in cols[7]], pa.string())
+        slot = self._int64(cols[5])
+        is_mut = pc.equal(t, 3)
+        if not pc.all(is_mut).as_py():
+            null64 = pa.nulls(n, pa.int64())
+            expiry = pc.if_else(is_mut, slot, null64)
+            delete_time = pc.if_else(is_mut, null64, slot)
+            deleted = pc.invert(is_mut)
+            flags = pa.array(cols[4], pa.int64())
+        else:
+            expiry = slot
+            delete_time = pa.nulls(n, pa.int64())
+            deleted = pa.repeat(pa.scalar(False), n)
+            flags = pa.array(cols[4], pa.int64())
+        value = pa.array(cols[8], pa.binary()) if self.values else pa.nulls(n, pa.binary())
+        xattrs = pa.array(cols[9], pa.binary())
+        dead = pa.array(self.dead, pa.bool_()) if self.dead is not None else \
+            pa.repeat(pa.scalar(False), n)
+        arrays = [
+            pa.array(self.backups, pa.string()),
+            pa.array(self.vbs, pa.int32()),
+            typ,
+            pa.array(cols[1], pa.int64()),
+            pa.array(cols[2], pa.int64()),
+            self._int64(cols[3]),
+            flags,
+            expiry,
+            pa.array(cols[6], pa.int32()),
+            key,
+            value,
+            xattrs,
+            deleted,
+            delete_time,
+            dead,
+        ]
+        self.rows = []
+        self.backups = []
+        self.vbs = []
+        self.dead = None
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def resolve_parts(parts: list[tuple[str, Path, dict[str, Any]]], *,
+                  validate: bool = False) -> tuple[list[tuple], list[str]]:
+    """Resolve one vbucket over the parts of a chain (oldest first, each (backup id,
+    backup dir, manifest entry)): the newest surviving record of each key, and for each
+    the id of the backup holding it. Same rule as `dcptool.archive.resolve` (which restore
+    uses): records above the lowest rollback seqno of any later part are dead."""
+    cuts = part_cuts([[r["seqno"] for r in e["rollbacks"]] for _, _, e in parts])
+    state: dict[bytes, tuple] = {}
+    tops: list[int] = []
+    owners: list[str] = []
+    for (bid, bdir, entry), cut in zip(parts, cuts):
+        top = -1
+        for batch in iter_vbucket_batches(bdir, entry, validate=validate):
+            for r in batch:
+                t = r[0]
+                if t == 3:
+                    s = r[1]
+                    if cut is not None and s > cut:
+                        continue
+                    state[r[7]] = r
+                    top = s
+                elif t == 4 or t == 5:
+                    s = r[1]
+                    if cut is not None and s > cut:
+                        continue
+                    state[r[4]] = r
+                    top = s
+        if top >= 0:
+            # surviving seqnos increase along the chain: drop parts this one overtook
+            while tops and tops[-1] >= top:
+                tops.pop()
+                owners.pop()
+            tops.append(top)
+            owners.append(bid)
+    recs = list(state.values())
+    if len(owners) == 1:
+        return recs, [owners[0]] * len(recs)
+    return recs, [owners[bisect_left(tops, r[1])] for r in recs]
+
+
+def read_partition(spec: dict[str, Any]) -> Iterator[Any]:
+    """pyarrow RecordBatches (schema `arrow_schema()`) of one planned partition."""
+    root = Path(spec["archive"])
+    bdir_of = root / BACKUPS_DIR
+    out = _Batches(values=spec.get("values", True))
+    validate = spec.get("validate", False)
+    if spec.get("resolved"):
+        for vb, parts in spec["units"]:
+            recs, owners = resolve_parts([(bid, bdir_of / bid, e) for bid, e in parts],
+                                         validate=validate)
+            for i in range(0, len(recs), BATCH_ROWS):
+                out.add(recs[i:i + BATCH_ROWS], owners[i:i + BATCH_ROWS], vb, None,
+                        items_only=True)
+                if len(out) >= BATCH_ROWS:
+                    yield out.flush()
+    else:
+        for bid, entry, cut in spec["units"]:
+            vb = entry["vbucket"]
+            for batch in iter_vbucket_batches(bdir_of / bid, entry, validate=validate):
+                out.add(batch, bid, vb, cut)
+                if len(out) >= BATCH_ROWS:
+                    yield out.flush()
+    last = out.flush()
+    if last is not None:
+        yield last
+
+
+def read_all(path: str | os.PathLike[str], **kw: Any) -> Iterator[Any]:
+    """Every RecordBatch of a read, in this process (no Spark): for tools and tests."""
+    for spec in plan_scan(path, **kw):
+        yield from read_partition(spec)
+
+
+# -- the Spark data source -----------------------------------------------------------------------
+
+try:  # pyspark is a dependency, but keep the planning half importable without it
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+except ImportError:  # pragma: no cover
+    DataSource = DataSourceReader = object  # type: ignore[assignment,misc]
+    InputPartition = None  # type: ignore[assignment]
+
+
+def parse_options(options: dict[str, str]) -> dict[str, Any]:
+    """The keyword arguments of plan_scan from the data source's string options."""
+    from dcptool.cli.vbspec import parse_vbuckets
+
+    path = options.get("path")
+    if not path:
+        raise UsageError("no archive path given: use .load(ARCHIVE)")
+    parts = options.get("partitions")
+    try:
+        n = int(parts) if parts not in (None, "") else None
+    except ValueError:
+        raise UsageError(f"option partitions: {parts!r} is not a number") from None
+    if n is not None and n < 1:
+        raise UsageError("option partitions must be at least 1")
+    return {
+        "path": path,
+        "backup": options.get("backup") or None,
+        "vbuckets": parse_vbuckets(options.get("vbuckets"), option="option vbuckets"),
+        "resolved": _flag(options, "resolved"),
+        "partitions": n,
+        "values": _flag(options, "values", True),
+        "validate": _flag(options, "validate", False),
+    }
+
+
+class ArchiveReader(DataSourceReader):  # type: ignore[misc]
+    def __init__(self, options: dict[str, str]):
+        self.kw = parse_options(dict(options))
+
+    def partitions(self):
+        kw = dict(self.kw)
+        path = kw.pop("path")
+        return [InputPartition(spec) for spec in plan_scan(path, **kw)]
+
+    def read(self, partition):
+        return read_partition(partition.value)
+
+
+class ArchiveDataSource(DataSource):  # type: ignore[misc]
+    """`spark.read.format("dcptool").load(ARCHIVE)`; see the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema):
+        return ArchiveReader(self.options)

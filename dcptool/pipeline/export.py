@@ -1,0 +1,82 @@
+"""The export job: an archive's records (or resolved documents) as Parquet or JSON lines.
+
+It is the `dcptool` data source written out by Spark, so the output has the columns of
+docs/spark.md. OUT is a directory of part files, as Spark writes them. In JSON lines the
+binary columns (`value`, `xattrs`) are base64 strings, as Spark's JSON writer encodes them.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dcptool.archive import Archive
+from dcptool.errors import UsageError
+
+FORMATS = ("parquet", "jsonl")
+
+
+@dataclass
+class ExportResult:
+    out: str
+    format: str
+    rows: int
+    backup: str | None
+    resolved: bool
+    files: int
+    bytes: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"out": self.out, "format": self.format, "rows": self.rows,
+                "backup": self.backup, "resolved": self.resolved, "files": self.files,
+                "bytes": self.bytes, "seconds": round(self.seconds, 3)}
+
+
+def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str], *,
+               fmt: str = "parquet", backup: str | None = None, resolved: bool = False,
+               vbuckets: list[int] | None = None, overwrite: bool = False,
+               partitions: int | None = None, master: str | None = None,
+               spark=None) -> ExportResult:
+    from dcptool.spark import read_archive
+
+    from .spark import get_spark
+
+    t0 = time.monotonic()
+    if fmt not in FORMATS:
+        raise UsageError(f"--format must be parquet or jsonl, not {fmt!r}")
+    archive = Archive.open(archive_path)
+    if backup is not None:
+        archive.manifest(backup)  # a clear error before Spark starts
+    elif not archive.committed_ids():
+        raise UsageError(f"archive {archive.path} holds no committed backup to export")
+    out = Path(out).absolute()
+    if out.exists() and not overwrite:
+        if not out.is_dir() or any(out.iterdir()):
+            raise UsageError(f"{out} already exists", hint="choose a new directory or use "
+                                                            "--overwrite")
+    if out == archive.path.absolute() or archive.path.absolute() in out.parents:
+        raise UsageError("the output directory must not be inside the archive")
+    spark = spark or get_spark(master)
+    df = read_archive(spark, archive.path.absolute(), backup=backup, resolved=resolved,
+                      vbuckets=vbuckets, partitions=partitions)
+    writer = df.write.mode("overwrite" if (overwrite or out.exists()) else "errorifexists")
+    if fmt == "parquet":
+        writer.parquet(str(out))
+    else:
+        writer.json(str(out))
+    rows = files = size = 0
+    suffix = ".parquet" if fmt == "parquet" else ".json"
+    parts = sorted(f for f in out.iterdir() if f.name.startswith("part-") and f.name.endswith(suffix))
+    for f in parts:
+        files += 1
+        size += f.stat().st_size
+        if fmt == "jsonl":
+            with open(f, "rb") as fh:
+                rows += sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+    if fmt == "parquet":
+        rows = spark.read.parquet(str(out)).count()  # from the footers
+    return ExportResult(str(out), fmt, rows, backup, resolved, files, size,
+                        time.monotonic() - t0)

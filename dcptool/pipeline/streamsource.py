@@ -1,0 +1,301 @@
+"""A node's DCP changes as a Structured Streaming source: `readStream.format("dcptool-stream")`.
+
+    spark.readStream.format("dcptool-stream")
+        .option("cluster", "couchbase://127.0.0.1").option("bucket", "default")
+        .option("username", "Administrator").option("password", "...")   # or DCPTOOL_PASSWORD
+        .load()
+
+Offsets are per-vbucket DCP positions, kept by Spark in the query's checkpoint:
+
+    {"0": {"uuid": 2817..., "seq": 1200, "ss": 1200, "se": 1200}, "1": {...}, ...}
+
+(string keys, because Spark passes offsets through JSON). `latestOffset` asks the node for
+each vbucket's high seqno and newest failover-log uuid; a micro-batch streams, per group of
+vbuckets (one Spark task per group, each with its own DCP connection), from the start
+position to the end seqno and emits the items at or below it. The node finishes a snapshot
+even past the end seqno; those items are left for the next batch, which asks for them from
+the end position.
+
+Rollback: when the node answers a stream request with ROLLBACK (its history diverged from
+the position in the checkpoint, e.g. after a failover or an unclean restart), the task
+emits a row of type `rollback` whose `seqno` is the point the vbucket went back to, then
+re-reads from there. Rows of that vbucket emitted earlier with a higher seqno belong to
+the abandoned history; a sink drops them when it sees the rollback row.
+
+`trigger(availableNow=True)` freezes the target offsets when the query starts, drains up
+to them and stops. `maxRecordsPerBatch` bounds a micro-batch by seqno ranges (an upper
+bound of the items in them). `commit()` does nothing: DCP keeps no consumer position on
+the node; all progress is in the checkpoint.
+"""
+from __future__ import annotations
+
+import os
+from operator import itemgetter
+from typing import Any, Iterator
+
+from dcptool.errors import UsageError
+
+NAME = "dcptool-stream"
+
+COLUMNS = (
+    ("vbucket", "int"),
+    ("type", "string"),
+    ("seqno", "bigint"),
+    ("rev_seqno", "bigint"),
+    ("cas", "bigint"),
+    ("flags", "bigint"),
+    ("expiry", "bigint"),
+    ("datatype", "int"),
+    ("key", "string"),
+    ("value", "binary"),
+    ("deleted", "boolean"),
+    ("delete_time", "bigint"),
+)
+SCHEMA_DDL = ", ".join(f"{n} {t}" for n, t in COLUMNS)
+
+BATCH_ROWS = 16384
+
+_TRUE = {"true", "1", "yes", "on"}
+
+
+def arrow_schema():
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
+             "binary": pa.binary(), "boolean": pa.bool_()}
+    return pa.schema([(n, types[t]) for n, t in COLUMNS])
+
+
+def _entry(uuid: int, seqno: int, ss: int | None = None, se: int | None = None) -> dict[str, int]:
+    return {"uuid": int(uuid), "seq": int(seqno), "ss": int(seqno if ss is None else ss),
+            "se": int(seqno if se is None else se)}
+
+
+def parse_options(options: dict[str, str]) -> dict[str, Any]:
+    """Connection options and settings from the source's string options."""
+    from dcptool.cli.connopts import ConnOptions
+    from dcptool.cli.vbspec import parse_vbuckets
+
+    cluster = options.get("cluster")
+    if not cluster:
+        raise UsageError("dcptool-stream: option 'cluster' is required (e.g. couchbase://HOST)")
+    password = options.get("password") or os.environ.get("DCPTOOL_PASSWORD")
+    opts = ConnOptions.from_cli(cluster, options.get("username"), password,
+                                options.get("bucket") or "default", prompt=False)
+    start = (options.get("start") or "beginning").lower()
+    if start not in ("beginning", "now"):
+        raise UsageError(f"dcptool-stream: option start must be 'beginning' or 'now', not {start!r}")
+    try:
+        partitions = int(options.get("partitions") or 2 * (os.cpu_count() or 1))
+        max_records = int(options["maxRecordsPerBatch"]) if options.get("maxRecordsPerBatch") else None
+    except ValueError as exc:
+        raise UsageError(f"dcptool-stream: {exc}") from None
+    return {
+        "opts": opts,
+        "vbuckets": parse_vbuckets(options.get("vbuckets"), option="option vbuckets"),
+        "start": start,
+        "partitions": max(1, partitions),
+        "values": str(options.get("values", "true")).lower() in _TRUE,
+        "max_records": max_records,
+    }
+
+
+def node_positions(opts, vbuckets: list[int] | None) -> dict[int, dict[str, int]]:
+    """{vb: offset entry at the node's current high seqno} for the active vbuckets."""
+    from dcptool.client.ops import latest_positions
+
+    with opts.connect() as conn:
+        positions = latest_positions(conn, vbuckets)
+    return {vb: _entry(p.uuid, p.seqno) for vb, p in positions.items()}
+
+
+def plan_end(start: dict[str, dict], latest: dict[int, dict[str, int]],
+             max_records: int | None = None) -> dict[str, dict]:
+    """The end offset of the next micro-batch: each vbucket's latest position where the
+    node moved on (or back), the start entry where it did not; with `max_records` the
+    seqno ranges add up to at most that many. Keys keep the start offset's order, so an
+    offset without new data is identical to the start (Spark then runs no batch)."""
+    out: dict[str, dict] = {}
+    budget = max_records
+    for key in sorted(set(start) | {str(vb) for vb in latest}, key=int):
+        cur = start.get(key)
+        new = latest.get(int(key))
+        if new is None:
+            out[key] = cur
+            continue
+        if cur is None:
+            cur = _entry(0, 0)
+        if new["seq"] == cur["seq"]:
+            out[key] = cur  # nothing new (a uuid change alone is checked on the next stream)
+            continue
+        if budget is not None and new["seq"] > cur["seq"]:
+            if budget <= 0:
+                out[key] = cur
+                continue
+            step = min(new["seq"] - cur["seq"], budget)
+            budget -= step
+            if step < new["seq"] - cur["seq"]:
+                new = _entry(new["uuid"], cur["seq"] + step)
+        out[key] = new
+    return out
+
+
+def stream_task(spec: dict[str, Any]) -> Iterator[Any]:
+    """Arrow batches of one micro-batch partition: stream each vbucket from its start
+    position to its end seqno (see the module docstring)."""
+    import pyarrow as pa
+
+    from dcptool.client.events import DELETION, EXPIRATION, MUTATION, ROLLBACK
+    from dcptool.client.ops import get_failover_logs
+    from dcptool.client.position import Position
+    from dcptool.client.session import SessionConfig
+
+    opts = spec["opts"]
+    plan = {int(vb): (s, e) for vb, (s, e) in spec["vbuckets"].items()}
+    with opts.connect() as conn:
+        logs = get_failover_logs(conn, sorted(plan))
+    ends = {vb: e["seq"] for vb, (s, e) in plan.items()}
+    rows: list[tuple] = []
+    schema = arrow_schema()
+    names = {MUTATION: "mutation", DELETION: "deletion", EXPIRATION: "expiration"}
+
+    def on_rollback(info):
+        # resume from the node's rollback seqno itself, on the history the node shares
+        # with the checkpoint (the newest failover entry at or below it)
+        return info.before.moved_to(info.rollback_seqno)
+
+    def batch():
+        n = len(rows)
+        cols = [list(map(itemgetter(i), rows)) for i in range(12)]
+        out = pa.RecordBatch.from_arrays([
+            pa.array(cols[0], pa.int32()), pa.array(cols[1], pa.string()),
+            pa.array(cols[2], pa.int64()), pa.array(cols[3], pa.int64()),
+            pa.array([c if c is None or c < 1 << 63 else c - (1 << 64) for c in cols[4]],
+                     pa.int64()),
+            pa.array(cols[5], pa.int64()), pa.array(cols[6], pa.int64()),
+            pa.array(cols[7], pa.int32()),
+            pa.array([k if k is None else k.decode("utf-8", "replace") for k in cols[8]],
+                     pa.string()),
+            pa.array(cols[9], pa.binary()), pa.array(cols[10], pa.bool_()),
+            pa.array(cols[11], pa.int64()),
+        ], schema=schema)
+        rows.clear()
+        assert out.num_rows == n
+        return out
+
+    config = SessionConfig(name=spec.get("name", "dcptool-stream"), no_value=not spec["values"],
+                           consistent=True, max_rollbacks=16)
+    consumer = opts.consumer(config, on_rollback=on_rollback)
+    try:
+        streams = {}
+        for vb, (s, e) in plan.items():
+            log = tuple((int(u), int(q)) for u, q in logs.get(vb, ()))
+            ss, se = min(s["ss"], s["seq"]), max(s["se"], s["seq"])
+            streams[vb] = (Position(s["uuid"], s["seq"], ss, se, log), e["seq"])
+        consumer.add_streams(streams)
+        values = spec["values"]
+        for events in consumer.batches(tick=1.0):
+            for ev in events:
+                kind = ev[0]
+                if kind == MUTATION or kind == DELETION or kind == EXPIRATION:
+                    vb = ev[1]
+                    if ev[2] > ends[vb]:
+                        continue  # past this batch's end: the next batch reads it
+                    if kind == MUTATION:
+                        rows.append((vb, "mutation", ev[2], ev[3], ev[4], ev[5], ev[6], ev[7],
+                                     bytes(ev[8]), bytes(ev[9]) if values else None, False,
+                                     None))
+                    else:
+                        rows.append((vb, names[kind], ev[2], ev[3], ev[4], None, None, ev[7],
+                                     bytes(ev[8]), bytes(ev[9]) if values else None, True,
+                                     ev[6]))
+                elif kind == ROLLBACK:
+                    info = ev[3]
+                    rows.append((ev[1], "rollback", info.after.seqno, None, None, None, None,
+                                 None, None, None, None, None))
+            if len(rows) >= BATCH_ROWS:
+                yield batch()
+    finally:
+        consumer.close()
+    if rows:
+        yield batch()
+
+
+try:
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
+except ImportError:  # pragma: no cover
+    DataSource = DataSourceStreamReader = SupportsTriggerAvailableNow = object  # type: ignore
+    InputPartition = ReadMaxRows = None  # type: ignore
+
+
+class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    def __init__(self, options: dict[str, str]):
+        self.cfg = parse_options(dict(options))
+        self.target: dict[int, dict[str, int]] | None = None
+        self.batch_no = 0
+
+    def _latest(self) -> dict[int, dict[str, int]]:
+        return node_positions(self.cfg["opts"], self.cfg["vbuckets"])
+
+    def initialOffset(self) -> dict:
+        latest = self._latest()
+        if self.cfg["start"] == "now":
+            return {str(vb): latest[vb] for vb in sorted(latest)}
+        return {str(vb): _entry(0, 0) for vb in sorted(latest)}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._latest()
+
+    def getDefaultReadLimit(self):
+        if self.cfg["max_records"] and ReadMaxRows is not None:
+            return ReadMaxRows(self.cfg["max_records"])
+        return super().getDefaultReadLimit()
+
+    def latestOffset(self, start: dict, limit=None) -> dict:
+        latest = self.target if self.target is not None else self._latest()
+        cap = None
+        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            cap = limit.max_rows
+        if self.target is not None:
+            # never beyond the frozen target, never back from a position already past it
+            latest = {vb: e for vb, e in latest.items()
+                      if str(vb) not in start or e["seq"] > start[str(vb)]["seq"]}
+        return plan_end(start, latest, cap)
+
+    def partitions(self, start: dict, end: dict):
+        from .spark import plan_groups
+
+        todo = [k for k in end if start.get(k) != end[k]]
+        if not todo:
+            return []
+        self.batch_no += 1
+        out = []
+        for i, group in enumerate(plan_groups([int(k) for k in todo], self.cfg["partitions"])):
+            out.append(InputPartition({
+                "opts": self.cfg["opts"], "values": self.cfg["values"],
+                "name": f"dcptool-stream:{os.getpid()}:{self.batch_no}:{i}",
+                "vbuckets": {vb: (start.get(str(vb)) or _entry(0, 0), end[str(vb)])
+                             for vb in group},
+            }))
+        return out
+
+    def read(self, partition):
+        return stream_task(partition.value)
+
+    def commit(self, end: dict) -> None:
+        pass
+
+
+class DcpStreamDataSource(DataSource):  # type: ignore[misc]
+    """`spark.readStream.format("dcptool-stream")`; see the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def streamReader(self, schema):
+        return DcpStreamReader(self.options)
