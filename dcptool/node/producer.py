@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dcptool.node.producer")
 
-PUMP_BYTES = 1 << 20
+PUMP_BYTES = 256 * 1024
 QUANTUM = 64 * 1024
 DEFAULT_NOOP_INTERVAL = 120.0
 MIN_NOOP_INTERVAL = 0.05
