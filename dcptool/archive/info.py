@@ -66,6 +66,14 @@ def _partial(archive: Archive, bid: str) -> dict[str, Any]:
     }
 
 
+def _merged_from(manifest: dict[str, Any]) -> list[str] | None:
+    """The ids of the backups a merged backup replaced (None for an ordinary backup)."""
+    merge = (manifest.get("extra") or {}).get("merge")
+    if isinstance(merge, dict) and isinstance(merge.get("replaced"), list):
+        return [str(b) for b in merge["replaced"]]
+    return None
+
+
 def describe_archive(archive: Archive) -> dict[str, Any]:
     """The archive's metadata and one entry per backup, oldest first."""
     backups = []
@@ -90,6 +98,7 @@ def describe_archive(archive: Archive) -> dict[str, Any]:
             "compression": m.get("compression"),
             "rollback_records": [{"vbucket": e["vbucket"], **r} for e in m["vbuckets"]
                                  for r in e["rollbacks"]],
+            "merged_from": _merged_from(m),
         })
     holder = ArchiveLock(archive.path, "info").holder()
     return {

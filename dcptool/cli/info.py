@@ -87,6 +87,9 @@ def info(
                       "resumes it; --purge-partial discards it")
         elif b["state"] == "damaged":
             con.print(f"[red]{b['id']}: {b['error']}[/red]")
+        if b.get("merged_from"):
+            ids = b["merged_from"]
+            con.print(f"{b['id']}: merged from {len(ids)} backups ({ids[0]} .. {ids[-1]})")
         for r in b.get("rollback_records", []):
             con.print(f"{b['id']}: vbucket {r['vbucket']} rolled back to seqno {r['seqno']} "
                       f"(uuid {r['vbucket_uuid']})")

@@ -147,8 +147,10 @@ def load_manifests(archive: Archive) -> dict[str, dict[str, Any]]:
 
 
 def _balance(units: list[tuple[int, int, Any]], n: int) -> list[list[Any]]:
-    """Spread (vbucket, weight, unit) over at most n groups, whole vbuckets per group,
-    heaviest vbuckets first onto the lightest group; each group sorted by vbucket."""
+    """Spread (vbucket, weight, unit) over at most n groups, whole vbuckets per group and at
+    least two vbuckets per group (a task costs tens of milliseconds: one per vbucket would
+    waste them), heaviest vbuckets first onto the lightest group; each group sorted by
+    vbucket."""
     by_vb: dict[int, list] = {}
     weight: dict[int, int] = {}
     for vb, w, u in units:
@@ -156,7 +158,7 @@ def _balance(units: list[tuple[int, int, Any]], n: int) -> list[list[Any]]:
         weight[vb] = weight.get(vb, 0) + w
     if not by_vb:
         return []
-    n = max(1, min(n, len(by_vb)))
+    n = max(1, min(n, len(by_vb) // 2))
     groups: list[list[int]] = [[] for _ in range(n)]
     loads = [0] * n
     for vb in sorted(by_vb, key=lambda v: (-weight[v], v)):

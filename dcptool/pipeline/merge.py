@@ -91,12 +91,16 @@ class MergeResult:
     seconds: float = 0.0
     finished_earlier: list[str] = field(default_factory=list)
 
+    @property
+    def items_after(self) -> int:
+        return self.mutations + self.deletions + self.expirations
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "merged_id": self.merged_id, "type": self.type, "parent": self.parent,
             "replaced": self.replaced, "relinked": self.relinked, "vbuckets": self.vbuckets,
-            "items_before": self.items_before, "items_after": self.mutations + self.deletions
-            + self.expirations, "mutations": self.mutations, "deletions": self.deletions,
+            "items_before": self.items_before, "items_after": self.items_after,
+            "mutations": self.mutations, "deletions": self.deletions,
             "expirations": self.expirations, "rollbacks": self.rollbacks,
             "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
             "seconds": round(self.seconds, 3), "finished_earlier": self.finished_earlier,

@@ -1,0 +1,145 @@
+"""`dcptool merge`: a chain with updates, deletions and a recorded rollback folds into one
+backup with the same restore. Real node processes, the shared SparkSession, real files."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from dochelpers import delete, load, node_documents, opts_for
+from nodeproc import NodeProcess
+
+from dcptool.archive import Archive
+from dcptool.archive.verify import verify_archive
+from dcptool.cli.app import main
+from dcptool.pipeline.backup import run_backup
+from dcptool.pipeline.merge import STAGING, run_merge
+from dcptool.pipeline.restore import resolved_records, run_restore
+from dcptool.protocol import vbucket_of
+
+VBS = 16
+
+
+def restore_state(path, backup=None) -> dict:
+    """{vb: [what restore writes, in order]} straight from restore's own resolution."""
+    return {vb: list(resolved_records(str(path), vb, backup)) for vb in range(VBS)}
+
+
+def cli(capsys, *args) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, spark):
+    """Five backups: B1 full; B2 updates and deletions; B3 documents the node never
+    persisted; B4 after an unclean restart (rollbacks recorded) with new documents;
+    B5 more updates and deletions. The node's final state and the restore before any merge."""
+    base = tmp_path_factory.mktemp("merge")
+    path = base / "archive"
+    node = NodeProcess(base / "src", vbuckets=VBS).start()
+    try:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"doc::{i:04d}": {"i": i, "v": 1} for i in range(1500)}, VBS)
+        run_backup(opts, path, spark=spark)
+        with opts.connect() as conn:
+            load(conn, {f"doc::{i:04d}": {"i": i, "v": 2} for i in range(0, 200)}, VBS, flags=3)
+            delete(conn, [f"doc::{i:04d}" for i in range(200, 300)], VBS)
+        run_backup(opts, path, spark=spark)
+        node.extra_args = ("--flush-interval", "3600")
+        node.restart()
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"late::{i}": {"i": i} for i in range(100)}, VBS)
+            load(conn, {f"doc::{i:04d}": {"i": i, "v": "late"} for i in range(1000, 1010)}, VBS)
+        run_backup(opts, path, spark=spark)
+        node.kill()  # the late writes were never persisted: a new history branch
+        node.extra_args = ()
+        node.start()
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"after::{i}": {"i": i} for i in range(80)}, VBS)
+        b4 = run_backup(opts, path, spark=spark)
+        assert b4.rollbacks > 0
+        with opts.connect() as conn:
+            load(conn, {f"doc::{i:04d}": {"i": i, "v": 5} for i in range(0, 50)}, VBS)
+            delete(conn, [f"doc::{i:04d}" for i in range(1400, 1450)] +
+                   [f"after::{i}" for i in range(10)], VBS)
+        run_backup(opts, path, spark=spark)
+        final = node_documents(opts)
+    finally:
+        node.stop()
+    ids = Archive.open(path).committed_ids()
+    assert len(ids) == 5
+    before = restore_state(path)
+    with NodeProcess(base / "dst-before", vbuckets=VBS) as dst:
+        run_restore(str(path), opts_for(dst), spark=spark)
+        restored_before = node_documents(opts_for(dst))
+    assert restored_before == final
+    assert not any(k.startswith(b"late::") for k in final)
+    return path, ids, before, restored_before
+
+
+def test_merge_chain_with_rollback_keeps_the_restore(chain, spark, tmp_path, capsys):
+    path, ids, before, restored_before = chain
+    b1, b2, b3, b4, b5 = ids
+
+    # 1. the first two backups: the third is re-linked to the merged one
+    m1 = run_merge(path, last=b2, spark=spark)
+    a = Archive.open(path)
+    assert m1.replaced == [b1, b2] and m1.relinked == [b3] and m1.type == "full"
+    assert a.committed_ids() == [m1.merged_id, b3, b4, b5]
+    assert a.manifest(b3)["parent"] == m1.merged_id
+    assert m1.items_after < m1.items_before  # updated keys kept once
+    assert m1.deletions == 100  # tombstones kept
+    assert restore_state(path) == before
+
+    # 2. the last two, which start with the rollback: the rollback record is kept, since
+    #    it kills the late documents of B3, outside the range
+    m2 = run_merge(path, first=b4, spark=spark)
+    a = Archive.open(path)
+    assert a.committed_ids() == [m1.merged_id, b3, m2.merged_id]
+    mf = a.manifest(m2.merged_id)
+    assert mf["parent"] == b3 and mf["type"] == "incremental"
+    late_vbs = {vbucket_of(f"late::{i}".encode(), VBS) for i in range(100)}
+    assert {e["vbucket"] for e in mf["vbuckets"] if e["rollbacks"]} == late_vbs
+    assert restore_state(path) == before
+    assert verify_archive(path).ok
+
+    # 3. everything into one full backup, through the CLI; info shows it
+    rc, out, err = cli(capsys, "merge", path, "--json")
+    assert rc == 0, err
+    m3 = json.loads(out)
+    assert m3["replaced"] == [m1.merged_id, b3, m2.merged_id] and m3["type"] == "full"
+    a = Archive.open(path)
+    assert a.committed_ids() == [m3["merged_id"]]
+    assert a.manifest(m3["merged_id"])["totals"]["rollbacks"] == 0  # nothing left to cut
+    assert restore_state(path) == before
+    report = verify_archive(path)
+    assert report.ok, report.problems
+    assert not (path / STAGING).exists()
+    rc, out, _ = cli(capsys, "info", path, "--json")
+    info = json.loads(out)
+    (only,) = info["backups"]
+    assert only["id"] == m3["merged_id"] and only["merged_from"] == m3["replaced"]
+    rc, out, _ = cli(capsys, "info", path)
+    assert f"merged from 3 backups" in out
+
+    # the restore after the merge is the restore before it
+    with NodeProcess(tmp_path / "dst-after", vbuckets=VBS) as dst:
+        run_restore(str(path), opts_for(dst), spark=spark)
+        assert node_documents(opts_for(dst)) == restored_before
+
+
+def test_merge_user_errors(chain, capsys, tmp_path):
+    path = chain[0]
+    rc, _out, err = cli(capsys, "merge", path, "--from", "20200101T000000.000000Z")
+    assert rc != 0 and err.startswith("dcptool: error: ") and "Traceback" not in err
+    rc, _out, err = cli(capsys, "merge", tmp_path / "nothing")
+    assert rc != 0 and "no archive" in err
+    a = Archive.open(path)
+    if len(a.committed_ids()) == 1:
+        rc, _out, err = cli(capsys, "merge", path)
+        assert rc == 2 and "nothing to merge" in err
