@@ -82,6 +82,24 @@ def chain(tmp_path_factory, spark):
     return path, ids, before, restored_before
 
 
+def test_dead_branch_in_the_data_source_and_examine(chain, spark):
+    """Before any merge: the late writes are on the branch the rollback cut off."""
+    from dcptool.pipeline.examine import examine_key
+    from dcptool.spark import read_archive
+
+    path, ids, before, _restored = chain
+    df = read_archive(spark, path)
+    dead = {r["key"] for r in df.filter("dead").select("key").collect()}
+    assert {f"late::{i}" for i in range(100)} <= dead
+    assert {f"doc::{i:04d}" for i in range(1000, 1010)} <= dead
+    resolved = {r["key"] for r in read_archive(spark, path, resolved=True).collect()}
+    assert not any(k.startswith("late::") for k in resolved)
+    versions = examine_key(path, "doc::1003")["versions"]
+    assert [v["backup"] for v in versions] == [ids[0], ids[2]]
+    assert [v["dead"] for v in versions] == [False, True]
+    assert [v["restored"] for v in versions] == [True, False]
+
+
 def test_merge_chain_with_rollback_keeps_the_restore(chain, spark, tmp_path, capsys):
     path, ids, before, restored_before = chain
     b1, b2, b3, b4, b5 = ids
