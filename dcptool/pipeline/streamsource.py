@@ -109,6 +109,13 @@ def node_positions(opts, vbuckets: list[int] | None) -> dict[int, dict[str, int]
     return {vb: _entry(p.uuid, p.seqno) for vb, p in positions.items()}
 
 
+def _moved(cur: dict[str, int], new: dict[str, int]) -> bool:
+    """Whether the node's position differs from the checkpoint's: more data, less data
+    (it lost some), or a new history (a failover-log entry the checkpoint has not seen,
+    which the next stream request checks: it either continues or answers ROLLBACK)."""
+    return new["seq"] != cur["seq"] or (cur["seq"] > 0 and new["uuid"] != cur["uuid"])
+
+
 def plan_end(start: dict[str, dict], latest: dict[int, dict[str, int]],
              max_records: int | None = None) -> dict[str, dict]:
     """The end offset of the next micro-batch: each vbucket's latest position where the
@@ -125,8 +132,8 @@ def plan_end(start: dict[str, dict], latest: dict[int, dict[str, int]],
             continue
         if cur is None:
             cur = _entry(0, 0)
-        if new["seq"] == cur["seq"]:
-            out[key] = cur  # nothing new (a uuid change alone is checked on the next stream)
+        if not _moved(cur, new):
+            out[key] = cur  # nothing new: keep the entry as it is
             continue
         if budget is not None and new["seq"] > cur["seq"]:
             if budget <= 0:
@@ -258,9 +265,9 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # t
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             cap = limit.max_rows
         if self.target is not None:
-            # never beyond the frozen target, never back from a position already past it
+            # up to the frozen target; a vbucket already there stays where it is
             latest = {vb: e for vb, e in latest.items()
-                      if str(vb) not in start or e["seq"] > start[str(vb)]["seq"]}
+                      if str(vb) not in start or _moved(start[str(vb)], e)}
         return plan_end(start, latest, cap)
 
     def partitions(self, start: dict, end: dict):
