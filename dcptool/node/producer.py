@@ -159,7 +159,8 @@ class Producer:
                 window = PUMP_BYTES
             s = ready.popleft()
             s.queued = False
-            n = s.fill(out, min(window, QUANTUM))
+            # without flow control the quantum is only for fairness: a bigger message may go
+            n = s.fill(out, min(window, QUANTUM), loose=not bufsize)
             total += n
             if not (s.waiting or s.waiting_backfill or s.state == DEAD):
                 s.queued = True

@@ -156,16 +156,20 @@ class Stream:
 
     # -- producing -------------------------------------------------------------------------
 
-    def fill(self, out: list, limit: int, single: bool = False) -> int:
-        """Append frames to `out`, at most `limit` bytes (one message regardless if `single`).
+    def fill(self, out: list, limit: int, single: bool = False, loose: bool = False) -> int:
+        """Append frames to `out`, at most `limit` bytes.
 
-        Returns the bytes appended. Leaves `self.waiting`/`self.waiting_backfill` set when
-        it stopped for lack of data or of a backfill slot.
+        `single`: send exactly one message, whatever its size (a message larger than the
+        whole flow-control buffer). `loose`: the first message may exceed `limit` (no flow
+        control: `limit` is only a fairness quantum). Returns the bytes appended. Leaves
+        `self.waiting`/`self.waiting_backfill` set when it stopped for lack of data or of a
+        backfill slot.
         """
+        first_ok = single or loose
         used = 0
         while used < limit or single:
             if self.snap is not None:
-                n = self._send_items(out, limit - used, single)
+                n = self._send_items(out, limit - used, single, first_ok and not used)
                 used += n
                 if self.snap_pos < len(self.snap):
                     return used
@@ -177,7 +181,7 @@ class Stream:
                 continue
             if self.held is not None:
                 size = w.MARKER_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
-                if used + size > limit and not single:
+                if used + size > limit and (used or not first_ok):
                     return used
                 items, end, chk = self.held
                 self.held = None
@@ -187,7 +191,7 @@ class Stream:
                     return used
                 continue
             if self.rows is not None:
-                n = self._send_rows(out, limit - used, single)
+                n = self._send_rows(out, limit - used, single, first_ok and not used)
                 used += n
                 if self.row_pos < len(self.rows):
                     return used
@@ -197,7 +201,7 @@ class Stream:
                 continue
             if self.pending_end is not None:
                 size = w.STREAM_END_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
-                if used + size > limit and not single:
+                if used + size > limit and (used or not first_ok):
                     return used
                 out.append(w.stream_end(self.vbid, self.opaque, self.pending_end, self.sid))
                 self.state = DEAD
@@ -225,7 +229,7 @@ class Stream:
                     if not items:
                         continue
                 size = w.MARKER_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
-                if used + size > limit and not single:
+                if used + size > limit and (used or not first_ok):
                     # keep the snapshot for the next call; its marker goes first
                     self.held = (items, snap.end, snap.checkpoint_start)
                     return used
@@ -235,7 +239,7 @@ class Stream:
                     return used
                 continue
             if state == BACKFILL_PENDING:
-                if used + w.MARKER_SIZE + w.SID_EXTRA > limit and not single:
+                if used + w.MARKER_SIZE + w.SID_EXTRA > limit and (used or not first_ok):
                     return used
                 if not self.producer.backfills.acquire(self.wake):
                     self.waiting_backfill = True
@@ -301,7 +305,7 @@ class Stream:
 
     # -- the hot loops ---------------------------------------------------------------------
 
-    def _send_items(self, out: list, limit: int, single: bool) -> int:
+    def _send_items(self, out: list, limit: int, single: bool, first_ok: bool) -> int:
         """Encode items of the current memory snapshot. Returns bytes appended."""
         items = self.snap
         i = self.snap_pos
@@ -322,7 +326,7 @@ class Stream:
                 kl = len(key)
                 body = 31 + kl + len(val)
                 size = 24 + body
-                if used + size > limit and not (single and not used):
+                if used + size > limit and (used or not first_ok):
                     break
                 append(pack(0x80, 0x57, kl, 31, it.datatype, vb, body, opq, it.cas, it.seqno,
                             it.rev, it.flags, it.expiry, 0, 0, 0))
@@ -332,7 +336,7 @@ class Stream:
                 parts = prod.encode(vb, opq, self.sid, it.key, it.value, it.datatype, it.cas,
                                     it.seqno, it.rev, it.flags, it.expiry, it.op, it.delete_time)
                 size = len(parts[0]) + len(parts[1]) + len(parts[2])
-                if used + size > limit and not (single and not used):
+                if used + size > limit and (used or not first_ok):
                     break
                 out.extend(parts)
             used += size
@@ -343,7 +347,7 @@ class Stream:
         self.snap_pos = i
         return used
 
-    def _send_rows(self, out: list, limit: int, single: bool) -> int:
+    def _send_rows(self, out: list, limit: int, single: bool, first_ok: bool) -> int:
         """Encode rows of the disk snapshot. Returns bytes appended."""
         rows = self.rows
         i = self.row_pos
@@ -367,7 +371,7 @@ class Stream:
                 kl = len(key)
                 body = 31 + kl + len(val)
                 size = 24 + body
-                if used + size > limit and not (single and not used):
+                if used + size > limit and (used or not first_ok):
                     break
                 append(pack(0x80, 0x57, kl, 31, dt, vb, body, opq, cas, rid & mask, rev, flags,
                             expiry, 0, 0, 0))
@@ -377,7 +381,7 @@ class Stream:
                 parts = prod.encode(vb, opq, self.sid, key, val, dt, cas, rid & mask, rev, flags,
                                     expiry, op, dtime)
                 size = len(parts[0]) + len(parts[1]) + len(parts[2])
-                if used + size > limit and not (single and not used):
+                if used + size > limit and (used or not first_ok):
                     break
                 out.extend(parts)
             used += size

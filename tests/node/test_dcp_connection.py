@@ -334,3 +334,18 @@ def test_stream_ids_allow_several_streams_per_vbucket(node_factory):
         assert f.status == Status.SUCCESS
         f = c.call(Opcode.DCP_CLOSE_STREAM, vbucket=1, framing=encode_stream_id(9))
         assert f.status == Status.KEY_ENOENT
+
+
+@pytest.mark.parametrize("buffer_size", [0, 100_000])
+def test_documents_larger_than_the_quantum_or_the_buffer_still_flow(node_factory, buffer_size):
+    node = node_factory(vbuckets=1)
+    big = [bytes([65 + i]) * (1024 * 1024 + i) for i in range(3)]
+    with connect(node) as kv:
+        for i, v in enumerate(big):
+            assert kv.set(b"big-%d" % i, v, vbucket=0).status == Status.SUCCESS
+    with dcp_connect(node, "big") as c:
+        if buffer_size:
+            assert c.control("connection_buffer_size", str(buffer_size)).status == Status.SUCCESS
+        assert c.stream_req(0, end=3).status == Status.SUCCESS
+        c.drain(ack_every=1, timeout=30)
+        assert [i.value for i in c.log(0).items] == big
