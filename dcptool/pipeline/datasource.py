@@ -348,20 +348,14 @@ def resolve_parts(parts: list[tuple[str, Path, dict[str, Any]]], *,
     for (bid, bdir, entry), cut in zip(parts, cuts):
         top = -1
         for batch in iter_vbucket_batches(bdir, entry, validate=validate):
-            for r in batch:
-                t = r[0]
-                if t == 3:
-                    s = r[1]
-                    if cut is not None and s > cut:
-                        continue
-                    state[r[7]] = r
-                    top = s
-                elif t == 4 or t == 5:
-                    s = r[1]
-                    if cut is not None and s > cut:
-                        continue
-                    state[r[4]] = r
-                    top = s
+            if cut is None:
+                items = {r[7] if r[0] == 3 else r[4]: r for r in batch if 2 < r[0] < 6}
+            else:
+                items = {r[7] if r[0] == 3 else r[4]: r for r in batch
+                         if 2 < r[0] < 6 and r[1] <= cut}
+            if items:
+                state.update(items)
+                top = max(top, max(r[1] for r in items.values()))
         if top >= 0:
             # surviving seqnos increase along the chain: drop parts this one overtook
             while tops and tops[-1] >= top:
