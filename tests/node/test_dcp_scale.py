@@ -133,8 +133,10 @@ def test_stalled_client_cursor_is_dropped_and_it_resumes_from_disk(node_factory)
     log = slow.log(0)
     log.check_consistent()
     assert got == final
-    flags = [m.flags for m in log.markers]
-    assert flags[0] & SnapshotFlag.MEMORY
-    assert any(f & SnapshotFlag.DISK for f in flags[1:]), "the gap came from disk"
+    # the first snapshot may come from disk or memory (the flusher can free the initial
+    # checkpoints before the stream asks); after the cursor was dropped, the gap was filled
+    # by a disk snapshot that starts in the middle of the history
+    assert any(m.flags & SnapshotFlag.DISK and m.start_seqno > 0 for m in log.markers)
+    assert any(m.flags & SnapshotFlag.MEMORY for m in log.markers)
     assert log.end is None
     slow.close()
