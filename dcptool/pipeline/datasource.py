@@ -415,6 +415,7 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
     """The keyword arguments of plan_scan from the data source's string options."""
     from dcptool.cli.vbspec import parse_vbuckets
 
+    options = {str(k).lower(): v for k, v in options.items()}  # Spark's keys are case-insensitive
     path = options.get("path")
     if not path:
         raise UsageError("no archive path given: use .load(ARCHIVE)")

@@ -76,6 +76,7 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
     from dcptool.cli.connopts import ConnOptions
     from dcptool.cli.vbspec import parse_vbuckets
 
+    options = {str(k).lower(): v for k, v in options.items()}  # Spark's keys are case-insensitive
     cluster = options.get("cluster")
     if not cluster:
         raise UsageError("dcptool-stream: option 'cluster' is required (e.g. couchbase://HOST)")
@@ -87,7 +88,8 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
         raise UsageError(f"dcptool-stream: option start must be 'beginning' or 'now', not {start!r}")
     try:
         partitions = int(options.get("partitions") or 2 * (os.cpu_count() or 1))
-        max_records = int(options["maxRecordsPerBatch"]) if options.get("maxRecordsPerBatch") else None
+        max_records = int(options["maxrecordsperbatch"]) if options.get("maxrecordsperbatch") \
+            else None
     except ValueError as exc:
         raise UsageError(f"dcptool-stream: {exc}") from None
     return {

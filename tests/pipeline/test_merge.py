@@ -161,3 +161,67 @@ def test_merge_user_errors(chain, capsys, tmp_path):
     if len(a.committed_ids()) == 1:
         rc, _out, err = cli(capsys, "merge", path)
         assert rc == 2 and "nothing to merge" in err
+
+
+def _synthetic_chain(path, vbuckets: int = 4) -> list[str]:
+    """Three backups written with the archive writer: every vbucket gets 30 documents,
+    then 10 updates and 5 deletions, then 10 new documents."""
+    a = Archive.create(path, bucket="default", vbuckets=vbuckets)
+    seq = [0] * vbuckets
+    uuid = 0x5151
+
+    def one(btype, per_vb):
+        bw = a.begin_backup(btype)
+        sums = []
+        for vb in range(vbuckets):
+            s0 = seq[vb]
+            w = bw.vbucket(vb, {"uuid": uuid, "seqno": s0, "snap_start": s0, "snap_end": s0},
+                           [[uuid, 0]])
+            recs = per_vb(vb, s0)
+            w.write([(2, s0 + 1, s0 + len(recs), 2)] + recs)
+            seq[vb] = s0 + len(recs)
+            e = seq[vb]
+            sums.append(w.close({"uuid": uuid, "seqno": e, "snap_start": e, "snap_end": e}))
+        return bw.commit(sums)["id"]
+
+    def mut(s, key, v):
+        return (3, s, s, 1_700_000_000_000_000_000 + s, 0, 0, 1, key, b'{"v":%d}' % v, None)
+
+    ids = [one("full", lambda vb, s0: [mut(s0 + i + 1, b"k%d-%d" % (vb, i), 1) for i in range(30)])]
+    ids.append(one("incremental", lambda vb, s0: [mut(s0 + i + 1, b"k%d-%d" % (vb, i), 2)
+                                                  for i in range(10)] +
+                   [(4, s0 + 11 + i, s0 + 11 + i, 1_700_000_000_000_000_000 + s0 + 11 + i,
+                     b"k%d-%d" % (vb, 20 + i), 0, 0, b"") for i in range(5)]))
+    ids.append(one("incremental", lambda vb, s0: [mut(s0 + i + 1, b"n%d-%d" % (vb, i), 3)
+                                                  for i in range(10)]))
+    return ids
+
+
+def test_an_interrupted_merge_is_finished_by_the_next(spark, tmp_path):
+    import shutil
+
+    from dcptool.archive.format import MANIFEST_JSON, atomic_write_json, read_json
+
+    path = tmp_path / "archive"
+    b1, b2, b3 = _synthetic_chain(path)
+    state = {vb: list(resolved_records(str(path), vb, None)) for vb in range(4)}
+    keep = tmp_path / "kept"
+    for b in (b1, b2):
+        shutil.copytree(path / "backups" / b, keep / b)
+    m = run_merge(path, last=b2, spark=spark)
+    # as if the merge had been killed right after publishing the merged backup
+    for b in (b1, b2):
+        shutil.copytree(keep / b, path / "backups" / b)
+    mf = read_json(path / "backups" / b3 / MANIFEST_JSON)
+    mf["parent"] = b2
+    atomic_write_json(path / "backups" / b3 / MANIFEST_JSON, mf)
+    assert Archive.open(path).committed_ids() == sorted([b1, b2, m.merged_id, b3])
+    assert {vb: list(resolved_records(str(path), vb, None)) for vb in range(4)} == state
+    assert verify_archive(path).ok
+
+    again = run_merge(path, spark=spark)
+    assert again.finished_earlier == [b1, b2]
+    assert again.replaced == [m.merged_id, b3]
+    assert Archive.open(path).committed_ids() == [again.merged_id]
+    assert {vb: list(resolved_records(str(path), vb, None)) for vb in range(4)} == state
+    assert verify_archive(path).ok

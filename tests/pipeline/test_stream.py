@@ -72,6 +72,15 @@ def test_available_now_picks_up_exactly_the_changes(spark, tmp_path):
         run_once(spark, node, sink, ckpt)
         assert len(sink_rows(spark, sink)) == 470
 
+        # a new query reads the current state (one version per key) in bounded batches
+        sink2, ckpt2 = tmp_path / "sink2", tmp_path / "checkpoint2"
+        run_once(spark, node, sink2, ckpt2, maxRecordsPerBatch=150)
+        rows2 = sink_rows(spark, sink2)
+        assert len(rows2) == 420 and len({r["key"] for r in rows2}) == 420
+        assert len({(r["vbucket"], r["seqno"]) for r in rows2}) == 420
+        batches = [p for p in (ckpt2 / "offsets").iterdir() if p.name.isdigit()]
+        assert len(batches) >= 4  # 470 seqnos in steps of at most 150
+
 
 def test_rollback_is_reread_and_visible(spark, tmp_path):
     node = NodeProcess(tmp_path / "src", vbuckets=VBS).start()
