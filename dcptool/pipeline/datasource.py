@@ -21,6 +21,7 @@ of the rest the newest version of each key wins (tombstones included).
 """
 from __future__ import annotations
 
+import gc
 import os
 from bisect import bisect_left
 from operator import itemgetter
@@ -370,7 +371,20 @@ def resolve_parts(parts: list[tuple[str, Path, dict[str, Any]]], *,
 
 
 def read_partition(spec: dict[str, Any]) -> Iterator[Any]:
-    """pyarrow RecordBatches (schema `arrow_schema()`) of one planned partition."""
+    """pyarrow RecordBatches (schema `arrow_schema()`) of one planned partition.
+
+    The cyclic garbage collector is paused while it runs: decoding makes millions of small
+    tuples and no reference cycles, and collections over them cost a fifth of the time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield from _read_partition(spec)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _read_partition(spec: dict[str, Any]) -> Iterator[Any]:
     root = Path(spec["archive"])
     bdir_of = root / BACKUPS_DIR
     out = _Batches(values=spec.get("values", True))
