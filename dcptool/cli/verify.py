@@ -63,10 +63,10 @@ def verify(
         _verify_against(archive, as_json, backup_id, vbuckets, cluster, username, password,
                         bucket, cacert, no_verify, master, partitions)
         return
-    if cluster or backup_id or vbuckets:
+    if backup_id or vbuckets:
         from dcptool.errors import UsageError
 
-        raise UsageError("-c, --backup and --vbuckets only apply with --against")
+        raise UsageError("--backup and --vbuckets only apply with --against")
     report = verify_archive(archive, records=not checksums_only)
     if as_json:
         print_json(report.to_json(), pretty=True)

@@ -86,7 +86,7 @@ def test_verify_against_user_errors(tmp_path, capsys, monkeypatch, node, spark):
     run_backup(opts_for(node), path, spark=spark)
     rc, _out, err = cli(capsys, "verify", path, "--against")
     assert rc == 2 and "no node given" in err and len(err.splitlines()) == 1
-    rc, _out, err = cli(capsys, "verify", path, "-c", "127.0.0.1:1")
+    rc, _out, err = cli(capsys, "verify", path, "--vbuckets", "0-3")
     assert rc == 2 and "--against" in err
     # the plain verify keeps working
     rc, out, _err = cli(capsys, "verify", path)
