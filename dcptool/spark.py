@@ -62,8 +62,12 @@ def read_archive(spark, path: str | os.PathLike[str], *, backup: str | None = No
     each reading a group of vbuckets (default 2x the session's parallelism).
     `values=False` leaves the value column null (faster when only metadata is needed).
     """
+    from dcptool.archive import Archive
     from dcptool.pipeline.spark import default_parallelism
 
+    archive = Archive.open(path)  # a clear error now rather than a Spark stack trace later
+    if backup is not None:
+        archive.manifest(backup)
     register(spark)
     reader = spark.read.format(ARCHIVE_FORMAT)
     opts: dict[str, Any] = {
@@ -76,7 +80,7 @@ def read_archive(spark, path: str | os.PathLike[str], *, backup: str | None = No
     for k, v in opts.items():
         if v is not None:
             reader = reader.option(k, v)
-    return reader.load(os.fspath(path))
+    return reader.load(str(archive.path.absolute()))
 
 
 def read_changes(spark, cluster: str, *, bucket: str = "default",

@@ -212,7 +212,7 @@ def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
                 if wanted is not None and vb not in wanted:
                     continue
                 units.append((vb, e["bytes"]["files"], (bid, e, cuts[bid].get(vb))))
-    return [{**common, "units": g} for g in _balance(units, n)]
+    return [{**common, "units": g} for g in _balance(units, n)] or [{**common, "units": []}]
 
 
 # -- decoding -----------------------------------------------------------------------------------

@@ -126,3 +126,15 @@ def test_bad_options_are_usage_errors(archive):
         parse_options({"path": path, "vbuckets": "3-1"})
     with pytest.raises(UsageError, match="archive path"):
         parse_options({})
+
+
+def test_empty_and_missing_archives(spark, tmp_path):
+    from dcptool.archive.errors import ArchiveError, NotAnArchiveError
+
+    Archive.create(tmp_path / "empty", bucket="default", vbuckets=VBS)
+    assert read_archive(spark, tmp_path / "empty").count() == 0
+    assert read_archive(spark, tmp_path / "empty", resolved=True).count() == 0
+    with pytest.raises(NotAnArchiveError):
+        read_archive(spark, tmp_path / "nothing")
+    with pytest.raises(ArchiveError, match="no backup"):
+        read_archive(spark, tmp_path / "empty", backup="20200101T000000.000000Z")
