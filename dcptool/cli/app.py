@@ -1,17 +1,259 @@
-"""The typer application and the entry point that turns errors into one line."""
+"""The typer application and the entry point that turns errors into one line.
+
+Exit status (documented in docs/exit-codes.md and every man page):
+
+    0    success
+    1    failure: the work could not be done, or a check found problems
+         (verify, decode, examine, restore with failed writes)
+    2    usage error: bad options or arguments, no such archive, no password
+    3    the archive is locked by another backup, restore or merge: try again later
+    4    tail --fail-on-rollback: the node asked for a rollback
+    130  interrupted (Ctrl-C)
+    141  standard output was closed early (for example piped into head)
+
+Help texts are written as docstrings; `polish()` reflows them once for the whole tree
+(single line breaks inside a paragraph are joined, "Example:" lines stay lines of their
+own) and gives every option a metavar, so each command module only writes prose.
+"""
 from __future__ import annotations
 
+import difflib
+import inspect
+import os
+import re
 import sys
+import traceback
+import types
+from typing import Any
 
-import click
 import typer
+import typer.core
+from typer.core import TyperGroup
 
 from dcptool import __version__
+from dcptool.cli import output
 from dcptool.errors import DcptoolError
+
+try:  # typer >= 0.2x carries its own copy of click; older ones use click itself
+    from typer import _click as _impl  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - older typer
+    import click as _impl  # type: ignore[no-redef]
+try:
+    import click as _click_pkg
+except ImportError:  # pragma: no cover
+    _click_pkg = None
+
+_IMPLS = tuple(m for m in (_impl, _click_pkg) if m is not None)
+
+
+def _exc(name: str) -> tuple[type[BaseException], ...]:
+    out: list[type[BaseException]] = []
+    for m in _IMPLS:
+        cls = getattr(m.exceptions, name, None)
+        if cls is not None and cls not in out:
+            out.append(cls)
+    return tuple(out)
+
+
+_USAGE_ERRORS = _exc("UsageError")
+_NO_ARGS_IS_HELP = _exc("NoArgsIsHelpError")
+_CLICK_EXCEPTIONS = _exc("ClickException")
+_EXITS = tuple({typer.Exit, *_exc("Exit")})
+_ABORTS = tuple({typer.Abort, *_exc("Abort")})
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_LOCKED = 3
+EXIT_ROLLBACK = 4
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+
+#: (status, what it means) for the man pages and docs/exit-codes.md
+EXIT_STATUS = (
+    (EXIT_OK, "Success."),
+    (EXIT_FAILURE, "Failure: the work could not be done (the node could not be reached, a "
+                   "task failed, ...), or a check found problems (verify, decode, examine)."),
+    (EXIT_USAGE, "Usage error: bad options or arguments, no such archive, no password given."),
+    (EXIT_LOCKED, "The archive is locked by another backup, restore or merge; try again later."),
+    (EXIT_ROLLBACK, "tail --fail-on-rollback: the node asked for a rollback."),
+    (EXIT_INTERRUPTED, "Interrupted (Ctrl-C or SIGTERM where the command does not handle it)."),
+    (EXIT_BROKEN_PIPE, "Standard output was closed early (for example piped into head)."),
+)
+
+
+# -- help texts: one reflow for the whole tree ---------------------------------------------
+
+_OWN_LINE = re.compile(r"^(Example:|Examples:|- |\* |\d+\. )")
+
+
+def reflow(text: str | None) -> str | None:
+    """Join the single line breaks of docstring paragraphs; keep paragraphs, "Example:"
+    lines and list items on lines of their own, and `\\b` (verbatim) paragraphs as they are."""
+    if not text:
+        return text
+    text = inspect.cleandoc(text)
+    head, sep, tail = text.partition("\f")
+    paragraphs = re.split(r"\n\s*\n", head.strip())
+    out = []
+    for para in paragraphs:
+        if para.startswith("\b"):
+            out.append(para)
+            continue
+        lines: list[str] = []
+        for raw in para.split("\n"):
+            line = raw.strip()
+            if lines and not _OWN_LINE.match(line) and not _OWN_LINE.match(lines[-1]):
+                lines[-1] += " " + line
+            else:
+                lines.append(line)
+        out.append("\n".join(lines))
+    return "\n\n".join(out) + (sep + tail if sep else "")
+
+
+def _is_flag(param: Any) -> bool:
+    return bool(getattr(param, "is_flag", False) or getattr(param, "count", False))
+
+
+def param_kind(param: Any) -> tuple[str, tuple[str, ...]]:
+    """(kind, choices) of a parameter's value: kind is one of flag, int, float, path, file,
+    dir, choice, text. Works with typer's own parameter types and with click's."""
+    if _is_flag(param):
+        return "flag", ()
+    td = getattr(param, "type_descriptor", None)
+    if td is not None:  # typer >= 0.2x
+        choices = td.choices
+        if choices:
+            return "choice", tuple(str(getattr(c, "value", c)) for c in choices)
+        if td.is_path:
+            kind = str(td.path_type or "path").lower()
+            return ("dir" if kind.startswith("dir") else "file" if kind == "file" else "path"), ()
+        ann = td.annotation
+        if ann is int:
+            return "int", ()
+        if ann is float:
+            return "float", ()
+        return "text", ()
+    t = getattr(param, "type", None)
+    choices = getattr(t, "choices", None)
+    if choices:
+        return "choice", tuple(str(getattr(c, "value", c)) for c in choices)
+    name = getattr(t, "name", "")
+    if name == "path" or type(t).__name__ == "Path":
+        if getattr(t, "file_okay", True) is False:
+            return "dir", ()
+        return ("file" if getattr(t, "dir_okay", True) is False else "path"), ()
+    if name in ("integer", "integer range"):
+        return "int", ()
+    if name in ("float", "float range"):
+        return "float", ()
+    return "text", ()
+
+
+def value_metavar(param: Any) -> str:
+    """The placeholder shown for an option's value or an argument: its metavar, else N for
+    integers, the choices, or the parameter's name (`--bucket BUCKET`)."""
+    if getattr(param, "metavar", None):
+        return param.metavar
+    kind, choices = param_kind(param)
+    if kind == "int":
+        return "N"
+    if kind == "choice":
+        return "|".join(choices)
+    return (param.name or "value").upper()
+
+
+def _usage_name(param: Any):
+    def name() -> str:
+        return param.metavar if param.required else f"[{param.metavar}]"
+    return name
+
+
+def polish(cmd: Any) -> None:
+    """Reflow the help of `cmd` and everything under it; give arguments and valued options
+    upper-case metavars and flags none; let sub-groups suggest commands like the root."""
+    if getattr(cmd, "_dcptool_polished", False):
+        return
+    cmd._dcptool_polished = True
+    cmd.help = reflow(cmd.help)
+    if getattr(cmd, "short_help", None):
+        cmd.short_help = reflow(cmd.short_help)
+    for p in getattr(cmd, "params", ()):
+        if getattr(p, "help", None):
+            p.help = reflow(p.help)
+        if getattr(p, "param_type_name", "") == "argument":
+            if not p.metavar:
+                p.metavar = (p.name or "arg").upper()
+            if hasattr(p, "_usage_display_name") and p.nargs == 1:
+                p._usage_display_name = _usage_name(p)  # ARCHIVE, not typer's {ARCHIVE}
+        elif _is_flag(p):
+            p.metavar = ""
+        elif not p.metavar:
+            p.metavar = value_metavar(p)
+    # every group suggests commands like the root; no command shows a type for --help
+    if isinstance(cmd, TyperGroup) and not isinstance(cmd, DcptoolGroup):
+        cmd.resolve_command = types.MethodType(DcptoolGroup.resolve_command, cmd)
+    if not isinstance(cmd, _HelpOption):
+        cmd.get_help_option = types.MethodType(_help_option_without_type, cmd)
+    for sub in (getattr(cmd, "commands", None) or {}).values():
+        polish(sub)
+
+
+def suggest(name: str, choices: list[str]) -> list[str]:
+    """Commands a mistyped `name` probably meant: prefix matches, then close matches."""
+    out = [c for c in choices if c.startswith(name)] if len(name) >= 2 else []
+    for c in difflib.get_close_matches(name, choices, n=3, cutoff=0.6):
+        if c not in out:
+            out.append(c)
+    return out[:3]
+
+
+def _help_option_without_type(self: Any, ctx: Any):
+    opt = type(self).get_help_option(self, ctx)
+    if opt is not None:
+        opt.metavar = ""
+    return opt
+
+
+class _HelpOption:
+    __slots__ = ()
+
+    def get_help_option(self, ctx: Any):
+        opt = super().get_help_option(ctx)  # type: ignore[misc]
+        if opt is not None:
+            opt.metavar = ""
+        return opt
+
+
+class DcptoolGroup(_HelpOption, TyperGroup):
+    """The root group: reflowed help for the whole tree, suggestions for mistyped commands."""
+
+    __slots__ = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        polish(self)
+
+    def resolve_command(self, ctx: Any, args: list[str]):
+        if args and not ctx.resilient_parsing:
+            name = args[0]
+            if not name.startswith("-") and self.get_command(ctx, name) is None:
+                norm = ctx.token_normalize_func(name) if ctx.token_normalize_func else name
+                if self.get_command(ctx, norm) is None:
+                    matches = suggest(name, [c for c in self.list_commands(ctx)
+                                             if not getattr(self.get_command(ctx, c), "hidden", False)])
+                    err = _impl.exceptions.UsageError(f"no such command '{name}'", ctx)
+                    if matches:
+                        err.dcptool_hint = "did you mean " + " or ".join(f"'{m}'" for m in matches) + "?"
+                    else:
+                        err.dcptool_hint = f"see '{ctx.command_path} --help' for the commands"
+                    raise err
+        return TyperGroup.resolve_command(self, ctx, args)
+
 
 app = typer.Typer(
     name="dcptool",
-    help="Back up, restore and inspect Couchbase-style data nodes through DCP.",
+    cls=DcptoolGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -29,13 +271,31 @@ def _version_callback(value: bool) -> None:
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
                                  help="Print the version and exit."),
+    quiet: bool = typer.Option(False, "-q", "--quiet",
+                               help="Print results and errors only: no progress bars, notes or "
+                                    "summaries on stderr."),
+    verbose: int = typer.Option(0, "-v", "--verbose", count=True, show_default=False,
+                                help="Say more on stderr (what runs, per-vbucket progress of "
+                                     "backup, restore and merge); twice for debug detail and "
+                                     "tracebacks."),
 ) -> None:
-    """Back up, restore and inspect Couchbase-style data nodes through DCP."""
+    """Back up, restore and inspect Couchbase-style data nodes through DCP.
+
+    Results go to stdout (add --json to any command that prints results for a stable,
+    documented format); notes and progress go to stderr. Colour is used only on a
+    terminal and never when NO_COLOR is set. Each command has a man page, dcptool-COMMAND(1).
+
+    Example: dcptool backup -c couchbase://127.0.0.1 /backups/default
+    """
+    if quiet and verbose:
+        raise typer.BadParameter("--quiet and --verbose exclude each other", param_hint="-q/-v")
+    output.set_verbosity(output.QUIET if quiet else verbose)
 
 
 def _register() -> None:
     from dcptool.cli import decode  # noqa: F401  (registers its commands)
     from dcptool.cli import node  # noqa: F401
+    from dcptool.cli import doc  # noqa: F401
     from dcptool.cli import failover_log  # noqa: F401
     from dcptool.cli import tail  # noqa: F401
     from dcptool.cli import info, verify  # noqa: F401
@@ -49,41 +309,102 @@ def _register() -> None:
 _register()
 
 
+def build_command():
+    """The click command tree of the app, polished (what `main` runs and the docs describe)."""
+    cmd = typer.main.get_command(app)
+    polish(cmd)
+    return cmd
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
 def error_line(message: str, hint: str | None = None) -> None:
-    line = f"dcptool: error: {message}"
+    line = f"dcptool: error: {' '.join(str(message).split())}"
     if hint:
-        line += f" (hint: {hint})"
+        line += f" (hint: {' '.join(str(hint).split())})"
     print(line, file=sys.stderr)
+
+
+def exit_code_of(exc: DcptoolError) -> int:
+    """The exit status for an error: its own, or the distinct codes scripts rely on."""
+    code = exc.exit_code
+    if code == EXIT_FAILURE:
+        from dcptool.archive.errors import ArchiveLockedError
+        from dcptool.client.errors import RollbackError
+
+        if isinstance(exc, ArchiveLockedError):
+            return EXIT_LOCKED
+        if isinstance(exc, RollbackError):
+            return EXIT_ROLLBACK
+    return code
+
+
+def _sentence(text: str) -> str:
+    """Click's 'Invalid value for ...: x.' as 'invalid value for ...: x' (our one-line style)."""
+    text = " ".join(text.split()).rstrip(".")
+    if len(text) > 1 and text[0].isupper() and not text[1].isupper():
+        text = text[0].lower() + text[1:]
+    return text
+
+
+def usage_message(exc: Any) -> tuple[str, str | None]:
+    """(message, hint) for a click usage error."""
+    ctx = getattr(exc, "ctx", None)
+    default_hint = f"see '{ctx.command_path} --help'" if ctx is not None else None
+    hint = getattr(exc, "dcptool_hint", None)
+    if hint:
+        return _sentence(exc.message), hint
+    if type(exc).__name__ == "NoSuchOption":
+        poss = sorted(getattr(exc, "possibilities", None) or [])
+        msg = f"no such option: {exc.option_name}"
+        if poss:
+            return msg, "did you mean " + " or ".join(poss) + "?"
+        return msg, default_hint
+    return _sentence(exc.format_message()), default_hint
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every user error ends as one line on stderr and a meaningful exit code."""
-    command = typer.main.get_command(app)
+    output.set_verbosity(output.NORMAL)
+    command = build_command()
     try:
         rc = command.main(args=argv, prog_name="dcptool", standalone_mode=False)
     except DcptoolError as exc:
+        if output.verbosity() >= output.DEBUG:
+            traceback.print_exc()
         error_line(exc.message, exc.hint)
+        sys.exit(exit_code_of(exc))
+    except _NO_ARGS_IS_HELP as exc:
+        # click puts the help text in the message; typer's rich help printed it already
+        text = getattr(exc, "message", "") or ""
+        if text.strip():
+            typer.echo(text)
+        sys.exit(EXIT_USAGE)
+    except _USAGE_ERRORS as exc:
+        message, hint = usage_message(exc)
+        error_line(message, hint)
+        sys.exit(EXIT_USAGE)
+    except _EXITS as exc:
         sys.exit(exc.exit_code)
-    except click.exceptions.NoArgsIsHelpError as exc:
-        click.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
-        sys.exit(2)
-    except click.UsageError as exc:
-        hint = None
-        if exc.ctx is not None:
-            hint = f"see '{exc.ctx.command_path} --help'"
-        error_line(exc.format_message(), hint)
-        sys.exit(2)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.Abort:
+    except _ABORTS:
         error_line("aborted")
-        sys.exit(130)
-    except click.ClickException as exc:
-        error_line(exc.format_message())
-        sys.exit(exc.exit_code)
+        sys.exit(EXIT_INTERRUPTED)
+    except _CLICK_EXCEPTIONS as exc:
+        error_line(_sentence(exc.format_message()))
+        sys.exit(getattr(exc, "exit_code", EXIT_FAILURE))
     except KeyboardInterrupt:
         error_line("interrupted")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
-        sys.exit(141)
-    sys.exit(rc if isinstance(rc, int) else 0)
+        _silence_stdout()
+        sys.exit(EXIT_BROKEN_PIPE)
+    sys.exit(rc if isinstance(rc, int) else EXIT_OK)

@@ -16,7 +16,7 @@ from dcptool.cli.connopts import (
     PasswordOpt,
     UsernameOpt,
 )
-from dcptool.cli.output import console, print_json, stdout_is_terminal
+from dcptool.cli.output import console, detail, note, print_json, show_progress
 from dcptool.cli.vbspec import parse_vbuckets
 
 SPARK = "Spark"
@@ -57,14 +57,16 @@ def backup(
                                 "resuming it.")] = False,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
-    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
+    no_progress: Annotated[bool, typer.Option(
+        "--no-progress", help="No progress bar (there is none anyway unless stderr is a "
+                              "terminal).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Back up a bucket into an archive: full the first time, incremental afterwards.
 
     Each vbucket streams from where the archive's last backup ended to the node's high
     seqno at the start of the run, ending on a snapshot boundary. A run that was killed
-    is resumed by the next one.
+    is resumed by the next one. Each run writes a log to ARCHIVE/logs/.
 
     Example: DCPTOOL_PASSWORD=... dcptool backup -c couchbase://127.0.0.1 /backups/default
     """
@@ -72,7 +74,7 @@ def backup(
 
     opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify)
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
-    show = not no_progress and not json_out and stdout_is_terminal()
+    show = show_progress(no_progress or json_out)
     err = console(stderr=True)
     progress_cb = None
     bar = None
@@ -89,8 +91,8 @@ def backup(
 
     def on_plan(plan: dict) -> None:
         if plan["resumed"]:
-            err.print(f"resuming partial backup {plan['backup_id']}: {plan['kept']} vbuckets "
-                      f"kept, {plan['to_stream']} to stream")
+            note(f"resuming partial backup {plan['backup_id']}: {plan['kept']} vbuckets "
+                 f"kept, {plan['to_stream']} to stream")
         if bar is not None:
             bar.update(task, total=plan["vbuckets"], completed=plan["kept"])
 
@@ -104,6 +106,8 @@ def backup(
         if bar is not None:
             bar.stop()
     d = result.as_dict()
+    if d["log"]:
+        detail(f"log: {d['log']}")
     if json_out:
         print_json(d)
         return
@@ -146,7 +150,8 @@ def restore(
     """Restore an archive (or the state as of one backup) into a node, keeping metadata.
 
     Documents are written with their cas, rev seqno, flags and expiry; where the node
-    holds a newer version it wins and the write is counted as skipped.
+    holds a newer version it wins and the write is counted as skipped. Exit status 1 if
+    any write failed. Each run writes a log to ARCHIVE/logs/.
 
     Example: dcptool restore /backups/default -c 127.0.0.1:11210 --backup 20261122T101502.123456Z
     """
@@ -161,6 +166,8 @@ def restore(
     result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs, key_filter=filter_keys,
                          force=force_updates, dry_run=dry_run, partitions=partitions, master=master)
     d = result.as_dict()
+    if d["log"]:
+        detail(f"log: {d['log']}")
     if json_out:
         print_json(d)
     else:

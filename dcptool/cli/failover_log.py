@@ -35,7 +35,13 @@ def failover_log(
     no_verify: NoVerifyOpt = False,
     timeout: TimeoutOpt = 10.0,
 ) -> None:
-    """Print each vbucket's failover log, newest entry first."""
+    """Print each vbucket's failover log, newest entry first.
+
+    Each entry is a (vbucket uuid, seqno) pair: the history branch the vbucket started at
+    that seqno. Uses GET_FAILOVER_LOG only; it opens no stream.
+
+    Example: dcptool failover-log -c couchbase://127.0.0.1 --vbuckets 0-3 --json
+    """
     vbs = parse_vbuckets(vbuckets)
     opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
     with opts.connect() as conn:

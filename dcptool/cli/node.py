@@ -14,7 +14,13 @@ from dcptool.errors import DcptoolError, UsageError
 
 node_app = typer.Typer(
     name="node",
-    help="Run dcptool's reference node: a memcached-protocol server that speaks DCP.",
+    help="""Run dcptool's reference node: a memcached-protocol server that speaks DCP.
+
+    The node keeps its database, users and logs in one directory (--data) and logs to
+    DIR/logs/node.log as well as to stderr.
+
+    Example: DCPTOOL_PASSWORD=secret dcptool node start --data /var/lib/dcptool/node
+    """,
     no_args_is_help=True,
 )
 app.add_typer(node_app, name="node")
@@ -22,7 +28,8 @@ app.add_typer(node_app, name="node")
 
 @node_app.command("start")
 def start(
-    data: Path = typer.Option(..., "--data", help="Directory for the node's database, users and node.json."),
+    data: Path = typer.Option(..., "--data", metavar="DIR",
+                              help="Directory for the node's database, users, node.json and logs."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(11210, "--port", help="TCP port (0 picks a free one)."),
     vbuckets: int = typer.Option(1024, "--vbuckets", help="Number of vbuckets (fixed once created)."),
@@ -31,26 +38,35 @@ def start(
     password: Optional[str] = typer.Option(
         None, "--password", help="Password for --username (default: $DCPTOOL_PASSWORD)."),
     checkpoint_memory: str = typer.Option(
-        "256MiB", "--checkpoint-memory",
+        "256MiB", "--checkpoint-memory", metavar="SIZE",
         help="Memory budget of DCP checkpoints; slow cursors are dropped above it."),
     checkpoint_max_items: int = typer.Option(
         10000, "--checkpoint-max-items", help="Items per checkpoint before a new one opens."),
     flush_interval: float = typer.Option(
-        0.02, "--flush-interval", help="Seconds between flusher batches (disk snapshots)."),
+        0.02, "--flush-interval", metavar="SECONDS",
+        help="Seconds between flusher batches (disk snapshots)."),
     expiry_pager_interval: float = typer.Option(
-        10.0, "--expiry-pager-interval", help="Seconds between expiry pager runs."),
+        10.0, "--expiry-pager-interval", metavar="SECONDS",
+        help="Seconds between expiry pager runs."),
     max_backfills: int = typer.Option(8, "--max-backfills", help="Concurrent disk backfills."),
-    log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+    log_level: str = typer.Option("warning", "--log-level", metavar="debug|info|warning|error",
+                                  help="Least severity logged on stderr (DIR/logs/node.log "
+                                       "also gets info)."),
 ) -> None:
-    """Run a node in the foreground until SIGTERM or SIGINT."""
+    """Run a node in the foreground until SIGTERM or SIGINT.
+
+    Prints "listening on HOST:PORT" once it accepts connections. The first start creates
+    the user (--username, --password or DCPTOOL_PASSWORD); later starts reuse the stored
+    users unless a password is given again.
+
+    Example: DCPTOOL_PASSWORD=secret dcptool node start --data ./node --port 11210
+    """
     from dcptool.node.auth import Users
     from dcptool.node.config import NodeConfig, parse_size
 
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         raise UsageError(f"--log-level {log_level!r} is not one of debug, info, warning, error")
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = NodeConfig(
         data_dir=data, host=host, port=port, vbuckets=vbuckets, bucket=bucket,
         checkpoint_memory=parse_size(checkpoint_memory, what="--checkpoint-memory"),
@@ -66,6 +82,7 @@ def start(
         data.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DcptoolError(f"cannot create {data}: {exc.strerror}") from None
+    _setup_logging(data, level)
     if password is None:
         password = os.environ.get("DCPTOOL_PASSWORD") or None
     users = Users.load(data)
@@ -79,22 +96,66 @@ def start(
                          hint="pass --password or set DCPTOOL_PASSWORD")
     from dcptool.node.server import run_node
 
+    log = logging.getLogger("dcptool.node")
+    log.info("starting: pid %d, data %s, %s:%d, bucket %s, %d vbuckets", os.getpid(),
+             data.absolute(), host, port, bucket, vbuckets)
     try:
         run_node(config, users)
     except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc, extra=_FILE_ONLY)
         raise DcptoolError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    except DcptoolError as exc:
+        log.error("stopped: %s", exc.message, extra=_FILE_ONLY)  # the CLI prints the error line
+        raise
+    except BaseException as exc:
+        log.error("stopped by %s", type(exc).__name__, extra=_FILE_ONLY)
+        raise
+    log.info("exited (pid %d)", os.getpid())
+
+
+#: a log record for node.log only: stderr gets the one-line error from the CLI instead
+_FILE_ONLY = {"file_only": True}
+
+
+def _setup_logging(data: Path, level: int) -> None:
+    """stderr at --log-level, and DIR/logs/node.log (0600, rotated by size) at info or lower."""
+    from dcptool.runlog import node_log_handler
+
+    root = logging.getLogger()
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    err = logging.StreamHandler(sys.stderr)
+    err.setLevel(level)
+    err.setFormatter(fmt)
+    err.addFilter(lambda record: not getattr(record, "file_only", False))
+    root.addHandler(err)
+    file_level = min(level, logging.INFO)
+    try:
+        fh = node_log_handler(data)
+    except OSError as exc:
+        print(f"dcptool: note: cannot write {data / 'logs'}: {exc.strerror or exc}; logging to "
+              "stderr only", file=sys.stderr)
+    else:
+        fh.setLevel(file_level)
+        root.addHandler(fh)
+    root.setLevel(file_level)
 
 
 @node_app.command("status")
 def status(
-    data: Path = typer.Option(..., "--data", help="The node's directory."),
+    data: Path = typer.Option(..., "--data", metavar="DIR", help="The node's directory."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     username: str = typer.Option("Administrator", "--username",
                                  help="User for live figures from a running node."),
     password: Optional[str] = typer.Option(
         None, "--password", help="Password for live figures (default: $DCPTOOL_PASSWORD)."),
 ) -> None:
-    """Whether the node runs, its port, and per-vbucket seqnos and failover log heads."""
+    """Whether the node runs, its port, and per-vbucket seqnos and failover log heads.
+
+    Reads DIR without a running node; with a password (--password or DCPTOOL_PASSWORD) it
+    asks the running node for live figures.
+
+    Example: dcptool node status --data ./node --json
+    """
     from dcptool.node.status import node_status
 
     if password is None:

@@ -15,12 +15,16 @@ from dcptool.cli.output import console
 
 @app.command()
 def quickstart(
-    directory: Annotated[Path, typer.Option("--dir", help="Working directory for the nodes and "
-                                                          "the archive.")] = Path("dcptool-quickstart"),
+    directory: Annotated[Path, typer.Option("--dir", metavar="DIR",
+                                            help="Working directory for the nodes and "
+                                                 "the archive.")] = Path("dcptool-quickstart"),
     docs: Annotated[int, typer.Option("--docs", min=1, help="Sample documents to load.")] = 10_000,
     vbuckets: Annotated[int, typer.Option("--vbuckets", min=1, max=1024,
                                           help="vbuckets of the local nodes.")] = 64,
-    master: Annotated[str, typer.Option("--master", help="Spark master URL.")] = "local[*]",
+    master: Annotated[str, typer.Option("--master", metavar="URL",
+                                        help="Spark master URL.")] = "local[*]",
+    json_out: Annotated[bool, typer.Option("--json", help="Print what each step did as one "
+                                                          "JSON object (no progress lines).")] = False,
 ) -> None:
     """Try dcptool end to end: start a local node, load sample documents, back up, change
     data, back up incrementally, restore into a second node and show the archive.
@@ -37,6 +41,12 @@ def quickstart(
     from dcptool.protocol import Delete, Set, vbucket_of
 
     out = console()
+    report: dict = {}
+
+    def step(text: str) -> None:
+        if not json_out:
+            out.print(text)
+
     directory = directory.absolute()
     archive = directory / "archive"
     if archive.exists():
@@ -56,7 +66,8 @@ def quickstart(
 
     with LocalNode(directory / "node-a", password=password, vbuckets=vbuckets) as a, \
             LocalNode(directory / "node-b", password=password, vbuckets=vbuckets) as b:
-        out.print(f"[bold]1.[/bold] started node A on {a.address} and node B on {b.address}")
+        step(f"[bold]1.[/bold] started node A on {a.address} and node B on {b.address}")
+        report["nodes"] = {"a": a.address, "b": b.address}
         src = ConnOptions(a.host, a.port, "Administrator", password)
         dst = ConnOptions(b.host, b.port, "Administrator", password)
         with src.connect() as conn:
@@ -65,11 +76,12 @@ def quickstart(
                                                                "created": int(time.time())}).encode(),
                                     vbucket=vbucket_of(k, vbuckets), datatype=1)
                                 for j in range(i, min(docs, i + 5000)) for k in [f"sample::{j}".encode()]])
-        out.print(f"[bold]2.[/bold] loaded {docs} sample documents into node A")
+        step(f"[bold]2.[/bold] loaded {docs} sample documents into node A")
+        report["loaded"] = docs
         spark = get_spark(master)
         r1 = run_backup(src, archive, spark=spark)
-        out.print(f"[bold]3.[/bold] full backup {r1.backup_id}: {r1.mutations} mutations "
-                  f"in {r1.seconds:.1f}s")
+        step(f"[bold]3.[/bold] full backup {r1.backup_id}: {r1.mutations} mutations "
+             f"in {r1.seconds:.1f}s")
         changed = max(1, docs // 10)
         with src.connect() as conn:
             send_all(conn, [Set(key=k, value=json.dumps({"id": j, "kind": "updated"}).encode(),
@@ -78,13 +90,25 @@ def quickstart(
             send_all(conn, [Delete(key=k, vbucket=vbucket_of(k, vbuckets))
                             for j in range(changed, 2 * changed) if j < docs
                             for k in [f"sample::{j}".encode()]])
-        out.print(f"[bold]4.[/bold] updated {changed} and deleted {min(changed, docs - changed)} documents")
+        step(f"[bold]4.[/bold] updated {changed} and deleted {min(changed, docs - changed)} documents")
+        report["changed"] = {"updated": changed, "deleted": min(changed, docs - changed)}
         r2 = run_backup(src, archive, spark=spark)
-        out.print(f"[bold]5.[/bold] incremental backup {r2.backup_id}: {r2.mutations} mutations, "
-                  f"{r2.deletions} deletions")
+        step(f"[bold]5.[/bold] incremental backup {r2.backup_id}: {r2.mutations} mutations, "
+             f"{r2.deletions} deletions")
         rr = run_restore(str(archive), dst, spark=spark).as_dict()
-        out.print(f"[bold]6.[/bold] restored into node B: {rr['restored']['mutation']} documents, "
-                  f"{rr['restored']['deletion']} deletions")
+        report["backups"] = [r1.as_dict(), r2.as_dict()]
+        step(f"[bold]6.[/bold] restored into node B: {rr['restored']['mutation']} documents, "
+             f"{rr['restored']['deletion']} deletions")
+        report["restore"] = rr
+    if json_out:
+        from dcptool.archive import Archive
+        from dcptool.archive.info import describe_archive
+        from dcptool.cli.output import print_json
+
+        report["dir"] = str(directory)
+        report["archive"] = describe_archive(Archive.open(archive))
+        print_json(report, pretty=True)
+        return
     out.print("[bold]7.[/bold] the archive (dcptool info):")
     from dcptool.cli.info import info as show_info
 

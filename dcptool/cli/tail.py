@@ -25,7 +25,7 @@ from dcptool.cli.connopts import (
     TimeoutOpt,
     UsernameOpt,
 )
-from dcptool.cli.output import console
+from dcptool.cli.output import console, is_verbose
 from dcptool.cli.vbspec import parse_vbuckets
 from dcptool.client import (
     DELETION,
@@ -225,7 +225,8 @@ def tail(
     fail_on_rollback: bool = typer.Option(False, "--fail-on-rollback",
                                           help="Stop with an error instead of rolling back."),
     verbose: bool = typer.Option(False, "-v", "--verbose",
-                                 help="Print a summary on stderr at the end."),
+                                 help="Print a summary on stderr at the end (as does dcptool "
+                                      "--verbose tail)."),
     cluster: ClusterOpt = None,
     username: UsernameOpt = None,
     password: PasswordOpt = None,
@@ -234,7 +235,14 @@ def tail(
     no_verify: NoVerifyOpt = False,
     timeout: TimeoutOpt = 10.0,
 ) -> None:
-    """Follow changes as they happen; Ctrl-C saves --state and exits 0."""
+    """Follow changes as they happen; Ctrl-C saves --state and exits 0.
+
+    Prints one line (or, with --json, one JSON object) per mutation, deletion and
+    expiration, plus snapshot markers, rollbacks and stream ends.
+
+    Example: dcptool tail -c couchbase://127.0.0.1 --from beginning --until-idle 2 --json
+    Example: dcptool tail --state tail.state --keys-only
+    """
     vbs = parse_vbuckets(vbuckets)
     try:
         key_re = re.compile(filter_.encode("utf-8")) if filter_ else None
@@ -354,7 +362,7 @@ def tail(
         save()
     finally:
         consumer.close()
-    if verbose:
+    if verbose or is_verbose():
         print(f"dcptool tail: {printed} documents shown ({records} changes received), "
               f"{consumer.session.noops_answered} noops answered"
               + (f", state saved to {state}" if state is not None else ""), file=sys.stderr)

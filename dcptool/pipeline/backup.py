@@ -32,6 +32,7 @@ from dcptool.client.position import ZERO, Position
 from dcptool.client.session import SessionConfig
 from dcptool.errors import DcptoolError, UsageError
 from dcptool.protocol.constants import StreamEndReason
+from dcptool.runlog import RunLog
 
 from .nodeinfo import node_state
 from .spark import default_parallelism, get_spark, plan_groups
@@ -53,6 +54,7 @@ class BackupResult:
     spark_seconds: float = 0.0
     kept_vbuckets: int = 0
     rollback_details: list[dict] = field(default_factory=list)
+    log: str | None = None
 
     @property
     def items(self) -> int:
@@ -67,6 +69,7 @@ class BackupResult:
             "spark_startup_seconds": round(self.spark_seconds, 3),
             "items_per_second": round(self.items / self.seconds, 1) if self.seconds else None,
             "kept_vbuckets": self.kept_vbuckets, "rollback_details": self.rollback_details,
+            "log": self.log,
         }
 
 
@@ -110,6 +113,10 @@ def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
     summaries: list[dict[str, Any]] = []
     rollbacks: list[dict[str, int]] = []
     opened: dict[int, Position] = dict(starts)  # the position each stream was last requested from
+    # for the run log: when each vbucket's stream first opened, how often it (re)opened and
+    # how often the node ended it early and it was asked again
+    run: dict[int, dict[str, Any]] = {vb: {"opens": 0, "retries": 0, "first_open": None}
+                                      for vb in plan}
 
     def on_rollback(info):
         # roll back to the latest snapshot end at or below the node's seqno that the chain
@@ -128,6 +135,7 @@ def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
     config = SessionConfig(name=spec.get("session", f"dcptool-backup:{backup_id}"),
                            consistent=True, max_rollbacks=16)
+    t_task = time.monotonic()
     consumer = opts.consumer(config, on_rollback=on_rollback)
     try:
         consumer.add_streams({vb: (starts[vb], plan[vb]["end"]) for vb in plan})
@@ -145,14 +153,26 @@ def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
                     writers[ev[1]].expiration(ev[2], ev[3], ev[4], ev[8], ev[6], ev[7], ev[9])
                 elif kind == STREAM_OPEN:
                     vb = ev[1]
+                    r = run[vb]
+                    r["opens"] += 1
+                    if r["first_open"] is None:
+                        r["first_open"] = time.monotonic()
                     writers[vb].stream(_end_dict(ev[3] if len(ev) > 3 else opened[vb]), ev[2])
                 elif kind == STREAM_END:
                     vb, reason, retrying = ev[1], ev[2], ev[3]
                     if reason == StreamEndReason.OK:
-                        summaries.append(writers[vb].close(_end_dict(consumer.position(vb))))
+                        summary = writers[vb].close(_end_dict(consumer.position(vb)))
+                        r = run[vb]
+                        summary[_RUN_KEY] = {
+                            "opens": r["opens"], "retries": r["retries"],
+                            "resumed": bool(plan[vb].get("resume")),
+                            "seconds": round(time.monotonic() - (r["first_open"] or t_task), 3)}
+                        summaries.append(summary)
                         pending.discard(vb)
                         _fault_point("vbucket-closed", len(summaries))
-                    elif not retrying:
+                    elif retrying:
+                        run[vb]["retries"] += 1
+                    else:
                         raise DcptoolError(f"vbucket {vb}: the node ended the stream "
                                            f"({StreamEndReason(reason).name if reason in StreamEndReason._value2member_map_ else reason})")
                 elif kind == ROLLBACK:
@@ -205,15 +225,56 @@ def _progress_watch(backup_dir: Path, total: int, callback: Callable[[int, int, 
         callback(len(seen), sum(i for i, _ in seen.values()), sum(b for _, b in seen.values()))
 
 
-def run_backup(opts, archive_path: str | os.PathLike[str], *, full: bool = False,
-               partitions: int | None = None, master: str | None = None, level: int = 3,
-               purge_partial: bool = False, vbuckets: list[int] | None = None,
-               progress: Callable[[int, int, int], None] | None = None,
-               on_plan: Callable[[dict], None] | None = None,
-               spark=None) -> BackupResult:
-    """Run one backup of the node `opts` into the archive at `archive_path`."""
+#: key of the per-vbucket run statistics a task adds to each summary; the driver takes it out
+#: (for the run log) before the summaries go into the manifest
+_RUN_KEY = "_run"
+
+
+def run_backup(opts, archive_path: str | os.PathLike[str], **kwargs: Any) -> BackupResult:
+    """Run one backup of the node `opts` into the archive at `archive_path`.
+
+    Keyword arguments: full, partitions, master, level, purge_partial, vbuckets, progress,
+    on_plan, spark (see `_run_backup`). The run is logged to `ARCHIVE/logs/backup-*.log`.
+    """
+    with RunLog("backup") as rl:
+        result = _run_backup(rl, opts, archive_path, **kwargs)
+    result.log = str(rl.path) if rl.path else None
+    return result
+
+
+def _log_vbucket(rl: RunLog, s: dict[str, Any], run: dict[str, Any] | None) -> None:
+    c, st, en = s["counts"], s["start"], s["end"]
+    line = (f"vbucket {s['vbucket']}: seqno {st['seqno']} -> {en['seqno']} (uuid {en['uuid']:#x}), "
+            f"{c['mutations']} mutations, {c['deletions']} deletions, {c['expirations']} "
+            f"expirations, {c['snapshots']} snapshots, {s['bytes']['files']} bytes in "
+            f"{len(s['files'])} files")
+    if run is None:
+        line += "; kept from the partial backup"
+    else:
+        if run.get("resumed"):
+            line += "; resumed"
+        line += (f"; stream opened {run['opens']}x, {run['retries']} retries, "
+                 f"{run['seconds']:.3f} s")
+    rl.info("%s", line)
+    for r in s.get("rollbacks", []):
+        rl.warning("vbucket %d: rollback to seqno %d (uuid %#x) recorded", s["vbucket"],
+                   r["seqno"], r["vbucket_uuid"])
+    for r in s.get("task_rollbacks", []):
+        if r.get("node_seqno") != r.get("seqno"):
+            rl.info("vbucket %d: the node asked for seqno %d; rolled back to the snapshot end "
+                    "%d the archive holds", r["vbucket"], r["node_seqno"], r["seqno"])
+
+
+def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full: bool = False,
+                partitions: int | None = None, master: str | None = None, level: int = 3,
+                purge_partial: bool = False, vbuckets: list[int] | None = None,
+                progress: Callable[[int, int, int], None] | None = None,
+                on_plan: Callable[[dict], None] | None = None,
+                spark=None) -> BackupResult:
     t0 = time.monotonic()
     archive_path = str(Path(archive_path).absolute())
+    rl.info("backup of bucket %s on %s into %s (pid %d)", opts.bucket, opts.address,
+            archive_path, os.getpid())
     with opts.connect() as conn:
         count, seqnos, logs = node_state(conn, vbuckets)
     if not seqnos:
@@ -232,10 +293,14 @@ def run_backup(opts, archive_path: str | os.PathLike[str], *, full: bool = False
                              f"node has {count}")
     else:
         archive = Archive.create(archive_path, bucket=opts.bucket, vbuckets=count)
+        rl.info("created archive %s for bucket %s with %d vbuckets", archive_path, opts.bucket,
+                count)
+    rl.attach(archive_path)
 
     partial = archive.partial_backup()
     if partial is not None and purge_partial:
-        archive.purge_partial()
+        removed = archive.purge_partial()
+        rl.warning("discarded partial backups %s (--purge-partial)", ", ".join(removed))
         partial = None
     resumed = partial is not None
     kept: dict[int, dict] = {}
@@ -266,6 +331,9 @@ def run_backup(opts, archive_path: str | os.PathLike[str], *, full: bool = False
                 continue
             plan[vb] = {"start": starts[vb].to_dict(), "end": seqnos[vb],
                         "resume": vb in resume_vbs, "log": [list(e) for e in logs.get(vb, ())]}
+        rl.info("%s backup %s%s, parent %s: %d vbuckets, %d kept from the partial backup, "
+                "%d to stream (%d resumed)", btype, writer.id, " (resumed)" if resumed else "",
+                writer.parent or "none", len(seqnos), len(kept), len(plan), len(resume_vbs))
         if on_plan is not None:
             on_plan({"backup_id": writer.id, "type": btype, "resumed": resumed,
                      "vbuckets": len(seqnos), "kept": len(kept), "to_stream": len(plan)})
@@ -278,6 +346,8 @@ def run_backup(opts, archive_path: str | os.PathLike[str], *, full: bool = False
             spark_seconds = time.monotonic() - ts
             n = partitions or 2 * default_parallelism(spark)
             groups = plan_groups(list(plan), n)
+            rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master,
+                    len(groups), spark_seconds)
             specs = [{"opts": opts, "archive": archive_path, "backup_id": writer.id,
                       "parent": writer.parent,
                       "session": f"dcptool-backup:{writer.id}:{i}",
@@ -298,6 +368,9 @@ def run_backup(opts, archive_path: str | os.PathLike[str], *, full: bool = False
                     watcher.join(timeout=2)
             for r in results:
                 summaries.extend(r)
+        runs = {s["vbucket"]: s.pop(_RUN_KEY, None) for s in summaries}
+        for s in sorted(summaries, key=lambda x: x["vbucket"]):
+            _log_vbucket(rl, s, runs.get(s["vbucket"]))
         manifest = writer.commit(summaries, extra={"node": opts.address,
                                                    "resumed": resumed})
     except BaseException:
@@ -318,6 +391,10 @@ def run_backup(opts, archive_path: str | os.PathLike[str], *, full: bool = False
     if progress is not None:
         progress(len(manifest["vbuckets"]), result.items, result.bytes)
     result.seconds = time.monotonic() - t0
+    rl.info("committed %s backup %s: %d vbuckets, %d mutations, %d deletions, %d expirations, "
+            "%d rollbacks, %d bytes in %.2f s (%.0f items/s)", btype, writer.id, result.vbuckets,
+            result.mutations, result.deletions, result.expirations, result.rollbacks,
+            result.bytes, result.seconds, result.items / result.seconds if result.seconds else 0)
     return result
 
 

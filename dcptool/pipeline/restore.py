@@ -8,12 +8,15 @@ resolution decides: where it holds newer data the write is counted as skipped, u
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from dcptool.archive import DELETION, EXPIRATION, MUTATION, Archive, VBucketHistory, resolve
+
+from dcptool.runlog import RunLog
 
 from . import metawriter as mw
 from .nodeinfo import vbucket_count
@@ -45,20 +48,37 @@ def resolved_records(archive_path: str, vbucket: int, backup: str | None,
         yield out
 
 
+#: key of the per-task run statistics (for the run log) in a task's result
+_RUN_KEY = "_run"
+
+
 def restore_task(spec: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.monotonic()
     counts = mw.WriteCounts()
     chain = Archive.open(spec["archive"]).chain(spec["backup"])
-    records = (rec for vb in spec["vbuckets"]
-               for rec in resolved_records(spec["archive"], vb, spec["backup"], spec.get("filter"),
-                                           chain=chain))
+    # records resolved per vbucket (what was sent), for the run log
+    per_vb: dict[int, dict[str, int]] = {}
+
+    def records():
+        for vb in spec["vbuckets"]:
+            c = per_vb[vb] = {mw.MUTATION: 0, mw.DELETION: 0, mw.EXPIRATION: 0}
+            for rec in resolved_records(spec["archive"], vb, spec["backup"], spec.get("filter"),
+                                        chain=chain):
+                c[rec[0]] += 1
+                yield rec
+
     if spec.get("dry_run"):
-        for rec in records:
+        for rec in records():
             counts.restored[rec[0]] += 1
-        return counts.as_dict()
-    with spec["opts"].connect() as conn:
-        writer = mw.MetaWriter(conn, spec["node_vbuckets"], force=spec.get("force", False))
-        writer.write(records)
-    return writer.counts.as_dict()
+        out = counts.as_dict()
+    else:
+        with spec["opts"].connect() as conn:
+            writer = mw.MetaWriter(conn, spec["node_vbuckets"], force=spec.get("force", False))
+            writer.write(records())
+        out = writer.counts.as_dict()
+    out[_RUN_KEY] = {"vbuckets": per_vb, "seconds": round(time.monotonic() - t0, 3),
+                     "pid": os.getpid()}
+    return out
 
 
 @dataclass
@@ -68,21 +88,43 @@ class RestoreResult:
     dry_run: bool
     counts: mw.WriteCounts = field(default_factory=mw.WriteCounts)
     seconds: float = 0.0
+    log: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = self.counts.as_dict()
         total = sum(d["restored"].values())
         return {"backup_id": self.backup_id, "vbuckets": self.vbuckets, "dry_run": self.dry_run,
                 **d, "seconds": round(self.seconds, 3),
-                "items_per_second": round(total / self.seconds, 1) if self.seconds else None}
+                "items_per_second": round(total / self.seconds, 1) if self.seconds else None,
+                "log": self.log}
 
 
-def run_restore(archive_path: str, opts=None, *, backup: str | None = None,
-                vbuckets: list[int] | None = None, key_filter: str | None = None,
-                force: bool = False, dry_run: bool = False, partitions: int | None = None,
-                master: str | None = None, spark=None) -> RestoreResult:
+def run_restore(archive_path: str, opts=None, **kwargs: Any) -> RestoreResult:
+    """Restore the archive at `archive_path` into the node `opts` (None with dry_run).
+
+    Keyword arguments: backup, vbuckets, key_filter, force, dry_run, partitions, master,
+    spark. The run is logged to `ARCHIVE/logs/restore-*.log`.
+    """
+    with RunLog("restore") as rl:
+        result = _run_restore(rl, archive_path, opts, **kwargs)
+    result.log = str(rl.path) if rl.path else None
+    return result
+
+
+def _kinds(c: dict[str, int]) -> str:
+    return (f"{c.get(mw.MUTATION, 0)} mutations, {c.get(mw.DELETION, 0)} deletions, "
+            f"{c.get(mw.EXPIRATION, 0)} expirations")
+
+
+def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None = None,
+                 vbuckets: list[int] | None = None, key_filter: str | None = None,
+                 force: bool = False, dry_run: bool = False, partitions: int | None = None,
+                 master: str | None = None, spark=None) -> RestoreResult:
     t0 = time.monotonic()
     archive = Archive.open(archive_path)
+    rl.attach(os.path.abspath(archive.path))
+    rl.info("restore%s of %s into %s (pid %d)", " dry run" if dry_run else "", archive.path,
+            "nothing" if opts is None else f"bucket {opts.bucket} on {opts.address}", os.getpid())
     chain = archive.chain(backup)
     if not chain:
         from dcptool.errors import DcptoolError
@@ -102,12 +144,20 @@ def run_restore(archive_path: str, opts=None, *, backup: str | None = None,
         with opts.connect() as conn:
             node_vbuckets = vbucket_count(conn)
     result = RestoreResult(target, len(held), dry_run)
+    rl.info("state as of backup %s (chain %s), %d vbuckets%s%s%s", target,
+            " <- ".join(b.id for b in reversed(chain)), len(held),
+            f", keys matching {key_filter!r}" if key_filter else "",
+            ", --force-updates" if force else "", f"; the node has {node_vbuckets} vbuckets"
+            if not dry_run else "")
     if held:
+        ts = time.monotonic()
         spark = spark or get_spark(master)
         n = partitions or 2 * default_parallelism(spark)
         specs = [{"opts": opts, "archive": str(archive.path), "backup": target, "vbuckets": g,
                   "filter": key_filter, "force": force, "dry_run": dry_run,
                   "node_vbuckets": node_vbuckets} for g in plan_groups(held, n)]
+        rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master, len(specs),
+                time.monotonic() - ts)
         try:
             results = spark.sparkContext.parallelize(specs, len(specs)).map(restore_task).collect()
         except Exception as exc:
@@ -116,9 +166,24 @@ def run_restore(archive_path: str, opts=None, *, backup: str | None = None,
             err.message = err.message.replace("backup task", "restore task")
             err.hint = "the restore can be rerun: it is idempotent"
             raise err from None
-        for r in results:
+        for i, r in enumerate(results):
+            run = r.pop(_RUN_KEY, None) or {}
+            for vb, c in sorted(run.get("vbuckets", {}).items()):
+                rl.info("vbucket %s: %s %s", vb, "would write" if dry_run else "sent", _kinds(c))
+            rl.info("task %d (%d vbuckets): %s %s; skipped (newer on the node) %s; failed "
+                    "%s; %d retries; %.3f s", i, len(run.get("vbuckets", {})),
+                    "would write" if dry_run else "restored",
+                    _kinds(r["restored"]), _kinds(r["skipped"]), _kinds(r["failed"]),
+                    r["retries"], run.get("seconds", 0.0))
+            for e in r["errors"]:
+                rl.error("task %d: %s", i, e)
             part = mw.WriteCounts(restored=r["restored"], skipped=r["skipped"], failed=r["failed"],
                                   retries=r["retries"], errors=r["errors"])
             result.counts.add(part)
     result.seconds = time.monotonic() - t0
+    d = result.counts.as_dict()
+    rl.info("%s backup %s in %.2f s: %s %s; skipped %s; failed %s; %d retries",
+            "dry run of" if dry_run else "restored", target, result.seconds,
+            "would write" if dry_run else "restored",
+            _kinds(d["restored"]), _kinds(d["skipped"]), _kinds(d["failed"]), d["retries"])
     return result
