@@ -243,6 +243,10 @@ class _Batches:
         self.vbs: list[int] = []
         self.dead: list[bool] | None = None  # None: no dead row so far in this batch
         self.types_dict = pa.array(TYPE_NAMES, pa.string())
+        self.struct = pa.struct([
+            ("t", pa.int8()), ("seqno", pa.int64()), ("rev", pa.int64()), ("cas", pa.int64()),
+            ("flags", pa.int64()), ("slot", pa.int64()), ("datatype", pa.int32()),
+            ("key", pa.binary()), ("value", pa.binary()), ("xattrs", pa.binary())])
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -280,6 +284,21 @@ class _Batches:
             # uint64 above 2^63 (a CAS far in the future): keep the bits, as signed
             return pa.array(col, pa.uint64()).cast(pa.int64(), safe=False)
 
+    def _columns(self, rows: list[tuple]) -> list:
+        """The ten fields of the mutation-layout tuples as Arrow arrays: converted in one
+        pass as a struct array (in C), or column by column when a value does not fit the
+        struct's types (a CAS from 2^63, which is kept bit for bit as a signed value)."""
+        pa = self.pa
+        try:
+            return pa.array(rows, self.struct).flatten()
+        except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+        cols = [list(map(_GET[i], rows)) for i in range(10)]
+        return [pa.array(cols[0], pa.int8()), self._int64(cols[1]), self._int64(cols[2]),
+                self._int64(cols[3]), pa.array(cols[4], pa.int64()), self._int64(cols[5]),
+                pa.array(cols[6], pa.int32()), pa.array(cols[7], pa.binary()),
+                pa.array(cols[8], pa.binary()), pa.array(cols[9], pa.binary())]
+
     def flush(self):
         """The collected rows as one RecordBatch (None when empty); starts a new batch."""
         if not self.rows:
@@ -287,47 +306,32 @@ class _Batches:
         pa, pc = self.pa, self.pc
         rows = self.rows
         n = len(rows)
-        cols = [list(map(_GET[i], rows)) for i in range(10)]
-        t = pa.array(cols[0], pa.int8())
+        t, seqno, rev, cas, flags, slot, datatype, keys, value, xattrs = self._columns(rows)
         typ = self.types_dict.take(t)
-        keys = pa.array(cols[7], pa.binary())
         try:
             key = keys.cast(pa.string())
         except pa.ArrowInvalid:
-            key = pa.array([k.decode("utf-8", "replace") for k in cols[7]], pa.string())
-        slot = self._int64(cols[5])
+            key = pa.array([k.decode("utf-8", "replace") for k in map(_GET[7], rows)],
+                           pa.string())
         is_mut = pc.equal(t, 3)
         if not pc.all(is_mut).as_py():
             null64 = pa.nulls(n, pa.int64())
             expiry = pc.if_else(is_mut, slot, null64)
             delete_time = pc.if_else(is_mut, null64, slot)
             deleted = pc.invert(is_mut)
-            flags = pa.array(cols[4], pa.int64())
         else:
             expiry = slot
             delete_time = pa.nulls(n, pa.int64())
             deleted = pa.repeat(pa.scalar(False), n)
-            flags = pa.array(cols[4], pa.int64())
-        value = pa.array(cols[8], pa.binary()) if self.values else pa.nulls(n, pa.binary())
-        xattrs = pa.array(cols[9], pa.binary())
+        if not self.values:
+            value = pa.nulls(n, pa.binary())
         dead = pa.array(self.dead, pa.bool_()) if self.dead is not None else \
             pa.repeat(pa.scalar(False), n)
         arrays = [
             pa.array(self.backups, pa.string()),
             pa.array(self.vbs, pa.int32()),
-            typ,
-            pa.array(cols[1], pa.int64()),
-            pa.array(cols[2], pa.int64()),
-            self._int64(cols[3]),
-            flags,
-            expiry,
-            pa.array(cols[6], pa.int32()),
-            key,
-            value,
-            xattrs,
-            deleted,
-            delete_time,
-            dead,
+            typ, seqno, rev, cas, flags, expiry, datatype, key, value, xattrs, deleted,
+            delete_time, dead,
         ]
         self.rows = []
         self.backups = []

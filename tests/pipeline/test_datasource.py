@@ -138,3 +138,30 @@ def test_empty_and_missing_archives(spark, tmp_path):
         read_archive(spark, tmp_path / "nothing")
     with pytest.raises(ArchiveError, match="no backup"):
         read_archive(spark, tmp_path / "empty", backup="20200101T000000.000000Z")
+
+
+def test_rows_keep_edge_values(tmp_path):
+    """uint64 CAS from 2^63 (kept bit for bit, as signed), a key that is not UTF-8, xattrs
+    stored apart, tombstones and expirations: through the data source's own reader."""
+    a = Archive.create(tmp_path / "a", bucket="default", vbuckets=4)
+    bw = a.begin_backup("full")
+    w = bw.vbucket(2, {"uuid": 7, "seqno": 0, "snap_start": 0, "snap_end": 0}, [[7, 0]])
+    big = (1 << 64) - 5
+    w.write([(2, 1, 4, 2),
+              (3, 1, 1, big, 0xFFFFFFFF, 1_900_000_000, 5, b"k\xff", b"{}", b"\x00\x00\x00\x04xa"),
+              (3, 2, 9, 12345, 0, 0, 1, b"plain", b"{\"a\":1}", None),
+              (4, 3, 3, 999, b"gone", 1_700_000_000, 0, b""),
+              (5, 4, 4, 1000, b"old", 1_700_000_001, 0, b"")])
+    bw.commit([w.close({"uuid": 7, "seqno": 4, "snap_start": 4, "snap_end": 4})])
+    rows = {}
+    for rb in read_all(tmp_path / "a"):
+        for r in rb.to_pylist():
+            rows[r["seqno"]] = r
+    assert rows[1]["cas"] == big - (1 << 64) and rows[1]["cas"] & ((1 << 64) - 1) == big
+    assert rows[1]["key"] == "k\ufffd" and rows[1]["flags"] == 0xFFFFFFFF
+    assert rows[1]["xattrs"] == b"\x00\x00\x00\x04xa" and rows[1]["expiry"] == 1_900_000_000
+    assert rows[2]["xattrs"] is None and rows[2]["rev_seqno"] == 9 and not rows[2]["deleted"]
+    assert (rows[3]["type"], rows[3]["deleted"], rows[3]["delete_time"], rows[3]["flags"],
+            rows[3]["expiry"]) == ("deletion", True, 1_700_000_000, None, None)
+    assert rows[4]["type"] == "expiration" and rows[4]["delete_time"] == 1_700_000_001
+    assert {r["vbucket"] for r in rows.values()} == {2} and not any(r["dead"] for r in rows.values())
