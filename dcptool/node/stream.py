@@ -136,7 +136,7 @@ class Stream:
         self.rows = None
         if self.holds_slot:
             self.holds_slot = False
-            self.producer.backfills.release()
+            self.producer.backfills.release(self.producer)
         if self.waiting_backfill:
             self.producer.backfills.cancel(self.wake)
             self.waiting_backfill = False
@@ -241,7 +241,7 @@ class Stream:
             if state == BACKFILL_PENDING:
                 if used + w.MARKER_SIZE + w.SID_EXTRA > limit and (used or not first_ok):
                     return used
-                if not self.producer.backfills.acquire(self.wake):
+                if not self.producer.backfills.acquire(self.wake, self.producer):
                     self.waiting_backfill = True
                     return used
                 self.holds_slot = True
@@ -264,7 +264,10 @@ class Stream:
             if state == BACKFILLING:
                 rows = self.reader.fetch(ROWS_PER_FETCH) if self.reader is not None else []
                 if self.reader is not None and self.reader.done:
+                    # everything is read: the transaction and the slot can go before the
+                    # last rows are sent
                     self.reader = None
+                    self._release_slot()
                 if rows:
                     self.rows = rows
                     self.row_pos = 0
@@ -277,13 +280,16 @@ class Stream:
             return used  # DEAD
         return used
 
+    def _release_slot(self) -> None:
+        if self.holds_slot:
+            self.holds_slot = False
+            self.producer.backfills.release(self.producer)
+
     def _finish_backfill(self) -> None:
         if self.reader is not None:
             self.reader.close()
             self.reader = None
-        if self.holds_slot:
-            self.holds_slot = False
-            self.producer.backfills.release()
+        self._release_slot()
         self.state = MEMORY
 
     def _check_end(self, snapshot_end: int) -> None:

@@ -140,3 +140,26 @@ def test_stalled_client_cursor_is_dropped_and_it_resumes_from_disk(node_factory)
     assert any(m.flags & SnapshotFlag.MEMORY for m in log.markers)
     assert log.end is None
     slow.close()
+
+
+def test_a_stalled_client_cannot_hold_every_backfill_slot(node_factory):
+    node = node_factory(vbuckets=4, extra_args=("--max-backfills", "2"))
+    with connect(node) as kv:
+        for vb in range(3):
+            kv.set_many((b"bf-%d-%05d" % (vb, i), b"q" * 1000, vb) for i in range(12000))
+        kv.set_many((b"bf-3-%05d" % i, b"q" * 1000, 3) for i in range(4000))
+        wait_persisted(kv, timeout=60)
+    node.restart()  # every stream now starts with a disk backfill
+    stalled = DcpClient(node.host, node.port, vbuckets=4, rcvbuf=16 * 1024)
+    stalled.setup()
+    assert stalled.open("stalled").status == Status.SUCCESS
+    for vb in (0, 1, 2):
+        assert stalled.stream_req(vb).status == Status.SUCCESS
+    time.sleep(1.0)  # it reads nothing more: its transport fills and its backfills stall
+    with connect(node) as kv:
+        assert int(kv.stats()["ep_dcp_backfills_running"]) == 1, "one slot per connection"
+    with dcp_connect(node, "other") as c:
+        assert c.stream_req(3, end=4000).status == Status.SUCCESS
+        c.drain(timeout=20)
+        assert c.log(3).seqnos() == list(range(1, 4001))
+    stalled.close()
