@@ -20,6 +20,7 @@ Rates are rows (item records) per second, best of --repeat after one warm-up run
 
     python benchmarks/archive_scan.py
     python benchmarks/archive_scan.py --records 200000 --json out.json
+    python benchmarks/archive_scan.py --dir /tmp/scan --reuse     # keep and reuse the archive
 """
 from __future__ import annotations
 
@@ -128,6 +129,8 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=None)
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--reuse", action="store_true",
+                    help="reuse the archive a previous run left in --dir")
     args = ap.parse_args()
 
     from pyspark.sql import functions as F
@@ -139,11 +142,16 @@ def main() -> None:
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="dcptool-scan-"))
     path = work / "archive"
-    if path.exists():
-        shutil.rmtree(path)
-    t = time.perf_counter()
-    shape = build_archive(path, args.records, args.incrementals, args.value_size)
-    shape["build_seconds"] = round(time.perf_counter() - t, 1)
+    shape_file = work / "shape.json"
+    if args.reuse and shape_file.exists() and path.exists():
+        shape = json.loads(shape_file.read_text())
+    else:
+        if path.exists():
+            shutil.rmtree(path)
+        t = time.perf_counter()
+        shape = build_archive(path, args.records, args.incrementals, args.value_size)
+        shape["build_seconds"] = round(time.perf_counter() - t, 1)
+        shape_file.write_text(json.dumps(shape))
     print(f"archive: {shape['items']:,} item records in {shape['backups']} backups, "
           f"{shape['file_bytes'] / 2**20:.1f} MiB of data files ({shape['build_seconds']} s to build)")
     n = shape["items"]
@@ -181,12 +189,15 @@ def main() -> None:
     secs, resolved_local = best(lambda: sum(b.num_rows for b in read_all(path, resolved=True)), 1)
     report("resolved (1 proc)", secs, n, "the same, no Spark")
 
-    archive = Archive.open(path)
-    ids = archive.committed_ids()
+    merged = work / "merged"  # the merge changes the archive: work on a copy
+    if merged.exists():
+        shutil.rmtree(merged)
+    shutil.copytree(path, merged)
+    ids = Archive.open(merged).committed_ids()
     t = time.perf_counter()
-    m = run_merge(path, first=ids[1], spark=spark, **kw)
+    m = run_merge(merged, first=ids[1], spark=spark, **kw)
     merge_secs = time.perf_counter() - t
-    after = read_archive(spark, path, resolved=True).count()
+    after = read_archive(spark, merged, resolved=True).count()
     assert after == resolved, (after, resolved)
     results["merge"] = {"seconds": round(merge_secs, 3), "backups": len(m.replaced),
                         "items_before": m.items_before, "items_after": m.items_after,

@@ -77,6 +77,19 @@ def test_verify_against_a_fresh_backup_then_a_changed_document(node, spark, tmp_
     assert rc == 0, out + err
     assert "OK: 1 vbuckets" in out
 
+    # merged into one backup, the archive still matches; the next incremental backup
+    # continues from the merged one's end and holds only what changed since
+    rc, out, err = cli(capsys, "merge", path, "--json")
+    assert rc == 0, err
+    with opts.connect() as conn:
+        load(conn, {"acct::0007": {"i": 7, "again": True}}, VBS)
+    nxt = run_backup(opts, path, spark=spark)
+    assert nxt.type == "incremental" and (nxt.mutations, nxt.deletions) == (1, 0)
+    rc, out, err = cli(capsys, "verify", path, "--against", "-c", target)
+    assert rc == 0, out + err
+    rc, out, err = cli(capsys, "verify", path)
+    assert rc == 0, out + err
+
 
 def test_verify_against_user_errors(tmp_path, capsys, monkeypatch, node, spark):
     monkeypatch.delenv("DCPTOOL_CLUSTER", raising=False)
