@@ -246,6 +246,12 @@ class Stream:
                     return used
                 self.holds_slot = True
                 self.reader = BackfillReader(self.producer.storage, self.vbid, self.last_sent)
+                if (0 < self.last_sent < self.reader.purge_seqno
+                        and not self.flags & StreamFlag.IGNORE_PURGED_TOMBSTONES):
+                    # compaction purged deletions this stream has not sent (kv_engine ends
+                    # the stream the same way); the client asks again and rolls back to 0
+                    self.end_stream(StreamEndReason.ROLLBACK)
+                    continue
                 end = self.reader.end
                 if end <= self.last_sent:
                     self._finish_backfill()
