@@ -49,6 +49,17 @@ def start(
         10.0, "--expiry-pager-interval", metavar="SECONDS",
         help="Seconds between expiry pager runs."),
     max_backfills: int = typer.Option(8, "--max-backfills", help="Concurrent disk backfills."),
+    purge_age: str = typer.Option(
+        "3d", "--purge-age", metavar="DURATION",
+        help="Tombstones younger than this are never purged (metadata purge age; 0 for "
+             "tests). Older ones are purged only up to the lowest live high watermark."),
+    compaction_interval: str = typer.Option(
+        "off", "--compaction-interval", metavar="DURATION|off",
+        help="Compact every vbucket (purge tombstones) this often; off: only on COMPACT_DB."),
+    hwt_max_hold: str = typer.Option(
+        "30d", "--hwt-max-hold", metavar="DURATION|off",
+        help="A high watermark that keeps a purgeable tombstone longer than this is marked "
+             "lost and stops holding the purger back."),
     log_level: str = typer.Option("warning", "--log-level", metavar="debug|info|warning|error",
                                   help="Least severity logged on stderr (DIR/logs/node.log "
                                        "also gets info)."),
@@ -62,7 +73,7 @@ def start(
     Example: DCPTOOL_PASSWORD=secret dcptool node start --data ./node --port 11210
     """
     from dcptool.node.auth import Users
-    from dcptool.node.config import NodeConfig, parse_size
+    from dcptool.node.config import NodeConfig, parse_duration, parse_size
 
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
@@ -72,6 +83,10 @@ def start(
         checkpoint_memory=parse_size(checkpoint_memory, what="--checkpoint-memory"),
         checkpoint_max_items=checkpoint_max_items, flush_interval=flush_interval,
         expiry_pager_interval=expiry_pager_interval, max_backfills=max(1, max_backfills),
+        purge_age=parse_duration(purge_age, what="--purge-age"),
+        compaction_interval=parse_duration(compaction_interval, what="--compaction-interval",
+                                           allow_off=True),
+        hwt_max_hold=parse_duration(hwt_max_hold, what="--hwt-max-hold", allow_off=True),
     )
     config.validate()
     if not username:
@@ -179,15 +194,25 @@ def status(
     if info.get("live_error"):
         con.print(f"live figures unavailable: {info['live_error']}")
     table = Table(title=f"vbuckets (from {info['source']})")
-    for col in ("vb", "state", "high seqno", "persisted seqno", "failover head uuid",
-                "failover head seqno", "entries"):
+    for col in ("vb", "state", "high seqno", "persisted seqno", "purge seqno",
+                "failover head uuid", "failover head seqno", "entries"):
         table.add_column(col, justify="right")
     states = {1: "active", 2: "replica", 3: "pending", 4: "dead"}
     for vb, d in info["vbuckets_detail"].items():
         head = d.get("failover_head") or [None, None]
         table.add_row(vb, states.get(d.get("state"), "?"), str(d.get("high_seqno", "")),
-                      str(d.get("persisted_seqno", "")),
+                      str(d.get("persisted_seqno", "")), str(d.get("purge_seqno", "")),
                       f"{head[0]:#x}" if head[0] is not None else "",
                       str(head[1] if head[1] is not None else ""),
                       str(d.get("failover_entries", "")))
     con.print(table)
+    rows = info.get("hwt") or []
+    if rows:
+        by_state: dict[str, int] = {}
+        for r in rows:
+            by_state[r["state"]] = by_state.get(r["state"], 0) + 1
+        con.print(f"high watermark table: {len(rows)} row{'s' if len(rows) != 1 else ''} ("
+                  + ", ".join(f"{n} {st}" for st, n in sorted(by_state.items()))
+                  + "); see 'dcptool watermark list'")
+    else:
+        con.print("high watermark table: empty")

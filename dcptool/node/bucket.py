@@ -11,6 +11,8 @@ Shared state, and why it exists:
 * `producers`: DCP producer connections by name (a second one with the same name
   replaces the first).
 * `warmup`: what warm-up found (clean or unclean shutdown, items loaded).
+* `hwt`: the high watermark table (seed 002), loaded at warm-up, written through.
+* `purger`: compaction and the tombstone purger, bounded by `hwt`.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from dcptool.errors import DcptoolError
 from dcptool.protocol.constants import VBucketState
 
 from .checkpoint import CheckpointMemory
+from .compaction import Purger
+from .hwt import HighWatermarkTable
 from .storage import FORMAT_VERSION, Storage
 from .vbucket import VBucket, new_vbucket_uuid
 
@@ -41,6 +45,10 @@ class Bucket:
         checkpoint_memory: int = 256 * 1024 * 1024,
         checkpoint_max_items: int = 10000,
         checkpoint_max_bytes: int | None = None,
+        purge_age: float = 3 * 86400,
+        hwt_max_hold: float | None = 30 * 86400,
+        compaction_interval: float | None = None,
+        hwt_default_ttl: float = 7 * 86400,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.name = name
@@ -60,6 +68,10 @@ class Bucket:
         self.producers: dict[str, Any] = {}
         self.warmup: dict[str, Any] = {}
         self.expired_by_pager = 0
+        self.hwt = HighWatermarkTable(self.storage)
+        self.hwt_default_ttl = hwt_default_ttl
+        self.purger = Purger(self, purge_age=purge_age, max_hold=hwt_max_hold,
+                             interval=compaction_interval)
 
     # -- warm-up ------------------------------------------------------------------------
 
@@ -135,13 +147,14 @@ class Bucket:
                 (vbid, vbs[vbid].state, vbs[vbid].failover_log, vbs[vbid].persisted_seqno,
                  vbs[vbid].purge_seqno, vbs[vbid].max_cas) for vbid in sorted(changed)])
         st.set_meta(clean_shutdown=0)
+        self.hwt.load()
         from .producer import end_streams_on_state_change
 
         for vb in vbs.values():
             vb.on_meta_change = self._meta_changed
             vb.state_listeners.append(end_streams_on_state_change)
         self.warmup = {"clean_shutdown": clean, "fresh": fresh, "items_loaded": loaded,
-                       "new_failover_entries": len(branched),
+                       "new_failover_entries": len(branched), "hwt_rows": len(self.hwt),
                        "seconds": round(time.monotonic() - t0, 3)}
         log.info("warm-up: %s", self.warmup)
 

@@ -11,6 +11,34 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+#: words that switch a duration setting off
+OFF_WORDS = ("off", "none", "never")
+
+
+def parse_duration(text: str, *, what: str = "duration", allow_off: bool = False) -> float | None:
+    """'3d', '12h', '90s', '250ms', '45' (seconds) -> seconds; 'off' -> None when allowed."""
+    t = (text or "").strip().lower()
+    if allow_off and t in OFF_WORDS:
+        return None
+    m = _DURATION.match(t)
+    if not m:
+        extra = " or off" if allow_off else ""
+        raise UsageError(f"{what} {text!r} is not a duration such as 90s, 15m, 12h, 3d or 2w{extra}")
+    return float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "").lower()]
+
+
+def format_duration(seconds: float | None) -> str:
+    """The inverse of parse_duration for messages: 259200 -> '3d', None -> 'off'."""
+    if seconds is None:
+        return "off"
+    for unit, size in (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
 def parse_size(text: str, *, what: str = "size") -> int:
     """'64MiB', '64m', '65536' -> bytes (binary units)."""
     m = _SIZE.match(text or "")
@@ -29,6 +57,14 @@ class NodeConfig:
     * `flush_interval`: seconds between flusher batches (each batch is one disk snapshot).
     * `expiry_pager_interval`: seconds between runs of the expiry pager.
     * `max_backfills`: disk backfills that may hold a read transaction at once.
+    * `purge_age`: seconds a tombstone must have been deleted before compaction may purge
+      it (the metadata purge age; kv_engine's default is 3 days).
+    * `compaction_interval`: seconds between scheduled compactions of every vbucket, or
+      None for compaction on demand only (COMPACT_DB).
+    * `hwt_max_hold`: how long a high watermark table row may keep a tombstone that is old
+      enough to be purged before the row is marked lost and stops holding anything back;
+      None for no limit.
+    * `hwt_default_ttl`: the lifetime of a registration that names none.
     """
 
     data_dir: Path
@@ -42,6 +78,10 @@ class NodeConfig:
     expiry_pager_interval: float = 10.0
     max_backfills: int = 8
     max_connections: int = 4096
+    purge_age: float = 3 * 86400
+    compaction_interval: float | None = None
+    hwt_max_hold: float | None = 30 * 86400
+    hwt_default_ttl: float = 7 * 86400
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -59,3 +99,9 @@ class NodeConfig:
             raise UsageError("--expiry-pager-interval must be between 0.05 and 86400 seconds")
         if self.checkpoint_max_items < 1:
             raise UsageError("--checkpoint-max-items must be positive")
+        if not 0 <= self.purge_age <= 10 * 365 * 86400:
+            raise UsageError("--purge-age must be between 0 and 10 years")
+        if self.compaction_interval is not None and not 0.1 <= self.compaction_interval <= 365 * 86400:
+            raise UsageError("--compaction-interval must be between 0.1 s and 365 days, or off")
+        if self.hwt_max_hold is not None and not 0 < self.hwt_max_hold <= 10 * 365 * 86400:
+            raise UsageError("--hwt-max-hold must be positive (at most 10 years), or off")

@@ -11,11 +11,13 @@ can be tested with the seeds' own numbers:
   (fact sheet section 4.14).
 * `absolute_expiry`: the memcached expiry convention (relative up to 30 days).
 * `first_marker_start` / `memory_marker_start`: where snapshot markers begin (seed 003).
+* `purge_bound` / `may_purge` / `hold_seconds`: how far the tombstone purger may go, from
+  the high watermark table and the metadata purge age (seed 002).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 from dcptool.protocol.constants import SEQNO_MAX, Status, StreamFlag, VBucketState
 
@@ -266,3 +268,102 @@ def first_marker_start(request_start: int, first_seqno: int) -> int:
 def stream_end_reached(snapshot_end: int, end_seqno: int) -> bool:
     """A stream ends after the complete snapshot containing its end seqno."""
     return end_seqno != SEQNO_MAX and snapshot_end >= end_seqno
+
+
+# ---------------------------------------------------------------------------
+# the tombstone purger and the high watermark table (seed 002)
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """What the purger needs of one high watermark table row.
+
+    `seqnos` maps vbucket -> the seqno up to which the client has everything (it needs
+    no tombstone at or below it); vbuckets it does not name it does not hold back.
+    `expires_at` is a Unix time; `lost` is set by the guard rail (see `hold_seconds`).
+    """
+
+    client: str
+    seqnos: Mapping[int, int]
+    expires_at: float
+    lost: bool = False
+
+    def live(self, now: float) -> bool:
+        """Holds the purger back: neither expired nor lost."""
+        return not self.lost and self.expires_at > now
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeBound:
+    """How far the purger may go in one vbucket.
+
+    A tombstone may be purged when it was deleted at or before `before` (a Unix time) and
+    its seqno is at or below `seqno` (None: no live watermark limits the seqno). `held_by`
+    names the clients whose watermark is the bound (the slowest ones).
+    """
+
+    seqno: int | None
+    before: float
+    held_by: tuple[str, ...] = ()
+
+
+def purge_bound(vbid: int, watermarks: Iterable[Watermark], *, now: float, purge_age: float,
+                before: float | None = None) -> PurgeBound:
+    """The purge bound of vbucket `vbid`.
+
+    A tombstone is purgeable only when it is older than the metadata purge age **and** its
+    seqno is at or below the lowest watermark of every live row for this vbucket. Expired
+    and lost rows hold nothing back. `before` overrides the age cut-off (COMPACT_DB's
+    purge_before_ts); the watermarks still apply.
+
+    Seed 002: the purger has purged up to 1000 in vbucket 128; XDCR reported 2000 and a
+    backup 3500; the purger may now go to 2000 and no further.
+    """
+    cut = now - purge_age if before is None else before
+    low: int | None = None
+    held: list[str] = []
+    for w in watermarks:
+        if not w.live(now):
+            continue
+        s = w.seqnos.get(vbid)
+        if s is None:
+            continue
+        if low is None or s < low:
+            low, held = s, [w.client]
+        elif s == low:
+            held.append(w.client)
+    return PurgeBound(low, cut, tuple(held))
+
+
+def may_purge(bound: PurgeBound, seqno: int, delete_time: float) -> bool:
+    """May the tombstone (`seqno`, deleted at `delete_time`) be purged under `bound`?"""
+    return delete_time <= bound.before and (bound.seqno is None or seqno <= bound.seqno)
+
+
+def hold_seconds(watermark_seqno: int, tombstones: Iterable[tuple[int, float]],
+                 before: float) -> float:
+    """How long a watermark has kept the purger from a tombstone it could otherwise purge.
+
+    `tombstones` are (seqno, delete time) of one vbucket; `before` is the age cut-off
+    (now - purge age). Of the tombstones above the watermark that are old enough, the one
+    deleted first has been purgeable for `before - delete_time` seconds: that is the hold.
+    0 when the watermark keeps nothing back. A row whose hold passes --hwt-max-hold in any
+    vbucket is marked lost (the replication-slot lesson: a stuck client must not keep
+    every tombstone forever).
+    """
+    oldest = None
+    for seqno, dt in tombstones:
+        if seqno > watermark_seqno and dt <= before and (oldest is None or dt < oldest):
+            oldest = dt
+    return 0.0 if oldest is None else before - oldest
+
+
+def is_lost(hold: float, max_hold: float | None) -> bool:
+    """The guard rail: a hold longer than `max_hold` (None: no limit) loses the row."""
+    return max_hold is not None and hold > max_hold
+
+
+def purge_seqno_after(purge_seqno: int, purged: Iterable[int]) -> int:
+    """The vbucket's purge seqno after purging tombstones with seqnos `purged`: the highest
+    seqno of a purged tombstone (it never goes down)."""
+    return max(purge_seqno, max(purged, default=0))

@@ -34,6 +34,7 @@ from .backfill import BackfillManager
 from .bucket import Bucket
 from .config import NodeConfig
 from .connection import Connection
+from .replication import Replication
 
 log = logging.getLogger("dcptool.node")
 
@@ -48,6 +49,9 @@ class Node:
             config.data_dir, name=config.bucket, num_vbuckets=config.vbuckets,
             flush_interval=config.flush_interval, checkpoint_memory=config.checkpoint_memory,
             checkpoint_max_items=config.checkpoint_max_items,
+            purge_age=config.purge_age, hwt_max_hold=config.hwt_max_hold,
+            compaction_interval=config.compaction_interval,
+            hwt_default_ttl=config.hwt_default_ttl,
         )
         self.connections: set[Connection] = set()
         self.throttled: set[Connection] = set()
@@ -64,6 +68,7 @@ class Node:
         self._stop: asyncio.Event | None = None
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
+        self.replication = Replication(self)
 
     # -- connections -------------------------------------------------------------------
 
@@ -133,6 +138,7 @@ class Node:
         for vb in bucket.vbuckets.values():
             vb.state_listeners.append(self._vbucket_state_changed)
         bucket.start(loop)
+        await self.replication.start()
         # The node holds millions of small acyclic objects (items); the cyclic collector
         # would walk them again and again. Keep what warm-up loaded out of its way and
         # collect young objects less often.
@@ -146,6 +152,7 @@ class Node:
             sock = self._server.sockets[0]
             self.host, self.port = sock.getsockname()[:2]
             self._tasks.append(loop.create_task(self._expiry_pager()))
+            self._tasks.append(loop.create_task(bucket.purger.run_scheduled()))
             self._write_node_file()
             announce(f"listening on {self.config.host}:{self.port}")
             await self._stop.wait()
@@ -158,6 +165,7 @@ class Node:
             self._server.close()
         for t in self._tasks:
             t.cancel()
+        await self.replication.stop_all()
         for conn in list(self.connections):
             conn.close()
         # give transports a moment to flush and run connection_lost

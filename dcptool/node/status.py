@@ -65,6 +65,37 @@ def disk_view(data_dir: Path) -> dict[int, dict[str, Any]]:
         db.close()
 
 
+def hwt_view(data_dir: Path, now: float | None = None) -> list[dict[str, Any]]:
+    """The high watermark table as stored (the node writes it through on every change)."""
+    import time
+
+    from .hwt import HwtEntry
+    from .storage import HWT_COLUMNS
+
+    path = Path(data_dir) / "data.sqlite3"
+    if not path.exists():
+        return []
+    now = time.time() if now is None else now
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        db.execute("PRAGMA busy_timeout=5000")
+        try:
+            rows = db.execute(f"SELECT {HWT_COLUMNS} FROM hwt ORDER BY name, instance").fetchall()
+        except sqlite3.OperationalError:  # a database from before the table existed
+            return []
+        out = []
+        for row in rows:
+            d = HwtEntry.from_row(row).describe(now)
+            d["vbuckets"] = len(d["vbuckets"])
+            d.pop("meta", None)
+            out.append(d)
+        return out
+    except sqlite3.Error as exc:
+        raise DcptoolError(f"cannot read {path}: {exc}") from None
+    finally:
+        db.close()
+
+
 def live_view(host: str, port: int, bucket: str, username: str, password: str,
               timeout: float = 5.0) -> dict[int, dict[str, Any]]:
     """Ask the running node for its vbucket-seqno and failovers stats."""
@@ -160,4 +191,5 @@ def node_status(data_dir: Path, *, username: str | None = None,
         vbs = disk_view(data_dir)
     info["source"] = source
     info["vbuckets_detail"] = {str(k): v for k, v in sorted(vbs.items())}
+    info["hwt"] = hwt_view(data_dir)
     return info

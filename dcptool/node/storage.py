@@ -9,6 +9,11 @@ Layout (`DIR/data.sqlite3`):
   seqno, purge seqno and the highest CAS given out.
 * `meta`: node-wide facts: format version, vbucket count, bucket name and the
   clean-shutdown mark.
+* `hwt`: the high watermark table, one row per (client name, instance): per-vbucket
+  seqnos (JSON), reported and expiry times, client meta (JSON) and, once the guard rail
+  took it, when and why the row was lost.
+* `items_tombstones`: a partial index of the tombstones only, by row id with their
+  delete time, so compaction and the HWT's hold figures never scan live documents.
 
 The event loop never waits for the disk: it appends `(vbid, item)` or
 `(vbid, None, meta)` entries to a deque; the flusher thread takes what is there every
@@ -17,6 +22,12 @@ and commits. Each commit is one disk snapshot: the persisted seqno of every vbuc
 the batch moves to the highest seqno the batch held for it, in the same transaction, and
 the loop is told afterwards. Backfills read through their own connections; WAL mode gives
 each read transaction a consistent snapshot while the flusher goes on writing.
+
+Maintenance (compaction and HWT writes) runs on one more thread with its own connection,
+one job at a time in submission order (`maintenance(fn, ...)`), so the event loop never
+waits for it either. Its write transactions take turns with the flusher's through
+SQLite's lock; a backfill that opened its snapshot before a compaction keeps seeing the
+purged tombstones until it ends.
 """
 from __future__ import annotations
 
@@ -26,6 +37,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -68,7 +80,21 @@ CREATE TABLE IF NOT EXISTS items (
     value       BLOB NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS items_by_key ON items (vb, key);
+CREATE INDEX IF NOT EXISTS items_tombstones ON items (id, delete_time) WHERE op != 0;
+CREATE TABLE IF NOT EXISTS hwt (
+    name        TEXT NOT NULL,
+    instance    TEXT NOT NULL,
+    seqnos      TEXT NOT NULL,
+    reported_at REAL NOT NULL,
+    expires_at  REAL NOT NULL,
+    meta        TEXT NOT NULL DEFAULT '{}',
+    lost_at     REAL,
+    lost_reason TEXT,
+    PRIMARY KEY (name, instance)
+);
 """
+
+HWT_COLUMNS = "name, instance, seqnos, reported_at, expires_at, meta, lost_at, lost_reason"
 
 
 def _first(row: tuple) -> int:
@@ -124,6 +150,8 @@ class Storage:
         self.items_written = 0
         self.last_error: str | None = None
         self._readers: list[sqlite3.Connection] = []
+        self._maint_pool: ThreadPoolExecutor | None = None
+        self._maint_db: sqlite3.Connection | None = None
 
     def _connect(self, readonly: bool = False) -> sqlite3.Connection:
         if readonly:
@@ -332,6 +360,16 @@ class Storage:
 
     def stop(self, *, clean: bool) -> None:
         """Stop the flusher after it wrote everything; mark a clean shutdown when asked."""
+        if self._maint_pool is not None:
+            # maintenance jobs already queued (HWT writes, a compaction step) finish first
+            self._maint_pool.shutdown(wait=True)
+            self._maint_pool = None
+        if self._maint_db is not None:
+            try:
+                self._maint_db.close()
+            except sqlite3.Error:
+                pass
+            self._maint_db = None
         if self._thread is not None:
             self._stop.set()
             self._wake.set()
@@ -352,6 +390,27 @@ class Storage:
         except sqlite3.Error:
             pass
         self._db.close()
+
+    # -- maintenance: compaction and the high watermark table ----------------------------
+
+    def maintenance(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run `fn(db, *args)` on the maintenance thread (one job at a time, in order).
+
+        `db` is the maintenance connection; `fn` runs its own transactions. Returns a
+        concurrent Future (wrap it with `asyncio.wrap_future` on the loop).
+        """
+        if self._maint_pool is None:
+            self._maint_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dcptool-maint")
+
+        def job():
+            if self._maint_db is None:
+                self._maint_db = self._connect()
+            return fn(self._maint_db, *args)
+        return self._maint_pool.submit(job)
+
+    def load_hwt(self) -> list[tuple]:
+        """Every HWT row (warm-up, before the flusher starts)."""
+        return self._db.execute(f"SELECT {HWT_COLUMNS} FROM hwt ORDER BY name, instance").fetchall()
 
     # -- readers (backfill) -------------------------------------------------------------
 
@@ -424,3 +483,82 @@ class BackfillReader:
             self._cur = None
             self.storage.release_reader(self.db)
             self.db = None
+
+
+# ---------------------------------------------------------------------------
+# maintenance jobs: each takes the maintenance connection first (see Storage.maintenance)
+
+
+def _write_tx(db: sqlite3.Connection):
+    class _T:
+        def __enter__(self_inner):
+            db.execute("BEGIN IMMEDIATE")
+
+        def __exit__(self_inner, et, ev, tb):
+            db.execute("COMMIT" if et is None else "ROLLBACK")
+            return False
+    return _T()
+
+
+def hwt_put(db: sqlite3.Connection, row: tuple) -> None:
+    """Insert or replace one HWT row (the HWT_COLUMNS, in order)."""
+    with _write_tx(db):
+        db.execute(f"INSERT OR REPLACE INTO hwt ({HWT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", row)
+
+
+def hwt_delete(db: sqlite3.Connection, keys: list[tuple[str, str]]) -> None:
+    """Delete HWT rows by (name, instance)."""
+    with _write_tx(db):
+        db.executemany("DELETE FROM hwt WHERE name = ? AND instance = ?", keys)
+
+
+_TOMBSTONES_IN = ("SELECT id, delete_time FROM items INDEXED BY items_tombstones "
+                  "WHERE op != 0 AND id > ? AND id <= ?")
+
+
+def tombstone_holds(db: sqlite3.Connection, vbid: int, watermarks: list[int],
+                    before: float) -> dict[int, tuple[int, float | None, int]]:
+    """For each watermark seqno of vbucket `vbid`: the tombstones above it that are old
+    enough to purge (deleted at or before `before`), as (count, oldest delete time,
+    highest seqno). One read transaction, so all answers come from one snapshot."""
+    out: dict[int, tuple[int, float | None, int]] = {}
+    db.execute("BEGIN")
+    try:
+        for w in sorted(set(watermarks)):
+            row = db.execute(
+                "SELECT count(*), min(delete_time), max(id) FROM items INDEXED BY items_tombstones "
+                "WHERE op != 0 AND id > ? AND id <= ? AND delete_time <= ?",
+                (row_id(vbid, min(w, SEQNO_MASK)), row_id(vbid, SEQNO_MASK), before)).fetchone()
+            n, oldest, top = row
+            out[w] = (n, oldest, (top & SEQNO_MASK) if top is not None else 0)
+    finally:
+        db.execute("COMMIT")
+    return out
+
+
+def purgeable_tombstones(db: sqlite3.Connection, vbid: int, above: int, upto: int,
+                         before: float) -> list[tuple[int, bytes]]:
+    """(seqno, key) of the tombstones of `vbid` with a seqno in (above, upto] deleted at or
+    before `before`, in seqno order."""
+    if upto <= above:
+        return []
+    rows = db.execute(
+        "SELECT i.id, i.key FROM items AS i WHERE i.id IN ("
+        "SELECT id FROM items INDEXED BY items_tombstones "
+        "WHERE op != 0 AND id > ? AND id <= ? AND delete_time <= ?) ORDER BY i.id",
+        (row_id(vbid, above), row_id(vbid, min(upto, SEQNO_MASK)), before)).fetchall()
+    return [(rid & SEQNO_MASK, bytes(key)) for rid, key in rows]
+
+
+def purge_tombstones(db: sqlite3.Connection, vbid: int, seqnos: list[int],
+                     purge_seqno: int) -> int:
+    """Delete these tombstones of `vbid` (a row that became a live document since is left
+    alone) and raise the vbucket's purge seqno, in one transaction. Returns rows deleted."""
+    with _write_tx(db):
+        before = db.total_changes
+        db.executemany("DELETE FROM items WHERE id = ? AND op != 0",
+                       [(row_id(vbid, s),) for s in seqnos])
+        deleted = db.total_changes - before
+        db.execute("UPDATE vbucket_meta SET purge_seqno = max(purge_seqno, ?) WHERE vb = ?",
+                   (purge_seqno, vbid))
+    return deleted

@@ -288,6 +288,27 @@ class VBucket:
             item = Item(key, value, 0, rev, meta_cas, flags, expiry, datatype)
         return MutationResult(Status.SUCCESS, self._commit(item))
 
+    # -- the purger ------------------------------------------------------------------
+
+    def purge_tombstones(self, tombstones: list[tuple[int, bytes]]) -> list[int]:
+        """Forget these (seqno, key) tombstones and raise the purge seqno past them.
+
+        A key whose newest version is no longer that tombstone (written again since) is
+        left alone. Returns the seqnos actually purged. The purge seqno is raised here,
+        on the loop, before storage deletes the rows: from now on a stream request or a
+        backfill starting below it is told to roll back, so no client can start reading
+        a disk snapshot that lacks deletions it needs.
+        """
+        items = self.items
+        purged = []
+        for seqno, key in tombstones:
+            it = items.get(key)
+            if it is not None and it.seqno == seqno and it.op != MUTATION:
+                del items[key]
+                purged.append(seqno)
+        self.purge_seqno = decisions.purge_seqno_after(self.purge_seqno, purged)
+        return purged
+
     # -- stats ---------------------------------------------------------------------
 
     def counts(self) -> tuple[int, int]:

@@ -8,6 +8,7 @@ Document keys are `bytes`; names (bucket, mechanism, control keys) are `str`.
 """
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -694,6 +695,53 @@ class CompactDb(Request):
                 "db_file_id": vb}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HwtRequest(Request):
+    """HWT_REGISTER (0xe4), HWT_LIST (0xe5) and HWT_REMOVE (0xe6): dcptool's high watermark
+    table extension (docs/protocol-extensions.md). No extras, no key; the value is one
+    JSON object (HWT_LIST may send none). The answer is a JSON object too."""
+
+    op: int = Opcode.HWT_LIST
+    value: bytes = b""
+
+    @property
+    def opcode(self) -> int:
+        return self.op
+
+    def body(self):
+        return b"", b"", self.value
+
+    @classmethod
+    def parse(cls, frame):
+        _no("extras", frame.extras)
+        _no("key", frame.key)
+        if frame.value:
+            _json_object(frame.value)
+        return {"op": frame.opcode, "value": frame.value}
+
+    def document(self) -> dict[str, Any] | None:
+        """The value as a dict (None when there is no value)."""
+        return _json_object(self.value) if self.value else None
+
+    @classmethod
+    def make(cls, op: int, doc: dict[str, Any] | None = None, **header: Any) -> "HwtRequest":
+        """A request carrying `doc` as compact JSON (datatype JSON)."""
+        if doc is None:
+            return cls(op=op, **header)
+        raw = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
+        return cls(op=op, value=raw, datatype=0x01, **header)
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError("value", f"not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ProtocolError("value", "must be a JSON object")
+    return doc
+
+
 # ---------------------------------------------------------------------------
 # DCP, client to producer
 
@@ -1063,6 +1111,8 @@ REQUEST_TYPES: dict[int, type[Request]] = {
     )
 }
 REQUEST_TYPES[Opcode.SETQ_WITH_META] = SetWithMeta
+for _op in (Opcode.HWT_REGISTER, Opcode.HWT_LIST, Opcode.HWT_REMOVE):
+    REQUEST_TYPES[_op] = HwtRequest
 REQUEST_TYPES[Opcode.DELQ_WITH_META] = DelWithMeta
 
 SUCCESS_RESPONSE_TYPES: dict[int, type[Response]] = {

@@ -7,11 +7,21 @@ the frame directly). Flags say when a command may run:
 * `pre_auth`: allowed before SASL succeeded (HELLO, SASL, ERROR_MAP, VERSION, NOOP);
 * `needs_bucket`: a bucket must be selected;
 * `dcp`: only on a connection that did DCP_OPEN (EINVAL elsewhere, like kv_engine).
+
+Commands that need a privilege say so with `@requires(...)` from `dcptool.node.access`.
+A command whose work waits for the disk (compaction, HWT writes) answers later through
+`answer_later`, which runs a coroutine on the loop and sends what it replied.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
+
+from dcptool.protocol.constants import Status
+
+log = logging.getLogger("dcptool.node.connection")
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,5 +45,34 @@ def command(*opcodes: int, pre_auth: bool = False, bucket: bool = True, decode: 
     return register
 
 
+#: answers in progress (a task is only weakly referenced by the loop)
+_LATER: set[asyncio.Task] = set()
+
+
+def answer_later(conn, frame, work: Callable[[], Awaitable[None]]) -> None:
+    """Run `work()` (which replies with `conn.reply`) on the loop and send its replies.
+
+    A failure answers EINTERNAL; a connection closed meanwhile gets nothing.
+    """
+    async def run() -> None:
+        try:
+            await work()
+        except asyncio.CancelledError:
+            return
+        except Exception:
+            log.exception("%s: command 0x%02x failed", conn.peer, frame.opcode)
+            conn.reply(frame, Status.EINTERNAL)
+        if not conn.closing:
+            conn.flush()
+        else:
+            conn.out = []
+
+    task = asyncio.get_running_loop().create_task(run())
+    _LATER.add(task)
+    task.add_done_callback(_LATER.discard)
+
+
 from . import cluster, kv, meta, session, stats  # noqa: E402,F401  (register commands)
+from . import compact, hwt  # noqa: E402,F401
 from . import dcp as _dcp  # noqa: E402,F401
+from . import cluster_admin  # noqa: E402,F401

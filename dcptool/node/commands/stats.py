@@ -55,6 +55,25 @@ def default_stats(node) -> list[tuple[str, object]]:
         ("ep_dcp_backfills_running", node.backfills.running),
         ("ep_dcp_backfills_waiting", len(node.backfills.waiting)),
         ("mem_rss", _rss_bytes()),
+    ] + purger_stats(b, now)
+
+
+def purger_stats(b, now: float) -> list[tuple[str, object]]:
+    """Compaction and the high watermark table (seed 002)."""
+    p = b.purger
+    counts = b.hwt.counts(now)
+    return [
+        ("ep_compactions", p.runs),
+        ("ep_tombstones_purged", p.purged),
+        ("ep_purge_age", p.purge_age),
+        ("ep_compaction_interval", "off" if p.interval is None else p.interval),
+        ("ep_hwt_max_hold", "off" if p.max_hold is None else p.max_hold),
+        ("ep_hwt_entries", len(b.hwt)),
+        ("ep_hwt_ok", counts["ok"]),
+        ("ep_hwt_expired", counts["expired"]),
+        ("ep_hwt_lost", counts["lost"]),
+        ("ep_last_compaction_purged", p.last.get("purged", 0)),
+        ("ep_last_compaction_time", int(p.last.get("finished_at", 0))),
     ]
 
 
