@@ -33,6 +33,21 @@ def cluster_config(conn) -> dict:
     hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     vbmap = [[0] if vb.state == VBucketState.ACTIVE else [-1]
              for _, vb in sorted(bucket.vbuckets.items())]
+    nodes = [{"hostname": hostport, "ports": {"direct": port}}]
+    nodes_ext = [{"services": {"kv": port}, "thisNode": True, "hostname": host}]
+    server_list = [hostport]
+    replicas = 0
+    cmap = getattr(getattr(node, "replication", None), "map", None)
+    if cmap is not None:
+        # a member of a cluster: the whole map (dcptool cluster create)
+        server_list = list(cmap.nodes)
+        nodes, nodes_ext = [], []
+        for i, hp in enumerate(cmap.nodes):
+            h, p = cmap.address(i)
+            nodes.append({"hostname": hp, "ports": {"direct": p}})
+            nodes_ext.append({"services": {"kv": p}, "thisNode": i == cmap.this, "hostname": h})
+        vbmap = [list(chain) for chain in cmap.vbmap]
+        replicas = cmap.replicas
     return {
         "rev": node.config_rev,
         "revEpoch": 1,
@@ -42,12 +57,12 @@ def cluster_config(conn) -> dict:
         "bucketCapabilitiesVer": "",
         "bucketCapabilities": ["xattr", "dcp", "cbhello", "touch", "cccp", "nodesExt",
                                "xdcrCheckpointing"],
-        "nodes": [{"hostname": hostport, "ports": {"direct": port}}],
-        "nodesExt": [{"services": {"kv": port}, "thisNode": True, "hostname": host}],
+        "nodes": nodes,
+        "nodesExt": nodes_ext,
         "vBucketServerMap": {
             "hashAlgorithm": "CRC",
-            "numReplicas": 0,
-            "serverList": [hostport],
+            "numReplicas": replicas,
+            "serverList": server_list,
             "vBucketMap": vbmap,
         },
         "clusterCapabilitiesVer": [1, 0],

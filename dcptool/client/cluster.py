@@ -1,0 +1,166 @@
+"""Clusters of nodes: the cluster map, the admin opcodes, and following vbuckets across nodes.
+
+* `cluster_map(conn)`: the node's GET_CLUSTER_CONFIG, reduced to `ClusterView`
+  (node addresses and, per vbucket, the chain active-first).
+* `set_map`, `hold_replication`, `node_status`: dcptool's admin opcodes 0xe8-0xea
+  (docs/protocol-extensions.md).
+* `plan_map(n_nodes, n_vbuckets, replicas)`: actives spread evenly, replicas on other
+  nodes (the map `dcptool cluster create` sends).
+* `failover_map`, `move_map`: the maps after a failover or a move.
+* `ClusterRouter`: which node holds each active vbucket, refreshed on NOT_MY_VBUCKET or a
+  closed connection; `-c` may name any member.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from dcptool.protocol import encode_frame
+from dcptool.protocol.constants import Magic, Status, status_name
+from dcptool.protocol.messages import GetClusterConfig
+
+from .connection import Connection, raise_for_status
+from .errors import ClientError, RequestFailed
+
+CLUSTER_SET_MAP = 0xE8
+REPLICATION_HOLD = 0xE9
+CLUSTER_STATUS = 0xEA
+
+_U64 = struct.Struct(">Q")
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What a client needs of a cluster map."""
+
+    rev: int
+    nodes: tuple[str, ...]
+    vbmap: tuple[tuple[int, ...], ...]
+    this: int | None = None
+
+    def active_node(self, vb: int) -> str | None:
+        chain = self.vbmap[vb]
+        return self.nodes[chain[0]] if chain and chain[0] >= 0 else None
+
+    @property
+    def clustered(self) -> bool:
+        return len(self.nodes) > 1
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any], fallback: str) -> "ClusterView":
+        sm = cfg.get("vBucketServerMap") or {}
+        nodes = tuple(str(n) for n in (sm.get("serverList") or [fallback]))
+        vbmap = tuple(tuple(int(i) for i in chain) for chain in sm.get("vBucketMap") or ())
+        this = None
+        for i, n in enumerate(cfg.get("nodesExt") or ()):
+            if n.get("thisNode"):
+                this = i
+        return cls(int(cfg.get("rev", 0)), nodes, vbmap, this)
+
+
+def _call(conn: Connection, opcode: int, *, vbucket: int = 0, extras: bytes = b"",
+          value: bytes = b"", what: str = "") -> bytes:
+    opaque = conn.next_opaque()
+    conn.send_bytes(encode_frame(Magic.REQUEST, opcode, vbucket, opaque, extras=extras,
+                                 value=value))
+    frame = conn.wait_response(opaque)
+    if frame.status != Status.SUCCESS:
+        text = ""
+        try:
+            text = json.loads(bytes(frame.value))["error"]["context"]
+        except (ValueError, KeyError, TypeError):
+            pass
+        if frame.status == Status.UNKNOWN_COMMAND:
+            text = "the node does not support clusters (an older dcptool node?)"
+        raise RequestFailed(f"{what or hex(opcode)} on {conn.address} failed: "
+                            f"{status_name(frame.status)}" + (f": {text}" if text else ""),
+                            host=conn.address, status=frame.status, opcode=opcode)
+    return bytes(frame.value)
+
+
+def cluster_config(conn: Connection) -> dict:
+    rsp = conn.request(GetClusterConfig())
+    raise_for_status(rsp, "GET_CLUSTER_CONFIG", address=conn.address)
+    try:
+        return json.loads(bytes(rsp.value))
+    except (ValueError, AttributeError):
+        return {}
+
+
+def cluster_map(conn: Connection) -> ClusterView:
+    return ClusterView.from_config(cluster_config(conn), conn.address)
+
+
+def set_map(conn: Connection, doc: dict[str, Any]) -> dict[str, Any]:
+    """CLUSTER_SET_MAP: give the node the whole map (its own index in doc['this'])."""
+    return json.loads(_call(conn, CLUSTER_SET_MAP, value=json.dumps(doc).encode(),
+                            what="CLUSTER_SET_MAP") or b"{}")
+
+
+def hold_replication(conn: Connection, vbucket: int, seqno: int | None) -> None:
+    """REPLICATION_HOLD: the node's replica of `vbucket` applies nothing above `seqno`
+    (None releases the hold)."""
+    _call(conn, REPLICATION_HOLD, vbucket=vbucket,
+          extras=b"" if seqno is None else _U64.pack(seqno), what="REPLICATION_HOLD")
+
+
+def node_status(conn: Connection) -> dict[str, Any]:
+    """CLUSTER_STATUS: the node's map rev, index, node list and per-vbucket replication."""
+    return json.loads(_call(conn, CLUSTER_STATUS, what="CLUSTER_STATUS") or b"{}")
+
+
+# ---------------------------------------------------------------------------
+# maps
+
+
+def plan_map(n_nodes: int, n_vbuckets: int, replicas: int) -> list[list[int]]:
+    """Chains for `n_vbuckets`: actives round-robin, replica k of vbucket v on the node k
+    places further on (so every node holds as many actives and replicas as possible)."""
+    if not 0 <= replicas < n_nodes:
+        raise ValueError(f"{replicas} replicas need at least {replicas + 1} nodes")
+    return [[(vb + k) % n_nodes for k in range(replicas + 1)] for vb in range(n_vbuckets)]
+
+
+def failover_map(vbmap: list[list[int]], failed: int,
+                 seqnos: dict[int, dict[int, int]]) -> tuple[list[list[int]], dict[int, int]]:
+    """The chains once node `failed` is gone, and {vbucket: promoted node}.
+
+    For a vbucket active on `failed`, the replica with the highest seqno (`seqnos[node][vb]`,
+    ties to the earlier one in the chain) becomes active; the others stay its replicas.
+    The failed node leaves every chain (-1 keeps the chain length).
+    """
+    out: list[list[int]] = []
+    promoted: dict[int, int] = {}
+    for vb, chain in enumerate(vbmap):
+        rest = [n for n in chain if n >= 0 and n != failed]
+        if chain and chain[0] == failed and rest:
+            best = max(rest, key=lambda n: (seqnos.get(n, {}).get(vb, -1), -rest.index(n)))
+            rest.remove(best)
+            rest.insert(0, best)
+            promoted[vb] = best
+        elif chain and chain[0] == failed:
+            rest = [-1]
+        new = rest + [-1] * (len(chain) - len(rest))
+        out.append(new)
+    return out, promoted
+
+
+def move_map(vbmap: list[list[int]], vbuckets: Iterable[int], to: int) -> list[list[int]]:
+    """Chains after moving the actives of `vbuckets` to node `to` (the old active takes the
+    new one's place in the chain, or leaves it when `to` held no copy)."""
+    out = [list(c) for c in vbmap]
+    for vb in vbuckets:
+        chain = out[vb]
+        old = chain[0]
+        if old == to:
+            continue
+        if to in chain:
+            chain[chain.index(to)] = old
+        chain[0] = to
+    return out
+
+
+__all__ = ["ClusterView", "cluster_config", "cluster_map", "set_map", "hold_replication",
+           "node_status", "plan_map", "failover_map", "move_map", "ClientError"]

@@ -1,0 +1,84 @@
+"""Cluster administration over the wire, dcptool's own opcodes (docs/protocol-extensions.md):
+
+* CLUSTER_SET_MAP (0xe8): value = the cluster map (JSON, see `dcptool.node.cluster`);
+  the node keeps it, changes vbucket states and (re)points its replica streams.
+  Answered once applied, with a JSON summary.
+* REPLICATION_HOLD (0xe9): vbucket in the header; extras = u64 seqno: this node's
+  replication stream of that vbucket applies nothing above the seqno; no extras: release.
+* CLUSTER_STATUS (0xea): JSON: the map's rev, this node's index, the node list and per
+  vbucket its state, high seqno, uuid and replication stream (source, received seqno).
+"""
+from __future__ import annotations
+
+import json
+import struct
+
+from dcptool.protocol.constants import Datatype, Status
+
+from ..cluster import ClusterMap, MapError
+from . import answer_later, command
+
+CLUSTER_SET_MAP = 0xE8
+REPLICATION_HOLD = 0xE9
+CLUSTER_STATUS = 0xEA
+
+_U64 = struct.Struct(">Q")
+
+
+def _send(conn, frame, doc, status: int = Status.SUCCESS) -> None:
+    conn.reply(frame, status, value=json.dumps(doc, separators=(",", ":")).encode(),
+               datatype=Datatype.JSON if conn.json else 0)
+
+
+def _allowed(conn, frame) -> bool:
+    if not (conn.authenticated and conn.user is not None):
+        conn.error(frame, Status.EACCESS)
+        return False
+    return True
+
+
+@command(CLUSTER_SET_MAP, decode=False)
+def cluster_set_map(conn, frame) -> None:
+    if not _allowed(conn, frame):
+        return
+    bucket = conn.bucket
+    try:
+        doc = json.loads(bytes(frame.value) or b"null")
+        cmap = ClusterMap.from_doc(doc, bucket.num_vbuckets)
+    except (ValueError, MapError) as exc:
+        _send(conn, frame, {"error": {"context": str(exc)}}, Status.EINVAL)
+        return
+    repl = conn.node.replication
+    if repl.map is not None and cmap.rev < repl.map.rev:
+        _send(conn, frame, {"error": {"context": f"map rev {cmap.rev} is older than the "
+                                                 f"node's ({repl.map.rev})"}}, Status.EINVAL)
+        return
+
+    async def work() -> None:
+        summary = await repl.apply(cmap)
+        _send(conn, frame, {"rev": cmap.rev, **summary})
+
+    answer_later(conn, frame, work)
+
+
+@command(REPLICATION_HOLD, decode=False)
+def replication_hold(conn, frame) -> None:
+    if not _allowed(conn, frame):
+        return
+    vbid = frame.specific
+    if vbid not in conn.bucket.vbuckets:
+        conn.reply(frame, Status.NOT_MY_VBUCKET)
+        return
+    ex = bytes(frame.extras)
+    if ex and len(ex) != 8:
+        conn.reply(frame, Status.EINVAL)
+        return
+    conn.node.replication.hold(vbid, _U64.unpack(ex)[0] if ex else None)
+    conn.reply(frame)
+
+
+@command(CLUSTER_STATUS, decode=False)
+def cluster_status(conn, frame) -> None:
+    if not _allowed(conn, frame):
+        return
+    _send(conn, frame, conn.node.replication.status())

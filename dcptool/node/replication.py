@@ -1,0 +1,468 @@
+"""Replica vbuckets: fed over DCP from their source node, the way seeds 001 and 004 describe.
+
+`Replication` (one per node, `node.replication`) holds the cluster map (see
+`dcptool.node.cluster`) and one `ReplicaStream` per replica vbucket. A ReplicaStream is
+a thread running a `dcptool.client.DcpConsumer` against the source node (this module
+is the node's replication consumer, the one part of `node/` that uses the client). It
+asks for the vbucket from the replica's own position (newest failover entry, high seqno):
+
+* the stream request's answer carries the source's failover log, which the replica
+  takes and persists at once, so active and replica share one history (seed 004);
+* a ROLLBACK answer rolls the replica back before it asks again (`rollback`): to the
+  node's rollback seqno when every change above it created its key (nothing older was
+  overwritten, so dropping those changes restores the state at that seqno exactly),
+  otherwise to 0 (everything is streamed again);
+* records are kept until their snapshot is complete and then applied together, with
+  their seqnos, CAS, revision seqnos, flags, expiries and delete times unchanged
+  (`apply_snapshot`). The replica therefore only ever holds complete snapshots of its
+  active: in memory each received snapshot becomes one checkpoint, on disk it reaches
+  the flusher in one piece, so a DCP client streaming from the replica gets no partial
+  snapshot (seed 003, "Streaming from a replica vbucket");
+* a hold (`REPLICATION_HOLD`, 0xe9) stops the stream before the first change above a
+  seqno, so tests can keep a replica at an exact point (seed 004's node C at 900).
+
+Everything that touches a vbucket runs on the node's event loop; the thread waits for it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from dcptool.protocol.constants import SEQNO_MAX, StreamEndReason, VBucketState
+
+from .cluster import ClusterMap, load_map, save_map
+from .item import DELETION, EXPIRATION, MUTATION, Item
+from .storage import SEQNO_MASK, row_id
+
+if TYPE_CHECKING:
+    from .server import Node
+    from .vbucket import VBucket
+
+log = logging.getLogger("dcptool.node.replication")
+
+_REPLICA = int(VBucketState.REPLICA)
+_OPS = {0x57: MUTATION, 0x58: DELETION, 0x59: EXPIRATION}
+#: seconds between reconnection attempts to a source that cannot be reached
+RETRY_DELAY = 0.2
+
+
+# ---------------------------------------------------------------------------
+# applying on the loop
+
+
+def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
+    """Apply one complete snapshot received from the source. Returns the new high seqno.
+
+    The records keep the source's metadata; the snapshot becomes one checkpoint and goes
+    to the flusher in one `deque.extend` (the flusher cannot split it).
+    """
+    ck = vb.checkpoints
+    ck.close_open()
+    limits = ck.max_items, ck.max_bytes
+    ck.max_items = ck.max_bytes = 1 << 62
+    entries = []
+    items = vb.items
+    heap = bucket.expiry_heap
+    high = vb.high_seqno
+    try:
+        for rec in records:
+            kind, _vb, seq, rev, cas, flags, expiry, dt, key, value = rec
+            if seq <= high:
+                continue  # already held (a re-sent snapshot after a reconnect)
+            op = _OPS[kind]
+            if op == MUTATION:
+                item = Item(key, bytes(value), seq, rev, cas, flags, expiry, dt)
+            else:
+                item = Item(key, bytes(value), seq, rev, cas, 0, 0, dt, op,
+                            expiry or int(time.time()))
+            old = items.get(key)
+            vb.live_items += (op == MUTATION) - (old is not None and old.op == MUTATION)
+            items[key] = item
+            ck.queue(item)
+            entries.append((vb.id, item))
+            if cas > vb.max_cas:
+                vb.max_cas = cas
+            if expiry and op == MUTATION:
+                import heapq
+                heapq.heappush(heap, (expiry, vb.id, key, seq))
+            high = seq
+    finally:
+        ck.max_items, ck.max_bytes = limits
+    if end > high:
+        high = end
+    vb.high_seqno = high
+    ck.close_open()
+    if entries:
+        bucket.storage.dirty.extend(entries)
+        bucket.storage.kick()
+    if vb.waiters:
+        waiters, vb.waiters = vb.waiters, []
+        for w in waiters:
+            w()
+    return high
+
+
+def rollback_target(vb: "VBucket", seqno: int) -> int:
+    """Where a replica asked to roll back to at most `seqno` can go: `seqno` itself when
+    every change above it created its key (dropping them restores the state at `seqno`
+    exactly), else 0."""
+    if seqno <= 0:
+        return 0
+    for it in vb.items.values():
+        if it.seqno > seqno and it.rev != 1:
+            return 0
+    return seqno
+
+
+def _delete_above(db, vbid: int, seqno: int, failover: str) -> None:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("DELETE FROM items WHERE id > ? AND id <= ?",
+                   (row_id(vbid, seqno), row_id(vbid, SEQNO_MASK)))
+        db.execute("UPDATE vbucket_meta SET persisted_seqno = ?, failover = ? WHERE vb = ?",
+                   (seqno, failover, vbid))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+async def rollback(bucket, vb: "VBucket", seqno: int) -> int:
+    """Roll replica `vb` back to at most `seqno` (memory and disk). Returns where it went."""
+    import json
+
+    loop = asyncio.get_running_loop()
+    storage = bucket.storage
+    # nothing of this vbucket may still be on its way to the disk
+    await loop.run_in_executor(None, storage.wait_flushed)
+    target = rollback_target(vb, seqno)
+    for key in [k for k, it in vb.items.items() if it.seqno > target]:
+        it = vb.items.pop(key)
+        if it.op == MUTATION:
+            vb.live_items -= 1
+    vb.failover_log = [(u, s) for u, s in vb.failover_log if s <= target] or vb.failover_log[-1:]
+    vb.high_seqno = target
+    vb.persisted_seqno = target
+    if vb.purge_seqno > target:
+        vb.purge_seqno = target
+    vb.checkpoints.reset(target + 1)
+    vb.checkpoints.persisted_seqno = target
+    # clients streaming from this replica went past the new end: they ask again
+    for s in list(vb.streams):
+        s.end_stream(StreamEndReason.STATE_CHANGED)
+    failover = json.dumps(vb.failover_log)
+
+    def on_disk() -> None:
+        db = storage._connect()
+        try:
+            _delete_above(db, vb.id, target, failover)
+        finally:
+            db.close()
+    await loop.run_in_executor(None, on_disk)
+    log.info("vbucket %d rolled back to %d (asked %d)", vb.id, target, seqno)
+    return target
+
+
+# ---------------------------------------------------------------------------
+# one replica vbucket's stream
+
+
+class _Stopped(Exception):
+    pass
+
+
+class ReplicaStream(threading.Thread):
+    def __init__(self, repl: "Replication", vbid: int, source: int, address: tuple[str, int],
+                 auth: dict[str, str], name: str) -> None:
+        super().__init__(name=f"dcptool-replica-{vbid}", daemon=True)
+        self.repl = repl
+        self.vbid = vbid
+        self.source = source
+        self.address = address
+        self.auth = auth
+        self.conn_name = name
+        self.stopping = False
+        self.consumer = None
+        self.connected = False
+        self.received = 0          # last seqno received from the source
+        self.snapshot_end = 0      # end of the snapshot being received
+        self.rollbacks = 0
+        self.last_error: str | None = None
+        self._pending: list = []
+        self._snap_end: int | None = None
+
+    # -- control (any thread) -------------------------------------------------------
+
+    def stop(self) -> None:
+        self.stopping = True
+        c = self.consumer
+        if c is not None:
+            try:
+                c.conn.sock.shutdown(2)
+            except OSError:
+                pass
+        with self.repl.cond:
+            self.repl.cond.notify_all()
+
+    def status(self) -> dict[str, Any]:
+        return {"source": self.source, "address": f"{self.address[0]}:{self.address[1]}",
+                "connected": self.connected, "received": self.received,
+                "snapshot_end": self.snapshot_end, "buffered": len(self._pending),
+                "rollbacks": self.rollbacks, "error": self.last_error}
+
+    # -- the thread ------------------------------------------------------------------
+
+    def _on_loop(self, fn, *args):
+        """Run `fn(*args)` (a coroutine function or a plain one) on the node's loop."""
+        if self.stopping:
+            raise _Stopped()
+
+        async def call():
+            if self.stopping:
+                raise _Stopped()
+            r = fn(*args)
+            if asyncio.iscoroutine(r):
+                r = await r
+            return r
+        fut = asyncio.run_coroutine_threadsafe(call(), self.repl.loop)
+        while True:
+            try:
+                return fut.result(0.5)
+            except TimeoutError:
+                if self.stopping and not self.repl.loop.is_running():
+                    raise _Stopped() from None
+
+    def run(self) -> None:
+        while not self.stopping:
+            try:
+                self._run_once()
+            except _Stopped:
+                break
+            except Exception as exc:  # connection refused or broken, source restarting...
+                if self.stopping:
+                    break
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.debug("replica %d from %s: %s", self.vbid, self.address, self.last_error)
+            finally:
+                self.connected = False
+                c, self.consumer = self.consumer, None
+                if c is not None:
+                    try:
+                        c.close()
+                    except OSError:
+                        pass
+            with self.repl.cond:
+                if not self.stopping:
+                    self.repl.cond.wait(RETRY_DELAY)
+
+    def _position(self):
+        from dcptool.client.position import Position
+
+        vb = self.repl.bucket.vbuckets[self.vbid]
+        if vb.state != _REPLICA:
+            raise _Stopped()
+        log_ = tuple((int(u), int(s)) for u, s in vb.failover_log)
+        high = vb.high_seqno
+        uuid = 0
+        for u, s in log_:
+            if s <= high:
+                uuid = u
+                break
+        return Position(uuid, high, high, high, log_, (high,) if high else ())
+
+    def _run_once(self) -> None:
+        from dcptool.client.consumer import DcpConsumer
+        from dcptool.client.events import ROLLBACK, SEQNO_ADVANCED, SNAPSHOT, STREAM_END, STREAM_OPEN
+        from dcptool.client.session import SessionConfig
+
+        pos = self._on_loop(self._position)
+        cfg = SessionConfig(name=self.conn_name, include_xattrs=True, delete_times=True,
+                            noop_interval=5.0, consistent=True, max_rollbacks=4)
+        host, port = self.address
+        self.consumer = DcpConsumer.open(
+            host, port, username=self.auth.get("username", ""),
+            password=self.auth.get("password", ""), bucket=self.repl.bucket.name, timeout=5.0,
+            config=cfg, on_rollback=self._on_rollback)
+        if self.stopping:
+            raise _Stopped()
+        self._pending = []
+        self._snap_end = None
+        self.consumer.add_stream(self.vbid, pos, end_seqno=SEQNO_MAX)
+        while not self.stopping:
+            events = self.consumer.poll(0.5)
+            for ev in events:
+                kind = ev[0]
+                if kind in _OPS:
+                    self._wait_hold(ev[2])
+                    self.received = ev[2]
+                    self._pending.append(ev)
+                    if self._snap_end is not None and ev[2] >= self._snap_end:
+                        self._complete()
+                elif kind == SNAPSHOT:
+                    if self._snap_end is not None:
+                        self._complete()
+                    self._snap_end = ev[3]
+                    self.snapshot_end = ev[3]
+                elif kind == SEQNO_ADVANCED:
+                    self.received = ev[2]
+                    if self._snap_end is not None and ev[2] >= self._snap_end:
+                        self._complete()
+                elif kind == STREAM_OPEN:
+                    self.connected = True
+                    self.last_error = None
+                    self._on_loop(self._take_failover_log, ev[2])
+                elif kind == ROLLBACK:
+                    pass  # done in _on_rollback, before the session asked again
+                elif kind == STREAM_END:
+                    if self._snap_end is not None and ev[2] == StreamEndReason.OK:
+                        self._complete()
+                    self._pending = []
+                    self._snap_end = None
+                    if not ev[3]:
+                        return  # the source ended it (e.g. its vbucket changed state)
+
+    def _wait_hold(self, seqno: int) -> None:
+        repl = self.repl
+        with repl.cond:
+            while not self.stopping:
+                hold = repl.holds.get(self.vbid)
+                if hold is None or seqno <= hold:
+                    return
+                repl.cond.wait(0.5)
+        raise _Stopped()
+
+    def _complete(self) -> None:
+        records, self._pending = self._pending, []
+        end = self._snap_end or 0
+        self._snap_end = None
+        self._on_loop(self._apply, records, end)
+
+    def _apply(self, records, end):
+        vb = self.repl.bucket.vbuckets[self.vbid]
+        if vb.state != _REPLICA or self.stopping:
+            raise _Stopped()
+        return apply_snapshot(self.repl.bucket, vb, records, end)
+
+    def _take_failover_log(self, failover_log) -> None:
+        vb = self.repl.bucket.vbuckets[self.vbid]
+        if vb.state != _REPLICA:
+            raise _Stopped()
+        vb.failover_log = [(int(u), int(s)) for u, s in failover_log]
+        if vb.on_meta_change is not None:
+            vb.on_meta_change(vb)
+
+    def _on_rollback(self, info):
+        from dcptool.client.position import Position
+
+        self.rollbacks += 1
+        self._pending = []
+        self._snap_end = None
+
+        async def do():
+            vb = self.repl.bucket.vbuckets[self.vbid]
+            if vb.state != _REPLICA:
+                raise _Stopped()
+            return await rollback(self.repl.bucket, vb, info.rollback_seqno)
+        target = self._on_loop(do)
+        return info.before.moved_to(target) if target else Position()
+
+
+# ---------------------------------------------------------------------------
+# the node's replication
+
+
+class Replication:
+    """The cluster map of this node and the streams that feed its replica vbuckets."""
+
+    def __init__(self, node: "Node") -> None:
+        self.node = node
+        self.bucket = node.bucket
+        self.map: ClusterMap | None = None
+        self.streams: dict[int, ReplicaStream] = {}
+        self.holds: dict[int, int] = {}
+        self.cond = threading.Condition()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._lock = asyncio.Lock()
+        cmap = load_map(self.bucket.data_dir, self.bucket.num_vbuckets)
+        if cmap is not None:
+            await self.apply(cmap, save=False)
+
+    async def apply(self, cmap: ClusterMap, *, save: bool = True) -> dict[str, int]:
+        """Make this node's vbuckets what `cmap` says; returns counts of changes."""
+        assert self._lock is not None
+        async with self._lock:
+            if save:
+                save_map(self.bucket.data_dir, cmap)
+            self.map = cmap
+            vbs = self.bucket.vbuckets
+            stop = []
+            for vb in range(len(cmap.vbmap)):
+                cur = self.streams.get(vb)
+                if cur is None:
+                    continue
+                src = cmap.source(vb) if cmap.role(vb) == _REPLICA else None
+                if src is None or cmap.address(src) != cur.address:
+                    stop.append(self.streams.pop(vb))
+            await self._stop(stop)
+            changed = started = 0
+            for vb in range(len(cmap.vbmap)):
+                role = int(cmap.role(vb))
+                vbo = vbs[vb]
+                if vbo.state != role:
+                    vbo.set_state(role)
+                    changed += 1
+                if role == _REPLICA and vb not in self.streams:
+                    src = cmap.source(vb)
+                    if src is not None:
+                        me = cmap.nodes[cmap.this]
+                        s = ReplicaStream(self, vb, src, cmap.address(src), cmap.auth,
+                                          f"replication:{me}:{vb}")
+                        self.streams[vb] = s
+                        s.start()
+                        started += 1
+            self.node.config_rev = max(self.node.config_rev + 1, cmap.rev)
+            return {"state_changes": changed, "streams_started": started,
+                    "streams_stopped": len(stop)}
+
+    async def _stop(self, streams: list[ReplicaStream]) -> None:
+        for s in streams:
+            s.stop()
+        loop = asyncio.get_running_loop()
+        for s in streams:
+            await loop.run_in_executor(None, s.join, 10.0)
+
+    async def stop_all(self) -> None:
+        streams = list(self.streams.values())
+        self.streams.clear()
+        await self._stop(streams)
+
+    def hold(self, vbid: int, seqno: int | None) -> None:
+        with self.cond:
+            if seqno is None:
+                self.holds.pop(vbid, None)
+            else:
+                self.holds[vbid] = seqno
+            self.cond.notify_all()
+
+    def status(self) -> dict[str, Any]:
+        cmap = self.map
+        out: dict[str, Any] = {"rev": cmap.rev if cmap else None,
+                               "this": cmap.this if cmap else None,
+                               "nodes": cmap.nodes if cmap else [], "vbuckets": {}}
+        for vbid, vb in sorted(self.bucket.vbuckets.items()):
+            d: dict[str, Any] = {"state": int(vb.state), "high_seqno": vb.high_seqno,
+                                 "uuid": vb.uuid}
+            s = self.streams.get(vbid)
+            if s is not None:
+                d["replication"] = s.status()
+            if vbid in self.holds:
+                d["hold"] = self.holds[vbid]
+            out["vbuckets"][str(vbid)] = d
+        return out

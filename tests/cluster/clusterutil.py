@@ -1,0 +1,125 @@
+"""Helpers for cluster tests: several real node processes on 127.0.0.1.
+
+    nodes = start_nodes(tmp_path, ["a", "b", "c"], vbuckets=4)
+    make_cluster(nodes, [[0, 1, 2]] * 4, replicas=2)
+
+Nothing here stands in for a node: maps go out with the admin opcodes, documents are
+written with SET and read back over DCP.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from dcptool.client.cluster import node_status, set_map
+from dcptool.client.events import DELETION, EXPIRATION, MUTATION, SNAPSHOT
+from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
+from dcptool.client.position import ZERO
+from dcptool.client.session import SessionConfig
+from dcptool.protocol import vbucket_of
+
+from dochelpers import opts_for
+from nodeproc import NodeProcess
+
+
+def start_nodes(base: Path, names: list[str], *, vbuckets: int = 4,
+                extra_args: tuple[str, ...] = ()) -> dict[str, NodeProcess]:
+    nodes = {n: NodeProcess(Path(base) / n, vbuckets=vbuckets, extra_args=extra_args)
+             for n in names}
+    try:
+        for n in nodes.values():
+            n.start()
+    except BaseException:
+        stop_nodes(nodes)
+        raise
+    return nodes
+
+
+def stop_nodes(nodes: dict[str, NodeProcess]) -> None:
+    for n in nodes.values():
+        if n.running():
+            n.stop()
+
+
+def addr(node: NodeProcess) -> str:
+    return f"{node.host}:{node.port}"
+
+
+def make_cluster(members: list[NodeProcess], vbmap: list[list[int]], *, replicas: int,
+                 rev: int = 1, topology: str = "star") -> None:
+    """Send every member the map (member i is node i of the map)."""
+    names = [addr(m) for m in members]
+    for i, m in enumerate(members):
+        doc = {"rev": rev, "nodes": names, "this": i, "replicas": replicas,
+               "topology": topology, "vbmap": vbmap,
+               "auth": {"username": m.username, "password": m.password}}
+        with opts_for(m).connect() as c:
+            set_map(c, doc)
+
+
+def keys_in(vb: int, vbuckets: int, n: int, prefix: str = "doc") -> list[str]:
+    out, i = [], 0
+    while len(out) < n:
+        k = f"{prefix}{i:05d}"
+        if vbucket_of(k.encode(), vbuckets) == vb:
+            out.append(k)
+        i += 1
+    return out
+
+
+def seqnos(node: NodeProcess) -> dict[int, int]:
+    """{vb: high seqno} of every active, replica or pending vbucket."""
+    with opts_for(node).connect() as c:
+        return get_vbucket_seqnos(c)
+
+
+def failover_log(node: NodeProcess, vb: int) -> list[tuple[int, int]]:
+    with opts_for(node).connect() as c:
+        return [tuple(e) for e in get_failover_logs(c, [vb])[vb]]
+
+
+def status(node: NodeProcess) -> dict:
+    with opts_for(node).connect() as c:
+        return node_status(c)
+
+
+def wait_until(pred, *, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def wait_seqno(node: NodeProcess, vb: int, seqno: int, timeout: float = 30.0) -> None:
+    wait_until(lambda: seqnos(node).get(vb) == seqno, timeout=timeout,
+               what=f"vbucket {vb} on {node.data_dir.name} at seqno {seqno} "
+                    f"(it is at {seqnos(node).get(vb)})")
+
+
+def vbucket_stream(node: NodeProcess, vb: int, end: int | None = None):
+    """(documents, markers) of one vbucket read over DCP from 0 to `end` (default: its
+    high seqno), whatever its state. documents: {key: (kind, value, seqno, rev, cas)}."""
+    if end is None:
+        end = seqnos(node)[vb]
+    docs: dict[bytes, tuple] = {}
+    markers: list[tuple[int, int]] = []
+    if end == 0:
+        return docs, markers
+    consumer = opts_for(node).consumer(SessionConfig(name="cluster-test-reader"))
+    try:
+        consumer.add_stream(vb, ZERO, end_seqno=end)
+        for events in consumer.batches(tick=1.0):
+            for ev in events:
+                if ev[0] == SNAPSHOT:
+                    markers.append((ev[2], ev[3]))
+                elif ev[0] == MUTATION:
+                    docs[bytes(ev[8])] = ("live", bytes(ev[9]), ev[2], ev[3], ev[4])
+                elif ev[0] in (DELETION, EXPIRATION):
+                    docs[bytes(ev[8])] = ("deleted", b"", ev[2], ev[3], ev[4])
+    finally:
+        consumer.close()
+    return docs, markers
