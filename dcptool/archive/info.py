@@ -111,3 +111,21 @@ def describe_archive(archive: Archive) -> dict[str, Any]:
         },
         "backups": backups,
     }
+
+
+def purge_warnings(end_seqnos: dict[int, int], purge_seqnos: dict[int, int]) -> list[dict[str, int]]:
+    """The vbuckets whose next incremental backup the node will send back to seqno 0.
+
+    `end_seqnos`: the archive's last backed-up seqno per vbucket; `purge_seqnos`: the node's
+    purge seqno per vbucket. A stream request from a seqno above 0 but below the purge
+    seqno is answered "roll back to 0" (deletions after it were purged), so those
+    vbuckets will be read again in full. Vbuckets the archive does not hold yet start at 0
+    anyway and are not listed.
+    """
+    out = []
+    for vb in sorted(end_seqnos):
+        end = end_seqnos[vb]
+        purge = purge_seqnos.get(vb)
+        if purge is not None and 0 < end < purge:
+            out.append({"vbucket": vb, "backed_up_seqno": end, "purge_seqno": purge})
+    return out

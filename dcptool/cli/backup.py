@@ -61,6 +61,12 @@ def backup(
         "--no-progress", help="No progress bar (there is none anyway unless stderr is a "
                               "terminal).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    no_watermark: Annotated[bool, typer.Option(
+        "--no-watermark", help="Do not register the archive's high watermark with the node.")] = False,
+    watermark_ttl: Annotated[str, typer.Option(
+        "--watermark-ttl", metavar="DURATION",
+        help="How long the registered watermark holds the node's tombstone purger back "
+             "unless the next backup renews it.")] = "7d",
 ) -> None:
     """Back up a bucket into an archive: full the first time, incremental afterwards.
 
@@ -68,10 +74,16 @@ def backup(
     seqno at the start of the run, ending on a snapshot boundary. A run that was killed
     is resumed by the next one. Each run writes a log to ARCHIVE/logs/.
 
+    After each backup the archive's end positions are registered with the node as a high
+    watermark (see 'dcptool watermark'), so the node keeps the deletions the next
+    incremental backup needs; back up more often than --watermark-ttl.
+
     Example: DCPTOOL_PASSWORD=... dcptool backup -c couchbase://127.0.0.1 /backups/default
     """
+    from dcptool.cli.watermark import parse_ttl
     from dcptool.pipeline.backup import run_backup
 
+    ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
     opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify)
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     show = show_progress(no_progress or json_out)
@@ -101,7 +113,8 @@ def backup(
     try:
         result = run_backup(opts, archive, full=full, partitions=partitions, master=master,
                             level=level, purge_partial=purge_partial, vbuckets=vbs,
-                            progress=progress_cb, on_plan=on_plan)
+                            progress=progress_cb, on_plan=on_plan, watermark=not no_watermark,
+                            watermark_ttl=ttl, notice=note)
     finally:
         if bar is not None:
             bar.stop()
@@ -119,6 +132,10 @@ def backup(
     t.add_row("size", _human(d["bytes"]))
     t.add_row("seconds", f"{d['seconds']:.2f}")
     t.add_row("items/s", f"{d['items_per_second'] or 0:,.0f}")
+    wm = d.get("watermark")
+    if wm is not None:
+        t.add_row("watermark", f"{wm['name']} ({wm['vbuckets']} vbuckets)" if wm["registered"]
+                  else "not registered")
     console().print(t)
 
 

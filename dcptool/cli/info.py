@@ -1,14 +1,35 @@
-"""`dcptool info ARCHIVE`: the backups an archive holds. Needs no node."""
+"""`dcptool info ARCHIVE`: the backups an archive holds. Needs no node.
+
+With -c it also asks the node the archive backs up for its purge seqnos and its high
+watermark table, and warns about vbuckets whose next incremental backup would have to
+start again from seqno 0 because deletions after the archive's end were purged.
+"""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Any, Optional
 
 import typer
 
 from dcptool.archive import Archive
 from dcptool.archive.info import describe_archive
 from dcptool.cli.app import app
+from dcptool.cli.connopts import (
+    PANEL,
+    BucketOpt,
+    CacertOpt,
+    NoVerifyOpt,
+    PasswordOpt,
+    TimeoutOpt,
+    UsernameOpt,
+)
 from dcptool.cli.output import console, print_json
+
+#: info's own -c: it reads no DCPTOOL_CLUSTER, so plain `dcptool info` never needs a node
+InfoClusterOpt = Annotated[Optional[str], typer.Option(
+    "-c", "--cluster", metavar="URL", rich_help_panel=PANEL,
+    help="Also check this node: warn when its purge seqno is above a vbucket's last "
+         "backed-up seqno, and show the archive's high watermark there.")]
 
 
 def human_bytes(n: int | None) -> str:
@@ -33,13 +54,34 @@ def _short_time(iso: str | None) -> str:
 def info(
     archive: Path = typer.Argument(..., help="Archive directory.", show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print the description as JSON."),
+    cluster: InfoClusterOpt = None,
+    username: UsernameOpt = None,
+    password: PasswordOpt = None,
+    bucket: Annotated[Optional[str], typer.Option(
+        "-b", "--bucket", rich_help_panel=PANEL,
+        help="Bucket on the node (default: the archive's bucket).")] = None,
+    cacert: CacertOpt = None,
+    no_verify: NoVerifyOpt = False,
+    timeout: TimeoutOpt = 10.0,
 ) -> None:
     """Show the backups an archive holds: id, parent, type, complete or partial, time,
     vbuckets, counts, size on disk and rollbacks.
 
+    With -c CLUSTER it also compares the node's purge seqnos with the archive's last
+    backed-up seqnos: where the node already purged deletions the archive has not seen,
+    the next incremental backup of that vbucket starts again from seqno 0.
+
     Example: dcptool info /backups/default
+    Example: dcptool info /backups/default -c couchbase://127.0.0.1
     """
-    desc = describe_archive(Archive.open(archive))
+    arch = Archive.open(archive)
+    desc = describe_archive(arch)
+    if cluster is not None:
+        from dcptool.cli.connopts import ConnOptions
+
+        opts = ConnOptions.from_cli(cluster, username, password, bucket or arch.bucket, cacert,
+                                    no_verify, timeout)
+        desc["node_check"] = node_check(arch, opts)
     if as_json:
         print_json(desc, pretty=True)
         return
@@ -93,3 +135,63 @@ def info(
         for r in b.get("rollback_records", []):
             con.print(f"{b['id']}: vbucket {r['vbucket']} rolled back to seqno {r['seqno']} "
                       f"(uuid {r['vbucket_uuid']})")
+    if "node_check" in desc:
+        _print_node_check(desc["node_check"], archive)
+
+
+def node_check(arch: Archive, opts) -> dict[str, Any]:
+    """What the node says about this archive: purge seqno warnings and its watermark row."""
+    from dcptool.archive.info import purge_warnings
+    from dcptool.client.watermark import WatermarkUnsupported, get_purge_seqnos, list_watermarks
+    from dcptool.pipeline.backup import archive_watermark
+
+    name, instance, ends, _meta = archive_watermark(arch)
+    with opts.connect() as conn:
+        purge = get_purge_seqnos(conn)
+        try:
+            rows = list_watermarks(conn, name, instance).get("entries", [])
+            support = True
+        except WatermarkUnsupported:
+            rows, support = [], False
+    row = rows[0] if rows else None
+    return {
+        "node": opts.address, "warnings": purge_warnings(ends, purge),
+        "watermark": {"name": name, "instance": instance, "supported": support,
+                      "state": row["state"] if row else None,
+                      "expires_at": row["expires_at"] if row else None,
+                      "lowest_seqno": row["lowest_seqno"] if row else None},
+    }
+
+
+def _print_node_check(check: dict[str, Any], archive: Path) -> None:
+    import time
+
+    con = console()
+    wm = check["watermark"]
+    if not wm["supported"]:
+        con.print(f"node {check['node']}: no high watermark table (its purger does not wait "
+                  "for backups)")
+    elif wm["state"] is None:
+        con.print(f"[yellow]node {check['node']}: no high watermark registered for this archive"
+                  f"[/yellow] ({wm['name']})")
+    else:
+        exp = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(wm["expires_at"]))
+        color = "green" if wm["state"] == "ok" else "yellow"
+        con.print(f"node {check['node']}: high watermark {wm['name']} [{color}]{wm['state']}"
+                  f"[/{color}], expires {exp}")
+    warnings = check["warnings"]
+    if not warnings:
+        con.print(f"node {check['node']}: no deletion the archive still needs was purged")
+        return
+    err = console(stderr=True)
+    vbs = [w["vbucket"] for w in warnings]
+    shown = ", ".join(str(v) for v in vbs[:10]) + (" ..." if len(vbs) > 10 else "")
+    w0 = warnings[0]
+    err.print(f"dcptool: warning: the node purged deletions this archive has not backed up in "
+              f"{len(vbs)} vbuckets ({shown}; e.g. vbucket {w0['vbucket']}: backed up to seqno "
+              f"{w0['backed_up_seqno']}, purge seqno {w0['purge_seqno']}): the next incremental "
+              f"backup reads them again from seqno 0", markup=False, soft_wrap=True)
+    err.print("dcptool: hint: back up more often than the node's purge age, and keep the "
+              "archive's high watermark registered (backup does it unless --no-watermark; "
+              f"'dcptool watermark register --archive {archive}' does it by hand)",
+              markup=False, soft_wrap=True)

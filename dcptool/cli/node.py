@@ -60,6 +60,9 @@ def start(
         "30d", "--hwt-max-hold", metavar="DURATION|off",
         help="A high watermark that keeps a purgeable tombstone longer than this is marked "
              "lost and stops holding the purger back."),
+    no_hwt: bool = typer.Option(
+        False, "--no-hwt", hidden=True,
+        help="Answer the HWT opcodes UNKNOWN_COMMAND, like a Couchbase Server (for tests)."),
     log_level: str = typer.Option("warning", "--log-level", metavar="debug|info|warning|error",
                                   help="Least severity logged on stderr (DIR/logs/node.log "
                                        "also gets info)."),
@@ -87,6 +90,7 @@ def start(
         compaction_interval=parse_duration(compaction_interval, what="--compaction-interval",
                                            allow_off=True),
         hwt_max_hold=parse_duration(hwt_max_hold, what="--hwt-max-hold", allow_off=True),
+        hwt_enabled=not no_hwt,
     )
     config.validate()
     if not username:

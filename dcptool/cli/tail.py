@@ -202,6 +202,25 @@ class _Printer:
             raise
 
 
+def _watermark_reporter(opts: ConnOptions, state: Path, name: Optional[str], interval: float,
+                        ttl: Optional[float]):
+    """The reporter of `tail --watermark`: one row per state file (instance: a digest of
+    the host and the state file's absolute path, stable across runs)."""
+    import hashlib
+    import socket
+
+    from dcptool.cli.output import note
+    from dcptool.client.watermark import WatermarkReporter
+
+    where = f"{socket.gethostname()}:{state.absolute()}"
+    instance = hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    name = name or ("dcptool-tail:" + state.name)[:200]
+    return WatermarkReporter(opts.connect, name, instance, ttl=ttl, interval=interval,
+                             meta={"state": str(state.absolute()),
+                                   "host": socket.gethostname()},
+                             notice=lambda m: note(f"dcptool tail: {m}"))
+
+
 @app.command("tail")
 def tail(
     from_: Optional[str] = typer.Option(
@@ -224,6 +243,20 @@ def tail(
                                         help="Ask the node for a NOOP this often when idle."),
     fail_on_rollback: bool = typer.Option(False, "--fail-on-rollback",
                                           help="Stop with an error instead of rolling back."),
+    watermark: bool = typer.Option(
+        False, "--watermark",
+        help="Register the positions saved in --state as a high watermark with the node, at "
+             "most once per --watermark-interval, so its purger keeps the deletions not "
+             "read yet (see 'dcptool watermark')."),
+    watermark_name: Optional[str] = typer.Option(
+        None, "--watermark-name", metavar="NAME",
+        help="Client name of the watermark (default dcptool-tail:STATE-FILE-NAME)."),
+    watermark_interval: float = typer.Option(
+        60.0, "--watermark-interval", metavar="SECONDS",
+        help="Register at most this often."),
+    watermark_ttl: str = typer.Option(
+        "7d", "--watermark-ttl", metavar="DURATION",
+        help="The watermark expires unless registered again within this time."),
     verbose: bool = typer.Option(False, "-v", "--verbose",
                                  help="Print a summary on stderr at the end (as does dcptool "
                                       "--verbose tail)."),
@@ -254,6 +287,16 @@ def tail(
         raise UsageError("--count must be positive")
     if noop_interval <= 0:
         raise UsageError("--noop-interval must be positive")
+    if watermark and state is None:
+        raise UsageError("--watermark needs --state FILE (the watermark is what the state "
+                         "file holds)")
+    if watermark_interval <= 0:
+        raise UsageError("--watermark-interval must be positive")
+    wm_ttl = None
+    if watermark:
+        from dcptool.cli.watermark import parse_ttl
+
+        wm_ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
     start = from_
     if start is None:
         start = str(state) if state is not None and state.exists() else "now"
@@ -285,6 +328,9 @@ def tail(
         conn.close()
         raise
 
+    reporter = None
+    if watermark:
+        reporter = _watermark_reporter(opts, state, watermark_name, watermark_interval, wm_ttl)
     tracker = _Tracker(positions)
     printer = _Printer(as_json, keys_only)
     printed = 0
@@ -297,8 +343,12 @@ def tail(
     def save() -> None:
         nonlocal dirty, last_save
         if state is not None:
-            save_state(state, SessionState(tracker.positions(consumer), opts.bucket,
+            saved_positions = tracker.positions(consumer)
+            save_state(state, SessionState(saved_positions, opts.bucket,
                                            {"node": opts.address}))
+            if reporter is not None and reporter.due():
+                # only what the state file holds: a resume starts there
+                reporter.report({vb: p.seqno for vb, p in saved_positions.items()})
         dirty = False
         last_save = time.monotonic()
 
@@ -343,6 +393,8 @@ def tail(
                 break
             if dirty and now - last_save >= _SAVE_EVERY:
                 save()
+            elif reporter is not None and reporter.due():
+                save()  # renew the watermark while idle too
     except KeyboardInterrupt:
         pass
     except BrokenPipeError:
@@ -362,6 +414,8 @@ def tail(
         save()
     finally:
         consumer.close()
+        if reporter is not None:
+            reporter.close()
     if verbose or is_verbose():
         print(f"dcptool tail: {printed} documents shown ({records} changes received), "
               f"{consumer.session.noops_answered} noops answered"

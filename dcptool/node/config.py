@@ -82,6 +82,9 @@ class NodeConfig:
     compaction_interval: float | None = None
     hwt_max_hold: float | None = 30 * 86400
     hwt_default_ttl: float = 7 * 86400
+    #: False: answer the HWT opcodes UNKNOWN_COMMAND, as a Couchbase Server does (for
+    #: testing clients against a node without dcptool's extension)
+    hwt_enabled: bool = True
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:

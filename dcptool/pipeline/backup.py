@@ -6,10 +6,17 @@ one, the last complete snapshot of a killed attempt when resuming), and runs one
 task per group of vbuckets. Each task opens its own DCP connection, writes its own files
 and returns one small summary per vbucket; the driver checks them and commits the
 manifest. Nothing is committed unless every vbucket completed.
+
+After each commit the driver registers the archive's end positions as a high watermark
+on the node (name `dcptool-backup:ARCHIVE-DIR-NAME`, instance the archive's uuid), so the
+node's tombstone purger keeps the deletions the next incremental backup still needs.
+A node without the extension (a real Couchbase Server) gets one notice; the backup is
+not failed for it.
 """
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,6 +62,9 @@ class BackupResult:
     kept_vbuckets: int = 0
     rollback_details: list[dict] = field(default_factory=list)
     log: str | None = None
+    #: the high watermark registration: name, instance, registered (bool), vbuckets,
+    #: expires_at, and `note` when it could not be made (None with --no-watermark)
+    watermark: dict[str, Any] | None = None
 
     @property
     def items(self) -> int:
@@ -69,7 +79,7 @@ class BackupResult:
             "spark_startup_seconds": round(self.spark_seconds, 3),
             "items_per_second": round(self.items / self.seconds, 1) if self.seconds else None,
             "kept_vbuckets": self.kept_vbuckets, "rollback_details": self.rollback_details,
-            "log": self.log,
+            "log": self.log, "watermark": self.watermark,
         }
 
 
@@ -78,6 +88,58 @@ def _client_position(pos: Any, failover_log) -> Position:
     log = tuple((int(u), int(s)) for u, s in (failover_log or ()))
     ends = (pos.snap_end,) if pos.seqno == pos.snap_end and pos.seqno else ()
     return Position(pos.uuid, pos.seqno, pos.snap_start, pos.snap_end, log, ends)
+
+
+#: how long a backup's watermark holds the purger back unless the next backup renews it
+DEFAULT_WATERMARK_TTL = 7 * 86400.0
+WATERMARK_PREFIX = "dcptool-backup:"
+
+
+def archive_watermark(archive: Archive | str | os.PathLike[str]
+                      ) -> tuple[str, str, dict[int, int], dict[str, Any]]:
+    """(name, instance, {vbucket: seqno}, meta) of the watermark that stands for an archive.
+
+    The name comes from the archive's directory name, the instance is the archive's uuid
+    (two archives of the same name are two rows), the seqnos are the end positions of the
+    newest committed backup's chain: what an incremental backup would start from.
+    """
+    if not isinstance(archive, Archive):
+        archive = Archive.open(archive)
+    name = (WATERMARK_PREFIX + archive.path.absolute().name)[:200]
+    latest = archive.latest_id()
+    seqnos = ({vb: int(p.seqno) for vb, p in archive.end_positions(latest).items()}
+              if latest is not None else {})
+    meta = {"archive": str(archive.path.absolute()), "backup": latest,
+            "host": socket.gethostname()}
+    return name, archive.uuid, seqnos, meta
+
+
+def register_archive_watermark(opts, archive: Archive, *, ttl: float = DEFAULT_WATERMARK_TTL,
+                               notice: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Register `archive`'s watermark on the node `opts`; never raises for the node's sake.
+
+    Returns {name, instance, registered, vbuckets, expires_at, note}; `note` says why
+    nothing was registered (no support on the node, a failure).
+    """
+    from dcptool.client.watermark import WatermarkReporter
+
+    name, instance, seqnos, meta = archive_watermark(archive)
+    notes: list[str] = []
+
+    def tell(msg: str) -> None:
+        notes.append(msg)
+        if notice is not None:
+            notice(msg)
+
+    reporter = WatermarkReporter(opts.connect, name, instance, ttl=ttl, meta=meta, notice=tell)
+    try:
+        answer = reporter.report(seqnos, force=True)
+    finally:
+        reporter.close()
+    return {"name": name, "instance": instance, "registered": answer is not None,
+            "vbuckets": len(seqnos), "expires_at": (answer or {}).get("expires_at"),
+            "behind_purge_seqno": (answer or {}).get("behind_purge_seqno") or {},
+            "note": "; ".join(notes) or None}
 
 
 def _end_dict(pos: Position) -> dict[str, int]:
@@ -234,7 +296,10 @@ def run_backup(opts, archive_path: str | os.PathLike[str], **kwargs: Any) -> Bac
     """Run one backup of the node `opts` into the archive at `archive_path`.
 
     Keyword arguments: full, partitions, master, level, purge_partial, vbuckets, progress,
-    on_plan, spark (see `_run_backup`). The run is logged to `ARCHIVE/logs/backup-*.log`.
+    on_plan, spark, watermark (register the archive's watermark after the commit, default
+    True), watermark_ttl (seconds, default 7 days), notice (called with a line for the
+    user, e.g. that the node has no watermark support) (see `_run_backup`). The run is
+    logged to `ARCHIVE/logs/backup-*.log`.
     """
     with RunLog("backup") as rl:
         result = _run_backup(rl, opts, archive_path, **kwargs)
@@ -270,7 +335,9 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
                 purge_partial: bool = False, vbuckets: list[int] | None = None,
                 progress: Callable[[int, int, int], None] | None = None,
                 on_plan: Callable[[dict], None] | None = None,
-                spark=None) -> BackupResult:
+                spark=None, watermark: bool = True,
+                watermark_ttl: float = DEFAULT_WATERMARK_TTL,
+                notice: Callable[[str], None] | None = None) -> BackupResult:
     t0 = time.monotonic()
     archive_path = str(Path(archive_path).absolute())
     rl.info("backup of bucket %s on %s into %s (pid %d)", opts.bucket, opts.address,
@@ -395,6 +462,18 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             "%d rollbacks, %d bytes in %.2f s (%.0f items/s)", btype, writer.id, result.vbuckets,
             result.mutations, result.deletions, result.expirations, result.rollbacks,
             result.bytes, result.seconds, result.items / result.seconds if result.seconds else 0)
+    if watermark:
+        def tell(msg: str) -> None:
+            rl.warning("%s", msg)
+            if notice is not None:
+                notice(msg)
+
+        result.watermark = register_archive_watermark(opts, Archive.open(archive_path),
+                                                      ttl=watermark_ttl, notice=tell)
+        if result.watermark["registered"]:
+            rl.info("registered high watermark %s/%s for %d vbuckets (ttl %.0f s)",
+                    result.watermark["name"], result.watermark["instance"],
+                    result.watermark["vbuckets"], watermark_ttl)
     return result
 
 

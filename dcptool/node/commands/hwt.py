@@ -29,9 +29,19 @@ def _refuse(conn, frame, status: int, text: str) -> None:
     _send(conn, frame, {"error": {"context": text}}, status)
 
 
+def _disabled(conn, frame) -> bool:
+    """A node started with --no-hwt answers like a server without the extension."""
+    if conn.node.config.hwt_enabled:
+        return False
+    conn.reply(frame, Status.UNKNOWN_COMMAND)
+    return True
+
+
 @command(Opcode.HWT_REGISTER)
 @requires(Privilege.WATERMARK_WRITE)
 def hwt_register(conn, frame, msg) -> None:
+    if _disabled(conn, frame):
+        return
     bucket = conn.bucket
     now = time.time()
     try:
@@ -62,6 +72,8 @@ def hwt_register(conn, frame, msg) -> None:
 @command(Opcode.HWT_LIST)
 @requires(Privilege.WATERMARK_READ)
 def hwt_list(conn, frame, msg) -> None:
+    if _disabled(conn, frame):
+        return
     bucket = conn.bucket
     try:
         name, instance = parse_selector(msg.document(), name_required=False)
@@ -93,6 +105,8 @@ def hwt_list(conn, frame, msg) -> None:
 @command(Opcode.HWT_REMOVE)
 @requires(Privilege.WATERMARK_WRITE)
 def hwt_remove(conn, frame, msg) -> None:
+    if _disabled(conn, frame):
+        return
     bucket = conn.bucket
     try:
         name, instance = parse_selector(msg.document(), name_required=True)

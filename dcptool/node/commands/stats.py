@@ -72,6 +72,7 @@ def purger_stats(b, now: float) -> list[tuple[str, object]]:
         ("ep_hwt_ok", counts["ok"]),
         ("ep_hwt_expired", counts["expired"]),
         ("ep_hwt_lost", counts["lost"]),
+        ("ep_hwt_registrations", b.hwt.registrations),
         ("ep_last_compaction_purged", p.last.get("purged", 0)),
         ("ep_last_compaction_time", int(p.last.get("finished_at", 0))),
     ]

@@ -1,0 +1,322 @@
+"""`dcptool watermark`: register, list and remove high watermarks on a node.
+
+A high watermark tells the node's tombstone purger how far a client has read each vbucket;
+the purger never purges a deletion above the lowest live watermark, so a slow client
+(a weekly backup, a remote replica) does not miss deletions (see
+docs/protocol-extensions.md). `dcptool backup` registers its archive's watermark after
+each backup by itself; these commands are for other clients and for looking.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from dcptool.cli.app import app
+from dcptool.cli.connopts import (
+    BucketOpt,
+    CacertOpt,
+    ClusterOpt,
+    ConnOptions,
+    NoVerifyOpt,
+    PasswordOpt,
+    TimeoutOpt,
+    UsernameOpt,
+)
+from dcptool.cli.output import console, print_json
+from dcptool.errors import DcptoolError, UsageError
+
+watermark_app = typer.Typer(
+    name="watermark",
+    help="""Register, list and remove high watermarks: how far a client has read each
+    vbucket, so the node's tombstone purger keeps the deletions it has not seen yet.
+
+    Example: dcptool watermark list -c 127.0.0.1:11210
+    """,
+    no_args_is_help=True,
+)
+app.add_typer(watermark_app, name="watermark")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+DEFAULT_TTL = "7d"
+DEFAULT_INSTANCE = "default"
+
+
+def parse_ttl(text: str, what: str = "--ttl") -> float:
+    from dcptool.node.config import parse_duration
+
+    ttl = parse_duration(text, what=what)
+    if ttl is None or ttl <= 0:
+        raise UsageError(f"{what} must be positive")
+    if ttl > 366 * 86400:
+        raise UsageError(f"{what} must be at most 366 days")
+    return ttl
+
+
+def read_seqnos(path: str) -> dict[int, int]:
+    """{vbucket: seqno} from a file ('-': standard input): a JSON object of seqnos
+    ({"0": 120, ...}), the same under "vbuckets", or a `dcptool tail --state` file."""
+    try:
+        raw = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"--seqnos: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise UsageError(f"--seqnos: {path} is not JSON: {exc}") from None
+    if isinstance(doc, dict) and doc.get("format") == "dcptool-session":
+        from dcptool.client.state import SessionState
+
+        return {vb: p.seqno for vb, p in SessionState.from_dict(doc, path).positions.items()}
+    if isinstance(doc, dict) and isinstance(doc.get("vbuckets"), dict):
+        doc = doc["vbuckets"]
+    if not isinstance(doc, dict) or not doc:
+        raise UsageError(f"--seqnos: {path} must hold a JSON object {{\"vbucket\": seqno, ...}}")
+    out: dict[int, int] = {}
+    for k, v in doc.items():
+        try:
+            vb = int(k)
+        except ValueError:
+            raise UsageError(f"--seqnos: {path}: {k!r} is not a vbucket number") from None
+        if isinstance(v, dict):
+            v = v.get("seqno")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or vb < 0:
+            raise UsageError(f"--seqnos: {path}: vbucket {k} needs a seqno (a whole number >= 0)")
+        out[vb] = v
+    return out
+
+
+def _opts(cluster, username, password, bucket, cacert, no_verify, timeout) -> ConnOptions:
+    return ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
+
+
+def _archive_identity(archive: Path) -> tuple[str, str, dict[int, int], dict[str, Any]]:
+    from dcptool.pipeline.backup import archive_watermark
+
+    return archive_watermark(archive)
+
+
+def _when(t: float | None) -> str:
+    if not t:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))
+
+
+def _ago(seconds: float) -> str:
+    from dcptool.node.config import format_duration
+
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 2 * 86400:
+        return f"{s // 3600}h"
+    return format_duration(86400 * (s // 86400))
+
+
+@watermark_app.command("register")
+def register(
+    name: Annotated[Optional[str], typer.Option(
+        "--name", help="Client name (with --archive: derived from the archive).")] = None,
+    instance: Annotated[Optional[str], typer.Option(
+        "--instance", metavar="UUID",
+        help="Client instance; a new registration of the same name and instance replaces the "
+             f"old one (default: {DEFAULT_INSTANCE!r}, with --archive the archive's uuid).")] = None,
+    seqnos: Annotated[Optional[str], typer.Option(
+        "--seqnos", metavar="FILE",
+        help="JSON file of {vbucket: seqno} (or a tail --state file; - for stdin).")] = None,
+    archive: Annotated[Optional[Path], typer.Option(
+        "--archive", metavar="ARCHIVE",
+        help="Register how far this backup archive holds each vbucket.")] = None,
+    ttl: Annotated[str, typer.Option(
+        "--ttl", metavar="DURATION",
+        help="The row expires unless registered again within this time.")] = DEFAULT_TTL,
+    meta: Annotated[Optional[str], typer.Option(
+        "--meta", metavar="JSON", help="A small JSON object stored with the row.")] = None,
+    json_out: JsonOpt = False,
+    cluster: ClusterOpt = None,
+    username: UsernameOpt = None,
+    password: PasswordOpt = None,
+    bucket: BucketOpt = "default",
+    cacert: CacertOpt = None,
+    no_verify: NoVerifyOpt = False,
+    timeout: TimeoutOpt = 10.0,
+) -> None:
+    """Register (or renew) a high watermark: the purger keeps every deletion above it.
+
+    Example: dcptool watermark register -c 127.0.0.1 --archive /backups/default
+    Example: dcptool watermark register -c 127.0.0.1 --name my-app --seqnos seqnos.json --ttl 1d
+    """
+    from dcptool.client.watermark import register_watermark
+
+    if (seqnos is None) == (archive is None):
+        raise UsageError("give exactly one of --seqnos FILE and --archive ARCHIVE")
+    ttl_s = parse_ttl(ttl)
+    meta_doc: dict[str, Any] = {}
+    if meta is not None:
+        try:
+            meta_doc = json.loads(meta)
+        except ValueError as exc:
+            raise UsageError(f"--meta is not JSON: {exc}") from None
+        if not isinstance(meta_doc, dict):
+            raise UsageError("--meta must be a JSON object")
+    if archive is not None:
+        a_name, a_instance, vbs, a_meta = _archive_identity(archive)
+        name = name or a_name
+        instance = instance or a_instance
+        meta_doc = {**a_meta, **meta_doc}
+    else:
+        vbs = read_seqnos(seqnos)  # type: ignore[arg-type]
+        if not name:
+            raise UsageError("--name is required with --seqnos")
+    instance = instance or DEFAULT_INSTANCE
+    if not vbs:
+        raise UsageError(f"archive {archive} holds no backed-up vbucket yet")
+    opts = _opts(cluster, username, password, bucket, cacert, no_verify, timeout)
+    with opts.connect() as conn:
+        answer = register_watermark(conn, name, instance, vbs, ttl=ttl_s, meta=meta_doc or None)
+    if json_out:
+        print_json(answer)
+        return
+    con = console()
+    con.print(f"{'renewed' if answer.get('replaced') else 'registered'} {name}/{instance}: "
+              f"{answer.get('vbuckets')} vbuckets, seqnos {min(vbs.values())}..{max(vbs.values())}, "
+              f"expires {_when(answer.get('expires_at'))}")
+    behind = answer.get("behind_purge_seqno") or {}
+    if behind:
+        err = console(stderr=True)
+        vb0 = sorted(behind, key=int)[0]
+        err.print(f"dcptool: warning: the node already purged deletions above this watermark in "
+                  f"{len(behind)} vbuckets (vbucket {vb0}: watermark {vbs[int(vb0)]}, purge seqno "
+                  f"{behind[vb0]}); a client resuming there is rolled back to seqno 0")
+
+
+@watermark_app.command("list")
+def list_(
+    name: Annotated[Optional[str], typer.Option("--name", help="Only this client.")] = None,
+    json_out: JsonOpt = False,
+    cluster: ClusterOpt = None,
+    username: UsernameOpt = None,
+    password: PasswordOpt = None,
+    bucket: BucketOpt = "default",
+    cacert: CacertOpt = None,
+    no_verify: NoVerifyOpt = False,
+    timeout: TimeoutOpt = 10.0,
+) -> None:
+    """List the node's high watermarks: client, instance, vbuckets, lowest and highest
+    seqno, reported, expires, state (ok, expired or lost) and, per vbucket, how far each
+    holds the purger back (old-enough tombstones it keeps, up to which seqno, how long).
+
+    Example: dcptool watermark list -c 127.0.0.1:11210 --json
+    """
+    from dcptool.client.watermark import list_watermarks
+
+    opts = _opts(cluster, username, password, bucket, cacert, no_verify, timeout)
+    with opts.connect() as conn:
+        table = list_watermarks(conn, name)
+    if json_out:
+        print_json(table)
+        return
+    from rich.table import Table
+
+    from dcptool.node.config import format_duration
+
+    con = console()
+    if not con.is_terminal:
+        con.width = max(con.width, 200)
+    entries = table.get("entries", [])
+    con.print(f"purge age {format_duration(table.get('purge_age'))}, max hold "
+              f"{format_duration(table.get('max_hold'))}, compaction every "
+              f"{format_duration(table.get('compaction_interval'))}")
+    if not entries:
+        con.print("no high watermarks registered" + (f" as {name}" if name else ""))
+        return
+    t = Table()
+    for col in ("name", "instance", "state", "vbuckets", "lowest", "highest", "reported",
+                "expires", "holding back"):
+        t.add_column(col, justify="right" if col in ("vbuckets", "lowest", "highest") else "left")
+    states = {"ok": "ok", "expired": "[yellow]expired[/yellow]", "lost": "[red]lost[/red]"}
+    for e in entries:
+        holding = e.get("holding") or {}
+        if holding:
+            n = sum(h["tombstones"] for h in holding.values())
+            longest = max(h["seconds"] for h in holding.values())
+            held = f"{n} tombstones in {len(holding)} vbuckets, up to {_ago(longest)}"
+        else:
+            held = "-"
+        t.add_row(e["name"], e["instance"], states.get(e["state"], e["state"]),
+                  str(len(e["vbuckets"])), str(e["lowest_seqno"]), str(e["highest_seqno"]),
+                  _when(e["reported_at"]), _when(e["expires_at"]), held)
+    con.print(t)
+    purge = table.get("purge_seqnos", {})
+    details = [(e, vb, h) for e in entries for vb, h in sorted((e.get("holding") or {}).items(),
+                                                                key=lambda kv: int(kv[0]))]
+    if details:
+        d = Table(title="per vbucket: what each watermark holds back")
+        for col in ("name", "instance", "vb", "watermark", "purge seqno", "tombstones kept",
+                    "up to seqno", "purgeable for"):
+            d.add_column(col, justify="left" if col in ("name", "instance") else "right")
+        shown: dict[tuple[str, str], int] = {}
+        for e, vb, h in details:
+            k = (e["name"], e["instance"])
+            shown[k] = shown.get(k, 0) + 1
+            if shown[k] > 20:
+                continue
+            d.add_row(e["name"], e["instance"], vb, str(e["vbuckets"][vb]),
+                      str(purge.get(vb, "")), str(h["tombstones"]), str(h["up_to_seqno"]),
+                      _ago(h["seconds"]))
+        con.print(d)
+        for (n, i), count in shown.items():
+            if count > 20:
+                con.print(f"{n}/{i}: {count - 20} more vbuckets (--json lists all)")
+    for e in entries:
+        if e["state"] == "lost":
+            con.print(f"[red]{e['name']}/{e['instance']} is lost[/red]: {e.get('lost_reason')}")
+
+
+@watermark_app.command("remove")
+def remove(
+    name: Annotated[Optional[str], typer.Option("--name", help="The client to remove.")] = None,
+    instance: Annotated[Optional[str], typer.Option(
+        "--instance", metavar="UUID", help="Only this instance (default: all of --name).")] = None,
+    archive: Annotated[Optional[Path], typer.Option(
+        "--archive", metavar="ARCHIVE", help="Remove the watermark backup registered for "
+                                             "this archive.")] = None,
+    json_out: JsonOpt = False,
+    cluster: ClusterOpt = None,
+    username: UsernameOpt = None,
+    password: PasswordOpt = None,
+    bucket: BucketOpt = "default",
+    cacert: CacertOpt = None,
+    no_verify: NoVerifyOpt = False,
+    timeout: TimeoutOpt = 10.0,
+) -> None:
+    """Remove a client's high watermarks, so the purger no longer waits for it.
+
+    Example: dcptool watermark remove -c 127.0.0.1:11210 --name my-app
+    """
+    from dcptool.client.watermark import WatermarkNotFound, remove_watermark
+
+    if archive is not None:
+        if name is not None:
+            raise UsageError("give --name or --archive, not both")
+        name, a_instance, _vbs, _meta = _archive_identity(archive)
+        instance = instance or a_instance
+    if not name:
+        raise UsageError("--name is required")
+    opts = _opts(cluster, username, password, bucket, cacert, no_verify, timeout)
+    with opts.connect() as conn:
+        try:
+            removed = remove_watermark(conn, name, instance)
+        except WatermarkNotFound as exc:
+            raise DcptoolError(str(exc), hint="see 'dcptool watermark list'") from None
+    if json_out:
+        print_json({"removed": removed})
+        return
+    for r in removed:
+        console().print(f"removed {r['name']}/{r['instance']}")
