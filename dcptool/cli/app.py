@@ -304,6 +304,7 @@ def _register() -> None:
     from dcptool.cli import merge  # noqa: F401
     from dcptool.cli import export  # noqa: F401
     from dcptool.cli import examine  # noqa: F401
+    from dcptool.cli import cluster  # noqa: F401
     from dcptool.cli import watermark  # noqa: F401
 
 

@@ -311,7 +311,10 @@ def tail(
     conn = opts.connect()
     try:
         if start == "beginning":
-            wanted = vbs if vbs is not None else sorted(get_vbucket_seqnos(conn, state=1))
+            from dcptool.client.cluster import all_vbuckets
+
+            wanted = vbs if vbs is not None else (all_vbuckets(conn)
+                                                 or sorted(get_vbucket_seqnos(conn, state=1)))
             positions = {vb: ZERO for vb in wanted}
         elif start == "now":
             positions = latest_positions(conn, vbs)
@@ -323,7 +326,10 @@ def tail(
         config = SessionConfig(name=f"dcptool-tail:{os.getpid()}:{int(time.time())}",
                                no_value=keys_only, consistent=False, noop_interval=noop_interval,
                                fail_on_rollback=fail_on_rollback)
-        consumer = DcpConsumer(conn, config)
+        from dcptool.client.cluster import cluster_consumer
+
+        # a member of a cluster: each vbucket from its active node, following the map
+        consumer = cluster_consumer(opts, conn, config)
     except BaseException:
         conn.close()
         raise

@@ -164,3 +164,213 @@ def move_map(vbmap: list[list[int]], vbuckets: Iterable[int], to: int) -> list[l
 
 __all__ = ["ClusterView", "cluster_config", "cluster_map", "set_map", "hold_replication",
            "node_status", "plan_map", "failover_map", "move_map", "ClientError"]
+
+
+# ---------------------------------------------------------------------------
+# following vbuckets across nodes
+
+
+class _Counters:
+    def __init__(self, owner: "ClusterConsumer") -> None:
+        self._owner = owner
+
+    @property
+    def noops_answered(self) -> int:
+        return self._owner.noops_answered + sum(
+            c.session.noops_answered for c in self._owner.consumers.values())
+
+
+class ClusterConsumer:
+    """DcpConsumer's interface over a cluster: each vbucket streams from its active node.
+
+    When a node's connection closes (or dies) or a stream is answered NOT_MY_VBUCKET, the
+    vbuckets of that connection keep their positions; the map is read again from any
+    member that answers and they are asked again from those positions on their (new)
+    active node, where the usual rollback handshake applies.
+    """
+
+    #: seconds between map refreshes while a vbucket has no live active
+    REFRESH_DELAY = 0.2
+
+    def __init__(self, opts, config, view: ClusterView, *, on_rollback=None) -> None:
+        self.opts = opts
+        self.config = config
+        self.view = view
+        self.on_rollback = on_rollback
+        self.consumers: dict[str, Any] = {}
+        self.owner: dict[int, str] = {}
+        self.saved: dict[int, Any] = {}
+        self.ends: dict[int, int] = {}
+        self.orphans: set[int] = set()
+        self.finished: set[int] = set()
+        self.noops_answered = 0
+        self.session = _Counters(self)
+        self._next_refresh = 0.0
+        self.moves = 0
+
+    # -- the DcpConsumer interface used by tail ------------------------------------------
+
+    def start(self) -> None:
+        pass
+
+    def add_streams(self, plan) -> None:
+        from dcptool.protocol.constants import SEQNO_MAX
+
+        for vb, item in plan.items():
+            pos, end = item if isinstance(item, tuple) else (item, SEQNO_MAX)
+            self.saved[vb] = pos
+            self.ends[vb] = end
+            self.orphans.add(vb)
+        self._place()
+
+    def position(self, vb: int, consistent: bool | None = None):
+        node = self.owner.get(vb)
+        c = self.consumers.get(node) if node else None
+        if c is not None and vb in c.session.streams:
+            return c.position(vb, consistent)
+        return self.saved[vb]
+
+    def positions(self, consistent: bool | None = None):
+        return {vb: self.position(vb, consistent) for vb in self.saved}
+
+    @property
+    def done(self) -> bool:
+        return not self.orphans and all(c.done for c in self.consumers.values())
+
+    def batches(self, tick: float | None = 1.0):
+        while not self.done:
+            yield self.poll(tick)
+
+    def poll(self, timeout: float | None = 1.0) -> list:
+        import time
+
+        from .errors import ClientTimeout, ConnectionClosed, NotMyVbucketError, ProtocolViolation
+
+        if self.orphans and time.monotonic() >= self._next_refresh:
+            self._place()
+        out: list = []
+        live = list(self.consumers.items())
+        if not live:
+            time.sleep(min(timeout or self.REFRESH_DELAY, self.REFRESH_DELAY))
+            return out
+        each = None if timeout is None else max(0.01, timeout / len(live))
+        for node, c in live:
+            try:
+                out.extend(c.poll(each))
+            except NotMyVbucketError as exc:
+                self._orphan(node, [exc.vbucket] if exc.vbucket is not None else None)
+            except (ConnectionClosed, ClientTimeout, ProtocolViolation, OSError):
+                self._orphan(node, None)
+        return out
+
+    def close(self) -> None:
+        for c in self.consumers.values():
+            try:
+                c.close()
+            except OSError:
+                pass
+        self.consumers.clear()
+
+    # -- routing ---------------------------------------------------------------------
+
+    def _orphan(self, node: str, vbs) -> None:
+        import time
+
+        c = self.consumers.get(node)
+        mine = [vb for vb, n in self.owner.items() if n == node]
+        if vbs is not None:
+            mine = [vb for vb in mine if vb in vbs]
+        for vb in mine:
+            if c is not None and vb in c.session.streams:
+                self.saved[vb] = c.position(vb, consistent=False)
+                if c.session.streams[vb].finished and vbs is None and \
+                        c.session.streams[vb].state == "ended":
+                    self.finished.add(vb)
+                    continue
+            self.owner.pop(vb, None)
+            self.orphans.add(vb)
+        if vbs is None or (c is not None and not any(n == node for n in self.owner.values())):
+            if c is not None:
+                self.noops_answered += c.session.noops_answered
+                try:
+                    c.close()
+                except OSError:
+                    pass
+            self.consumers.pop(node, None)
+        self.moves += 1
+        self._next_refresh = time.monotonic()
+
+    def _refresh(self) -> None:
+        from .errors import ClientError
+
+        seen = list(dict.fromkeys(list(self.view.nodes) + [self.opts.address]))
+        for addr in seen:
+            if addr in self.consumers or True:
+                try:
+                    host, _, port = addr.rpartition(":")
+                    o = replace_address(self.opts, host.strip("[]"), int(port))
+                    with o.connect() as conn:
+                        view = cluster_map(conn)
+                except (ClientError, OSError, ValueError):
+                    continue
+                if view.rev >= self.view.rev or not self.view.vbmap:
+                    self.view = view
+                return
+
+    def _place(self) -> None:
+        import time
+
+        from .errors import ClientError
+
+        self._refresh()
+        for vb in sorted(self.orphans):
+            node = self.view.active_node(vb) if vb < len(self.view.vbmap) else None
+            if node is None:
+                continue
+            try:
+                c = self._consumer(node)
+                c.session.streams.pop(vb, None)
+                c.add_stream(vb, self.saved[vb], end_seqno=self.ends[vb])
+            except (ClientError, OSError):
+                self.consumers.pop(node, None)
+                continue
+            self.owner[vb] = node
+            self.orphans.discard(vb)
+        self._next_refresh = time.monotonic() + self.REFRESH_DELAY
+
+    def _consumer(self, node: str):
+        from .consumer import DcpConsumer
+
+        c = self.consumers.get(node)
+        if c is None:
+            host, _, port = node.rpartition(":")
+            o = replace_address(self.opts, host.strip("[]"), int(port))
+            c = DcpConsumer.open(o.host, o.port, username=o.username, password=o.password,
+                                 bucket=o.bucket, tls=o.ssl_context(), timeout=o.timeout,
+                                 config=self.config, on_rollback=self.on_rollback)
+            self.consumers[node] = c
+        return c
+
+
+def replace_address(opts, host: str, port: int):
+    from dataclasses import replace
+
+    return replace(opts, host=host, port=port)
+
+
+def cluster_consumer(opts, conn: Connection, config, *, on_rollback=None):
+    """A DcpConsumer on `conn` when the node is alone, else a ClusterConsumer (which opens
+    its own connections; `conn` is closed)."""
+    from .consumer import DcpConsumer
+
+    view = cluster_map(conn)
+    if not view.clustered:
+        return DcpConsumer(conn, config, on_rollback=on_rollback)
+    conn.close()
+    return ClusterConsumer(opts, config, view, on_rollback=on_rollback)
+
+
+def all_vbuckets(conn: Connection) -> list[int] | None:
+    """Every vbucket of a cluster (None for a node that is alone)."""
+    view = cluster_map(conn)
+    return list(range(len(view.vbmap))) if view.clustered else None

@@ -455,7 +455,8 @@ class Replication:
         cmap = self.map
         out: dict[str, Any] = {"rev": cmap.rev if cmap else None,
                                "this": cmap.this if cmap else None,
-                               "nodes": cmap.nodes if cmap else [], "vbuckets": {}}
+                               "nodes": cmap.nodes if cmap else [],
+                               "topology": cmap.topology if cmap else None, "vbuckets": {}}
         for vbid, vb in sorted(self.bucket.vbuckets.items()):
             d: dict[str, Any] = {"state": int(vb.state), "high_seqno": vb.high_seqno,
                                  "uuid": vb.uuid}
