@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dcptool.node.compaction")
 
+#: tombstones listed, forgotten and deleted per step (one write transaction each)
+PAGE = 5000
+
 
 class Purger:
     """Compaction of one bucket, on demand (COMPACT_DB) and every `interval` seconds.
@@ -115,21 +118,10 @@ class Purger:
             vb = bucket.vbuckets.get(vbid)
             if vb is None:
                 continue
-            limit = self._seqno_limit(vb, now, before, purge_before_seq)
-            if limit is None:
-                continue
-            cands = await self._maint(st.purgeable_tombstones, vbid, 0, limit, before)
-            if not cands:
-                continue
-            # the table may have changed while the maintenance thread looked
-            limit = self._seqno_limit(vb, now, before, purge_before_seq) or 0
-            cands = [c for c in cands if c[0] <= limit]
-            purged = vb.purge_tombstones(cands)
-            if not purged:
-                continue
-            await self._maint(st.purge_tombstones, vbid, purged, vb.purge_seqno)
-            purged_total += len(purged)
-            per_vb[vbid] = {"purged": len(purged), "purge_seqno": vb.purge_seqno}
+            n = await self._compact_vbucket(vb, now, before, purge_before_seq)
+            if n:
+                purged_total += n
+                per_vb[vbid] = {"purged": n, "purge_seqno": vb.purge_seqno}
         self.runs += 1
         self.purged += purged_total
         summary = {
@@ -143,6 +135,29 @@ class Purger:
                  "%d HWT rows expired, %d lost, %.3f s", reason, len(vbs), purged_total,
                  len(per_vb), len(expired), len(lost), summary["seconds"])
         return summary
+
+    async def _compact_vbucket(self, vb, now: float, before: float, purge_before_seq: int) -> int:
+        """Purge what may go in one vbucket, a page of tombstones at a time (short write
+        transactions: the flusher waits for each). Returns how many were purged."""
+        total = 0
+        above = 0
+        while True:
+            limit = self._seqno_limit(vb, now, before, purge_before_seq)
+            if limit is None or limit <= above:
+                return total
+            page = await self._maint(st.purgeable_tombstones, vb.id, above, limit, before,
+                                     PAGE)
+            if not page:
+                return total
+            above = page[-1][0]
+            # the table may have changed while the maintenance thread looked
+            limit = self._seqno_limit(vb, now, before, purge_before_seq) or 0
+            purged = vb.purge_tombstones([c for c in page if c[0] <= limit])
+            if purged:
+                await self._maint(st.purge_tombstones, vb.id, purged, vb.purge_seqno)
+                total += len(purged)
+            if len(page) < PAGE:
+                return total
 
     def _seqno_limit(self, vb, now: float, before: float, purge_before_seq: int) -> int | None:
         """The highest seqno the purger may reach in `vb` now (None: nothing to do)."""

@@ -537,16 +537,17 @@ def tombstone_holds(db: sqlite3.Connection, vbid: int, watermarks: list[int],
 
 
 def purgeable_tombstones(db: sqlite3.Connection, vbid: int, above: int, upto: int,
-                         before: float) -> list[tuple[int, bytes]]:
+                         before: float, limit: int = -1) -> list[tuple[int, bytes]]:
     """(seqno, key) of the tombstones of `vbid` with a seqno in (above, upto] deleted at or
-    before `before`, in seqno order."""
+    before `before`, in seqno order; at most `limit` of them (-1: all)."""
     if upto <= above:
         return []
     rows = db.execute(
         "SELECT i.id, i.key FROM items AS i WHERE i.id IN ("
         "SELECT id FROM items INDEXED BY items_tombstones "
-        "WHERE op != 0 AND id > ? AND id <= ? AND delete_time <= ?) ORDER BY i.id",
-        (row_id(vbid, above), row_id(vbid, min(upto, SEQNO_MASK)), before)).fetchall()
+        "WHERE op != 0 AND id > ? AND id <= ? AND delete_time <= ? ORDER BY id LIMIT ?) "
+        "ORDER BY i.id",
+        (row_id(vbid, above), row_id(vbid, min(upto, SEQNO_MASK)), before, limit)).fetchall()
     return [(rid & SEQNO_MASK, bytes(key)) for rid, key in rows]
 
 

@@ -203,37 +203,39 @@ def test_scheduled_compaction_purges_old_tombstones(node_factory):
 def test_compaction_during_a_backfill_keeps_its_snapshot(node_factory):
     node = node_factory(vbuckets=16, extra_args=("--purge-age", "0",))
     vb = 0
-    keys = keys_for(vb, 16, 3000)
+    keys = keys_for(vb, 16, 12000)
     with connect(node, timeout=30) as c:
-        pipeline(c, [set_frame(k, vb, b'{"pad":"' + b"x" * 200 + b'"}') for k in keys])
-        pipeline(c, [del_frame(k, vb) for k in keys[::2]])  # tombstones at 3001..4500
-        wait_persisted(c)
+        pipeline(c, [set_frame(k, vb, b'{"pad":"' + b"x" * 100 + b'"}') for k in keys])
+        pipeline(c, [del_frame(k, vb) for k in keys[::2]])  # tombstones at 12001..18000
+        wait_persisted(c, timeout=30)
     node.stop()
     node.start()  # memory is empty after a restart: a stream from 0 is a disk backfill
     d = dcp_connect(node, "slow-backfill")
     d.control("connection_buffer_size", "65536")
-    assert d.stream_req(vb, start=0, end=4500).status == Status.SUCCESS
+    assert d.stream_req(vb, start=0, end=18000).status == Status.SUCCESS
     first = d.read_n(20)
     assert isinstance(first[0], DcpSnapshotMarker) and first[0].flags & SnapshotFlag.DISK
-    with connect(node) as c:
+    with connect(node, timeout=60) as c:
+        # more tombstones than one compaction step takes: several short transactions
         got = compact(c, vb)
-        assert (got["purged"], got["purge_seqno"]) == (1500, 4500)
+        assert (got["purged"], got["purge_seqno"]) == (6000, 18000)
     # the stream that started before goes on reading its snapshot: every deletion is there
     d.drain(streams=1, timeout=60, ack_every=32768)
     log = d.log(vb)
     assert log.end == 0
     log.check_consistent()
     dels = [m.by_seqno for m in log.items if isinstance(m, DcpDeletion)]
-    assert dels == list(range(3001, 4501))
-    assert len(log.items) == 3000
+    assert dels == list(range(12001, 18001))
+    assert len(log.items) == 12000
     d.close()
-    # a stream from 0 now sees no tombstones, a stream from below 4500 rolls back to 0
+    # a stream from 0 now sees no tombstones, a stream from below 18000 rolls back to 0
     muts, dels = stream_all(node, vb, name="after")
-    assert dels == [] and len(muts) == 1500
+    assert dels == [] and len(muts) == 6000
     with connect(node) as c:
         uuid = vb_uuid(c, vb)
+        assert c.stats("")["ep_tombstones"] == "0"
     d = dcp_connect(node, "behind")
-    assert rollback_seqno(d.stream_req(vb, start=3000, uuid=uuid)) == 0
+    assert rollback_seqno(d.stream_req(vb, start=12000, uuid=uuid)) == 0
     d.close()
 
 
