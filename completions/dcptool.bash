@@ -4,40 +4,53 @@
 
 _dcptool_subcommands() {
     case "$1" in
-        "") echo "backup decode doc examine export failover-log info merge node quickstart restore tail verify" ;;
+        "") echo "backup cluster decode doc examine export failover-log info merge node quickstart restore tail verify watermark" ;;
+        "cluster") echo "create failover status" ;;
         "doc") echo "delete get load set" ;;
         "node") echo "start status" ;;
+        "watermark") echo "list register remove" ;;
     esac
 }
 
 _dcptool_options() {
     case "$1" in
-        "") echo "--version -q --quiet -v --verbose --help -h" ;;
-        "backup") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --help -h" ;;
-        "decode") echo "--raw --json --table --help -h" ;;
-        "doc") echo "--help -h" ;;
-        "doc delete") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --json --help -h" ;;
-        "doc get") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --json --help -h" ;;
-        "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --json --help -h" ;;
-        "doc set") echo "--flags --expiry -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --json --help -h" ;;
-        "examine") echo "--backup --values --json --help -h" ;;
-        "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --json --help -h" ;;
-        "failover-log") echo "--vbuckets --json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --help -h" ;;
-        "info") echo "--json --help -h" ;;
-        "merge") echo "--from --to --level --master --partitions --json --help -h" ;;
-        "node") echo "--help -h" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --log-level --help -h" ;;
-        "node status") echo "--data --json --username --password --help -h" ;;
-        "quickstart") echo "--dir --docs --vbuckets --master --json --help -h" ;;
-        "restore") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --backup --vbuckets --filter-keys --force-updates --dry-run --master --partitions --json --help -h" ;;
-        "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback -v --verbose -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --help -h" ;;
-        "verify") echo "--json --checksums-only --against --backup --vbuckets -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --master --partitions --help -h" ;;
+        "") echo "--version -q --quiet -v --verbose -h --help" ;;
+        "backup") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl -h --help" ;;
+        "cluster") echo "-h --help" ;;
+        "cluster create") echo "-c --cluster --replicas --topology --json -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "cluster failover") echo "-c --cluster --via --promote --json -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "cluster status") echo "-c --cluster --json -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "decode") echo "--raw --json --table -h --help" ;;
+        "doc") echo "-h --help" ;;
+        "doc delete") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "doc get") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "doc set") echo "--flags --expiry -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "examine") echo "--backup --values --json -h --help" ;;
+        "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --json -h --help" ;;
+        "failover-log") echo "--vbuckets --json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "info") echo "--json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "merge") echo "--from --to --level --master --partitions --json -h --help" ;;
+        "node") echo "-h --help" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --log-level -h --help" ;;
+        "node status") echo "--data --json --username --password -h --help" ;;
+        "quickstart") echo "--dir --docs --vbuckets --master --json -h --help" ;;
+        "restore") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --backup --vbuckets --filter-keys --force-updates --dry-run --master --partitions --json -h --help" ;;
+        "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback --watermark --watermark-name --watermark-interval --watermark-ttl -v --verbose -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "verify") echo "--json --checksums-only --against --backup --vbuckets -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --master --partitions -h --help" ;;
+        "watermark") echo "-h --help" ;;
+        "watermark list") echo "--name --json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "watermark register") echo "--name --instance --seqnos --archive --ttl --meta --json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "watermark remove") echo "--name --instance --archive --json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
     esac
 }
 
 _dcptool_valued_options() {
     case "$1" in
-        "backup") echo "-c --cluster -u --username -p --password -b --bucket --cacert --vbuckets --level --master --partitions" ;;
+        "backup") echo "-c --cluster -u --username -p --password -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl" ;;
+        "cluster create") echo "-c --cluster --replicas --topology -u --username -p --password -b --bucket --cacert --timeout" ;;
+        "cluster failover") echo "-c --cluster --via --promote -u --username -p --password -b --bucket --cacert --timeout" ;;
+        "cluster status") echo "-c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
         "doc delete") echo "-c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
         "doc get") echo "-c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
         "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
@@ -45,19 +58,26 @@ _dcptool_valued_options() {
         "examine") echo "--backup" ;;
         "export") echo "--format --backup --vbuckets --master --partitions" ;;
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
+        "info") echo "-c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
         "merge") echo "--from --to --level --master --partitions" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --log-level" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --log-level" ;;
         "node status") echo "--data --username --password" ;;
         "quickstart") echo "--dir --docs --vbuckets --master" ;;
         "restore") echo "-c --cluster -u --username -p --password -b --bucket --cacert --backup --vbuckets --filter-keys --master --partitions" ;;
-        "tail") echo "--from --vbuckets --filter --state --until-idle --count --noop-interval -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
+        "tail") echo "--from --vbuckets --filter --state --until-idle --count --noop-interval --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
         "verify") echo "--backup --vbuckets -c --cluster -u --username -p --password -b --bucket --cacert --master --partitions" ;;
+        "watermark list") echo "--name -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
+        "watermark register") echo "--name --instance --seqnos --archive --ttl --meta -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
+        "watermark remove") echo "--name --instance --archive -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
     esac
 }
 
 _dcptool_option_values() {
     case "$1" in
+        "cluster create|--topology") echo "star chain" ;;
         "export|--format") echo "parquet jsonl" ;;
+        "node start|--compaction-interval") echo "off" ;;
+        "node start|--hwt-max-hold") echo "off" ;;
         "node start|--log-level") echo "debug info warning error" ;;
         "tail|--from") echo "beginning now" ;;
     esac
@@ -66,11 +86,15 @@ _dcptool_option_values() {
 _dcptool_option_files() {
     case "$1" in
         "backup|--cacert") echo "file" ;;
+        "cluster create|--cacert") echo "file" ;;
+        "cluster failover|--cacert") echo "file" ;;
+        "cluster status|--cacert") echo "file" ;;
         "doc delete|--cacert") echo "file" ;;
         "doc get|--cacert") echo "file" ;;
         "doc load|--cacert") echo "file" ;;
         "doc set|--cacert") echo "file" ;;
         "failover-log|--cacert") echo "file" ;;
+        "info|--cacert") echo "file" ;;
         "node start|--data") echo "file" ;;
         "node status|--data") echo "file" ;;
         "quickstart|--dir") echo "file" ;;
@@ -79,6 +103,12 @@ _dcptool_option_files() {
         "tail|--state") echo "file" ;;
         "tail|--cacert") echo "file" ;;
         "verify|--cacert") echo "file" ;;
+        "watermark list|--cacert") echo "file" ;;
+        "watermark register|--seqnos") echo "file" ;;
+        "watermark register|--archive") echo "file" ;;
+        "watermark register|--cacert") echo "file" ;;
+        "watermark remove|--archive") echo "file" ;;
+        "watermark remove|--cacert") echo "file" ;;
     esac
 }
 
