@@ -16,7 +16,6 @@ from dcptool.archive.info import describe_archive
 from dcptool.cli.app import app
 from dcptool.cli.connopts import (
     PANEL,
-    BucketOpt,
     CacertOpt,
     NoVerifyOpt,
     PasswordOpt,
@@ -142,7 +141,11 @@ def info(
 def node_check(arch: Archive, opts) -> dict[str, Any]:
     """What the node says about this archive: purge seqno warnings and its watermark row."""
     from dcptool.archive.info import purge_warnings
-    from dcptool.client.watermark import WatermarkUnsupported, get_purge_seqnos, list_watermarks
+    from dcptool.client.watermark import (
+        WatermarkUnsupported,
+        get_purge_seqnos,
+        list_watermarks,
+    )
     from dcptool.pipeline.backup import archive_watermark
 
     name, instance, ends, _meta = archive_watermark(arch)

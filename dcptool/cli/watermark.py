@@ -190,7 +190,7 @@ def register(
     behind = answer.get("behind_purge_seqno") or {}
     if behind:
         err = console(stderr=True)
-        vb0 = sorted(behind, key=int)[0]
+        vb0 = min(behind, key=int)
         err.print(f"dcptool: warning: the node already purged deletions above this watermark in "
                   f"{len(behind)} vbuckets (vbucket {vb0}: watermark {vbs[int(vb0)]}, purge seqno "
                   f"{behind[vb0]}); a client resuming there is rolled back to seqno 0")

@@ -125,7 +125,7 @@ def parse_registration(doc: Any, *, num_vbuckets: int, now: float,
         raise HwtRequestError("the value must be a JSON object")
     unknown = set(doc) - {"name", "instance", "vbuckets", "ttl", "meta"}
     if unknown:
-        raise HwtRequestError(f"unknown field {sorted(unknown)[0]!r}")
+        raise HwtRequestError(f"unknown field {min(unknown)!r}")
     name = _text(doc, "name", MAX_NAME)
     instance = _text(doc, "instance", MAX_INSTANCE)
     vbs = doc.get("vbuckets")
@@ -166,7 +166,7 @@ def parse_selector(doc: Any, *, name_required: bool) -> tuple[str | None, str | 
         raise HwtRequestError("the value must be a JSON object")
     unknown = set(doc) - {"name", "instance"}
     if unknown:
-        raise HwtRequestError(f"unknown field {sorted(unknown)[0]!r}")
+        raise HwtRequestError(f"unknown field {min(unknown)!r}")
     name = _text(doc, "name", MAX_NAME, required=name_required)
     instance = _text(doc, "instance", MAX_INSTANCE, required=False)
     return name, instance

@@ -10,7 +10,12 @@ from __future__ import annotations
 import time
 
 from dcptool.protocol.constants import Opcode, SnapshotFlag, Status, StreamFlag
-from dcptool.protocol.messages import DcpDeletion, DcpMutation, DcpSnapshotMarker, DcpStreamEnd
+from dcptool.protocol.messages import (
+    DcpDeletion,
+    DcpMutation,
+    DcpSnapshotMarker,
+    DcpStreamEnd,
+)
 
 from .dcpclient import dcp_connect, rollback_seqno, vb_uuid
 from .hwtwire import (

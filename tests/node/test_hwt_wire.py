@@ -9,7 +9,16 @@ import sys
 from dcptool.protocol import encode_frame
 from dcptool.protocol.constants import Opcode, Status
 
-from .hwtwire import compact, entries, hwt, keys_for, listing, pipeline, register, set_frame
+from .hwtwire import (
+    compact,
+    entries,
+    hwt,
+    keys_for,
+    listing,
+    pipeline,
+    register,
+    set_frame,
+)
 from .mcbp import Client, connect, wait_persisted
 
 

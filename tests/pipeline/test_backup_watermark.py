@@ -44,14 +44,14 @@ def test_backup_registers_and_the_next_incremental_gets_every_deletion(tmp_path,
         opts = opts_for(node)
         with opts.connect() as conn:
             load(conn, _docs(400), VBS)
-            delete(conn, [f"doc::{i:04d}" for i in range(0, 40)], VBS)   # seen by the full
+            delete(conn, [f"doc::{i:04d}" for i in range(40)], VBS)   # seen by the full
         archive = tmp_path / "archive"
         notes: list[str] = []
         full = run_backup(opts, archive, spark=spark, notice=notes.append)
         assert full.type == "full" and full.deletions == 40
         wm = full.watermark
         assert wm["registered"] and notes == []
-        name, instance, seqnos, meta = archive_watermark(archive)
+        name, instance, seqnos, _meta = archive_watermark(archive)
         assert (wm["name"], wm["instance"]) == (name, instance)
         assert name == "dcptool-backup:archive" and instance == Archive.open(archive).uuid
         with opts.connect() as conn:
@@ -87,7 +87,7 @@ def test_backup_registers_and_the_next_incremental_gets_every_deletion(tmp_path,
         assert sum(res.as_dict()["failed"].values()) == 0
         got = node_documents(opts_for(dst))
         assert set(_live(got)) == set(_live(source))
-        for i in list(range(0, 40)) + list(range(100, 160)):
+        for i in list(range(40)) + list(range(100, 160)):
             assert got.get(f"doc::{i:04d}".encode(), ("deleted",))[0] == "deleted"
 
 
