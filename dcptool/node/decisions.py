@@ -52,7 +52,9 @@ def rollback_point(
     `failover_log` is newest first. The steps are those of the fact sheet, section 8.3:
 
     1. start 0 never rolls back (unless StrictVbUuid with a non-zero uuid);
-    2. a start below the purge seqno rolls back to 0 (not with IgnorePurgedTombstones);
+    2. a start (or snapshot start) below the purge seqno rolls back to 0 (not with
+       IgnorePurgedTombstones): a client in the middle of a snapshot that began below the
+       purge seqno may lack deletions the purger dropped;
     3. an unknown uuid rolls back to 0; a known one bounds the client's branch by the
        seqno of the next newer entry (or the high seqno when it is the newest);
     4. a client at the start of its snapshot has nothing of it; at the end it has all of
@@ -64,7 +66,7 @@ def rollback_point(
     if start == 0 and (not strict_vb_uuid or vb_uuid == 0):
         return None
     local_purge = 0 if ignore_purged_tombstones else purge_seqno
-    if start != 0 and start < local_purge and client_purge_seqno != local_purge:
+    if start != 0 and min(start, snap_start) < local_purge and client_purge_seqno != local_purge:
         return 0
     upper = None
     for i, (uuid, _seqno) in enumerate(failover_log):

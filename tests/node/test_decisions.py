@@ -88,6 +88,10 @@ def test_purge_seqno_rule():
                           client_purge_seqno=50) is None
     # at or above the purge seqno it resumes
     assert rollback_point(log, 50, W, 50, 50, high_seqno=100, purge_seqno=50) is None
+    # a snapshot that began below the purge seqno counts too (issue 7: "start or snapshot start")
+    assert rollback_point(log, 60, W, 40, 80, high_seqno=100, purge_seqno=50) == 0
+    assert rollback_point(log, 60, W, 40, 80, high_seqno=100, purge_seqno=50,
+                          ignore_purged_tombstones=True) is None
     # start 0 is never affected
     assert rollback_point(log, 0, 0, 0, 0, high_seqno=100, purge_seqno=50) is None
 
