@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -72,17 +73,11 @@ def load(opts: ConnOptions, n: int, size: int, vbuckets: int, window: int = 5000
     return values
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-n", type=int, default=1_000_000)
-    ap.add_argument("-s", type=int, default=256)
-    ap.add_argument("--vbuckets", type=int, default=1024)
-    ap.add_argument("--master", default="local[*]")
-    ap.add_argument("--partitions", type=int, default=None)
-    ap.add_argument("--dir", default=None)
-    ap.add_argument("--json", dest="json_out", default=None)
-    args = ap.parse_args()
-
+def run(n: int, size: int, vbuckets: int = 1024, *, master: str = "local[*]",
+        partitions: int | None = None, work_dir: str | None = None) -> dict:
+    """Load, back up and restore; the measurements as a dict (see the module's doc)."""
+    args = SimpleNamespace(n=n, s=size, vbuckets=vbuckets, master=master, partitions=partitions,
+                           dir=work_dir)
     work = Path(args.dir or tempfile.mkdtemp(prefix="dcptool-bench-"))
     password = secrets.token_urlsafe(10)
     res: dict = {"n": args.n, "value_size": args.s, "vbuckets": args.vbuckets}
@@ -134,6 +129,22 @@ def main() -> None:
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=1_000_000)
+    ap.add_argument("-s", type=int, default=256)
+    ap.add_argument("--vbuckets", type=int, default=1024)
+    ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--partitions", type=int, default=None)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--json", dest="json_out", default=None)
+    args = ap.parse_args()
+
+    res = run(args.n, args.s, args.vbuckets, master=args.master, partitions=args.partitions,
+              work_dir=args.dir)
     width = max(len(k) for k in res)
     for k, v in res.items():
         print(f"{k:<{width}}  {v}")

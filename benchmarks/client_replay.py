@@ -305,6 +305,142 @@ def run_baseline(sender: Sender, total_bytes: int) -> tuple[int, float]:
     return msgs, secs
 
 
+def run_receive(sender: Sender, total_bytes: int) -> tuple[int, float]:
+    """Limit 1a: receive every byte into a reused buffer, nothing else. Returns (bytes, s)."""
+    sock = sender.connect()
+    buf = bytearray(1 << 20)
+    mv = memoryview(buf)
+    got = 0
+    t0 = time.perf_counter()
+    while got < total_bytes:
+        n = sock.recv_into(mv)
+        if not n:
+            break
+        got += n
+    secs = time.perf_counter() - t0
+    sock.close()
+    return got, secs
+
+
+def run_headers(sender: Sender, total_bytes: int) -> tuple[int, float]:
+    """Limit 1b: receive and walk the 24-byte headers (precompiled Struct on a memoryview)."""
+    sock = sender.connect()
+    buf = bytearray(1 << 20)
+    mv = memoryview(buf)
+    have = got = msgs = 0
+    hdr = HDR.unpack_from
+    t0 = time.perf_counter()
+    while got < total_bytes:
+        n = sock.recv_into(mv[have:])
+        if not n:
+            break
+        got += n
+        end_all = have + n
+        pos = 0
+        while end_all - pos >= 24:
+            end = pos + 24 + hdr(mv, pos)[6]
+            if end > end_all:
+                break
+            msgs += 1
+            pos = end
+        rest = end_all - pos
+        if rest:
+            mv[:rest] = bytes(mv[pos:end_all])
+        have = rest
+    secs = time.perf_counter() - t0
+    sock.close()
+    return msgs, secs
+
+
+def run_pack_zstd(sender: Sender, total_bytes: int, out_path: Path, level: int = 3,
+                  block: int = 1 << 20) -> tuple[int, float]:
+    """Limit 1c: parse, build a record tuple, msgpack it into one buffer, zstd-`level` each
+    ~1 MiB block and write it to a file. The plain-Python ceiling for a backup task."""
+    import msgpack
+    import zstandard
+
+    sock = sender.connect()
+    buf = bytearray(1 << 20)
+    mv = memoryview(buf)
+    have = got = msgs = 0
+    hdr = HDR.unpack_from
+    mut = MUT.unpack_from
+    pack = msgpack.Packer().pack
+    cctx = zstandard.ZstdCompressor(level=level)
+    out = bytearray()
+    t0 = time.perf_counter()
+    with open(out_path, "wb") as f:
+        while got < total_bytes:
+            n = sock.recv_into(mv[have:])
+            if not n:
+                break
+            got += n
+            end_all = have + n
+            pos = 0
+            while end_all - pos >= 24:
+                magic, op, klen, elen, dt, vb, blen, opq, cas = hdr(mv, pos)
+                end = pos + 24 + blen
+                if end > end_all:
+                    break
+                if op == 0x57:
+                    seq, rev, flags, exp, lt, nm, nru = mut(mv, pos + 24)
+                    k = pos + 24 + elen
+                    v = k + klen
+                    out += pack((3, seq, rev, cas, flags, exp, dt, bytes(mv[k:v]), mv[v:end], None))
+                    msgs += 1
+                    if len(out) >= block:
+                        f.write(cctx.compress(out))
+                        out.clear()
+                pos = end
+            rest = end_all - pos
+            if rest:
+                mv[:rest] = bytes(mv[pos:end_all])
+            have = rest
+        if out:
+            f.write(cctx.compress(out))
+    secs = time.perf_counter() - t0
+    sock.close()
+    return msgs, secs
+
+
+def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[int, float, int]:
+    """dcptool's backup task loop (`dcptool.pipeline.backup.write_events`, the code a Spark
+    task runs) on the replayed stream, into a fresh archive under `scratch`.
+    Returns (records written, seconds, archive bytes)."""
+    from dcptool.archive import Archive, FULL, VBucketWriter
+    from dcptool.pipeline.backup import backup_consumer_config, write_events
+
+    shutil.rmtree(scratch, ignore_errors=True)
+    plan = _plan(meta)
+    archive = Archive.create(scratch, bucket="default", vbuckets=max(plan) + 1)
+    bw = archive.begin_backup(FULL)
+    writers = {vb: VBucketWriter(str(scratch), bw.id, vb,
+                                 {"uuid": 0, "seqno": 0, "snap_start": 0, "snap_end": 0}, ())
+               for vb in plan}
+    run = {vb: {"opens": 0, "retries": 0, "first_open": None} for vb in plan}
+    sock = sender.connect()
+    conn = Connection(sock, "replay", sender.port, timeout=30)
+    config = backup_consumer_config(meta["name"], buffer_size=meta["buffer_size"],
+                                    noop_interval=meta["noop_interval"], **kw)
+    consumer = DcpConsumer(conn, config)
+    consumer.start()
+    consumer.add_streams(plan)
+    summaries: list[dict] = []
+    t0 = time.perf_counter()
+    pending = write_events(consumer, writers, {vb: {} for vb in plan}, {vb: p for vb, (p, _) in plan.items()},
+                           run, summaries, time.monotonic(), tick=30)
+    secs = time.perf_counter() - t0
+    consumer.close()
+    if pending:
+        raise RuntimeError(f"replay ended without stream ends for {sorted(pending)[:8]}")
+    items = sum(s["counts"]["mutations"] + s["counts"]["deletions"] + s["counts"]["expirations"]
+                for s in summaries)
+    size = sum(s["bytes"]["files"] for s in summaries)
+    bw.abort()
+    shutil.rmtree(scratch, ignore_errors=True)
+    return items, secs, size
+
+
 def run_session(sender: Sender, meta: dict, **kw) -> tuple[int, float]:
     sock = sender.connect()
     conn = Connection(sock, "replay", sender.port, timeout=30)

@@ -198,6 +198,18 @@ def _stat(host, port, password, group=b"") -> dict[bytes, bytes]:
     return out
 
 
+def peak_rss_mb(pid: int | None) -> float | None:
+    """The peak resident set (VmHWM) of a running process, in MB."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
 def run_mode(mode: str, a) -> dict:
     from nodeproc import NodeProcess
 
@@ -230,6 +242,7 @@ def run_mode(mode: str, a) -> dict:
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
         r = drain(node.host, node.port, "password", highs, a.buffer_size)
+        r["node_peak_rss_MB"] = peak_rss_mb(node.pid)
         if spy is not None:
             spy.send_signal(2)
             spy.wait(60)

@@ -205,6 +205,31 @@ class VBucketWriter:
         if len(self._buf) >= self._block:
             self._flush()
 
+    def mutation_events(self, events: Sequence[tuple], lo: int = 0, hi: int | None = None) -> None:
+        """Append the DCP client's mutation events `events[lo:hi]` (all of this vbucket):
+        `(kind, vbucket, seqno, rev_seqno, cas, flags, expiry, datatype, key, value)`, the
+        value bytes or a memoryview. Same records as one `mutation()` call per event, with
+        one tuple build, one pack and one append per event and the counting done per batch."""
+        if hi is None:
+            hi = len(events)
+        pack = self._pack
+        block = self._block
+        buf = self._buf
+        vbytes = 0
+        done = lo
+        for i in range(lo, hi):
+            e = events[i]
+            v = e[9]
+            buf += pack((3, e[2], e[3], e[4], e[5], e[6], e[7], e[8], v, None))  # MUTATION
+            vbytes += len(v)
+            if len(buf) >= block:
+                self._nm += i + 1 - done
+                done = i + 1
+                self._flush()
+                buf = self._buf
+        self._nm += hi - done
+        self._vbytes += vbytes
+
     def write(self, records: Sequence[tuple]) -> None:
         """Append a list of plain record tuples (snapshot markers and items, in the format's
         layout, first element the record type): one pack and one append per record, with

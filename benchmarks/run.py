@@ -1,0 +1,260 @@
+"""Issue 11's measurements in one run on one machine: a table on stdout and a JSON file.
+
+    python -m benchmarks run [--quick] [--json FILE] [--only limit,task,node,ingest,e2e,rss]
+
+1. limit: a DCP stream recorded from a reference node (N mutations, 256-byte JSON values,
+   16 vbuckets) replayed from a socket into (a) receive only, (b) header parsing only,
+   (c) parse + msgpack + zstd-3 to a file, in plain Python ("limit 1c");
+2. task: dcptool's backup task loop (`dcptool.pipeline.backup.write_events`) on the same
+   replayed stream: items/s, MB/s and the ratio to limit 1c;
+3. node: the node's DCP producer draining N documents from disk (backfill) and from memory,
+   and ingest over 1 and 4 connections;
+4-5. e2e: `run_backup` end to end from a local node with local Spark, then `run_restore`
+   into a second node;
+6. rss: peak RSS of the backup task (a fresh process replaying a synthetic stream) and of
+   the node (disk drain, after a restart) for N and 4N documents (4N skipped with --quick).
+
+N is 1,000,000 (200,000 with --quick). The existing benchmark modules do the work; this
+module only runs them and collects their figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+
+from benchmarks import backup_restore, client_replay as cr, node_drain, node_ingest  # noqa: E402
+
+VALUE_SIZE = 256
+SECTIONS = ("limit", "task", "node", "ingest", "e2e", "rss")
+
+
+def _best(fn, repeat: int) -> tuple:
+    best = None
+    for _ in range(repeat):
+        r = fn()
+        if best is None or r[1] < best[1]:
+            best = r
+    return best
+
+
+def measure_replay(n: int, tmp: Path, repeat: int, sections: set[str]) -> dict:
+    """Items 1 and 2: record from a node, replay into the plain loops and the backup task."""
+    node, port = cr.start_node_and_load(tmp, n, VALUE_SIZE, 16)
+    try:
+        rec = tmp / "stream.dcp"
+        meta = cr.record_from_node("127.0.0.1", port, rec, bucket="default", user=cr.USER,
+                                   password=cr.PASSWORD)
+    finally:
+        node.terminate()
+        node.wait(60)
+    out: dict = {"mutations": meta["mutations"], "stream_bytes": meta["bytes"]}
+    sender = cr.Sender(rec)
+    total = meta["bytes"]
+    rows = {}
+    try:
+        modes = []
+        if "limit" in sections:
+            modes += [("1a receive only", lambda: cr.run_receive(sender, total)),
+                      ("1b header parse only", lambda: cr.run_headers(sender, total)),
+                      ("1 plain parse loop (tuples)", lambda: cr.run_baseline(sender, total)),
+                      ("1c parse+msgpack+zstd-3 to file",
+                       lambda: cr.run_pack_zstd(sender, total, tmp / "limit.zst"))]
+        if "task" in sections or "limit" in sections:
+            modes += [("2 backup task (write_events)",
+                       lambda: cr.run_backup_task(sender, meta, tmp / "task-archive")),
+                      ("2 backup task, values copied (before)",
+                       lambda: cr.run_backup_task(sender, meta, tmp / "task-archive",
+                                                  copy_values=True))]
+        for name, fn in modes:
+            r = _best(fn, repeat)
+            secs = r[1]
+            rows[name] = {"seconds": round(secs, 3),
+                          "items_per_s": round(meta["mutations"] / secs),
+                          "MB_per_s": round(total / secs / 1e6, 1)}
+            if len(r) > 2:
+                rows[name]["archive_bytes"] = r[2]
+            print(f"  {name}: {rows[name]}", file=sys.stderr, flush=True)
+    finally:
+        sender.close()
+    lim = rows.get("1c parse+msgpack+zstd-3 to file")
+    if lim:
+        for name, r in rows.items():
+            r["ratio_to_1c"] = round(r["items_per_s"] / lim["items_per_s"], 3)
+    out["modes"] = rows
+    return out
+
+
+def measure_node(n: int, sections: set[str]) -> dict:
+    """Item 3: DCP producer backfill and memory streaming; ingest over 1 and 4 connections."""
+    out: dict = {}
+    if "node" in sections:
+        a = SimpleNamespace(n=n, s=VALUE_SIZE, vbuckets=1024, checkpoint_memory="4GiB",
+                            buffer_size=20 * 1024 * 1024, profile=None)
+        for mode in ("disk", "memory"):
+            r = node_drain.run_mode(mode, a)
+            out[f"drain_{mode}"] = r
+            print(f"  drain {mode}: {r['items_per_s']} items/s", file=sys.stderr, flush=True)
+    if "ingest" in sections:
+        from nodeproc import NodeProcess
+
+        for i, conns in enumerate((1, 4)):
+            with tempfile.TemporaryDirectory(prefix="dcptool-ingest-") as d:
+                node = NodeProcess(Path(d) / "node", vbuckets=1024, password="password")
+                node.start()
+                try:
+                    r = node_ingest.run(node.host, node.port, "password", n, VALUE_SIZE, 1024,
+                                        conns, 512, b"ingest-%d-" % i)
+                    r["node_peak_rss_MB"] = node_drain.peak_rss_mb(node.pid)
+                finally:
+                    node.stop(timeout=600)
+            out[f"ingest_{conns}"] = r
+            print(f"  ingest {conns}: {r['sets_per_s']} sets/s", file=sys.stderr, flush=True)
+    return out
+
+
+TASK_RSS = r"""
+import resource, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from benchmarks import client_replay as cr
+meta = cr.json.loads(Path(sys.argv[2] + ".json").read_text())
+sender = cr.Sender(Path(sys.argv[2]))
+try:
+    items, secs, size = cr.run_backup_task(sender, meta, Path(sys.argv[3]))
+finally:
+    sender.close()
+print(items, secs, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def task_peak_rss(n: int, tmp: Path) -> dict:
+    rec = tmp / f"synthetic-{n}.dcp"
+    meta = cr.record_synthetic(rec, n, VALUE_SIZE, 16)
+    Path(str(rec) + ".json").write_text(json.dumps(meta))
+    p = subprocess.run([sys.executable, "-c", TASK_RSS, str(REPO), str(rec), str(tmp / "rss-arch")],
+                       capture_output=True, text=True, check=True)
+    items, secs, kb = p.stdout.split()
+    rec.unlink()
+    return {"docs": int(items), "items_per_s": round(int(items) / float(secs)),
+            "peak_rss_MB": round(int(kb) / 1024, 1)}
+
+
+def measure_rss(n: int, quick: bool, tmp: Path, node_1n: dict | None) -> dict:
+    """Item 6: peak RSS of the backup task and of the node for N and 4N documents."""
+    out: dict = {}
+    sizes = [n] if quick else [n, 4 * n]
+    for k in sizes:
+        out[f"task_{k}"] = task_peak_rss(k, tmp)
+        print(f"  task rss {k}: {out[f'task_{k}']}", file=sys.stderr, flush=True)
+    a = SimpleNamespace(n=n, s=VALUE_SIZE, vbuckets=1024, checkpoint_memory="4GiB",
+                        buffer_size=20 * 1024 * 1024, profile=None)
+    for k in sizes:
+        if k == n and node_1n is not None:
+            r = node_1n
+        else:
+            a.n = k
+            r = node_drain.run_mode("disk", a)
+        out[f"node_{k}"] = {"docs": k, "peak_rss_MB": r.get("node_peak_rss_MB")}
+    if not quick:
+        for who in ("task", "node"):
+            lo, hi = out[f"{who}_{n}"]["peak_rss_MB"], out[f"{who}_{4 * n}"]["peak_rss_MB"]
+            out[f"{who}_growth_1n_to_4n"] = round(hi / lo, 3) if lo and hi else None
+    return out
+
+
+def table(res: dict) -> str:
+    lines = [f"{'measurement':<46} {'figure':>14}  {'unit / note'}"]
+
+    def row(name, val, note=""):
+        lines.append(f"{name:<46} {val!s:>14}  {note}")
+
+    rp = res.get("replay")
+    if rp:
+        for name, r in rp["modes"].items():
+            row(name, r["items_per_s"], f"items/s, {r['MB_per_s']} MB/s, "
+                                        f"{r.get('ratio_to_1c', '-')} of 1c")
+    nd = res.get("node", {})
+    for mode in ("disk", "memory"):
+        r = nd.get(f"drain_{mode}")
+        if r:
+            row(f"3 node producer, {mode}", r["items_per_s"], f"items/s, {r['MB_per_s']} MB/s")
+    for c in (1, 4):
+        r = nd.get(f"ingest_{c}")
+        if r:
+            row(f"3 node ingest, {c} connection(s)", r["sets_per_s"], "sets/s")
+    e = res.get("e2e")
+    if e:
+        row("4 backup end to end, wall", e["backup_wall_s"], "s (Spark already started)")
+        row("4 backup end to end", e["backup_items_per_s"], "items/s")
+        row("4 Spark start-up", e["spark_startup_s"], f"s, share {e['spark_overhead_share']}")
+        row("4 archive / raw values", e["archive_vs_raw"], "")
+        row("4 archive / zstd -3 of raw values", e["archive_vs_zstd3"], "")
+        row("5 restore end to end", e["restore_items_per_s"], "items/s")
+    rs = res.get("rss")
+    if rs:
+        for k, v in rs.items():
+            if isinstance(v, dict):
+                row(f"6 peak RSS {k.replace('_', ' ')} docs", v["peak_rss_MB"], "MB")
+            else:
+                row(f"6 {k.replace('_', ' ')}", v, "x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks run",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="200k documents, no 4M RSS run")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    ap.add_argument("-n", type=int, default=None, help="documents (default 1M, 200k quick)")
+    ap.add_argument("--repeat", type=int, default=None, help="best of R replays (3, 2 quick)")
+    ap.add_argument("--only", default=",".join(SECTIONS),
+                    help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    a = ap.parse_args(argv)
+    n = a.n or (200_000 if a.quick else 1_000_000)
+    repeat = a.repeat or (2 if a.quick else 3)
+    sections = set(a.only.split(","))
+    res: dict = {"command": "python -m benchmarks run " + " ".join(argv or sys.argv[2:]),
+                 "n": n, "value_size": VALUE_SIZE, "quick": a.quick,
+                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                             "loadavg_start": os.getloadavg()},
+                 "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    tmp = Path(tempfile.mkdtemp(prefix="dcptool-bench-run-"))
+    t0 = time.perf_counter()
+    try:
+        if sections & {"limit", "task"}:
+            print("replay (items 1-2)", file=sys.stderr, flush=True)
+            res["replay"] = measure_replay(n, tmp, repeat, sections)
+        if sections & {"node", "ingest"}:
+            print("node (item 3)", file=sys.stderr, flush=True)
+            res["node"] = measure_node(n, sections)
+        if "e2e" in sections:
+            print("backup and restore end to end (items 4-5)", file=sys.stderr, flush=True)
+            res["e2e"] = backup_restore.run(n, VALUE_SIZE, 1024)
+        if "rss" in sections:
+            print("peak memory (item 6)", file=sys.stderr, flush=True)
+            res["rss"] = measure_rss(n, a.quick, tmp, res.get("node", {}).get("drain_disk"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    res["machine"]["loadavg_end"] = os.getloadavg()
+    print(table(res))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=2))
+    return res
+
+
+if __name__ == "__main__":
+    main()
