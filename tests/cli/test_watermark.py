@@ -11,6 +11,23 @@ from dcptool.client.watermark import get_stats, list_watermarks
 from dcptool.protocol.messages import CompactDb
 
 
+def wait_persisted(node, timeout: float = 20.0) -> None:
+    """Wait until the flusher has persisted every vbucket up to its high seqno (tombstones are
+    purgeable, and counted as held back, only once they are on disk)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with connect(node) as c:
+            st = get_stats(c, "vbucket-seqno")
+        lagging = [k for k in st if k.endswith(":high_seqno")
+                   and st[k] != st[k.replace(":high_seqno", ":last_persisted_seqno")]]
+        if not lagging:
+            return
+        assert time.monotonic() < deadline, f"not persisted: {lagging[:4]}"
+        time.sleep(0.05)
+
+
 def one_error_line(r, fragment: str) -> str:
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
@@ -73,6 +90,7 @@ def test_list_shows_how_far_each_holds_the_purger_back(node):
     keys = [b"h-%02d" % i for i in range(40)]
     write_docs(node, {k: b"{}" for k in keys})
     delete_docs(node, keys)
+    wait_persisted(node)
     with connect(node) as c:
         from dcptool.client.watermark import register_watermark
         register_watermark(c, "slow", "1", {vb: 0 for vb in range(16)}, ttl=600)
@@ -175,6 +193,7 @@ def test_info_warns_when_the_node_purged_what_the_archive_needs(node, tmp_path, 
     r = run_cli("watermark", "remove", "--archive", str(archive), node=node)
     assert r.returncode == 0, r.stderr
     delete_docs(node, [b"i-%02d" % i for i in range(60)])
+    wait_persisted(node)
     with connect(node) as c:
         for vb in range(16):
             assert c.request(CompactDb(vbucket=vb)).status == 0
