@@ -86,7 +86,7 @@ class _QuietErrors:
 
     _failed = False
 
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging API)
+    def handleError(self, record: logging.LogRecord) -> None:
         if self._failed:
             return
         self._failed = True

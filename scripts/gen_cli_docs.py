@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dcptool.cli import docgen  # noqa: E402
+from dcptool.cli import docgen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,10 +31,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"out of date: {p.relative_to(args.repo)}", file=sys.stderr)
         for p in extra:
             print(f"no longer generated: {p.relative_to(args.repo)}", file=sys.stderr)
+        bad_examples = docgen.example_problems()
+        for line in bad_examples:
+            print(f"bad example: {line}", file=sys.stderr)
         if differ or extra:
             print("run: python scripts/gen_cli_docs.py", file=sys.stderr)
-            return 1
-        return 0
+        return 1 if differ or extra or bad_examples else 0
     for p in docgen.write(args.repo):
         print(f"wrote {p.relative_to(args.repo)}" if p.exists() else
               f"removed {p.relative_to(args.repo)}")

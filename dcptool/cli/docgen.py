@@ -218,7 +218,9 @@ def _param(p: Any) -> Param:
         default = None
     metavar = p.metavar or ("" if kind == "flag" else value_metavar(p))
     return Param(
-        name=p.name or "", opts=[] if is_arg else list(p.opts),
+        name=p.name or "",
+        # short options first; the help option's names come from a set, so sort them all
+        opts=[] if is_arg else sorted(p.opts, key=lambda o: (o.startswith("--"), o)),
         secondary=[] if is_arg else list(getattr(p, "secondary_opts", []) or []),
         help=p.help or "" if hasattr(p, "help") else "", metavar=metavar, kind=kind,
         choices=choices, envvars=list(env), default=default,
@@ -697,8 +699,8 @@ def _zfn(cmd: Cmd) -> str:
 def _zsh_action(p: Param) -> str:
     ch = p.value_choices()
     kind = p.completes_files()
-    if ch and kind:
-        return f"{{_alternative 'values:value:({' '.join(ch)})' 'files:file:_files'}}"
+    if ch and kind:  # a helper: colons inside an _arguments action would end it
+        return f"{{_dcptool_values_or_files {' '.join(ch)}}}"
     if ch:
         return f"({' '.join(ch)})"
     if kind == "dir":
@@ -734,7 +736,10 @@ def _zsh_option_specs(cmd: Cmd) -> list[str]:
 def zsh_completion(tree: Cmd | None = None) -> str:
     tree = tree or load_tree()
     lines = [f"#compdef {PROG}", f"# zsh completion for {PROG}. {GENERATED}",
-             "# Install it as _dcptool in a directory of $fpath, then run compinit.", ""]
+             "# Install it as _dcptool in a directory of $fpath, then run compinit.", "",
+             "_dcptool_values_or_files() {",
+             "    _alternative \"values:value:($*)\" 'files:file:_files'",
+             "}", ""]
     for cmd in tree.walk():
         fn = _zfn(cmd)
         lines.append(f"{fn}() {{")
@@ -770,8 +775,8 @@ def zsh_completion(tree: Cmd | None = None) -> str:
                 lines.append(f"        '{i}{colon}{_zq(a.metavar.lower())}:{_zq(action)}' \\")
             lines[-1] = lines[-1].rstrip(" \\")
             lines += ["}", ""]
-    lines += [f'if [[ $zsh_eval_context[-1] == loadautofunc ]]; then',
-              f'    _dcptool "$@"',
+    lines += ['if [[ $zsh_eval_context[-1] == loadautofunc ]]; then',
+              '    _dcptool "$@"',
               "else",
               f"    compdef _dcptool {PROG}",
               "fi"]
@@ -901,6 +906,58 @@ def exit_codes_md(tree: Cmd | None = None) -> str:
               "  *) echo 'backup failed, see /backups/default/logs/' >&2; exit 1 ;;",
               "esac", "```", ""]
     return "\n".join(lines)
+
+
+# -- checking command lines ------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> tuple[str, ...]:
+    """Parse a dcptool command line (without the leading `dcptool`) exactly as the CLI would,
+    without running it. Returns the command path; raises the CLI's usage error (the one
+    `dcptool` would report) for a line that does not parse."""
+    cmd = build_command()
+    ctx = cmd.make_context(PROG, list(argv))
+    path: list[str] = []
+    while hasattr(cmd, "commands"):
+        args = [*getattr(ctx, "_protected_args", getattr(ctx, "protected_args", [])), *ctx.args]
+        if not args:
+            ctx.fail("missing command")
+        name, sub, rest = cmd.resolve_command(ctx, args)
+        path.append(name)
+        ctx = sub.make_context(name, rest, parent=ctx)
+        cmd = sub
+    return tuple(path)
+
+
+def command_argv(line: str) -> list[str] | None:
+    """The dcptool arguments of a shell line like `DCPTOOL_PASSWORD=... dcptool backup ...`
+    (environment assignments and a trailing comment dropped); None if it runs no dcptool."""
+    import shlex
+
+    words = shlex.split(line, comments=True)
+    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+        words.pop(0)
+    if not words or words[0] != PROG:
+        return None
+    return words[1:]
+
+
+def example_problems(tree: Cmd | None = None) -> list[str]:
+    """Example lines that name a command or option the CLI does not have."""
+    tree = tree or load_tree()
+    problems = []
+    for c in tree.walk():
+        for ex in examples_of(c.help):
+            argv = command_argv(ex)
+            if argv is None:
+                problems.append(f"{c.name}: example does not run dcptool: {ex}")
+                continue
+            try:
+                parse_args(argv)
+            except Exception as exc:  # the CLI's usage errors
+                msg = getattr(exc, "format_message", lambda: str(exc))()
+                problems.append(f"{c.name}: example does not parse ({msg}): {ex}")
+    return problems
 
 
 # -- all outputs -----------------------------------------------------------------------------

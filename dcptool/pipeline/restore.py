@@ -121,7 +121,7 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
                  force: bool = False, dry_run: bool = False, partitions: int | None = None,
                  master: str | None = None, spark=None) -> RestoreResult:
     t0 = time.monotonic()
-    archive = Archive.open(archive_path)
+    archive = Archive.open(os.path.abspath(archive_path))  # tasks may run elsewhere
     rl.attach(os.path.abspath(archive.path))
     rl.info("restore%s of %s into %s (pid %d)", " dry run" if dry_run else "", archive.path,
             "nothing" if opts is None else f"bucket {opts.bucket} on {opts.address}", os.getpid())
