@@ -38,16 +38,28 @@ def failover_log(
     """Print each vbucket's failover log, newest entry first.
 
     Each entry is a (vbucket uuid, seqno) pair: the history branch the vbucket started at
-    that seqno. Uses GET_FAILOVER_LOG only; it opens no stream.
+    that seqno. Uses GET_FAILOVER_LOG only; it opens no stream. On a member of a
+    cluster each vbucket's log is read from its active node.
 
     Example: dcptool failover-log -c couchbase://127.0.0.1 --vbuckets 0-3 --json
     """
     vbs = parse_vbuckets(vbuckets)
     opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
+    from dcptool.pipeline.nodeinfo import active_nodes, node_opts
+
     with opts.connect() as conn:
-        if vbs is None:
-            vbs = sorted(get_vbucket_seqnos(conn))
-        logs = get_failover_logs(conn, vbs)
+        # a member of a cluster: each vbucket's log as its active node holds it
+        found = active_nodes(opts, conn, vbs)
+        if found is None:
+            if vbs is None:
+                vbs = sorted(get_vbucket_seqnos(conn))
+            logs = get_failover_logs(conn, vbs)
+    if found is not None:
+        logs = {}
+        for node, mine in sorted(found[1].items()):
+            with node_opts(opts, node).connect() as conn:
+                logs.update(get_failover_logs(conn, mine))
+        vbs = sorted(logs) if vbs is None else [vb for vb in vbs if vb in logs]
     if as_json:
         print_json({str(vb): [{"uuid": u, "seqno": s} for u, s in logs[vb]] for vb in vbs})
         return

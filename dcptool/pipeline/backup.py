@@ -7,10 +7,14 @@ task per group of vbuckets. Each task opens its own DCP connection, writes its o
 and returns one small summary per vbucket; the driver checks them and commits the
 manifest. Nothing is committed unless every vbucket completed.
 
+On a member of a cluster of nodes the seqnos and failover logs come from each vbucket's
+active node (as the cluster map says), and each task streams its vbuckets from their
+active nodes, following the map when a node goes away (`ClusterConsumer`).
+
 After each commit the driver registers the archive's end positions as a high watermark
 on the node (name `dcptool-backup:ARCHIVE-DIR-NAME`, instance the archive's uuid), so the
-node's tombstone purger keeps the deletions the next incremental backup still needs.
-A node without the extension (a real Couchbase Server) gets one notice; the backup is
+node's tombstone purger keeps the deletions the next incremental backup still needs
+(on a cluster: on each active node, for its own vbuckets). A node without the extension (a real Couchbase Server) gets one notice; the backup is
 not failed for it.
 """
 from __future__ import annotations
@@ -41,7 +45,7 @@ from dcptool.errors import DcptoolError, UsageError
 from dcptool.protocol.constants import StreamEndReason
 from dcptool.runlog import RunLog
 
-from .nodeinfo import node_state
+from .nodeinfo import cluster_state, node_opts
 from .spark import default_parallelism, get_spark, plan_groups
 
 
@@ -115,7 +119,8 @@ def archive_watermark(archive: Archive | str | os.PathLike[str]
 
 
 def register_archive_watermark(opts, archive: Archive, *, ttl: float = DEFAULT_WATERMARK_TTL,
-                               notice: Callable[[str], None] | None = None) -> dict[str, Any]:
+                               notice: Callable[[str], None] | None = None,
+                               vbuckets: list[int] | None = None) -> dict[str, Any]:
     """Register `archive`'s watermark on the node `opts`; never raises for the node's sake.
 
     Returns {name, instance, registered, vbuckets, expires_at, note}; `note` says why
@@ -124,6 +129,8 @@ def register_archive_watermark(opts, archive: Archive, *, ttl: float = DEFAULT_W
     from dcptool.client.watermark import WatermarkReporter
 
     name, instance, seqnos, meta = archive_watermark(archive)
+    if vbuckets is not None:  # a cluster's node: only the vbuckets active there
+        seqnos = {vb: s for vb, s in seqnos.items() if vb in set(vbuckets)}
     notes: list[str] = []
 
     def tell(msg: str) -> None:
@@ -206,7 +213,13 @@ def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
     config = backup_consumer_config(spec.get("session", f"dcptool-backup:{backup_id}"))
     t_task = time.monotonic()
-    consumer = opts.consumer(config, on_rollback=on_rollback)
+    if spec.get("cluster"):
+        # a member of a cluster: each vbucket from its active node, following the map
+        from dcptool.client.cluster import ClusterConsumer, ClusterView
+
+        consumer = ClusterConsumer(opts, config, ClusterView(0, (), ()), on_rollback=on_rollback)
+    else:
+        consumer = opts.consumer(config, on_rollback=on_rollback)
     try:
         consumer.add_streams({vb: (starts[vb], plan[vb]["end"]) for vb in plan})
         pending = write_events(consumer, writers, plan, opened, run, summaries, t_task)
@@ -380,8 +393,11 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
     archive_path = str(Path(archive_path).absolute())
     rl.info("backup of bucket %s on %s into %s (pid %d)", opts.bucket, opts.address,
             archive_path, os.getpid())
-    with opts.connect() as conn:
-        count, seqnos, logs = node_state(conn, vbuckets)
+    # on a cluster, seqnos and failover logs come from each vbucket's active node
+    count, seqnos, logs, members = cluster_state(opts, vbuckets)
+    if members is not None:
+        rl.info("cluster member: vbuckets stream from their active nodes (%s)",
+                ", ".join(f"{n}: {len(v)}" for n, v in sorted(members.items())))
     if not seqnos:
         raise DcptoolError(f"{opts.address} holds no active vbuckets to back up")
 
@@ -454,7 +470,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master,
                     len(groups), spark_seconds)
             specs = [{"opts": opts, "archive": archive_path, "backup_id": writer.id,
-                      "parent": writer.parent,
+                      "parent": writer.parent, "cluster": members is not None,
                       "session": f"dcptool-backup:{writer.id}:{i}",
                       "plan": {vb: plan[vb] for vb in g}} for i, g in enumerate(groups)]
             stop = threading.Event()
@@ -506,13 +522,37 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             if notice is not None:
                 notice(msg)
 
-        result.watermark = register_archive_watermark(opts, Archive.open(archive_path),
-                                                      ttl=watermark_ttl, notice=tell)
+        if members is None:
+            result.watermark = register_archive_watermark(opts, Archive.open(archive_path),
+                                                          ttl=watermark_ttl, notice=tell)
+        else:
+            result.watermark = _register_on_cluster(opts, archive_path, members, watermark_ttl,
+                                                    tell)
         if result.watermark["registered"]:
             rl.info("registered high watermark %s/%s for %d vbuckets (ttl %.0f s)",
                     result.watermark["name"], result.watermark["instance"],
                     result.watermark["vbuckets"], watermark_ttl)
     return result
+
+
+def _register_on_cluster(opts, archive_path: str, groups: dict[str, list[int]], ttl: float,
+                         notice: Callable[[str], None]) -> dict[str, Any]:
+    """The archive's watermark registered on each active node for its own vbuckets."""
+    parts = [register_archive_watermark(node_opts(opts, node), Archive.open(archive_path),
+                                        ttl=ttl, notice=notice, vbuckets=vbs)
+             for node, vbs in sorted(groups.items())]
+    first = parts[0]
+    expiries = [p["expires_at"] for p in parts if p["expires_at"] is not None]
+    behind: dict = {}
+    for p in parts:
+        behind.update(p["behind_purge_seqno"])
+    return {"name": first["name"], "instance": first["instance"],
+            "registered": all(p["registered"] for p in parts),
+            "vbuckets": sum(p["vbuckets"] for p in parts),
+            "expires_at": min(expiries) if expiries else None,
+            "behind_purge_seqno": behind,
+            "note": "; ".join(p["note"] for p in parts if p["note"]) or None,
+            "nodes": sorted(groups)}
 
 
 def _task_error(exc: Exception) -> DcptoolError:

@@ -146,3 +146,38 @@ class MetaWriter:
                 self.counts.retries += len(retry)
                 time.sleep(min(2.0, self.backoff * (2 ** (attempt - 1))))
             batch = retry
+
+
+def write_to_actives(opts, routes: dict[int, str], vbuckets: int,
+                     per_vbucket: Iterable[tuple[int, Iterable[tuple]]], *,
+                     force: bool = False) -> WriteCounts:
+    """Write each vbucket's records to its active node on a cluster.
+
+    routes: {vbucket: HOST:PORT of its active node} (from the cluster map); per_vbucket:
+    (vbucket, records) pairs. One connection per node, opened on first use.
+    """
+    from dcptool.errors import DcptoolError
+
+    from .nodeinfo import node_opts
+
+    writers: dict[str, MetaWriter] = {}
+    try:
+        for vb, records in per_vbucket:
+            node = routes.get(vb)
+            if node is None:
+                raise DcptoolError(f"vbucket {vb} has no active node in the cluster map")
+            w = writers.get(node)
+            if w is None:
+                w = writers[node] = MetaWriter(node_opts(opts, node).connect(), vbuckets,
+                                               force=force)
+            w.write(records)
+    finally:
+        for w in writers.values():
+            try:
+                w.conn.close()
+            except OSError:
+                pass
+    total = WriteCounts()
+    for w in writers.values():
+        total.add(w.counts)
+    return total

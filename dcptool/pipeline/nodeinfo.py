@@ -34,3 +34,56 @@ def node_state(conn: Connection, vbuckets: list[int] | None = None) -> tuple[int
     vbs = sorted(seqnos) if vbuckets is None else [vb for vb in vbuckets if vb in seqnos]
     logs = get_failover_logs(conn, vbs) if vbs else {}
     return count, {vb: seqnos[vb] for vb in vbs}, logs
+
+
+def active_nodes(opts, conn: Connection, vbuckets: list[int] | None = None):
+    """(cluster view, {node address: [vbuckets active there]}) when `conn`'s node is a member
+    of a cluster of several nodes, else None. `vbuckets` defaults to all of the map's;
+    vbuckets without a live active in the map are left out."""
+    from dcptool.client.cluster import ClusterView
+
+    view = ClusterView.from_config(cluster_config(conn), conn.address)
+    if not view.clustered:
+        return None
+    wanted = range(len(view.vbmap)) if vbuckets is None else vbuckets
+    groups: dict[str, list[int]] = {}
+    for vb in wanted:
+        if 0 <= vb < len(view.vbmap):
+            node = view.active_node(vb)
+            if node is not None:
+                groups.setdefault(node, []).append(vb)
+    return view, groups
+
+
+def node_opts(opts, address: str):
+    """`opts` pointed at another member (HOST:PORT as the cluster map names it)."""
+    from dcptool.client.cluster import replace_address
+
+    host, _, port = address.rpartition(":")
+    return replace_address(opts, host.strip("[]"), int(port))
+
+
+def cluster_state(opts, vbuckets: list[int] | None = None):
+    """node_state for the node `opts` or, when it is a member of a cluster, for the whole
+    cluster: seqnos and failover logs come from each vbucket's active node (as the map
+    says). Returns (vbucket count, {vb: high seqno}, {vb: failover log}, groups) where
+    groups is {node address: [vbuckets]} on a cluster and None for a node alone."""
+    with opts.connect() as conn:
+        found = active_nodes(opts, conn, vbuckets)
+        if found is None:
+            return (*node_state(conn, vbuckets), None)
+    view, groups = found
+    seqnos: dict[int, int] = {}
+    logs: dict = {}
+    placed: dict[str, list[int]] = {}
+    for address, vbs in groups.items():
+        with node_opts(opts, address).connect() as conn:
+            actives = get_vbucket_seqnos(conn, state=1)
+            mine = [vb for vb in vbs if vb in actives]
+            if mine:
+                logs.update(get_failover_logs(conn, mine))
+        for vb in mine:
+            seqnos[vb] = actives[vb]
+        if mine:
+            placed[address] = mine
+    return len(view.vbmap), seqnos, logs, placed

@@ -19,7 +19,7 @@ from dcptool.archive import DELETION, EXPIRATION, MUTATION, Archive, VBucketHist
 from dcptool.runlog import RunLog
 
 from . import metawriter as mw
-from .nodeinfo import vbucket_count
+from .nodeinfo import active_nodes, vbucket_count
 from .spark import default_parallelism, get_spark, plan_groups
 
 _KIND = {MUTATION: mw.MUTATION, DELETION: mw.DELETION, EXPIRATION: mw.EXPIRATION}
@@ -59,18 +59,25 @@ def restore_task(spec: dict[str, Any]) -> dict[str, Any]:
     # records resolved per vbucket (what was sent), for the run log
     per_vb: dict[int, dict[str, int]] = {}
 
+    def records_of(vb):
+        c = per_vb[vb] = {mw.MUTATION: 0, mw.DELETION: 0, mw.EXPIRATION: 0}
+        for rec in resolved_records(spec["archive"], vb, spec["backup"], spec.get("filter"),
+                                    chain=chain):
+            c[rec[0]] += 1
+            yield rec
+
     def records():
         for vb in spec["vbuckets"]:
-            c = per_vb[vb] = {mw.MUTATION: 0, mw.DELETION: 0, mw.EXPIRATION: 0}
-            for rec in resolved_records(spec["archive"], vb, spec["backup"], spec.get("filter"),
-                                        chain=chain):
-                c[rec[0]] += 1
-                yield rec
+            yield from records_of(vb)
 
     if spec.get("dry_run"):
         for rec in records():
             counts.restored[rec[0]] += 1
         out = counts.as_dict()
+    elif spec.get("routes"):  # a cluster: each vbucket to its active node
+        out = mw.write_to_actives(spec["opts"], spec["routes"], spec["node_vbuckets"],
+                                  ((vb, records_of(vb)) for vb in spec["vbuckets"]),
+                                  force=spec.get("force", False)).as_dict()
     else:
         with spec["opts"].connect() as conn:
             writer = mw.MetaWriter(conn, spec["node_vbuckets"], force=spec.get("force", False))
@@ -140,9 +147,13 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
             from dcptool.errors import UsageError
             raise UsageError(f"--filter-keys: bad regular expression: {exc}") from None
     node_vbuckets = archive.vbucket_count
+    routes = None  # on a cluster: {vbucket: its active node}
     if not dry_run:
         with opts.connect() as conn:
             node_vbuckets = vbucket_count(conn)
+            found = active_nodes(opts, conn)
+        if found is not None:
+            routes = {vb: node for node, vbs in found[1].items() for vb in vbs}
     result = RestoreResult(target, len(held), dry_run)
     rl.info("state as of backup %s (chain %s), %d vbuckets%s%s%s", target,
             " <- ".join(b.id for b in reversed(chain)), len(held),
@@ -155,7 +166,7 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
         n = partitions or 2 * default_parallelism(spark)
         specs = [{"opts": opts, "archive": str(archive.path), "backup": target, "vbuckets": g,
                   "filter": key_filter, "force": force, "dry_run": dry_run,
-                  "node_vbuckets": node_vbuckets} for g in plan_groups(held, n)]
+                  "node_vbuckets": node_vbuckets, "routes": routes} for g in plan_groups(held, n)]
         rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master, len(specs),
                 time.monotonic() - ts)
         try:
