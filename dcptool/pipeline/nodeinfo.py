@@ -1,20 +1,9 @@
 """What the driver asks a node before planning a job: vbucket count, seqnos, failover logs."""
 from __future__ import annotations
 
-import json
-
-from dcptool.client.connection import Connection, raise_for_status
+from dcptool.client.cluster import cluster_config
+from dcptool.client.connection import Connection
 from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
-from dcptool.protocol.messages import GetClusterConfig
-
-
-def cluster_config(conn: Connection) -> dict:
-    rsp = conn.request(GetClusterConfig())
-    raise_for_status(rsp, "GET_CLUSTER_CONFIG", address=conn.address)
-    try:
-        return json.loads(bytes(rsp.value))
-    except (ValueError, AttributeError):
-        return {}
 
 
 def vbucket_count(conn: Connection) -> int:
