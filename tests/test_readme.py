@@ -18,9 +18,13 @@ How the README's code blocks are run:
   then replaced by the real one in later lines. The placeholders of the "Archives as Spark
   data" section (`/backups/default`, `/tmp/docs`, `couchbase://127.0.0.1`) stand for the
   tour's archive, a scratch directory and the tour's first node.
-* Commands that run a Spark job (backup, restore, merge, export, quickstart, verify --against)
-  and the Python blocks run in this process with the test session's SparkSession (the
-  `spark` fixture), so the run starts Spark once; every other line runs in bash, as typed.
+* dcptool command lines run in this process through `dcptool.cli.app.main`, the function the
+  `dcptool` script calls, with the line's arguments as the shell would split them (so Spark
+  jobs use the test session's SparkSession, the `spark` fixture, and the run starts Spark
+  once; and no line pays for a new interpreter). Lines with shell syntax (pipes,
+  redirections) and other programs (`ls`, `man`, `echo`, `source`) run in bash as typed, with
+  a `dcptool` on PATH that runs this checkout. The Python blocks run in this process too.
+  (The `dcptool` script itself is exercised by tests/cli/test_help.py.)
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ JSON_DOC = REPO / "docs" / "json-output.md"
 
 TOP_BLOCK = ["pip install -e . && dcptool quickstart", "pip install -e '.[test]' && pytest"]
 SPARK_COMMANDS = {"backup", "restore", "merge", "export", "quickstart"}
+SHELL_SYNTAX = re.compile(r"[|<>;&`]|\$\(")
 MARK = re.compile(r"<!--\s*readme-test:\s*([a-z-]+)")
 DEFAULT_PORT = 11210
 
@@ -158,6 +163,7 @@ class Tour:
     nodes: list = field(default_factory=list)
     ran: list[Ran] = field(default_factory=list)
     bin: Path | None = None
+    spark_seconds: float = 0.0
 
     # substitutions: README ports and placeholders -> this run's nodes and directories
     def substitute(self, line: str) -> str:
@@ -195,7 +201,8 @@ class Tour:
     def in_process(self, argv: list[str], line: str) -> Ran:
         from dcptool.cli.app import main
 
-        out, err = io.StringIO(), io.StringIO()
+        out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")  # has .buffer, as stdout has
+        err = io.StringIO()
         code = 0
         with pytest.MonkeyPatch.context() as mp:
             for k in [k for k in os.environ if k.startswith("DCPTOOL_")]:
@@ -208,7 +215,9 @@ class Tour:
                     main(argv)
                 except SystemExit as exc:
                     code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        return Ran(line, "in-process", code, out.getvalue(), err.getvalue())
+        out.flush()
+        return Ran(line, "in-process", code, out.buffer.getvalue().decode("utf-8", "replace"),
+                   err.getvalue())
 
     def python(self, code: str, lineno: int) -> Ran:
         out = io.StringIO()
@@ -231,11 +240,16 @@ class Tour:
                 self.env[k] = os.path.expandvars(v)
             return
         argv = docgen.command_argv(line)
-        if argv and (argv[0] in SPARK_COMMANDS or (argv[0] == "verify" and "--against" in argv)):
-            assert not {"|", ">", ">>", "&", ";", "&&"} & set(words), \
-                f"a Spark command runs in this process, without a shell: {line}"
-            ran = self.in_process([os.path.expandvars(a) for a in argv], line)
+        shell = bool(SHELL_SYNTAX.search(line.split(" #")[0]))
+        if argv is not None and not shell:
+            with pytest.MonkeyPatch.context() as mp:
+                for k, v in self.env.items():
+                    mp.setenv(k, v)
+                argv = [os.path.expandvars(a) for a in argv]
+            ran = self.in_process(argv, line)
         else:
+            assert not (argv and (argv[0] in SPARK_COMMANDS or "--against" in argv)), \
+                f"a Spark job must run in this process, without shell syntax: {line}"
             ran = self.bash(line, cwd=REPO if in_checkout else None)
         ran.seconds = time.monotonic() - t0
         self.ran.append(ran)
@@ -270,6 +284,9 @@ def tour(spark, tmp_path_factory):
     env["COLUMNS"] = "120"
     env["MANPAGER"] = env["PAGER"] = "cat"
     t.env = env
+    t0 = time.monotonic()
+    spark.range(1).count()  # the session is up (its start-up is not the README's)
+    t.spark_seconds = time.monotonic() - t0
     try:
         blocks = readme_blocks()
         # the top block: `dcptool quickstart` as written (pip and pytest: see the docstring)
@@ -278,7 +295,9 @@ def tour(spark, tmp_path_factory):
             if b.mode not in ("run", "run-in-checkout"):
                 continue
             if b.lang == "python":
+                t0 = time.monotonic()
                 t.ran.append(t.python("\n".join(b.lines), b.lineno))
+                t.ran[-1].seconds = time.monotonic() - t0
             else:
                 for line in b.commands():
                     t.run_line(line, in_checkout=b.mode == "run-in-checkout")
@@ -316,6 +335,8 @@ def test_the_tour_does_what_it_says(tour):
     assert "backup-" in _ran(tour, "ls tour/archive/logs").stdout
     # verify --against the restored node matched
     assert "OK" in _ran(tour, "verify tour/archive --against").stdout
+    # each backup registered the archive's watermark on the node
+    assert "dcptool-backup:archive" in _ran(tour, "dcptool watermark list").stdout
     # examine saw the deletion
     assert "deletion" in _ran(tour, "examine tour/archive sample::7").stdout
     # the Spark query printed its table
@@ -354,7 +375,10 @@ def _json_of(ran: Ran) -> dict:
 #: watermarks would change what the tour's node keeps (their own tests cover them)
 NOT_CHECKED_HERE = {"dcptool quickstart", "dcptool cluster create", "dcptool cluster status",
                     "dcptool cluster failover", "dcptool watermark register",
-                    "dcptool watermark remove"}
+                    "dcptool watermark remove",
+                    # adding or removing users would change the tour node's users
+                    # (tests/security/test_users_cli.py covers them)
+                    "dcptool node user add", "dcptool node user remove"}
 
 
 def test_json_output_has_the_documented_fields(tour):
@@ -377,6 +401,7 @@ def test_json_output_has_the_documented_fields(tour):
         "dcptool doc delete": f"dcptool doc delete json::1 -c {node2} --json",
         "dcptool doc load": f"dcptool doc load --count 3 --prefix json:: -c {node2} --json",
         "dcptool node status": "dcptool node status --data tour/node --json",
+        "dcptool node user list": "dcptool node user list --data tour/node --json",
         "dcptool watermark list": f"dcptool watermark list -c {node} --json",
         "dcptool merge": "dcptool merge tour/archive --json",
     }
@@ -409,7 +434,8 @@ def test_every_command_with_json_output_is_documented():
 def test_report_durations(tour, capsys):
     """Not a check: the slowest README commands, shown with -s to keep the tour fast."""
     slow = sorted(tour.ran, key=lambda r: -r.seconds)[:12]
-    print(f"\nREADME commands: {len(tour.ran)}, {sum(r.seconds for r in tour.ran):.1f}s")
+    print(f"\nREADME commands: {len(tour.ran)}, {sum(r.seconds for r in tour.ran):.1f}s "
+          f"(first Spark job {tour.spark_seconds:.1f}s)")
     with capsys.disabled():
         print("\nslowest README commands:", *(f"  {r.seconds:6.1f}s  {r.line}" for r in slow),
               sep="\n")

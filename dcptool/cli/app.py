@@ -380,6 +380,13 @@ def main(argv: list[str] | None = None) -> None:
     command = build_command()
     try:
         rc = command.main(args=argv, prog_name="dcptool", standalone_mode=False)
+    except SystemExit:
+        # typer ends a run whose stdout was closed (`dcptool ... | head`) with exit(1), after
+        # wrapping stdout so later flushes stay quiet; scripts see the usual 141 instead
+        if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            _silence_stdout()
+            sys.exit(EXIT_BROKEN_PIPE)
+        raise
     except DcptoolError as exc:
         if output.verbosity() >= output.DEBUG:
             traceback.print_exc()
@@ -409,4 +416,6 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         _silence_stdout()
         sys.exit(EXIT_BROKEN_PIPE)
+    if rc == EXIT_INTERRUPTED:  # typer turns Ctrl-C into exit status 130 without a word
+        error_line("interrupted")
     sys.exit(rc if isinstance(rc, int) else EXIT_OK)

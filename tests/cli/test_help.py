@@ -10,7 +10,9 @@ import os
 import pty
 import re
 import select
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -172,6 +174,30 @@ def test_failure_is_status_1_and_one_line(tmp_path, capsys, monkeypatch):
     code, out, err = in_process(["decode", str(bad), "--json"], capsys, monkeypatch)
     assert code == 1
     assert json.loads(out)["error"]
+
+
+def test_a_closed_pipe_is_status_141_without_noise(tmp_path):
+    capture = tmp_path / "many.hex"
+    capture.write_text("8000000a000000000000000a0000000000000000000000006169726c696e655f3130\n" * 20000)
+    script = (f"{shlex.quote(sys.executable)} -m dcptool decode {shlex.quote(str(capture))} --json"
+              " | head -1; echo \"status=${PIPESTATUS[0]}\"")
+    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert res.stdout.splitlines()[-1] == "status=141", res.stdout[-300:]
+    assert res.stderr == ""
+
+
+def test_ctrl_c_is_status_130_and_one_line():
+    for wait in (1.5, 4, 10):  # a SIGINT before Python is up kills it outright: wait longer
+        proc = subprocess.Popen([sys.executable, "-m", "dcptool", "decode", "--raw"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(wait)  # started and blocked reading stdin
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        if proc.returncode != -signal.SIGINT:
+            break
+    assert proc.returncode == 130
+    assert err.strip() == "dcptool: error: interrupted"
 
 
 def test_no_arguments_prints_help_and_status_2():
