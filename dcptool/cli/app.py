@@ -6,7 +6,7 @@ Exit status (documented in docs/exit-codes.md and every man page):
     1    failure: the work could not be done, or a check found problems
          (verify, decode, examine, restore with failed writes)
     2    usage error: bad options or arguments, no such archive, no password
-    3    the archive is locked by another backup, restore or merge: try again later
+    3    the archive is locked by another backup or merge: try again later
     4    tail --fail-on-rollback: the node asked for a rollback
     130  interrupted (Ctrl-C)
     141  standard output was closed early (for example piped into head)
@@ -75,7 +75,7 @@ EXIT_STATUS = (
     (EXIT_FAILURE, "Failure: the work could not be done (the node could not be reached, a "
                    "task failed, ...), or a check found problems (verify, decode, examine)."),
     (EXIT_USAGE, "Usage error: bad options or arguments, no such archive, no password given."),
-    (EXIT_LOCKED, "The archive is locked by another backup, restore or merge; try again later."),
+    (EXIT_LOCKED, "The archive is locked by another backup or merge; try again later."),
     (EXIT_ROLLBACK, "tail --fail-on-rollback: the node asked for a rollback."),
     (EXIT_INTERRUPTED, "Interrupted (Ctrl-C or SIGTERM where the command does not handle it)."),
     (EXIT_BROKEN_PIPE, "Standard output was closed early (for example piped into head)."),
