@@ -156,6 +156,16 @@ def test_backup_and_restore_runs_are_logged_per_vbucket(node_factory, spark, tmp
     names = sorted(os.listdir(archive / "logs"))
     assert [n.split("-")[0] for n in names] == ["backup", "backup", "restore"]
 
+    from dcptool.pipeline.merge import run_merge
+
+    m = run_merge(archive, spark=spark)
+    assert m.log and m.as_dict()["log"] == m.log and m.log.startswith(str(archive / "logs"))
+    text = open(m.log).read()
+    assert sum(bool(re.search(rf"INFO vbucket {vb}: \d+ mutations, \d+ deletions", text))
+               for vb in range(8)) == 8
+    assert f"into {m.merged_id} (full, parent None)" in text
+    assert f"{r1.backup_id}, {r2.backup_id}" in text
+
 
 def test_a_backup_refused_by_the_lock_says_so_in_its_log(node_factory, spark, tmp_path):
     from dcptool.archive import Archive

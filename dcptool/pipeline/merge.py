@@ -64,6 +64,7 @@ from dcptool.archive.manifest import check_manifest
 from dcptool.archive.reader import iter_vbucket_batches
 from dcptool.archive.resolve import part_cuts
 from dcptool.archive.verify import verify_backup_dir
+from dcptool.runlog import RunLog
 from dcptool.errors import DcptoolError, UsageError
 
 from .datasource import chain_ids, load_manifests
@@ -91,6 +92,7 @@ class MergeResult:
     bytes_after: int = 0
     seconds: float = 0.0
     finished_earlier: list[str] = field(default_factory=list)
+    log: str | None = None
 
     @property
     def items_after(self) -> int:
@@ -105,6 +107,7 @@ class MergeResult:
             "expirations": self.expirations, "rollbacks": self.rollbacks,
             "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
             "seconds": round(self.seconds, 3), "finished_earlier": self.finished_earlier,
+            "log": self.log,
         }
 
 
@@ -292,12 +295,33 @@ def finish_interrupted(archive: Archive) -> list[str]:
     return removed
 
 
-def run_merge(archive_path: str | os.PathLike[str], *, first: str | None = None,
-              last: str | None = None, partitions: int | None = None,
-              master: str | None = None, level: int | None = None, spark=None) -> MergeResult:
-    """Merge the backups `first`..`last` (default: the whole chain of the newest backup)."""
+def run_merge(archive_path: str | os.PathLike[str], **kwargs: Any) -> MergeResult:
+    """Merge the backups `first`..`last` (default: the whole chain of the newest backup).
+
+    Keyword arguments: first, last, partitions, master, level, spark. The run is logged to
+    `ARCHIVE/logs/merge-*.log`.
+    """
+    with RunLog("merge") as rl:
+        result = _run_merge(rl, archive_path, **kwargs)
+        rl.info("merged %d backups (%s) into %s (%s, parent %s) in %.2f s: %d items before, %d "
+                "after (%d mutations, %d deletions, %d expirations, %d rollback records), %d -> %d "
+                "bytes; re-linked %s", len(result.replaced), ", ".join(result.replaced),
+                result.merged_id, result.type, result.parent, result.seconds, result.items_before,
+                result.items_after, result.mutations, result.deletions, result.expirations,
+                result.rollbacks, result.bytes_before, result.bytes_after,
+                ", ".join(result.relinked) or "nothing")
+    result.log = str(rl.path) if rl.path else None
+    return result
+
+
+def _run_merge(rl: RunLog, archive_path: str | os.PathLike[str], *, first: str | None = None,
+               last: str | None = None, partitions: int | None = None,
+               master: str | None = None, level: int | None = None, spark=None) -> MergeResult:
     t0 = time.monotonic()
     archive = Archive.open(archive_path)
+    rl.attach(os.path.abspath(archive.path))
+    rl.info("merge of %s (range %s..%s) (pid %d)", archive.path, first or "start of chain",
+            last or "newest", os.getpid())
     lock = archive.lock("merge").acquire()
     try:
         done_before = finish_interrupted(archive)
@@ -411,6 +435,11 @@ def run_merge(archive_path: str | os.PathLike[str], *, first: str | None = None,
                 raise err from None
             for r in results:
                 summaries.extend(r)
+            for sm in summaries:
+                c = sm["counts"]
+                rl.info("vbucket %s: %d mutations, %d deletions, %d expirations, %d rollback "
+                        "records, %d bytes", sm["vbucket"], c["mutations"], c["deletions"],
+                        c["expirations"], c["rollbacks"], sm["bytes"]["files"])
         manifest = writer.commit(summaries, extra={"merge": {**merge_info,
                                                              "finished": iso_time(utc_now())}})
         report = verify_backup_dir(staging / BACKUPS_DIR / merged_id, manifest)
