@@ -7,7 +7,8 @@ _dcptool_subcommands() {
         "") echo "backup cluster decode doc examine export failover-log info merge node quickstart restore tail verify watermark" ;;
         "cluster") echo "create failover status" ;;
         "doc") echo "delete get load set" ;;
-        "node") echo "start status" ;;
+        "node") echo "start status user" ;;
+        "node user") echo "add list remove" ;;
         "watermark") echo "list register remove" ;;
     esac
 }
@@ -32,8 +33,12 @@ _dcptool_options() {
         "info") echo "--json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "merge") echo "--from --to --level --master --partitions --json -h --help" ;;
         "node") echo "-h --help" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --log-level -h --help" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --log-level -h --help" ;;
         "node status") echo "--data --json --username --password -h --help" ;;
+        "node user") echo "-h --help" ;;
+        "node user add") echo "--data -r --role --password-file --json -h --help" ;;
+        "node user list") echo "--data --json -h --help" ;;
+        "node user remove") echo "--data --json -h --help" ;;
         "quickstart") echo "--dir --docs --vbuckets --master --json -h --help" ;;
         "restore") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --backup --vbuckets --filter-keys --force-updates --dry-run --master --partitions --json -h --help" ;;
         "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback --watermark --watermark-name --watermark-interval --watermark-ttl -v --verbose -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
@@ -60,8 +65,11 @@ _dcptool_valued_options() {
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
         "info") echo "-c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
         "merge") echo "--from --to --level --master --partitions" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --log-level" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --log-level" ;;
         "node status") echo "--data --username --password" ;;
+        "node user add") echo "--data -r --role --password-file" ;;
+        "node user list") echo "--data" ;;
+        "node user remove") echo "--data" ;;
         "quickstart") echo "--dir --docs --vbuckets --master" ;;
         "restore") echo "-c --cluster -u --username -p --password -b --bucket --cacert --backup --vbuckets --filter-keys --master --partitions" ;;
         "tail") echo "--from --vbuckets --filter --state --until-idle --count --noop-interval --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
@@ -96,7 +104,13 @@ _dcptool_option_files() {
         "failover-log|--cacert") echo "file" ;;
         "info|--cacert") echo "file" ;;
         "node start|--data") echo "file" ;;
+        "node start|--tls-cert") echo "file" ;;
+        "node start|--tls-key") echo "file" ;;
         "node status|--data") echo "file" ;;
+        "node user add|--data") echo "file" ;;
+        "node user add|--password-file") echo "file" ;;
+        "node user list|--data") echo "file" ;;
+        "node user remove|--data") echo "file" ;;
         "quickstart|--dir") echo "file" ;;
         "restore|--cacert") echo "file" ;;
         "tail|--from") echo "file" ;;

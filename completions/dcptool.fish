@@ -10,7 +10,9 @@ function __dcptool_subcommands
         case 'doc'
             echo 'delete' 'get' 'load' 'set'
         case 'node'
-            echo 'start' 'status'
+            echo 'start' 'status' 'user'
+        case 'node user'
+            echo 'add' 'list' 'remove'
         case 'watermark'
             echo 'list' 'register' 'remove'
     end
@@ -45,9 +47,15 @@ function __dcptool_valued_options
         case 'merge'
             echo --from --to --level --master --partitions
         case 'node start'
-            echo --data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --log-level
+            echo --data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --log-level
         case 'node status'
             echo --data --username --password
+        case 'node user add'
+            echo --data -r --role --password-file
+        case 'node user list'
+            echo --data
+        case 'node user remove'
+            echo --data
         case 'quickstart'
             echo --dir --docs --vbuckets --master
         case 'restore'
@@ -264,6 +272,7 @@ complete -c dcptool -n '__dcptool_at merge' -s h -l help -d 'Show this message a
 complete -c dcptool -n '__dcptool_at merge' -F
 complete -c dcptool -n '__dcptool_at node' -a 'start' -d 'Run a node in the foreground until SIGTERM or SIGINT'
 complete -c dcptool -n '__dcptool_at node' -a 'status' -d 'Whether the node runs, its port, and per-vbucket seqnos and failover log heads'
+complete -c dcptool -n '__dcptool_at node' -a 'user' -d 'Manage the node\'s users offline (in DIR/users.json'
 complete -c dcptool -n '__dcptool_at node' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at node start' -l data -r -F -d 'Directory for the node\'s database, users, node.json and logs'
 complete -c dcptool -n '__dcptool_at node start' -l host -x -d 'Address to listen on'
@@ -280,6 +289,9 @@ complete -c dcptool -n '__dcptool_at node start' -l max-backfills -x -d 'Concurr
 complete -c dcptool -n '__dcptool_at node start' -l purge-age -x -d 'Tombstones younger than this are never purged (metadata purge age'
 complete -c dcptool -n '__dcptool_at node start' -l compaction-interval -x -a 'off' -d 'Compact every vbucket (purge tombstones) this often'
 complete -c dcptool -n '__dcptool_at node start' -l hwt-max-hold -x -a 'off' -d 'A high watermark that keeps a purgeable tombstone longer than this is marked lost and stops holding the purger back'
+complete -c dcptool -n '__dcptool_at node start' -l tls-cert -r -F -d 'PEM certificate chain: also serve TLS (1.2 or later) on --tls-port'
+complete -c dcptool -n '__dcptool_at node start' -l tls-key -r -F -d 'PEM private key of --tls-cert'
+complete -c dcptool -n '__dcptool_at node start' -l tls-port -x -d 'TLS port with --tls-cert (0 picks a free one)'
 complete -c dcptool -n '__dcptool_at node start' -l log-level -x -a 'debug info warning error' -d 'Least severity logged on stderr (DIR/logs/node.log also gets info)'
 complete -c dcptool -n '__dcptool_at node start' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at node status' -l data -r -F -d 'The node\'s directory'
@@ -287,6 +299,21 @@ complete -c dcptool -n '__dcptool_at node status' -l json -d 'Print JSON'
 complete -c dcptool -n '__dcptool_at node status' -l username -x -d 'User for live figures from a running node'
 complete -c dcptool -n '__dcptool_at node status' -l password -x -d 'Password for live figures (default: $DCPTOOL_PASSWORD)'
 complete -c dcptool -n '__dcptool_at node status' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at node user' -a 'add' -d 'Create a user, or replace an existing user\'s password and roles'
+complete -c dcptool -n '__dcptool_at node user' -a 'list' -d 'List the users and their roles (never any credential)'
+complete -c dcptool -n '__dcptool_at node user' -a 'remove' -d 'Remove a user'
+complete -c dcptool -n '__dcptool_at node user' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at node user add' -l data -r -F -d 'The node\'s directory'
+complete -c dcptool -n '__dcptool_at node user add' -s r -l role -x -d 'Role: admin, backup, restore, reader or writer (repeat for several)'
+complete -c dcptool -n '__dcptool_at node user add' -l password-file -r -F -d 'Read the password from FILE\'s first line (default: $DCPTOOL_PASSWORD or a prompt)'
+complete -c dcptool -n '__dcptool_at node user add' -l json -d 'Print JSON'
+complete -c dcptool -n '__dcptool_at node user add' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at node user list' -l data -r -F -d 'The node\'s directory'
+complete -c dcptool -n '__dcptool_at node user list' -l json -d 'Print JSON'
+complete -c dcptool -n '__dcptool_at node user list' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at node user remove' -l data -r -F -d 'The node\'s directory'
+complete -c dcptool -n '__dcptool_at node user remove' -l json -d 'Print JSON'
+complete -c dcptool -n '__dcptool_at node user remove' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at quickstart' -l dir -r -F -d 'Working directory for the nodes and the archive'
 complete -c dcptool -n '__dcptool_at quickstart' -l docs -x -d 'Sample documents to load'
 complete -c dcptool -n '__dcptool_at quickstart' -l vbuckets -x -d 'vbuckets of the local nodes'

@@ -63,15 +63,24 @@ def start(
     no_hwt: bool = typer.Option(
         False, "--no-hwt", hidden=True,
         help="Answer the HWT opcodes UNKNOWN_COMMAND, like a Couchbase Server (for tests)."),
+    tls_cert: Optional[Path] = typer.Option(
+        None, "--tls-cert", metavar="FILE",
+        help="PEM certificate chain: also serve TLS (1.2 or later) on --tls-port."),
+    tls_key: Optional[Path] = typer.Option(
+        None, "--tls-key", metavar="FILE", help="PEM private key of --tls-cert."),
+    tls_port: int = typer.Option(11207, "--tls-port",
+                                 help="TLS port with --tls-cert (0 picks a free one)."),
     log_level: str = typer.Option("warning", "--log-level", metavar="debug|info|warning|error",
                                   help="Least severity logged on stderr (DIR/logs/node.log "
                                        "also gets info)."),
 ) -> None:
     """Run a node in the foreground until SIGTERM or SIGINT.
 
-    Prints "listening on HOST:PORT" once it accepts connections. The first start creates
-    the user (--username, --password or DCPTOOL_PASSWORD); later starts reuse the stored
-    users unless a password is given again.
+    Prints "listening on HOST:PORT" once it accepts connections (and, with --tls-cert,
+    "listening (tls) on HOST:PORT" next). The first start creates
+    the user (--username, --password or DCPTOOL_PASSWORD) with the admin role; later starts
+    reuse the stored users unless a password is given again (the user's roles stay). Other
+    users: 'dcptool node user'.
 
     Example: DCPTOOL_PASSWORD=secret dcptool node start --data ./node --port 11210
     """
@@ -90,7 +99,7 @@ def start(
         compaction_interval=parse_duration(compaction_interval, what="--compaction-interval",
                                            allow_off=True),
         hwt_max_hold=parse_duration(hwt_max_hold, what="--hwt-max-hold", allow_off=True),
-        hwt_enabled=not no_hwt,
+        hwt_enabled=not no_hwt, tls_cert=tls_cert, tls_key=tls_key, tls_port=tls_port,
     )
     config.validate()
     if not username:
@@ -220,3 +229,144 @@ def status(
                   + "); see 'dcptool watermark list'")
     else:
         con.print("high watermark table: empty")
+
+
+user_app = typer.Typer(
+    name="user",
+    help="""Manage the node's users offline (in DIR/users.json; restart the node to apply).
+
+    Roles: admin (everything), backup (DCP streams, failover logs, watermarks), restore
+    (the *_WITH_META writes), reader (GET), writer (SET, DELETE). Every role may also read
+    the bucket's layout (cluster config, seqnos, failover logs) and STAT.
+
+    Passwords are stored as salted SCRAM credentials only; they come from DCPTOOL_PASSWORD,
+    --password-file or a prompt, never from the command line.
+
+    Example: DCPTOOL_PASSWORD=secret dcptool node user add backup1 --role backup --data ./node
+    """,
+    no_args_is_help=True,
+)
+node_app.add_typer(user_app, name="user")
+
+
+def _read_password(password_file: Optional[Path], username: str) -> str:
+    if password_file is not None:
+        try:
+            text = password_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--password-file {password_file}: {exc.strerror or exc}") from None
+        lines = text.splitlines()
+        password = lines[0] if lines else ""
+    elif os.environ.get("DCPTOOL_PASSWORD"):
+        password = os.environ["DCPTOOL_PASSWORD"]
+    elif sys.stdin.isatty():
+        import getpass
+
+        try:
+            password = getpass.getpass(f"Password for {username}: ")
+            again = getpass.getpass(f"Password for {username} (again): ")
+        except (EOFError, KeyboardInterrupt):
+            raise UsageError("no password given") from None
+        if password != again:
+            raise UsageError("the passwords do not match")
+    else:
+        raise UsageError("no password given",
+                         hint="set DCPTOOL_PASSWORD, pass --password-file FILE, or run on a "
+                              "terminal to be prompted")
+    if not password:
+        raise UsageError("the password must not be empty")
+    return password
+
+
+def _load_users(data: Path, *, create: bool = False):
+    from dcptool.node.auth import Users
+
+    if not data.is_dir():
+        if not create:
+            raise UsageError(f"--data {data} is not a node directory")
+        try:
+            data.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DcptoolError(f"cannot create {data}: {exc.strerror}") from None
+    return Users.load(data)
+
+
+@user_app.command("add")
+def user_add(
+    username: str = typer.Argument(..., help="User name."),
+    data: Path = typer.Option(..., "--data", metavar="DIR", help="The node's directory."),
+    role: list[str] = typer.Option(
+        ..., "--role", "-r", metavar="ROLE",
+        help="Role: admin, backup, restore, reader or writer (repeat for several)."),
+    password_file: Optional[Path] = typer.Option(
+        None, "--password-file", metavar="FILE",
+        help="Read the password from FILE's first line (default: $DCPTOOL_PASSWORD or a prompt)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Create a user, or replace an existing user's password and roles.
+
+    Example: dcptool node user add restorer --role restore --password-file pw.txt --data ./node
+    """
+    from dcptool.node.access import check_roles
+
+    if not username or len(username) > 128 or any(c in username for c in "\x00\n\r"):
+        raise UsageError("the user name must be 1 to 128 characters without NUL or newlines")
+    try:
+        roles = check_roles(role)
+    except ValueError as exc:
+        raise UsageError(f"--role: {exc}") from None
+    password = _read_password(password_file, username)
+    users = _load_users(data, create=True)
+    existed = username in users.users
+    users.add(username, password, roles)
+    users.save()
+    if as_json:
+        from dcptool.cli.output import print_json
+
+        print_json({"username": username, "roles": roles, "created": not existed})
+        return
+    print(f"{'updated' if existed else 'added'} user {username} ({', '.join(roles)})")
+
+
+@user_app.command("remove")
+def user_remove(
+    username: str = typer.Argument(..., help="User name."),
+    data: Path = typer.Option(..., "--data", metavar="DIR", help="The node's directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Remove a user.
+
+    Example: dcptool node user remove backup1 --data ./node
+    """
+    users = _load_users(data)
+    if not users.remove(username):
+        raise DcptoolError(f"no user {username} in {data}")
+    users.save()
+    if as_json:
+        from dcptool.cli.output import print_json
+
+        print_json({"username": username, "removed": True})
+        return
+    print(f"removed user {username}")
+
+
+@user_app.command("list")
+def user_list(
+    data: Path = typer.Option(..., "--data", metavar="DIR", help="The node's directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List the users and their roles (never any credential).
+
+    Example: dcptool node user list --data ./node --json
+    """
+    users = _load_users(data)
+    rows = [{"username": name, "roles": users.roles(name)} for name in sorted(users.users)]
+    if as_json:
+        from dcptool.cli.output import print_json
+
+        print_json({"users": rows})
+        return
+    if not rows:
+        print("no users")
+    for row in rows:
+        print(f"{row['username']}\t{','.join(row['roles'])}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import socket
 import ssl
+import sys
 from collections import deque
 from typing import Iterable
 from urllib.parse import urlsplit
@@ -118,6 +119,18 @@ def parse_cluster_url(url: str) -> tuple[str, int, bool]:
     return host, port, tls
 
 
+#: addresses already warned about (once per process is enough)
+_UNVERIFIED_WARNED: set[str] = set()
+
+
+def _warn_unverified(addr: str) -> None:
+    """One line on stderr, once per address: this TLS connection checks no certificate."""
+    if addr not in _UNVERIFIED_WARNED:
+        _UNVERIFIED_WARNED.add(addr)
+        print(f"dcptool: warning: --no-verify: the TLS certificate of {addr} is not checked; "
+              "anyone on the path can read and change the traffic", file=sys.stderr)
+
+
 def _sasl_prep_mechs(offered: Iterable[str], tls: bool) -> list[str]:
     """The mechanisms we would use, in the order we prefer them."""
     names = set(offered)
@@ -189,6 +202,8 @@ class Connection:
             except (ssl.SSLError, OSError) as exc:
                 sock.close()
                 raise ConnectError(f"TLS handshake with {addr} failed: {exc}", host=addr) from None
+            if tls.verify_mode == ssl.CERT_NONE:
+                _warn_unverified(addr)
         return cls(sock, host, port, timeout=timeout, tls=tls is not None)
 
     @classmethod

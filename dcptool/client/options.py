@@ -70,6 +70,7 @@ class ConnOptions:
                 raise UsageError(f"--cacert {self.cacert}: {exc}") from None
         else:
             ctx = ssl.create_default_context()
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         if not self.verify:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE

@@ -1,9 +1,9 @@
 """Users and SASL: salted SCRAM credentials on disk, SCRAM-SHA* and PLAIN on the wire.
 
-The users file (`DIR/users.json`, mode 0600) holds, per user and per hash, the SCRAM
-salt, iteration count, StoredKey and ServerKey (RFC 5802). The password itself is never
-written. PLAIN logins are checked by deriving the StoredKey from the given password with
-the stored salt and comparing it.
+The users file (`DIR/users.json`, mode 0600) holds, per user, its roles (see
+`dcptool.node.access`) and, per hash, the SCRAM salt, iteration count, StoredKey and
+ServerKey (RFC 5802). The password itself is never written. PLAIN logins are checked by
+deriving the StoredKey from the given password with the stored salt and comparing it.
 
 Couchbase spells the mechanisms `SCRAM-SHA512`, `SCRAM-SHA256`, `SCRAM-SHA1`; scramp
 uses the IANA names with a hyphen, hence `MECHANISMS`.
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from dcptool.errors import DcptoolError
+
+from .access import DEFAULT_ROLES, check_roles, privileges_of
 
 #: Couchbase's mechanism name -> scramp's
 MECHANISMS = {
@@ -82,7 +84,28 @@ class Users:
         os.replace(tmp, self.path)
 
     def set_password(self, username: str, password: str) -> None:
-        self.users[username] = {"scram": make_credentials(password)}
+        """Create `username` (an admin) or change its password (its roles stay)."""
+        roles = self.roles(username) if username in self.users else list(DEFAULT_ROLES)
+        self.users[username] = {"scram": make_credentials(password), "roles": roles}
+
+    def add(self, username: str, password: str, roles) -> None:
+        """Create or replace `username` with these roles (ValueError for unknown roles)."""
+        self.users[username] = {"scram": make_credentials(password), "roles": check_roles(roles)}
+
+    def remove(self, username: str) -> bool:
+        return self.users.pop(username, None) is not None
+
+    def roles(self, username: str) -> list[str]:
+        """The user's roles (admin for entries written before roles existed)."""
+        roles = self.users.get(username, {}).get("roles")
+        if roles is None:
+            return list(DEFAULT_ROLES)
+        return [r for r in roles if isinstance(r, str)]
+
+    def privileges(self, username: str) -> frozenset:
+        if username not in self.users:
+            return frozenset()
+        return privileges_of(self.roles(username))
 
     def __bool__(self) -> bool:
         return bool(self.users)

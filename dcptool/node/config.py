@@ -85,10 +85,19 @@ class NodeConfig:
     #: False: answer the HWT opcodes UNKNOWN_COMMAND, as a Couchbase Server does (for
     #: testing clients against a node without dcptool's extension)
     hwt_enabled: bool = True
+    #: TLS: certificate chain and private key (PEM); with both set, a second listener on
+    #: `tls_port` (0 picks a free one) serves TLS 1.2 or later
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_port: int = 11207
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
             raise UsageError(f"--port {self.port} is not a TCP port (0..65535)")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise UsageError("--tls-cert and --tls-key go together")
+        if not 0 <= self.tls_port <= 65535:
+            raise UsageError(f"--tls-port {self.tls_port} is not a TCP port (0..65535)")
         if not 1 <= self.vbuckets <= 1024:
             raise UsageError(f"--vbuckets {self.vbuckets} must be between 1 and 1024")
         if not re.fullmatch(r"[A-Za-z0-9._%-]{1,100}", self.bucket):

@@ -67,6 +67,8 @@ class Node:
         self.host = config.host
         self._stop: asyncio.Event | None = None
         self._server: asyncio.AbstractServer | None = None
+        self._tls_server: asyncio.AbstractServer | None = None
+        self.tls_port: int | None = None
         self._tasks: list[asyncio.Task] = []
         self.replication = Replication(self)
 
@@ -151,10 +153,18 @@ class Node:
                 reuse_address=True, backlog=1024)
             sock = self._server.sockets[0]
             self.host, self.port = sock.getsockname()[:2]
+            ssl_ctx = self._ssl_context()
+            if ssl_ctx is not None:
+                self._tls_server = await loop.create_server(
+                    lambda: Connection(self), self.config.host, self.config.tls_port,
+                    ssl=ssl_ctx, reuse_address=True, backlog=1024, ssl_handshake_timeout=10.0)
+                self.tls_port = self._tls_server.sockets[0].getsockname()[1]
             self._tasks.append(loop.create_task(self._expiry_pager()))
             self._tasks.append(loop.create_task(bucket.purger.run_scheduled()))
             self._write_node_file()
             announce(f"listening on {self.config.host}:{self.port}")
+            if self.tls_port is not None:
+                announce(f"listening (tls) on {self.config.host}:{self.tls_port}")
             await self._stop.wait()
         finally:
             # everything acknowledged gets flushed: the shutdown is clean unless that fails
@@ -163,6 +173,8 @@ class Node:
     async def _shutdown(self, *, clean: bool) -> None:
         if self._server is not None:
             self._server.close()
+        if self._tls_server is not None:
+            self._tls_server.close()
         for t in self._tasks:
             t.cancel()
         await self.replication.stop_all()
@@ -179,6 +191,23 @@ class Node:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, lambda: self.bucket.stop(clean=clean))
         log.info("stopped (clean=%s)", clean)
+
+    def _ssl_context(self):
+        """The TLS listener's context (TLS 1.2 or later), or None without --tls-cert."""
+        if self.config.tls_cert is None:
+            return None
+        import ssl
+
+        from dcptool.errors import DcptoolError
+
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            ctx.load_cert_chain(str(self.config.tls_cert), str(self.config.tls_key))
+        except (OSError, ssl.SSLError) as exc:
+            raise DcptoolError(f"cannot load --tls-cert/--tls-key: "
+                               f"{getattr(exc, 'strerror', None) or exc}") from None
+        return ctx
 
     def _vbucket_state_changed(self, vb, old_state: int) -> None:
         self.config_rev += 1
@@ -202,6 +231,8 @@ class Node:
             "started_at": self.started_at,
             "version": __version__,
         }
+        if self.tls_port is not None:
+            doc["tls_port"] = self.tls_port
         path = Path(self.config.data_dir) / NODE_FILE
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")

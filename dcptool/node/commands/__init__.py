@@ -8,7 +8,9 @@ the frame directly). Flags say when a command may run:
 * `needs_bucket`: a bucket must be selected;
 * `dcp`: only on a connection that did DCP_OPEN (EINVAL elsewhere, like kv_engine).
 
-Commands that need a privilege say so with `@requires(...)` from `dcptool.node.access`.
+Every command that may run after login names the privilege it needs (`privilege=`, see
+`dcptool.node.access`); `privilege=CHECKED_IN_HANDLER` when the handler checks it itself
+because the answer depends on the request.
 A command whose work waits for the disk (compaction, HWT writes) answers later through
 `answer_later`, which runs a coroutine on the loop and sends what it replied.
 """
@@ -20,6 +22,8 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from dcptool.protocol.constants import Status
+
+from ..access import Privilege, guard
 
 log = logging.getLogger("dcptool.node.connection")
 
@@ -36,11 +40,19 @@ class Command:
 COMMANDS: dict[int, Command] = {}
 
 
+#: `privilege=` of a command whose handler calls `has_privilege` itself
+CHECKED_IN_HANDLER = "checked in handler"
+
+
 def command(*opcodes: int, pre_auth: bool = False, bucket: bool = True, decode: bool = True,
-            dcp: bool = False):
+            dcp: bool = False, privilege: "Privilege | str | None" = None):
+    if privilege is None and not pre_auth:
+        raise TypeError(f"command {[hex(int(op)) for op in opcodes]} names no privilege")
+
     def register(fn):
+        handler = fn if privilege in (None, CHECKED_IN_HANDLER) else guard(fn, privilege)
         for op in opcodes:
-            COMMANDS[int(op)] = Command(fn, pre_auth, bucket, decode, dcp)
+            COMMANDS[int(op)] = Command(handler, pre_auth, bucket, decode, dcp)
         return fn
     return register
 

@@ -6,6 +6,7 @@ import struct
 
 from dcptool.protocol.constants import Datatype, Opcode, Status, VBucketState
 
+from ..access import Privilege
 from . import command
 from .kv import not_my_vbucket
 
@@ -74,13 +75,13 @@ def cluster_config_json(conn) -> bytes:
     return json.dumps(cluster_config(conn), separators=(",", ":")).encode()
 
 
-@command(Opcode.GET_CLUSTER_CONFIG)
+@command(Opcode.GET_CLUSTER_CONFIG, privilege=Privilege.META_READ)
 def get_cluster_config(conn, frame, msg) -> None:
     conn.reply(frame, value=cluster_config_json(conn),
                datatype=Datatype.JSON if conn.json else 0)
 
 
-@command(Opcode.GET_ALL_VB_SEQNOS)
+@command(Opcode.GET_ALL_VB_SEQNOS, privilege=Privilege.META_READ)
 def get_all_vb_seqnos(conn, frame, msg) -> None:
     if msg.collection is not None:
         conn.reply(frame, Status.EINVAL)  # collection filters need HELLO Collections
@@ -101,7 +102,7 @@ def failover_log_bytes(vb) -> bytes:
     return b"".join(_FAILOVER.pack(u, s) for u, s in vb.failover_log)
 
 
-@command(Opcode.GET_FAILOVER_LOG)
+@command(Opcode.GET_FAILOVER_LOG, privilege=Privilege.META_READ)
 def get_failover_log(conn, frame, msg) -> None:
     vb = conn.bucket.vbuckets.get(frame.specific)
     if vb is None:
@@ -110,7 +111,7 @@ def get_failover_log(conn, frame, msg) -> None:
     conn.reply(frame, value=failover_log_bytes(vb))
 
 
-@command(Opcode.SET_VBUCKET)
+@command(Opcode.SET_VBUCKET, privilege=Privilege.NODE_MANAGEMENT)
 def set_vbucket(conn, frame, msg) -> None:
     if msg.state not in (1, 2, 3, 4):
         conn.reply(frame, Status.EINVAL)
@@ -125,7 +126,7 @@ def set_vbucket(conn, frame, msg) -> None:
     conn.reply(frame)
 
 
-@command(Opcode.GET_VBUCKET, decode=False)
+@command(Opcode.GET_VBUCKET, decode=False, privilege=Privilege.META_READ)
 def get_vbucket(conn, frame) -> None:
     vb = conn.bucket.vbuckets.get(frame.specific)
     if vb is None:

@@ -15,6 +15,7 @@ import struct
 
 from dcptool.protocol.constants import Datatype, Status
 
+from ..access import Privilege
 from ..cluster import ClusterMap, MapError
 from . import answer_later, command
 
@@ -37,7 +38,7 @@ def _allowed(conn, frame) -> bool:
     return True
 
 
-@command(CLUSTER_SET_MAP, decode=False)
+@command(CLUSTER_SET_MAP, decode=False, privilege=Privilege.NODE_MANAGEMENT)
 def cluster_set_map(conn, frame) -> None:
     if not _allowed(conn, frame):
         return
@@ -61,7 +62,7 @@ def cluster_set_map(conn, frame) -> None:
     answer_later(conn, frame, work)
 
 
-@command(REPLICATION_HOLD, decode=False)
+@command(REPLICATION_HOLD, decode=False, privilege=Privilege.NODE_MANAGEMENT)
 def replication_hold(conn, frame) -> None:
     if not _allowed(conn, frame):
         return
@@ -77,7 +78,7 @@ def replication_hold(conn, frame) -> None:
     conn.reply(frame)
 
 
-@command(CLUSTER_STATUS, decode=False)
+@command(CLUSTER_STATUS, decode=False, privilege=Privilege.NODE_MANAGEMENT)
 def cluster_status(conn, frame) -> None:
     if not _allowed(conn, frame):
         return

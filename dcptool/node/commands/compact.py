@@ -14,13 +14,12 @@ import json
 
 from dcptool.protocol.constants import Datatype, Opcode, Status
 
-from ..access import Privilege, requires
+from ..access import Privilege
 from . import answer_later, command
 from .kv import not_my_vbucket
 
 
-@command(Opcode.COMPACT_DB)
-@requires(Privilege.COMPACT)
+@command(Opcode.COMPACT_DB, privilege=Privilege.COMPACT)
 def compact_db(conn, frame, msg) -> None:
     vbid = frame.specific
     if msg.db_file_id not in (0, vbid):

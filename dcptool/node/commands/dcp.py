@@ -12,10 +12,11 @@ import struct
 
 from dcptool.protocol.constants import DcpOpenFlag, Opcode, Status
 
+from ..access import Privilege, has_privilege
 from ..decisions import VBucketView, evaluate_stream_request
 from ..producer import Producer
 from ..stream import Stream
-from . import command
+from . import CHECKED_IN_HANDLER, command
 from .cluster import failover_log_bytes
 from .kv import not_my_vbucket
 
@@ -27,9 +28,13 @@ _OPEN_REFUSED = int(DcpOpenFlag.INVALID | DcpOpenFlag.UNUSED | DcpOpenFlag.PITR)
 MAX_NAME = 200
 
 
-@command(Opcode.DCP_OPEN)
+@command(Opcode.DCP_OPEN, privilege=CHECKED_IN_HANDLER)
 def dcp_open(conn, frame, msg) -> None:
     flags = msg.flags
+    if not has_privilege(conn, Privilege.DCP_PRODUCER if flags & DcpOpenFlag.PRODUCER
+                         else Privilege.DCP_CONSUMER):
+        conn.error(frame, Status.EACCESS)
+        return
     if conn.dcp_opened:
         conn.reply(frame, Status.EINVAL)
         return
@@ -74,12 +79,12 @@ def dcp_open(conn, frame, msg) -> None:
     conn.reply(frame)
 
 
-@command(Opcode.DCP_CONTROL, dcp=True)
+@command(Opcode.DCP_CONTROL, dcp=True, privilege=Privilege.DCP_PRODUCER)
 def dcp_control(conn, frame, msg) -> None:
     conn.reply(frame, conn.producer.control(msg.key, msg.value_text))
 
 
-@command(Opcode.DCP_STREAM_REQ, dcp=True)
+@command(Opcode.DCP_STREAM_REQ, dcp=True, privilege=Privilege.DCP_PRODUCER)
 def dcp_stream_req(conn, frame, msg) -> None:
     prod = conn.producer
     vbid = frame.specific
@@ -105,7 +110,7 @@ def dcp_stream_req(conn, frame, msg) -> None:
     prod.add_stream(Stream(prod, vb, frame.opaque, sid, d.plan))
 
 
-@command(Opcode.DCP_CLOSE_STREAM, dcp=True)
+@command(Opcode.DCP_CLOSE_STREAM, dcp=True, privilege=Privilege.DCP_PRODUCER)
 def dcp_close_stream(conn, frame, msg) -> None:
     prod = conn.producer
     sid = msg.stream_id
@@ -118,12 +123,12 @@ def dcp_close_stream(conn, frame, msg) -> None:
     conn.reply(frame)
 
 
-@command(Opcode.DCP_BUFFER_ACKNOWLEDGEMENT, dcp=True)
+@command(Opcode.DCP_BUFFER_ACKNOWLEDGEMENT, dcp=True, privilege=Privilege.DCP_PRODUCER)
 def dcp_buffer_ack(conn, frame, msg) -> None:
     conn.producer.ack(msg.bytes_to_ack)  # no response on success
 
 
-@command(Opcode.DCP_GET_FAILOVER_LOG, dcp=True)
+@command(Opcode.DCP_GET_FAILOVER_LOG, dcp=True, privilege=Privilege.DCP_PRODUCER)
 def dcp_get_failover_log(conn, frame, msg) -> None:
     vb = conn.bucket.vbuckets.get(frame.specific)
     if vb is None:
@@ -132,12 +137,12 @@ def dcp_get_failover_log(conn, frame, msg) -> None:
     conn.reply(frame, value=failover_log_bytes(vb))
 
 
-@command(Opcode.DCP_NOOP, dcp=True, decode=False)
+@command(Opcode.DCP_NOOP, dcp=True, decode=False, privilege=Privilege.DCP_PRODUCER)
 def dcp_noop_request(conn, frame) -> None:
     conn.reply(frame)
 
 
-@command(Opcode.DCP_ADD_STREAM, dcp=True, decode=False)
+@command(Opcode.DCP_ADD_STREAM, dcp=True, decode=False, privilege=Privilege.DCP_CONSUMER)
 def dcp_add_stream(conn, frame) -> None:
     conn.reply(frame, Status.NOT_SUPPORTED)  # consumer-side command; this is a producer
 
@@ -146,6 +151,7 @@ def dcp_add_stream(conn, frame) -> None:
          Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION, Opcode.DCP_FLUSH,
          Opcode.DCP_SET_VBUCKET_STATE, Opcode.DCP_SYSTEM_EVENT, Opcode.DCP_PREPARE,
          Opcode.DCP_SEQNO_ACKNOWLEDGED, Opcode.DCP_COMMIT, Opcode.DCP_ABORT,
-         Opcode.DCP_SEQNO_ADVANCED, Opcode.DCP_OSO_SNAPSHOT, dcp=True, decode=False)
+         Opcode.DCP_SEQNO_ADVANCED, Opcode.DCP_OSO_SNAPSHOT, dcp=True, decode=False,
+         privilege=Privilege.DCP_PRODUCER)
 def dcp_wrong_direction(conn, frame) -> None:
     conn.reply(frame, Status.EINVAL)  # producer-to-consumer messages sent to a producer

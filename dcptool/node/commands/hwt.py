@@ -14,7 +14,7 @@ import time
 
 from dcptool.protocol.constants import Datatype, Opcode, Status
 
-from ..access import Privilege, requires
+from ..access import Privilege
 from ..compaction import hold_figures
 from ..hwt import HwtRequestError, parse_registration, parse_selector
 from . import answer_later, command
@@ -37,8 +37,7 @@ def _disabled(conn, frame) -> bool:
     return True
 
 
-@command(Opcode.HWT_REGISTER)
-@requires(Privilege.WATERMARK_WRITE)
+@command(Opcode.HWT_REGISTER, privilege=Privilege.WATERMARK_WRITE)
 def hwt_register(conn, frame, msg) -> None:
     if _disabled(conn, frame):
         return
@@ -69,8 +68,7 @@ def hwt_register(conn, frame, msg) -> None:
     answer_later(conn, frame, work)
 
 
-@command(Opcode.HWT_LIST)
-@requires(Privilege.WATERMARK_READ)
+@command(Opcode.HWT_LIST, privilege=Privilege.WATERMARK_READ)
 def hwt_list(conn, frame, msg) -> None:
     if _disabled(conn, frame):
         return
@@ -102,8 +100,7 @@ def hwt_list(conn, frame, msg) -> None:
     answer_later(conn, frame, work)
 
 
-@command(Opcode.HWT_REMOVE)
-@requires(Privilege.WATERMARK_WRITE)
+@command(Opcode.HWT_REMOVE, privilege=Privilege.WATERMARK_WRITE)
 def hwt_remove(conn, frame, msg) -> None:
     if _disabled(conn, frame):
         return

@@ -14,6 +14,7 @@ import time
 from dcptool.protocol.constants import DATATYPE_MASK, Datatype, Opcode, Status, VBucketState
 
 from .. import decisions
+from ..access import Privilege
 from ..item import split_xattrs, valid_xattr_blob
 from . import command
 
@@ -88,7 +89,7 @@ def mutation_extras(conn, vb, item) -> bytes:
 
 
 @command(Opcode.SET, Opcode.ADD, Opcode.REPLACE, Opcode.SETQ, Opcode.ADDQ, Opcode.REPLACEQ,
-         decode=False)
+         decode=False, privilege=Privilege.WRITE)
 def store(conn, frame) -> None:
     extras = frame.extras
     key = frame.key
@@ -127,7 +128,7 @@ def store(conn, frame) -> None:
     conn.reply(frame, cas=item.cas, extras=mutation_extras(conn, vb, item))
 
 
-@command(Opcode.DELETE, Opcode.DELETEQ, decode=False)
+@command(Opcode.DELETE, Opcode.DELETEQ, decode=False, privilege=Privilege.WRITE)
 def delete(conn, frame) -> None:
     if frame.extras or frame.value or not frame.key or len(frame.key) > MAX_KEY:
         conn.reply(frame, Status.EINVAL)
@@ -145,7 +146,8 @@ def delete(conn, frame) -> None:
     conn.reply(frame, cas=res.item.cas, extras=mutation_extras(conn, vb, res.item))
 
 
-@command(Opcode.GET, Opcode.GETQ, Opcode.GETK, Opcode.GETKQ, decode=False)
+@command(Opcode.GET, Opcode.GETQ, Opcode.GETK, Opcode.GETKQ, decode=False,
+         privilege=Privilege.READ)
 def get(conn, frame) -> None:
     if frame.extras or frame.value or not frame.key or len(frame.key) > MAX_KEY:
         conn.reply(frame, Status.EINVAL)

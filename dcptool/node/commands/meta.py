@@ -14,6 +14,7 @@ import time
 from dcptool.protocol.constants import DATATYPE_MASK, Datatype, MetaOption, Opcode, Status
 from dcptool.protocol.messages import SetWithMeta
 
+from ..access import Privilege
 from ..item import MUTATION, valid_xattr_blob
 from . import command
 from .kv import active_vbucket, mutation_extras
@@ -21,7 +22,7 @@ from .kv import active_vbucket, mutation_extras
 _GET_META = struct.Struct(">IIIQ")
 
 
-@command(Opcode.GET_META, Opcode.GETQ_META)
+@command(Opcode.GET_META, Opcode.GETQ_META, privilege=Privilege.READ)
 def get_meta(conn, frame, msg) -> None:
     vb = active_vbucket(conn, frame)
     if vb is None:
@@ -103,17 +104,18 @@ def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
     conn.reply(frame, cas=res.item.cas, extras=mutation_extras(conn, vb, res.item))
 
 
-@command(Opcode.SET_WITH_META, Opcode.SETQ_WITH_META)
+@command(Opcode.SET_WITH_META, Opcode.SETQ_WITH_META, privilege=Privilege.META_WRITE)
 def set_with_meta(conn, frame, msg) -> None:
     _with_meta(conn, frame, msg, deletion=False)
 
 
-@command(Opcode.ADD_WITH_META, Opcode.ADDQ_WITH_META, decode=False)
+@command(Opcode.ADD_WITH_META, Opcode.ADDQ_WITH_META, decode=False,
+         privilege=Privilege.META_WRITE)
 def add_with_meta(conn, frame) -> None:
     msg = SetWithMeta.from_frame(frame)
     _with_meta(conn, frame, msg, deletion=False, add=True)
 
 
-@command(Opcode.DEL_WITH_META, Opcode.DELQ_WITH_META)
+@command(Opcode.DEL_WITH_META, Opcode.DELQ_WITH_META, privilege=Privilege.META_WRITE)
 def del_with_meta(conn, frame, msg) -> None:
     _with_meta(conn, frame, msg, deletion=True)

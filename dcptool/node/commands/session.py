@@ -7,6 +7,7 @@ from dcptool import __version__
 from dcptool.protocol.constants import Datatype, Feature, Opcode, Status
 
 from .. import errormap
+from ..access import Privilege
 from ..auth import MECHANISM_LIST, SaslSession
 from . import command
 
@@ -58,6 +59,7 @@ def _sasl_result(conn, frame, result) -> None:
     if status == "ok":
         conn.authenticated = True
         conn.user = username
+        conn.privileges = conn.node.users.privileges(username)
         conn.sasl = None
         node = conn.node
         # kv_engine selects the bucket named like the user
@@ -86,7 +88,7 @@ def sasl_step(conn, frame, msg) -> None:
     _sasl_result(conn, frame, conn.sasl.step(msg.mechanism, msg.payload))
 
 
-@command(Opcode.SELECT_BUCKET, bucket=False)
+@command(Opcode.SELECT_BUCKET, bucket=False, privilege=Privilege.META_READ)
 def select_bucket(conn, frame, msg) -> None:
     if msg.bucket == "@no bucket@":
         if conn.producer is not None:

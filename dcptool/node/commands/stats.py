@@ -9,6 +9,7 @@ import time
 from dcptool import __version__
 from dcptool.protocol.constants import Opcode, Status, VBucketState
 
+from ..access import Privilege
 from . import command
 
 _STATE_NAMES = {1: "active", 2: "replica", 3: "pending", 4: "dead"}
@@ -138,7 +139,7 @@ def dcp_stats(node) -> list[tuple[str, object]]:
     return out
 
 
-@command(Opcode.STAT)
+@command(Opcode.STAT, privilege=Privilege.SIMPLE_STATS)
 def stat(conn, frame, msg) -> None:
     group, _, arg = msg.group.strip().partition(" ")
     arg = arg.strip()
