@@ -82,3 +82,25 @@ def node_documents(opts: ConnOptions) -> dict[bytes, tuple]:
     finally:
         consumer.close()
     return out
+
+
+def wait_persisted(opts: ConnOptions, timeout: float = 20.0) -> None:
+    """Wait until the node's flusher has persisted every vbucket up to its high seqno.
+
+    Compaction only purges tombstones that are on disk, so tests compact after this.
+    """
+    import time
+
+    from dcptool.client.watermark import get_stats
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with opts.connect() as conn:
+            st = get_stats(conn, "vbucket-seqno")
+        highs = [k for k in st if k.endswith(":high_seqno")]
+        assert highs, "the node reported no vbucket seqnos"
+        lagging = [k for k in highs if st[k] != st[k.replace(":high_seqno", ":last_persisted_seqno")]]
+        if not lagging:
+            return
+        assert time.monotonic() < deadline, f"not persisted after {timeout}s: {lagging[:4]}"
+        time.sleep(0.05)

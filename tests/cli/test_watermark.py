@@ -6,26 +6,14 @@ import json
 import pytest
 from client.nodeutil import connect, delete_docs, json_lines, run_cli, write_docs
 from dochelpers import opts_for
+from dochelpers import wait_persisted as _wait_persisted
 
 from dcptool.client.watermark import get_stats, list_watermarks
 from dcptool.protocol.messages import CompactDb
 
 
-def wait_persisted(node, timeout: float = 20.0) -> None:
-    """Wait until the flusher has persisted every vbucket up to its high seqno (tombstones are
-    purgeable, and counted as held back, only once they are on disk)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        with connect(node) as c:
-            st = get_stats(c, "vbucket-seqno")
-        lagging = [k for k in st if k.endswith(":high_seqno")
-                   and st[k] != st[k.replace(":high_seqno", ":last_persisted_seqno")]]
-        if not lagging:
-            return
-        assert time.monotonic() < deadline, f"not persisted: {lagging[:4]}"
-        time.sleep(0.05)
+def wait_persisted(node) -> None:
+    _wait_persisted(opts_for(node))
 
 
 def one_error_line(r, fragment: str) -> str:

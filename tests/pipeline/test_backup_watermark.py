@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from dochelpers import delete, load, node_documents, opts_for
+from dochelpers import delete, load, node_documents, opts_for, wait_persisted
 from nodeproc import NodeProcess
 
 from dcptool.archive import Archive
@@ -65,6 +65,7 @@ def test_backup_registers_and_the_next_incremental_gets_every_deletion(tmp_path,
         # deletions the archive has not seen yet, then compaction of every vbucket
         with opts.connect() as conn:
             delete(conn, [f"doc::{i:04d}" for i in range(100, 160)], VBS)
+        wait_persisted(opts)  # so compaction sees them: what keeps them is the watermark
         purge = _compact_all(opts)
         # the tombstones the full backup saw are gone; the new ones are kept
         assert any(purge.values())
@@ -78,6 +79,7 @@ def test_backup_registers_and_the_next_incremental_gets_every_deletion(tmp_path,
         # the watermark moved to the incremental's end; now those tombstones may go too
         after = archive_watermark(archive)[2]
         assert all(after[vb] >= seqnos[vb] for vb in range(VBS))
+        wait_persisted(opts)
         purge2 = _compact_all(opts)
         assert sum(purge2.values()) > sum(purge.values())
 
@@ -103,6 +105,7 @@ def test_without_a_watermark_the_purger_forces_a_rollback_never_a_silent_miss(tm
             assert list_watermarks(conn)["entries"] == []
             delete(conn, [f"doc::{i:04d}" for i in range(50)], VBS)
             load(conn, {"doc::late": {"i": -1}}, VBS)
+        wait_persisted(opts)
         _compact_all(opts)
         incr = run_backup(opts, archive, spark=spark, watermark=False)
         # every vbucket whose deletions were purged was told to roll back to 0 and read again
