@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
+from dcptool.faults import fault_point
+
 #: archive.json "format" value and the format version this code writes and reads.
 FORMAT_NAME = "dcptool-archive"
 FORMAT_VERSION = 1
@@ -210,6 +212,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         os.fsync(fd)
         os.close(fd)
         fd = -1
+        fault_point("rename", path=path)  # DCPTOOL_FAULT: kill-before-manifest-rename
         os.replace(tmp, path)
     except BaseException:
         if fd >= 0:

@@ -21,6 +21,8 @@ from typing import Any, Iterable, Sequence
 import msgpack
 import zstandard
 
+from dcptool.faults import fault_point
+
 from .errors import ArchiveError, CorruptFileError
 from .format import (
     BACKUP_JSON,
@@ -292,6 +294,7 @@ class VBucketWriter:
             return
         frame = self._cctx.compress(buf)
         self._buf = bytearray()
+        fault_point("frame", fd=self._fd, data=frame)  # DCPTOOL_FAULT: kill-mid-file, enospc
         _write_all(self._fd, frame)
         self._sha.update(frame)
         self._fsize += len(frame)

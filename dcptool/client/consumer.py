@@ -26,7 +26,7 @@ from dcptool.protocol.constants import HEADER_LEN, SEQNO_MAX
 from dcptool.protocol.frame import HEADER
 
 from .connection import DEFAULT_FEATURES, DEFAULT_PORT, Connection
-from .errors import ClientTimeout, ConnectionClosed
+from .errors import ClientError, ClientTimeout, ConnectionClosed
 from .position import ZERO, Position
 from .session import DcpSession, RollbackCallback, SessionConfig
 
@@ -241,6 +241,115 @@ class DcpConsumer:
         self.conn.close()
 
     def __enter__(self) -> "DcpConsumer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+#: reconnect attempts in a row (without an event in between) before a lost connection is
+#: an error, and the first pause between them (doubled each time, at most RECONNECT_MAX_DELAY)
+RECONNECT_ATTEMPTS = 6
+RECONNECT_DELAY = 0.1
+RECONNECT_MAX_DELAY = 2.0
+
+
+class ResumingConsumer:
+    """A DcpConsumer that survives a lost connection (the backup task's consumer).
+
+    When the connection closes, breaks or goes silent, every stream that has not ended is
+    asked again on a new connection from its last complete snapshot end (the consistent
+    position): the caller sees a STREAM_OPEN event with that position and drops what it
+    holds of the unfinished snapshot above it, so nothing is missing and nothing is held
+    twice. Reconnects back off (RECONNECT_DELAY doubling up to RECONNECT_MAX_DELAY); after
+    RECONNECT_ATTEMPTS in a row without a single event, the last error is raised.
+    """
+
+    def __init__(self, connect: Callable[[], DcpConsumer], *,
+                 attempts: int = RECONNECT_ATTEMPTS, delay: float = RECONNECT_DELAY) -> None:
+        self._connect = connect
+        self.attempts = attempts
+        self.delay = delay
+        self.consumer = connect()
+        self.plan: dict[int, tuple[Position, int]] = {}
+        self.ended: dict[int, Position] = {}
+        self.reconnects = 0
+
+    @property
+    def session(self) -> DcpSession:
+        return self.consumer.session
+
+    def add_streams(self, plan: dict[int, Position | tuple[Position, int]]) -> None:
+        for vb, item in plan.items():
+            self.plan[vb] = item if isinstance(item, tuple) else (item, SEQNO_MAX)
+        self.consumer.add_streams(plan)
+
+    def position(self, vbucket: int, consistent: bool | None = None) -> Position:
+        return self.consumer.position(vbucket, consistent)
+
+    def positions(self, consistent: bool | None = None) -> dict[int, Position]:
+        return self.consumer.positions(consistent)
+
+    @property
+    def done(self) -> bool:
+        return self.consumer.done
+
+    def batches(self, tick: float | None = 1.0) -> Iterator[list]:
+        failures = 0
+        while not self.consumer.session.done:
+            try:
+                events = self.consumer.poll(tick)
+            except (ConnectionClosed, ClientTimeout, OSError) as exc:
+                failures = self._resume(exc, failures)
+                continue
+            if events:
+                failures = 0
+            yield events
+        self.consumer.raise_errors()
+        self.consumer.flush()
+
+    def _resume(self, exc: Exception, failures: int) -> int:
+        """Reconnect and ask again for every unfinished stream; returns the failure count."""
+        old = self.consumer
+        again: dict[int, tuple[Position, int]] = {}
+        for vb, st in old.session.streams.items():
+            if not st.finished:
+                again[vb] = (old.position(vb, consistent=True), self.plan[vb][1])
+        try:
+            old.close()
+        except OSError:
+            pass
+        last: Exception = exc
+        while True:
+            if failures >= self.attempts:
+                raise ConnectionClosed(
+                    f"lost the connection to {old.conn.address} and could not resume after "
+                    f"{failures} attempts: {last}", host=old.conn.address) from None
+            time.sleep(min(RECONNECT_MAX_DELAY, self.delay * (2 ** failures)))
+            failures += 1
+            try:
+                fresh = self._connect()
+            except (ClientError, OSError) as err:
+                last = err
+                continue
+            # the streams that had ended keep their place; the others start again
+            for vb, st in old.session.streams.items():
+                if vb not in again:
+                    fresh.session.streams[vb] = st
+            try:
+                fresh.add_streams(again)
+            except (ClientError, OSError) as err:
+                last = err
+                fresh.close()
+                continue
+            self.consumer = fresh
+            self.reconnects += 1
+            return failures
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def __enter__(self) -> "ResumingConsumer":
         return self
 
     def __exit__(self, *exc) -> None:

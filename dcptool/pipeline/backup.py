@@ -42,6 +42,7 @@ from dcptool.client.events import (
 from dcptool.client.position import ZERO, Position
 from dcptool.client.session import SessionConfig
 from dcptool.errors import DcptoolError, UsageError
+from dcptool.faults import fault_point
 from dcptool.protocol.constants import StreamEndReason
 from dcptool.runlog import RunLog
 
@@ -219,7 +220,9 @@ def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
         consumer = ClusterConsumer(opts, config, ClusterView(0, (), ()), on_rollback=on_rollback)
     else:
-        consumer = opts.consumer(config, on_rollback=on_rollback)
+        from dcptool.client.consumer import ResumingConsumer  # reconnects on a lost connection
+
+        consumer = ResumingConsumer(lambda: opts.consumer(config, on_rollback=on_rollback))
     try:
         consumer.add_streams({vb: (starts[vb], plan[vb]["end"]) for vb in plan})
         pending = write_events(consumer, writers, plan, opened, run, summaries, t_task)
@@ -252,6 +255,7 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, dict],
     pending = set(plan)
     for events in consumer.batches(tick=tick):
         n = len(events)
+        fault_point("events", n)
         i = 0
         while i < n:
             ev = events[i]
@@ -305,14 +309,8 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, dict],
 
 
 def _fault_point(where: str, count: int) -> None:
-    """Fault injection for the crash tests: DCPTOOL_FAULT=stall-after-vbuckets:N makes a task
-    stop (sleep) once it has closed N vbuckets, so a test can SIGKILL a backup mid-run."""
-    spec = os.environ.get("DCPTOOL_FAULT")
-    if not spec:
-        return
-    name, _, arg = spec.partition(":")
-    if name == "stall-after-vbuckets" and where == "vbucket-closed" and count >= int(arg or 1):
-        time.sleep(600)
+    """Fault injection for the crash tests (DCPTOOL_FAULT, see dcptool.faults)."""
+    fault_point(where, count)
 
 
 def _progress_watch(backup_dir: Path, total: int, callback: Callable[[int, int, int], None],

@@ -1,0 +1,73 @@
+"""Fault injection for the crash and fault tests: `DCPTOOL_FAULT` names where to fail.
+
+The variable holds one or more comma-separated specs; unset (the normal case), every
+fault point returns at once. The points (see docs/reliability.md):
+
+    stall-after-vbuckets:N        a backup task sleeps once it has closed N vbuckets
+    kill-mid-stream:N             SIGKILL the process group once a process received N events
+    kill-mid-file:N               at the Nth zstd frame a process writes to a segment file,
+                                  write only its first half, fsync, then SIGKILL the group
+    kill-before-manifest-rename   SIGKILL the group after manifest.json's temporary file is
+                                  written and fsynced, before the rename commits it
+    enospc-after-bytes:N          a segment write fails with OSError(ENOSPC) once a process
+                                  has written N bytes of frames
+
+The kill points end the whole process group (driver, JVM, Spark workers) as `kill -9`
+would: run the dcptool command under test in a session of its own. Counts are per
+process (each Spark worker counts its own events and bytes).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from typing import Any
+
+_totals: dict[str, int] = {}
+
+
+def _specs() -> list[tuple[str, int]]:
+    out = []
+    for part in os.environ.get("DCPTOOL_FAULT", "").split(","):
+        name, _, arg = part.strip().partition(":")
+        if name:
+            out.append((name, int(arg) if arg else 1))
+    return out
+
+
+def _kill() -> None:
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+    time.sleep(60)  # not reached: the signal ends this process too
+
+
+def fault_point(where: str, count: int = 0, **ctx: Any) -> None:
+    """Fail here if DCPTOOL_FAULT asks for it. `where` is the point's name:
+
+    "vbucket-closed" (count: vbuckets a task closed), "events" (count: events just
+    received; totalled per process), "frame" (ctx fd, data: a frame about to be written to
+    a segment file), "rename" (ctx path: a file about to be renamed into place).
+    """
+    if "DCPTOOL_FAULT" not in os.environ:
+        return
+    for name, n in _specs():
+        if name == "stall-after-vbuckets" and where == "vbucket-closed" and count >= n:
+            time.sleep(600)
+        elif name == "kill-mid-stream" and where == "events":
+            total = _totals["events"] = _totals.get("events", 0) + count
+            if total >= n:
+                _kill()
+        elif name == "kill-mid-file" and where == "frame":
+            total = _totals["frames"] = _totals.get("frames", 0) + 1
+            if total >= n:
+                data = ctx["data"]
+                os.write(ctx["fd"], data[:max(1, len(data) // 2)])
+                os.fsync(ctx["fd"])
+                _kill()
+        elif name == "kill-before-manifest-rename" and where == "rename" \
+                and os.path.basename(str(ctx.get("path"))) == "manifest.json":
+            _kill()
+        elif name == "enospc-after-bytes" and where == "frame":
+            total = _totals["bytes"] = _totals.get("bytes", 0) + len(ctx["data"])
+            if total > n:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
