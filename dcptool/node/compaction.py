@@ -7,8 +7,10 @@ A compaction of a set of vbuckets runs in these steps (one compaction at a time)
 2. The guard rail: for every live row, the maintenance thread measures how long the row
    has kept a purgeable tombstone (`decisions.hold_seconds`, from the tombstone index);
    rows holding longer than --hwt-max-hold are marked lost.
-3. Per vbucket: the purge bound (`decisions.purge_bound`) also capped by the persisted
-   seqno (only what is on disk is purged) and COMPACT_DB's purge_before_seq. The
+3. Per vbucket: the purge bound (`decisions.purge_bound`, over the registered and the
+   replicated rows) also capped by the persisted seqno (only what is on disk is purged),
+   COMPACT_DB's purge_before_seq and, for a replica vbucket, its source's purge seqno
+   (`hwtrepl.purge_cap`: a replica's purger never goes beyond its source's, seed 002). The
    maintenance thread lists the tombstones under it; back on the loop the bound is
    computed again (a registration may have come in meanwhile), the vbucket forgets the
    tombstones and raises its purge seqno (`VBucket.purge_tombstones`); then the
@@ -28,7 +30,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
-from . import decisions
+from . import decisions, hwtrepl
 from . import storage as st
 from .hwt import OK
 
@@ -168,7 +170,17 @@ class Purger:
             limit = min(limit, bound.seqno)
         if purge_before_seq:
             limit = min(limit, purge_before_seq)
+        cap = self._source_cap(vb)
+        if cap is not None:
+            limit = min(limit, cap)
         return limit if limit > 0 else None
+
+    def _source_cap(self, vb) -> int | None:
+        """A replica vbucket's cap: its source's purge seqno as last read (0: unknown)."""
+        from dcptool.protocol.constants import VBucketState
+
+        return hwtrepl.purge_cap(vb.state == VBucketState.REPLICA,
+                                 self.bucket.hwt.source_purge.get(vb.id))
 
     async def _guard_rail(self, vbs: list[int], now: float, age_cut: float) -> list[str]:
         """Mark live rows that kept a purgeable tombstone longer than max_hold as lost."""

@@ -16,6 +16,18 @@ A new registration from the same client name and instance replaces the old row (
 clears a lost mark). The table lives in memory on the event loop (the bucket owns it) and
 is written through to the `hwt` table of the node's database on the maintenance thread,
 in the order of the changes; requests are answered once their change is on disk.
+
+**Replicated rows** (seed 002, "Synchronized HWT replication"; `hwtrepl`). A node that
+holds replica vbuckets also keeps the rows of its source (the active, or the previous hop
+of a chain), one `ReplicatedRow` per (name, instance, vbucket), apart from the rows
+registered on this node (`entries`): one client registers the same (name, instance) on
+every node for the vbuckets active there, so a node's own row and the rows it replicates
+share keys but not vbuckets. A replicated row is installed only once this node has
+persisted its vbucket up to the row's seqno. Replicated rows hold the purger back like
+registered ones (`watermarks`), survive a restart (table `hwt_replica`) and stay when the
+vbucket is promoted, so a client resumes on the new active without missing a deletion; a
+registration of the same (name, instance) naming the vbucket on this node supersedes them,
+HWT_REMOVE removes them too, and they expire as their source row does.
 """
 from __future__ import annotations
 
@@ -101,6 +113,99 @@ class HwtEntry:
         }
 
 
+@dataclass
+class ReplicatedRow:
+    """One vbucket of a row this node replicated from `source` (HOST:PORT)."""
+
+    name: str
+    instance: str
+    vb: int
+    seqno: int
+    reported_at: float
+    expires_at: float
+    meta: dict[str, Any] = field(default_factory=dict)
+    lost_at: float | None = None
+    lost_reason: str | None = None
+    source: str = ""
+    installed_at: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.name, self.instance, self.vb)
+
+    @property
+    def client(self) -> str:
+        return f"{self.name}/{self.instance}"
+
+    def state(self, now: float) -> str:
+        if self.lost_at is not None:
+            return LOST
+        if self.expires_at <= now:
+            return EXPIRED
+        return OK
+
+    def watermark(self) -> Watermark:
+        return Watermark(self.client, {self.vb: self.seqno}, self.expires_at,
+                         self.lost_at is not None)
+
+    def same_as(self, other: "ReplicatedRow") -> bool:
+        """The same source row (nothing to write again)."""
+        return (self.seqno, self.reported_at, self.expires_at, self.meta, self.lost_at,
+                self.source) == (other.seqno, other.reported_at, other.expires_at,
+                                 other.meta, other.lost_at, other.source)
+
+    def to_row(self) -> tuple:
+        return (self.name, self.instance, self.vb, self.seqno, self.reported_at,
+                self.expires_at, json.dumps(self.meta, sort_keys=True), self.lost_at,
+                self.lost_reason, self.source, self.installed_at)
+
+    @classmethod
+    def from_row(cls, row: tuple) -> "ReplicatedRow":
+        (name, instance, vb, seqno, reported, expires, meta, lost_at, lost_reason, source,
+         installed) = row
+        return cls(name, instance, int(vb), int(seqno), float(reported), float(expires),
+                   json.loads(meta or "{}"), lost_at, lost_reason, source or "",
+                   float(installed or 0.0))
+
+    def describe(self, now: float) -> dict[str, Any]:
+        """The row as HWT_LIST reports it under "replicated"."""
+        return {"name": self.name, "instance": self.instance, "vbucket": self.vb,
+                "seqno": self.seqno, "state": self.state(now), "reported_at": self.reported_at,
+                "expires_at": self.expires_at, "lost_at": self.lost_at,
+                "lost_reason": self.lost_reason, "meta": self.meta, "source": self.source,
+                "installed_at": self.installed_at}
+
+
+_REPLICA_COLUMNS = ("name, instance, vb, seqno, reported_at, expires_at, meta, lost_at, "
+                    "lost_reason, source, installed_at")
+_REPLICA_SCHEMA = """
+CREATE TABLE IF NOT EXISTS hwt_replica (
+    name         TEXT NOT NULL,
+    instance     TEXT NOT NULL,
+    vb           INTEGER NOT NULL,
+    seqno        INTEGER NOT NULL,
+    reported_at  REAL NOT NULL,
+    expires_at   REAL NOT NULL,
+    meta         TEXT NOT NULL DEFAULT '{}',
+    lost_at      REAL,
+    lost_reason  TEXT,
+    source       TEXT NOT NULL DEFAULT '',
+    installed_at REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (name, instance, vb)
+)"""
+
+
+def _replica_write(db, put: list[tuple], delete: list[tuple[str, str, int]]) -> None:
+    """Write replicated rows and delete others in one transaction (maintenance thread)."""
+    with st._write_tx(db):
+        if delete:
+            db.executemany("DELETE FROM hwt_replica WHERE name = ? AND instance = ? AND vb = ?",
+                           delete)
+        if put:
+            db.executemany(f"INSERT OR REPLACE INTO hwt_replica ({_REPLICA_COLUMNS}) "
+                           f"VALUES (?,?,?,?,?,?,?,?,?,?,?)", put)
+
+
 # ---------------------------------------------------------------------------
 # requests
 
@@ -172,6 +277,32 @@ def parse_selector(doc: Any, *, name_required: bool) -> tuple[str | None, str | 
     return name, instance
 
 
+def parse_list_request(doc: Any, *, num_vbuckets: int
+                       ) -> tuple[str | None, str | None, list[int] | None, bool]:
+    """(name, instance, vbuckets, holding) of an HWT_LIST document.
+
+    Besides the selector, HWT_LIST takes `"vbuckets": [vb, ...]` (only rows naming one of
+    them; their replicated rows and purge seqnos are listed; replication asks this way)
+    and `"holding": false` (skip the per-row hold figures, which read the tombstone
+    index)."""
+    if not isinstance(doc, dict):
+        name, instance = parse_selector(doc, name_required=False)
+        return name, instance, None, True
+    rest = {k: v for k, v in doc.items() if k not in ("vbuckets", "holding")}
+    name, instance = parse_selector(rest or None, name_required=False)
+    vbs = doc.get("vbuckets")
+    if vbs is not None:
+        if not isinstance(vbs, list) or any(isinstance(v, bool) or not isinstance(v, int)
+                                            or not 0 <= v < num_vbuckets for v in vbs):
+            raise HwtRequestError(f'"vbuckets" must be a list of vbucket numbers below '
+                                  f'{num_vbuckets}')
+        vbs = sorted(set(vbs))
+    holding = doc.get("holding", True)
+    if not isinstance(holding, bool):
+        raise HwtRequestError('"holding" must be true or false')
+    return name, instance, vbs, holding
+
+
 # ---------------------------------------------------------------------------
 # the table
 
@@ -186,6 +317,13 @@ class HighWatermarkTable:
     def __init__(self, storage: "st.Storage") -> None:
         self.storage = storage
         self.entries: dict[tuple[str, str], HwtEntry] = {}
+        #: rows replicated from the source of each replica vbucket (see the module doc)
+        self.replicated: dict[tuple[str, str, int], ReplicatedRow] = {}
+        #: {vb: (source HOST:PORT, its purge seqno)} as last read by `hwtrepl`; the purger
+        #: of a replica vbucket never goes beyond it (nothing known: it purges nothing)
+        self.source_purge: dict[int, tuple[str, int]] = {}
+        #: {vb: [row descriptions]} source rows ahead of this node's persisted seqno
+        self.pending: dict[int, list[dict[str, Any]]] = {}
         self.registrations = 0
         self.dropped_expired = 0
         self.marked_lost = 0
@@ -195,6 +333,12 @@ class HighWatermarkTable:
         for row in self.storage.load_hwt():
             e = HwtEntry.from_row(row)
             self.entries[e.key] = e
+        self.replicated = {}
+        db = self.storage._db
+        db.execute(_REPLICA_SCHEMA)
+        for row in db.execute(f"SELECT {_REPLICA_COLUMNS} FROM hwt_replica").fetchall():
+            r = ReplicatedRow.from_row(row)
+            self.replicated[r.key] = r
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -204,32 +348,82 @@ class HighWatermarkTable:
                 if (name is None or e.name == name) and (instance is None or e.instance == instance)]
 
     def watermarks(self) -> list[Watermark]:
-        return [e.watermark() for e in self.entries.values()]
+        return ([e.watermark() for e in self.entries.values()]
+                + [r.watermark() for r in self.replicated.values()])
+
+    def select_replicated(self, name: str | None = None, instance: str | None = None,
+                          vbuckets: "set[int] | list[int] | None" = None) -> list[ReplicatedRow]:
+        want = None if vbuckets is None else set(vbuckets)
+        return [r for k, r in sorted(self.replicated.items())
+                if (name is None or r.name == name) and (instance is None or r.instance == instance)
+                and (want is None or r.vb in want)]
 
     def register(self, entry: HwtEntry) -> tuple[bool, Future]:
-        """Add or replace (same name and instance) a row. (replaced, write future)."""
+        """Add or replace (same name and instance) a row. (replaced, write future).
+
+        Replicated rows of the same client for the vbuckets it names are superseded."""
         replaced = entry.key in self.entries
         if not replaced and len(self.entries) >= MAX_ENTRIES:
             raise HwtRequestError(f"the table is full ({MAX_ENTRIES} rows); remove unused ones")
         self.entries[entry.key] = entry
         self.registrations += 1
+        superseded = [k for k in ((entry.name, entry.instance, vb) for vb in entry.seqnos)
+                      if k in self.replicated]
+        if superseded:
+            for k in superseded:
+                del self.replicated[k]
+            self.storage.maintenance(_replica_write, [], superseded)
         return replaced, self.storage.maintenance(st.hwt_put, entry.to_row())
 
-    def remove(self, name: str, instance: str | None = None) -> tuple[list[HwtEntry], Future | None]:
+    def remove(self, name: str, instance: str | None = None
+               ) -> tuple[list[HwtEntry], list[ReplicatedRow], Future | None]:
+        """Remove the registered rows and the replicated rows of `name` (one instance or
+        all). (registered rows, replicated rows, write future)."""
         gone = self.select(name, instance)
+        gone_r = self.select_replicated(name, instance)
         for e in gone:
             del self.entries[e.key]
-        fut = self.storage.maintenance(st.hwt_delete, [e.key for e in gone]) if gone else None
-        return gone, fut
+        for r in gone_r:
+            del self.replicated[r.key]
+        if gone_r:
+            self.storage.maintenance(_replica_write, [], [r.key for r in gone_r])
+        fut = self.storage.maintenance(st.hwt_delete, [e.key for e in gone]) \
+            if gone or gone_r else None
+        return gone, gone_r, fut
 
     def drop_expired(self, now: float) -> tuple[list[HwtEntry], Future | None]:
-        """Drop rows past their expiry (the purger does this when it runs)."""
+        """Drop rows past their expiry (the purger does this when it runs), replicated
+        ones too (only the registered ones are returned)."""
         gone = [e for e in self.entries.values() if e.expires_at <= now]
         for e in gone:
             del self.entries[e.key]
         self.dropped_expired += len(gone)
+        gone_r = [r.key for r in self.replicated.values() if r.expires_at <= now]
+        for k in gone_r:
+            del self.replicated[k]
+        if gone_r:
+            self.storage.maintenance(_replica_write, [], gone_r)
         fut = self.storage.maintenance(st.hwt_delete, [e.key for e in gone]) if gone else None
         return gone, fut
+
+    def install(self, vb: int, rows: dict[tuple[str, str], ReplicatedRow]) -> Future | None:
+        """Make `rows` the replicated rows of vbucket `vb` (`hwtrepl.plan_install` decides
+        which); others of `vb` go. Only changes are written."""
+        put = []
+        delete = []
+        for k in [k for k in self.replicated if k[2] == vb]:
+            if (k[0], k[1]) not in rows:
+                delete.append(k)
+                del self.replicated[k]
+        for (name, instance), r in rows.items():
+            old = self.replicated.get((name, instance, vb))
+            if old is not None and old.same_as(r):
+                continue
+            self.replicated[r.key] = r
+            put.append(r.to_row())
+        if not put and not delete:
+            return None
+        return self.storage.maintenance(_replica_write, put, delete)
 
     def mark_lost(self, key: tuple[str, str], now: float, reason: str) -> Future | None:
         e = self.entries.get(key)

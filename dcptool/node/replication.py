@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from dcptool.protocol.constants import SEQNO_MAX, StreamEndReason, VBucketState
 
+from . import hwtrepl
 from .cluster import ClusterMap, load_map, save_map
 from .item import DELETION, EXPIRATION, MUTATION, Item
 from .storage import SEQNO_MASK, row_id
@@ -344,7 +345,9 @@ class ReplicaStream(threading.Thread):
         vb = self.repl.bucket.vbuckets[self.vbid]
         if vb.state != _REPLICA or self.stopping:
             raise _Stopped()
-        return apply_snapshot(self.repl.bucket, vb, records, end)
+        high = apply_snapshot(self.repl.bucket, vb, records, end)
+        hwtrepl.kick(self.repl)  # a pending HWT row may be installable soon
+        return high
 
     def _take_failover_log(self, failover_log) -> None:
         vb = self.repl.bucket.vbuckets[self.vbid]
@@ -428,6 +431,7 @@ class Replication:
                         s.start()
                         started += 1
             self.node.config_rev = max(self.node.config_rev + 1, cmap.rev)
+            hwtrepl.on_map(self)  # HWT rows and purge caps follow the sources (seed 002)
             return {"state_changes": changed, "streams_started": started,
                     "streams_stopped": len(stop)}
 
@@ -442,6 +446,7 @@ class Replication:
         streams = list(self.streams.values())
         self.streams.clear()
         await self._stop(streams)
+        await hwtrepl.stop(self)
 
     def hold(self, vbid: int, seqno: int | None) -> None:
         with self.cond:

@@ -16,7 +16,7 @@ from dcptool.protocol.constants import Datatype, Opcode, Status
 
 from ..access import Privilege
 from ..compaction import hold_figures
-from ..hwt import HwtRequestError, parse_registration, parse_selector
+from ..hwt import HwtRequestError, parse_list_request, parse_registration, parse_selector
 from . import answer_later, command
 
 
@@ -74,27 +74,41 @@ def hwt_list(conn, frame, msg) -> None:
         return
     bucket = conn.bucket
     try:
-        name, instance = parse_selector(msg.document(), name_required=False)
+        name, instance, want, holding = parse_list_request(
+            msg.document(), num_vbuckets=bucket.num_vbuckets)
     except HwtRequestError as exc:
         _refuse(conn, frame, Status.EINVAL, str(exc))
         return
     now = time.time()
-    entries = bucket.hwt.select(name, instance)
+    table = bucket.hwt
+    entries = table.select(name, instance)
+    if want is not None:
+        entries = [e for e in entries if not set(want).isdisjoint(e.seqnos)]
+    replicated = table.select_replicated(name, instance, want)
     purger = bucket.purger
 
     async def work() -> None:
-        holds = await hold_figures(bucket, entries, now, purger.purge_age)
+        holds = await hold_figures(bucket, entries, now, purger.purge_age) if holding else {}
         rows = []
-        vbs: set[int] = set()
+        vbs: set[int] = set(want or ())
         for e in entries:
             d = e.describe(now)
             d["holding"] = holds.get(e.key, {})
             rows.append(d)
             vbs.update(e.seqnos)
+        vbs.update(r.vb for r in replicated)
+        shown = set(vbs) if want is None else set(want)
         _send(conn, frame, {
             "now": now, "purge_age": purger.purge_age, "max_hold": purger.max_hold,
             "compaction_interval": purger.interval, "entries": rows,
-            "purge_seqnos": {str(vb): bucket.vbuckets[vb].purge_seqno for vb in sorted(vbs)},
+            "purge_seqnos": {str(vb): bucket.vbuckets[vb].purge_seqno for vb in sorted(vbs)
+                             if vb in bucket.vbuckets},
+            "replicated": [r.describe(now) for r in replicated],
+            "pending": {str(vb): p for vb, p in sorted(table.pending.items())
+                        if vb in shown or want is None},
+            "source_purge_seqnos": {str(vb): {"source": src, "purge_seqno": p}
+                                    for vb, (src, p) in sorted(table.source_purge.items())
+                                    if vb in shown or want is None},
         })
 
     answer_later(conn, frame, work)
@@ -110,12 +124,15 @@ def hwt_remove(conn, frame, msg) -> None:
     except HwtRequestError as exc:
         _refuse(conn, frame, Status.EINVAL, str(exc))
         return
-    gone, fut = bucket.hwt.remove(name, instance)
-    if not gone:
+    gone, gone_r, fut = bucket.hwt.remove(name, instance)
+    if fut is None:
         what = f"{name}/{instance}" if instance else name
         _refuse(conn, frame, Status.KEY_ENOENT, f"no high watermark registered as {what}")
         return
-    doc = {"removed": [{"name": e.name, "instance": e.instance} for e in gone]}
+    # registered rows, then clients known here only from replicated rows
+    removed = list(dict.fromkeys([(e.name, e.instance) for e in gone]
+                                 + [(r.name, r.instance) for r in gone_r]))
+    doc = {"removed": [{"name": n, "instance": i} for n, i in removed]}
 
     async def work() -> None:
         await asyncio.wrap_future(fut)
