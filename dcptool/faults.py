@@ -37,6 +37,17 @@ def _specs() -> list[tuple[str, int]]:
 
 
 def _kill() -> None:
+    # Spark's python worker daemon makes a process group of its own inside the dcptool
+    # process's session: end the session leader's group (driver, JVM) when the leader is
+    # the dcptool command, then our own group
+    sid = os.getsid(0)
+    try:
+        with open(f"/proc/{sid}/cmdline", "rb") as f:
+            leader = f.read()
+    except OSError:
+        leader = b""
+    if b"dcptool" in leader and sid != os.getpgrp():
+        os.killpg(sid, signal.SIGKILL)
     os.killpg(os.getpgrp(), signal.SIGKILL)
     time.sleep(60)  # not reached: the signal ends this process too
 
