@@ -255,3 +255,141 @@ def failover(
         print_json(doc)
         return
     console().print(f"{failed} failed over; {len(promoted)} vbucket(s) promoted; map rev {rev}")
+
+
+@cluster_app.command("move")
+def move(
+    cluster: List[str] = typer.Option(..., "-c", "--cluster", metavar="URL",
+                                      help="A member of the cluster (repeat to name more; "
+                                           "the first that answers gives the map)."),
+    vbuckets: str = typer.Option(..., "--vbuckets", metavar="SPEC",
+                                 help="The vbuckets to move, e.g. 0-3,7 (all: every vbucket "
+                                      "not already active on --to)."),
+    to: str = typer.Option(..., "--to", metavar="URL",
+                           help="The member that becomes their active node."),
+    vbucket_timeout: float = typer.Option(600.0, "--vbucket-timeout", metavar="SECONDS",
+                                          help="Give up on a vbucket whose takeover takes "
+                                               "longer."),
+    as_json: bool = typer.Option(False, "--json", help="Print the moves as JSON."),
+    username: UsernameOpt = None,
+    password: PasswordOpt = None,
+    bucket: BucketOpt = "default",
+    cacert: CacertOpt = None,
+    no_verify: NoVerifyOpt = False,
+    timeout: TimeoutOpt = 10.0,
+) -> None:
+    """Move the active copy of vbuckets to another member, without a history branch.
+
+    For each vbucket the destination opens a takeover stream from the current active,
+    receives everything, and the SET_VBUCKET_STATE handshake hands the vbucket over: the
+    old active stops taking writes (NOT_MY_VBUCKET) before it sends its last changes, the
+    destination becomes active at the same seqno with the same failover log (no new
+    entry, so no client has to roll back). Then every member gets the new map: the old
+    active becomes a replica where the destination held one, otherwise it leaves the
+    vbucket's chain; the other replicas stream from the new active.
+
+    Example: dcptool cluster move -c 127.0.0.1:11210 --vbuckets 0-3 --to 127.0.0.1:11211
+    """
+    from dataclasses import replace
+
+    from dcptool.cli.vbspec import format_vbuckets, parse_vbuckets
+    from dcptool.client.cluster import move_map, set_map, take_over
+    from dcptool.client.connection import parse_cluster_url
+    from dcptool.client.errors import ClientError
+
+    def norm(url: str) -> str:
+        h, p, _tls = parse_cluster_url(url)
+        return f"{h}:{p}"
+
+    if vbucket_timeout <= 0:
+        raise UsageError("--vbucket-timeout must be positive")
+    view = statuses = None
+    for candidate in cluster:
+        try:
+            o = _opts(candidate, username, password, bucket, cacert, no_verify, timeout)
+            view, statuses = _gather(o, username, password, bucket, cacert, no_verify, timeout)
+            break
+        except ClientError:
+            continue
+    if view is None:
+        raise DcptoolError(f"cannot read the cluster map from {', '.join(cluster)}",
+                           hint="name a live member with -c")
+    if not view.clustered or not statuses or all(not (st or {}).get("rev") for st in
+                                                 statuses.values()):
+        raise UsageError(f"{cluster[0]} is not a member of a cluster",
+                         hint="make one with dcptool cluster create")
+    dest = norm(to)
+    if dest not in view.nodes:
+        raise UsageError(f"--to {to}: not a member of the cluster ({', '.join(view.nodes)})")
+    ti = view.nodes.index(dest)
+    down = [view.nodes[i] for i, st in statuses.items() if st is None]
+    if down:
+        raise DcptoolError(f"{', '.join(down)} does not answer: every member must get the "
+                           f"new map", hint="fail it over first (dcptool cluster failover)")
+    nvb = len(view.vbmap)
+    vbs = parse_vbuckets(vbuckets, limit=nvb)
+    if vbs is None:
+        vbs = [vb for vb in range(nvb) if view.vbmap[vb][0] != ti]
+    for vb in vbs:
+        act = view.vbmap[vb][0]
+        if act < 0:
+            raise DcptoolError(f"vbucket {vb} is not active on any node",
+                               hint="fail over or recreate the cluster first")
+        if act == ti:
+            raise UsageError(f"vbucket {vb} is already active on {dest}")
+        state = statuses[act]["vbuckets"].get(str(vb), {}).get("state")
+        if state != 1:
+            raise DcptoolError(f"vbucket {vb} is not active on {view.nodes[act]}, the node the "
+                               f"map names (state {STATE_NAMES.get(state, state)})",
+                               hint="send the map again (dcptool cluster create) or fail over")
+    nodes = list(view.nodes)
+    vbmap = [list(c) for c in view.vbmap]
+    rev = max(int(st.get("rev") or 0) for st in statuses.values())
+    replicas = max(len(c) for c in vbmap) - 1
+    topology = next((st.get("topology") for st in statuses.values() if st), None) or "star"
+
+    def push(rev_: int, vbmap_: list[list[int]]) -> None:
+        # the destination first: it is the vbucket's active already
+        for i in sorted(range(len(nodes)), key=lambda i: i != ti):
+            o = _opts(nodes[i], username, password, bucket, cacert, no_verify, timeout)
+            with o.connect() as conn:
+                set_map(conn, _doc(o, rev_, nodes, i, vbmap_, replicas, topology))
+
+    dest_opts = _opts(dest, username, password, bucket, cacert, no_verify, timeout)
+    dest_opts = replace(dest_opts, timeout=max(timeout, vbucket_timeout + 30.0))
+    out = console()
+    moved = []
+    for vb in vbs:
+        src = vbmap[vb][0]
+        if not as_json:
+            out.print(f"vbucket {vb}: {nodes[src]} -> {dest} ...")
+        try:
+            with dest_opts.connect() as conn:
+                summary = take_over(conn, vb, nodes[src], timeout=vbucket_timeout)
+        except ClientError as exc:
+            # give the source and the destination the current map again: a source whose
+            # copy went dead before the handshake ended becomes active again
+            try:
+                push(rev, vbmap)
+            except ClientError:
+                pass
+            before = [m["vbucket"] for m in moved]
+            done = f" (moved before it: {format_vbuckets(before)})" if before else ""
+            raise DcptoolError(f"moving vbucket {vb} to {dest} failed: {exc}{done}") from None
+        rev += 1
+        vbmap = move_map(vbmap, [vb], ti)
+        push(rev, vbmap)
+        moved.append({"vbucket": vb, "from": nodes[src], "to": dest,
+                      "high_seqno": summary.get("high_seqno"),
+                      "items": summary.get("items"), "start_seqno": summary.get("start_seqno"),
+                      "failover_log": summary.get("failover_log"),
+                      "seconds": summary.get("seconds")})
+        if not as_json:
+            out.print(f"vbucket {vb}: active on {dest} at seqno {summary.get('high_seqno')} "
+                      f"({summary.get('items')} items streamed, {summary.get('seconds')} s); "
+                      f"map rev {rev}")
+    doc = {"rev": rev, "to": dest, "moved": moved}
+    if as_json:
+        print_json(doc)
+        return
+    out.print(f"{len(moved)} vbucket(s) moved to {dest}; map rev {rev}")

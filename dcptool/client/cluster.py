@@ -2,13 +2,15 @@
 
 * `cluster_map(conn)`: the node's GET_CLUSTER_CONFIG, reduced to `ClusterView`
   (node addresses and, per vbucket, the chain active-first).
-* `set_map`, `hold_replication`, `node_status`: dcptool's admin opcodes 0xe8-0xea
-  (docs/protocol-extensions.md).
+* `set_map`, `hold_replication`, `node_status`, `take_over`: dcptool's admin opcodes
+  0xe8-0xeb (docs/protocol-extensions.md).
 * `plan_map(n_nodes, n_vbuckets, replicas)`: actives spread evenly, replicas on other
   nodes (the map `dcptool cluster create` sends).
 * `failover_map`, `move_map`: the maps after a failover or a move.
-* `ClusterRouter`: which node holds each active vbucket, refreshed on NOT_MY_VBUCKET or a
-  closed connection; `-c` may name any member.
+* `ClusterConsumer`: each vbucket streamed from its active node; on NOT_MY_VBUCKET, a
+  stream ended by a state change (a failover, a move) or a closed connection, the map is
+  read again (the newest one any member holds) and the vbucket resumes from its stored
+  position on its active; `-c` may name any member.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from .errors import ClientError, RequestFailed
 CLUSTER_SET_MAP = 0xE8
 REPLICATION_HOLD = 0xE9
 CLUSTER_STATUS = 0xEA
+VBUCKET_TAKEOVER = 0xEB
 
 _U64 = struct.Struct(">Q")
 
@@ -39,6 +42,8 @@ class ClusterView:
     nodes: tuple[str, ...]
     vbmap: tuple[tuple[int, ...], ...]
     this: int | None = None
+    #: the cluster map's own rev (0 for a node that is alone); `rev` is the node's config rev
+    map_rev: int = 0
 
     def active_node(self, vb: int) -> str | None:
         chain = self.vbmap[vb]
@@ -57,7 +62,12 @@ class ClusterView:
         for i, n in enumerate(cfg.get("nodesExt") or ()):
             if n.get("thisNode"):
                 this = i
-        return cls(int(cfg.get("rev", 0)), nodes, vbmap, this)
+        return cls(int(cfg.get("rev", 0)), nodes, vbmap, this,
+                   int(cfg.get("dcptoolMapRev", 0) or 0))
+
+    def newer_than(self, other: "ClusterView") -> bool:
+        """Is this view at least as new as `other` (map rev first, then config rev)?"""
+        return (self.map_rev, self.rev) >= (other.map_rev, other.rev)
 
 
 def _call(conn: Connection, opcode: int, *, vbucket: int = 0, extras: bytes = b"",
@@ -104,6 +114,18 @@ def hold_replication(conn: Connection, vbucket: int, seqno: int | None) -> None:
     (None releases the hold)."""
     _call(conn, REPLICATION_HOLD, vbucket=vbucket,
           extras=b"" if seqno is None else _U64.pack(seqno), what="REPLICATION_HOLD")
+
+
+def take_over(conn: Connection, vbucket: int, source: str, *, auth: dict[str, str] | None = None,
+              timeout: float = 600.0) -> dict[str, Any]:
+    """VBUCKET_TAKEOVER: the node on `conn` takes `vbucket` over from its active `source`
+    (host:port) by a takeover stream; returns once it is active there (a JSON summary).
+    `conn` should wait at least `timeout` for the answer."""
+    doc: dict[str, Any] = {"source": source, "timeout": timeout}
+    if auth is not None:
+        doc["auth"] = auth
+    return json.loads(_call(conn, VBUCKET_TAKEOVER, vbucket=vbucket,
+                            value=json.dumps(doc).encode(), what="VBUCKET_TAKEOVER") or b"{}")
 
 
 def node_status(conn: Connection) -> dict[str, Any]:
@@ -163,7 +185,7 @@ def move_map(vbmap: list[list[int]], vbuckets: Iterable[int], to: int) -> list[l
 
 
 __all__ = ["ClusterView", "cluster_config", "cluster_map", "set_map", "hold_replication",
-           "node_status", "plan_map", "failover_map", "move_map", "ClientError"]
+           "node_status", "take_over", "plan_map", "failover_map", "move_map", "ClientError"]
 
 
 # ---------------------------------------------------------------------------
@@ -298,24 +320,29 @@ class ClusterConsumer:
                     pass
             self.consumers.pop(node, None)
         self.moves += 1
-        self._next_refresh = time.monotonic()
+        # at once the first time; while the map still names a node that refuses the
+        # vbucket (a move between its handshake and the new map) every REFRESH_DELAY
+        self._next_refresh = max(time.monotonic(), self._next_refresh)
 
     def _refresh(self) -> None:
+        """Read the map from every member that answers and keep the newest: during a move
+        or a failover the members get the new map one after the other."""
         from .errors import ClientError
 
         seen = list(dict.fromkeys(list(self.view.nodes) + [self.opts.address]))
+        best = None
         for addr in seen:
-            if addr in self.consumers or True:
-                try:
-                    host, _, port = addr.rpartition(":")
-                    o = replace_address(self.opts, host.strip("[]"), int(port))
-                    with o.connect() as conn:
-                        view = cluster_map(conn)
-                except (ClientError, OSError, ValueError):
-                    continue
-                if view.rev >= self.view.rev or not self.view.vbmap:
-                    self.view = view
-                return
+            try:
+                host, _, port = addr.rpartition(":")
+                o = replace_address(self.opts, host.strip("[]"), int(port))
+                with o.connect() as conn:
+                    view = cluster_map(conn)
+            except (ClientError, OSError, ValueError):
+                continue
+            if best is None or view.newer_than(best):
+                best = view
+        if best is not None and (not self.view.vbmap or best.newer_than(self.view)):
+            self.view = best
 
     def _place(self) -> None:
         import time

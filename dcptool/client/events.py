@@ -21,6 +21,7 @@ Other events:
     (STREAM_END, vbucket, reason, retrying)        # retrying: the session re-requested
     (ROLLBACK, vbucket, rollback_seqno, RollbackInfo)
     (SEQNO_ADVANCED, vbucket, seqno)
+    (VBUCKET_STATE, vbucket, state, opaque)        # takeover streams: SET_VBUCKET_STATE
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ SNAPSHOT = int(Opcode.DCP_SNAPSHOT_MARKER)
 STREAM_END = int(Opcode.DCP_STREAM_END)
 STREAM_OPEN = int(Opcode.DCP_STREAM_REQ)
 SEQNO_ADVANCED = int(Opcode.DCP_SEQNO_ADVANCED)
+VBUCKET_STATE = int(Opcode.DCP_SET_VBUCKET_STATE)
 ROLLBACK = 0x100
 
 #: kinds that carry a document change
@@ -50,6 +52,7 @@ EVENT_NAMES = {
     STREAM_END: "stream_end",
     STREAM_OPEN: "stream_open",
     SEQNO_ADVANCED: "seqno_advanced",
+    VBUCKET_STATE: "vbucket_state",
     ROLLBACK: "rollback",
 }
 

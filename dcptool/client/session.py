@@ -54,6 +54,7 @@ from .events import (
     SNAPSHOT,
     STREAM_END,
     STREAM_OPEN,
+    VBUCKET_STATE,
     RollbackInfo,
 )
 from .position import ZERO, Position, _thin
@@ -87,6 +88,8 @@ class SessionConfig:
     as dead after `dead_timeout` seconds without a single byte (default: twice the interval
     plus 5 s). `consistent` makes `position()` report snapshot ends only.
     `copy_values=False` hands values out as memoryviews into the receive buffer.
+    `ack_vbucket_state=False` leaves the answer to a takeover stream's SET_VBUCKET_STATE
+    to the caller (`DcpSession.ack_vbucket_state`, once the state is applied).
     """
 
     name: str = "dcptool"
@@ -105,6 +108,7 @@ class SessionConfig:
     max_temporary_failures: int = 30
     typed: bool = False
     copy_values: bool = True
+    ack_vbucket_state: bool = True
 
     def open_flags(self) -> int:
         flags = DcpOpenFlag.PRODUCER
@@ -286,6 +290,10 @@ class DcpSession:
             return
         st.state = CLOSING
         self._queue(DcpCloseStream(vbucket=vbucket), "close", str(vbucket))
+
+    def ack_vbucket_state(self, opaque: int) -> None:
+        """Answer a takeover stream's SET_VBUCKET_STATE (the producer waits for it)."""
+        self._out += encode_frame(Magic.RESPONSE, Opcode.DCP_SET_VBUCKET_STATE, 0, opaque)
 
     def data_to_send(self) -> bytes:
         """Bytes the session wants sent to the node now (empty when none)."""
@@ -523,7 +531,9 @@ class DcpSession:
                 self._last[vb] = msg.by_seqno
                 out.append((SEQNO_ADVANCED, vb, msg.by_seqno))
         elif op == Opcode.DCP_SET_VBUCKET_STATE:
-            self._out += encode_frame(Magic.RESPONSE, op, 0, frame.opaque)
+            out.append((VBUCKET_STATE, vb, msg.state, frame.opaque))
+            if self.config.ack_vbucket_state:
+                self.ack_vbucket_state(frame.opaque)
         # other producer messages (system events, OSO markers, ...) are not negotiated
         # by this session; they are counted for flow control and otherwise ignored
 

@@ -18,6 +18,7 @@ OP_EXPIRATION = int(Opcode.DCP_EXPIRATION)
 OP_MARKER = int(Opcode.DCP_SNAPSHOT_MARKER)
 OP_STREAM_END = int(Opcode.DCP_STREAM_END)
 OP_NOOP = int(Opcode.DCP_NOOP)
+OP_SET_VBUCKET_STATE = int(Opcode.DCP_SET_VBUCKET_STATE)
 
 # header (magic, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas) + extras
 MUTATION = struct.Struct(">BBHBBHIIQQQIIIHB")   # 24 + 31
@@ -27,6 +28,7 @@ EXPIRATION = struct.Struct(">BBHBBHIIQQQI")     # 24 + 20
 MARKER_V1 = struct.Struct(">BBHBBHIIQQQI")      # 24 + 20
 STREAM_END = struct.Struct(">BBHBBHIIQI")       # 24 + 4
 NOOP = struct.Struct(">BBHBBHIIQ")              # 24
+SET_VBUCKET_STATE = struct.Struct(">BBHBBHIIQB")  # 24 + 1
 
 # the same with flexible framing: (magic, opcode, framing len, keylen, extlen, datatype,
 # vbucket, bodylen, opaque, cas, frame info 0x22, stream id) + extras
@@ -36,6 +38,7 @@ SID_DELETION_V2 = struct.Struct(">BBBBBBHIIQBHQQIB")
 SID_EXPIRATION = struct.Struct(">BBBBBBHIIQBHQQI")
 SID_MARKER_V1 = struct.Struct(">BBBBBBHIIQBHQQI")
 SID_STREAM_END = struct.Struct(">BBBBBBHIIQBHI")
+SID_SET_VBUCKET_STATE = struct.Struct(">BBBBBBHIIQBHB")
 SID_FRAME = 0x22  # frame info id 2 (stream id), length 2
 
 MUTATION_BASE = 55
@@ -44,6 +47,7 @@ DELETION_V2_BASE = 45
 EXPIRATION_BASE = 44
 MARKER_SIZE = 44
 STREAM_END_SIZE = 28
+SET_VBUCKET_STATE_SIZE = 25
 SID_EXTRA = 3
 
 
@@ -59,6 +63,14 @@ def stream_end(vb: int, opaque: int, reason: int, sid: int | None = None) -> byt
         return STREAM_END.pack(REQ, OP_STREAM_END, 0, 4, 0, vb, 4, opaque, 0, reason)
     return SID_STREAM_END.pack(ALT_REQ, OP_STREAM_END, 3, 0, 4, 0, vb, 7, opaque, 0, SID_FRAME,
                                sid, reason)
+
+
+def set_vbucket_state(vb: int, opaque: int, state: int, sid: int | None = None) -> bytes:
+    """DCP_SET_VBUCKET_STATE (0x5b), takeover streams only: extras = 1 byte state."""
+    if sid is None:
+        return SET_VBUCKET_STATE.pack(REQ, OP_SET_VBUCKET_STATE, 0, 1, 0, vb, 1, opaque, 0, state)
+    return SID_SET_VBUCKET_STATE.pack(ALT_REQ, OP_SET_VBUCKET_STATE, 3, 0, 1, 0, vb, 4, opaque, 0,
+                                      SID_FRAME, sid, state)
 
 
 def noop(opaque: int) -> bytes:

@@ -13,6 +13,7 @@ can be tested with the seeds' own numbers:
 * `first_marker_start` / `memory_marker_start`: where snapshot markers begin (seed 003).
 * `purge_bound` / `may_purge` / `hold_seconds`: how far the tombstone purger may go, from
   the high watermark table and the metadata purge age (seed 002).
+* `takeover_step`: the order of a takeover stream's SET_VBUCKET_STATE handshake.
 """
 from __future__ import annotations
 
@@ -152,14 +153,15 @@ def evaluate_stream_request(
         return StreamDecision(Status.EINVAL, reason="CacheTransfer combined with other flags")
     if has_value:
         return StreamDecision(Status.EINVAL, reason="a stream request value needs collections")
-    if flags & (StreamFlag.TAKEOVER | StreamFlag.CACHE_TRANSFER):
-        return StreamDecision(Status.NOT_SUPPORTED, reason="takeover streams are not supported")
+    if flags & StreamFlag.CACHE_TRANSFER:
+        return StreamDecision(Status.NOT_SUPPORTED, reason="cache transfer is not supported")
     # 1, 2. the vbucket
     if vb is None:
         return StreamDecision(Status.NOT_MY_VBUCKET, reason="no such vbucket")
     if vb.state not in (VBucketState.ACTIVE, VBucketState.REPLICA):
         return StreamDecision(Status.NOT_MY_VBUCKET, reason="vbucket is neither active nor replica")
-    if flags & StreamFlag.ACTIVE_VB_ONLY and vb.state != VBucketState.ACTIVE:
+    if flags & (StreamFlag.ACTIVE_VB_ONLY | StreamFlag.TAKEOVER) \
+            and vb.state != VBucketState.ACTIVE:
         return StreamDecision(Status.NOT_MY_VBUCKET, reason="vbucket is not active")
     # 3. FromLatest
     if flags & StreamFlag.FROM_LATEST:
@@ -195,6 +197,8 @@ def evaluate_stream_request(
         end = vb.high_seqno
     if flags & StreamFlag.DISK_ONLY:
         end = min(end, vb.persisted_seqno)
+    if flags & StreamFlag.TAKEOVER:
+        end = SEQNO_MAX  # a takeover stream ends with its handshake, not at a seqno
     if start > end:
         return StreamDecision(Status.ERANGE, reason="start seqno is above the adjusted end seqno")
     if start > vb.high_seqno:
@@ -369,3 +373,51 @@ def purge_seqno_after(purge_seqno: int, purged: Iterable[int]) -> int:
     """The vbucket's purge seqno after purging tombstones with seqnos `purged`: the highest
     seqno of a purged tombstone (it never goes down)."""
     return max(purge_seqno, max(purged, default=0))
+
+
+# ---------------------------------------------------------------------------
+# takeover streams (a controlled vbucket move)
+
+#: the phases of a takeover stream
+TAKEOVER_SEND = "send"                   # backfill and memory, the vbucket still active
+TAKEOVER_WAIT_PENDING = "wait-pending"   # SET_VBUCKET_STATE(pending) sent, nothing else
+TAKEOVER_SEND_DEAD = "send-dead"         # the vbucket is dead here: the last items go out
+TAKEOVER_WAIT_ACTIVE = "wait-active"     # SET_VBUCKET_STATE(active) sent
+TAKEOVER_DONE = "done"                   # STREAM_END OK
+
+#: what the stream does on a step
+SEND_PENDING = "send SET_VBUCKET_STATE(pending)"
+SET_DEAD = "set the vbucket dead"
+SEND_ACTIVE = "send SET_VBUCKET_STATE(active)"
+END_OK = "send STREAM_END(OK)"
+
+#: events a takeover stream reacts to
+CAUGHT_UP = "caught-up"   # everything the vbucket holds has been sent
+ACKED = "acked"           # the consumer answered the SET_VBUCKET_STATE just sent
+
+
+def takeover_step(phase: str, event: str) -> tuple[str, tuple[str, ...]]:
+    """The next phase of a takeover stream and what to do, for one event.
+
+    kv_engine's order: once the consumer has everything, the producer sends
+    SET_VBUCKET_STATE(pending) and waits for the answer; then it makes its own vbucket
+    dead (from then on writes there answer NOT_MY_VBUCKET, so nothing can be written that
+    the stream would not carry), sends what was written meanwhile, sends
+    SET_VBUCKET_STATE(active), waits for that answer and ends the stream with OK. The
+    history does not branch: the consumer keeps the failover log it got (seeds 000/001,
+    "controlled handover"). An event that does not fit the phase changes nothing.
+    """
+    if phase == TAKEOVER_SEND and event == CAUGHT_UP:
+        return TAKEOVER_WAIT_PENDING, (SEND_PENDING,)
+    if phase == TAKEOVER_WAIT_PENDING and event == ACKED:
+        return TAKEOVER_SEND_DEAD, (SET_DEAD,)
+    if phase == TAKEOVER_SEND_DEAD and event == CAUGHT_UP:
+        return TAKEOVER_WAIT_ACTIVE, (SEND_ACTIVE,)
+    if phase == TAKEOVER_WAIT_ACTIVE and event == ACKED:
+        return TAKEOVER_DONE, (END_OK,)
+    return phase, ()
+
+
+def takeover_waits(phase: str) -> bool:
+    """Does a takeover stream in `phase` wait for an answer (and send nothing)?"""
+    return phase in (TAKEOVER_WAIT_PENDING, TAKEOVER_WAIT_ACTIVE, TAKEOVER_DONE)

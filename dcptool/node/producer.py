@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from dcptool.protocol.constants import DcpOpenFlag, Opcode, Status, StreamEndReason
 
 from . import dcpwire as w
+from .decisions import TAKEOVER_DONE, TAKEOVER_SEND_DEAD, TAKEOVER_WAIT_ACTIVE
 from .item import EXPIRATION, MUTATION
 from .stream import DEAD, Stream, payload
 
@@ -240,6 +241,12 @@ class Producer:
         if frame.opcode == Opcode.DCP_NOOP:
             if self.noop_pending is not None and frame.opaque == self.noop_pending:
                 self.noop_pending = None
+        elif frame.opcode == Opcode.DCP_SET_VBUCKET_STATE:
+            # a takeover stream's handshake goes on (a response carries no vbucket: the
+            # stream's opaque names it)
+            for s in list(self.streams.values()):
+                if s.opaque == frame.opaque and s.takeover is not None:
+                    s.vbucket_state_acked(frame.status)
 
     # -- controls -------------------------------------------------------------------------------
 
@@ -367,8 +374,11 @@ class Producer:
 
 
 def end_streams_on_state_change(vb, old_state: int) -> None:
-    """Vbucket listener: a state change ends every stream of the vbucket (StateChanged)."""
+    """Vbucket listener: a state change ends every stream of the vbucket (StateChanged),
+    except a takeover stream that made the vbucket dead itself and carries the rest."""
     for s in list(vb.streams):
+        if s.takeover in (TAKEOVER_SEND_DEAD, TAKEOVER_WAIT_ACTIVE, TAKEOVER_DONE):
+            continue
         s.end_stream(StreamEndReason.STATE_CHANGED)
 
 

@@ -10,6 +10,12 @@ memory budget drops its cursor, the stream finishes the snapshot it is sending, 
 new cursor and backfills the gap from disk (seed 003, "slow clients").
 
 States: BACKFILL_PENDING (waiting for a backfill slot), BACKFILLING, MEMORY, DEAD.
+
+A takeover stream (stream flag TakeOver, a controlled vbucket move) runs the same way and
+then, each time it has sent everything its vbucket holds, takes the next step of the
+handshake `decisions.takeover_step` describes: SET_VBUCKET_STATE(pending), wait for the
+answer, make the vbucket dead here, send what was written meanwhile,
+SET_VBUCKET_STATE(active), wait for the answer, STREAM_END(OK).
 `last_sent` is always the end of the last complete snapshot: the position a client
 may resume from, and where a new backfill starts.
 
@@ -22,9 +28,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from dcptool.protocol.constants import SEQNO_MAX, SnapshotFlag, StreamEndReason, StreamFlag
+from dcptool.protocol.constants import (
+    SEQNO_MAX,
+    SnapshotFlag,
+    StreamEndReason,
+    StreamFlag,
+    VBucketState,
+)
 
 from . import dcpwire as w
+from . import decisions as d
 from .decisions import StreamPlan, first_marker_start
 from .item import DELETION, EXPIRATION, MUTATION, split_xattrs
 from .storage import SEQNO_MASK, BackfillReader
@@ -84,6 +97,8 @@ class Stream:
         self.holds_slot = False
         self.backfills = 0
         self.cursor = None
+        #: the takeover phase (decisions.TAKEOVER_*), None for an ordinary stream
+        self.takeover: str | None = d.TAKEOVER_SEND if plan.flags & StreamFlag.TAKEOVER else None
         self._register_cursor()
         if plan.flags & StreamFlag.DISK_ONLY:
             self.state = BACKFILL_PENDING
@@ -208,6 +223,9 @@ class Stream:
                 self._release()
                 self.producer.stream_finished(self)
                 return used + size
+            if self.takeover is not None and d.takeover_waits(self.takeover):
+                self.waiting = True  # until the consumer answers (`vbucket_state_acked`)
+                return used
             state = self.state
             if state == MEMORY:
                 if self.cursor is None or self.cursor.dropped:
@@ -219,6 +237,14 @@ class Stream:
                 if snap is None:
                     if self.cursor.dropped:
                         continue
+                    if self.takeover is not None:
+                        size = w.SET_VBUCKET_STATE_SIZE + (w.SID_EXTRA if self.sid is not None
+                                                           else 0)
+                        if used + size > limit and (used or not first_ok):
+                            return used
+                        if self._takeover_event(d.CAUGHT_UP, out):
+                            used += size
+                            continue
                     self.waiting = True
                     self.vb.waiters.append(self.wake)
                     return used
@@ -285,6 +311,43 @@ class Stream:
                 continue
             return used  # DEAD
         return used
+
+    # -- takeover ----------------------------------------------------------------------------
+
+    def _takeover_event(self, event: str, out: list | None = None) -> bool:
+        """One step of the takeover handshake; True when a SET_VBUCKET_STATE went to `out`."""
+        self.takeover, actions = d.takeover_step(self.takeover, event)
+        sent = False
+        for action in actions:
+            if action == d.SEND_PENDING:
+                out.append(w.set_vbucket_state(self.vbid, self.opaque, VBucketState.PENDING,
+                                               self.sid))
+                sent = True
+            elif action == d.SEND_ACTIVE:
+                out.append(w.set_vbucket_state(self.vbid, self.opaque, VBucketState.ACTIVE,
+                                               self.sid))
+                sent = True
+            elif action == d.SET_DEAD:
+                # from now on writes answer NOT_MY_VBUCKET here; this stream carries the rest
+                # (the other streams of the vbucket end with STATE_CHANGED)
+                log.info("takeover of vbucket %d by %r: the vbucket is dead here at seqno %d",
+                         self.vbid, self.producer.name, self.vb.high_seqno)
+                self.vb.set_state(VBucketState.DEAD)
+            elif action == d.END_OK:
+                self.pending_end = StreamEndReason.OK
+        return sent
+
+    def vbucket_state_acked(self, status: int) -> None:
+        """The consumer answered our SET_VBUCKET_STATE."""
+        if self.state == DEAD or self.takeover is None or not d.takeover_waits(self.takeover):
+            return
+        if status != 0:
+            log.warning("takeover of vbucket %d: the consumer refused SET_VBUCKET_STATE "
+                        "(status 0x%x)", self.vbid, status)
+            self.end_stream(StreamEndReason.STATE_CHANGED)
+            return
+        self._takeover_event(d.ACKED)
+        self.wake()
 
     def _release_slot(self) -> None:
         if self.holds_slot:
@@ -407,10 +470,13 @@ class Stream:
     # -- stats -------------------------------------------------------------------------------
 
     def stats(self) -> dict:
-        return {"state": ("backfill_pending", "backfilling", "in-memory", "dead")[self.state],
+        out = {"state": ("backfill_pending", "backfilling", "in-memory", "dead")[self.state],
                 "opaque": self.opaque, "start_seqno": self.start, "end_seqno": self.end,
                 "last_sent_seqno": self.last_sent, "items_sent": self.items_sent,
                 "backfills": self.backfills}
+        if self.takeover is not None:
+            out["takeover"] = self.takeover
+        return out
 
 
 def payload(value: bytes, datatype: int, op: int, *, include_xattrs: bool, no_value: bool,

@@ -120,13 +120,14 @@ class VBucket:
             self.on_meta_change(self)
         return uuid, seqno
 
-    def set_state(self, state: int) -> None:
-        """Change state; becoming active starts a new history branch (a new failover entry)."""
+    def set_state(self, state: int, *, new_branch: bool = True) -> None:
+        """Change state; becoming active starts a new history branch (a new failover entry),
+        except at the end of a takeover (`new_branch=False`: a controlled handover, seed 000)."""
         old = self.state
         if state == old:
             return
         self.state = state
-        if state == VBucketState.ACTIVE:
+        if state == VBucketState.ACTIVE and new_branch:
             self.add_failover_entry()
         elif self.on_meta_change is not None:
             self.on_meta_change(self)

@@ -107,7 +107,9 @@ def test_stream_request_errors(node_factory):
         assert c.stream_req(0, start=9, uuid=uuid).status == Status.ROLLBACK
         assert c.stream_req(0).status == Status.SUCCESS
         assert c.stream_req(0, opaque=99).status == Status.KEY_EEXISTS
-        assert c.stream_req(1, flags=StreamFlag.TAKEOVER).status == Status.NOT_SUPPORTED
+        # takeover streams only from an active vbucket; cache transfer is not supported
+        assert c.stream_req(2, flags=StreamFlag.TAKEOVER).status == Status.NOT_MY_VBUCKET
+        assert c.stream_req(1, flags=StreamFlag.CACHE_TRANSFER).status == Status.NOT_SUPPORTED
         # libdcp's unswapped flags (0x30000000) are tolerated
         assert c.stream_req(1, flags=0x30000000, end=0).status == Status.SUCCESS
 

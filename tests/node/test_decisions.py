@@ -172,9 +172,29 @@ def test_stream_ids_must_match_the_control():
     assert req(view(), stream_ids_enabled=True, stream_id=3).status == Status.SUCCESS
 
 
-def test_takeover_is_not_supported_and_value_needs_collections():
-    assert req(view(), flags=StreamFlag.TAKEOVER).status == Status.NOT_SUPPORTED
+def test_takeover_needs_an_active_vbucket_and_value_needs_collections():
+    d = req(view(), flags=StreamFlag.TAKEOVER, end=50)
+    assert d.status == Status.SUCCESS and d.plan.end == SEQNO_MAX  # ends by its handshake
+    assert req(view(state=VBucketState.REPLICA),
+               flags=StreamFlag.TAKEOVER).status == Status.NOT_MY_VBUCKET
+    assert req(view(), flags=StreamFlag.CACHE_TRANSFER).status == Status.NOT_SUPPORTED
     assert req(view(), has_value=True).status == Status.EINVAL
+
+
+def test_takeover_handshake_order():
+    from dcptool.node import decisions as d
+
+    phase, done = d.TAKEOVER_SEND, []
+    # an answer before anything was asked changes nothing
+    assert d.takeover_step(phase, d.ACKED) == (phase, ())
+    for event in (d.CAUGHT_UP, d.CAUGHT_UP, d.ACKED, d.ACKED, d.CAUGHT_UP, d.CAUGHT_UP,
+                  d.ACKED):
+        phase, actions = d.takeover_step(phase, event)
+        done.extend(actions)
+    assert done == [d.SEND_PENDING, d.SET_DEAD, d.SEND_ACTIVE, d.END_OK]
+    assert phase == d.TAKEOVER_DONE
+    assert d.takeover_waits(d.TAKEOVER_WAIT_PENDING) and d.takeover_waits(d.TAKEOVER_WAIT_ACTIVE)
+    assert not d.takeover_waits(d.TAKEOVER_SEND) and not d.takeover_waits(d.TAKEOVER_SEND_DEAD)
 
 
 # -- conflict resolution (fact sheet 4.14) -----------------------------------------------

@@ -38,6 +38,7 @@ def cluster_config(conn) -> dict:
     nodes_ext = [{"services": {"kv": port}, "thisNode": True, "hostname": host}]
     server_list = [hostport]
     replicas = 0
+    map_rev = 0
     cmap = getattr(getattr(node, "replication", None), "map", None)
     if cmap is not None:
         # a member of a cluster: the whole map (dcptool cluster create)
@@ -49,9 +50,11 @@ def cluster_config(conn) -> dict:
             nodes_ext.append({"services": {"kv": p}, "thisNode": i == cmap.this, "hostname": h})
         vbmap = [list(chain) for chain in cmap.vbmap]
         replicas = cmap.replicas
+        map_rev = cmap.rev
     return {
         "rev": node.config_rev,
         "revEpoch": 1,
+        "dcptoolMapRev": map_rev,  # the cluster map's rev (`rev` counts this node's changes)
         "name": bucket.name,
         "uuid": node.bucket_uuid,
         "nodeLocator": "vbucket",

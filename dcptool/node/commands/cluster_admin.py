@@ -7,13 +7,17 @@
   replication stream of that vbucket applies nothing above the seqno; no extras: release.
 * CLUSTER_STATUS (0xea): JSON: the map's rev, this node's index, the node list and per
   vbucket its state, high seqno, uuid and replication stream (source, received seqno).
+* VBUCKET_TAKEOVER (0xeb): vbucket in the header; value = JSON {"source": "host:port",
+  "auth": {...}, "timeout": s}: this node takes the vbucket over from its active by a
+  takeover stream (`dcptool.node.takeover`) and answers once it is active here (JSON
+  summary), or EINVAL / NOT_MY_VBUCKET / KEY_EEXISTS / EINTERNAL with an error context.
 """
 from __future__ import annotations
 
 import json
 import struct
 
-from dcptool.protocol.constants import Datatype, Status
+from dcptool.protocol.constants import Datatype, Status, VBucketState
 
 from ..access import Privilege
 from ..cluster import ClusterMap, MapError
@@ -22,6 +26,7 @@ from . import answer_later, command
 CLUSTER_SET_MAP = 0xE8
 REPLICATION_HOLD = 0xE9
 CLUSTER_STATUS = 0xEA
+VBUCKET_TAKEOVER = 0xEB
 
 _U64 = struct.Struct(">Q")
 
@@ -83,3 +88,47 @@ def cluster_status(conn, frame) -> None:
     if not _allowed(conn, frame):
         return
     _send(conn, frame, conn.node.replication.status())
+
+
+@command(VBUCKET_TAKEOVER, decode=False, privilege=Privilege.NODE_MANAGEMENT)
+def vbucket_takeover(conn, frame) -> None:
+    from ..takeover import TakeoverError, take_over
+
+    if not _allowed(conn, frame):
+        return
+    vbid = frame.specific
+    vb = conn.bucket.vbuckets.get(vbid)
+    if vb is None:
+        _send(conn, frame, {"error": {"context": f"no vbucket {vbid}"}}, Status.NOT_MY_VBUCKET)
+        return
+    try:
+        doc = json.loads(bytes(frame.value) or b"null")
+        host, _, port = str(doc["source"]).rpartition(":")
+        address = (host.strip("[]"), int(port))
+        auth = doc.get("auth")
+        if auth is None:
+            cmap = conn.node.replication.map
+            auth = cmap.auth if cmap is not None else {}
+        auth = {str(k): str(v) for k, v in dict(auth).items()}
+        timeout = float(doc.get("timeout", 600.0))
+    except (ValueError, KeyError, TypeError) as exc:
+        _send(conn, frame, {"error": {"context": f"bad takeover request: {exc}"}},
+              Status.EINVAL)
+        return
+    if vb.state == VBucketState.ACTIVE:
+        _send(conn, frame, {"error": {"context": f"vbucket {vbid} is already active here"}},
+              Status.KEY_EEXISTS)
+        return
+
+    async def work() -> None:
+        try:
+            summary = await take_over(conn.node, vbid, address, auth, timeout=timeout)
+        except (TakeoverError, OSError, Exception) as exc:  # noqa: BLE001 - told to the caller
+            text = str(exc) or type(exc).__name__
+            _send(conn, frame, {"error": {"context": f"takeover of vbucket {vbid} from "
+                                                     f"{address[0]}:{address[1]} failed: "
+                                                     f"{text}"}}, Status.EINTERNAL)
+            return
+        _send(conn, frame, summary)
+
+    answer_later(conn, frame, work)
