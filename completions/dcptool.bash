@@ -33,7 +33,7 @@ _dcptool_options() {
         "info") echo "--json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "merge") echo "--from --to --level --master --partitions --json -h --help" ;;
         "node") echo "-h --help" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --log-level -h --help" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --log-level -h --help" ;;
         "node status") echo "--data --json --username --password -h --help" ;;
         "node user") echo "-h --help" ;;
         "node user add") echo "--data -r --role --password-file --json -h --help" ;;
@@ -65,7 +65,7 @@ _dcptool_valued_options() {
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
         "info") echo "-c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
         "merge") echo "--from --to --level --master --partitions" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --log-level" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --log-level" ;;
         "node status") echo "--data --username --password" ;;
         "node user add") echo "--data -r --role --password-file" ;;
         "node user list") echo "--data" ;;
@@ -86,6 +86,8 @@ _dcptool_option_values() {
         "export|--format") echo "parquet jsonl" ;;
         "node start|--compaction-interval") echo "off" ;;
         "node start|--hwt-max-hold") echo "off" ;;
+        "node start|--stuck-timeout") echo "off" ;;
+        "node start|--auth-timeout") echo "off" ;;
         "node start|--log-level") echo "debug info warning error" ;;
         "tail|--from") echo "beginning now" ;;
     esac

@@ -47,7 +47,7 @@ function __dcptool_valued_options
         case 'merge'
             echo --from --to --level --master --partitions
         case 'node start'
-            echo --data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --log-level
+            echo --data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --log-level
         case 'node status'
             echo --data --username --password
         case 'node user add'
@@ -292,6 +292,11 @@ complete -c dcptool -n '__dcptool_at node start' -l hwt-max-hold -x -a 'off' -d 
 complete -c dcptool -n '__dcptool_at node start' -l tls-cert -r -F -d 'PEM certificate chain: also serve TLS (1.2 or later) on --tls-port'
 complete -c dcptool -n '__dcptool_at node start' -l tls-key -r -F -d 'PEM private key of --tls-cert'
 complete -c dcptool -n '__dcptool_at node start' -l tls-port -x -d 'TLS port with --tls-cert (0 picks a free one)'
+complete -c dcptool -n '__dcptool_at node start' -l max-connections -x -d 'Client connections at once'
+complete -c dcptool -n '__dcptool_at node start' -l max-body -x -d 'Largest request body'
+complete -c dcptool -n '__dcptool_at node start' -l max-pending-output -x -d 'Unsent replies one connection may pile up'
+complete -c dcptool -n '__dcptool_at node start' -l stuck-timeout -x -a 'off' -d 'Close a connection held back by --max-pending-output whose replies do not drain at all for this long'
+complete -c dcptool -n '__dcptool_at node start' -l auth-timeout -x -a 'off' -d 'Close a connection that has not authenticated this long after connecting'
 complete -c dcptool -n '__dcptool_at node start' -l log-level -x -a 'debug info warning error' -d 'Least severity logged on stderr (DIR/logs/node.log also gets info)'
 complete -c dcptool -n '__dcptool_at node start' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at node status' -l data -r -F -d 'The node\'s directory'

@@ -70,6 +70,24 @@ def start(
         None, "--tls-key", metavar="FILE", help="PEM private key of --tls-cert."),
     tls_port: int = typer.Option(11207, "--tls-port",
                                  help="TLS port with --tls-cert (0 picks a free one)."),
+    max_connections: int = typer.Option(
+        4096, "--max-connections",
+        help="Client connections at once; a connection above it is closed as soon as it "
+             "is accepted (counted in STAT rejected_conns)."),
+    max_body: str = typer.Option(
+        "21MiB", "--max-body", metavar="SIZE",
+        help="Largest request body; a larger one is answered E2BIG and dropped unread."),
+    max_pending_output: str = typer.Option(
+        "8MiB", "--max-pending-output", metavar="SIZE",
+        help="Unsent replies one connection may pile up; above it the node stops reading "
+             "that connection's requests until they drain (DCP streams pause at half)."),
+    stuck_timeout: str = typer.Option(
+        "60s", "--stuck-timeout", metavar="DURATION|off",
+        help="Close a connection held back by --max-pending-output whose replies do not "
+             "drain at all for this long."),
+    auth_timeout: str = typer.Option(
+        "30s", "--auth-timeout", metavar="DURATION|off",
+        help="Close a connection that has not authenticated this long after connecting."),
     log_level: str = typer.Option("warning", "--log-level", metavar="debug|info|warning|error",
                                   help="Least severity logged on stderr (DIR/logs/node.log "
                                        "also gets info)."),
@@ -100,6 +118,11 @@ def start(
                                            allow_off=True),
         hwt_max_hold=parse_duration(hwt_max_hold, what="--hwt-max-hold", allow_off=True),
         hwt_enabled=not no_hwt, tls_cert=tls_cert, tls_key=tls_key, tls_port=tls_port,
+        max_connections=max_connections,
+        max_body=parse_size(max_body, what="--max-body"),
+        max_pending_output=parse_size(max_pending_output, what="--max-pending-output"),
+        stuck_timeout=parse_duration(stuck_timeout, what="--stuck-timeout", allow_off=True),
+        auth_timeout=parse_duration(auth_timeout, what="--auth-timeout", allow_off=True),
     )
     config.validate()
     if not username:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dcptool.errors import UsageError
+from dcptool.protocol.constants import DEFAULT_MAX_BODY
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -78,6 +79,15 @@ class NodeConfig:
     expiry_pager_interval: float = 10.0
     max_backfills: int = 8
     max_connections: int = 4096
+    #: limits on what one client can make the node hold (see dcptool.node.connection):
+    #: the largest request body (E2BIG above it), the replies a connection may leave
+    #: unsent before the node stops reading its requests, how long such a connection may
+    #: stay stuck without its replies draining (None: no limit), and how long a connection
+    #: may stay unauthenticated (None: no limit)
+    max_body: int = DEFAULT_MAX_BODY
+    max_pending_output: int = 8 * 1024 * 1024
+    stuck_timeout: float | None = 60.0
+    auth_timeout: float | None = 30.0
     purge_age: float = 3 * 86400
     compaction_interval: float | None = None
     hwt_max_hold: float | None = 30 * 86400
@@ -115,5 +125,15 @@ class NodeConfig:
             raise UsageError("--purge-age must be between 0 and 10 years")
         if self.compaction_interval is not None and not 0.1 <= self.compaction_interval <= 365 * 86400:
             raise UsageError("--compaction-interval must be between 0.1 s and 365 days, or off")
+        if not 1 <= self.max_connections <= 1_000_000:
+            raise UsageError("--max-connections must be between 1 and 1000000")
+        if not 1024 <= self.max_body <= 0xFFFFFFFF:
+            raise UsageError("--max-body must be between 1KiB and 4GiB-1")
+        if not 64 * 1024 <= self.max_pending_output <= 1 << 32:
+            raise UsageError("--max-pending-output must be between 64KiB and 4GiB")
+        if self.stuck_timeout is not None and not 0.05 <= self.stuck_timeout <= 86400:
+            raise UsageError("--stuck-timeout must be between 50ms and 1 day, or off")
+        if self.auth_timeout is not None and not 0.05 <= self.auth_timeout <= 86400:
+            raise UsageError("--auth-timeout must be between 50ms and 1 day, or off")
         if self.hwt_max_hold is not None and not 0 < self.hwt_max_hold <= 10 * 365 * 86400:
             raise UsageError("--hwt-max-hold must be positive (at most 10 years), or off")

@@ -3,9 +3,19 @@
 A `Connection` is an `asyncio.BufferedProtocol`: the loop reads straight into our buffer,
 a `FrameDecoder` cuts it into frames, and each frame goes to the command registered for
 its opcode (`dcptool.node.commands`). Replies produced while handling one read are
-joined and written once. A frame whose sections do not fit gets EINVAL; when the byte
-stream can no longer be framed (unknown magic, oversized body) the connection is closed.
-Nothing a client sends can stop the node: a failing command answers EINTERNAL.
+joined and written once. A frame whose sections do not fit gets EINVAL; a frame whose
+body is above `--max-body` gets E2BIG and its body is dropped as it arrives (never
+buffered); when the byte stream can no longer be framed (unknown magic) the connection is
+closed. Nothing a client sends can stop the node: a failing command answers EINTERNAL.
+
+Limits on what one client can make the node hold:
+
+* input: at most one read (`READ_BUFFER`) plus one frame of at most `--max-body` bytes;
+* output: the transport pauses the DCP producer at half of `--max-pending-output`; when a
+  connection's unsent replies reach the whole of it (a client that pipelines requests
+  without reading the answers) the node stops reading that connection until they drain,
+  and closes it when they make no progress for `--stuck-timeout`;
+* time: a connection that has not authenticated within `--auth-timeout` is closed.
 """
 from __future__ import annotations
 
@@ -53,6 +63,8 @@ _REMAP_WITHOUT_XERROR = {
 
 READ_BUFFER = 256 * 1024
 WRITE_HIGH_WATER = 4 * 1024 * 1024
+#: queued replies are written out once they pass this many bytes within one read
+FLUSH_BYTES = 256 * 1024
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -71,11 +83,15 @@ class Connection(asyncio.BufferedProtocol):
         self.node = node
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self.decoder = FrameDecoder(max_body=DEFAULT_MAX_BODY)
+        config = getattr(node, "config", None)
+        self.decoder = FrameDecoder(max_body=getattr(config, "max_body", DEFAULT_MAX_BODY))
+        #: unsent replies at which reading stops (the transport's high water is half)
+        self.max_pending = getattr(config, "max_pending_output", 2 * WRITE_HIGH_WATER)
         self._buf = bytearray(READ_BUFFER)
         self._view = memoryview(self._buf)
         self._discard = 0
         self.out: list[bytes] = []
+        self.out_bytes = 0
         self.closing = False
         self.authenticated = False
         self.user: str | None = None
@@ -94,6 +110,11 @@ class Connection(asyncio.BufferedProtocol):
         #: this read stored something (set by the KV/meta handlers; checked for throttling)
         self.wrote = False
         self.read_paused = False
+        #: reading stopped because the client does not read its replies
+        self.input_held = False
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._stuck_since = 0.0
+        self._stuck_size = 0
 
     # -- asyncio callbacks ---------------------------------------------------------------
 
@@ -108,11 +129,19 @@ class Connection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        self.node.connection_opened(self)
+        transport.set_write_buffer_limits(high=max(1, self.max_pending // 2))
+        if self.node.connection_opened(self) is False:
+            return
+        timeout = getattr(self.node.config, "auth_timeout", None)
+        if timeout is not None:
+            self._timers["auth"] = asyncio.get_running_loop().call_later(
+                timeout, self._auth_expired)
 
     def connection_lost(self, exc) -> None:
         self.closing = True
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         if self.producer is not None:
             try:
                 self.producer.close()
@@ -127,6 +156,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.input_held:
+            self._release_input()
         if self.producer is not None:
             self.producer.schedule()
 
@@ -144,7 +175,8 @@ class Connection(asyncio.BufferedProtocol):
             if not len(data):
                 return
         self.decoder.feed(data)
-        self._process()
+        if not self.input_held:  # held: a TLS transport may still hand over one record
+            self._process()
 
     def eof_received(self):
         return False
@@ -165,8 +197,14 @@ class Connection(asyncio.BufferedProtocol):
                     break
                 self.frames_in += 1
                 self.dispatch(frame)
+                if self.out_bytes >= FLUSH_BYTES:
+                    self.flush()
+                    if self._output_full():
+                        break
         finally:
             self.flush()
+            if not self.closing and self._output_full():
+                self._hold_input()
             if self.wrote:
                 self.wrote = False
                 mem = self.node.bucket.memory
@@ -175,10 +213,17 @@ class Connection(asyncio.BufferedProtocol):
 
     def _bad_frame(self, exc: ProtocolError) -> bool:
         """Answer or drop a malformed frame; False when the connection had to be closed."""
-        if exc.framing_lost or exc.frame_size is None:
-            log.info("%s: closing, framing lost: %s", self.peer, exc)
+        too_big = exc.framing_lost and exc.field == "body_length" and exc.frame_size is not None
+        if too_big:
+            self.node.frames_too_big += 1
+        elif exc.framing_lost or exc.frame_size is None:
+            # debug only: a client sending garbage must not be able to flood the log
+            self.node.framing_lost += 1
+            log.debug("%s: closing, framing lost: %s", self.peer, exc)
             self.close()
             return False
+        else:
+            self.node.bad_frames += 1
         size = exc.frame_size
         have = self.decoder.buffered
         if size <= have:
@@ -187,8 +232,68 @@ class Connection(asyncio.BufferedProtocol):
             self.decoder.skip(have)
             self._discard = size - have
         opcode = exc.opcode if exc.opcode is not None else 0
-        self._send_header(opcode, Status.EINVAL, exc.opaque or 0)
+        self._send_header(opcode, Status.E2BIG if too_big else Status.EINVAL, exc.opaque or 0)
         return True
+
+    # -- limits ----------------------------------------------------------------------------
+
+    def _output_full(self) -> bool:
+        t = self.transport
+        return t is not None and t.get_write_buffer_size() >= self.max_pending
+
+    def _hold_input(self) -> None:
+        """Stop reading a client that does not read its replies (until they drain)."""
+        if self.input_held:
+            return
+        self.input_held = True
+        self.node.output_holds += 1
+        self.pause_reading()
+        timeout = getattr(self.node.config, "stuck_timeout", None)
+        if timeout is not None:
+            self._stuck_since = time.monotonic()
+            self._stuck_size = self.transport.get_write_buffer_size() if self.transport else 0
+            self._arm_stuck_check(timeout)
+
+    def _arm_stuck_check(self, timeout: float) -> None:
+        self._timers["stuck"] = asyncio.get_running_loop().call_later(
+            min(1.0, timeout / 4), self._stuck_check, timeout)
+
+    def _stuck_check(self, timeout: float) -> None:
+        self._timers.pop("stuck", None)
+        t = self.transport
+        if not self.input_held or t is None or self.closing:
+            return
+        size = t.get_write_buffer_size()
+        now = time.monotonic()
+        if size < self._stuck_size:  # the client read something: not stuck
+            self._stuck_since = now
+        self._stuck_size = size
+        if now - self._stuck_since >= timeout:
+            self.node.stuck_closed += 1
+            log.info("%s: closing, %d bytes of replies unread for %.1fs", self.peer, size,
+                     now - self._stuck_since)
+            self.abort()
+            return
+        self._arm_stuck_check(timeout)
+
+    def _release_input(self) -> None:
+        self.input_held = False
+        timer = self._timers.pop("stuck", None)
+        if timer is not None:
+            timer.cancel()
+        if self not in self.node.throttled:
+            self.resume_reading()
+        if self.decoder.buffered and not self.closing:
+            self._process()
+
+    def _auth_expired(self) -> None:
+        self._timers.pop("auth", None)
+        if self.authenticated or self.closing:
+            return
+        self.node.auth_timeouts += 1
+        log.debug("%s: closing, not authenticated in time", self.peer)
+        self.flush()
+        self.close()
 
     # -- dispatch ------------------------------------------------------------------------
 
@@ -238,8 +343,10 @@ class Connection(asyncio.BufferedProtocol):
         """Queue the response to `frame` (same opcode and opaque)."""
         klen = len(key)
         elen = len(extras)
+        blen = elen + klen + len(value)
+        self.out_bytes += 24 + blen
         self.out.append(_RSP_PACK(0x81, frame.opcode, klen, elen, datatype, status,
-                                  elen + klen + len(value), frame.opaque, cas))
+                                  blen, frame.opaque, cas))
         if elen:
             self.out.append(extras)
         if klen:
@@ -273,6 +380,7 @@ class Connection(asyncio.BufferedProtocol):
         if not out:
             return
         self.out = []
+        self.out_bytes = 0
         t = self.transport
         if t is None or t.is_closing():
             return
@@ -299,7 +407,7 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.read_paused:
+        if self.read_paused and not self.input_held:
             self.read_paused = False
             if self.transport is not None and not self.closing:
                 self.transport.resume_reading()

@@ -59,6 +59,18 @@ class Node:
         self._throttle_timer = None
         self.total_connections = 0
         self.auth_failures = 0
+        #: limit counters (STAT): connections refused above --max-connections, frames
+        #: answered E2BIG / EINVAL, connections closed for lost framing, for not
+        #: authenticating in time, for replies stuck unread; times reading was held back
+        self.rejected_connections = 0
+        self.frames_too_big = 0
+        self.bad_frames = 0
+        self.framing_lost = 0
+        self.auth_timeouts = 0
+        self.stuck_closed = 0
+        self.output_holds = 0
+        self._rejected_logged_at = 0.0
+        self._rejected_unlogged = 0
         self.config_rev = 1
         self.bucket_uuid = ""
         self.started_at = time.time()
@@ -74,12 +86,28 @@ class Node:
 
     # -- connections -------------------------------------------------------------------
 
-    def connection_opened(self, conn: Connection) -> None:
-        self.connections.add(conn)
+    def connection_opened(self, conn: Connection) -> bool:
+        """Admit a new connection, or close it at once above --max-connections (False).
+
+        Like kv_engine, the connection is accepted and then closed without a word (the
+        client sees the connection closed), and counted in the `rejected_conns` stat. The
+        warning is logged at most every 10 seconds, with the count since the last one.
+        """
         self.total_connections += 1
-        if len(self.connections) > self.config.max_connections:
-            log.warning("too many connections; closing %s", conn.peer)
-            conn.abort()
+        if len(self.connections) >= self.config.max_connections:
+            self.rejected_connections += 1
+            self._rejected_unlogged += 1
+            now = time.monotonic()
+            if now - self._rejected_logged_at >= 10.0:
+                log.warning("too many connections (limit %d): closed %d new connection(s), "
+                            "the latest from %s", self.config.max_connections,
+                            self._rejected_unlogged, conn.peer)
+                self._rejected_logged_at = now
+                self._rejected_unlogged = 0
+            conn.close()
+            return False
+        self.connections.add(conn)
+        return True
 
     def connection_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)

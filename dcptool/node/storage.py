@@ -469,12 +469,28 @@ class BackfillReader:
             f"SELECT {ITEM_COLUMNS} FROM items WHERE id > ? AND id <= ? ORDER BY id",
             (row_id(vbid, start), row_id(vbid, max(self.end, start))))
 
-    def fetch(self, n: int) -> list[tuple]:
+    #: a fetch stops at this many bytes of keys and values (or `n` rows): a stream whose
+    #: client does not read holds at most about this much of its backfill
+    FETCH_BYTES = 256 * 1024
+
+    def fetch(self, n: int, max_bytes: int | None = None) -> list[tuple]:
+        """Up to `n` rows, stopping once they hold `max_bytes` (FETCH_BYTES) or more."""
         if self.done:
             return []
-        rows = self._cur.fetchmany(n)
-        if len(rows) < n:
-            self.close()
+        budget = self.FETCH_BYTES if max_bytes is None else max_bytes
+        rows: list[tuple] = []
+        size = 0
+        step = 8   # a first guess that keeps a few huge documents from all coming at once
+        while len(rows) < n and size < budget:
+            want = min(n - len(rows), step)
+            chunk = self._cur.fetchmany(want)
+            rows += chunk
+            got = sum(len(r[1]) + len(r[9] or b"") + 64 for r in chunk)
+            size += got
+            if len(chunk) < want:
+                self.close()
+                break
+            step = max(1, min(1024, (budget - size) * len(chunk) // max(got, 1)))
         return rows
 
     def close(self) -> None:

@@ -7,7 +7,9 @@ class ProtocolError(ValueError):
 
     `framing_lost` is true when the byte stream cannot be resynchronised (unknown
     magic, body above the limit): a server then closes the connection. Otherwise
-    `frame_size`, when set, is the size of the bad packet so a reader can skip it.
+    `frame_size`, when set, is the size of the bad packet so a reader can skip it. A body
+    above the limit carries `frame_size` too: a server that can discard the body as it
+    arrives may answer E2BIG and go on.
     """
 
     def __init__(self, field: str, reason: str, *, offset: int | None = None,

@@ -142,7 +142,8 @@ def decode_frame(buf, offset: int = 0, max_body: int = DEFAULT_MAX_BODY) -> tupl
     if blen > max_body:
         raise ProtocolError(
             "body_length", f"body length {blen} exceeds the limit of {max_body} bytes",
-            offset=offset, framing_lost=True, opcode=op, opaque=opq,
+            offset=offset, framing_lost=True, frame_size=HEADER_LEN + blen, opcode=op,
+            opaque=opq,
         )
     end = offset + HEADER_LEN + blen
     if len(buf) < end:
