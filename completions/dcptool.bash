@@ -5,7 +5,7 @@
 _dcptool_subcommands() {
     case "$1" in
         "") echo "backup cluster decode doc examine export failover-log info merge node quickstart restore tail verify watermark" ;;
-        "cluster") echo "create failover status" ;;
+        "cluster") echo "create failover move status" ;;
         "doc") echo "delete get load set" ;;
         "node") echo "start status user" ;;
         "node user") echo "add list remove" ;;
@@ -16,67 +16,69 @@ _dcptool_subcommands() {
 _dcptool_options() {
     case "$1" in
         "") echo "--version -q --quiet -v --verbose -h --help" ;;
-        "backup") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl -h --help" ;;
+        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl -h --help" ;;
         "cluster") echo "-h --help" ;;
-        "cluster create") echo "-c --cluster --replicas --topology --json -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
-        "cluster failover") echo "-c --cluster --via --promote --json -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
-        "cluster status") echo "-c --cluster --json -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "cluster create") echo "-c --cluster --replicas --topology --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "cluster failover") echo "-c --cluster --via --promote --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "cluster move") echo "-c --cluster --vbuckets --to --vbucket-timeout --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "cluster status") echo "-c --cluster --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "decode") echo "--raw --json --table -h --help" ;;
         "doc") echo "-h --help" ;;
-        "doc delete") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
-        "doc get") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
-        "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
-        "doc set") echo "--flags --expiry -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "doc delete") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "doc get") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "doc set") echo "--flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
         "examine") echo "--backup --values --json -h --help" ;;
         "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --json -h --help" ;;
-        "failover-log") echo "--vbuckets --json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
-        "info") echo "--json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "failover-log") echo "--vbuckets --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "info") echo "--json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "merge") echo "--from --to --level --master --partitions --json -h --help" ;;
         "node") echo "-h --help" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --log-level -h --help" ;;
-        "node status") echo "--data --json --username --password -h --help" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --log-level -h --help" ;;
+        "node status") echo "--data --json --username --password --password-file -h --help" ;;
         "node user") echo "-h --help" ;;
         "node user add") echo "--data -r --role --password-file --json -h --help" ;;
         "node user list") echo "--data --json -h --help" ;;
         "node user remove") echo "--data --json -h --help" ;;
         "quickstart") echo "--dir --docs --vbuckets --master --json -h --help" ;;
-        "restore") echo "-c --cluster -u --username -p --password -b --bucket --cacert --no-verify --backup --vbuckets --filter-keys --force-updates --dry-run --master --partitions --json -h --help" ;;
-        "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback --watermark --watermark-name --watermark-interval --watermark-ttl -v --verbose -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
-        "verify") echo "--json --checksums-only --against --backup --vbuckets -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --master --partitions -h --help" ;;
+        "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --backup --vbuckets --filter-keys --force-updates --dry-run --master --partitions --json -h --help" ;;
+        "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback --watermark --watermark-name --watermark-interval --watermark-ttl -v --verbose -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "verify") echo "--json --checksums-only --against --backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --master --partitions -h --help" ;;
         "watermark") echo "-h --help" ;;
-        "watermark list") echo "--name --json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
-        "watermark register") echo "--name --instance --seqnos --archive --ttl --meta --json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
-        "watermark remove") echo "--name --instance --archive --json -c --cluster -u --username -p --password -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "watermark list") echo "--name --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "watermark register") echo "--name --instance --seqnos --archive --ttl --meta --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "watermark remove") echo "--name --instance --archive --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
     esac
 }
 
 _dcptool_valued_options() {
     case "$1" in
-        "backup") echo "-c --cluster -u --username -p --password -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl" ;;
-        "cluster create") echo "-c --cluster --replicas --topology -u --username -p --password -b --bucket --cacert --timeout" ;;
-        "cluster failover") echo "-c --cluster --via --promote -u --username -p --password -b --bucket --cacert --timeout" ;;
-        "cluster status") echo "-c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
-        "doc delete") echo "-c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
-        "doc get") echo "-c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
-        "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
-        "doc set") echo "--flags --expiry -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
+        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl" ;;
+        "cluster create") echo "-c --cluster --replicas --topology -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "cluster failover") echo "-c --cluster --via --promote -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "cluster move") echo "-c --cluster --vbuckets --to --vbucket-timeout -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "cluster status") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "doc delete") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "doc get") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "doc set") echo "--flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "examine") echo "--backup" ;;
         "export") echo "--format --backup --vbuckets --master --partitions" ;;
-        "failover-log") echo "--vbuckets -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
-        "info") echo "-c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
+        "failover-log") echo "--vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "info") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "merge") echo "--from --to --level --master --partitions" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --log-level" ;;
-        "node status") echo "--data --username --password" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --log-level" ;;
+        "node status") echo "--data --username --password --password-file" ;;
         "node user add") echo "--data -r --role --password-file" ;;
         "node user list") echo "--data" ;;
         "node user remove") echo "--data" ;;
         "quickstart") echo "--dir --docs --vbuckets --master" ;;
-        "restore") echo "-c --cluster -u --username -p --password -b --bucket --cacert --backup --vbuckets --filter-keys --master --partitions" ;;
-        "tail") echo "--from --vbuckets --filter --state --until-idle --count --noop-interval --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
-        "verify") echo "--backup --vbuckets -c --cluster -u --username -p --password -b --bucket --cacert --master --partitions" ;;
-        "watermark list") echo "--name -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
-        "watermark register") echo "--name --instance --seqnos --archive --ttl --meta -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
-        "watermark remove") echo "--name --instance --archive -c --cluster -u --username -p --password -b --bucket --cacert --timeout" ;;
+        "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --master --partitions" ;;
+        "tail") echo "--from --vbuckets --filter --state --until-idle --count --noop-interval --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "verify") echo "--backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --master --partitions" ;;
+        "watermark list") echo "--name -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "watermark register") echo "--name --instance --seqnos --archive --ttl --meta -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "watermark remove") echo "--name --instance --archive -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
     esac
 }
 
@@ -95,35 +97,55 @@ _dcptool_option_values() {
 
 _dcptool_option_files() {
     case "$1" in
+        "backup|--password-file") echo "file" ;;
         "backup|--cacert") echo "file" ;;
+        "cluster create|--password-file") echo "file" ;;
         "cluster create|--cacert") echo "file" ;;
+        "cluster failover|--password-file") echo "file" ;;
         "cluster failover|--cacert") echo "file" ;;
+        "cluster move|--password-file") echo "file" ;;
+        "cluster move|--cacert") echo "file" ;;
+        "cluster status|--password-file") echo "file" ;;
         "cluster status|--cacert") echo "file" ;;
+        "doc delete|--password-file") echo "file" ;;
         "doc delete|--cacert") echo "file" ;;
+        "doc get|--password-file") echo "file" ;;
         "doc get|--cacert") echo "file" ;;
+        "doc load|--password-file") echo "file" ;;
         "doc load|--cacert") echo "file" ;;
+        "doc set|--password-file") echo "file" ;;
         "doc set|--cacert") echo "file" ;;
+        "failover-log|--password-file") echo "file" ;;
         "failover-log|--cacert") echo "file" ;;
+        "info|--password-file") echo "file" ;;
         "info|--cacert") echo "file" ;;
         "node start|--data") echo "file" ;;
+        "node start|--password-file") echo "file" ;;
         "node start|--tls-cert") echo "file" ;;
         "node start|--tls-key") echo "file" ;;
         "node status|--data") echo "file" ;;
+        "node status|--password-file") echo "file" ;;
         "node user add|--data") echo "file" ;;
         "node user add|--password-file") echo "file" ;;
         "node user list|--data") echo "file" ;;
         "node user remove|--data") echo "file" ;;
         "quickstart|--dir") echo "file" ;;
+        "restore|--password-file") echo "file" ;;
         "restore|--cacert") echo "file" ;;
         "tail|--from") echo "file" ;;
         "tail|--state") echo "file" ;;
+        "tail|--password-file") echo "file" ;;
         "tail|--cacert") echo "file" ;;
+        "verify|--password-file") echo "file" ;;
         "verify|--cacert") echo "file" ;;
+        "watermark list|--password-file") echo "file" ;;
         "watermark list|--cacert") echo "file" ;;
         "watermark register|--seqnos") echo "file" ;;
         "watermark register|--archive") echo "file" ;;
+        "watermark register|--password-file") echo "file" ;;
         "watermark register|--cacert") echo "file" ;;
         "watermark remove|--archive") echo "file" ;;
+        "watermark remove|--password-file") echo "file" ;;
         "watermark remove|--cacert") echo "file" ;;
     esac
 }

@@ -6,7 +6,7 @@ function __dcptool_subcommands
         case ''
             echo 'backup' 'cluster' 'decode' 'doc' 'examine' 'export' 'failover-log' 'info' 'merge' 'node' 'quickstart' 'restore' 'tail' 'verify' 'watermark'
         case 'cluster'
-            echo 'create' 'failover' 'status'
+            echo 'create' 'failover' 'move' 'status'
         case 'doc'
             echo 'delete' 'get' 'load' 'set'
         case 'node'
@@ -21,35 +21,37 @@ end
 function __dcptool_valued_options
     switch "$argv"
         case 'backup'
-            echo -c --cluster -u --username -p --password -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl
         case 'cluster create'
-            echo -c --cluster --replicas --topology -u --username -p --password -b --bucket --cacert --timeout
+            echo -c --cluster --replicas --topology -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'cluster failover'
-            echo -c --cluster --via --promote -u --username -p --password -b --bucket --cacert --timeout
+            echo -c --cluster --via --promote -u --username -p --password --password-file -b --bucket --cacert --timeout
+        case 'cluster move'
+            echo -c --cluster --vbuckets --to --vbucket-timeout -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'cluster status'
-            echo -c --cluster -u --username -p --password -b --bucket --cacert --timeout
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'doc delete'
-            echo -c --cluster -u --username -p --password -b --bucket --cacert --timeout
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'doc get'
-            echo -c --cluster -u --username -p --password -b --bucket --cacert --timeout
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'doc load'
-            echo --count --prefix --start -c --cluster -u --username -p --password -b --bucket --cacert --timeout
+            echo --count --prefix --start -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'doc set'
-            echo --flags --expiry -c --cluster -u --username -p --password -b --bucket --cacert --timeout
+            echo --flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'examine'
             echo --backup
         case 'export'
             echo --format --backup --vbuckets --master --partitions
         case 'failover-log'
-            echo --vbuckets -c --cluster -u --username -p --password -b --bucket --cacert --timeout
+            echo --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'info'
-            echo -c --cluster -u --username -p --password -b --bucket --cacert --timeout
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'merge'
             echo --from --to --level --master --partitions
         case 'node start'
-            echo --data --host --port --vbuckets --bucket --username --password --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --log-level
+            echo --data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --log-level
         case 'node status'
-            echo --data --username --password
+            echo --data --username --password --password-file
         case 'node user add'
             echo --data -r --role --password-file
         case 'node user list'
@@ -59,17 +61,17 @@ function __dcptool_valued_options
         case 'quickstart'
             echo --dir --docs --vbuckets --master
         case 'restore'
-            echo -c --cluster -u --username -p --password -b --bucket --cacert --backup --vbuckets --filter-keys --master --partitions
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --master --partitions
         case 'tail'
-            echo --from --vbuckets --filter --state --until-idle --count --noop-interval --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password -b --bucket --cacert --timeout
+            echo --from --vbuckets --filter --state --until-idle --count --noop-interval --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'verify'
-            echo --backup --vbuckets -c --cluster -u --username -p --password -b --bucket --cacert --master --partitions
+            echo --backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --master --partitions
         case 'watermark list'
-            echo --name -c --cluster -u --username -p --password -b --bucket --cacert --timeout
+            echo --name -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'watermark register'
-            echo --name --instance --seqnos --archive --ttl --meta -c --cluster -u --username -p --password -b --bucket --cacert --timeout
+            echo --name --instance --seqnos --archive --ttl --meta -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'watermark remove'
-            echo --name --instance --archive -c --cluster -u --username -p --password -b --bucket --cacert --timeout
+            echo --name --instance --archive -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
     end
 end
 
@@ -127,6 +129,7 @@ complete -c dcptool -n '__dcptool_at' -s h -l help -d 'Show this message and exi
 complete -c dcptool -n '__dcptool_at backup' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at backup' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at backup' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at backup' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at backup' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at backup' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at backup' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -144,6 +147,7 @@ complete -c dcptool -n '__dcptool_at backup' -s h -l help -d 'Show this message 
 complete -c dcptool -n '__dcptool_at backup' -F
 complete -c dcptool -n '__dcptool_at cluster' -a 'create' -d 'Make the nodes one cluster: actives spread evenly, replicas on other nodes'
 complete -c dcptool -n '__dcptool_at cluster' -a 'failover' -d 'Take a node out of the cluster and promote replicas of the vbuckets active there'
+complete -c dcptool -n '__dcptool_at cluster' -a 'move' -d 'Move the active copy of vbuckets to another member, without a history branch'
 complete -c dcptool -n '__dcptool_at cluster' -a 'status' -d 'Show the nodes, their vbuckets per state and their replication lag'
 complete -c dcptool -n '__dcptool_at cluster' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at cluster create' -s c -l cluster -x -d 'A node (repeat for every member)'
@@ -152,6 +156,7 @@ complete -c dcptool -n '__dcptool_at cluster create' -l topology -x -a 'star cha
 complete -c dcptool -n '__dcptool_at cluster create' -l json -d 'Print the map as JSON'
 complete -c dcptool -n '__dcptool_at cluster create' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at cluster create' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at cluster create' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at cluster create' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at cluster create' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at cluster create' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -163,15 +168,30 @@ complete -c dcptool -n '__dcptool_at cluster failover' -l promote -x -d 'Promote
 complete -c dcptool -n '__dcptool_at cluster failover' -l json -d 'Print the promotions as JSON'
 complete -c dcptool -n '__dcptool_at cluster failover' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at cluster failover' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at cluster failover' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at cluster failover' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at cluster failover' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at cluster failover' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at cluster failover' -l timeout -x -d 'Seconds to wait for the node to answer'
 complete -c dcptool -n '__dcptool_at cluster failover' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at cluster move' -s c -l cluster -x -d 'A member of the cluster (repeat to name more'
+complete -c dcptool -n '__dcptool_at cluster move' -l vbuckets -x -d 'The vbuckets to move, e.g'
+complete -c dcptool -n '__dcptool_at cluster move' -l to -x -d 'The member that becomes their active node'
+complete -c dcptool -n '__dcptool_at cluster move' -l vbucket-timeout -x -d 'Give up on a vbucket whose takeover takes longer'
+complete -c dcptool -n '__dcptool_at cluster move' -l json -d 'Print the moves as JSON'
+complete -c dcptool -n '__dcptool_at cluster move' -s u -l username -x -d 'User name (default Administrator)'
+complete -c dcptool -n '__dcptool_at cluster move' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at cluster move' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at cluster move' -s b -l bucket -x -d 'Bucket name'
+complete -c dcptool -n '__dcptool_at cluster move' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
+complete -c dcptool -n '__dcptool_at cluster move' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
+complete -c dcptool -n '__dcptool_at cluster move' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at cluster move' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at cluster status' -s c -l cluster -x -d 'Any member of the cluster'
 complete -c dcptool -n '__dcptool_at cluster status' -l json -d 'Print the status as JSON'
 complete -c dcptool -n '__dcptool_at cluster status' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at cluster status' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at cluster status' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at cluster status' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at cluster status' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at cluster status' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -189,6 +209,7 @@ complete -c dcptool -n '__dcptool_at doc' -s h -l help -d 'Show this message and
 complete -c dcptool -n '__dcptool_at doc delete' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at doc delete' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at doc delete' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at doc delete' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at doc delete' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at doc delete' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at doc delete' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -198,6 +219,7 @@ complete -c dcptool -n '__dcptool_at doc delete' -s h -l help -d 'Show this mess
 complete -c dcptool -n '__dcptool_at doc get' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at doc get' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at doc get' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at doc get' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at doc get' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at doc get' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at doc get' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -210,6 +232,7 @@ complete -c dcptool -n '__dcptool_at doc load' -l start -x -d 'Number of the fir
 complete -c dcptool -n '__dcptool_at doc load' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at doc load' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at doc load' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at doc load' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at doc load' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at doc load' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at doc load' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -221,6 +244,7 @@ complete -c dcptool -n '__dcptool_at doc set' -l expiry -x -d 'Expire after SECO
 complete -c dcptool -n '__dcptool_at doc set' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at doc set' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at doc set' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at doc set' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at doc set' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at doc set' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at doc set' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -247,6 +271,7 @@ complete -c dcptool -n '__dcptool_at failover-log' -l json -d 'Print {"<vb>": [{
 complete -c dcptool -n '__dcptool_at failover-log' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at failover-log' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at failover-log' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at failover-log' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at failover-log' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at failover-log' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at failover-log' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -256,6 +281,7 @@ complete -c dcptool -n '__dcptool_at info' -l json -d 'Print the description as 
 complete -c dcptool -n '__dcptool_at info' -s c -l cluster -x -d 'Also check this node: warn when its purge seqno is above a vbucket\'s last backed-up seqno, and show the archive\'s high watermark there'
 complete -c dcptool -n '__dcptool_at info' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at info' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at info' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at info' -s b -l bucket -x -d 'Bucket on the node (default: the archive\'s bucket)'
 complete -c dcptool -n '__dcptool_at info' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at info' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -281,6 +307,7 @@ complete -c dcptool -n '__dcptool_at node start' -l vbuckets -x -d 'Number of vb
 complete -c dcptool -n '__dcptool_at node start' -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at node start' -l username -x -d 'User to create or update'
 complete -c dcptool -n '__dcptool_at node start' -l password -x -d 'Password for --username (default: $DCPTOOL_PASSWORD)'
+complete -c dcptool -n '__dcptool_at node start' -l password-file -r -F -d 'Read the password for --username from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at node start' -l checkpoint-memory -x -d 'Memory budget of DCP checkpoints'
 complete -c dcptool -n '__dcptool_at node start' -l checkpoint-max-items -x -d 'Items per checkpoint before a new one opens'
 complete -c dcptool -n '__dcptool_at node start' -l flush-interval -x -d 'Seconds between flusher batches (disk snapshots)'
@@ -303,6 +330,7 @@ complete -c dcptool -n '__dcptool_at node status' -l data -r -F -d 'The node\'s 
 complete -c dcptool -n '__dcptool_at node status' -l json -d 'Print JSON'
 complete -c dcptool -n '__dcptool_at node status' -l username -x -d 'User for live figures from a running node'
 complete -c dcptool -n '__dcptool_at node status' -l password -x -d 'Password for live figures (default: $DCPTOOL_PASSWORD)'
+complete -c dcptool -n '__dcptool_at node status' -l password-file -r -F -d 'Read the password for live figures from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at node status' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at node user' -a 'add' -d 'Create a user, or replace an existing user\'s password and roles'
 complete -c dcptool -n '__dcptool_at node user' -a 'list' -d 'List the users and their roles (never any credential)'
@@ -328,6 +356,7 @@ complete -c dcptool -n '__dcptool_at quickstart' -s h -l help -d 'Show this mess
 complete -c dcptool -n '__dcptool_at restore' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at restore' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at restore' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at restore' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at restore' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at restore' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at restore' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -359,6 +388,7 @@ complete -c dcptool -n '__dcptool_at tail' -s v -l verbose -d 'Print a summary o
 complete -c dcptool -n '__dcptool_at tail' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at tail' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at tail' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at tail' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at tail' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at tail' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at tail' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -372,6 +402,7 @@ complete -c dcptool -n '__dcptool_at verify' -l vbuckets -x -d 'With --against: 
 complete -c dcptool -n '__dcptool_at verify' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at verify' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at verify' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at verify' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at verify' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at verify' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at verify' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -388,6 +419,7 @@ complete -c dcptool -n '__dcptool_at watermark list' -l json -d 'Print the resul
 complete -c dcptool -n '__dcptool_at watermark list' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at watermark list' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at watermark list' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at watermark list' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at watermark list' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at watermark list' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at watermark list' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -403,6 +435,7 @@ complete -c dcptool -n '__dcptool_at watermark register' -l json -d 'Print the r
 complete -c dcptool -n '__dcptool_at watermark register' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at watermark register' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at watermark register' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at watermark register' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at watermark register' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at watermark register' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at watermark register' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
@@ -415,6 +448,7 @@ complete -c dcptool -n '__dcptool_at watermark remove' -l json -d 'Print the res
 complete -c dcptool -n '__dcptool_at watermark remove' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at watermark remove' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at watermark remove' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at watermark remove' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at watermark remove' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at watermark remove' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at watermark remove' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'

@@ -175,6 +175,9 @@ def polish(cmd: Any) -> None:
     if getattr(cmd, "_dcptool_polished", False):
         return
     cmd._dcptool_polished = True
+    from dcptool.cli.connopts import add_password_file
+
+    add_password_file(cmd)  # every command with -p/--password also takes --password-file
     cmd.help = reflow(cmd.help)
     if getattr(cmd, "short_help", None):
         cmd.short_help = reflow(cmd.short_help)

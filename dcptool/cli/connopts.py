@@ -11,18 +11,33 @@ a `ConnOptions` with `ConnOptions.from_cli(...)`:
         with opts.connect() as conn:
             ...
 
-The password comes from -p, DCPTOOL_PASSWORD, or a prompt when stdin is a terminal;
-it is never printed. `ConnOptions` is picklable (it holds no socket or SSL context),
+The password comes from -p, --password-file FILE (its first line), DCPTOOL_PASSWORD,
+DCPTOOL_PASSWORD_FILE, or a prompt when stdin is a terminal, in that order; it is never
+printed. Commands do not declare --password-file: `add_password_file(cmd)` (run over the
+whole command tree by the app) gives it to every command with -p/--password and turns it
+into the `password` argument before the command runs. `ConnOptions` is picklable (it holds no socket or SSL context),
 so a Spark driver can ship it to its tasks.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from dcptool.client.options import DEFAULT_USERNAME, ConnOptions  # noqa: F401  (re-exported)
+from dcptool.client.options import (  # noqa: F401  (re-exported)
+    DEFAULT_USERNAME,
+    PASSWORD_FILE_ENV,
+    ConnOptions,
+    read_password_file,
+)
+from dcptool.errors import UsageError
+
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click.globals import get_current_context  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - older typer
+    from click import get_current_context  # type: ignore[no-redef]
 
 PANEL = "Connection"
 
@@ -35,7 +50,12 @@ UsernameOpt = Annotated[Optional[str], typer.Option(
     help="User name (default Administrator).")]
 PasswordOpt = Annotated[Optional[str], typer.Option(
     "-p", "--password", envvar="DCPTOOL_PASSWORD", rich_help_panel=PANEL, show_default=False,
-    help="Password; better set DCPTOOL_PASSWORD, or leave it out to be prompted on a terminal.")]
+    help="Password; better use --password-file or DCPTOOL_PASSWORD (a command line is "
+         "visible to other users), or leave it out to be prompted on a terminal.")]
+PasswordFileOpt = Annotated[Optional[Path], typer.Option(
+    "--password-file", envvar=PASSWORD_FILE_ENV, metavar="FILE", rich_help_panel=PANEL,
+    show_default=False,
+    help="Read the password from FILE's first line (keep FILE mode 0600).")]
 BucketOpt = Annotated[str, typer.Option(
     "-b", "--bucket", envvar="DCPTOOL_BUCKET", rich_help_panel=PANEL,
     help="Bucket name.")]
@@ -50,4 +70,59 @@ TimeoutOpt = Annotated[float, typer.Option(
     help="Seconds to wait for the node to answer.")]
 
 
+def _password_file_option():
+    """A fresh click option for --password-file, built by typer from `PasswordFileOpt`."""
+    def proto(password_file: PasswordFileOpt = None) -> None:  # pragma: no cover
+        pass
 
+    t = typer.Typer(add_completion=False)
+    t.command()(proto)
+    return next(p for p in typer.main.get_command(t).params if p.name == "password_file")
+
+
+def add_password_file(cmd: Any) -> None:
+    """Give a command with -p/--password a --password-file option (once).
+
+    Precedence: -p on the command line, then --password-file on the command line, then
+    DCPTOOL_PASSWORD, then DCPTOOL_PASSWORD_FILE. -p and --password-file together are a
+    usage error.
+    """
+    params = getattr(cmd, "params", None)
+    if not params or cmd.callback is None or getattr(cmd, "_dcptool_password_file", False):
+        return
+    names = [p.name for p in params]
+    if "password" not in names or "password_file" in names:
+        return
+    pw = params[names.index("password")]
+    if "-p" not in getattr(pw, "opts", ()):
+        return
+    cmd._dcptool_password_file = True
+    params.insert(names.index("password") + 1, _password_file_option())
+    inner = cmd.callback
+
+    @functools.wraps(inner)
+    def callback(*args, **kwargs):
+        path = kwargs.pop("password_file", None)
+        if path is not None:
+            kwargs["password"] = choose_password(kwargs.get("password"), path)
+        return inner(*args, **kwargs)
+
+    cmd.callback = callback
+
+
+def choose_password(password: str | None, path: Path) -> str:
+    """The password a command runs with when --password-file (or its variable) is set."""
+    ctx = get_current_context(silent=True)
+    src_pw = src_file = None
+    if ctx is not None:
+        src_pw = ctx.get_parameter_source("password")
+        src_file = ctx.get_parameter_source("password_file")
+    from_cmdline = {"COMMANDLINE"}
+    pw_cli = src_pw is not None and src_pw.name in from_cmdline
+    file_cli = src_file is not None and src_file.name in from_cmdline
+    if password is not None and pw_cli and file_cli:
+        raise UsageError("give --password or --password-file, not both")
+    if password is not None and (pw_cli or not file_cli):
+        return password  # -p, or DCPTOOL_PASSWORD over DCPTOOL_PASSWORD_FILE
+    what = "--password-file" if file_cli or ctx is None else PASSWORD_FILE_ENV
+    return read_password_file(path, what=what)

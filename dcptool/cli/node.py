@@ -37,6 +37,9 @@ def start(
     username: str = typer.Option("Administrator", "--username", help="User to create or update."),
     password: Optional[str] = typer.Option(
         None, "--password", help="Password for --username (default: $DCPTOOL_PASSWORD)."),
+    password_file: Optional[Path] = typer.Option(
+        None, "--password-file", metavar="FILE", envvar="DCPTOOL_PASSWORD_FILE",
+        help="Read the password for --username from FILE's first line."),
     checkpoint_memory: str = typer.Option(
         "256MiB", "--checkpoint-memory", metavar="SIZE",
         help="Memory budget of DCP checkpoints; slow cursors are dropped above it."),
@@ -134,8 +137,7 @@ def start(
     except OSError as exc:
         raise DcptoolError(f"cannot create {data}: {exc.strerror}") from None
     _setup_logging(data, level)
-    if password is None:
-        password = os.environ.get("DCPTOOL_PASSWORD") or None
+    password = _cli_password(password, password_file)
     users = Users.load(data)
     if password is not None:
         if not password:
@@ -162,6 +164,18 @@ def start(
         log.error("stopped by %s", type(exc).__name__, extra=_FILE_ONLY)
         raise
     log.info("exited (pid %d)", os.getpid())
+
+
+def _cli_password(password: Optional[str], password_file: Optional[Path]) -> Optional[str]:
+    """--password, else --password-file, else DCPTOOL_PASSWORD (DCPTOOL_PASSWORD_FILE is
+    --password-file's variable: an explicit --password-file wins over DCPTOOL_PASSWORD)."""
+    if password is None:
+        password = os.environ.get("DCPTOOL_PASSWORD") or None
+    if password_file is not None:
+        from dcptool.cli.connopts import choose_password
+
+        return choose_password(password, password_file)
+    return password
 
 
 #: a log record for node.log only: stderr gets the one-line error from the CLI instead
@@ -199,6 +213,9 @@ def status(
                                  help="User for live figures from a running node."),
     password: Optional[str] = typer.Option(
         None, "--password", help="Password for live figures (default: $DCPTOOL_PASSWORD)."),
+    password_file: Optional[Path] = typer.Option(
+        None, "--password-file", metavar="FILE", envvar="DCPTOOL_PASSWORD_FILE",
+        help="Read the password for live figures from FILE's first line."),
 ) -> None:
     """Whether the node runs, its port, and per-vbucket seqnos and failover log heads.
 
@@ -209,8 +226,7 @@ def status(
     """
     from dcptool.node.status import node_status
 
-    if password is None:
-        password = os.environ.get("DCPTOOL_PASSWORD") or None
+    password = _cli_password(password, password_file)
     info = node_status(data, username=username, password=password)
     if as_json:
         from dcptool.cli.output import print_json

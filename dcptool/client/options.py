@@ -2,10 +2,14 @@
 
 `ConnOptions` holds no socket or SSL context, so a Spark driver can ship it to its tasks;
 `connect()` and `consumer()` open what a task needs. The password is kept out of repr().
+
+The password comes from the caller, else from the first line of the file named by
+DCPTOOL_PASSWORD_FILE, else from a prompt on a terminal.
 """
 from __future__ import annotations
 
 import getpass
+import os
 import ssl
 import sys
 from dataclasses import dataclass, field
@@ -18,6 +22,28 @@ from .consumer import DcpConsumer
 from .session import SessionConfig
 
 DEFAULT_USERNAME = "Administrator"
+PASSWORD_FILE_ENV = "DCPTOOL_PASSWORD_FILE"
+
+
+def read_password_file(path: str | Path, *, what: str = "--password-file") -> str:
+    """The first line of `path` (without its line end): a password kept off the command line.
+
+    Errors name the file, never its content.
+    """
+    try:
+        with open(path, "rb") as f:
+            first = f.readline()
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: {exc.strerror or exc}") from None
+    try:
+        text = first.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} {path}: the first line is not UTF-8 text") from None
+    password = text.rstrip("\r\n")
+    if not password:
+        raise UsageError(f"{what} {path}: the first line is empty",
+                         hint="put the password on the file's first line")
+    return password
 
 
 @dataclass(frozen=True)
@@ -35,11 +61,16 @@ class ConnOptions:
     @classmethod
     def from_cli(cls, cluster: str | None, username: str | None, password: str | None,
                  bucket: str = "default", cacert: Path | None = None, no_verify: bool = False,
-                 timeout: float = 10.0, *, prompt: bool = True) -> "ConnOptions":
+                 timeout: float = 10.0, *, prompt: bool = True,
+                 password_file: str | Path | None = None) -> "ConnOptions":
         if not cluster:
             raise UsageError("no node given", hint="use -c/--cluster or set DCPTOOL_CLUSTER")
         host, port, tls = parse_cluster_url(cluster)
         user = username or DEFAULT_USERNAME
+        if password is None and password_file is not None:
+            password = read_password_file(password_file)
+        if password is None and os.environ.get(PASSWORD_FILE_ENV):
+            password = read_password_file(os.environ[PASSWORD_FILE_ENV], what=PASSWORD_FILE_ENV)
         if password is None:
             if prompt and sys.stdin.isatty():
                 try:
@@ -48,7 +79,8 @@ class ConnOptions:
                     raise UsageError("no password given") from None
             else:
                 raise UsageError("no password given",
-                                 hint="set DCPTOOL_PASSWORD, or run on a terminal to be prompted")
+                                 hint="set DCPTOOL_PASSWORD, pass --password-file FILE, or run "
+                                      "on a terminal to be prompted")
         if cacert is not None and not Path(cacert).is_file():
             raise UsageError(f"--cacert: file {cacert} not found")
         if timeout <= 0:
