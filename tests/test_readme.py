@@ -374,7 +374,8 @@ def _json_of(ran: Ran) -> dict:
 #: checked below), cluster commands need several nodes, and registering or removing
 #: watermarks would change what the tour's node keeps (their own tests cover them)
 NOT_CHECKED_HERE = {"dcptool quickstart", "dcptool cluster create", "dcptool cluster status",
-                    "dcptool cluster failover", "dcptool watermark register",
+                    "dcptool cluster failover", "dcptool cluster move",
+                    "dcptool watermark register",
                     "dcptool watermark remove",
                     # adding or removing users would change the tour node's users
                     # (tests/security/test_users_cli.py covers them)

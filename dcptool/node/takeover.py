@@ -124,7 +124,13 @@ class _Takeover:
         try:
             self._stream()
         except BaseException as e:  # handed to the waiting command
-            exc = e
+            if not self.became_active:
+                exc = e
+            else:
+                # active here, the source dead: the move is done even if its STREAM_END
+                # was lost with the connection
+                log.warning("takeover of vbucket %d: %s after the vbucket became active",
+                            self.vbid, e)
         finally:
             c, self.consumer = self.consumer, None
             if c is not None:

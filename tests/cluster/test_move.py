@@ -119,6 +119,13 @@ def _tail(node, state, vbs: str) -> subprocess.Popen:
                             text=True, env=env, cwd=REPO)
 
 
+def _documented_json(title: str) -> dict:
+    """The JSON example of `## title` in docs/json-output.md."""
+    text = (REPO / "docs" / "json-output.md").read_text()
+    section = text.split(f"\n## {title}\n", 1)[1]
+    return json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+
+
 def _history(node, vb: int) -> list[tuple[int, str]]:
     docs, _ = vbucket_stream(node, vb)
     return sorted((v[2], k.decode()) for k, v in docs.items())
@@ -168,6 +175,8 @@ def test_move_under_writes_keeps_every_write_the_failover_log_and_a_tail(abc, tm
     assert (m["vbucket"], m["from"], m["to"]) == (0, addr(a), addr(b))
     assert m["start_seqno"] >= 300      # B went on from its replica's position
     assert moved0["rev"] == 2
+    documented = _documented_json("dcptool cluster move")
+    assert set(moved0) == set(documented) and set(m) == set(documented["moved"][0])
 
     # every acknowledged write is on the new active (B for 0, C for 3), with its value
     for vb, new in ((0, b), (3, c)):
