@@ -150,34 +150,112 @@ class MetaWriter:
 
 def write_to_actives(opts, routes: dict[int, str], vbuckets: int,
                      per_vbucket: Iterable[tuple[int, Iterable[tuple]]], *,
-                     force: bool = False) -> WriteCounts:
+                     force: bool = False, window: int = 2000,
+                     reroute_timeout: float = 60.0) -> WriteCounts:
     """Write each vbucket's records to its active node on a cluster.
 
     routes: {vbucket: HOST:PORT of its active node} (from the cluster map); per_vbucket:
     (vbucket, records) pairs. One connection per node, opened on first use.
+
+    The map may change while the restore runs (a failover, a move). A window answered
+    NOT_MY_VBUCKET, or whose node cannot be reached, is sent again to the vbucket's
+    active as the map read again from the members says (the newest rev that answers),
+    until it is written or `reroute_timeout` seconds pass without a node taking it.
     """
+    from dcptool.client.errors import ClientError
     from dcptool.errors import DcptoolError
 
     from .nodeinfo import node_opts
 
+    routes = dict(routes)
     writers: dict[str, MetaWriter] = {}
-    try:
-        for vb, records in per_vbucket:
-            node = routes.get(vb)
-            if node is None:
-                raise DcptoolError(f"vbucket {vb} has no active node in the cluster map")
-            w = writers.get(node)
-            if w is None:
-                w = writers[node] = MetaWriter(node_opts(opts, node).connect(), vbuckets,
-                                               force=force)
-            w.write(records)
-    finally:
-        for w in writers.values():
+    retired: list[MetaWriter] = []
+
+    def drop(node: str) -> None:
+        w = writers.pop(node, None)
+        if w is not None:
+            retired.append(w)
             try:
                 w.conn.close()
             except OSError:
                 pass
+
+    def send(vb: int, batch: list[tuple]) -> None:
+        deadline = time.monotonic() + reroute_timeout
+        delay = 0.05
+        while True:
+            node = routes.get(vb)
+            try:
+                if node is None:
+                    raise DcptoolError(f"vbucket {vb} has no active node in the cluster map")
+                w = writers.get(node)
+                if w is None:
+                    w = writers[node] = MetaWriter(node_opts(opts, node).connect(), vbuckets,
+                                                   force=force, window=max(window, len(batch)))
+                w.write(batch)
+                return
+            except (NotMyVbucketError, ClientError, OSError, DcptoolError) as exc:
+                if not isinstance(exc, (NotMyVbucketError, OSError)) and \
+                        not _unreachable(exc) and node is not None:
+                    raise
+                if node is not None:
+                    drop(node)
+                if time.monotonic() > deadline:
+                    raise
+                routes.update(_refresh_routes(opts, routes, node))
+                if routes.get(vb) == node:
+                    time.sleep(delay)  # the map has not changed (yet): a failover under way
+                    delay = min(1.0, delay * 2)
+
+    try:
+        for vb, records in per_vbucket:
+            batch: list[tuple] = []
+            for rec in records:
+                batch.append(rec)
+                if len(batch) >= window:
+                    send(vb, batch)
+                    batch = []
+            if batch:
+                send(vb, batch)
+    finally:
+        for node in list(writers):
+            drop(node)
     total = WriteCounts()
-    for w in writers.values():
+    for w in retired:
         total.add(w.counts)
     return total
+
+
+def _unreachable(exc: Exception) -> bool:
+    """A connection that failed or closed (the node died or restarts), not a refusal."""
+    from dcptool.client.errors import ClientTimeout, ConnectError, ConnectionClosed
+
+    return isinstance(exc, (ConnectError, ConnectionClosed, ClientTimeout))
+
+
+def _refresh_routes(opts, routes: dict[int, str], failed: str | None) -> dict[int, str]:
+    """{vbucket: active node} from the newest cluster map any member answers with (the
+    members named in `routes` and `opts`' node; `failed` is asked last)."""
+    from dcptool.client.cluster import cluster_map
+    from dcptool.client.errors import ClientError
+
+    from .nodeinfo import node_opts
+
+    members = list(dict.fromkeys([*sorted(set(routes.values())), opts.address]))
+    if failed in members:
+        members.remove(failed)
+        members.append(failed)
+    best = None
+    for address in members:
+        try:
+            with node_opts(opts, address).connect() as conn:
+                view = cluster_map(conn)
+        except (ClientError, OSError, ValueError):
+            continue
+        if view.clustered and (best is None or view.rev > best.rev):
+            best = view
+            members.extend(n for n in view.nodes if n not in members)
+    if best is None:
+        return {}
+    return {vb: node for vb in range(len(best.vbmap))
+            if (node := best.active_node(vb)) is not None}
