@@ -2,6 +2,7 @@
 TCP proxy, and the "nothing lost" checks."""
 from __future__ import annotations
 
+import collections
 import os
 import random
 import socket
@@ -106,16 +107,20 @@ class Proxy:
     from [cut_min, cut_max] bytes of node-to-client traffic, and once it gets there the
     proxy forwards exactly that many bytes and closes both sides (a connection that never
     carries that much, like a driver's short requests, is never cut). `rate`: bytes per
-    second allowed client-to-node on every connection (None: no limit).
+    second allowed client-to-node on every connection, `down_rate` node-to-client (None:
+    no limit); `down_bytes` counts what went node-to-client on all connections.
     """
 
     def __init__(self, host: str, port: int, *, cuts: int = 0, cut_min: int = 0,
-                 cut_max: int = 0, seed: int = 0, rate: float | None = None) -> None:
+                 cut_max: int = 0, seed: int = 0, rate: float | None = None,
+                 down_rate: float | None = None) -> None:
         self.target = (host, port)
         self.rng = random.Random(seed)
         self.cuts_left = cuts
         self.cut_min, self.cut_max = cut_min, cut_max
         self.rate = rate
+        self.down_rate = down_rate
+        self.down_bytes = 0
         self.cut_at: list[int] = []  # offsets at which connections were cut
         self.connections = 0
         self._lock = threading.Lock()
@@ -141,10 +146,10 @@ class Proxy:
                 self.connections += 1
                 self._socks += [client, node]
                 offset = self.rng.randint(self.cut_min, self.cut_max) if self.cuts_left else None
-            pair = {"open": True}
+            pair = {"open": True, "node": node}
             threading.Thread(target=self._pump, args=(client, node, None, self.rate, pair),
                              daemon=True).start()
-            threading.Thread(target=self._pump, args=(node, client, offset, None, pair),
+            threading.Thread(target=self._pump, args=(node, client, offset, self.down_rate, pair),
                              daemon=True).start()
 
     def _cut(self, a: socket.socket, b: socket.socket, pair: dict) -> None:
@@ -159,9 +164,35 @@ class Proxy:
     def _pump(self, src: socket.socket, dst: socket.socket, cut: int | None,
               rate: float | None, pair: dict) -> None:
         sent = 0
+        recv = src.recv
+        if rate:
+            # read ahead into memory and send at `rate`: when `src` goes away (a killed
+            # node) what is still queued is dropped, as a reset connection would lose it
+            queue: collections.deque[bytes] = collections.deque()
+            ended = threading.Event()
+
+            def read_ahead() -> None:
+                while pair["open"]:
+                    try:
+                        chunk = src.recv(16384)
+                    except OSError:
+                        break
+                    if not chunk:
+                        break
+                    queue.append(chunk)
+                ended.set()
+
+            threading.Thread(target=read_ahead, daemon=True).start()
+
+            def recv(_n: int) -> bytes:
+                while not queue:
+                    if ended.wait(0.01):
+                        return b""
+                return b"" if ended.is_set() else queue.popleft()
+
         while pair["open"]:
             try:
-                data = src.recv(16384)
+                data = recv(16384)
             except OSError:
                 break
             if not data:
@@ -185,6 +216,9 @@ class Proxy:
             except OSError:
                 break
             sent += len(data)
+            if src is pair["node"]:
+                with self._lock:
+                    self.down_bytes += len(data)
             if rate:
                 time.sleep(len(data) / rate)
         self._cut(src, dst, pair)
