@@ -157,6 +157,7 @@ def test_failover_consumer_resumes_on_the_promoted_replica_without_missing_delet
                what="B installing the client's row")
 
     a.kill()
+    b.restart()  # the replicated row is on B's disk, not only in its memory
     names = [addr(a), addr(b)]
     with opts_for(b).connect() as conn:
         set_map(conn, {"rev": 2, "nodes": names, "this": 1, "replicas": 1,
