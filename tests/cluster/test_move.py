@@ -293,3 +293,27 @@ def test_move_cli_errors(abc, node_factory):
     # nothing moved: the map and the states are those of before
     assert status(a)["rev"] == 1 and status(a)["vbuckets"]["0"]["state"] == 1
     assert status(b)["vbuckets"]["0"]["state"] == VBucketState.REPLICA
+
+
+def test_session_hands_out_set_vbucket_state_and_answers_when_told():
+    """The consumer side, sans I/O: SET_VBUCKET_STATE becomes an event; by default the
+    session answers at once, with ack_vbucket_state=False only when the caller says so
+    (the takeover consumer answers once the state is applied)."""
+    from dcptool.client.events import VBUCKET_STATE
+    from dcptool.client.session import DcpSession, SessionConfig
+    from dcptool.protocol import FrameDecoder
+
+    def answers(session) -> list:
+        dec = FrameDecoder()
+        dec.feed(session.data_to_send())
+        return [(f.opcode, f.opaque) for f in dec if not f.is_request]
+
+    req = DcpSetVbucketState(vbucket=5, opaque=0x4242, state=VBucketState.PENDING).encode()
+    auto = DcpSession(SessionConfig(name="t"))
+    assert auto.feed(req) == [(VBUCKET_STATE, 5, VBucketState.PENDING, 0x4242)]
+    assert answers(auto) == [(Opcode.DCP_SET_VBUCKET_STATE, 0x4242)]
+    told = DcpSession(SessionConfig(name="t", ack_vbucket_state=False))
+    assert told.feed(req) == [(VBUCKET_STATE, 5, VBucketState.PENDING, 0x4242)]
+    assert answers(told) == []
+    told.ack_vbucket_state(0x4242)
+    assert answers(told) == [(Opcode.DCP_SET_VBUCKET_STATE, 0x4242)]
