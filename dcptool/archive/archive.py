@@ -304,8 +304,12 @@ class Archive:
     def begin_backup(self, backup_type: str, parent: str | None = LATEST, *,
                      level: int = DEFAULT_LEVEL, block_size: int = DEFAULT_BLOCK_SIZE,
                      segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                     extra: dict[str, Any] | None = None) -> "BackupWriter":
+                     extra: dict[str, Any] | None = None,
+                     version: int = FORMAT_VERSION) -> "BackupWriter":
         """Start a backup: take the archive lock, create the (partial) backup directory.
+
+        `version` is the format version of the backup's files (1 writes the older record
+        layout; kept for tests of the readers' compatibility).
 
         An incremental backup's parent defaults to the newest committed backup. Refuses to
         start while a partial backup exists (resume it or purge it first).
@@ -332,9 +336,11 @@ class Archive:
             backup_id = self._new_id()
             bdir = self.backup_dir(backup_id)
             make_dir(bdir)
+            if version not in (1, FORMAT_VERSION):
+                raise ArchiveError(f"format version {version} cannot be written")
             intent = {
                 "format": "dcptool-backup",
-                "version": FORMAT_VERSION,
+                "version": int(version),
                 "archive": self.uuid,
                 "id": backup_id,
                 "parent": parent_id,
@@ -493,22 +499,36 @@ class BackupWriter:
                                            f"{s['vbucket']}")
             by_vb[s["vbucket"]] = s
         listed = {f["name"] for s in by_vb.values() for f in s["files"]}
-        for s in by_vb.values():
-            for f in s["files"]:
-                path = self.dir / f["name"]
-                try:
-                    if rehash:
-                        size, digest = file_digest(path)
-                    else:
-                        size, digest = os.stat(path).st_size, f["sha256"]
-                except FileNotFoundError:
-                    raise SummaryMismatchError(f"{path}: listed for vbucket {s['vbucket']} but "
-                                               "missing") from None
-                if size != f["size"] or digest != f["sha256"]:
-                    raise SummaryMismatchError(
-                        f"{path}: the file on disk ({size} bytes) is not the one vbucket "
-                        f"{s['vbucket']}'s summary describes ({f['size']} bytes, sha256 "
-                        f"{f['sha256'][:12]}...)", hint="rerun the task for this vbucket")
+
+        def measure(f: dict[str, Any]) -> tuple[int, str] | None:
+            path = self.dir / f["name"]
+            try:
+                if rehash:
+                    return file_digest(path)
+                return os.stat(path).st_size, f["sha256"]
+            except FileNotFoundError:
+                return None
+
+        pairs = [(s, f) for s in by_vb.values() for f in s["files"]]
+        if rehash and len(pairs) > 1:
+            # hashlib releases the GIL on large buffers: the files hash in parallel
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+                measured = list(pool.map(measure, [f for _s, f in pairs]))
+        else:
+            measured = [measure(f) for _s, f in pairs]
+        for (s, f), got in zip(pairs, measured):
+            path = self.dir / f["name"]
+            if got is None:
+                raise SummaryMismatchError(f"{path}: listed for vbucket {s['vbucket']} but "
+                                           "missing")
+            size, digest = got
+            if size != f["size"] or digest != f["sha256"]:
+                raise SummaryMismatchError(
+                    f"{path}: the file on disk ({size} bytes) is not the one vbucket "
+                    f"{s['vbucket']}'s summary describes ({f['size']} bytes, sha256 "
+                    f"{f['sha256'][:12]}...)", hint="rerun the task for this vbucket")
         removed = False
         for name in os.listdir(self.dir):
             parsed = parse_data_name(name)
@@ -522,7 +542,7 @@ class BackupWriter:
         entries = [by_vb[vb] for vb in sorted(by_vb)]
         manifest = {
             "format": MANIFEST_FORMAT,
-            "version": FORMAT_VERSION,
+            "version": int(self.intent.get("version", FORMAT_VERSION)),
             "archive": self.archive.uuid,
             "bucket": self.archive.bucket,
             "id": self.id,

@@ -1,7 +1,8 @@
-"""Reading data files: zstd frames found by their headers, msgpack records inside each frame.
+"""Reading data files: zstd frames found by their headers, records inside each frame.
 
 A data file is a plain concatenation of zstd frames (RFC 8878). Each frame decompresses to
-whole msgpack records: a record never spans two frames. So a reader can find frame
+whole records (version 1: msgpack records one after the other; version 2: a columnar
+block, see block.py): a record never spans two frames. So a reader can find frame
 boundaries from the zstd block headers alone, decompress one frame at a time (memory bounded
 by the frame size) and tell a torn last frame (a writer killed mid-write) from a complete one.
 
@@ -18,6 +19,7 @@ from typing import BinaryIO, Iterator
 import msgpack
 import zstandard
 
+from .block import BLOCK_MARK, BlockError, decode_block, encode_records
 from .errors import CorruptFileError
 from .format import (
     DELETION,
@@ -35,6 +37,7 @@ from .format import (
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _SKIPPABLE_LOW = 0x184D2A50
 _READ_CHUNK = 1 << 20
+_BLOCK_MARK = bytes((BLOCK_MARK,))
 _MAX_BLOCK = 128 << 10
 
 
@@ -221,6 +224,11 @@ def frame_records(content: bytes, path: str, offset: int, *,
                   validate: bool = True) -> list[tuple]:
     """All records of one frame's content; the content must end exactly after the last.
     With `validate`, every record must have its type's layout (check_records)."""
+    if content[:1] == _BLOCK_MARK:
+        records = _block_records(content, path, offset)
+        if validate:
+            check_records(records, path, offset)
+        return records
     unpacker = new_unpacker()
     try:
         unpacker.feed(content)
@@ -238,7 +246,12 @@ def frame_records(content: bytes, path: str, offset: int, *,
 
 
 def frame_records_with_ends(content: bytes, path: str, offset: int) -> list[tuple[tuple, int]]:
-    """Like frame_records, with the byte offset (within the content) just past each record."""
+    """Like frame_records, with where each record ends: for version 1 records the byte
+    offset (within the content) just past it, for a version 2 block (whose records have no
+    byte offsets) the number of records up to and including it. Either way the last
+    record's end is the content's full measure (see `content_prefix`)."""
+    if content[:1] == _BLOCK_MARK:
+        return [(rec, i) for i, rec in enumerate(_block_records(content, path, offset), 1)]
     unpacker = new_unpacker()
     out: list[tuple[tuple, int]] = []
     try:
@@ -253,6 +266,23 @@ def frame_records_with_ends(content: bytes, path: str, offset: int) -> list[tupl
         raise CorruptFileError(path, f"zstd frame ends inside a record "
                                      f"({len(content) - used} bytes left over)", offset=offset)
     return out
+
+
+def _block_records(content: bytes, path: str, offset: int) -> list[tuple]:
+    try:
+        return decode_block(content)
+    except BlockError as exc:
+        raise CorruptFileError(path, f"the block in the zstd frame does not decode: {exc}",
+                               offset=offset) from None
+
+
+def content_prefix(content: bytes, keep: int, path: str, offset: int) -> list[bytes]:
+    """The sections of a frame content cut after the record whose end (as given by
+    frame_records_with_ends) is `keep`: version 1 bytes are sliced, a version 2 block is
+    encoded again from its first `keep` records. Compress with `compress_sections`."""
+    if content[:1] == _BLOCK_MARK:
+        return encode_records(_block_records(content, path, offset)[:keep])
+    return [content[:keep]]
 
 
 def iter_frame_batches(path: str | os.PathLike[str], *, expect_size: int | None = None,

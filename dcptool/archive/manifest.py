@@ -95,9 +95,9 @@ def check_manifest(doc: Any, dir_name: str | None = None,
     out: list[str] = []
     if doc.get("format") != MANIFEST_FORMAT:
         out.append(f"format is {doc.get('format')!r}, expected {MANIFEST_FORMAT!r}")
-    if doc.get("version") != FORMAT_VERSION:
+    if doc.get("version") not in range(1, FORMAT_VERSION + 1) or type(doc.get("version")) is not int:
         out.append(f"version {doc.get('version')!r} is not supported (this dcptool reads "
-                   f"{FORMAT_VERSION})")
+                   f"1 to {FORMAT_VERSION})")
         return out
     bid = doc.get("id")
     if not isinstance(bid, str) or not BACKUP_ID_RE.match(bid):

@@ -22,6 +22,7 @@ from typing import Any
 
 import zstandard
 
+from .block import compress_sections
 from .errors import CorruptFileError
 from .format import (
     DATA_RE,
@@ -43,6 +44,7 @@ from .format import (
 )
 from .frames import (
     TornFrame,
+    content_prefix,
     decompress_frame,
     frame_records_with_ends,
     record_ok,
@@ -86,7 +88,8 @@ def vbucket_files(backup_dir: str | os.PathLike[str]) -> dict[int, list[tuple[in
 class Cut:
     """A record boundary in a vbucket's data: keep segments before `seg_pos` whole, and in
     segment `seg_pos` everything before `frame_offset` plus the first `keep_bytes`
-    uncompressed bytes of the frame at `frame_offset` (all of it when keep_bytes == content)."""
+    uncompressed bytes of the frame at `frame_offset` (all of it when keep_bytes == content);
+    in a version 2 block, whose records have no byte offsets, both count records."""
 
     seg_pos: int
     frame_offset: int
@@ -183,7 +186,7 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
                     for offset, frame in scan_frames(f, path):
                         content = decompress_frame(frame, path, offset)
                         recs = frame_records_with_ends(content, path, offset)
-                        clen = len(content)
+                        clen = recs[-1][1] if recs else 0
                         for rec, end in recs:
                             here = Cut(seg_pos, offset, len(frame), end, clen)
                             before = prev_end
@@ -314,8 +317,9 @@ def truncate_to_cut(backup_dir: str | os.PathLike[str], scan: VBucketScan, *,
             f.seek(cut.frame_offset)
             frame = f.read(cut.frame_len)
         content = decompress_frame(frame, str(path), cut.frame_offset)
-        tail = zstandard.ZstdCompressor(level=level, write_checksum=True).compress(
-            content[:cut.keep_bytes])
+        tail = compress_sections(zstandard.ZstdCompressor(level=level, write_checksum=True),
+                                 content_prefix(content, cut.keep_bytes, str(path),
+                                                cut.frame_offset))
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC, FILE_MODE)
         try:
             os.ftruncate(fd, cut.frame_offset)

@@ -132,8 +132,9 @@ def _shape_error(rec: Any) -> str | None:
 class _VBucketCheck:
     """Walks one vbucket's records of one backup, across its segment files."""
 
-    def __init__(self, backup_id: str, entry: dict[str, Any]):
+    def __init__(self, backup_id: str, entry: dict[str, Any], version: int = FORMAT_VERSION):
         self.backup_id = backup_id
+        self.version = version  # the manifest's: every header record must name it
         self.vb = entry["vbucket"]
         self.entry = entry
         self.counts = {"mutations": 0, "deletions": 0, "expirations": 0, "snapshots": 0,
@@ -158,7 +159,7 @@ class _VBucketCheck:
         if first_in_file:
             if t != HEADER:
                 return "does not start with a header record"
-            if rec[1] != FORMAT_NAME or rec[2] != FORMAT_VERSION:
+            if rec[1] != FORMAT_NAME or rec[2] != self.version:
                 return f"header names format {rec[1]!r} version {rec[2]!r}"
             if rec[3] != self.vb or rec[4] != self.backup_id or rec[5] != segment:
                 return (f"holds segment {rec[5]} of vbucket {rec[3]} of backup {rec[4]}, not "
@@ -249,9 +250,9 @@ class _VBucketCheck:
 
 
 def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
-                           report: VerifyReport) -> None:
+                           report: VerifyReport, version: int = FORMAT_VERSION) -> None:
     vb = entry["vbucket"]
-    check = _VBucketCheck(backup_id, entry)
+    check = _VBucketCheck(backup_id, entry, version)
     for segment, f in enumerate(entry["files"]):
         path = bdir / f["name"]
         if not path.is_file():
@@ -432,7 +433,7 @@ def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> Ver
         if records:
             # files that failed the checksum are decoded too: it tells where they went bad
             for entry in doc["vbuckets"]:
-                _check_vbucket_records(bdir, name, entry, report)
+                _check_vbucket_records(bdir, name, entry, report, doc["version"])
     _continuity(archive, manifests, broken, report)
     return report
 
@@ -450,5 +451,6 @@ def verify_backup_dir(bdir: str | os.PathLike[str], manifest: dict[str, Any], *,
     _check_files(bdir, name, manifest, report)
     if records:
         for entry in manifest["vbuckets"]:
-            _check_vbucket_records(bdir, name, entry, report)
+            _check_vbucket_records(bdir, name, entry, report,
+                                   manifest.get("version", FORMAT_VERSION))
     return report

@@ -23,6 +23,7 @@ import zstandard
 
 from dcptool.faults import fault_point
 
+from .block import ITEM_COST, BlockBuilder, compress_sections, decode_block
 from .errors import ArchiveError, CorruptFileError
 from .format import (
     BACKUP_JSON,
@@ -53,6 +54,7 @@ from .format import (
 from .recovery import check_done, scan_vbucket, truncate_to_cut, vbucket_files
 
 SUMMARY_VERSION = 1
+_MUTATIONS = b"\x03" * 256  # record type bytes of a run of mutations
 
 _local = threading.local()
 
@@ -112,9 +114,13 @@ class VBucketWriter:
     def __init__(self, archive_path: str | os.PathLike[str], backup_id: str, vbucket: int,
                  start: Any, failover_log: Iterable[Any] | None = (), *,
                  resume: bool = False, level: int | None = None,
-                 block_size: int | None = None, segment_bytes: int | None = None):
+                 block_size: int | None = None, segment_bytes: int | None = None,
+                 sync: bool = True):
         self.archive_path = Path(archive_path)
         self.backup_id = backup_id
+        #: fsync each segment and the done file as they close (False: the caller runs
+        #: sync_filesystem once, after closing all its writers, before it reports them done)
+        self._sync = bool(sync)
         self.vbucket = int(vbucket)
         self.dir = self.archive_path / BACKUPS_DIR / backup_id
         intent = load_backup_intent(archive_path, backup_id)
@@ -124,7 +130,13 @@ class VBucketWriter:
         self._segment_bytes = int(segment_bytes or comp.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
         self._cctx = shared_compressor(self.level)
         self._pack = msgpack.Packer(use_bin_type=True).pack
-        self._buf = bytearray()
+        #: format version of this backup's files: 2 (columnar blocks) unless backup.json
+        #: says 1 (a partial backup begun by an older dcptool, resumed: same layout)
+        self.version = int(intent.get("version", FORMAT_VERSION))
+        if self.version not in (1, FORMAT_VERSION):
+            raise ArchiveError(f"backup {backup_id} has format version {self.version}; this "
+                               f"dcptool writes versions 1 and {FORMAT_VERSION}")
+        self._blk = BlockBuilder()
         self.start = Position.coerce(start)
         self.failover_log = coerce_failover_log(failover_log)
         # counters: records of each kind, value bytes; "other" = header/stream/rollback/end
@@ -175,36 +187,38 @@ class VBucketWriter:
 
     def marker(self, start: int, end: int, flags: int = 0) -> None:
         """A snapshot marker: the items that follow have seqnos in start..end."""
-        self._buf += self._pack((2, start, end, flags))  # SNAPSHOT (a literal: no global lookup)
+        blk = self._blk
+        blk.others.append((2, start, end, flags))  # SNAPSHOT (a literal: no global lookup)
+        blk.kinds.append(2)
         self._ns += 1
-        if len(self._buf) >= self._block:
+        if blk.size() >= self._block:
             self._flush()
 
     def mutation(self, seqno: int, rev_seqno: int, cas: int, flags: int, expiry: int,
                  datatype: int, key: bytes, value: bytes, xattrs: bytes | None = None) -> None:
-        self._buf += self._pack((3, seqno, rev_seqno, cas, flags, expiry, datatype, key, value,
-                                 xattrs))  # MUTATION
+        blk = self._blk
+        blk.add((3, seqno, rev_seqno, cas, flags, expiry, datatype, key, value, xattrs))
         self._nm += 1
         self._vbytes += len(value)
-        if len(self._buf) >= self._block:
+        if blk.size() >= self._block:
             self._flush()
 
     def deletion(self, seqno: int, rev_seqno: int, cas: int, key: bytes, delete_time: int = 0,
                  datatype: int = 0, value: bytes = b"") -> None:
-        self._buf += self._pack((4, seqno, rev_seqno, cas, key, delete_time, datatype,
-                                 value))  # DELETION
+        blk = self._blk
+        blk.add((4, seqno, rev_seqno, cas, key, delete_time, datatype, value))  # DELETION
         self._nd += 1
         self._vbytes += len(value)
-        if len(self._buf) >= self._block:
+        if blk.size() >= self._block:
             self._flush()
 
     def expiration(self, seqno: int, rev_seqno: int, cas: int, key: bytes, delete_time: int = 0,
                    datatype: int = 0, value: bytes = b"") -> None:
-        self._buf += self._pack((5, seqno, rev_seqno, cas, key, delete_time, datatype,
-                                 value))  # EXPIRATION
+        blk = self._blk
+        blk.add((5, seqno, rev_seqno, cas, key, delete_time, datatype, value))  # EXPIRATION
         self._ne += 1
         self._vbytes += len(value)
-        if len(self._buf) >= self._block:
+        if blk.size() >= self._block:
             self._flush()
 
     def mutation_events(self, events: Sequence[tuple], lo: int = 0, hi: int | None = None) -> None:
@@ -214,22 +228,33 @@ class VBucketWriter:
         one tuple build, one pack and one append per event and the counting done per batch."""
         if hi is None:
             hi = len(events)
-        pack = self._pack
-        block = self._block
-        buf = self._buf
+        blk = self._blk
         vbytes = 0
         done = lo
-        for i in range(lo, hi):
-            e = events[i]
-            v = e[9]
-            buf += pack((3, e[2], e[3], e[4], e[5], e[6], e[7], e[8], v, None))  # MUTATION
-            vbytes += len(v)
-            if len(buf) >= block:
-                self._nm += i + 1 - done
-                done = i + 1
+        while done < hi:
+            # room: what the block takes before it is full, the items counted as in size()
+            room = self._block - blk.size() - (1 - done) * ITEM_COST
+            mext, kpack, vpack = blk.meta.extend, blk.keys.pack, blk.vals.pack
+            bv = 0
+            i = done
+            for i in range(done, hi):
+                e = events[i]
+                v = e[9]
+                mext(e[2:8])  # seqno, rev_seqno, cas, flags, expiry, datatype
+                kpack(e[8])
+                vpack(v)  # copies the value (it may be a view of the receive buffer)
+                bv += len(v)
+                if bv + i * ITEM_COST >= room:
+                    break
+            i += 1
+            blk.kinds += _MUTATIONS[:i - done] if i - done <= 256 else b"\x03" * (i - done)
+            blk.vbytes += bv
+            vbytes += bv
+            self._nm += i - done
+            done = i
+            if blk.size() >= self._block:
                 self._flush()
-                buf = self._buf
-        self._nm += hi - done
+                blk = self._blk
         self._vbytes += vbytes
 
     def write(self, records: Sequence[tuple]) -> None:
@@ -243,18 +268,19 @@ class VBucketWriter:
         if bad:
             raise ValueError(f"write() takes snapshot markers and items, not record types "
                              f"{sorted(bad, key=repr)}")
-        pack = self._pack
         block = self._block
-        buf = self._buf
+        blk = self._blk
+        add = blk.add
         last = 0
         i = 0
         for i, rec in enumerate(records, 1):
-            buf += pack(rec)
-            if len(buf) >= block:
+            add(rec)
+            if blk.size() >= block:
                 self._nb += i - last  # packed, not yet classified (keeps frame counts right)
                 last = i
                 self._flush()
-                buf = self._buf
+                blk = self._blk
+                add = blk.add
         self._nb -= last  # every record of the batch is counted by type below
         self._nm += types[MUTATION]
         self._nd += types[DELETION]
@@ -269,15 +295,19 @@ class VBucketWriter:
     def add_packed(self, data: bytes, *, mutations: int = 0, deletions: int = 0,
                    expirations: int = 0, snapshots: int = 0, value_bytes: int = 0) -> None:
         """Append records the caller already packed with msgpack (whole snapshot-marker and
-        item records only, in the format's layout), with their counts."""
-        self._buf += data
-        self._nm += mutations
-        self._nd += deletions
-        self._ne += expirations
-        self._ns += snapshots
-        self._vbytes += value_bytes
-        if len(self._buf) >= self._block:
-            self._flush()
+        item records only, in the format's layout). The counts are taken from the records
+        (the keyword arguments are accepted for compatibility and checked)."""
+        unpacker = msgpack.Unpacker(use_list=False, raw=False)
+        unpacker.feed(data)
+        records = list(unpacker)
+        before = (self._nm, self._nd, self._ne, self._ns, self._vbytes)
+        self.write(records)
+        got = (self._nm - before[0], self._nd - before[1], self._ne - before[2],
+               self._ns - before[3], self._vbytes - before[4])
+        if any((mutations, deletions, expirations, snapshots, value_bytes)) and \
+                got != (mutations, deletions, expirations, snapshots, value_bytes):
+            raise ValueError(f"add_packed: the records hold {got} (mutations, deletions, "
+                             "expirations, snapshots, value bytes), not the counts given")
 
     # -- frames and segments ----------------------------------------------------------------
 
@@ -287,13 +317,18 @@ class VBucketWriter:
     def _flush(self) -> None:
         if self._roll:
             self._roll = False
-            self._close_segment()
+            self._close_segment(self._sync)
             self._open_segment(self._segment + 1)
-        buf = self._buf
-        if not buf:
+        blk = self._blk
+        if not len(blk):
             return
-        frame = self._cctx.compress(buf)
-        self._buf = bytearray()
+        if self.version >= 2:
+            frame = compress_sections(self._cctx, blk.sections())
+        else:  # version 1: msgpack records one after the other
+            pack = self._pack
+            frame = self._cctx.compress(b"".join(
+                [pack(r) for r in decode_block(b"".join(blk.sections()))]))
+        self._blk = BlockBuilder()
         fault_point("frame", fd=self._fd, data=frame)  # DCPTOOL_FAULT: kill-mid-file, enospc
         _write_all(self._fd, frame)
         self._sha.update(frame)
@@ -312,8 +347,8 @@ class VBucketWriter:
         self._fsize = 0
         self._sha = hashlib.sha256()
         self._seg_records = 0
-        self._buf[0:0] = self._pack((HEADER, FORMAT_NAME, FORMAT_VERSION, self.vbucket,
-                                     self.backup_id, segment))
+        self._blk.insert_first((HEADER, FORMAT_NAME, self.version, self.vbucket,
+                                self.backup_id, segment))
         self._no += 1
 
     def _close_segment(self, sync: bool = True) -> None:
@@ -329,8 +364,8 @@ class VBucketWriter:
                             "records": self._seg_records})
 
     def _stream_record(self, pos: Position, failover_log: list[list[int]]) -> None:
-        self._buf += self._pack((STREAM, pos.uuid, pos.seqno, pos.snap_start, pos.snap_end,
-                                 [tuple(e) for e in failover_log]))
+        self._blk.add((STREAM, pos.uuid, pos.seqno, pos.snap_start, pos.snap_end,
+                       tuple(tuple(e) for e in failover_log)))
         self._no += 1
 
     def _adopt(self, scan: Any, files: list[tuple[int, str]]) -> None:
@@ -389,7 +424,7 @@ class VBucketWriter:
         """
         self._check_open()
         self._cut_back(seqno)
-        self._buf += self._pack((ROLLBACK, seqno, vbucket_uuid))
+        self._blk.add((ROLLBACK, seqno, vbucket_uuid))
         self._no += 1
         self.rollbacks.append({"seqno": seqno, "vbucket_uuid": vbucket_uuid})
         self.position = Position.at(vbucket_uuid, seqno)
@@ -423,14 +458,16 @@ class VBucketWriter:
 
     def close(self, end: Any) -> dict[str, Any]:
         """Finish the vbucket at `end` (a snapshot boundary): write the end record, fsync the
-        files, write the done file atomically, and return the summary dict."""
+        files, write the done file atomically, and return the summary dict. (With
+        sync=False, no fsyncs: the caller syncs the filesystem before it reports the
+        vbucket done.)"""
         self._check_open()
         end_pos = Position.coerce(end)
-        self._buf += self._pack((END, end_pos.uuid, end_pos.seqno, end_pos.snap_start,
-                                 end_pos.snap_end))
+        self._blk.add((END, end_pos.uuid, end_pos.seqno, end_pos.snap_start,
+                       end_pos.snap_end))
         self._no += 1
         self._flush()
-        self._close_segment()
+        self._close_segment(self._sync)
         self.closed = True
         files = self._files
         summary = {
@@ -445,7 +482,7 @@ class VBucketWriter:
             "files": files,
             "rollbacks": self.rollbacks,
         }
-        atomic_write_json(self.dir / done_file_name(self.vbucket), summary)
+        atomic_write_json(self.dir / done_file_name(self.vbucket), summary, durable=self._sync)
         self.summary = summary
         self.position = end_pos
         return summary

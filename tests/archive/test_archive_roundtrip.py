@@ -34,7 +34,7 @@ def test_create_layout_and_modes(tmp_path):
     path = tmp_path / "arc"
     a = Archive.create(path, bucket="travel", vbuckets=8)
     meta = json.loads((path / "archive.json").read_text())
-    assert meta["format"] == "dcptool-archive" and meta["version"] == 1
+    assert meta["format"] == "dcptool-archive" and meta["version"] == 2
     assert meta["bucket"] == "travel" and meta["vbuckets"] == 8
     assert len(meta["uuid"]) == 32 and meta["created"].endswith("Z")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
@@ -69,9 +69,11 @@ def test_open_errors(tmp_path):
         Archive.create(busy, bucket="b")
 
 
-def test_records_round_trip_every_field(tmp_path):
+@pytest.mark.parametrize("version", [2, 1])
+def test_records_round_trip_every_field(tmp_path, version):
+    """Both layouts (2: columnar blocks, 1: the older msgpack records) read back the same."""
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=4)
-    bw = a.begin_backup("full")
+    bw = a.begin_backup("full", version=version)
     big = os.urandom(3 << 20)  # one record larger than a frame
     w = bw.vbucket(2, Position.at(W, 0), [(W, 0)])
     w.marker(1, 6, 1)
@@ -84,7 +86,8 @@ def test_records_round_trip_every_field(tmp_path):
     summary = w.close(Position.at(W, 6))
     m = bw.commit([summary])
     recs = list(a.backup(m["id"]).records(2))
-    assert recs[0] == (0, "dcptool-archive", 1, 2, m["id"], 0)
+    assert m["version"] == version
+    assert recs[0] == (0, "dcptool-archive", version, 2, m["id"], 0)
     assert recs[1] == (1, W, 0, 0, 0, ((W, 0),))
     assert recs[2:] == [
         (2, 1, 6, 1),
@@ -100,6 +103,7 @@ def test_records_round_trip_every_field(tmp_path):
     assert summary["counts"] == {"mutations": 3, "deletions": 2, "expirations": 1,
                                  "snapshots": 2, "rollbacks": 0, "records": 11}
     assert summary["bytes"]["values"] == len(big) + 7 + 1  # values only, not xattrs
+    assert verify_archive(a.path).ok
 
 
 def test_summary_shape_done_file_and_manifest(tmp_path):
@@ -144,7 +148,7 @@ def test_segments_and_frames(tmp_path):
     assert seqnos == list(range(1, 3001))
     for i, n in enumerate(names):  # every segment starts with its own header
         first = next(iter_file_records(b.dir / n))
-        assert first == (0, "dcptool-archive", 1, 0, bw.id, i)
+        assert first == (0, "dcptool-archive", 2, 0, bw.id, i)
     assert sum(f["records"] for f in s["files"]) == s["counts"]["records"]
 
 
