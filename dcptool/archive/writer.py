@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import weakref
 from collections import Counter
 from operator import itemgetter
 from pathlib import Path
@@ -28,6 +29,7 @@ from .errors import ArchiveError, CorruptFileError
 from .format import (
     BACKUP_JSON,
     BACKUPS_DIR,
+    DEFAULT_BLOCK_BUDGET,
     DEFAULT_BLOCK_SIZE,
     DEFAULT_LEVEL,
     DEFAULT_SEGMENT_BYTES,
@@ -39,6 +41,7 @@ from .format import (
     FORMAT_VERSION,
     HEADER,
     MANIFEST_JSON,
+    MIN_BLOCK_SIZE,
     MUTATION,
     ROLLBACK,
     SNAPSHOT,
@@ -55,6 +58,8 @@ from .recovery import check_done, scan_vbucket, truncate_to_cut, vbucket_files
 
 SUMMARY_VERSION = 1
 _MUTATIONS = b"\x03" * 256  # record type bytes of a run of mutations
+#: the writers of this process that are open (created, not closed, aborted or collected)
+_OPEN_WRITERS: "weakref.WeakSet[VBucketWriter]" = weakref.WeakSet()
 
 _local = threading.local()
 
@@ -115,7 +120,7 @@ class VBucketWriter:
                  start: Any, failover_log: Iterable[Any] | None = (), *,
                  resume: bool = False, level: int | None = None,
                  block_size: int | None = None, segment_bytes: int | None = None,
-                 sync: bool = True):
+                 sync: bool = True, block_budget: int | None = None):
         self.archive_path = Path(archive_path)
         self.backup_id = backup_id
         #: fsync each segment and the done file as they close (False: the caller runs
@@ -126,7 +131,13 @@ class VBucketWriter:
         intent = load_backup_intent(archive_path, backup_id)
         comp = intent.get("compression", {})
         self.level = int(level if level is not None else comp.get("level", DEFAULT_LEVEL))
-        self._block = int(block_size or comp.get("block_size", DEFAULT_BLOCK_SIZE))
+        self._max_block = int(block_size or comp.get("block_size", DEFAULT_BLOCK_SIZE))
+        #: the uncompressed bytes all open writers of this process buffer together: with
+        #: many vbuckets open at once (a task streams hundreds, interleaved), each closes
+        #: its frames at budget / open writers instead of block_size, so memory stays flat
+        #: however large the vbuckets grow
+        self._budget = int(block_budget or DEFAULT_BLOCK_BUDGET)
+        self._block = self._max_block
         self._segment_bytes = int(segment_bytes or comp.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
         self._cctx = shared_compressor(self.level)
         self._pack = msgpack.Packer(use_bin_type=True).pack
@@ -182,6 +193,16 @@ class VBucketWriter:
             self.position = self.start
             self._open_segment(0)
             self._stream_record(self.start, self.failover_log)
+        _OPEN_WRITERS.add(self)
+
+    def _block_size(self) -> int:
+        """The block size now: block_size, or less (not below MIN_BLOCK_SIZE) when many
+        writers are open."""
+        share = self._budget // max(1, len(_OPEN_WRITERS))
+        return min(self._max_block, max(MIN_BLOCK_SIZE, share))
+
+    def _uncount(self) -> None:
+        _OPEN_WRITERS.discard(self)
 
     # -- hot path ------------------------------------------------------------------------------
 
@@ -229,6 +250,7 @@ class VBucketWriter:
         if hi is None:
             hi = len(events)
         blk = self._blk
+        self._block = self._block_size()
         vbytes = 0
         done = lo
         while done < hi:
@@ -320,6 +342,7 @@ class VBucketWriter:
             self._close_segment(self._sync)
             self._open_segment(self._segment + 1)
         blk = self._blk
+        self._block = self._block_size()
         if not len(blk):
             return
         if self.version >= 2:
@@ -469,6 +492,7 @@ class VBucketWriter:
         self._flush()
         self._close_segment(self._sync)
         self.closed = True
+        self._uncount()
         files = self._files
         summary = {
             "summary_version": SUMMARY_VERSION,
@@ -492,6 +516,7 @@ class VBucketWriter:
         if self.closed:
             return
         self.closed = True
+        self._uncount()
         if self._fd >= 0:
             try:
                 self._flush()

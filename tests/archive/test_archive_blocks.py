@@ -227,3 +227,43 @@ def test_add_packed_checks_the_counts_it_is_given(tmp_path, version):
     assert s["counts"]["mutations"] == 1 and s["counts"]["deletions"] == 1
     m = bw.commit([s])
     assert [r for r in a.backup(m["id"]).records(0) if r[0] in (2, 3, 4)] == recs
+
+
+def test_open_writers_share_the_block_budget(tmp_path):
+    """Many vbucket writers open at once close smaller frames (memory stays bounded);
+    a writer open alone keeps the full block size."""
+    a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=8)
+    bw = a.begin_backup("full")
+    budget = 8 * (64 << 10)
+
+    def frames_of(summary):
+        out = []
+        for f in summary["files"]:
+            with open(bw.dir / f["name"], "rb") as fh:
+                out += [decompress_frame(fr, "x", off) for off, fr in scan_frames(fh, "x")]
+        return out
+
+    events = [(3, 0, s, 1, s, 0, 0, 1, b"k%d" % s, os.urandom(1000)) for s in range(1, 301)]
+    ws = [VBucketWriter(a.path, bw.id, vb, Position.at(W, 0), [(W, 0)], block_budget=budget)
+          for vb in range(8)]
+    for w in ws:
+        w.marker(1, 300)
+    for lo in range(0, 300, 50):  # interleaved, as a task streams its vbuckets
+        for w in ws:
+            w.mutation_events(events, lo, lo + 50)
+    sums = [w.close(Position.at(W, 300)) for w in ws]
+    sizes = [len(c) for c in frames_of(sums[0])]
+    assert len(sizes) >= 4 and max(sizes) < 80 << 10, sizes  # ~64 KiB frames, not one of 300 KB
+    alone = VBucketWriter(a.path, bw.id, 0, Position.at(W, 0), [(W, 0)], block_budget=budget)
+    alone.marker(1, 300)
+    alone.mutation_events(events)
+    assert len(frames_of(alone.close(Position.at(W, 300)))) == 1
+    assert [r[8] for r in frames_of_records(bw.dir, sums[3])] == [e[9] for e in events]
+    bw.abort()
+
+
+def frames_of_records(bdir, summary):
+    from dcptool.archive.frames import iter_file_records
+
+    return [r for f in summary["files"] for r in iter_file_records(bdir / f["name"])
+            if r[0] == 3]
