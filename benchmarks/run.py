@@ -11,8 +11,9 @@
    and ingest over 1 and 4 connections;
 4-5. e2e: `run_backup` end to end from a local node with local Spark, then `run_restore`
    into a second node;
-6. rss: peak RSS of the backup task (a fresh process replaying a synthetic stream) and of
-   the node (disk drain, after a restart) for N and 4N documents (4N skipped with --quick).
+6. rss: peak RSS of the backup task (a fresh process replaying a synthetic stream of 1024
+   vbuckets, all in one task) and of the node (disk drain, after a restart) for N and 4N
+   documents (4N skipped with --quick).
 
 N is 1,000,000 (200,000 with --quick). The existing benchmark modules do the work; this
 module only runs them and collects their figures.
@@ -140,16 +141,26 @@ print(items, secs, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
-def task_peak_rss(n: int, tmp: Path) -> dict:
+#: vbuckets of the synthetic stream of the task's peak-RSS run: a whole 1024-vbucket bucket
+#: in one task, interleaved in snapshots of 512 (the worst case for its buffers: every
+#: vbucket's writer is open at once)
+RSS_VBUCKETS = 1024
+
+
+def task_peak_rss(n: int, tmp: Path, repo: Path = REPO, keep: bool = False) -> dict:
+    """Peak RSS (ru_maxrss = VmHWM) of a fresh process running the backup task on a
+    replayed synthetic stream of n documents; `repo` picks the dcptool tree to run."""
     rec = tmp / f"synthetic-{n}.dcp"
-    meta = cr.record_synthetic(rec, n, VALUE_SIZE, 16)
-    Path(str(rec) + ".json").write_text(json.dumps(meta))
-    p = subprocess.run([sys.executable, "-c", TASK_RSS, str(REPO), str(rec), str(tmp / "rss-arch")],
+    if not rec.exists():
+        meta = cr.record_synthetic(rec, n, VALUE_SIZE, RSS_VBUCKETS)
+        Path(str(rec) + ".json").write_text(json.dumps(meta))
+    p = subprocess.run([sys.executable, "-c", TASK_RSS, str(repo), str(rec), str(tmp / "rss-arch")],
                        capture_output=True, text=True, check=True)
     items, secs, kb = p.stdout.split()
-    rec.unlink()
-    return {"docs": int(items), "items_per_s": round(int(items) / float(secs)),
-            "peak_rss_MB": round(int(kb) / 1024, 1)}
+    if not keep:
+        rec.unlink()
+    return {"docs": int(items), "vbuckets": RSS_VBUCKETS,
+            "items_per_s": round(int(items) / float(secs)), "peak_rss_MB": round(int(kb) / 1024, 1)}
 
 
 def measure_rss(n: int, quick: bool, tmp: Path, node_1n: dict | None) -> dict:

@@ -267,3 +267,28 @@ def frames_of_records(bdir, summary):
 
     return [r for f in summary["files"] for r in iter_file_records(bdir / f["name"])
             if r[0] == 3]
+
+
+def test_the_documented_reader_reads_both_versions(tmp_path):
+    """docs/archive-format.md's reader (no dcptool imports) yields dcptool's records."""
+    import re
+
+    from dcptool.archive.frames import iter_file_records
+
+    doc = (Path(__file__).parents[2] / "docs" / "archive-format.md").read_text()
+    section = doc[doc.index("## Reading an archive without dcptool"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    v1 = _copy_fixture(tmp_path)
+    a = Archive.create(tmp_path / "v2", bucket="b", vbuckets=1)
+    bw = a.begin_backup("full")
+    w = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    recs = _random_records(random.Random(2), 300)[2:-1]
+    w.write([r for r in recs if r[0] in (2, 3, 4, 5)])
+    bw.commit([w.close(Position.at(W, 10_000))])
+    for arc in (v1, a.path):
+        ns: dict = {}
+        exec(code.replace('"/backups/travel"', repr(str(arc))), ns)
+        files = sorted(arc.glob("backups/*/vb-*.mpk.zst"))
+        assert files
+        for f in files:
+            assert list(ns["records"](f)) == list(iter_file_records(f))
