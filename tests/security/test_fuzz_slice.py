@@ -59,3 +59,31 @@ def test_fuzz_slice_never_crashes_the_node(node_factory, vectors_dir):
         assert c.call(Opcode.NOOP).status == Status.SUCCESS
         st = c.stats()
         assert int(st["frames_einval"]) > 0 and int(st["frames_e2big"]) > 0
+
+
+def test_stat_dcp_with_a_connection_name_that_is_not_utf8(shared_node):
+    """Found by the fuzz harness: STAT dcp answered EINTERNAL (and logged a traceback)
+    once a DCP connection had a name that is not valid UTF-8."""
+    from node.dcpclient import DcpClient
+    from node.mcbp import connect
+
+    name = b"fuzz-\xe1\x9b-name"
+    c = DcpClient(shared_node.host, shared_node.port, vbuckets=shared_node.vbuckets)
+    try:
+        c.setup()
+        f = c.call(Opcode.DCP_OPEN, extras=(0).to_bytes(4, "big") + (1).to_bytes(4, "big"),
+                   key=name)
+        assert f.status == Status.SUCCESS
+        with connect(shared_node) as s:
+            opaque = s.request(Opcode.STAT, key=b"dcp")
+            keys = []
+            while True:
+                r = s.wait_response(opaque)
+                assert r.status == Status.SUCCESS, hex(r.status)
+                if not r.key:
+                    break
+                keys.append(r.key)
+            assert b"eq_dcpq:" + name + b":type" in keys
+    finally:
+        c.close()
+    assert "Traceback" not in shared_node.stderr()

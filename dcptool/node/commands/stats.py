@@ -185,5 +185,8 @@ def stat(conn, frame, msg) -> None:
     for name, value in stats:
         if isinstance(value, bool):
             value = "true" if value else "false"
-        conn.reply(frame, key=name.encode(), value=str(value).encode())
+        # names carry what clients chose (DCP connection names, decoded with
+        # surrogateescape): give back the bytes they sent, valid UTF-8 or not
+        conn.reply(frame, key=name.encode("utf-8", "surrogateescape"),
+                   value=str(value).encode("utf-8", "surrogateescape"))
     conn.reply(frame)
