@@ -191,6 +191,9 @@ def broken_chain(a: Path, rng: random.Random) -> str:
     return first.parent.name
 
 
+#: damage restore's error line must name a data file for
+NAMES_A_DATA_FILE = (flip_bytes, truncate, zero_length, delete_file, append_garbage, swap_files)
+
 MUTATIONS = [flip_bytes, truncate, zero_length, delete_file, append_garbage, swap_files,
              swap_manifests, manifest_garbage, manifest_file_entry, archive_json, broken_chain]
 
@@ -205,6 +208,7 @@ def test_damaged_archives_fail_verify_and_restore_clearly(pristine, target, tmp_
     assert rc == 0, out + err
     ran: dict[str, int] = {}
     spent = {"verify": 0.0, "restore": 0.0}
+    codes: dict[str, set[int]] = {}  # restore's exit statuses per kind
     for i in range(VARIANTS):
         mutate = MUTATIONS[i % len(MUTATIONS)]
         copy = tmp_path / f"v{i:03d}"
@@ -231,10 +235,13 @@ def test_damaged_archives_fail_verify_and_restore_clearly(pristine, target, tmp_
         assert rc not in (0, None), f"{what}: restore succeeded: {out}{err}"
         line = one_error_line(err)
         assert len(line) < 600, line
+        if mutate in NAMES_A_DATA_FILE:
+            assert ".mpk.zst" in line, f"{what}: {line}"
+        codes.setdefault(mutate.__name__, set()).add(rc)
         with opts_for(target).connect() as conn:
             written = sum(get_vbucket_seqnos(conn, state=1).values())
         assert written == 0, f"{what}: restore wrote {written} items before failing: {line}"
         ran[mutate.__name__] = ran.get(mutate.__name__, 0) + 1
         shutil.rmtree(copy)
     assert sum(ran.values()) == VARIANTS and len(ran) == min(VARIANTS, len(MUTATIONS))
-    print(f"archive fuzz: {VARIANTS} variants {ran}; seconds {spent}")
+    print(f"archive fuzz: {VARIANTS} variants {ran}; seconds {spent}; restore exit statuses {codes}")
