@@ -353,9 +353,16 @@ class ReplicaStream(threading.Thread):
         vb = self.repl.bucket.vbuckets[self.vbid]
         if vb.state != _REPLICA:
             raise _Stopped()
-        vb.failover_log = [(int(u), int(s)) for u, s in failover_log]
+        new = [(int(u), int(s)) for u, s in failover_log]
+        changed = new != vb.failover_log
+        vb.failover_log = new
         if vb.on_meta_change is not None:
             vb.on_meta_change(vb)
+        if changed:
+            # streams served from this replica (the next hop of a chain, clients) were
+            # given the old history: they ask again and take the new one
+            for s in list(vb.streams):
+                s.end_stream(StreamEndReason.STATE_CHANGED)
 
     def _on_rollback(self, info):
         from dcptool.client.position import Position

@@ -218,3 +218,26 @@ def test_chain_replication_carries_data_failover_log_rows_and_purge_caps(tmp_pat
         assert compact_drop(c)["purge_seqno"] == 80
     finally:
         stop_nodes(nodes)
+
+
+def test_chain_next_hop_takes_the_history_its_source_took_later(tmp_path):
+    """C is given the map first and streams from B while B still has its own history;
+    when B takes A's failover log, C asks again and takes it too."""
+    nodes = start_nodes(tmp_path, ["a", "b", "c"], vbuckets=VBS)
+    try:
+        a, b, c = nodes["a"], nodes["b"], nodes["c"]
+        with opts_for(a).connect() as conn:
+            load(conn, {k: {"n": i} for i, k in enumerate(keys_in(0, VBS, 20))}, VBS)
+        names = [addr(n) for n in (a, b, c)]
+        for i, n in ((2, c), (1, b), (0, a)):
+            with opts_for(n).connect() as conn:
+                set_map(conn, {"rev": 1, "nodes": names, "this": i, "replicas": 2,
+                               "topology": "chain", "vbmap": [[0, 1, 2]] * VBS,
+                               "auth": {"username": n.username, "password": n.password}})
+        wait_seqno(c, 0, 20)
+        wait_until(lambda: failover_log(c, 0) == failover_log(a, 0),
+                   what="C taking A's failover log through B")
+        assert failover_log(b, 0) == failover_log(a, 0)
+        assert vbucket_stream(c, 0)[0] == vbucket_stream(a, 0)[0]
+    finally:
+        stop_nodes(nodes)
