@@ -335,3 +335,53 @@ async def stop(repl: "Replication") -> None:
     repl.hwt_sync = None
     sync.stop()
     await asyncio.get_running_loop().run_in_executor(None, sync.join, 10.0)
+
+
+async def adopt(node, vbid: int, address: tuple[str, int], auth: dict[str, str], *,
+                timeout: float = 30.0) -> int:
+    """After a takeover of `vbid` from `address` (a controlled move): install the old
+    active's rows of the vbucket here, as a replica would have, so the purger of the new
+    active keeps what the clients of the old one registered. Rows are installed once this
+    node has persisted the vbucket up to them (waiting at most `timeout` seconds). Never
+    raises: a row that cannot be fetched only means the purger does not wait for it.
+    Returns how many rows were installed."""
+    from dcptool.client.connection import Connection
+    from dcptool.client.watermark import WatermarkUnsupported, _call
+    from dcptool.protocol.constants import Opcode
+
+    loop = asyncio.get_running_loop()
+    bucket = node.bucket
+    source = f"{address[0]}:{address[1]}"
+
+    def fetch() -> dict[str, Any]:
+        conn = Connection.open(address[0], address[1], username=auth.get("username", ""),
+                               password=auth.get("password", ""), bucket=bucket.name,
+                               timeout=5.0, agent="dcptool-node/hwt-takeover")
+        try:
+            return _call(conn, Opcode.HWT_LIST, {"vbuckets": [vbid], "holding": False},
+                         "HWT_LIST")
+        finally:
+            conn.close()
+
+    try:
+        answer = await loop.run_in_executor(None, fetch)
+    except WatermarkUnsupported:
+        return 0
+    except Exception as exc:  # the old active went away: nothing to take
+        log.warning("vbucket %d: the HWT rows of %s could not be read after the takeover: "
+                    "%s", vbid, source, exc)
+        return 0
+    offered = offered_rows(answer, [vbid], source, time.time())[vbid]
+    vb = bucket.vbuckets[vbid]
+    top = max((r.seqno for r in offered.values()), default=0)
+    deadline = time.monotonic() + timeout
+    while vb.persisted_seqno < min(top, vb.high_seqno) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    hwt = bucket.hwt
+    current = {(r.name, r.instance): r for r in hwt.replicated.values() if r.vb == vbid}
+    rows, pending = plan_install(current, offered, vb.persisted_seqno)
+    for r in pending:
+        log.warning("vbucket %d: HWT row %s at %d is ahead of this node (persisted %d) and "
+                    "was not taken", vbid, r.client, r.seqno, vb.persisted_seqno)
+    hwt.install(vbid, rows)
+    return len(rows)

@@ -261,6 +261,8 @@ async def take_over(node: "Node", vbid: int, address: tuple[str, int], auth: dic
         if vb.state == _PENDING:
             vb.set_state(_REPLICA)  # the source is still active (or dead: see the CLI)
         raise
+    from .hwtrepl import adopt
+    await adopt(node, vbid, address, auth)  # the old active's HWT rows (seed 002)
     vb = bucket.vbuckets[vbid]
     log.info("vbucket %d taken over from %s:%d at seqno %d (%d items, from %d)", vbid,
              address[0], address[1], vb.high_seqno, t.items, before)

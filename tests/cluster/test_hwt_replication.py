@@ -7,6 +7,7 @@ deletion."""
 from __future__ import annotations
 
 import pytest
+from client.nodeutil import run_cli
 from clusterutil import (
     addr, failover_log, keys_in, make_cluster, seqnos, start_nodes, stop_nodes,
     vbucket_stream, wait_seqno, wait_until,
@@ -239,5 +240,26 @@ def test_chain_next_hop_takes_the_history_its_source_took_later(tmp_path):
                    what="C taking A's failover log through B")
         assert failover_log(b, 0) == failover_log(a, 0)
         assert vbucket_stream(c, 0)[0] == vbucket_stream(a, 0)[0]
+    finally:
+        stop_nodes(nodes)
+
+
+def test_move_takes_the_old_actives_rows_to_the_new_active(tmp_path):
+    """A controlled move (takeover) to a node that held no copy: the new active gets the
+    old active's row and its purger keeps the deletions above it."""
+    nodes = start_nodes(tmp_path, ["a", "b"], vbuckets=VBS, extra_args=ARGS)
+    try:
+        a, b = nodes["a"], nodes["b"]
+        make_cluster([a, b], [[0], [1], [0], [1]], replicas=0)
+        sets_then_deletes(a, 50)                  # tombstones at 51..100
+        register(a, "xdcr", {0: 60})
+        r = run_cli("cluster", "move", "-c", addr(a), "--vbuckets", "0", "--to", addr(b),
+                    node=a, timeout=120)
+        assert r.returncode == 0, r.stderr
+        row = replicated(b)[("xdcr", "r1")]
+        assert row["seqno"] == 60 and row["source"] == addr(a)
+        got = compact_drop(b)
+        assert got["purged"] == 10 and purge_seqno(b) == 60
+        assert deletions_in(b) == 40
     finally:
         stop_nodes(nodes)
