@@ -43,6 +43,7 @@ _U32 = struct.Struct("<I")
 _M64 = (1 << 64) - 1
 _H63 = 1 << 63
 _ITEM = (False, False, False, True, True, True, False, False)
+_MASK = bytes([1, 1, 1, 0, 0, 0, 1, 1] + [2] * 248)
 _FLUSH_BLOCK = zstandard.COMPRESSOBJ_FLUSH_BLOCK
 #: the size estimate of an item's key and metadata (BlockBuilder.size)
 ITEM_COST = 30
@@ -211,11 +212,13 @@ def _decode(mv: memoryview) -> list[tuple]:
     if type(keys) is not tuple or type(vals) is not tuple or len(keys) != n or len(vals) != n:
         raise BlockError("keys or values do not match the item count")
     item = _ITEM
-    nitems = sum(1 for k in kinds if k < 8 and item[k])
-    if nitems != n or len(kinds) - n != len(others):
+    mask = kinds.translate(_MASK)  # 0 an item, 1 another record, 2 an unknown type
+    if 2 in mask:
+        raise BlockError(f"unknown record type {kinds[mask.index(2)]}")
+    if mask.count(0) != n or len(kinds) - n != len(others):
         raise BlockError("record kinds do not match the columns")
     seqs = list(accumulate(deltas, add))
-    if n and bytes(kinds).count(3) == n and xattrs is None:
+    if n and kinds.count(3) == n and xattrs is None:
         items = list(zip(repeat(3), seqs, revs, cas, a, b, dts, keys, vals, repeat(None)))
     else:
         xat = {}
@@ -236,11 +239,17 @@ def _decode(mv: memoryview) -> list[tuple]:
         return items
     if not items:
         return list(others)
-    nxt_item = iter(items).__next__
-    nxt_other = iter(others).__next__
-    pick = [nxt_item if x else nxt_other for x in item]
-    return [pick[k]() if k < 8 else _bad_kind(k) for k in kinds]
-
-
-def _bad_kind(k: int):
-    raise BlockError(f"unknown record type {k}")
+    # the items between the other records are runs: slice them in
+    out: list[tuple] = []
+    at = prev = 0
+    find = mask.find
+    for other in others:
+        j = find(1, prev)
+        run = j - prev
+        if run:
+            out += items[at:at + run]
+            at += run
+        out.append(other)
+        prev = j + 1
+    out += items[at:]
+    return out
