@@ -316,3 +316,29 @@ def test_session_hands_out_set_vbucket_state_and_answers_when_told():
     assert answers(told) == []
     told.ack_vbucket_state(0x4242)
     assert answers(told) == [(Opcode.DCP_SET_VBUCKET_STATE, 0x4242)]
+
+
+def test_a_failed_takeover_leaves_the_source_active_with_its_history(abc):
+    """The destination cannot log in to the source (the map's replication credentials are
+    wrong): the move fails with one line, nothing changed hands, no failover entry."""
+    from dcptool.client.cluster import set_map
+
+    a, b, c = abc["a"], abc["b"], abc["c"]
+    names = [addr(n) for n in (a, b, c)]
+    for i, n in enumerate((a, b, c)):
+        with opts_for(n).connect() as conn:
+            set_map(conn, {"rev": 1, "nodes": names, "this": i, "replicas": 0,
+                           "vbmap": [[0], [1], [2], [0]],
+                           "auth": {"username": n.username, "password": "wrong"}})
+    with opts_for(a).connect() as conn:
+        load(conn, {k: {"n": i} for i, k in enumerate(keys_in(0, VBS, 50, "f"))}, VBS)
+    log_before = failover_log(a, 0)
+    r = run_cli("cluster", "move", "-c", addr(a), "--vbuckets", "0", "--to", addr(c), node=a,
+                timeout=120)
+    assert r.returncode == 1, r.stdout
+    assert f"moving vbucket 0 to {addr(c)} failed" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2
+    assert status(a)["vbuckets"]["0"]["state"] == VBucketState.ACTIVE
+    assert status(c)["vbuckets"]["0"]["state"] == VBucketState.DEAD
+    assert status(a)["rev"] == 1 and failover_log(a, 0) == log_before
+    assert seqnos(a)[0] == 50
