@@ -27,7 +27,7 @@ def _killed_backup(node, archive, fault: str) -> None:
     proc = spawn("backup", "-c", f"{node.host}:{node.port}", str(archive), "--no-progress",
                  "--no-watermark", "--partitions", "2", "--master", "local[2]",
                  env={"DCPTOOL_PASSWORD": node.password, "DCPTOOL_FAULT": fault})
-    rc, out, err = finish(proc)
+    rc, _out, err = finish(proc)
     assert rc == -9, f"{fault}: expected SIGKILL, got exit {rc}: {err[-2000:]}"
 
 

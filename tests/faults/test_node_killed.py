@@ -46,7 +46,7 @@ def test_node_killed_during_backup_then_rerun_completes(spark, tmp_path):
                          "--master", "local[2]", env={"DCPTOOL_PASSWORD": node.password})
             wait_for(lambda: proxy.down_bytes > 150_000, 180, "the backup to stream", proc)
             node.kill()
-            rc, out, err = finish(proc)
+            rc, _out, err = finish(proc)
         assert rc == 1, err[-2000:]
         line = one_error_line(err)
         assert "backup task failed" in line and "could not resume" in line, line
