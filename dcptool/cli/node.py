@@ -132,8 +132,12 @@ def start(
         raise UsageError("--username must not be empty")
     if data.exists() and not data.is_dir():
         raise UsageError(f"--data {data} exists and is not a directory")
+    # the node's files (database, users, cluster map with replication credentials, logs)
+    # are its owner's only: DIR 0700 and, whatever the umask, files 0600
+    os.umask(os.umask(0o077) | 0o077)
     try:
-        data.mkdir(parents=True, exist_ok=True)
+        data.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(data, 0o700)
     except OSError as exc:
         raise DcptoolError(f"cannot create {data}: {exc.strerror}") from None
     _setup_logging(data, level)
@@ -324,7 +328,7 @@ def _load_users(data: Path, *, create: bool = False):
         if not create:
             raise UsageError(f"--data {data} is not a node directory")
         try:
-            data.mkdir(parents=True, exist_ok=True)
+            data.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise DcptoolError(f"cannot create {data}: {exc.strerror}") from None
     return Users.load(data)
