@@ -5,7 +5,12 @@
 Reports, measured in one run on this machine: load rate, Spark start-up, backup wall time,
 items/s and MB/s of values, archive size against the raw values and against `zstd -3` of
 the concatenated raw values, Spark's per-job overhead (an empty job with as many tasks),
-and the restore rate into a second node.
+and the restore rate into a second node (until every write was confirmed, then until the
+node had persisted everything, and the node's CPU seconds).
+
+    python benchmarks/backup_restore.py --restore-only DIR/archive [--partitions P] [--repeat R]
+
+restores an archive kept by an earlier run with --dir into fresh nodes.
 """
 from __future__ import annotations
 
@@ -73,6 +78,37 @@ def load(opts: ConnOptions, n: int, size: int, vbuckets: int, window: int = 5000
     return values
 
 
+def node_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_restore(archive: Path, node_dir: Path, password: str, vbuckets: int, spark,
+                    partitions: int | None) -> dict:
+    """Restore `archive` into a fresh node in `node_dir`: the rate until `run_restore`
+    returned (every write confirmed by the node), the time until the node had persisted
+    everything, and the node's CPU seconds for the whole."""
+    from benchmarks.node_ingest import wait_persisted
+
+    res: dict = {}
+    with LocalNode(node_dir, password=password, vbuckets=vbuckets) as bnode:
+        dst = ConnOptions(bnode.host, bnode.port, "Administrator", password)
+        cpu0 = node_cpu_seconds(bnode.proc.pid)
+        t = time.perf_counter()
+        r = run_restore(str(archive), dst, spark=spark, partitions=partitions).as_dict()
+        wall = time.perf_counter() - t
+        persisted = wait_persisted(bnode.host, bnode.port, password)
+        res["restore_node_cpu_s"] = round(node_cpu_seconds(bnode.proc.pid) - cpu0, 2)
+    restored = sum(r["restored"].values())
+    res["restore_wall_s"] = round(wall, 2)
+    res["restore_items_per_s"] = round(restored / wall)
+    res["restore_persisted_after_s"] = round(persisted, 2)
+    res["restore_failed"] = sum(r["failed"].values())
+    return res
+
+
 def run(n: int, size: int, vbuckets: int = 1024, *, master: str = "local[*]",
         partitions: int | None = None, work_dir: str | None = None) -> dict:
     """Load, back up and restore; the measurements as a dict (see the module's doc)."""
@@ -116,16 +152,10 @@ def run(n: int, size: int, vbuckets: int = 1024, *, master: str = "local[*]",
             res["archive_vs_zstd3"] = round(b.bytes / res["zstd3_bytes"], 3)
             res["spark_overhead_share"] = round(
                 (res["spark_startup_s"] + res["spark_empty_job_s"]) / (res["spark_startup_s"] + wall), 3)
-            with LocalNode(work / "b", password=password, vbuckets=args.vbuckets) as bnode:
-                dst = ConnOptions(bnode.host, bnode.port, "Administrator", password)
-                t = time.perf_counter()
-                r = run_restore(str(archive), dst, spark=spark, partitions=args.partitions).as_dict()
-                wall = time.perf_counter() - t
-            restored = sum(r["restored"].values())
-            res["restore_wall_s"] = round(wall, 2)
-            res["restore_items_per_s"] = round(restored / wall)
-            res["restore_value_MB_per_s"] = round(res["raw_value_bytes"] / wall / 1e6, 1)
-            res["restore_failed"] = sum(r["failed"].values())
+            res.update(measure_restore(archive, work / "b", password, args.vbuckets, spark,
+                                       args.partitions))
+            res["restore_value_MB_per_s"] = round(
+                res["raw_value_bytes"] / res["restore_wall_s"] / 1e6, 1)
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -141,8 +171,25 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=None)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--restore-only", metavar="ARCHIVE", default=None,
+                    help="only restore this archive (made by an earlier run with --dir) into a "
+                         "fresh node, --repeat times")
+    ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
 
+    if args.restore_only:
+        spark = get_spark(args.master)
+        spark.sparkContext.parallelize([0], 1).count()
+        for i in range(args.repeat):
+            work = Path(tempfile.mkdtemp(prefix="dcptool-bench-"))
+            try:
+                r = measure_restore(Path(args.restore_only), work / "b", secrets.token_urlsafe(10),
+                                    args.vbuckets, spark, args.partitions)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            print(json.dumps({"partitions": args.partitions, "loadavg": os.getloadavg()[0], **r}),
+                  flush=True)
+        return
     res = run(args.n, args.s, args.vbuckets, master=args.master, partitions=args.partitions,
               work_dir=args.dir)
     width = max(len(k) for k in res)

@@ -36,6 +36,7 @@ from dcptool.protocol.constants import (
 from dcptool.protocol.frame import Frame
 
 from .commands import COMMANDS
+from .ingest import FAST_OPCODES, take_writes
 
 if TYPE_CHECKING:
     from .bucket import Bucket
@@ -185,8 +186,18 @@ class Connection(asyncio.BufferedProtocol):
 
     def _process(self) -> None:
         decoder = self.decoder
+        buf = decoder._buf  # the decoder's buffer: plain writes are taken from it directly
         try:
             while not self.closing:
+                if len(buf) >= 24 and buf[0] == 0x80 and buf[1] in FAST_OPCODES:
+                    used = take_writes(self, buf, decoder.max_body)
+                    if used:
+                        decoder.skip(used)
+                        if self.out_bytes >= FLUSH_BYTES:
+                            self.flush()
+                            if self._output_full():
+                                break
+                        continue
                 try:
                     frame = decoder.next_frame()
                 except ProtocolError as exc:

@@ -274,21 +274,22 @@ class Storage:
             persisted: dict[int, int] = {}
             metas: dict[int, dict[str, Any]] = {}
             popleft = dirty.popleft
-            taken = []
-            n = 0
-            while dirty and n < max_batch:
-                entry = popleft()
-                taken.append(entry)
-                n += 1
-                vbid = entry[0]
+            # appends from the loop go on meanwhile: take what is there now
+            taken = [popleft() for _ in range(min(len(dirty), max_batch))]
+            n = len(taken)
+            for entry in taken:
                 item = entry[1]
                 if item is None:
-                    metas.setdefault(vbid, {}).update(entry[2])
+                    metas.setdefault(entry[0], {}).update(entry[2])
                     continue
+                vbid = entry[0]
                 latest[(vbid, item.key)] = item
                 persisted[vbid] = item.seqno
+            two63, two64 = _TWO63, _TWO64
             rows = [
-                ((vbid << SEQNO_BITS) | it.seqno, vbid, it.key, to_i64(it.rev), to_i64(it.cas),
+                ((vbid << SEQNO_BITS) | it.seqno, vbid, it.key,
+                 it.rev - two64 if it.rev >= two63 else it.rev,
+                 it.cas - two64 if it.cas >= two63 else it.cas,
                  it.flags, it.expiry, it.datatype, it.op, it.delete_time, it.value)
                 for (vbid, _k), it in latest.items()
             ]
@@ -298,7 +299,15 @@ class Storage:
             db.execute("BEGIN IMMEDIATE")
             try:
                 if rows:
-                    db.executemany(_UPSERT_ITEM, rows)
+                    # many rows per statement: one sqlite3_step (run without the GIL) each
+                    step = _ROWS_PER_STEP
+                    full = len(rows) - len(rows) % step
+                    if full:
+                        flat = [v for r in rows[:full] for v in r]
+                        w = step * _NCOLS
+                        db.executemany(_UPSERT_ITEMS, [flat[i:i + w] for i in range(0, len(flat), w)])
+                    if full < len(rows):
+                        db.executemany(_UPSERT_ITEM, rows[full:])
                 for vbid, meta in metas.items():
                     self._apply_meta(vbid, meta)
                 if persisted:
@@ -436,6 +445,13 @@ _UPSERT_ITEM = (
     "INSERT OR REPLACE INTO items (id, vb, key, rev, cas, flags, expiry, datatype, op, "
     "delete_time, value) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 )
+_NCOLS = 11
+#: rows per INSERT of the flusher: the sqlite3 module holds the GIL while it binds a
+#: statement's parameters and releases it for the step, so one step per row hands the
+#: GIL back and forth with the event loop for every row
+_ROWS_PER_STEP = 256
+_UPSERT_ITEMS = _UPSERT_ITEM.split("VALUES")[0] + "VALUES " + ",".join(
+    ["(" + ",".join("?" * _NCOLS) + ")"] * _ROWS_PER_STEP)
 _UPSERT_VB_META = (
     "INSERT INTO vbucket_meta (vb, state, failover, persisted_seqno, purge_seqno, max_cas) "
     "VALUES (?,?,?,?,?,?) ON CONFLICT(vb) DO UPDATE SET state=excluded.state, "

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import struct
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Iterable
+from zlib import crc32
 
 from dcptool.client.connection import Connection
 from dcptool.client.errors import NotMyVbucketError, ProtocolViolation
@@ -29,7 +32,12 @@ WITH_META_OPTS = struct.Struct(">IIQQI")
 #: record kinds the writer accepts
 MUTATION, DELETION, EXPIRATION = "mutation", "deletion", "expiration"
 _RETRY = {Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM}
-_BARRIER_OPAQUE = 0xFFFFFFFF
+#: a request header and its SET/DEL_WITH_META extras in one precompiled struct
+_WITH_META_REQ = struct.Struct(">BBHBBHIIQ" + "IIQQ")
+_WITH_META_OPTS_REQ = struct.Struct(">BBHBBHIIQ" + "IIQQI")
+_SETQ_WITH_META = int(Opcode.SETQ_WITH_META)
+_DELQ_WITH_META = int(Opcode.DELQ_WITH_META)
+_IS_EXPIRATION = int(MetaOption.IS_EXPIRATION)
 
 
 @dataclass
@@ -72,80 +80,138 @@ def encode_with_meta(kind: str, vbucket: int, opaque: int, key: bytes, value: by
 
 
 class MetaWriter:
-    """Writes documents with their metadata over one connection, `window` requests in flight.
+    """Writes documents with their metadata over one connection.
 
-    `force` skips the node's conflict resolution (our version always wins).
+    Records go out in windows of `window` requests, each closed by a NOOP; up to `depth`
+    windows are in flight, so the node applies one window while the next is encoded and
+    sent. A window's records count as written once its NOOP is answered; `write` returns
+    when every window it sent is confirmed. `force` skips the node's conflict resolution
+    (our version always wins).
     """
 
     def __init__(self, conn: Connection, vbuckets: int, *, force: bool = False, window: int = 2000,
-                 max_retries: int = 8, backoff: float = 0.05) -> None:
+                 max_retries: int = 8, backoff: float = 0.05, depth: int = 2) -> None:
         self.conn = conn
         self.vbuckets = vbuckets
         self.options = int(MetaOption.SKIP_CONFLICT_RESOLUTION) if force else 0
-        self.window = window
+        self.window = max(1, min(window, 0xFFFF))
         self.max_retries = max_retries
         self.backoff = backoff
+        self.depth = max(1, depth)
         self.counts = WriteCounts()
+        #: windows sent and not yet confirmed: (barrier opaque, records, attempt)
+        self._inflight: deque[tuple[int, list[tuple], int]] = deque()
+        self._next_window = 0
 
     def write(self, records: Iterable[tuple]) -> WriteCounts:
         """records: (kind, key, value, flags, expiry, rev_seqno, cas, datatype)."""
-        batch: list[tuple] = []
-        for rec in records:
-            batch.append(rec)
-            if len(batch) >= self.window:
-                self._send_window(batch)
-                batch = []
-        if batch:
-            self._send_window(batch)
+        it = iter(records)
+        window = self.window
+        try:
+            while True:
+                batch = list(islice(it, window))
+                if not batch:
+                    break
+                self._send(batch, 0)
+                while len(self._inflight) >= self.depth:
+                    self._confirm_oldest()
+            while self._inflight:
+                self._confirm_oldest()
+        except BaseException:
+            self._inflight.clear()  # the connection is unusable for this writer now
+            raise
         return self.counts
 
-    def _send_window(self, batch: list[tuple]) -> None:
-        attempt = 0
-        while batch:
-            parts = []
-            for i, (kind, key, value, flags, expiry, rev, cas, datatype) in enumerate(batch):
-                vb = vbucket_of(key, self.vbuckets)
-                parts.append(encode_with_meta(kind, vb, i, key, value, flags, expiry, rev, cas,
-                                              datatype, self.options))
-            parts.append(HEADER.pack(Magic.REQUEST, Opcode.NOOP, 0, 0, 0, 0, 0, _BARRIER_OPAQUE, 0))
-            self.conn.send_bytes(b"".join(parts))
-            failed_idx: dict[int, int] = {}
-            while True:
-                frame = self.conn.recv_frame()
-                if frame.magic in REQUEST_MAGICS:
-                    continue
-                if frame.opcode == Opcode.NOOP and frame.opaque == _BARRIER_OPAQUE:
-                    break
-                if frame.opaque >= len(batch):
-                    raise ProtocolViolation(f"{self.conn.address} answered an unknown request "
-                                            f"(opaque {frame.opaque})", host=self.conn.address)
-                failed_idx[frame.opaque] = frame.status
-            retry = []
-            for i, rec in enumerate(batch):
-                kind = rec[0]
-                status = failed_idx.get(i)
-                if status is None or status == Status.SUCCESS:
-                    self.counts.restored[kind] += 1
-                elif status == Status.KEY_EEXISTS or (status == Status.KEY_ENOENT and kind != MUTATION):
-                    # the node holds a version that wins conflict resolution (or nothing to delete)
-                    self.counts.skipped[kind] += 1
-                elif status in _RETRY and attempt < self.max_retries:
-                    retry.append(rec)
-                elif status == Status.NOT_MY_VBUCKET:
-                    raise NotMyVbucketError(
-                        f"{self.conn.address} does not hold vbucket {vbucket_of(rec[1], self.vbuckets)} "
-                        f"(key {rec[1][:60]!r})", host=self.conn.address,
-                        vbucket=vbucket_of(rec[1], self.vbuckets))
+    def _send(self, batch: list[tuple], attempt: int) -> None:
+        """Encode and send one window (requests numbered base+i, then the NOOP barrier)."""
+        base = (self._next_window & 0x7FFF) << 16
+        self._next_window += 1
+        n = self.vbuckets
+        options = self.options
+        pack = _WITH_META_REQ.pack
+        pack_opts = _WITH_META_OPTS_REQ.pack
+        parts: list[bytes] = []
+        append = parts.append
+        opaque = base
+        for kind, key, value, flags, expiry, rev, cas, datatype in batch:
+            vb = ((crc32(key) >> 16) & 0x7FFF) % n
+            klen = len(key)
+            if kind == MUTATION:
+                if options:
+                    append(pack_opts(0x80, _SETQ_WITH_META, klen, 28, datatype, vb,
+                                     28 + klen + len(value), opaque, 0, flags, expiry, rev, cas,
+                                     options))
                 else:
-                    self.counts.failed[kind] += 1
-                    if len(self.counts.errors) < 10:
-                        self.counts.errors.append(f"{kind} {rec[1][:60].decode('utf-8', 'replace')}: "
-                                                  f"{status_name(status)}")
-            if retry:
-                attempt += 1
-                self.counts.retries += len(retry)
-                time.sleep(min(2.0, self.backoff * (2 ** (attempt - 1))))
-            batch = retry
+                    append(pack(0x80, _SETQ_WITH_META, klen, 24, datatype, vb,
+                                24 + klen + len(value), opaque, 0, flags, expiry, rev, cas))
+            else:
+                o = options | _IS_EXPIRATION if kind == EXPIRATION else options
+                if o:
+                    append(pack_opts(0x80, _DELQ_WITH_META, klen, 28, datatype, vb,
+                                     28 + klen + len(value), opaque, 0, flags, expiry, rev, cas, o))
+                else:
+                    append(pack(0x80, _DELQ_WITH_META, klen, 24, datatype, vb,
+                                24 + klen + len(value), opaque, 0, flags, expiry, rev, cas))
+            append(key)
+            if value:
+                append(value)
+            opaque += 1
+        barrier = base | 0xFFFF
+        append(HEADER.pack(Magic.REQUEST, Opcode.NOOP, 0, 0, 0, 0, 0, barrier, 0))
+        self.conn.send_bytes(b"".join(parts))
+        self._inflight.append((barrier, batch, attempt))
+
+    def _confirm_oldest(self) -> None:
+        """Read answers up to the oldest window's NOOP; count its records, resend retries."""
+        barrier, batch, attempt = self._inflight.popleft()
+        base = barrier & ~0xFFFF
+        failed_idx: dict[int, int] = {}
+        while True:
+            frame = self.conn.recv_frame()
+            if frame.magic in REQUEST_MAGICS:
+                continue
+            if frame.opcode == Opcode.NOOP and frame.opaque == barrier:
+                break
+            i = frame.opaque - base
+            if not 0 <= i < len(batch):
+                raise ProtocolViolation(f"{self.conn.address} answered an unknown request "
+                                        f"(opaque {frame.opaque})", host=self.conn.address)
+            failed_idx[i] = frame.status
+        restored = self.counts.restored
+        if not failed_idx:
+            kinds = [r[0] for r in batch]
+            nm = kinds.count(MUTATION)
+            restored[MUTATION] += nm
+            if nm != len(kinds):
+                restored[DELETION] += kinds.count(DELETION)
+                restored[EXPIRATION] += kinds.count(EXPIRATION)
+            return
+        retry = []
+        for i, rec in enumerate(batch):
+            kind = rec[0]
+            status = failed_idx.get(i)
+            if status is None or status == Status.SUCCESS:
+                restored[kind] += 1
+            elif status == Status.KEY_EEXISTS or (status == Status.KEY_ENOENT and kind != MUTATION):
+                # the node holds a version that wins conflict resolution (or nothing to delete)
+                self.counts.skipped[kind] += 1
+            elif status in _RETRY and attempt < self.max_retries:
+                retry.append(rec)
+            elif status == Status.NOT_MY_VBUCKET:
+                raise NotMyVbucketError(
+                    f"{self.conn.address} does not hold vbucket {vbucket_of(rec[1], self.vbuckets)} "
+                    f"(key {rec[1][:60]!r})", host=self.conn.address,
+                    vbucket=vbucket_of(rec[1], self.vbuckets))
+            else:
+                self.counts.failed[kind] += 1
+                if len(self.counts.errors) < 10:
+                    self.counts.errors.append(f"{kind} {rec[1][:60].decode('utf-8', 'replace')}: "
+                                              f"{status_name(status)}")
+        if retry:
+            attempt += 1
+            self.counts.retries += len(retry)
+            time.sleep(min(2.0, self.backoff * (2 ** (attempt - 1))))
+            self._send(retry, attempt)
 
 
 def write_to_actives(opts, routes: dict[int, str], vbuckets: int,

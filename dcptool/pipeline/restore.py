@@ -12,6 +12,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
+import itertools
 from typing import Any
 
 from dcptool.archive import DELETION, EXPIRATION, MUTATION, Archive, VBucketHistory, resolve
@@ -92,15 +93,14 @@ def restore_task(spec: dict[str, Any]) -> dict[str, Any]:
     per_vb: dict[int, dict[str, int]] = {}
 
     def records_of(vb):
-        c = per_vb[vb] = {mw.MUTATION: 0, mw.DELETION: 0, mw.EXPIRATION: 0}
-        for rec in resolved_records(spec["archive"], vb, spec["backup"], spec.get("filter"),
-                                    chain=chain):
-            c[rec[0]] += 1
-            yield rec
+        recs = list(resolved_records(spec["archive"], vb, spec["backup"], spec.get("filter"),
+                                     chain=chain))
+        kinds = [r[0] for r in recs]
+        per_vb[vb] = {k: kinds.count(k) for k in (mw.MUTATION, mw.DELETION, mw.EXPIRATION)}
+        return recs
 
     def records():
-        for vb in spec["vbuckets"]:
-            yield from records_of(vb)
+        return itertools.chain.from_iterable(map(records_of, spec["vbuckets"]))
 
     if spec.get("dry_run"):
         for rec in records():

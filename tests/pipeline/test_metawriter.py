@@ -39,3 +39,30 @@ def test_tmpfail_is_retried_with_backoff_and_other_errors_are_counted():
     assert counts["skipped"]["mutation"] == 1 and counts["failed"]["mutation"] == 1
     assert counts["errors"] == ["mutation bad: E2BIG"]
     peer.close()
+
+
+def test_two_windows_are_in_flight_and_answers_find_their_window():
+    noops: list = []
+    held: list = []  # answers not sent yet, in order: (frame, status)
+
+    def noop(peer, frame):
+        # answer a window's NOOP only once the next window arrived (or it is the last):
+        # a writer that waited for each answer before sending on would hang here
+        noops.append(frame.opaque)
+        held.append((frame, Status.SUCCESS))
+        if sum(f.opcode == Opcode.NOOP for f, _ in held) == 2 or len(noops) == 3:
+            for f, status in held:
+                peer.reply(f, status=status)
+            held.clear()
+
+    def setq(peer, frame):
+        if frame.key == b"k3":  # in the second window
+            held.append((frame, Status.KEY_EEXISTS))
+
+    peer = Peer({Opcode.SETQ_WITH_META: setq, Opcode.NOOP: noop})
+    writer = MetaWriter(peer.connection(timeout=10), 16, window=2, depth=2)
+    recs = [(MUTATION, b"k%d" % i, b"v", 0, 0, 1, 100 + i, 0) for i in range(6)]
+    counts = writer.write(recs).as_dict()
+    assert len(noops) == 3 and len(set(noops)) == 3
+    assert counts["restored"]["mutation"] == 5 and counts["skipped"]["mutation"] == 1
+    peer.close()

@@ -1,0 +1,183 @@
+"""The write hot path: runs of plain SET/SETQ and SET/DEL(Q)_WITH_META requests handled
+straight from a connection's read buffer.
+
+A restore or a bulk load sends thousands of such requests per read. `take_writes` walks
+them with one precompiled header unpack per frame and no `Frame` or message object, and
+stores each version through the vbucket's `_commit` like any other change. A request
+that needs anything out of the ordinary (flexible framing, a request CAS, xattrs, an
+expiry to convert, unusual meta options or extras, a value that might be JSON without
+saying so, a vbucket this node does not hold active, a user without the privilege, ...)
+ends the run: the generic dispatch (`Connection.dispatch`) takes that frame with all its
+checks, so the answers are the same either way.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import time
+
+from dcptool.protocol.constants import Datatype, MetaOption, Opcode, Status, VBucketState
+
+from .access import Privilege
+from .item import DELETION, EXPIRATION, MUTATION, Item
+
+log = logging.getLogger("dcptool.node.connection")
+
+_HEADER = struct.Struct(">BBHBBHIIQ").unpack_from
+_RSP = struct.Struct(">BBHBBHIIQ").pack
+_META = struct.Struct(">IIQQ").unpack_from
+_META_OPTIONS = struct.Struct(">IIQQI").unpack_from
+_SET_EXTRAS = struct.Struct(">II").unpack_from
+_SEQNO_EXTRAS = struct.Struct(">QQ").pack
+
+_SET = int(Opcode.SET)
+_SETQ = int(Opcode.SETQ)
+_SET_WITH_META = int(Opcode.SET_WITH_META)
+_SETQ_WITH_META = int(Opcode.SETQ_WITH_META)
+_DEL_WITH_META = int(Opcode.DEL_WITH_META)
+_DELQ_WITH_META = int(Opcode.DELQ_WITH_META)
+#: opcodes `take_writes` may handle (the connection looks at the first frame's opcode)
+FAST_OPCODES = frozenset({_SET, _SETQ, _SET_WITH_META, _SETQ_WITH_META, _DEL_WITH_META,
+                          _DELQ_WITH_META})
+_WITH_META = frozenset({_SET_WITH_META, _SETQ_WITH_META, _DEL_WITH_META, _DELQ_WITH_META})
+_DELETIONS = frozenset({_DEL_WITH_META, _DELQ_WITH_META})
+_QUIET = frozenset({_SETQ, _SETQ_WITH_META, _DELQ_WITH_META})
+
+_JSON = int(Datatype.JSON)
+_ACTIVE = int(VBucketState.ACTIVE)
+_SKIP_CR = int(MetaOption.SKIP_CONFLICT_RESOLUTION)
+_IS_EXPIRATION = int(MetaOption.IS_EXPIRATION)
+_FAST_OPTIONS = _SKIP_CR | _IS_EXPIRATION
+_KEY_EEXISTS = int(Status.KEY_EEXISTS)
+_EINTERNAL = int(Status.EINTERNAL)
+MAX_KEY = 250
+MAX_VALUE = 20 * 1024 * 1024
+
+
+def take_writes(conn, buf: bytearray, max_body: int) -> int:
+    """Handle the run of plain write requests at the start of `buf`; returns the bytes used.
+
+    0 means the first frame is not one for this path (or is incomplete).
+    """
+    bucket = conn.bucket
+    if bucket is None or not conn.authenticated or conn.closing:
+        return 0
+    privileges = getattr(conn, "privileges", ())
+    meta_ok = Privilege.META_WRITE in privileges
+    set_ok = Privilege.WRITE in privileges
+    vbuckets = bucket.vbuckets
+    replied = 0
+    seqno_extras = conn.mutation_seqno
+    json_ok = conn.json
+    n = len(buf)
+    off = 0
+    count = 0
+    now = time.time()
+    with memoryview(buf) as mv:
+        while n - off >= 24:
+            magic, op, klen, elen, dt, vbid, blen, opaque, cas = _HEADER(buf, off)
+            if magic != 0x80 or blen > max_body:
+                break
+            end = off + 24 + blen
+            if end > n or cas or not klen:
+                break
+            p = off + 24
+            kend = p + elen + klen
+            if kend > end:
+                break
+            if op in _WITH_META:
+                if not meta_ok or dt & ~_JSON:
+                    break
+                if elen == 24:
+                    flags, expiry, rev, meta_cas = _META(buf, p)
+                    options = 0
+                elif elen == 28:
+                    flags, expiry, rev, meta_cas, options = _META_OPTIONS(buf, p)
+                    if options & ~_FAST_OPTIONS:
+                        break
+                else:
+                    break
+                deletion = op in _DELETIONS
+                if not meta_cas or (deletion and kend != end) or (
+                        options & _IS_EXPIRATION and not deletion):
+                    break
+                vb = vbuckets.get(vbid)
+                if vb is None or vb.state != _ACTIVE:
+                    break
+                key = bytes(mv[p + elen:kend])
+                value = bytes(mv[kend:end])
+                off = end
+                count += 1
+                try:
+                    old = vb.items.get(key)
+                    if old is not None and not options & _SKIP_CR:
+                        # a stored version: full conflict resolution
+                        res = vb.store_with_meta(
+                            key, value, flags=flags, expiry=expiry, rev=rev, meta_cas=meta_cas,
+                            datatype=dt, options=options, deletion=deletion, now=now)
+                        if res.status:
+                            conn.out.append(_RSP(0x81, op, 0, 0, 0, res.status, 0, opaque, 0))
+                            replied += 24
+                            continue
+                        item = res.item
+                    else:
+                        if meta_cas > vb.max_cas:
+                            vb.max_cas = meta_cas
+                        if deletion:
+                            item = vb._commit(Item(
+                                key, value, 0, rev, meta_cas, flags, 0, dt,
+                                EXPIRATION if options & _IS_EXPIRATION else DELETION,
+                                expiry or int(now)))
+                        else:
+                            item = vb._commit(Item(key, value, 0, rev, meta_cas, flags, expiry,
+                                                   dt))
+                except Exception:
+                    log.exception("%s: command 0x%02x failed", conn.peer, op)
+                    conn.out.append(_RSP(0x81, op, 0, 0, 0, _EINTERNAL, 0, opaque, 0))
+                    replied += 24
+                    continue
+            elif op == _SET or op == _SETQ:
+                if not set_ok or elen != 8 or klen > MAX_KEY or end - kend > MAX_VALUE:
+                    break
+                if dt:
+                    if dt != _JSON or not json_ok:
+                        break
+                elif end > kend and buf[kend] in b"{[":
+                    break  # might be JSON: the generic path looks
+                flags, expiry = _SET_EXTRAS(buf, p)
+                if expiry:
+                    break
+                vb = vbuckets.get(vbid)
+                if vb is None or vb.state != _ACTIVE:
+                    break
+                key = bytes(mv[p + 8:kend])
+                old = vb.items.get(key)
+                if old is not None and old.op == MUTATION and old.expiry:
+                    break  # may have expired: the generic path turns it into a tombstone
+                value = bytes(mv[kend:end])
+                off = end
+                count += 1
+                try:
+                    item = vb._commit(Item(key, value, 0, old.rev + 1 if old is not None else 1,
+                                           vb.next_cas(), flags, 0, dt))
+                except Exception:
+                    log.exception("%s: command 0x%02x failed", conn.peer, op)
+                    conn.out.append(_RSP(0x81, op, 0, 0, 0, _EINTERNAL, 0, opaque, 0))
+                    replied += 24
+                    continue
+            else:
+                break
+            if op not in _QUIET:
+                if seqno_extras:
+                    conn.out.append(_RSP(0x81, op, 0, 16, 0, 0, 16, opaque, item.cas))
+                    conn.out.append(_SEQNO_EXTRAS(vb.uuid, item.seqno))
+                    replied += 40
+                else:
+                    conn.out.append(_RSP(0x81, op, 0, 0, 0, 0, 0, opaque, item.cas))
+                    replied += 24
+    if count:
+        conn.frames_in += count
+        conn.wrote = True
+    if replied:
+        conn.out_bytes += replied
+    return off
