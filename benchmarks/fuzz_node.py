@@ -660,7 +660,8 @@ def node_stats(node) -> dict:
 
     keys = ("curr_connections", "total_connections", "rejected_conns", "auth_timeouts",
             "conns_closed_stuck", "conns_closed_framing_lost", "conn_output_holds",
-            "frames_e2big", "frames_einval", "auth_errors", "curr_items", "mem_rss")
+            "frames_e2big", "frames_einval", "auth_errors", "curr_items",
+            "ep_checkpoint_memory", "ep_checkpoint_memory_budget", "mem_rss")
     try:
         with socket.create_connection((node.host, node.port), timeout=20) as sock:
             sock.sendall(load_seeds(password=node.password or "password").login

@@ -240,3 +240,22 @@ def test_a_dcp_consumer_that_stops_reading_cannot_grow_the_node_memory(node_fact
         assert got == docs
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--max-body", "12"), "--max-body must be between 1KiB and 4GiB-1"),
+    (("--max-connections", "0"), "--max-connections must be between 1 and 1000000"),
+    (("--max-pending-output", "1k"), "--max-pending-output must be between 64KiB and 4GiB"),
+    (("--auth-timeout", "soon"), "--auth-timeout 'soon' is not a duration"),
+    (("--stuck-timeout", "0"), "--stuck-timeout must be between 50ms and 1 day, or off"),
+])
+def test_bad_limit_options_are_one_line_errors(tmp_path, args, message):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "dcptool", "node", "start", "--data",
+                        str(tmp_path / "n"), "--password", "p", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"dcptool: error: {message}"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
