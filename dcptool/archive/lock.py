@@ -102,8 +102,18 @@ class ArchiveLock:
                 while view:
                     view = view[os.write(fd, view):]
                 os.fsync(fd)
-            finally:
+            except BaseException:
+                # e.g. a full disk: the empty file we created would lock the next run out
                 os.close(fd)
+                fd = -1
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+                raise
+            finally:
+                if fd >= 0:
+                    os.close(fd)
             fsync_dir(self.archive_path)
             self.held = True
             return self

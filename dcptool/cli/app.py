@@ -18,6 +18,7 @@ own) and gives every option a metavar, so each command module only writes prose.
 from __future__ import annotations
 
 import difflib
+import errno
 import inspect
 import os
 import re
@@ -419,6 +420,13 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         _silence_stdout()
         sys.exit(EXIT_BROKEN_PIPE)
+    except OSError as exc:  # the machine's side: a full disk, a permission, a vanished file
+        if output.verbosity() >= output.DEBUG:
+            traceback.print_exc()
+        where = f"{exc.filename}: " if exc.filename else ""
+        error_line(f"{where}{exc.strerror or exc}",
+                   "free some space and run it again" if exc.errno == errno.ENOSPC else None)
+        sys.exit(EXIT_FAILURE)
     if rc == EXIT_INTERRUPTED:  # typer turns Ctrl-C into exit status 130 without a word
         error_line("interrupted")
     sys.exit(rc if isinstance(rc, int) else EXIT_OK)

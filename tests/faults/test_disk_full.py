@@ -4,6 +4,8 @@ fails with one clear "no space left" line, commits no manifest, the committed ba
 verify, and once space is freed the next run completes it."""
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 
 import pytest
@@ -80,7 +82,23 @@ def test_disk_full_during_backup(small_disk, spark, tmp_path, capsys, monkeypatc
         assert_verifies(archive, partial=1)
 
         if small_disk is not None:
+            # not a byte left: now the driver's own writes (run log, lock, intent) fail
+            full = small_disk / "filler2"
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                while True:
+                    os.write(fd, b"\0" * 65536)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+            finally:
+                os.close(fd)
+            rc, _out, err = cli(capsys, *base, archive)
+            assert rc == 1, err
+            assert "no space left on device" in one_error_line(err).lower(), err
+            assert Archive.open(archive).committed_ids() == first
+            assert_verifies(archive, partial=1)
             filler.unlink()  # space freed
+            full.unlink()
         rc, _out, err = cli(capsys, *base, archive)
         assert rc == 0, err
         a = Archive.open(archive)
