@@ -28,7 +28,8 @@ per vbucket (`plan_install`):
 After a failover the promoted node keeps its replicated rows (they hold its purger back
 as registered rows do), so a client that registered on the old active resumes from its
 watermark on the new one. A replica rolled back below an installed row drops it at the
-next sync.
+next sync. A controlled move does the same once (`adopt`, called at the end of a
+takeover): the new active installs the old active's rows of the vbucket.
 """
 from __future__ import annotations
 
