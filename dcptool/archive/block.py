@@ -99,9 +99,11 @@ class BlockBuilder:
         self.others: list[tuple] = []  # the non-item records
         #: per item six ints, flat: seqno, rev_seqno, cas, a, b, datatype
         self.meta: list[int] = []
-        # msgpack bin per item, packed straight into the packers' buffers (no reset)
-        self.keys = msgpack.Packer(use_bin_type=True, autoreset=False)
-        self.vals = msgpack.Packer(use_bin_type=True, autoreset=False)
+        # msgpack bin per item, packed straight into the packers' buffers (no reset); the
+        # buffers start small and double as needed (the default is 256 KiB each: with a
+        # thousand writers open that is half a GiB of allocations, and the heap fragments)
+        self.keys = msgpack.Packer(use_bin_type=True, autoreset=False, buf_size=1024)
+        self.vals = msgpack.Packer(use_bin_type=True, autoreset=False, buf_size=4096)
         self.xattrs: list[list] = []  # [item index, xattrs] of mutations with separate xattrs
         self.vbytes = 0  # value bytes so far (for the size estimate)
 
