@@ -304,7 +304,9 @@ class ClusterConsumer:
             mine = [vb for vb in mine if vb in vbs]
         for vb in mine:
             if c is not None and vb in c.session.streams:
-                self.saved[vb] = c.position(vb, consistent=False)
+                # the session's own choice: a backup (consistent) resumes at the last complete
+                # snapshot end, the only place its writer can continue from; tail inside one
+                self.saved[vb] = c.position(vb)
                 if c.session.streams[vb].finished and vbs is None and \
                         c.session.streams[vb].state == "ended":
                     self.finished.add(vb)
