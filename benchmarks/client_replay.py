@@ -408,14 +408,17 @@ def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[in
     task runs) on the replayed stream, into a fresh archive under `scratch`.
     Returns (records written, seconds, archive bytes)."""
     from dcptool.archive import Archive, FULL, VBucketWriter
+    from dcptool.archive.format import sync_filesystem
     from dcptool.pipeline.backup import backup_consumer_config, write_events
 
     shutil.rmtree(scratch, ignore_errors=True)
     plan = _plan(meta)
     archive = Archive.create(scratch, bucket="default", vbuckets=max(plan) + 1)
     bw = archive.begin_backup(FULL)
+    # as backup_task does: no fsync per vbucket, one filesystem sync at the end (timed)
     writers = {vb: VBucketWriter(str(scratch), bw.id, vb,
-                                 {"uuid": 0, "seqno": 0, "snap_start": 0, "snap_end": 0}, ())
+                                 {"uuid": 0, "seqno": 0, "snap_start": 0, "snap_end": 0}, (),
+                                 sync=False)
                for vb in plan}
     run = {vb: {"opens": 0, "retries": 0, "first_open": None} for vb in plan}
     sock = sender.connect()
@@ -429,6 +432,7 @@ def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[in
     t0 = time.perf_counter()
     pending = write_events(consumer, writers, {vb: {} for vb in plan}, {vb: p for vb, (p, _) in plan.items()},
                            run, summaries, time.monotonic(), tick=30)
+    sync_filesystem(scratch)
     secs = time.perf_counter() - t0
     consumer.close()
     if pending:

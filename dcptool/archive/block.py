@@ -43,6 +43,7 @@ _U32 = struct.Struct("<I")
 _M64 = (1 << 64) - 1
 _H63 = 1 << 63
 _ITEM = (False, False, False, True, True, True, False, False)
+_PACK = msgpack.Packer(use_bin_type=True).pack
 _MASK = bytes([1, 1, 1, 0, 0, 0, 1, 1] + [2] * 248)
 _FLUSH_BLOCK = zstandard.COMPRESSOBJ_FLUSH_BLOCK
 #: the size estimate of an item's key and metadata (BlockBuilder.size)
@@ -92,18 +93,21 @@ class BlockBuilder:
     """Collects records for one block. The writer's hot path appends to the public lists
     and buffers directly (see VBucketWriter.mutation_events); `sections()` encodes."""
 
-    __slots__ = ("kinds", "others", "meta", "keys", "vals", "xattrs", "vbytes")
+    __slots__ = ("kinds", "others", "meta", "keys", "vals", "xattrs", "vbytes", "pack")
 
     def __init__(self) -> None:
         self.kinds = bytearray()   # one byte per record: its type
         self.others: list[tuple] = []  # the non-item records
         #: per item six ints, flat: seqno, rev_seqno, cas, a, b, datatype
         self.meta: list[int] = []
-        # msgpack bin per item, packed straight into the packers' buffers (no reset); the
-        # buffers start small and double as needed (the default is 256 KiB each: with a
-        # thousand writers open that is half a GiB of allocations, and the heap fragments)
+        # keys: msgpack bin per item packed straight into the packer's buffer (no reset),
+        # which starts small and doubles as needed (msgpack's default is 256 KiB: with a
+        # thousand writers open that was half a GiB of allocations, and the heap fragmented)
         self.keys = msgpack.Packer(use_bin_type=True, autoreset=False, buf_size=1024)
-        self.vals = msgpack.Packer(use_bin_type=True, autoreset=False, buf_size=4096)
+        # values: one packed bin per item, joined when the block is encoded (a doubling
+        # buffer would hold up to twice the block size per writer)
+        self.vals: list[bytes] = []
+        self.pack = _PACK
         self.xattrs: list[list] = []  # [item index, xattrs] of mutations with separate xattrs
         self.vbytes = 0  # value bytes so far (for the size estimate)
 
@@ -127,12 +131,12 @@ class BlockBuilder:
                 self.xattrs.append([len(self.meta) // 6, bytes(x)])
             self.meta.extend(rec[1:7])
             self.keys.pack(rec[7])
-            self.vals.pack(rec[8])
+            self.vals.append(_PACK(rec[8]))
             self.vbytes += len(rec[8])
         elif t == 4 or t == 5:
             self.meta.extend((rec[1], rec[2], rec[3], rec[5], 0, rec[6]))
             self.keys.pack(rec[4])
-            self.vals.pack(rec[7])
+            self.vals.append(_PACK(rec[7]))
             self.vbytes += len(rec[7])
         else:
             self.others.append(tuple(rec))
@@ -153,7 +157,7 @@ class BlockBuilder:
         head = p.pack([bytes(self.kinds), self.others, _deltas(seqs), revs, a, b, dts,
                        self.xattrs or None, len(keys)])
         return [_MARK + _U32.pack(len(head)) + head, _cas_planes(cas), keys,
-                p.pack_array_header(n) + self.vals.bytes()]
+                b"".join([p.pack_array_header(n), *self.vals])]
 
 
 def encode_records(records: Sequence[Sequence]) -> list[bytes]:

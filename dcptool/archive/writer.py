@@ -256,7 +256,7 @@ class VBucketWriter:
         while done < hi:
             # room: what the block takes before it is full, the items counted as in size()
             room = self._block - blk.size() - (1 - done) * ITEM_COST
-            mext, kpack, vpack = blk.meta.extend, blk.keys.pack, blk.vals.pack
+            mext, kpack, vapp, pack = blk.meta.extend, blk.keys.pack, blk.vals.append, blk.pack
             bv = 0
             i = done
             for i in range(done, hi):
@@ -264,7 +264,7 @@ class VBucketWriter:
                 v = e[9]
                 mext(e[2:8])  # seqno, rev_seqno, cas, flags, expiry, datatype
                 kpack(e[8])
-                vpack(v)  # copies the value (it may be a view of the receive buffer)
+                vapp(pack(v))  # copies the value (it may be a view of the receive buffer)
                 bv += len(v)
                 if bv + i * ITEM_COST >= room:
                     break
