@@ -16,7 +16,10 @@ What runs (all real processes on 127.0.0.1):
   it registers the archive's high watermark on the nodes;
 * every --compact-every seconds COMPACT_DB on every active vbucket;
 * at --failover-at (fraction of --seconds) node B, active for half the vbuckets, is killed
-  with SIGKILL and failed over with `dcptool cluster failover`.
+  with SIGKILL and failed over with `dcptool cluster failover`. --hold seconds before, A's
+  replicas of B's vbuckets are held (REPLICATION_HOLD) at their seqno and a backup runs, so
+  the backup and the tail have read changes the promoted copies lack: after the failover
+  both must roll back (a replica lagging behind its active, made certain).
 
 At the end: the writer stops, the short expiries lapse, a last backup runs, the archive
 is restored into a fresh node and compared with the surviving node (value, cas, rev seqno,
@@ -48,7 +51,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dcptool.client.cluster import cluster_map  # noqa: E402
+from dcptool.client.cluster import cluster_map, hold_replication  # noqa: E402
 from dcptool.client.events import DELETION, EXPIRATION, MUTATION  # noqa: E402
 from dcptool.client.ops import get_vbucket_seqnos  # noqa: E402
 from dcptool.client.options import ConnOptions  # noqa: E402
@@ -219,7 +222,6 @@ class Writer(threading.Thread):
         try:
             self.refresh()
             self.started = time.monotonic()
-            due = 0.0
             done = 0
             while not self.stop_evt.is_set():
                 now = time.monotonic()
@@ -337,10 +339,9 @@ def tail_high(path: Path) -> dict[int, int]:
 
 
 class Tail:
-    def __init__(self, base: Path, seed: ConnOptions) -> None:
+    def __init__(self, base: Path) -> None:
         self.state = base / "tail.state"
         self.out = base / "tail.jsonl"
-        self.seed = seed
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.exits: list[int] = []
@@ -410,7 +411,7 @@ def compact_all(opts: ConnOptions) -> tuple[int, int]:
 
 
 def run_soak(*, seconds: float = 60, rate: float = 200, backup_every: float = 8,
-             compact_every: float = 6, failover_at: float = 0.5, spark=None,
+             compact_every: float = 6, failover_at: float = 0.5, hold: float = 3.0, spark=None,
              workdir: str | os.PathLike | None = None, log=print) -> dict[str, Any]:
     from dcptool.pipeline.backup import run_backup
     from dcptool.pipeline.restore import run_restore
@@ -427,7 +428,7 @@ def run_soak(*, seconds: float = 60, rate: float = 200, backup_every: float = 8,
     nodes = {n: LocalNode(base / n, password=PASSWORD, vbuckets=VBUCKETS, extra_args=NODE_ARGS)
              for n in ("a", "b")}
     fresh = LocalNode(base / "fresh", password=PASSWORD, vbuckets=VBUCKETS)
-    tail = Tail(base, None)
+    tail = Tail(base)
     writer = None
     report: dict[str, Any] = {"requested_seconds": seconds, "requested_ops_per_s": rate,
                               "backup_every_s": backup_every, "compact_every_s": compact_every,
@@ -454,6 +455,8 @@ def run_soak(*, seconds: float = 60, rate: float = 200, backup_every: float = 8,
         rollbacks = 0
         kill_time = None
         failover_doc = None
+        held: dict[int, int] = {}
+        hold_t = fail_t - hold if fail_t is not None and hold > 0 else None
 
         def backup(label: str) -> None:
             nonlocal rollbacks
@@ -479,6 +482,18 @@ def run_soak(*, seconds: float = 60, rate: float = 200, backup_every: float = 8,
             if writer.error is not None:
                 raise RuntimeError(f"the writer failed: {writer.error!r}")
             tail.check(a.address)
+            if hold_t is not None and not held and now >= hold_t:
+                with oa.connect() as c:
+                    mine = get_vbucket_seqnos(c)  # A's copies, replicas included
+                    for vb, chain in enumerate(vbmap):
+                        if chain[0] == 1:
+                            held[vb] = mine[vb]
+                            hold_replication(c, vb, mine[vb])
+                log(f"  t={now - t0:.0f}s: A's replicas of B's vbuckets held at "
+                    f"{sum(held.values())} seqnos")
+                time.sleep(min(1.0, hold / 2))
+                backup("before the failover")  # reads what A's replicas will not have
+                continue
             if fail_t is not None and kill_time is None and now >= fail_t:
                 b.proc.kill()
                 b.proc.wait(10)
@@ -489,6 +504,9 @@ def run_soak(*, seconds: float = 60, rate: float = 200, backup_every: float = 8,
                     raise RuntimeError(f"cluster failover failed: {r.stderr.strip()}")
                 failover_doc = json.loads(r.stdout)
                 report["failover_seconds_after_kill"] = round(time.time() - kill_time, 2)
+                with oa.connect() as c:
+                    for vb in held:
+                        hold_replication(c, vb, None)
                 continue
             if now >= next_backup:
                 backup("periodic")
@@ -568,7 +586,7 @@ def run_soak(*, seconds: float = 60, rate: float = 200, backup_every: float = 8,
             "backup_rollbacks": rollbacks, "tail_rollbacks": tail_stats["rollbacks"],
             "tail_records": tail_stats["records"], "tail_out_of_order": tail_stats["out_of_order"],
             "tail_starts": tail.starts, "tail_exit_codes": tail.exits,
-            "failover": failover_doc,
+            "failover": failover_doc, "held_replicas": len(held),
             "node_documents": sum(1 for v in node_docs.values() if v[0] == "live"),
             "node_tombstones": sum(1 for v in node_docs.values() if v[0] == "deleted"),
             "restored_failed": res.counts.failed,
@@ -602,11 +620,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compact-every", type=float, default=7)
     ap.add_argument("--failover-at", type=float, default=0.5,
                     help="fraction of --seconds at which node B is killed and failed over")
+    ap.add_argument("--hold", type=float, default=3.0,
+                    help="seconds before the failover during which the promoted copies are "
+                         "held back (0: none)")
     ap.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE")
     ap.add_argument("--keep", metavar="DIR", help="work in DIR (kept) instead of a temp dir")
     a = ap.parse_args(argv)
     rep = run_soak(seconds=a.seconds, rate=a.rate, backup_every=a.backup_every,
-                   compact_every=a.compact_every, failover_at=a.failover_at, workdir=a.keep)
+                   compact_every=a.compact_every, failover_at=a.failover_at, hold=a.hold,
+                   workdir=a.keep)
     short = {k: v for k, v in rep.items() if k != "backup_runs"}
     print(json.dumps(short, indent=1))
     if a.json:

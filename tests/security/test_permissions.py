@@ -114,3 +114,12 @@ def test_archive_modes_under_umask_022_in_process(node, tmp_path, spark, monkeyp
         os.umask(old)
     assert _kinds(archive) >= {"backup", "merge", "restore"}
     assert bad_modes(archive) == []
+    # the lock exists only while a writer holds it: take it under umask 0 and look
+    from dcptool.archive import Archive
+
+    old = os.umask(0)
+    try:
+        with Archive.open(archive).lock("permissions test"):
+            assert ((archive / "lock").stat().st_mode & 0o777) == 0o600
+    finally:
+        os.umask(old)

@@ -274,3 +274,18 @@ def test_process_listings_never_show_the_password(pair, tmp_path):
     assert proc.returncode == 0, err
     assert samples >= 3 and len(seen_pids) >= 2, (samples, seen_pids)  # dcptool and its JVM
     assert PWB not in out + err
+
+
+def test_conn_options_read_the_password_file_variable(monkeypatch, pwfile):
+    """The library path (Spark source, scripts): DCPTOOL_PASSWORD_FILE when no password."""
+    from dcptool.client.options import ConnOptions
+    from dcptool.errors import UsageError
+
+    monkeypatch.delenv("DCPTOOL_PASSWORD", raising=False)
+    monkeypatch.setenv("DCPTOOL_PASSWORD_FILE", str(pwfile))
+    o = ConnOptions.from_cli("127.0.0.1:11210", None, None, prompt=False)
+    assert o.password == PW and PW not in repr(o)
+    assert ConnOptions.from_cli("127.0.0.1:11210", None, "given", prompt=False).password == "given"
+    monkeypatch.setenv("DCPTOOL_PASSWORD_FILE", "/nonexistent/pw")
+    with pytest.raises(UsageError, match="DCPTOOL_PASSWORD_FILE /nonexistent/pw"):
+        ConnOptions.from_cli("127.0.0.1:11210", None, None, prompt=False)
