@@ -93,7 +93,7 @@ class BlockBuilder:
     """Collects records for one block. The writer's hot path appends to the public lists
     and buffers directly (see VBucketWriter.mutation_events); `sections()` encodes."""
 
-    __slots__ = ("kinds", "others", "meta", "keys", "vals", "xattrs", "vbytes", "pack")
+    __slots__ = ("keys", "kinds", "meta", "others", "pack", "vals", "vbytes", "xattrs")
 
     def __init__(self) -> None:
         self.kinds = bytearray()   # one byte per record: its type

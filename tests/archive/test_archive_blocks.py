@@ -10,8 +10,8 @@ from pathlib import Path
 import msgpack
 import pytest
 import zstandard
-
 from archive_testlib import W
+
 from dcptool.archive import Archive, Position, VBucketWriter
 from dcptool.archive.block import compress_sections, decode_block, encode_records
 from dcptool.archive.errors import CorruptFileError
@@ -277,7 +277,7 @@ def test_the_documented_reader_reads_both_versions(tmp_path):
 
     doc = (Path(__file__).parents[2] / "docs" / "archive-format.md").read_text()
     section = doc[doc.index("## Reading an archive without dcptool"):]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     v1 = _copy_fixture(tmp_path)
     a = Archive.create(tmp_path / "v2", bucket="b", vbuckets=1)
     bw = a.begin_backup("full")
