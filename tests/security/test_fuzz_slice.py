@@ -87,3 +87,26 @@ def test_stat_dcp_with_a_connection_name_that_is_not_utf8(shared_node):
     finally:
         c.close()
     assert "Traceback" not in shared_node.stderr()
+
+
+def test_getq_meta_is_read_like_get_meta(shared_node):
+    """Found by the fuzz harness: GETQ_META (0xa1) answered EINTERNAL (and logged a
+    traceback) because it was handed to GET_META's handler without GET_META's layout."""
+    from node.mcbp import connect
+
+    with connect(shared_node) as c:
+        assert c.set(b"getq-meta", b'{"a":1}', datatype=1).status == Status.SUCCESS
+        vb = c.vb(b"getq-meta")
+        f = c.call(Opcode.GETQ_META, key=b"getq-meta", extras=b"\x02", vbucket=vb)
+        assert f.status == Status.SUCCESS and len(f.extras) == 21 and f.extras[20] == 1
+        f = c.call(Opcode.GETQ_META, key=b"getq-meta", vbucket=vb)
+        assert f.status == Status.SUCCESS and len(f.extras) == 20
+        # malformed: GET_META's rules apply (EINVAL, not EINTERNAL)
+        assert c.call(Opcode.GETQ_META, key=b"getq-meta", extras=b"\x07",
+                      vbucket=vb).status == Status.EINVAL
+        assert c.call(Opcode.GETQ_META, key=b"", vbucket=vb).status == Status.EINVAL
+        # quiet: a miss is not answered (the NOOP's answer comes first)
+        c.request(Opcode.GETQ_META, key=b"no-such-key", vbucket=c.vb(b"no-such-key"))
+        assert c.call(Opcode.NOOP).status == Status.SUCCESS
+        assert not c.backlog, c.backlog
+    assert "Traceback" not in shared_node.stderr()

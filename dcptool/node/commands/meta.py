@@ -12,7 +12,7 @@ import struct
 import time
 
 from dcptool.protocol.constants import DATATYPE_MASK, Datatype, MetaOption, Opcode, Status
-from dcptool.protocol.messages import SetWithMeta
+from dcptool.protocol.messages import GetMeta, SetWithMeta
 
 from ..access import Privilege
 from ..item import MUTATION, valid_xattr_blob
@@ -24,10 +24,15 @@ _GET_META = struct.Struct(">IIIQ")
 
 @command(Opcode.GET_META, Opcode.GETQ_META, privilege=Privilege.READ)
 def get_meta(conn, frame, msg) -> None:
+    if isinstance(msg, GetMeta):
+        key, version = msg.key, msg.version
+    else:  # GETQ_META has no message type of its own: GET_META's layout (EINVAL if bad)
+        fields = GetMeta.parse(frame)
+        key, version = fields["key"], fields["version"]
     vb = active_vbucket(conn, frame)
     if vb is None:
         return
-    item = vb.get_meta(msg.key, time.time())
+    item = vb.get_meta(key, time.time())
     if item is None:
         if frame.opcode == Opcode.GETQ_META:
             return
@@ -36,7 +41,7 @@ def get_meta(conn, frame, msg) -> None:
     deleted = item.op != MUTATION
     extras = _GET_META.pack(1 if deleted else 0, item.flags,
                             item.delete_time if deleted else item.expiry, item.rev)
-    if msg.version == 2:
+    if version == 2:
         extras += bytes([item.datatype])
     conn.reply(frame, extras=extras, cas=item.cas)
 
