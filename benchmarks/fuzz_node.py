@@ -134,7 +134,9 @@ def load_seeds(vectors: Path | None = None, *, user: str = "Administrator",
 
 
 class Generator:
-    """Inputs (bytes, one or a few frames' worth each) from the seeds; deterministic per seed."""
+    """Inputs (bytes, one or a few frames' worth each) from the seeds, drawn from one
+    `random.Random(seed)`. With several connections the order in which they draw depends on
+    timing, so a seed repeats the mix of inputs but not exactly the same sequence."""
 
     def __init__(self, seeds: Seeds, rng: random.Random, max_body: int) -> None:
         self.seeds = seeds
