@@ -49,15 +49,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dcptool.client.cluster import cluster_map, hold_replication  # noqa: E402
-from dcptool.client.events import DELETION, EXPIRATION, MUTATION  # noqa: E402
 from dcptool.client.ops import get_vbucket_seqnos  # noqa: E402
 from dcptool.client.options import ConnOptions  # noqa: E402
-from dcptool.client.position import ZERO  # noqa: E402
-from dcptool.client.session import SessionConfig  # noqa: E402
 from dcptool.node.launcher import LocalNode  # noqa: E402
+from dochelpers import node_documents  # noqa: E402  (tests/dochelpers.py)
 from dcptool.protocol import vbucket_of  # noqa: E402
 from dcptool.protocol.constants import Status  # noqa: E402
 from dcptool.protocol.messages import CompactDb, Delete, Set  # noqa: E402
@@ -245,25 +244,6 @@ class Writer(threading.Thread):
 
 
 # -- reading what a node holds ---------------------------------------------------------------
-
-
-def node_documents(opts: ConnOptions) -> dict[bytes, tuple]:
-    """{key: (kind, value, cas, rev, flags, expiry)} of every active vbucket, over DCP."""
-    with opts.connect() as conn:
-        seqnos = get_vbucket_seqnos(conn, state=1)
-    out: dict[bytes, tuple] = {}
-    consumer = opts.consumer(SessionConfig(name="soak-reader", consistent=True))
-    try:
-        consumer.add_streams({vb: (ZERO, hi) for vb, hi in seqnos.items()})
-        for events in consumer.batches(tick=1.0):
-            for ev in events:
-                if ev[0] == MUTATION:
-                    out[bytes(ev[8])] = ("live", bytes(ev[9]), ev[4], ev[3], ev[5], ev[6])
-                elif ev[0] in (DELETION, EXPIRATION):
-                    out[bytes(ev[8])] = ("deleted", b"", ev[4], ev[3], 0, 0)
-    finally:
-        consumer.close()
-    return out
 
 
 def compare(name: str, want: dict[bytes, tuple], got: dict[bytes, tuple]) -> list[str]:
