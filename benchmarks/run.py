@@ -76,9 +76,9 @@ def measure_replay(n: int, tmp: Path, repeat: int, sections: set[str]) -> dict:
         if "task" in sections or "limit" in sections:
             modes += [("2 backup task (write_events)",
                        lambda: cr.run_backup_task(sender, meta, tmp / "task-archive")),
-                      ("2 backup task, values copied (before)",
+                      ("2 backup task, memoryview values",
                        lambda: cr.run_backup_task(sender, meta, tmp / "task-archive",
-                                                  copy_values=True))]
+                                                  copy_values=False))]
         for name, fn in modes:
             r = _best(fn, repeat)
             secs = r[1]
