@@ -21,7 +21,11 @@ docs/archive-format.md, "Blocks"):
 * `cas-planes`: the CAS of each item as the difference to the previous item's CAS
   (modulo 2^64), as 8-byte big-endian integers stored byte plane by byte plane (all first
   bytes, then all second bytes, ...): 8 x items bytes.
-* `keys` and `values`: each one msgpack array of bin, in item order.
+* `keys`: when every key of the block has the same length L (and there is at least one),
+  `0xC1 u32le(L)` and then n x L bytes: the first key, then each key XOR the key before it
+  (keys of one vbucket share long prefixes, which become runs of zero bytes); otherwise one
+  msgpack array of bin, in item order.
+* `values`: one msgpack array of bin, in item order.
 
 The writer compresses the four parts as separate zstd blocks of one frame (a block flush
 between them), so values get literal statistics of their own. The first byte 0xC1 is never
@@ -89,6 +93,43 @@ def _cas_values(planes: bytes | memoryview, n: int) -> list[int]:
     return values
 
 
+class _Keys(list):
+    """The keys of a block, in item order; `pack` appends one (a list's own append)."""
+    __slots__ = ()
+    pack = list.append
+
+
+def _encode_keys(keys: Sequence[bytes], p: msgpack.Packer) -> bytes:
+    """The keys part: equal-length keys XOR-coded against the key before (one big-integer
+    XOR over the whole column), else a msgpack array of bin."""
+    n = len(keys)
+    if n:
+        size = len(keys[0])
+        if 0 < size and len(set(map(len, keys))) == 1:
+            joined = b"".join(keys)
+            x = int.from_bytes(joined, "big")
+            return _MARK + _U32.pack(size) + (x ^ (x >> (8 * size))).to_bytes(len(joined), "big")
+    return p.pack_array_header(n) + b"".join(map(p.pack, keys))
+
+
+def _decode_keys(part: memoryview, n: int) -> tuple:
+    if len(part) and part[0] == BLOCK_MARK:
+        if len(part) < 5:
+            raise BlockError("keys section is too short")
+        size = _U32.unpack_from(part, 1)[0]
+        if size == 0 or len(part) - 5 != n * size:
+            raise BlockError("keys section has the wrong length")
+        coded = int.from_bytes(part[5:], "big")
+        # undo the XOR with the key before: each step doubles the span of keys folded in
+        shift = 8 * size
+        while shift < 8 * n * size:
+            coded ^= coded >> shift
+            shift *= 2
+        raw = coded.to_bytes(n * size, "big")
+        return tuple([raw[i:i + size] for i in range(0, n * size, size)])
+    return msgpack.unpackb(part, use_list=False, raw=False)
+
+
 class BlockBuilder:
     """Collects records for one block. The writer's hot path appends to the public lists
     and buffers directly (see VBucketWriter.mutation_events); `sections()` encodes."""
@@ -100,10 +141,9 @@ class BlockBuilder:
         self.others: list[tuple] = []  # the non-item records
         #: per item six ints, flat: seqno, rev_seqno, cas, a, b, datatype
         self.meta: list[int] = []
-        # keys: msgpack bin per item packed straight into the packer's buffer (no reset),
-        # which starts small and doubles as needed (msgpack's default is 256 KiB: with a
-        # thousand writers open that was half a GiB of allocations, and the heap fragmented)
-        self.keys = msgpack.Packer(use_bin_type=True, autoreset=False, buf_size=1024)
+        # keys: the key bytes of each item (`keys.pack` appends one; the keys must be bytes
+        # objects of their own, not views of a buffer that is reused)
+        self.keys = _Keys()
         # values: one packed bin per item, joined when the block is encoded (a doubling
         # buffer would hold up to twice the block size per writer)
         self.vals: list[bytes] = []
@@ -153,7 +193,7 @@ class BlockBuilder:
         n = len(meta) // 6
         seqs, revs, cas, a, b, dts = [meta[j::6] for j in range(6)]
         p = msgpack.Packer(use_bin_type=True)
-        keys = p.pack_array_header(n) + self.keys.bytes()
+        keys = _encode_keys(self.keys, p)
         head = p.pack([bytes(self.kinds), self.others, _deltas(seqs), revs, a, b, dts,
                        self.xattrs or None, len(keys)])
         return [_MARK + _U32.pack(len(head)) + head, _cas_planes(cas), keys,
@@ -166,6 +206,20 @@ def encode_records(records: Sequence[Sequence]) -> list[bytes]:
     for r in records:
         b.add(r)
     return b.sections()
+
+
+def block_compressor(level: int) -> zstandard.ZstdCompressor:
+    """The zstd compressor blocks are written with: `level`'s parameters for inputs of
+    unknown size, with a minimum match of 7 bytes at the fast levels (1-9), and a checksum.
+
+    The fixed parameters matter: given the content size, zstd picks parameters for small
+    inputs, which coded the benchmark's 256 KiB value sections 4 % larger. Matches of 5-6
+    bytes inside text (spurious repeats of short letter runs) cost more than the literals
+    they replace; at 7 the values of the benchmark's documents took 0.5 % less."""
+    params = zstandard.ZstdCompressionParameters.from_level
+    mm = params(level).min_match
+    return zstandard.ZstdCompressor(compression_params=params(
+        level, min_match=max(7, mm) if level <= 9 else mm, write_checksum=1))
 
 
 def compress_sections(cctx: zstandard.ZstdCompressor, sections: Sequence[bytes]) -> bytes:
@@ -213,7 +267,7 @@ def _decode(mv: memoryview) -> list[tuple]:
     pos += 8 * n
     if klen < 0 or pos + klen > len(mv):
         raise BlockError("keys section runs past the content")
-    keys = msgpack.unpackb(mv[pos:pos + klen], use_list=False, raw=False)
+    keys = _decode_keys(mv[pos:pos + klen], n)
     vals = msgpack.unpackb(mv[pos + klen:], use_list=False, raw=False)
     if type(keys) is not tuple or type(vals) is not tuple or len(keys) != n or len(vals) != n:
         raise BlockError("keys or values do not match the item count")

@@ -37,7 +37,7 @@ DEFAULT_LEVEL = 3
 DEFAULT_BLOCK_SIZE = 1 << 20
 #: uncompressed bytes all open vbucket writers of one process may buffer together (each
 #: closes its frames at this / open writers when that is below the block size)
-DEFAULT_BLOCK_BUDGET = 64 << 20
+DEFAULT_BLOCK_BUDGET = 128 << 20
 MIN_BLOCK_SIZE = 64 << 10
 DEFAULT_SEGMENT_BYTES = 256 << 20  # a data file is closed and the next segment opened past this
 #: a frame whose header claims more than this many uncompressed bytes is rejected as corrupt

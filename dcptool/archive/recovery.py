@@ -22,7 +22,7 @@ from typing import Any
 
 import zstandard
 
-from .block import compress_sections
+from .block import block_compressor, compress_sections
 from .errors import CorruptFileError
 from .format import (
     DATA_RE,
@@ -317,7 +317,7 @@ def truncate_to_cut(backup_dir: str | os.PathLike[str], scan: VBucketScan, *,
             f.seek(cut.frame_offset)
             frame = f.read(cut.frame_len)
         content = decompress_frame(frame, str(path), cut.frame_offset)
-        tail = compress_sections(zstandard.ZstdCompressor(level=level, write_checksum=True),
+        tail = compress_sections(block_compressor(level),
                                  content_prefix(content, cut.keep_bytes, str(path),
                                                 cut.frame_offset))
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC, FILE_MODE)

@@ -24,7 +24,7 @@ import zstandard
 
 from dcptool.faults import fault_point
 
-from .block import ITEM_COST, BlockBuilder, compress_sections, decode_block
+from .block import ITEM_COST, BlockBuilder, block_compressor, compress_sections, decode_block
 from .errors import ArchiveError, CorruptFileError
 from .format import (
     BACKUP_JSON,
@@ -76,7 +76,7 @@ def shared_compressor(level: int) -> zstandard.ZstdCompressor:
         cache = _local.compressors = {}
     cctx = cache.get(level)
     if cctx is None:
-        cctx = cache[level] = zstandard.ZstdCompressor(level=level, write_checksum=True)
+        cctx = cache[level] = block_compressor(level)
     return cctx
 
 
