@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import zstandard
 
 from .block import block_compressor, compress_sections
 from .errors import CorruptFileError
