@@ -66,12 +66,13 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
 
 
-def arrow_schema():
+def arrow_schema(columns: Iterable[tuple[str, str]] = COLUMNS):
+    """The pyarrow schema of (name, Spark SQL type) columns (this source's by default)."""
     import pyarrow as pa
 
     types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
              "binary": pa.binary(), "boolean": pa.bool_()}
-    return pa.schema([(n, types[t]) for n, t in COLUMNS])
+    return pa.schema([(n, types[t]) for n, t in columns])
 
 
 def _flag(options: dict[str, str], name: str, default: bool = False) -> bool:

@@ -35,6 +35,9 @@ from typing import Any, Iterator
 
 from dcptool.errors import UsageError
 
+from .datasource import _TRUE, default_partitions
+from .datasource import arrow_schema as _arrow_schema
+
 NAME = "dcptool-stream"
 
 COLUMNS = (
@@ -55,15 +58,9 @@ SCHEMA_DDL = ", ".join(f"{n} {t}" for n, t in COLUMNS)
 
 BATCH_ROWS = 16384
 
-_TRUE = {"true", "1", "yes", "on"}
-
 
 def arrow_schema():
-    import pyarrow as pa
-
-    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
-             "binary": pa.binary(), "boolean": pa.bool_()}
-    return pa.schema([(n, types[t]) for n, t in COLUMNS])
+    return _arrow_schema(COLUMNS)
 
 
 def _entry(uuid: int, seqno: int, ss: int | None = None, se: int | None = None) -> dict[str, int]:
@@ -87,7 +84,7 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
     if start not in ("beginning", "now"):
         raise UsageError(f"dcptool-stream: option start must be 'beginning' or 'now', not {start!r}")
     try:
-        partitions = int(options.get("partitions") or 2 * (os.cpu_count() or 1))
+        partitions = int(options.get("partitions") or default_partitions())
         max_records = int(options["maxrecordsperbatch"]) if options.get("maxrecordsperbatch") \
             else None
     except ValueError as exc:
