@@ -56,8 +56,26 @@ class HwtRequestError(ValueError):
     """A register/list/remove request the node cannot accept; the message says why."""
 
 
+class _RowState:
+    """What a registered row and a replicated row share: the client's name and the state
+    at a time (set by the dataclasses below: name, instance, expires_at, lost_at)."""
+
+    __slots__ = ()
+
+    @property
+    def client(self) -> str:
+        return f"{self.name}/{self.instance}"
+
+    def state(self, now: float) -> str:
+        if self.lost_at is not None:
+            return LOST
+        if self.expires_at <= now:
+            return EXPIRED
+        return OK
+
+
 @dataclass
-class HwtEntry:
+class HwtEntry(_RowState):
     """One row of the table."""
 
     name: str
@@ -72,17 +90,6 @@ class HwtEntry:
     @property
     def key(self) -> tuple[str, str]:
         return (self.name, self.instance)
-
-    @property
-    def client(self) -> str:
-        return f"{self.name}/{self.instance}"
-
-    def state(self, now: float) -> str:
-        if self.lost_at is not None:
-            return LOST
-        if self.expires_at <= now:
-            return EXPIRED
-        return OK
 
     def watermark(self) -> Watermark:
         return Watermark(self.client, self.seqnos, self.expires_at, self.lost_at is not None)
@@ -114,7 +121,7 @@ class HwtEntry:
 
 
 @dataclass
-class ReplicatedRow:
+class ReplicatedRow(_RowState):
     """One vbucket of a row this node replicated from `source` (HOST:PORT)."""
 
     name: str
@@ -132,17 +139,6 @@ class ReplicatedRow:
     @property
     def key(self) -> tuple[str, str, int]:
         return (self.name, self.instance, self.vb)
-
-    @property
-    def client(self) -> str:
-        return f"{self.name}/{self.instance}"
-
-    def state(self, now: float) -> str:
-        if self.lost_at is not None:
-            return LOST
-        if self.expires_at <= now:
-            return EXPIRED
-        return OK
 
     def watermark(self) -> Watermark:
         return Watermark(self.client, {self.vb: self.seqno}, self.expires_at,

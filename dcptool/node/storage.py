@@ -179,16 +179,7 @@ class Storage:
                                  [(k, str(v)) for k, v in values.items()])
 
     def _tx(self):
-        db = self._db
-
-        class _T:
-            def __enter__(self_inner):
-                db.execute("BEGIN IMMEDIATE")
-
-            def __exit__(self_inner, et, ev, tb):
-                db.execute("COMMIT" if et is None else "ROLLBACK")
-                return False
-        return _T()
+        return _write_tx(self._db)
 
     # -- vbuckets ---------------------------------------------------------------------
 
