@@ -175,6 +175,44 @@ class _Stopped(Exception):
     pass
 
 
+class SnapshotBuffer:
+    """The records of the snapshot a replica (or a takeover destination) is receiving,
+    handed to `deliver(records, end)` only once the snapshot is complete: when an item or a
+    SEQNO_ADVANCED reaches its end, or the next marker arrives. Used by the consumer
+    thread alone."""
+
+    __slots__ = ("deliver", "pending", "end")
+
+    def __init__(self, deliver) -> None:
+        self.deliver = deliver
+        self.pending: list = []
+        self.end: int | None = None
+
+    def item(self, ev) -> None:
+        self.pending.append(ev)
+        if self.end is not None and ev[2] >= self.end:
+            self.complete()
+
+    def marker(self, end: int) -> None:
+        if self.end is not None:
+            self.complete()
+        self.end = end
+
+    def advanced(self, seqno: int) -> None:
+        if self.end is not None and seqno >= self.end:
+            self.complete()
+
+    def complete(self) -> None:
+        records, self.pending = self.pending, []
+        end = self.end or 0
+        self.end = None
+        self.deliver(records, end)
+
+    def clear(self) -> None:
+        self.pending = []
+        self.end = None
+
+
 class ReplicaStream(threading.Thread):
     def __init__(self, repl: "Replication", vbid: int, source: int, address: tuple[str, int],
                  auth: dict[str, str], name: str) -> None:
@@ -192,8 +230,7 @@ class ReplicaStream(threading.Thread):
         self.snapshot_end = 0      # end of the snapshot being received
         self.rollbacks = 0
         self.last_error: str | None = None
-        self._pending: list = []
-        self._snap_end: int | None = None
+        self._snap = SnapshotBuffer(self._deliver)
 
     # -- control (any thread) -------------------------------------------------------
 
@@ -211,7 +248,7 @@ class ReplicaStream(threading.Thread):
     def status(self) -> dict[str, Any]:
         return {"source": self.source, "address": f"{self.address[0]}:{self.address[1]}",
                 "connected": self.connected, "received": self.received,
-                "snapshot_end": self.snapshot_end, "buffered": len(self._pending),
+                "snapshot_end": self.snapshot_end, "buffered": len(self._snap.pending),
                 "rollbacks": self.rollbacks, "error": self.last_error}
 
     # -- the thread ------------------------------------------------------------------
@@ -289,9 +326,9 @@ class ReplicaStream(threading.Thread):
             config=cfg, on_rollback=self._on_rollback)
         if self.stopping:
             raise _Stopped()
-        self._pending = []
-        self._snap_end = None
+        self._snap.clear()
         self.consumer.add_stream(self.vbid, pos, end_seqno=SEQNO_MAX)
+        snap = self._snap
         while not self.stopping:
             events = self.consumer.poll(0.5)
             for ev in events:
@@ -299,18 +336,13 @@ class ReplicaStream(threading.Thread):
                 if kind in _OPS:
                     self._wait_hold(ev[2])
                     self.received = ev[2]
-                    self._pending.append(ev)
-                    if self._snap_end is not None and ev[2] >= self._snap_end:
-                        self._complete()
+                    snap.item(ev)
                 elif kind == SNAPSHOT:
-                    if self._snap_end is not None:
-                        self._complete()
-                    self._snap_end = ev[3]
+                    snap.marker(ev[3])
                     self.snapshot_end = ev[3]
                 elif kind == SEQNO_ADVANCED:
                     self.received = ev[2]
-                    if self._snap_end is not None and ev[2] >= self._snap_end:
-                        self._complete()
+                    snap.advanced(ev[2])
                 elif kind == STREAM_OPEN:
                     self.connected = True
                     self.last_error = None
@@ -318,10 +350,9 @@ class ReplicaStream(threading.Thread):
                 elif kind == ROLLBACK:
                     pass  # done in _on_rollback, before the session asked again
                 elif kind == STREAM_END:
-                    if self._snap_end is not None and ev[2] == StreamEndReason.OK:
-                        self._complete()
-                    self._pending = []
-                    self._snap_end = None
+                    if snap.end is not None and ev[2] == StreamEndReason.OK:
+                        snap.complete()
+                    snap.clear()
                     if not ev[3]:
                         return  # the source ended it (e.g. its vbucket changed state)
 
@@ -335,10 +366,7 @@ class ReplicaStream(threading.Thread):
                 repl.cond.wait(0.5)
         raise _Stopped()
 
-    def _complete(self) -> None:
-        records, self._pending = self._pending, []
-        end = self._snap_end or 0
-        self._snap_end = None
+    def _deliver(self, records, end) -> None:
         self._on_loop(self._apply, records, end)
 
     def _apply(self, records, end):
@@ -368,8 +396,7 @@ class ReplicaStream(threading.Thread):
         from dcptool.client.position import Position
 
         self.rollbacks += 1
-        self._pending = []
-        self._snap_end = None
+        self._snap.clear()
 
         async def do():
             vb = self.repl.bucket.vbuckets[self.vbid]

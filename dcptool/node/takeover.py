@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from dcptool.protocol.constants import SEQNO_MAX, StreamEndReason, StreamFlag, VBucketState
 
-from .replication import apply_snapshot, rollback
+from .replication import SnapshotBuffer, apply_snapshot, rollback
 
 if TYPE_CHECKING:
     from .server import Node
@@ -62,8 +62,7 @@ class _Takeover:
         self.timeout = timeout
         self.loop = asyncio.get_running_loop()
         self.done: asyncio.Future = self.loop.create_future()
-        self.pending: list = []
-        self.snap_end: int | None = None
+        self.snap = SnapshotBuffer(self._deliver)
         self.received = 0
         self.items = 0
         self.rollbacks = 0
@@ -140,10 +139,7 @@ class _Takeover:
                     pass
         self.loop.call_soon_threadsafe(self._finish, exc)
 
-    def _complete(self) -> None:
-        records, self.pending = self.pending, []
-        end = self.snap_end or 0
-        self.snap_end = None
+    def _deliver(self, records, end) -> None:
         if records or end:
             self.on_loop(self._apply, records, end)
 
@@ -151,8 +147,7 @@ class _Takeover:
         from dcptool.client.position import Position
 
         self.rollbacks += 1
-        self.pending = []
-        self.snap_end = None
+        self.snap.clear()
 
         async def do():
             vb = self.bucket.vbuckets[self.vbid]
@@ -183,6 +178,7 @@ class _Takeover:
             config=cfg, on_rollback=self._on_rollback)
         c.add_stream(self.vbid, pos, end_seqno=SEQNO_MAX, flags=int(StreamFlag.TAKEOVER))
         deadline = time.monotonic() + self.timeout
+        snap = self.snap
         while True:
             if time.monotonic() > deadline:
                 raise TakeoverError(f"the takeover of vbucket {self.vbid} did not finish in "
@@ -192,23 +188,18 @@ class _Takeover:
                 if kind in _RECORDS:
                     self.received = ev[2]
                     self.items += 1
-                    self.pending.append(ev)
-                    if self.snap_end is not None and ev[2] >= self.snap_end:
-                        self._complete()
+                    snap.item(ev)
                 elif kind == SNAPSHOT:
-                    if self.snap_end is not None:
-                        self._complete()
-                    self.snap_end = ev[3]
+                    snap.marker(ev[3])
                 elif kind == SEQNO_ADVANCED:
                     self.received = ev[2]
-                    if self.snap_end is not None and ev[2] >= self.snap_end:
-                        self._complete()
+                    snap.advanced(ev[2])
                 elif kind == STREAM_OPEN:
                     self.on_loop(self._take_failover_log, ev[2])
                 elif kind == VBUCKET_STATE:
                     # the producer sends it between complete snapshots
-                    if self.snap_end is not None or self.pending:
-                        self._complete()
+                    if snap.end is not None or snap.pending:
+                        snap.complete()
                     state = int(ev[2])
                     if state not in (_PENDING, _ACTIVE):
                         raise TakeoverError(f"the source sent SET_VBUCKET_STATE({state})")
