@@ -6,24 +6,16 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from client.nodeutil import json_lines, run_cli
 from clusterutil import (
-    addr, failover_log, keys_in, seqnos, start_nodes, status, stop_nodes, vbucket_stream,
+    addr, failover_log, keys_in, status, vbucket_stream,
     wait_seqno, wait_until,
 )
 from dochelpers import load, opts_for
 
 from dcptool.client.cluster import hold_replication
 
-VBS = 4
-
-
-@pytest.fixture
-def abc(tmp_path):
-    nodes = start_nodes(tmp_path, ["a", "b", "c"], vbuckets=VBS)
-    yield nodes
-    stop_nodes(nodes)
+VBS = 4  # the vbuckets of the conftest's `abc` nodes
 
 
 def test_create_status_failover_and_tail_across_the_failover(abc, tmp_path):

@@ -21,8 +21,7 @@ import time
 import pytest
 from client.nodeutil import REPO, json_lines, run_cli
 from clusterutil import (
-    addr, failover_log, keys_in, make_cluster, seqnos, start_nodes, status, stop_nodes,
-    vbucket_stream, wait_until,
+    addr, failover_log, keys_in, make_cluster, seqnos, status, vbucket_stream, wait_until,
 )
 from dochelpers import load, opts_for
 from node.dcpclient import dcp_connect
@@ -38,14 +37,7 @@ from dcptool.protocol.messages import (
     DcpMutation, DcpSetVbucketState, DcpSnapshotMarker, DcpStreamEnd,
 )
 
-VBS = 4
-
-
-@pytest.fixture
-def abc(tmp_path):
-    nodes = start_nodes(tmp_path, ["a", "b", "c"], vbuckets=VBS)
-    yield nodes
-    stop_nodes(nodes)
+VBS = 4  # the vbuckets of the conftest's `abc` nodes
 
 
 class Writer(threading.Thread):

@@ -4,23 +4,14 @@ C is promoted ([(X, 900), (W, 0)]); B asks C from (W, 1000), is told to roll bac
 does, and ends with exactly C's data and failover log."""
 from __future__ import annotations
 
-import pytest
 from clusterutil import (
-    failover_log, keys_in, make_cluster, seqnos, start_nodes, status, stop_nodes,
-    vbucket_stream, wait_seqno, wait_until,
+    failover_log, keys_in, make_cluster, seqnos, status, vbucket_stream, wait_seqno, wait_until,
 )
 from dochelpers import load, opts_for
 
 from dcptool.client.cluster import hold_replication, set_map
 
-VBS = 4
-
-
-@pytest.fixture
-def abc(tmp_path):
-    nodes = start_nodes(tmp_path, ["a", "b", "c"], vbuckets=VBS)
-    yield nodes
-    stop_nodes(nodes)
+VBS = 4  # the vbuckets of the conftest's `abc` nodes
 
 
 def test_seed004_failover_promotes_c_and_b_rolls_back_to_900(abc):
