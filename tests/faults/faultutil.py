@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from clihelpers import cli  # noqa: F401  (the fault tests import it from here)
 
 from dcptool.archive import Archive
 from dcptool.archive.format import ITEM_TYPES
 from dcptool.archive.verify import verify_archive
-from dcptool.cli.app import main
 
 
 def docs(n: int, tag: str = "v1", size: int = 40) -> dict[str, dict]:
@@ -48,14 +48,6 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]
         out, err = proc.communicate(timeout=30)
         pytest.fail(f"dcptool did not finish in {timeout}s: {err.decode()[-2000:]}")
     return proc.returncode, out.decode(), err.decode()
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    """`dcptool ARGS` in this process (the test session's Spark): (exit status, out, err)."""
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def one_error_line(err: str) -> str:

@@ -4,23 +4,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from clihelpers import cli
 from dochelpers import delete, load, node_documents, opts_for
 from nodeproc import NodeProcess
 
 from dcptool.archive import Archive
-from dcptool.cli.app import main
 from dcptool.pipeline.backup import run_backup
 from dcptool.protocol import vbucket_of
 
 VBS = 16
 KEY = "user::0042"
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 @pytest.fixture(scope="module")

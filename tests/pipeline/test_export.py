@@ -5,22 +5,15 @@ import base64
 import json
 
 import pytest
+from clihelpers import cli
 from dochelpers import delete, load, opts_for
 from nodeproc import NodeProcess
 
 from dcptool.archive import Archive
-from dcptool.cli.app import main
 from dcptool.pipeline.backup import run_backup
 from dcptool.spark import read_archive
 
 VBS = 16
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 @pytest.fixture(scope="module")

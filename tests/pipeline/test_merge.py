@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from clihelpers import cli
 from dochelpers import delete, load, node_documents, opts_for
 from nodeproc import NodeProcess
 
 from dcptool.archive import Archive
 from dcptool.archive.verify import verify_archive
-from dcptool.cli.app import main
 from dcptool.pipeline.backup import run_backup
 from dcptool.pipeline.merge import STAGING, run_merge
 from dcptool.pipeline.restore import resolved_records, run_restore
@@ -22,13 +22,6 @@ VBS = 16
 def restore_state(path, backup=None) -> dict:
     """{vb: [what restore writes, in order]} straight from restore's own resolution."""
     return {vb: list(resolved_records(str(path), vb, backup)) for vb in range(VBS)}
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 @pytest.fixture(scope="module")

@@ -4,21 +4,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from clihelpers import cli
 from dochelpers import delete, load, opts_for
 from nodeproc import NodeProcess
 
-from dcptool.cli.app import main
 from dcptool.pipeline.backup import run_backup
 from dcptool.protocol import vbucket_of
 
 VBS = 16
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 @pytest.fixture(scope="module")
