@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from dcptool.client.cluster import node_status, set_map
 from dcptool.client.events import DELETION, EXPIRATION, MUTATION, SNAPSHOT
 from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
@@ -123,3 +125,17 @@ def vbucket_stream(node: NodeProcess, vb: int, end: int | None = None):
     finally:
         consumer.close()
     return docs, markers
+
+
+#: vbuckets of the nodes `abc` starts
+ABC_VBUCKETS = 4
+
+
+@pytest.fixture
+def abc(tmp_path):
+    """Three node processes a, b and c (not yet a cluster). A test module uses it with
+    `from clusterutil import abc` (a conftest.py here would shadow tests/conftest.py,
+    which other tests import as `conftest`)."""
+    nodes = start_nodes(tmp_path, ["a", "b", "c"], vbuckets=ABC_VBUCKETS)
+    yield nodes
+    stop_nodes(nodes)

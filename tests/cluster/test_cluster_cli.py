@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from client.nodeutil import json_lines, run_cli
+from clusterutil import abc  # noqa: F401  (the fixture)
 from clusterutil import (
     addr, failover_log, keys_in, status, vbucket_stream,
     wait_seqno, wait_until,
@@ -15,7 +16,7 @@ from dochelpers import load, opts_for
 
 from dcptool.client.cluster import hold_replication
 
-VBS = 4  # the vbuckets of the conftest's `abc` nodes
+VBS = 4  # the vbuckets of clusterutil's `abc` nodes
 
 
 def test_create_status_failover_and_tail_across_the_failover(abc, tmp_path):

@@ -20,6 +20,7 @@ import time
 
 import pytest
 from client.nodeutil import REPO, json_lines, run_cli
+from clusterutil import abc  # noqa: F401  (the fixture)
 from clusterutil import (
     addr, failover_log, keys_in, make_cluster, seqnos, status, vbucket_stream, wait_until,
 )
@@ -37,7 +38,7 @@ from dcptool.protocol.messages import (
     DcpMutation, DcpSetVbucketState, DcpSnapshotMarker, DcpStreamEnd,
 )
 
-VBS = 4  # the vbuckets of the conftest's `abc` nodes
+VBS = 4  # the vbuckets of clusterutil's `abc` nodes
 
 
 class Writer(threading.Thread):

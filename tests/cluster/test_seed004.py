@@ -4,6 +4,7 @@ C is promoted ([(X, 900), (W, 0)]); B asks C from (W, 1000), is told to roll bac
 does, and ends with exactly C's data and failover log."""
 from __future__ import annotations
 
+from clusterutil import abc  # noqa: F401  (the fixture)
 from clusterutil import (
     failover_log, keys_in, make_cluster, seqnos, status, vbucket_stream, wait_seqno, wait_until,
 )
@@ -11,7 +12,7 @@ from dochelpers import load, opts_for
 
 from dcptool.client.cluster import hold_replication, set_map
 
-VBS = 4  # the vbuckets of the conftest's `abc` nodes
+VBS = 4  # the vbuckets of clusterutil's `abc` nodes
 
 
 def test_seed004_failover_promotes_c_and_b_rolls_back_to_900(abc):
