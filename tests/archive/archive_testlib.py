@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import zstandard
+
 from dcptool.archive import Archive, Position
+from dcptool.archive.frames import scan_frames
 
 W = 0xA1A1_0000_0000_0001  # vbucket uuids for history branches, as in seed 004
 X = 0xB2B2_0000_0000_0002
@@ -87,3 +90,24 @@ def seed_004_archive(path) -> tuple[Archive, dict, dict]:
         "events": [("rollback", 900, W), ("stream", Position.at(W, 900), [(X, 900), (W, 0)])]
         + mutations(901, 960, per_snapshot=20, prefix=b"new-")}})
     return archive, full, inc
+
+
+def flip_position(data: bytes, f, *, content_changes: bool) -> int:
+    """A byte whose low bit, flipped, changes what its frame decodes to (or not): some bits of a
+    compressed block (a match offset into a run of equal bytes) decode to the same content."""
+    with open(f, "rb") as fh:
+        frames = list(scan_frames(fh, str(f)))
+    off, frame = next((o, fr) for o, fr in frames if o <= len(data) // 2 < o + len(fr))
+    want = zstandard.ZstdDecompressor().decompress(frame)
+    for pos in [*range(off + len(frame) // 2, len(data)), *range(0, off + len(frame) // 2)]:
+        o, fr = next((o, fr) for o, fr in frames if o <= pos < o + len(fr))
+        changed = bytearray(fr)
+        changed[pos - o] ^= 0x01
+        try:
+            same = zstandard.ZstdDecompressor().decompress(bytes(changed)) == \
+                (want if o == off else zstandard.ZstdDecompressor().decompress(fr))
+        except zstandard.ZstdError:
+            same = False
+        if same != content_changes:
+            return pos
+    raise AssertionError("no byte of that kind in this file")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from archive_testlib import W, mutations, write_events
+from archive_testlib import W, flip_position, mutations, write_events
 
 from dcptool.archive import Archive, ArchiveError, Position
 from dcptool.archive.frames import TornFrame, decompress_frame, frame_records, scan_frames
@@ -105,7 +105,7 @@ def test_completed_vbucket_with_a_changed_file_is_not_complete(tmp_path):
     bw.abort()
     path = bw.dir / "vb-0000-000.mpk.zst"
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x40
+    data[flip_position(bytes(data), path, content_changes=True)] ^= 0x01
     path.write_bytes(bytes(data))
     rec = a.partial_backup().recover()[0]
     assert not rec.complete

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from archive_testlib import W, X, backup, mutations
+from archive_testlib import W, X, backup, flip_position, mutations
 
 from dcptool.archive import Archive, CorruptFileError, Position
 from dcptool.archive.verify import verify_archive
@@ -65,13 +65,25 @@ def test_flipped_byte_is_found_and_names_the_file(arc):
     path, full, _inc = arc
     f = data_file(path, full["id"], 2)
     data = bytearray(f.read_bytes())
-    data[len(data) // 2] ^= 0x01
+    data[flip_position(bytes(data), f, content_changes=True)] ^= 0x01
     f.write_bytes(bytes(data))
     report, probs = problems(path)
     assert not report.ok
     assert all(p.startswith(str(f) + ":") for p in probs), probs
     assert any("SHA-256 does not match" in p for p in probs)
     assert any(": at byte " in p for p in probs), probs  # decoding says where
+
+
+def test_flip_that_decodes_to_the_same_content_is_found_by_the_sha256(arc):
+    path, full, _inc = arc
+    f = data_file(path, full["id"], 2)
+    data = bytearray(f.read_bytes())
+    data[flip_position(bytes(data), f, content_changes=False)] ^= 0x01
+    f.write_bytes(bytes(data))
+    report, probs = problems(path)
+    assert not report.ok
+    assert probs and all(p.startswith(str(f) + ":") for p in probs), probs
+    assert any("SHA-256 does not match" in p for p in probs)
 
 
 def test_truncated_file(arc):
