@@ -1,6 +1,6 @@
 """Drain N documents of S bytes from a reference node over one DCP connection.
 
-    python benchmarks/node_drain.py -n 1000000 -s 256 --modes disk,memory
+    python benchmarks/node_drain.py -n 1000000 -s 256 --modes disk,memory [--eviction value,full]
 
 Each mode starts its own node (a real `dcptool node start` process), loads the
 documents over a few connections, then opens one DCP connection with a stream per
@@ -12,7 +12,10 @@ vbucket (start 0, end = the vbucket's high seqno) and reads until every stream e
   to keep everything, so every item comes from memory snapshots.
 
 The reading side only walks the 24-byte headers, counts messages and bytes and acks
-flow control, so the figure is the node's. Reports items/s and MB/s of wire bytes.
+flow control, so the figure is the node's. Reports items/s and MB/s of wire bytes and
+the node's peak RSS (VmHWM; in disk mode that of the restarted node). `--eviction full`
+runs the node with full eviction (`--memory-quota`, default 64MiB); `value,full` runs
+every mode in both, one after the other.
 `--profile` records the node with py-spy while it drains (py-spy must be installed).
 """
 from __future__ import annotations
@@ -213,8 +216,12 @@ def peak_rss_mb(pid: int | None) -> float | None:
 def run_mode(mode: str, a) -> dict:
     from nodeproc import NodeProcess
 
+    eviction = getattr(a, "eviction", "value")
     tmp = tempfile.TemporaryDirectory(prefix=f"dcptool-drain-{mode}-")
     extra = ["--checkpoint-memory", a.checkpoint_memory]
+    if eviction != "value":
+        extra += ["--eviction", eviction,
+                  "--memory-quota", getattr(a, "memory_quota", None) or "64MiB"]
     if mode == "memory":
         extra += ["--flush-interval", "3600"]
     node = NodeProcess(Path(tmp.name) / "node", vbuckets=a.vbuckets, extra_args=tuple(extra))
@@ -246,7 +253,12 @@ def run_mode(mode: str, a) -> dict:
         if spy is not None:
             spy.send_signal(2)
             spy.wait(60)
-        r.update({"mode": mode, "docs": a.n, "doc_bytes": a.s, "vbuckets": a.vbuckets,
+        if eviction != "value":
+            st = _stat(node.host, node.port, "password")
+            r["node_stats"] = {k.decode(): v.decode() for k, v in st.items() if k in (
+                b"ep_num_value_ejects", b"ep_bg_fetched", b"ep_kv_size", b"ep_resident_items",
+                b"ep_bloom_filter_size")}
+        r.update({"mode": mode, "eviction": eviction, "docs": a.n, "doc_bytes": a.s, "vbuckets": a.vbuckets,
                   "load_s": round(t_load, 1), "restart_s": round(t_restart, 1)})
         return r
     finally:
@@ -263,18 +275,24 @@ def main() -> None:
     ap.add_argument("--buffer-size", type=int, default=20 * 1024 * 1024,
                     help="connection_buffer_size (0 = no flow control)")
     ap.add_argument("--checkpoint-memory", default="4GiB")
+    ap.add_argument("--eviction", default="value",
+                    help="the node's --eviction: value, full, or value,full to run both")
+    ap.add_argument("--memory-quota", default="64MiB", help="the node's --memory-quota (full)")
     ap.add_argument("--profile", default=None, help="write py-spy raw profiles to PREFIX-MODE.txt")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     results = []
-    for mode in a.modes.split(","):
-        r = run_mode(mode, a)
+    runs = [(m, e) for e in a.eviction.split(",") for m in a.modes.split(",")]
+    for mode, eviction in runs:
+        a_run = argparse.Namespace(**{**vars(a), "eviction": eviction})
+        r = run_mode(mode, a_run)
         results.append(r)
         if not a.json:
-            print(f"{mode:6s}: {r['items']} items ({r['docs']} docs x {r['doc_bytes']} B, "
+            print(f"{mode:6s} ({eviction}): {r['items']} items ({r['docs']} docs x {r['doc_bytes']} B, "
                   f"{r['streams']} streams, {r['markers']} markers) in {r['seconds']} s = "
                   f"{r['items_per_s']} items/s, {r['MB_per_s']} MB/s "
-                  f"[load {r['load_s']} s, restart {r['restart_s']} s]", flush=True)
+                  f"[load {r['load_s']} s, restart {r['restart_s']} s, "
+                  f"node peak RSS {r['node_peak_rss_MB']} MB]", flush=True)
     if a.json:
         print(json.dumps(results, indent=1))
 

@@ -34,7 +34,7 @@ _dcptool_options() {
         "info") echo "--json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "merge") echo "--from --to --level --master --partitions --json -h --help" ;;
         "node") echo "-h --help" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --log-level -h --help" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level -h --help" ;;
         "node status") echo "--data --json --username --password --password-file -h --help" ;;
         "node user") echo "-h --help" ;;
         "node user add") echo "--data -r --role --password-file --json -h --help" ;;
@@ -67,7 +67,7 @@ _dcptool_valued_options() {
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "info") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "merge") echo "--from --to --level --master --partitions" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --log-level" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level" ;;
         "node status") echo "--data --username --password --password-file" ;;
         "node user add") echo "--data -r --role --password-file" ;;
         "node user list") echo "--data" ;;
@@ -90,6 +90,7 @@ _dcptool_option_values() {
         "node start|--hwt-max-hold") echo "off" ;;
         "node start|--stuck-timeout") echo "off" ;;
         "node start|--auth-timeout") echo "off" ;;
+        "node start|--eviction") echo "value full" ;;
         "node start|--log-level") echo "debug info warning error" ;;
         "tail|--from") echo "beginning now" ;;
     esac

@@ -91,6 +91,15 @@ def start(
     auth_timeout: str = typer.Option(
         "30s", "--auth-timeout", metavar="DURATION|off",
         help="Close a connection that has not authenticated this long after connecting."),
+    eviction: str = typer.Option(
+        "value", "--eviction", metavar="value|full",
+        help="value: every document stays in memory. full: only documents not yet on disk "
+             "and as many others as fit in --memory-quota; the rest are read from disk "
+             "when asked for (docs/eviction.md)."),
+    memory_quota: str = typer.Option(
+        "64MiB", "--memory-quota", metavar="SIZE",
+        help="Resident documents (keys, values and metadata) with --eviction full; "
+             "ignored with value eviction."),
     log_level: str = typer.Option("warning", "--log-level", metavar="debug|info|warning|error",
                                   help="Least severity logged on stderr (DIR/logs/node.log "
                                        "also gets info)."),
@@ -126,6 +135,8 @@ def start(
         max_pending_output=parse_size(max_pending_output, what="--max-pending-output"),
         stuck_timeout=parse_duration(stuck_timeout, what="--stuck-timeout", allow_off=True),
         auth_timeout=parse_duration(auth_timeout, what="--auth-timeout", allow_off=True),
+        eviction=eviction.strip().lower(),
+        memory_quota=parse_size(memory_quota, what="--memory-quota"),
     )
     config.validate()
     if not username:

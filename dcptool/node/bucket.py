@@ -25,6 +25,7 @@ from typing import Any
 from dcptool.errors import DcptoolError
 from dcptool.protocol.constants import VBucketState
 
+from .cache import BloomFilter, ResidentCache
 from .checkpoint import CheckpointMemory
 from .compaction import Purger
 from .hwt import HighWatermarkTable
@@ -49,6 +50,8 @@ class Bucket:
         hwt_max_hold: float | None = 30 * 86400,
         compaction_interval: float | None = None,
         hwt_default_ttl: float = 7 * 86400,
+        eviction: str = "value",
+        memory_quota: int = 64 * 1024 * 1024,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.name = name
@@ -61,7 +64,14 @@ class Bucket:
                                                       checkpoint_memory // (4 * num_vbuckets)))
         self.checkpoint_max_items = checkpoint_max_items
         self.checkpoint_max_bytes = checkpoint_max_bytes
-        self.storage = Storage(self.data_dir / "data.sqlite3", flush_interval=flush_interval)
+        self.eviction = eviction
+        self.full_eviction = eviction == "full"
+        # full eviction bounds memory: a backfill's sequential scan gains nothing from a
+        # large page cache, and up to 16 read connections are pooled
+        self.storage = Storage(self.data_dir / "data.sqlite3", flush_interval=flush_interval,
+                               reader_cache_kib=4096 if self.full_eviction else 65536)
+        #: full eviction: the resident-document budget and its counters (None: value eviction)
+        self.cache = ResidentCache(self.storage, memory_quota) if self.full_eviction else None
         self.memory.on_pressure = self.storage.kick
         self.vbuckets: dict[int, VBucket] = {}
         self.expiry_heap: list = []
@@ -119,7 +129,8 @@ class Bucket:
             self.vbuckets[vbid] = vb
         loaded = 0
         vbs = self.vbuckets
-        for vbid, item in st.iter_items():
+        keys = self._warm_up_full() if self.full_eviction else None
+        for vbid, item in (() if self.full_eviction else st.iter_items()):
             vb = vbs.get(vbid)
             if vb is None:
                 continue
@@ -130,7 +141,7 @@ class Bucket:
                 vb.max_cas = item.cas
             loaded += 1
         # the expiry heap: only items with a TTL
-        for vb in vbs.values():
+        for vb in (() if self.full_eviction else vbs.values()):
             for it in vb.items.values():
                 if it.expiry and it.op == 0:
                     self.expiry_heap.append((it.expiry, vb.id, it.key, it.seqno))
@@ -153,10 +164,36 @@ class Bucket:
         for vb in vbs.values():
             vb.on_meta_change = self._meta_changed
             vb.state_listeners.append(end_streams_on_state_change)
-        self.warmup = {"clean_shutdown": clean, "fresh": fresh, "items_loaded": loaded,
+        self.warmup = {"clean_shutdown": clean, "fresh": fresh, "items_loaded": loaded, "eviction": self.eviction,
                        "new_failover_entries": len(branched), "hwt_rows": len(self.hwt),
                        "seconds": round(time.monotonic() - t0, 3)}
+        if keys is not None:
+            self.warmup["keys_on_disk"] = keys
         log.info("warm-up: %s", self.warmup)
+
+    def _warm_up_full(self) -> int:
+        """Full eviction: counts and CAS clocks from aggregate queries, the bloom filters
+        from one scan of the key index and the expiry heap from the documents with a TTL.
+        No document is loaded. Returns how many keys the database holds."""
+        st = self.storage
+        vbs = self.vbuckets
+        counts = st.vbucket_counts(sorted(vbs))
+        total = 0
+        for vbid, vb in vbs.items():
+            n, live, max_cas = counts.get(vbid, (0, 0, 0))
+            # room for the keys there are and as many again before the filter grows
+            vb.enable_full_eviction(self.cache, BloomFilter(2 * n), live=live, keys=n)
+            if max_cas > vb.max_cas:
+                vb.max_cas = max_cas
+            total += n
+            self.cache.vbuckets.append(vb)
+        for rows in st.iter_keys():
+            for vbid, key in rows:
+                vb = vbs.get(vbid)
+                if vb is not None:
+                    vb.bloom.add(key)
+        self.expiry_heap.extend(e for e in st.iter_expiring() if e[1] in vbs)
+        return total
 
     def _meta_changed(self, vb: VBucket) -> None:
         self.storage.enqueue_meta(vb.id, {"state": vb.state, "failover": vb.failover_log,
@@ -165,6 +202,8 @@ class Bucket:
     # -- running ------------------------------------------------------------------------
 
     def start(self, loop) -> None:
+        if self.cache is not None:
+            self.cache.loop = loop
         self.storage.start_flusher(loop, self.on_persisted)
 
     def on_persisted(self, persisted: dict[int, int]) -> None:
@@ -178,6 +217,8 @@ class Bucket:
                 vb.persisted_seqno = seqno
                 vb.checkpoints.set_persisted(seqno)
         self.memory.maybe_reduce()
+        if self.cache is not None:
+            self.cache.on_persisted()
 
     def run_expiry_pager(self, now: float | None = None, limit: int = 10000) -> int:
         """Turn due items into tombstones (new seqnos); returns how many were expired."""
@@ -199,6 +240,8 @@ class Bucket:
             self.storage.enqueue_meta(vb.id, {"state": vb.state, "failover": vb.failover_log,
                                               "max_cas": vb.max_cas})
             vb.checkpoints.close()
+        if self.cache is not None:
+            self.cache.close()
         self.storage.stop(clean=clean)
 
     # -- queries ---------------------------------------------------------------------------
@@ -213,3 +256,31 @@ class Bucket:
             live += a
             tomb += b
         return {"curr_items": live, "tombstones": tomb}
+
+    def eviction_stats(self) -> list[tuple[str, object]]:
+        """The eviction policy and, in full eviction, residency and fetch counters."""
+        vbs = self.vbuckets.values()
+        active_live = sum(vb.live_items for vb in vbs if vb.state == VBucketState.ACTIVE)
+        replica_live = sum(vb.live_items for vb in vbs if vb.state == VBucketState.REPLICA)
+        resident = sum(len(vb.items) for vb in vbs)
+        keys = sum(sum(vb.counts()) for vb in vbs)
+        c = self.cache
+        out: list[tuple[str, object]] = [
+            ("ep_item_eviction_policy", "full_eviction" if c is not None else "value_only"),
+            ("vb_active_curr_items", active_live),
+            ("vb_replica_curr_items", replica_live),
+            ("ep_resident_items", resident),
+            ("ep_num_non_resident", keys - resident),
+        ]
+        if c is None:
+            return out
+        return out + [
+            ("ep_max_size", c.quota),
+            ("ep_kv_size", c.bytes),
+            ("ep_num_value_ejects", c.evictions),
+            ("ep_bg_fetched", c.bg_fetches),
+            ("ep_bg_fetch_misses", c.bg_fetch_misses),
+            ("ep_bg_fetch_avoided", c.bloom_negatives),
+            ("ep_bloom_filter_key_count", sum(vb.bloom.keys for vb in vbs)),
+            ("ep_bloom_filter_size", sum(vb.bloom.size_bytes for vb in vbs)),
+        ]

@@ -49,6 +49,12 @@ def parse_size(text: str, *, what: str = "size") -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
+#: the eviction policies of `--eviction`
+EVICTION_POLICIES = ("value", "full")
+#: the default resident-document budget of full eviction
+DEFAULT_MEMORY_QUOTA = 64 * 1024 * 1024
+
+
 @dataclass
 class NodeConfig:
     """Everything a node needs to start.
@@ -66,6 +72,9 @@ class NodeConfig:
       enough to be purged before the row is marked lost and stops holding anything back;
       None for no limit.
     * `hwt_default_ttl`: the lifetime of a registration that names none.
+    * `eviction`: "value" keeps every document in memory; "full" keeps the documents not
+      yet on disk and as many others as fit in `memory_quota` (docs/eviction.md).
+    * `memory_quota`: bytes of resident documents in full eviction.
     """
 
     data_dir: Path
@@ -100,6 +109,8 @@ class NodeConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_port: int = 11207
+    eviction: str = "value"
+    memory_quota: int = DEFAULT_MEMORY_QUOTA
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -137,3 +148,7 @@ class NodeConfig:
             raise UsageError("--auth-timeout must be between 50ms and 1 day, or off")
         if self.hwt_max_hold is not None and not 0 < self.hwt_max_hold <= 10 * 365 * 86400:
             raise UsageError("--hwt-max-hold must be positive (at most 10 years), or off")
+        if self.eviction not in EVICTION_POLICIES:
+            raise UsageError(f"--eviction {self.eviction!r} is not one of value, full")
+        if not 1024 <= self.memory_quota <= 1 << 40:
+            raise UsageError("--memory-quota must be between 1KiB and 1TiB")

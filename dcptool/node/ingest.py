@@ -109,7 +109,7 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                 off = end
                 count += 1
                 try:
-                    old = vb.items.get(key)
+                    old = vb.find(key)
                     if old is not None and not options & _SKIP_CR:
                         # a stored version: full conflict resolution
                         res = vb.store_with_meta(
@@ -151,7 +151,7 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                 if vb is None or vb.state != _ACTIVE:
                     break
                 key = bytes(mv[p + 8:kend])
-                old = vb.items.get(key)
+                old = vb.find(key)
                 if old is not None and old.op == MUTATION and old.expiry:
                     break  # may have expired: the generic path turns it into a tombstone
                 value = bytes(mv[kend:end])

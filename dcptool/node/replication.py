@@ -66,6 +66,7 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
     ck.max_items = ck.max_bytes = 1 << 62
     entries = []
     items = vb.items
+    full = vb.full
     heap = bucket.expiry_heap
     high = vb.high_seqno
     try:
@@ -79,9 +80,12 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
             else:
                 item = Item(key, bytes(value), seq, rev, cas, 0, 0, dt, op,
                             expiry or int(time.time()))
-            old = items.get(key)
-            vb.live_items += (op == MUTATION) - (old is not None and old.op == MUTATION)
-            items[key] = item
+            if full:
+                vb._install(item)
+            else:
+                old = items.get(key)
+                vb.live_items += (op == MUTATION) - (old is not None and old.op == MUTATION)
+                items[key] = item
             ck.queue(item)
             entries.append((vb.id, item))
             if cas > vb.max_cas:
@@ -112,6 +116,11 @@ def rollback_target(vb: "VBucket", seqno: int) -> int:
     exactly), else 0."""
     if seqno <= 0:
         return 0
+    if vb.full:
+        # everything is on disk by now (the rollback waited for the flusher)
+        rows = vb.cache.query("SELECT 1 FROM items WHERE id > ? AND id <= ? AND rev != 1 LIMIT 1",
+                              (row_id(vb.id, seqno), row_id(vb.id, SEQNO_MASK)))
+        return 0 if rows else seqno
     for it in vb.items.values():
         if it.seqno > seqno and it.rev != 1:
             return 0
@@ -140,10 +149,20 @@ async def rollback(bucket, vb: "VBucket", seqno: int) -> int:
     # nothing of this vbucket may still be on its way to the disk
     await loop.run_in_executor(None, storage.wait_flushed)
     target = rollback_target(vb, seqno)
-    for key in [k for k, it in vb.items.items() if it.seqno > target]:
-        it = vb.items.pop(key)
-        if it.op == MUTATION:
-            vb.live_items -= 1
+    if vb.full:
+        # the keys whose newest version is above the target go (resident or not)
+        (gone, gone_live), = vb.cache.query(
+            "SELECT count(*), coalesce(sum(op = 0), 0) FROM items WHERE id > ? AND id <= ?",
+            (row_id(vb.id, target), row_id(vb.id, SEQNO_MASK)))
+        vb.nkeys -= gone
+        vb.live_items -= gone_live
+        for key in [k for k, it in vb.items.items() if it.seqno > target]:
+            vb.cache.bytes -= vb.items.pop(key).size
+    else:
+        for key in [k for k, it in vb.items.items() if it.seqno > target]:
+            it = vb.items.pop(key)
+            if it.op == MUTATION:
+                vb.live_items -= 1
     vb.failover_log = [(u, s) for u, s in vb.failover_log if s <= target] or vb.failover_log[-1:]
     vb.high_seqno = target
     vb.persisted_seqno = target

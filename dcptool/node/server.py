@@ -52,6 +52,7 @@ class Node:
             purge_age=config.purge_age, hwt_max_hold=config.hwt_max_hold,
             compaction_interval=config.compaction_interval,
             hwt_default_ttl=config.hwt_default_ttl,
+            eviction=config.eviction, memory_quota=config.memory_quota,
         )
         self.connections: set[Connection] = set()
         self.throttled: set[Connection] = set()

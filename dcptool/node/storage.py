@@ -132,8 +132,10 @@ class Storage:
     """
 
     def __init__(self, path: Path, *, flush_interval: float = 0.02,
-                 synchronous: str = "NORMAL") -> None:
+                 synchronous: str = "NORMAL", reader_cache_kib: int = 65536) -> None:
         self.path = Path(path)
+        #: page cache of each read connection (backfills, full eviction's fetches)
+        self.reader_cache_kib = reader_cache_kib
         self.flush_interval = flush_interval
         self.synchronous = synchronous
         self.dirty: deque = deque()
@@ -164,7 +166,7 @@ class Storage:
             # checkpoint the WAL into the database less often: fewer rewrites of hot pages
             db.execute("PRAGMA wal_autocheckpoint=20000")
         db.execute("PRAGMA busy_timeout=10000")
-        db.execute("PRAGMA cache_size=-65536")
+        db.execute(f"PRAGMA cache_size=-{self.reader_cache_kib if readonly else 65536}")
         return db
 
     # -- node-wide meta -------------------------------------------------------------
@@ -216,6 +218,37 @@ class Storage:
                 return
             for r in rows:
                 yield item_from_row(r)
+
+    # -- full-eviction warm-up: aggregates and streaming scans, nothing kept ------------------
+
+    def vbucket_counts(self, vbids) -> dict[int, tuple[int, int, int]]:
+        """Per vbucket with rows: (keys, live documents, highest CAS), one range scan each."""
+        out = {}
+        db = self._db
+        for vb in vbids:
+            n, live, cas_lo, cas_hi = db.execute(
+                "SELECT count(*), coalesce(sum(op = 0), 0), max(CASE WHEN cas >= 0 THEN cas END), "
+                "max(CASE WHEN cas < 0 THEN cas END) FROM items WHERE id >= ? AND id < ?",
+                (row_id(vb, 0), row_id(vb + 1, 0))).fetchone()
+            if n:
+                # CAS values of 2^63 and above are stored negative (to_i64)
+                out[vb] = (n, live, from_i64(cas_hi) if cas_hi is not None else (cas_lo or 0))
+        return out
+
+    def iter_keys(self, batch: int = 10000) -> Iterator[list[tuple[int, bytes]]]:
+        """Batches of (vbucket, key) of every row, read from the (vb, key) index only."""
+        cur = self._db.execute("SELECT vb, key FROM items INDEXED BY items_by_key")
+        while True:
+            rows = cur.fetchmany(batch)
+            if not rows:
+                return
+            yield rows
+
+    def iter_expiring(self) -> Iterator[tuple[int, int, bytes, int]]:
+        """(expiry, vbucket, key, seqno) of the live documents with a TTL."""
+        cur = self._db.execute("SELECT expiry, id, key FROM items WHERE expiry != 0 AND op = 0")
+        for expiry, rid, key in cur:
+            yield expiry, rid >> SEQNO_BITS, key, rid & SEQNO_MASK
 
     def count_items(self) -> int:
         return self._db.execute("SELECT count(*) FROM items").fetchone()[0]

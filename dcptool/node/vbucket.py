@@ -82,7 +82,9 @@ class VBucket:
         self.purge_seqno = purge_seqno
         self.max_cas = max_cas
         self.items: dict[bytes, Item] = {}
-        #: live (not deleted) items in `items`, kept as items change
+        #: the version of a key, resident or not (value eviction: the hash table's `get`)
+        self.find: Callable[[bytes], Item | None] = self.items.get
+        #: live (not deleted) documents, kept as items change
         self.live_items = 0
         self.checkpoints = CheckpointManager(vbid, memory, start_seqno=high_seqno + 1,
                                              max_items=checkpoint_max_items,
@@ -94,6 +96,23 @@ class VBucket:
         self.streams: set = set()
         self.state_listeners: list[Callable[["VBucket", int], None]] = []
         self.on_meta_change: Callable[["VBucket"], None] | None = None
+
+    #: full eviction (see dcptool.node.cache): `items` holds the resident documents only
+    full = False
+
+    def enable_full_eviction(self, cache, bloom, *, live: int = 0, keys: int = 0) -> None:
+        """Make the hash table a cache over the database: misses go to `bloom`, then to
+        disk through `cache`. `live` and `keys` are the counts warm-up found on disk."""
+        self.full = True
+        self.cache = cache
+        self.bloom = bloom
+        #: keys known (live and tombstones), resident or not
+        self.nkeys = keys
+        self.live_items = live
+        #: the last key a lookup found absent (so the commit that follows does not ask again)
+        self._absent: bytes | None = None
+        self.find = self._find_full
+        self._commit = self._commit_full
 
     # -- identity -------------------------------------------------------------
 
@@ -168,6 +187,83 @@ class VBucket:
                 w()
         return item
 
+    def _commit_full(self, item: Item) -> Item:
+        seqno = self.high_seqno + 1
+        self.high_seqno = seqno
+        item.seqno = seqno
+        self._install(item)
+        self.checkpoints.queue(item)
+        self._dirty.append((self.id, item))
+        if item.expiry and item.op == MUTATION:
+            heapq.heappush(self._expiry_heap, (item.expiry, self.id, item.key, seqno))
+        if self.waiters:
+            waiters, self.waiters = self.waiters, []
+            for w in waiters:
+                w()
+        return item
+
+    def _install(self, item: Item) -> None:
+        """Full eviction: make `item` the resident newest version of its key (it stays
+        resident until the flusher committed it), keeping the counts."""
+        key = item.key
+        cache = self.cache
+        old = self.items.pop(key, None)
+        if old is not None:
+            cache.bytes -= old.size
+        elif key is not self._absent:
+            old = self._disk_version(key)
+        self._absent = None
+        if old is None:
+            self.nkeys += 1
+            self.bloom.add(key)
+        self.live_items += (item.op == MUTATION) - (old is not None and old.op == MUTATION)
+        self.items[key] = item
+        cache.bytes += item.size
+
+    def _disk_version(self, key: bytes) -> Item | None:
+        if key not in self.bloom:
+            self.cache.bloom_negatives += 1
+            return None
+        return self.cache.read(self.id, key)
+
+    def _find_full(self, key: bytes) -> Item | None:
+        it = self.items.get(key)
+        if it is not None:
+            return it
+        it = self._disk_version(key)
+        if it is None:
+            self._absent = key
+            return None
+        # clean (only committed versions are evicted): resident again, newest
+        self.items[key] = it
+        self.cache.bytes += it.size
+        self.cache.fetched()
+        return it
+
+    def evict_clean(self, want: int) -> int:
+        """Drop committed items from the head of the table (oldest first) until `want`
+        bytes are freed or SCAN_LIMIT items were looked at. Returns how many went."""
+        from .cache import SCAN_LIMIT
+
+        items = self.items
+        persisted = self.persisted_seqno
+        victims = []
+        freed = 0
+        scanned = 0
+        for key, it in items.items():
+            if it.seqno <= persisted:
+                victims.append(key)
+                freed += it.size
+                if freed >= want:
+                    break
+            scanned += 1
+            if scanned >= SCAN_LIMIT:
+                break
+        for key in victims:
+            del items[key]
+        self.cache.bytes -= freed
+        return len(victims)
+
     def load(self, item: Item) -> None:
         """Put an item read from disk at warm-up into the hash table (no new seqno)."""
         self.items[item.key] = item
@@ -180,7 +276,7 @@ class VBucket:
 
     def get(self, key: bytes, now: float) -> Item | None:
         """The live item for `key`, or None. An expired item is turned into a tombstone."""
-        it = self.items.get(key)
+        it = self.find(key)
         if it is None or it.op != MUTATION:
             return None
         if it.expiry and it.expiry <= now:
@@ -191,7 +287,7 @@ class VBucket:
 
     def get_meta(self, key: bytes, now: float) -> Item | None:
         """The newest version of `key`, tombstones included (expired items are expired first)."""
-        it = self.items.get(key)
+        it = self.find(key)
         if it is not None and it.op == MUTATION and it.expiry and it.expiry <= now \
                 and self.state == VBucketState.ACTIVE:
             it = self.expire(it, int(now))
@@ -204,7 +300,7 @@ class VBucket:
         """SET (mode 0), ADD (1) or REPLACE (2). `expiry` is already absolute."""
         if now is None:
             now = time.time()
-        old = self.items.get(key)
+        old = self.find(key)
         live = old if (old is not None and old.op == MUTATION
                        and not (old.expiry and old.expiry <= now)) else None
         if old is not None and live is None and old.op == MUTATION:
@@ -245,7 +341,7 @@ class VBucket:
         """Called by the expiry pager for a heap entry; True when a tombstone was written."""
         if self.state != VBucketState.ACTIVE:
             return False
-        it = self.items.get(key)
+        it = self.find(key)
         if it is None or it.seqno != seqno or it.op != MUTATION:
             return False
         if not (it.expiry and it.expiry <= now):
@@ -261,7 +357,7 @@ class VBucket:
         """SET_WITH_META / DEL_WITH_META: keep the incoming version if it wins (section 4.14)."""
         if now is None:
             now = time.time()
-        old = self.items.get(key)
+        old = self.find(key)
         if cas:
             if old is None or old.op != MUTATION:
                 return MutationResult(Status.KEY_ENOENT)
@@ -302,11 +398,30 @@ class VBucket:
         """
         items = self.items
         purged = []
+        evicted = []
         for seqno, key in tombstones:
             it = items.get(key)
             if it is not None and it.seqno == seqno and it.op != MUTATION:
                 del items[key]
                 purged.append(seqno)
+                if self.full:
+                    self.cache.bytes -= it.size
+            elif it is None and self.full:
+                evicted.append(seqno)
+        if evicted:
+            # not resident, so committed and the newest version on disk: the tombstone is
+            # still the key's version when its row (id = vbucket and seqno) is still there
+            from .storage import SEQNO_MASK, row_id
+
+            for i in range(0, len(evicted), 500):
+                chunk = evicted[i:i + 500]
+                rows = self.cache.query(
+                    f"SELECT id FROM items WHERE op != 0 AND id IN ({','.join('?' * len(chunk))})",
+                    tuple(row_id(self.id, s) for s in chunk))
+                purged += [r[0] & SEQNO_MASK for r in rows]
+            purged.sort()
+        if self.full:
+            self.nkeys -= len(purged)
         self.purge_seqno = decisions.purge_seqno_after(self.purge_seqno, purged)
         return purged
 
@@ -314,4 +429,6 @@ class VBucket:
 
     def counts(self) -> tuple[int, int]:
         """(live items, tombstones)."""
+        if self.full:
+            return self.live_items, self.nkeys - self.live_items
         return self.live_items, len(self.items) - self.live_items

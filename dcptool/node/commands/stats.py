@@ -64,7 +64,7 @@ def default_stats(node) -> list[tuple[str, object]]:
         ("ep_dcp_backfills_running", node.backfills.running),
         ("ep_dcp_backfills_waiting", len(node.backfills.waiting)),
         ("mem_rss", _rss_bytes()),
-    ] + purger_stats(b, now)
+    ] + b.eviction_stats() + purger_stats(b, now)
 
 
 def purger_stats(b, now: float) -> list[tuple[str, object]]:
