@@ -39,6 +39,7 @@ from operator import add, sub
 from typing import Sequence
 
 import msgpack
+import numpy as np
 import zstandard
 
 BLOCK_MARK = 0xC1
@@ -50,8 +51,10 @@ _ITEM = (False, False, False, True, True, True, False, False)
 _PACK = msgpack.Packer(use_bin_type=True).pack
 _MASK = bytes([1, 1, 1, 0, 0, 0, 1, 1] + [2] * 248)
 _FLUSH_BLOCK = zstandard.COMPRESSOBJ_FLUSH_BLOCK
-#: the size estimate of an item's key and metadata (BlockBuilder.size)
-ITEM_COST = 30
+#: fields per item in BlockBuilder.rows
+ROW = 10
+#: the size estimate of an item's key and metadata (BlockBuilder.size: 3 bytes a row field)
+ITEM_COST = 3 * ROW
 
 
 class BlockError(ValueError):
@@ -68,15 +71,16 @@ def _deltas(values: Sequence[int]) -> list[int]:
 
 
 def _cas_planes(cas: Sequence[int]) -> bytes:
-    n = len(cas)
-    if not n:
+    """The CAS column: differences to the CAS before (mod 2^64), as big-endian u64 stored
+    byte plane by byte plane (numpy: one vectorised pass instead of a Python int per item)."""
+    if not len(cas):
         return b""
-    deltas = _deltas(cas)
     try:
-        raw = struct.pack(f">{n}q", *deltas)
-    except struct.error:  # a difference outside int64: the same bits modulo 2^64
-        raw = struct.pack(f">{n}q", *[((d + _H63) & _M64) - _H63 for d in deltas])
-    return b"".join([raw[j::8] for j in range(8)])
+        col = np.array(cas, dtype=np.uint64)
+    except (OverflowError, ValueError, TypeError):  # not u64s: the same bits modulo 2^64
+        col = np.array([c & _M64 for c in cas], dtype=np.uint64)
+    deltas = np.diff(col, prepend=np.uint64(0))  # wraps modulo 2^64
+    return deltas.astype(">u8").view(np.uint8).reshape(-1, 8).T.tobytes()
 
 
 def _cas_values(planes: bytes | memoryview, n: int) -> list[int]:
@@ -93,22 +97,19 @@ def _cas_values(planes: bytes | memoryview, n: int) -> list[int]:
     return values
 
 
-class _Keys(list):
-    """The keys of a block, in item order; `pack` appends one (a list's own append)."""
-    __slots__ = ()
-    pack = list.append
-
-
 def _encode_keys(keys: Sequence[bytes], p: msgpack.Packer) -> bytes:
-    """The keys part: equal-length keys XOR-coded against the key before (one big-integer
+    """The keys part: equal-length keys XOR-coded against the key before (one vectorised
     XOR over the whole column), else a msgpack array of bin."""
     n = len(keys)
     if n:
         size = len(keys[0])
-        if 0 < size and len(set(map(len, keys))) == 1:
-            joined = b"".join(keys)
-            x = int.from_bytes(joined, "big")
-            return _MARK + _U32.pack(size) + (x ^ (x >> (8 * size))).to_bytes(len(joined), "big")
+        joined = b"".join(keys)
+        # the total and the longest equal to n x the first's length: all are that long
+        if 0 < size and len(joined) == n * size and max(map(len, keys)) == size:
+            col = np.frombuffer(joined, dtype=np.uint8).reshape(n, size)
+            coded = col.copy()
+            np.bitwise_xor(col[1:], col[:-1], out=coded[1:])
+            return _MARK + _U32.pack(size) + coded.tobytes()
     return p.pack_array_header(n) + b"".join(map(p.pack, keys))
 
 
@@ -131,23 +132,20 @@ def _decode_keys(part: memoryview, n: int) -> tuple:
 
 
 class BlockBuilder:
-    """Collects records for one block. The writer's hot path appends to the public lists
-    and buffers directly (see VBucketWriter.mutation_events); `sections()` encodes."""
+    """Collects records for one block. The writer's hot path appends to `rows`, `kinds` and
+    `vbytes` directly (see VBucketWriter.mutation_events); `sections()` encodes."""
 
-    __slots__ = ("keys", "kinds", "meta", "others", "pack", "vals", "vbytes", "xattrs")
+    __slots__ = ("kinds", "others", "rows", "vbytes", "xattrs")
 
     def __init__(self) -> None:
         self.kinds = bytearray()   # one byte per record: its type
         self.others: list[tuple] = []  # the non-item records
-        #: per item six ints, flat: seqno, rev_seqno, cas, a, b, datatype
-        self.meta: list[int] = []
-        # keys: the key bytes of each item (`keys.pack` appends one; the keys must be bytes
-        # objects of their own, not views of a buffer that is reused)
-        self.keys = _Keys()
-        # values: one packed bin per item, joined when the block is encoded (a doubling
-        # buffer would hold up to twice the block size per writer)
-        self.vals: list[bytes] = []
-        self.pack = _PACK
+        #: per item ROW fields, flat, in the layout of a DCP client mutation event (so the
+        #: writer's hot path extends it with whole events): kind, vbucket (unused), seqno,
+        #: rev_seqno, cas, a, b, datatype, key, value. Keys and values are bytes objects of
+        #: their own (not views of a buffer that is reused); values are packed when the
+        #: block is encoded.
+        self.rows: list = []
         self.xattrs: list[list] = []  # [item index, xattrs] of mutations with separate xattrs
         self.vbytes = 0  # value bytes so far (for the size estimate)
 
@@ -155,12 +153,12 @@ class BlockBuilder:
         return len(self.kinds)
 
     def items(self) -> int:
-        return len(self.meta) // 6
+        return len(self.rows) // ROW
 
     def size(self) -> int:
         """Roughly the uncompressed size of the block so far: the values, ITEM_COST bytes
         per item for its key and metadata, 64 per other record."""
-        return self.vbytes + 5 * len(self.meta) + (len(self.others) << 6)
+        return self.vbytes + 3 * len(self.rows) + (len(self.others) << 6)
 
     def add(self, rec: Sequence) -> None:
         """Append one record tuple in the format's layout (any record type)."""
@@ -168,16 +166,15 @@ class BlockBuilder:
         if t == 3:
             x = rec[9] if len(rec) > 9 else None
             if x is not None:
-                self.xattrs.append([len(self.meta) // 6, bytes(x)])
-            self.meta.extend(rec[1:7])
-            self.keys.pack(rec[7])
-            self.vals.append(_PACK(rec[8]))
-            self.vbytes += len(rec[8])
+                self.xattrs.append([len(self.rows) // ROW, bytes(x)])
+            v = rec[8] if type(rec[8]) is bytes else bytes(rec[8])
+            self.rows.extend((3, 0, rec[1], rec[2], rec[3], rec[4], rec[5], rec[6],
+                              bytes(rec[7]), v))
+            self.vbytes += len(v)
         elif t == 4 or t == 5:
-            self.meta.extend((rec[1], rec[2], rec[3], rec[5], 0, rec[6]))
-            self.keys.pack(rec[4])
-            self.vals.append(_PACK(rec[7]))
-            self.vbytes += len(rec[7])
+            v = rec[7] if type(rec[7]) is bytes else bytes(rec[7])
+            self.rows.extend((t, 0, rec[1], rec[2], rec[3], rec[5], 0, rec[6], bytes(rec[4]), v))
+            self.vbytes += len(v)
         else:
             self.others.append(tuple(rec))
         self.kinds.append(t)
@@ -189,15 +186,15 @@ class BlockBuilder:
 
     def sections(self) -> list[bytes]:
         """The block's four parts (their concatenation is the frame's content)."""
-        meta = self.meta
-        n = len(meta) // 6
-        seqs, revs, cas, a, b, dts = [meta[j::6] for j in range(6)]
+        rows = self.rows
+        n = len(rows) // ROW
+        seqs, revs, cas, a, b, dts, key_col, values = [rows[j::ROW] for j in range(2, ROW)]
         p = msgpack.Packer(use_bin_type=True)
-        keys = _encode_keys(self.keys, p)
+        keys = _encode_keys(key_col, p)
         head = p.pack([bytes(self.kinds), self.others, _deltas(seqs), revs, a, b, dts,
                        self.xattrs or None, len(keys)])
         return [_MARK + _U32.pack(len(head)) + head, _cas_planes(cas), keys,
-                b"".join([p.pack_array_header(n), *self.vals])]
+                b"".join([p.pack_array_header(n), *map(p.pack, values)])]
 
 
 def encode_records(records: Sequence[Sequence]) -> list[bytes]:

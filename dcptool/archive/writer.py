@@ -24,7 +24,7 @@ import zstandard
 
 from dcptool.faults import fault_point
 
-from .block import ITEM_COST, BlockBuilder, block_compressor, compress_sections, decode_block
+from .block import ITEM_COST, ROW, BlockBuilder, block_compressor, compress_sections, decode_block
 from .errors import ArchiveError, CorruptFileError
 from .format import (
     BACKUP_JSON,
@@ -58,6 +58,7 @@ from .recovery import check_done, scan_vbucket, truncate_to_cut, vbucket_files
 
 SUMMARY_VERSION = 1
 _MUTATIONS = b"\x03" * 256  # record type bytes of a run of mutations
+_DCP_MUTATION = 0x57  # the kind of a DCP client mutation event (its opcode)
 #: the writers of this process that are open (created, not closed, aborted or collected)
 _OPEN_WRITERS: "weakref.WeakSet[VBucketWriter]" = weakref.WeakSet()
 
@@ -245,10 +246,31 @@ class VBucketWriter:
     def mutation_events(self, events: Sequence[tuple], lo: int = 0, hi: int | None = None) -> None:
         """Append the DCP client's mutation events `events[lo:hi]` (all of this vbucket):
         `(kind, vbucket, seqno, rev_seqno, cas, flags, expiry, datatype, key, value)`, the
-        value bytes or a memoryview. Same records as one `mutation()` call per event, with
-        one tuple build, one pack and one append per event and the counting done per batch."""
+        key bytes, the value bytes or a memoryview. Same records as one `mutation()` call
+        per event; each event becomes the block's row as it is (one list extend), the
+        counting is done per batch."""
         if hi is None:
             hi = len(events)
+        if hi > lo and self._append_run(events, lo, hi, events[lo][0], events[lo][1]) != hi:
+            raise ValueError("mutation_events takes the events of one vbucket's mutations only")
+
+    def mutation_run(self, events: Sequence[tuple], lo: int, hi: int | None = None) -> int:
+        """Append the run of this vbucket's DCP mutation events that starts at `events[lo]`
+        (as `mutation_events`) and return the index where it ends: `hi`, or the first event
+        before it that is not a mutation of this vbucket."""
+        return self._append_run(events, lo, len(events) if hi is None else hi, _DCP_MUTATION,
+                                self.vbucket)
+
+    def _append_run(self, events: Sequence[tuple], lo: int, hi: int, kind: int, vb: int) -> int:
+        if hi > lo and len(events[lo]) != ROW:
+            raise ValueError(f"a mutation event has {ROW} fields, not {len(events[lo])}")
+        if hi > lo and type(events[lo][9]) is not bytes:
+            # views of a receive buffer: copied, as the block keeps values until it is encoded
+            n = 0
+            while lo + n < hi and events[lo + n][0] == kind and events[lo + n][1] == vb:
+                n += 1
+            copied = [e[:9] + (bytes(e[9]),) for e in events[lo:lo + n]]
+            return lo + self._append_run(copied, 0, n, kind, vb)
         blk = self._blk
         self._block = self._block_size()
         vbytes = 0
@@ -256,16 +278,19 @@ class VBucketWriter:
         while done < hi:
             # room: what the block takes before it is full, the items counted as in size()
             room = self._block - blk.size() - (1 - done) * ITEM_COST
-            mext, kpack, vapp, pack = blk.meta.extend, blk.keys.pack, blk.vals.append, blk.pack
+            # the event's fields are the block's row (BlockBuilder.rows): one extend each
+            rext = blk.rows.extend
             bv = 0
             i = done
+            stop = hi
             for i in range(done, hi):
                 e = events[i]
-                v = e[9]
-                mext(e[2:8])  # seqno, rev_seqno, cas, flags, expiry, datatype
-                kpack(e[8])
-                vapp(pack(v))  # copies the value (it may be a view of the receive buffer)
-                bv += len(v)
+                if e[1] != vb or e[0] != kind:
+                    stop = i
+                    i -= 1
+                    break
+                rext(e)
+                bv += len(e[9])
                 if bv + i * ITEM_COST >= room:
                     break
             i += 1
@@ -277,7 +302,10 @@ class VBucketWriter:
             if blk.size() >= self._block:
                 self._flush()
                 blk = self._blk
+            if stop < hi:
+                break
         self._vbytes += vbytes
+        return done
 
     def write(self, records: Sequence[tuple]) -> None:
         """Append a list of plain record tuples (snapshot markers and items, in the format's

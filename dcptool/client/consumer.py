@@ -173,16 +173,9 @@ class DcpConsumer:
         used = self.session.parse(mv[:total], out)
         rest = total - used
         if rest and used:
-            if self.config.copy_values:
-                mv[:rest] = bytes(mv[used:total])
-            else:
-                # the events just parsed hold memoryviews into this buffer: moving the partial
-                # frame to its front would overwrite their values before the caller reads them,
-                # so leave the buffer to them and go on in a new one
-                buf = bytearray(len(self._buf))
-                buf[:rest] = mv[used:total]
-                self._buf = buf
-                self._mv = memoryview(buf)
+            # the events parsed hold nothing of this buffer (the session parses a bytes copy
+            # of the chunk; values handed out as views are views of that copy)
+            mv[:rest] = bytes(mv[used:total])
         self._have = rest
         if self._retry_at is None and self.session.waiting():
             self._retry_at = time.monotonic() + RETRY_DELAY

@@ -368,8 +368,13 @@ class DcpSession:
         Returns the number of bytes consumed; the caller keeps the rest for later.
         This is the hot path.
         """
-        mv = buf if isinstance(buf, memoryview) else memoryview(buf)
-        n = len(mv)
+        if type(buf) is not bytes:
+            # one copy of the chunk: a slice of bytes is a bytes object made in one step,
+            # where bytes(memoryview[a:b]) builds a view first (2.5x the cost per key/value)
+            buf = bytes(buf)
+        # values handed out as views (copy_values=False) are views of these immutable bytes
+        mv = memoryview(buf)
+        n = len(buf)
         pos = 0
         hdr = _HEADER.unpack_from
         mut = _MUT.unpack_from
@@ -379,25 +384,25 @@ class DcpSession:
         typed = self.config.typed
         counted = 0
         while n - pos >= 24:
-            magic, op, klen, elen, dt, vb, blen, opq, cas = hdr(mv, pos)
+            magic, op, klen, elen, dt, vb, blen, opq, cas = hdr(buf, pos)
             end = pos + 24 + blen
             if end > n:
                 break
             if magic == 0x80:
                 if op == 0x57 and elen == 31:
-                    seq, rev, flags, exp, lt, _nmeta, nru = mut(mv, pos + 24)
+                    seq, rev, flags, exp, lt, _nmeta, nru = mut(buf, pos + 24)
                     k = pos + 55
                     v = k + klen
                     if typed:
                         append((MUTATION, vb, DcpMutation(
-                            vbucket=vb, opaque=opq, cas=cas, datatype=dt, key=bytes(mv[k:v]),
-                            value=bytes(mv[v:end]), by_seqno=seq, rev_seqno=rev, flags=flags,
+                            vbucket=vb, opaque=opq, cas=cas, datatype=dt, key=buf[k:v],
+                            value=buf[v:end], by_seqno=seq, rev_seqno=rev, flags=flags,
                             expiry=exp, lock_time=lt, nru=nru)))
                     elif copy:
-                        append((MUTATION, vb, seq, rev, cas, flags, exp, dt, bytes(mv[k:v]),
-                                bytes(mv[v:end])))
+                        append((MUTATION, vb, seq, rev, cas, flags, exp, dt, buf[k:v],
+                                buf[v:end]))
                     else:
-                        append((MUTATION, vb, seq, rev, cas, flags, exp, dt, bytes(mv[k:v]),
+                        append((MUTATION, vb, seq, rev, cas, flags, exp, dt, buf[k:v],
                                 mv[v:end]))
                     last[vb] = seq
                     counted += end - pos
@@ -413,12 +418,12 @@ class DcpSession:
                     v = k + klen
                     if typed:
                         append((DELETION, vb, DcpDeletion(
-                            vbucket=vb, opaque=opq, cas=cas, datatype=dt, key=bytes(mv[k:v]),
-                            value=bytes(mv[v:end]), by_seqno=seq, rev_seqno=rev,
+                            vbucket=vb, opaque=opq, cas=cas, datatype=dt, key=buf[k:v],
+                            value=buf[v:end], by_seqno=seq, rev_seqno=rev,
                             delete_time=dtime if elen == 21 else None)))
                     else:
-                        append((DELETION, vb, seq, rev, cas, 0, dtime, dt, bytes(mv[k:v]),
-                                bytes(mv[v:end]) if copy else mv[v:end]))
+                        append((DELETION, vb, seq, rev, cas, 0, dtime, dt, buf[k:v],
+                                buf[v:end] if copy else mv[v:end]))
                     last[vb] = seq
                     counted += end - pos
                     pos = end
@@ -441,12 +446,12 @@ class DcpSession:
                     v = k + klen
                     if typed:
                         append((EXPIRATION, vb, DcpExpiration(
-                            vbucket=vb, opaque=opq, cas=cas, datatype=dt, key=bytes(mv[k:v]),
-                            value=bytes(mv[v:end]), by_seqno=seq, rev_seqno=rev,
+                            vbucket=vb, opaque=opq, cas=cas, datatype=dt, key=buf[k:v],
+                            value=buf[v:end], by_seqno=seq, rev_seqno=rev,
                             delete_time=dtime)))
                     else:
-                        append((EXPIRATION, vb, seq, rev, cas, 0, dtime, dt, bytes(mv[k:v]),
-                                bytes(mv[v:end]) if copy else mv[v:end]))
+                        append((EXPIRATION, vb, seq, rev, cas, 0, dtime, dt, buf[k:v],
+                                buf[v:end] if copy else mv[v:end]))
                     last[vb] = seq
                     counted += end - pos
                     pos = end

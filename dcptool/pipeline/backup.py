@@ -268,15 +268,7 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, dict],
             kind = ev[0]
             if kind == MUTATION:
                 # a run of mutations of one vbucket (a snapshot's worth, usually) in one call
-                vb = ev[1]
-                j = i + 1
-                while j < n:
-                    e = events[j]
-                    if e[0] != MUTATION or e[1] != vb:
-                        break
-                    j += 1
-                writers[vb].mutation_events(events, i, j)
-                i = j
+                i = writers[ev[1]].mutation_run(events, i, n)
                 continue
             i += 1
             if kind == EV_SNAPSHOT:

@@ -2,6 +2,8 @@
 the same records as one writer call per event."""
 from __future__ import annotations
 
+import pytest
+
 from dcptool.archive import FULL, Archive, VBucketWriter
 from dcptool.archive.reader import iter_vbucket_records
 from dcptool.client.events import DELETION, EXPIRATION, MUTATION, SNAPSHOT, STREAM_END, STREAM_OPEN
@@ -122,3 +124,25 @@ def test_mutation_events_counts_across_frames(tmp_path):
     muts = [r for r in recs if r[0] == 3]
     assert [r[1] for r in muts] == list(range(1, 1001))
     assert all(r[8] == value for r in muts)
+
+
+def test_mutation_run_stops_at_the_first_event_of_another_vbucket_or_kind(tmp_path):
+    a, bw, w = _setup(tmp_path, "runs", (3, 4))
+    wr = w[3]
+    wr.stream(START, [])
+    wr.marker(1, 10, 1)
+    value = b'{"v":1}'
+    evs = ([(MUTATION, 3, s, 1, s, 0, 0, 1, b"k%d" % s, value) for s in range(1, 5)]
+           + [(MUTATION, 4, 1, 1, 1, 0, 0, 1, b"other", value)]
+           + [(MUTATION, 3, s, 1, s, 0, 0, 1, b"k%d" % s, memoryview(value)) for s in range(5, 8)]
+           + [(SNAPSHOT, 3, 8, 10, 1)])
+    assert wr.mutation_run(evs, 0) == 4       # stops at vbucket 4's mutation
+    assert wr.mutation_run(evs, 5) == 8       # views copied; stops at the marker
+    assert wr.mutation_run(evs, 5, 6) == 6    # and at hi
+    summary = wr.close({"uuid": 0, "seqno": 7, "snap_start": 1, "snap_end": 10})
+    recs = [r for r in iter_vbucket_records(a.path / "backups" / bw.id, summary) if r[0] == 3]
+    assert [r[1] for r in recs] == [1, 2, 3, 4, 5, 6, 7, 5]
+    assert all(r[8] == value and type(r[8]) is bytes for r in recs)
+    w[4].stream(START, [])
+    with pytest.raises(ValueError, match="one vbucket's mutations"):
+        w[4].mutation_events(evs, 3, 6)  # vbucket 3's, then 4's
