@@ -34,71 +34,75 @@ log = logging.getLogger("dcptool.node.cache")
 LOW_WATER = 0.9
 #: items at the head of one vbucket's table an eviction pass looks at before moving on
 SCAN_LIMIT = 4096
-_M64 = (1 << 64) - 1
 
 
 class BloomFilter:
-    """Keys that may exist, with no false negatives; grows by adding a filter twice as
-    large whenever the newest one reaches its capacity (a scalable bloom filter), so a
+    """Keys that may exist, with no false negatives; grows by adding a filter four times
+    as large whenever the newest one reaches its capacity (a scalable bloom filter), so a
     vbucket that starts empty and is restored into stays cheap to ask.
 
-    Bits per key `BITS` and `K` probes give about 1% false positives per filter. The k
-    probe positions come from Python's `hash()` of the key (random per process, fine for
-    a filter rebuilt at every warm-up) by double hashing.
+    Each filter has a power-of-two number of bits, at least `BITS` per key of its
+    capacity, and `K` = 4 probes: about 1% false positives per full filter. The probe
+    positions come from Python's `hash()` of the key (random per process, fine for a
+    filter rebuilt at every warm-up) by double hashing.
     """
 
     BITS = 10
     K = 4
+    GROWTH = 4
     MIN_CAPACITY = 1024
 
-    __slots__ = ("filters", "keys")
+    __slots__ = ("filters", "keys", "_bits", "_mask", "_room")
 
     def __init__(self, capacity: int = 0) -> None:
-        #: [bit array, number of bits, capacity, keys added]
+        #: [bit array, bit mask, capacity, keys added]
         self.filters: list[list] = []
         self.keys = 0
         self._grow(max(self.MIN_CAPACITY, capacity))
 
     def _grow(self, capacity: int) -> None:
-        nbits = capacity * self.BITS
-        self.filters.append([bytearray((nbits + 7) // 8), nbits, capacity, 0])
+        nbits = 1 << max(13, (capacity * self.BITS - 1).bit_length())
+        f = [bytearray(nbits >> 3), nbits - 1, capacity, 0]
+        self.filters.append(f)
+        self._bits, self._mask, self._room = f[0], f[1], capacity
 
     @property
     def size_bytes(self) -> int:
         return sum(len(f[0]) for f in self.filters)
 
     def add(self, key: bytes) -> None:
-        f = self.filters[-1]
-        if f[3] >= f[2]:
-            self._grow(f[2] * 2)
-            f = self.filters[-1]
-        f[3] += 1
+        if not self._room:
+            self.filters[-1][3] = self.filters[-1][2]
+            self._grow(self.filters[-1][2] * self.GROWTH)
+        self._room -= 1
         self.keys += 1
-        bits, m = f[0], f[1]
-        h = hash(key) & _M64
-        a, b = h & 0xFFFFFFFF, (h >> 32) | 1
-        for _ in range(self.K):
-            p = a % m
-            bits[p >> 3] |= 1 << (p & 7)
-            a += b
-
-    def add_many(self, keys) -> None:
-        for k in keys:
-            self.add(k)
+        bits, m = self._bits, self._mask
+        h = hash(key)
+        a, b = h & m, ((h >> 32) | 1) & m
+        bits[a >> 3] |= 1 << (a & 7)
+        a = (a + b) & m
+        bits[a >> 3] |= 1 << (a & 7)
+        a = (a + b) & m
+        bits[a >> 3] |= 1 << (a & 7)
+        a = (a + b) & m
+        bits[a >> 3] |= 1 << (a & 7)
 
     def __contains__(self, key: bytes) -> bool:
-        h = hash(key) & _M64
-        a0, b = h & 0xFFFFFFFF, (h >> 32) | 1
-        for bits, m, _cap, n in self.filters:
-            if not n:
+        h = hash(key)
+        hb = (h >> 32) | 1
+        for f in self.filters:
+            bits, m = f[0], f[1]
+            a, b = h & m, hb & m
+            if not bits[a >> 3] & (1 << (a & 7)):
                 continue
-            a = a0
-            for _ in range(self.K):
-                p = a % m
-                if not bits[p >> 3] & (1 << (p & 7)):
-                    break
-                a += b
-            else:
+            a = (a + b) & m
+            if not bits[a >> 3] & (1 << (a & 7)):
+                continue
+            a = (a + b) & m
+            if not bits[a >> 3] & (1 << (a & 7)):
+                continue
+            a = (a + b) & m
+            if bits[a >> 3] & (1 << (a & 7)):
                 return True
         return False
 
@@ -187,10 +191,13 @@ class ResidentCache:
             return 0
         n = len(vbs)
         evicted = 0
-        # a share of what has to go from each vbucket per round, so no vbucket is emptied
-        # while others keep their oldest items
-        for _round in range(4):
-            share = max(1, (self.bytes - target) // n + 1)
+        # each vbucket that holds items gives a share of what has to go per round, so no
+        # vbucket is emptied while others keep their oldest items
+        while True:
+            holding = sum(1 for vb in vbs if vb.items)
+            if not holding:
+                break
+            share = (self.bytes - target) // holding + 1
             progress = False
             for i in range(n):
                 vb = vbs[(self._next_vb + i) % n]

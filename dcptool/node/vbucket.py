@@ -16,7 +16,7 @@ from dcptool.protocol.constants import Datatype, MetaOption, Status, VBucketStat
 
 from . import decisions
 from .checkpoint import CheckpointManager, CheckpointMemory
-from .item import DELETION, EXPIRATION, MUTATION, Item
+from .item import DELETION, EXPIRATION, ITEM_OVERHEAD, MUTATION, Item
 
 #: at most this many failover entries are kept (oldest dropped)
 MAX_FAILOVER_ENTRIES = 25
@@ -191,7 +191,22 @@ class VBucket:
         seqno = self.high_seqno + 1
         self.high_seqno = seqno
         item.seqno = seqno
-        self._install(item)
+        # _install, inline: this is the write path of every command in full eviction
+        key = item.key
+        items = self.items
+        cache = self.cache
+        old = items.pop(key, None)
+        if old is not None:
+            cache.bytes -= len(key) + len(old.value) + ITEM_OVERHEAD
+        elif key is not self._absent:
+            old = self._disk_version(key)
+        self._absent = None
+        if old is None:
+            self.nkeys += 1
+            self.bloom.add(key)
+        self.live_items += (item.op == MUTATION) - (old is not None and old.op == MUTATION)
+        items[key] = item
+        cache.bytes += len(key) + len(item.value) + ITEM_OVERHEAD
         self.checkpoints.queue(item)
         self._dirty.append((self.id, item))
         if item.expiry and item.op == MUTATION:
@@ -230,7 +245,11 @@ class VBucket:
         it = self.items.get(key)
         if it is not None:
             return it
-        it = self._disk_version(key)
+        if key not in self.bloom:
+            self.cache.bloom_negatives += 1
+            self._absent = key
+            return None
+        it = self.cache.read(self.id, key)
         if it is None:
             self._absent = key
             return None

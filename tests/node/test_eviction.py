@@ -43,7 +43,7 @@ def settle(c: Client, timeout: float = 10.0) -> dict[str, str]:
         if int(st["ep_kv_size"]) <= QUOTA:
             return st
         if time.monotonic() > deadline:
-            raise TimeoutError(f"resident bytes stay at {st['ep_kv_size']}")
+            raise TimeoutError(f"resident bytes stay at {st['ep_kv_size']}: {st}")
         time.sleep(0.02)
 
 
@@ -263,3 +263,62 @@ def test_bad_eviction_options_are_one_line_errors(tmp_path, args, words):
     assert p.returncode != 0
     assert words in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) <= 2, p.stderr
+
+
+def test_replica_rollback_with_evicted_documents(tmp_path):
+    """Seed 004's failover with every node in full eviction: B holds 1000 mutations of
+    vbucket 0, mostly evicted; C (held at 900) is promoted; B rolls back to 900 and its
+    counts and documents equal C's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster"))
+    from clusterutil import (
+        failover_log, keys_in, make_cluster, seqnos, start_nodes, stop_nodes, vbucket_stream,
+        wait_seqno, wait_until,
+    )
+    from dochelpers import load, opts_for
+
+    from dcptool.client.cluster import hold_replication, set_map
+
+    nodes = start_nodes(tmp_path, ["a", "b", "c"], vbuckets=VBS, extra_args=FULL)
+    try:
+        a, b, c = nodes["a"], nodes["b"], nodes["c"]
+        make_cluster([a, b, c], [[0, 1, 2]] * VBS, replicas=2)
+        keys = keys_in(0, VBS, 1000)
+        with opts_for(a).connect() as conn:
+            load(conn, {k: {"n": i} for i, k in enumerate(keys[:900])}, VBS)
+        wait_seqno(b, 0, 900)
+        wait_seqno(c, 0, 900)
+        with opts_for(c).connect() as conn:
+            hold_replication(conn, 0, 900)
+        with opts_for(a).connect() as conn:
+            load(conn, {k: {"n": 900 + i} for i, k in enumerate(keys[900:])}, VBS)
+        wait_seqno(b, 0, 1000)
+        with connect(b) as cb:
+            st = settle(cb)
+            assert int(st["vb_replica_curr_items"]) == 1000
+            assert int(st["ep_num_value_ejects"]) > 500
+        a.kill()
+        names = [f"{n.host}:{n.port}" for n in (a, b, c)]
+        vbmap = [[2, 1, -1]] + [[1, 2, -1]] * (VBS - 1)
+        for i, n in ((2, c), (1, b)):
+            with opts_for(n).connect() as conn:
+                set_map(conn, {"rev": 2, "nodes": names, "this": i, "replicas": 2,
+                               "vbmap": vbmap,
+                               "auth": {"username": n.username, "password": n.password}})
+        wait_until(lambda: failover_log(b, 0) == failover_log(c, 0), what="B rolled back")
+        assert seqnos(b)[0] == 900
+        with connect(b) as cb:
+            assert int(cb.stats()["vb_replica_curr_items"]) == 900
+        docs_b, _ = vbucket_stream(b, 0)
+        docs_c, _ = vbucket_stream(c, 0)
+        assert len(docs_c) == 900 and docs_b == docs_c
+        # a write on C that replaces a document B no longer holds in memory
+        with opts_for(c).connect() as conn:
+            load(conn, {keys[10]: {"n": "again"}}, VBS)
+        wait_seqno(b, 0, 901)
+        with connect(b) as cb:
+            assert int(cb.stats()["vb_replica_curr_items"]) == 900
+    finally:
+        stop_nodes(nodes)
