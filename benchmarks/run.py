@@ -108,6 +108,12 @@ def measure_node(n: int, sections: set[str]) -> dict:
             r = node_drain.run_mode(mode, a)
             out[f"drain_{mode}"] = r
             print(f"  drain {mode}: {r['items_per_s']} items/s", file=sys.stderr, flush=True)
+        # the disk producer of a node in full eviction (documents not resident, 64 MiB quota)
+        af = SimpleNamespace(**{**vars(a), "eviction": "full", "memory_quota": "64MiB"})
+        r = node_drain.run_mode("disk", af)
+        out["drain_disk_full"] = r
+        print(f"  drain disk (full eviction): {r['items_per_s']} items/s", file=sys.stderr,
+              flush=True)
     if "ingest" in sections:
         from nodeproc import NodeProcess
 
@@ -173,17 +179,23 @@ def measure_rss(n: int, quick: bool, tmp: Path, node_1n: dict | None) -> dict:
     for k in sizes:
         out[f"task_{k}"] = task_peak_rss(k, tmp)
         print(f"  task rss {k}: {out[f'task_{k}']}", file=sys.stderr, flush=True)
-    a = SimpleNamespace(n=n, s=VALUE_SIZE, vbuckets=1024, checkpoint_memory="4GiB",
-                        buffer_size=20 * 1024 * 1024, profile=None)
-    for k in sizes:
-        if k == n and node_1n is not None:
-            r = node_1n
-        else:
-            a.n = k
-            r = node_drain.run_mode("disk", a)
-        out[f"node_{k}"] = {"docs": k, "peak_rss_MB": r.get("node_peak_rss_MB")}
+    # the node: value eviction (every document resident; `node_1n` is its disk drain at N
+    # when the node section ran) and full eviction (64 MiB quota)
+    given = {"value": node_1n}
+    for eviction, who in (("value", "node"), ("full", "node_full")):
+        a = SimpleNamespace(n=n, s=VALUE_SIZE, vbuckets=1024, checkpoint_memory="4GiB",
+                            buffer_size=20 * 1024 * 1024, profile=None, eviction=eviction,
+                            memory_quota="64MiB")
+        for k in sizes:
+            if k == n and given.get(eviction) is not None:
+                r = given[eviction]
+            else:
+                a.n = k
+                r = node_drain.run_mode("disk", a)
+            out[f"{who}_{k}"] = {"docs": k, "peak_rss_MB": r.get("node_peak_rss_MB")}
+            print(f"  {who} rss {k}: {out[f'{who}_{k}']}", file=sys.stderr, flush=True)
     if not quick:
-        for who in ("task", "node"):
+        for who in ("task", "node", "node_full"):
             lo, hi = out[f"{who}_{n}"]["peak_rss_MB"], out[f"{who}_{4 * n}"]["peak_rss_MB"]
             out[f"{who}_growth_1n_to_4n"] = round(hi / lo, 3) if lo and hi else None
     return out
@@ -201,10 +213,10 @@ def table(res: dict) -> str:
             row(name, r["items_per_s"], f"items/s, {r['MB_per_s']} MB/s, "
                                         f"{r.get('ratio_to_1c', '-')} of 1c")
     nd = res.get("node", {})
-    for mode in ("disk", "memory"):
+    for mode, name in (("disk", "disk"), ("memory", "memory"), ("disk_full", "disk, full eviction")):
         r = nd.get(f"drain_{mode}")
         if r:
-            row(f"3 node producer, {mode}", r["items_per_s"], f"items/s, {r['MB_per_s']} MB/s")
+            row(f"3 node producer, {name}", r["items_per_s"], f"items/s, {r['MB_per_s']} MB/s")
     for c in (1, 4):
         r = nd.get(f"ingest_{c}")
         if r:
@@ -220,10 +232,12 @@ def table(res: dict) -> str:
     rs = res.get("rss")
     if rs:
         for k, v in rs.items():
+            name = k.replace("node_full", "node (full eviction)").replace(
+                "node_", "node (value eviction)_").replace("_", " ")
             if isinstance(v, dict):
-                row(f"6 peak RSS {k.replace('_', ' ')} docs", v["peak_rss_MB"], "MB")
+                row(f"6 peak RSS {name} docs", v["peak_rss_MB"], "MB")
             else:
-                row(f"6 {k.replace('_', ' ')}", v, "x")
+                row(f"6 {name}", v, "x")
     return "\n".join(lines)
 
 
