@@ -35,9 +35,9 @@ BACKUP_TYPES = (FULL, INCREMENTAL)
 DEFAULT_LEVEL = 3
 #: uncompressed bytes per zstd frame (a frame is compressed once the buffer passes this)
 DEFAULT_BLOCK_SIZE = 1 << 20
-#: uncompressed bytes all open vbucket writers of one process may buffer together (each
-#: closes its frames at this / open writers when that is below the block size)
-DEFAULT_BLOCK_BUDGET = 128 << 20
+#: uncompressed bytes all open vbucket writers of one process buffer together: past it, a
+#: writer that appended writes its block out once it holds MIN_BLOCK_SIZE
+DEFAULT_BLOCK_BUDGET = 32 << 20
 MIN_BLOCK_SIZE = 64 << 10
 DEFAULT_SEGMENT_BYTES = 256 << 20  # a data file is closed and the next segment opened past this
 #: a frame whose header claims more than this many uncompressed bytes is rejected as corrupt

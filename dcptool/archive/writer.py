@@ -62,6 +62,25 @@ _DCP_MUTATION = 0x57  # the kind of a DCP client mutation event (its opcode)
 #: the writers of this process that are open (created, not closed, aborted or collected)
 _OPEN_WRITERS: "weakref.WeakSet[VBucketWriter]" = weakref.WeakSet()
 
+#: what the open writers of this process hold in blocks not yet written, together (in
+#: BlockBuilder.size() units), as last accounted by each; each writer's share is in a cell
+#: of its own, taken back when it flushes, closes or is collected
+_HELD = [0]
+_HELD_LOCK = threading.Lock()
+#: single-record calls account their block each time it grew by this much
+_ACCOUNT_STEP = 16 << 10
+
+
+def _release_cell(cell: list[int]) -> None:
+    with _HELD_LOCK:
+        _HELD[0] -= cell[0]
+        cell[0] = 0
+
+
+def buffered_bytes() -> int:
+    """The uncompressed bytes all open writers of this process buffer in blocks now."""
+    return _HELD[0]
+
 _local = threading.local()
 
 
@@ -134,10 +153,13 @@ class VBucketWriter:
         self.level = int(level if level is not None else comp.get("level", DEFAULT_LEVEL))
         self._max_block = int(block_size or comp.get("block_size", DEFAULT_BLOCK_SIZE))
         #: the uncompressed bytes all open writers of this process buffer together: with
-        #: many vbuckets open at once (a task streams hundreds, interleaved), each closes
-        #: its frames at budget / open writers instead of block_size, so memory stays flat
-        #: however large the vbuckets grow
+        #: many vbuckets open at once (a task streams hundreds, interleaved), once their
+        #: blocks hold more than the budget, a writer that has appended a run writes its
+        #: block out (if it holds MIN_BLOCK_SIZE at least), so memory stays at the budget
+        #: however large the vbuckets grow, and blocks stay as large as it allows
         self._budget = int(block_budget or DEFAULT_BLOCK_BUDGET)
+        self._held = [0]  # this writer's part of _HELD
+        weakref.finalize(self, _release_cell, self._held)
         self._block = self._max_block
         self._segment_bytes = int(segment_bytes or comp.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
         self._cctx = shared_compressor(self.level)
@@ -197,13 +219,24 @@ class VBucketWriter:
         _OPEN_WRITERS.add(self)
 
     def _block_size(self) -> int:
-        """The block size now: block_size, or less (not below MIN_BLOCK_SIZE) when many
-        writers are open."""
-        share = self._budget // max(1, len(_OPEN_WRITERS))
-        return min(self._max_block, max(MIN_BLOCK_SIZE, share))
+        """The largest block: block_size (the budget is kept by `_account`)."""
+        return self._max_block
+
+    def _account(self) -> None:
+        """Count this writer's block in the process's total; write it out when the total
+        is over the budget and the block is not small."""
+        size = self._blk.size()
+        cell = self._held
+        with _HELD_LOCK:
+            _HELD[0] += size - cell[0]
+            cell[0] = size
+            over = _HELD[0] > self._budget
+        if over and size >= MIN_BLOCK_SIZE:
+            self._flush()
 
     def _uncount(self) -> None:
         _OPEN_WRITERS.discard(self)
+        _release_cell(self._held)
 
     # -- hot path ------------------------------------------------------------------------------
 
@@ -213,8 +246,11 @@ class VBucketWriter:
         blk.others.append((2, start, end, flags))  # SNAPSHOT (a literal: no global lookup)
         blk.kinds.append(2)
         self._ns += 1
-        if blk.size() >= self._block:
+        size = blk.size()
+        if size >= self._block:
             self._flush()
+        elif size - self._held[0] >= _ACCOUNT_STEP:
+            self._account()
 
     def mutation(self, seqno: int, rev_seqno: int, cas: int, flags: int, expiry: int,
                  datatype: int, key: bytes, value: bytes, xattrs: bytes | None = None) -> None:
@@ -222,8 +258,11 @@ class VBucketWriter:
         blk.add((3, seqno, rev_seqno, cas, flags, expiry, datatype, key, value, xattrs))
         self._nm += 1
         self._vbytes += len(value)
-        if blk.size() >= self._block:
+        size = blk.size()
+        if size >= self._block:
             self._flush()
+        elif size - self._held[0] >= _ACCOUNT_STEP:
+            self._account()
 
     def deletion(self, seqno: int, rev_seqno: int, cas: int, key: bytes, delete_time: int = 0,
                  datatype: int = 0, value: bytes = b"") -> None:
@@ -231,8 +270,11 @@ class VBucketWriter:
         blk.add((4, seqno, rev_seqno, cas, key, delete_time, datatype, value))  # DELETION
         self._nd += 1
         self._vbytes += len(value)
-        if blk.size() >= self._block:
+        size = blk.size()
+        if size >= self._block:
             self._flush()
+        elif size - self._held[0] >= _ACCOUNT_STEP:
+            self._account()
 
     def expiration(self, seqno: int, rev_seqno: int, cas: int, key: bytes, delete_time: int = 0,
                    datatype: int = 0, value: bytes = b"") -> None:
@@ -240,8 +282,11 @@ class VBucketWriter:
         blk.add((5, seqno, rev_seqno, cas, key, delete_time, datatype, value))  # EXPIRATION
         self._ne += 1
         self._vbytes += len(value)
-        if blk.size() >= self._block:
+        size = blk.size()
+        if size >= self._block:
             self._flush()
+        elif size - self._held[0] >= _ACCOUNT_STEP:
+            self._account()
 
     def mutation_events(self, events: Sequence[tuple], lo: int = 0, hi: int | None = None) -> None:
         """Append the DCP client's mutation events `events[lo:hi]` (all of this vbucket):
@@ -305,6 +350,7 @@ class VBucketWriter:
             if stop < hi:
                 break
         self._vbytes += vbytes
+        self._account()
         return done
 
     def write(self, records: Sequence[tuple]) -> None:
@@ -331,6 +377,7 @@ class VBucketWriter:
                 self._flush()
                 blk = self._blk
                 add = blk.add
+        self._account()
         self._nb -= last  # every record of the batch is counted by type below
         self._nm += types[MUTATION]
         self._nd += types[DELETION]
@@ -371,6 +418,8 @@ class VBucketWriter:
             self._open_segment(self._segment + 1)
         blk = self._blk
         self._block = self._block_size()
+        if self._held[0]:
+            _release_cell(self._held)
         if not len(blk):
             return
         if self.version >= 2:
