@@ -382,7 +382,8 @@ class DcpSession:
         last = self._last
         copy = self.config.copy_values
         typed = self.config.typed
-        counted = 0
+        # bytes of frames flow control does not count (noops, responses); the rest is counted
+        uncounted = 0
         while n - pos >= 24:
             magic, op, klen, elen, dt, vb, blen, opq, cas = hdr(buf, pos)
             end = pos + 24 + blen
@@ -405,7 +406,6 @@ class DcpSession:
                         append((MUTATION, vb, seq, rev, cas, flags, exp, dt, buf[k:v],
                                 mv[v:end]))
                     last[vb] = seq
-                    counted += end - pos
                     pos = end
                     continue
                 if op == 0x58 and (elen == 21 or elen == 18):
@@ -425,19 +425,18 @@ class DcpSession:
                         append((DELETION, vb, seq, rev, cas, 0, dtime, dt, buf[k:v],
                                 buf[v:end] if copy else mv[v:end]))
                     last[vb] = seq
-                    counted += end - pos
                     pos = end
                     continue
                 if op == 0x56 and elen == 20:
                     s, e, f = _MARKER.unpack_from(mv, pos + 24)
                     self._marker(vb, s, e, f, opq, out, typed)
-                    counted += end - pos
                     pos = end
                     continue
                 if op == 0x5C:
                     # DCP_NOOP: answer at once with the same opaque bytes; not flow controlled
                     self._out += _HEADER.pack(0x81, 0x5C, 0, 0, 0, 0, 0, opq, 0)
                     self.noops_answered += 1
+                    uncounted += end - pos
                     pos = end
                     continue
                 if op == 0x59 and elen == 20:
@@ -453,7 +452,6 @@ class DcpSession:
                         append((EXPIRATION, vb, seq, rev, cas, 0, dtime, dt, buf[k:v],
                                 buf[v:end] if copy else mv[v:end]))
                     last[vb] = seq
-                    counted += end - pos
                     pos = end
                     continue
             # everything else: decode with the codec and handle it off the hot path
@@ -462,11 +460,12 @@ class DcpSession:
             except ProtocolError as exc:
                 raise ProtocolViolation(f"{self.address} sent an invalid frame: {exc}",
                                         host=self.address) from None
-            if frame.magic in (Magic.REQUEST, Magic.ALT_REQUEST) and frame.opcode != Opcode.DCP_NOOP:
-                counted += used
+            if frame.magic not in (Magic.REQUEST, Magic.ALT_REQUEST) or frame.opcode == Opcode.DCP_NOOP:
+                uncounted += used
             self._slow(frame, out)
             pos += used
         self.bytes_received += pos
+        counted = pos - uncounted
         if self.flow_control and counted:
             self._unacked += counted
             if self._unacked >= self._ack_threshold:
