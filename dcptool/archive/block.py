@@ -39,7 +39,6 @@ from operator import add, sub
 from typing import Sequence
 
 import msgpack
-import numpy as np
 import zstandard
 
 BLOCK_MARK = 0xC1
@@ -75,6 +74,8 @@ def _cas_planes(cas: Sequence[int]) -> bytes:
     byte plane by byte plane (numpy: one vectorised pass instead of a Python int per item)."""
     if not len(cas):
         return b""
+    import numpy as np  # here, not at module level: 0.1 s of every CLI start
+
     try:
         col = np.array(cas, dtype=np.uint64)
     except (OverflowError, ValueError, TypeError):  # not u64s: the same bits modulo 2^64
@@ -106,6 +107,7 @@ def _encode_keys(keys: Sequence[bytes], p: msgpack.Packer) -> bytes:
         joined = b"".join(keys)
         # the total and the longest equal to n x the first's length: all are that long
         if 0 < size and len(joined) == n * size and max(map(len, keys)) == size:
+            import numpy as np
             col = np.frombuffer(joined, dtype=np.uint8).reshape(n, size)
             coded = col.copy()
             np.bitwise_xor(col[1:], col[:-1], out=coded[1:])
