@@ -209,6 +209,33 @@ def test_expiry_of_evicted_documents_on_get_and_after_restart(node_factory):
         assert m["deleted"]
 
 
+def test_compaction_purges_evicted_tombstones(node_factory):
+    from .hwtwire import compact
+
+    node = node_factory(vbuckets=VBS, extra_args=(*FULL, "--purge-age", "0"))
+    with connect(node) as c:
+        c.set_many([(key_of(i), value_of(i)) for i in range(N)])
+        for i in range(0, 60):
+            assert c.delete(key_of(i)).status == Status.SUCCESS
+        # one of them written again: its tombstone is no longer the key's version
+        assert c.set(key_of(0), b"back").status == Status.SUCCESS
+        push_out(c)
+        st = c.stats()
+        assert int(st["ep_tombstones"]) == 59
+        assert int(st["ep_resident_items"]) < 40
+        time.sleep(1.1)   # deleted in an earlier second than the cut-off below
+        purged = sum(compact(c, vb, drop=1)["purged"] for vb in range(VBS))
+        assert purged == 59
+        st = c.stats()
+        assert int(st["ep_tombstones"]) == 0
+        assert int(st["curr_items"]) == N - 59
+        assert c.get(key_of(0)).value == b"back"
+        assert c.get(key_of(1)).status == Status.KEY_ENOENT
+        # a purged key can be added again as a new document
+        assert c.set(key_of(1), b"new", opcode=Opcode.ADD).status == Status.SUCCESS
+        assert int(c.stats()["curr_items"]) == N - 58
+
+
 def test_bloom_filter_spares_disk_lookups_of_new_keys(node_factory):
     node = node_factory(vbuckets=VBS, extra_args=FULL)
     with connect(node) as c:
