@@ -32,8 +32,6 @@ log = logging.getLogger("dcptool.node.cache")
 
 #: eviction brings the resident bytes down to this share of the quota
 LOW_WATER = 0.9
-#: items at the head of one vbucket's table an eviction pass looks at before moving on
-SCAN_LIMIT = 4096
 
 
 class BloomFilter:

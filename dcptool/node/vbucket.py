@@ -23,6 +23,8 @@ MAX_FAILOVER_ENTRIES = 25
 #: the low 16 bits of a hybrid-logical-clock CAS are a counter
 _HLC_MASK = ~0xFFFF
 _U64 = (1 << 64) - 1
+#: full eviction: items at the head of one vbucket's table an eviction pass looks at
+EVICTION_SCAN_LIMIT = 4096
 
 
 def new_vbucket_uuid() -> int:
@@ -52,7 +54,9 @@ class VBucket:
     * `purge_seqno`: tombstones up to here have been purged from disk.
     * `failover_log`: (uuid, seqno) pairs, newest first; entry 0's uuid is the current one.
     * `max_cas`: the hybrid logical clock; every CAS given out is above it.
-    * `items`: key -> newest Item (tombstones included, until purged).
+    * `items`: key -> newest Item (tombstones included, until purged); in full eviction
+      only the resident ones (every uncommitted version, and committed ones while they fit
+      the memory quota): `find(key)` is the lookup that also reads the disk.
     * `checkpoints`: the in-memory change queue read by DCP streams.
     * `waiters`: callbacks to run once when the next change is queued (idle streams).
     * `streams`: the live DCP streams of this vbucket, ended on a state change.
@@ -261,9 +265,7 @@ class VBucket:
 
     def evict_clean(self, want: int) -> int:
         """Drop committed items from the head of the table (oldest first) until `want`
-        bytes are freed or SCAN_LIMIT items were looked at. Returns how many went."""
-        from .cache import SCAN_LIMIT
-
+        bytes are freed or EVICTION_SCAN_LIMIT items were looked at. Returns how many went."""
         items = self.items
         persisted = self.persisted_seqno
         victims = []
@@ -276,7 +278,7 @@ class VBucket:
                 if freed >= want:
                     break
             scanned += 1
-            if scanned >= SCAN_LIMIT:
+            if scanned >= EVICTION_SCAN_LIMIT:
                 break
         for key in victims:
             del items[key]
