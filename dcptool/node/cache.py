@@ -48,7 +48,7 @@ class BloomFilter:
     BITS = 10
     K = 4
     GROWTH = 4
-    MIN_CAPACITY = 1024
+    MIN_CAPACITY = 4096
 
     __slots__ = ("filters", "keys", "_bits", "_mask", "_room")
 
