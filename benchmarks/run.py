@@ -271,6 +271,14 @@ def main(argv: list[str] | None = None) -> dict:
         if "e2e" in sections:
             print("backup and restore end to end (items 4-5)", file=sys.stderr, flush=True)
             res["e2e"] = backup_restore.run(n, VALUE_SIZE, 1024)
+            # stop Spark before the memory section, so its JVM and Python workers take no
+            # CPU or memory from the processes measured there (pyspark's worker daemon may
+            # print a BrokenPipeError as it goes: that is Spark's, not a failure)
+            from pyspark.sql import SparkSession
+
+            active = SparkSession.getActiveSession()
+            if active is not None:
+                active.stop()
         if "rss" in sections:
             print("peak memory (item 6)", file=sys.stderr, flush=True)
             res["rss"] = measure_rss(n, a.quick, tmp, res.get("node", {}).get("drain_disk"))
