@@ -16,7 +16,7 @@ from dcptool.protocol.constants import Datatype, MetaOption, Status, VBucketStat
 
 from . import decisions
 from .checkpoint import CheckpointManager, CheckpointMemory
-from .item import DELETION, EXPIRATION, ITEM_OVERHEAD, MUTATION, Item
+from .item import DELETION, EXPIRATION, MUTATION, Item
 
 #: at most this many failover entries are kept (oldest dropped)
 MAX_FAILOVER_ENTRIES = 25
@@ -181,40 +181,22 @@ class VBucket:
         old = items.get(item.key)
         self.live_items += (item.op == MUTATION) - (old is not None and old.op == MUTATION)
         items[item.key] = item
-        self.checkpoints.queue(item)
-        self._dirty.append((self.id, item))
-        if item.expiry and item.op == MUTATION:
-            heapq.heappush(self._expiry_heap, (item.expiry, self.id, item.key, seqno))
-        if self.waiters:
-            waiters, self.waiters = self.waiters, []
-            for w in waiters:
-                w()
-        return item
+        return self._queue(item)
 
     def _commit_full(self, item: Item) -> Item:
         seqno = self.high_seqno + 1
         self.high_seqno = seqno
         item.seqno = seqno
-        # _install, inline: this is the write path of every command in full eviction
-        key = item.key
-        items = self.items
-        cache = self.cache
-        old = items.pop(key, None)
-        if old is not None:
-            cache.bytes -= len(key) + len(old.value) + ITEM_OVERHEAD
-        elif key is not self._absent:
-            old = self._disk_version(key)
-        self._absent = None
-        if old is None:
-            self.nkeys += 1
-            self.bloom.add(key)
-        self.live_items += (item.op == MUTATION) - (old is not None and old.op == MUTATION)
-        items[key] = item
-        cache.bytes += len(key) + len(item.value) + ITEM_OVERHEAD
+        self._install(item)
+        return self._queue(item)
+
+    def _queue(self, item: Item) -> Item:
+        """The rest of a commit, in both eviction modes: the open checkpoint (streams read
+        it), the flusher's queue, the expiry heap, the idle streams' wake-ups."""
         self.checkpoints.queue(item)
         self._dirty.append((self.id, item))
         if item.expiry and item.op == MUTATION:
-            heapq.heappush(self._expiry_heap, (item.expiry, self.id, item.key, seqno))
+            heapq.heappush(self._expiry_heap, (item.expiry, self.id, item.key, item.seqno))
         if self.waiters:
             waiters, self.waiters = self.waiters, []
             for w in waiters:

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from dcptool.client.cluster import node_status, set_map
+from dcptool.client.cluster import hold_replication, node_status, set_map
 from dcptool.client.events import DELETION, EXPIRATION, MUTATION, SNAPSHOT
 from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
 from dcptool.client.position import ZERO
 from dcptool.client.session import SessionConfig
 from dcptool.protocol import vbucket_of
 
-from dochelpers import opts_for
+from dochelpers import load, opts_for
 from nodeproc import NodeProcess
 
 
@@ -100,6 +100,34 @@ def wait_seqno(node: NodeProcess, vb: int, seqno: int, timeout: float = 30.0) ->
     wait_until(lambda: seqnos(node).get(vb) == seqno, timeout=timeout,
                what=f"vbucket {vb} on {node.data_dir.name} at seqno {seqno} "
                     f"(it is at {seqnos(node).get(vb)})")
+
+
+def seed004_writes(a: NodeProcess, b: NodeProcess, c: NodeProcess, vbuckets: int, *,
+                   doc=lambda i: {"n": i}) -> list[str]:
+    """Seed 004's writes, vbucket 0 active on A with replicas B and C: 900 mutations that
+    both replicas take, C held there, 100 more that only B takes. Returns the 1000 keys."""
+    keys = keys_in(0, vbuckets, 1000)
+    with opts_for(a).connect() as conn:
+        load(conn, {k: doc(i) for i, k in enumerate(keys[:900])}, vbuckets)
+    wait_seqno(b, 0, 900)
+    wait_seqno(c, 0, 900)
+    with opts_for(c).connect() as conn:
+        hold_replication(conn, 0, 900)
+    with opts_for(a).connect() as conn:
+        load(conn, {k: doc(900 + i) for i, k in enumerate(keys[900:])}, vbuckets)
+    wait_seqno(b, 0, 1000)
+    return keys
+
+
+def seed004_failover(a: NodeProcess, b: NodeProcess, c: NodeProcess, vbuckets: int) -> None:
+    """A is gone: C (the seed's choice) becomes active for vbucket 0 with B its replica, B
+    active for the others; the new map goes to C, then B."""
+    names = [f"{n.host}:{n.port}" for n in (a, b, c)]
+    vbmap = [[2, 1, -1]] + [[1, 2, -1]] * (vbuckets - 1)
+    for i, n in ((2, c), (1, b)):
+        with opts_for(n).connect() as conn:
+            set_map(conn, {"rev": 2, "nodes": names, "this": i, "replicas": 2, "vbmap": vbmap,
+                           "auth": {"username": n.username, "password": n.password}})
 
 
 def vbucket_stream(node: NodeProcess, vb: int, end: int | None = None):

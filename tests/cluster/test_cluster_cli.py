@@ -9,12 +9,10 @@ import json
 from client.nodeutil import json_lines, run_cli
 from clusterutil import abc  # noqa: F401  (the fixture)
 from clusterutil import (
-    addr, failover_log, keys_in, status, vbucket_stream,
-    wait_seqno, wait_until,
+    addr, failover_log, seed004_writes, status, vbucket_stream, wait_seqno, wait_until,
 )
 from dochelpers import load, opts_for
 
-from dcptool.client.cluster import hold_replication
 
 VBS = 4  # the vbuckets of clusterutil's `abc` nodes
 
@@ -29,15 +27,7 @@ def test_create_status_failover_and_tail_across_the_failover(abc, tmp_path):
     # actives spread evenly: each node is active for at least one vbucket
     assert {chain[0] for chain in plan["vbmap"]} == {0, 1, 2}
     w = failover_log(a, 0)[0][0]
-    keys = keys_in(0, VBS, 1000)
-    with opts_for(a).connect() as conn:
-        load(conn, {k: {"n": i} for i, k in enumerate(keys[:900])}, VBS)
-    wait_seqno(c, 0, 900)
-    with opts_for(c).connect() as conn:
-        hold_replication(conn, 0, 900)
-    with opts_for(a).connect() as conn:
-        load(conn, {k: {"n": 900 + i} for i, k in enumerate(keys[900:])}, VBS)
-    wait_seqno(b, 0, 1000)
+    keys = seed004_writes(a, b, c, VBS)
 
     r = run_cli("cluster", "status", "--json", node=b)
     assert r.returncode == 0, r.stderr

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from clusterutil import abc  # noqa: F401  (the fixture)
 from clusterutil import (
-    failover_log, keys_in, make_cluster, seqnos, status, vbucket_stream, wait_seqno, wait_until,
+    failover_log, make_cluster, seed004_failover, seed004_writes, seqnos, status,
+    vbucket_stream, wait_seqno, wait_until,
 )
 from dochelpers import load, opts_for
 
-from dcptool.client.cluster import hold_replication, set_map
 
 VBS = 4  # the vbuckets of clusterutil's `abc` nodes
 
@@ -21,28 +21,14 @@ def test_seed004_failover_promotes_c_and_b_rolls_back_to_900(abc):
     assert len(log_a) == 1 and log_a[0][1] == 0          # [(W, 0)]
     w = log_a[0][0]
     make_cluster([a, b, c], [[0, 1, 2]] * VBS, replicas=2)
-    keys = keys_in(0, VBS, 1000)
-    with opts_for(a).connect() as conn:
-        load(conn, {k: {"n": i, "branch": "A"} for i, k in enumerate(keys[:900])}, VBS)
-    wait_seqno(b, 0, 900)
-    wait_seqno(c, 0, 900)
-    with opts_for(c).connect() as conn:
-        hold_replication(conn, 0, 900)
-    with opts_for(a).connect() as conn:
-        load(conn, {k: {"n": 900 + i, "branch": "A"} for i, k in enumerate(keys[900:])}, VBS)
-    wait_seqno(b, 0, 1000)
+    keys = seed004_writes(a, b, c, VBS, doc=lambda i: {"n": i, "branch": "A"})
     assert seqnos(a)[0] == 1000 and seqnos(c)[0] == 900
     # the handshake gave every replica A's history
     assert failover_log(b, 0) == [(w, 0)] and failover_log(c, 0) == [(w, 0)]
 
     a.kill()
     # failover: C (the seed's choice) becomes active, B replicates from it
-    names = [f"{n.host}:{n.port}" for n in (a, b, c)]
-    vbmap = [[2, 1, -1]] + [[1, 2, -1]] * (VBS - 1)
-    for i, n in ((2, c), (1, b)):
-        with opts_for(n).connect() as conn:
-            set_map(conn, {"rev": 2, "nodes": names, "this": i, "replicas": 2, "vbmap": vbmap,
-                           "auth": {"username": n.username, "password": n.password}})
+    seed004_failover(a, b, c, VBS)
     log_c = failover_log(c, 0)
     assert len(log_c) == 2 and log_c[0][1] == 900 and log_c[1] == (w, 0)
     x = log_c[0][0]

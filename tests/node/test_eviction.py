@@ -301,39 +301,22 @@ def test_replica_rollback_with_evicted_documents(tmp_path):
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster"))
     from clusterutil import (
-        failover_log, keys_in, make_cluster, seqnos, start_nodes, stop_nodes, vbucket_stream,
-        wait_seqno, wait_until,
+        failover_log, make_cluster, seed004_failover, seed004_writes, seqnos, start_nodes,
+        stop_nodes, vbucket_stream, wait_seqno, wait_until,
     )
     from dochelpers import load, opts_for
-
-    from dcptool.client.cluster import hold_replication, set_map
 
     nodes = start_nodes(tmp_path, ["a", "b", "c"], vbuckets=VBS, extra_args=FULL)
     try:
         a, b, c = nodes["a"], nodes["b"], nodes["c"]
         make_cluster([a, b, c], [[0, 1, 2]] * VBS, replicas=2)
-        keys = keys_in(0, VBS, 1000)
-        with opts_for(a).connect() as conn:
-            load(conn, {k: {"n": i} for i, k in enumerate(keys[:900])}, VBS)
-        wait_seqno(b, 0, 900)
-        wait_seqno(c, 0, 900)
-        with opts_for(c).connect() as conn:
-            hold_replication(conn, 0, 900)
-        with opts_for(a).connect() as conn:
-            load(conn, {k: {"n": 900 + i} for i, k in enumerate(keys[900:])}, VBS)
-        wait_seqno(b, 0, 1000)
+        keys = seed004_writes(a, b, c, VBS)
         with connect(b) as cb:
             st = settle(cb)
             assert int(st["vb_replica_curr_items"]) == 1000
             assert int(st["ep_num_value_ejects"]) > 500
         a.kill()
-        names = [f"{n.host}:{n.port}" for n in (a, b, c)]
-        vbmap = [[2, 1, -1]] + [[1, 2, -1]] * (VBS - 1)
-        for i, n in ((2, c), (1, b)):
-            with opts_for(n).connect() as conn:
-                set_map(conn, {"rev": 2, "nodes": names, "this": i, "replicas": 2,
-                               "vbmap": vbmap,
-                               "auth": {"username": n.username, "password": n.password}})
+        seed004_failover(a, b, c, VBS)
         wait_until(lambda: failover_log(b, 0) == failover_log(c, 0), what="B rolled back")
         assert seqnos(b)[0] == 900
         with connect(b) as cb:
