@@ -165,11 +165,14 @@ def status(
                     if act >= 0 and act in high:
                         row["lag"] += max(0, high[act].get(int(vb), 0) - d["high_seqno"])
         rows.append(row)
-    doc = {"rev": view.rev, "vbuckets": len(view.vbmap), "nodes": rows}
+    # the map's own rev (what `cluster create|failover|move` print); a node's config rev
+    # also counts its own changes
+    map_rev = view.map_rev or view.rev
+    doc = {"rev": map_rev, "config_rev": view.rev, "vbuckets": len(view.vbmap), "nodes": rows}
     if as_json:
         print_json(doc)
         return
-    table = Table(title=f"Cluster map rev {view.rev}, {len(view.vbmap)} vbuckets")
+    table = Table(title=f"Cluster map rev {map_rev}, {len(view.vbmap)} vbuckets")
     for col in ("node", "up", "active", "replica", "dead", "lag"):
         table.add_column(col, justify="left" if col == "node" else "right")
     for r in rows:

@@ -31,7 +31,9 @@ def test_create_status_failover_and_tail_across_the_failover(abc, tmp_path):
 
     r = run_cli("cluster", "status", "--json", node=b)
     assert r.returncode == 0, r.stderr
-    st = {n["node"]: n for n in json.loads(r.stdout)["nodes"]}
+    doc = json.loads(r.stdout)
+    assert doc["rev"] == plan["rev"]  # the map's rev, not the node's config rev
+    st = {n["node"]: n for n in doc["nodes"]}
     assert st[addr(c)]["lag"] >= 100 and st[addr(b)]["replica"] >= 1
     assert all(n["up"] for n in st.values())
 
@@ -46,7 +48,8 @@ def test_create_status_failover_and_tail_across_the_failover(abc, tmp_path):
     r = run_cli("cluster", "failover", "-c", addr(a), "--via", addr(b), "--promote", addr(c),
                 "--json", node=b)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["promoted"]["0"] == addr(c)
+    failed = json.loads(r.stdout)
+    assert failed["promoted"]["0"] == addr(c) and failed["rev"] > plan["rev"]
     log_c = failover_log(c, 0)
     assert log_c[0][1] == 900 and log_c[1] == (w, 0)
     wait_until(lambda: failover_log(b, 0) == log_c, what="B following C")
@@ -56,7 +59,9 @@ def test_create_status_failover_and_tail_across_the_failover(abc, tmp_path):
 
     r = run_cli("cluster", "status", "--json", node=c)
     assert r.returncode == 0, r.stderr
-    st = {n["node"]: n for n in json.loads(r.stdout)["nodes"]}
+    doc = json.loads(r.stdout)
+    assert doc["rev"] == failed["rev"] and doc["config_rev"] >= doc["rev"]
+    st = {n["node"]: n for n in doc["nodes"]}
     assert not st[addr(a)]["up"]
 
     # the tail resumes from (W, 1000) through any member: rollback to 900, then C's history
