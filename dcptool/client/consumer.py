@@ -169,6 +169,11 @@ class DcpConsumer:
                                    host=self.conn.address)
         self._last_rx = time.monotonic()
         total = have + n
+        if total >= HEADER_LEN and HEADER_LEN + HEADER.unpack_from(mv, 0)[6] > total:
+            # the first frame is still incomplete (a large document arriving): nothing to
+            # parse, and no copy of the partial frame for the session
+            self._have = total
+            return []
         out: list = []
         used = self.session.parse(mv[:total], out)
         rest = total - used

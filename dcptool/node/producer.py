@@ -160,8 +160,13 @@ class Producer:
                 window = PUMP_BYTES
             s = ready.popleft()
             s.queued = False
-            # without flow control the quantum is only for fairness: a bigger message may go
-            n = s.fill(out, min(window, QUANTUM), loose=not bufsize)
+            # the quantum is for fairness only, and flow control lets a message go while the
+            # window is open (outstanding < buffer size), as kv_engine's BufferLog does, even
+            # one larger than what is left of it: the first message of a turn may exceed the
+            # limit. (Holding a message until it fits would wait forever for a consumer that
+            # acknowledges only past a threshold it has not reached: a 100 KiB document
+            # behind a marker stalled a stream.)
+            n = s.fill(out, min(window, QUANTUM), loose=True)
             total += n
             if not (s.waiting or s.waiting_backfill or s.state == DEAD):
                 s.queued = True
