@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import struct
 import time
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import accumulate, islice
+from operator import itemgetter
 from typing import Iterable
 from zlib import crc32
 
@@ -79,6 +81,28 @@ def encode_with_meta(kind: str, vbucket: int, opaque: int, key: bytes, value: by
                                  opaque, 0), extras, key, value))
 
 
+#: a window holds at most this many value bytes (or one record, if that is larger): with
+#: large documents a window of `window` records would be gigabytes encoded at once
+WINDOW_BYTES = 8 << 20
+_VALUE = itemgetter(2)  # of a record: (kind, key, value, flags, expiry, rev_seqno, cas, datatype)
+
+
+def _by_bytes(batch: list[tuple], limit: int) -> list[list[tuple]]:
+    """`batch` cut into runs whose values hold at most `limit` bytes (a record larger than
+    that alone), in order; one C-level pass over the values' lengths when it fits."""
+    ends = list(accumulate(map(len, map(_VALUE, batch))))
+    if ends[-1] <= limit:
+        return [batch]
+    parts = []
+    lo, base = 0, 0
+    while lo < len(batch):
+        hi = max(lo + 1, bisect_right(ends, base + limit, lo))
+        parts.append(batch[lo:hi])
+        base = ends[hi - 1]
+        lo = hi
+    return parts
+
+
 class MetaWriter:
     """Writes documents with their metadata over one connection.
 
@@ -112,9 +136,10 @@ class MetaWriter:
                 batch = list(islice(it, window))
                 if not batch:
                     break
-                self._send(batch, 0)
-                while len(self._inflight) >= self.depth:
-                    self._confirm_oldest()
+                for part in _by_bytes(batch, WINDOW_BYTES):
+                    self._send(part, 0)
+                    while len(self._inflight) >= self.depth:
+                        self._confirm_oldest()
             while self._inflight:
                 self._confirm_oldest()
         except BaseException:

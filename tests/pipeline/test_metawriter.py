@@ -66,3 +66,30 @@ def test_two_windows_are_in_flight_and_answers_find_their_window():
     assert len(noops) == 3 and len(set(noops)) == 3
     assert counts["restored"]["mutation"] == 5 and counts["skipped"]["mutation"] == 1
     peer.close()
+
+
+def test_windows_hold_a_bounded_number_of_value_bytes():
+    """Records of large values go out in windows of at most WINDOW_BYTES of values (a larger
+    record alone), each closed by its NOOP; all are counted."""
+    from dcptool.pipeline import metawriter
+
+    sizes = [3 << 20, 3 << 20, 3 << 20, 9 << 20, 100, 100, 5 << 20]
+    windows: list = [[]]
+
+    def setq(peer, frame):
+        windows[-1].append(len(frame.value))
+
+    def noop(peer, frame):
+        windows.append([])
+        peer.reply(frame)
+
+    peer = Peer({Opcode.SETQ_WITH_META: setq, Opcode.NOOP: noop})
+    writer = MetaWriter(peer.connection(timeout=30), 16, window=2000)
+    recs = [(MUTATION, b"k%d" % i, b"v" * n, 0, 0, 1, 100 + i, 0) for i, n in enumerate(sizes)]
+    counts = writer.write(recs).as_dict()
+    assert counts["restored"]["mutation"] == len(sizes)
+    sent = [w for w in windows if w]
+    assert [len(w) for w in sent] == [2, 1, 1, 3]  # 6 MiB, 3, 9 (alone), 5 MiB + 200 B
+    assert all(sum(w) <= metawriter.WINDOW_BYTES or len(w) == 1 for w in sent)
+    assert sum(sent, []) == sizes
+    peer.close()
