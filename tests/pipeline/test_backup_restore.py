@@ -184,6 +184,26 @@ def test_unclean_restart_between_backups_rolls_back(spark, tmp_path):
         assert node_documents(opts_for(dst)) == expected
 
 
+def test_large_documents_back_up_and_restore_whole(spark, tmp_path):
+    """Documents from 64 KiB to 4 MiB (larger than the node's sending quantum and than a
+    block, some larger than a restore window's byte budget together) among small ones."""
+    big = {f"big::{i}": {"i": i, "pad": chr(65 + i) * ((64 << 10) << i)} for i in range(7)}
+    small = {f"small::{i}": {"i": i} for i in range(200)}
+    with NodeProcess(tmp_path / "src", vbuckets=4) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {**big, **small}, 4)
+        want = node_documents(opts)
+        archive = tmp_path / "archive"
+        b = run_backup(opts, archive, spark=spark)
+        assert b.mutations == len(big) + len(small)
+    with NodeProcess(tmp_path / "dst", vbuckets=4) as dst:
+        run_restore(str(archive), opts_for(dst), spark=spark)
+        got = node_documents(opts_for(dst))
+    assert got == want
+    assert json.loads(got[b"big::6"][1])["pad"] == "G" * (4 << 20)
+
+
 def test_verify_names_a_flipped_byte(spark, tmp_path):
     with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
         opts = opts_for(node)
