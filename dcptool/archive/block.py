@@ -45,9 +45,7 @@ BLOCK_MARK = 0xC1
 _MARK = b"\xc1"
 _U32 = struct.Struct("<I")
 _M64 = (1 << 64) - 1
-_H63 = 1 << 63
 _ITEM = (False, False, False, True, True, True, False, False)
-_PACK = msgpack.Packer(use_bin_type=True).pack
 _MASK = bytes([1, 1, 1, 0, 0, 0, 1, 1] + [2] * 248)
 _FLUSH_BLOCK = zstandard.COMPRESSOBJ_FLUSH_BLOCK
 #: fields per item in BlockBuilder.rows

@@ -59,9 +59,6 @@ from .recovery import check_done, scan_vbucket, truncate_to_cut, vbucket_files
 SUMMARY_VERSION = 1
 _MUTATIONS = b"\x03" * 256  # record type bytes of a run of mutations
 _DCP_MUTATION = 0x57  # the kind of a DCP client mutation event (its opcode)
-#: the writers of this process that are open (created, not closed, aborted or collected)
-_OPEN_WRITERS: "weakref.WeakSet[VBucketWriter]" = weakref.WeakSet()
-
 #: what the open writers of this process hold in blocks not yet written, together (in
 #: BlockBuilder.size() units), as last accounted by each; each writer's share is in a cell
 #: of its own, taken back when it flushes, closes or is collected
@@ -151,7 +148,8 @@ class VBucketWriter:
         intent = load_backup_intent(archive_path, backup_id)
         comp = intent.get("compression", {})
         self.level = int(level if level is not None else comp.get("level", DEFAULT_LEVEL))
-        self._max_block = int(block_size or comp.get("block_size", DEFAULT_BLOCK_SIZE))
+        #: a block is written out once its content reaches this (BlockBuilder.size())
+        self._block = int(block_size or comp.get("block_size", DEFAULT_BLOCK_SIZE))
         #: the uncompressed bytes all open writers of this process buffer together: with
         #: many vbuckets open at once (a task streams hundreds, interleaved), once their
         #: blocks hold more than the budget, a writer that has appended a run writes its
@@ -160,7 +158,6 @@ class VBucketWriter:
         self._budget = int(block_budget or DEFAULT_BLOCK_BUDGET)
         self._held = [0]  # this writer's part of _HELD
         weakref.finalize(self, _release_cell, self._held)
-        self._block = self._max_block
         self._segment_bytes = int(segment_bytes or comp.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
         self._cctx = shared_compressor(self.level)
         self._pack = msgpack.Packer(use_bin_type=True).pack
@@ -216,11 +213,6 @@ class VBucketWriter:
             self.position = self.start
             self._open_segment(0)
             self._stream_record(self.start, self.failover_log)
-        _OPEN_WRITERS.add(self)
-
-    def _block_size(self) -> int:
-        """The largest block: block_size (the budget is kept by `_account`)."""
-        return self._max_block
 
     def _account(self) -> None:
         """Count this writer's block in the process's total; write it out when the total
@@ -235,8 +227,16 @@ class VBucketWriter:
             self._flush()
 
     def _uncount(self) -> None:
-        _OPEN_WRITERS.discard(self)
         _release_cell(self._held)
+
+    def _grew(self, blk: BlockBuilder) -> None:
+        """After a single record: write the block out when it is full, else count it in the
+        process's total each time it grew by _ACCOUNT_STEP."""
+        size = blk.size()
+        if size >= self._block:
+            self._flush()
+        elif size - self._held[0] >= _ACCOUNT_STEP:
+            self._account()
 
     # -- hot path ------------------------------------------------------------------------------
 
@@ -246,11 +246,7 @@ class VBucketWriter:
         blk.others.append((2, start, end, flags))  # SNAPSHOT (a literal: no global lookup)
         blk.kinds.append(2)
         self._ns += 1
-        size = blk.size()
-        if size >= self._block:
-            self._flush()
-        elif size - self._held[0] >= _ACCOUNT_STEP:
-            self._account()
+        self._grew(blk)
 
     def mutation(self, seqno: int, rev_seqno: int, cas: int, flags: int, expiry: int,
                  datatype: int, key: bytes, value: bytes, xattrs: bytes | None = None) -> None:
@@ -258,11 +254,7 @@ class VBucketWriter:
         blk.add((3, seqno, rev_seqno, cas, flags, expiry, datatype, key, value, xattrs))
         self._nm += 1
         self._vbytes += len(value)
-        size = blk.size()
-        if size >= self._block:
-            self._flush()
-        elif size - self._held[0] >= _ACCOUNT_STEP:
-            self._account()
+        self._grew(blk)
 
     def deletion(self, seqno: int, rev_seqno: int, cas: int, key: bytes, delete_time: int = 0,
                  datatype: int = 0, value: bytes = b"") -> None:
@@ -270,11 +262,7 @@ class VBucketWriter:
         blk.add((4, seqno, rev_seqno, cas, key, delete_time, datatype, value))  # DELETION
         self._nd += 1
         self._vbytes += len(value)
-        size = blk.size()
-        if size >= self._block:
-            self._flush()
-        elif size - self._held[0] >= _ACCOUNT_STEP:
-            self._account()
+        self._grew(blk)
 
     def expiration(self, seqno: int, rev_seqno: int, cas: int, key: bytes, delete_time: int = 0,
                    datatype: int = 0, value: bytes = b"") -> None:
@@ -282,11 +270,7 @@ class VBucketWriter:
         blk.add((5, seqno, rev_seqno, cas, key, delete_time, datatype, value))  # EXPIRATION
         self._ne += 1
         self._vbytes += len(value)
-        size = blk.size()
-        if size >= self._block:
-            self._flush()
-        elif size - self._held[0] >= _ACCOUNT_STEP:
-            self._account()
+        self._grew(blk)
 
     def mutation_events(self, events: Sequence[tuple], lo: int = 0, hi: int | None = None) -> None:
         """Append the DCP client's mutation events `events[lo:hi]` (all of this vbucket):
@@ -317,7 +301,6 @@ class VBucketWriter:
             copied = [e[:9] + (bytes(e[9]),) for e in events[lo:lo + n]]
             return lo + self._append_run(copied, 0, n, kind, vb)
         blk = self._blk
-        self._block = self._block_size()
         vbytes = 0
         done = lo
         while done < hi:
@@ -417,7 +400,6 @@ class VBucketWriter:
             self._close_segment(self._sync)
             self._open_segment(self._segment + 1)
         blk = self._blk
-        self._block = self._block_size()
         if self._held[0]:
             _release_cell(self._held)
         if not len(blk):

@@ -17,14 +17,15 @@ import struct
 import time
 
 from dcptool.protocol.constants import Datatype, MetaOption, Opcode, Status, VBucketState
+from dcptool.protocol.frame import HEADER
 
 from .access import Privilege
 from .item import DELETION, EXPIRATION, MUTATION, Item
 
 log = logging.getLogger("dcptool.node.connection")
 
-_HEADER = struct.Struct(">BBHBBHIIQ").unpack_from
-_RSP = struct.Struct(">BBHBBHIIQ").pack
+_HEADER = HEADER.unpack_from
+_RSP = HEADER.pack
 _META = struct.Struct(">IIQQ").unpack_from
 _META_OPTIONS = struct.Struct(">IIQQI").unpack_from
 _SET_EXTRAS = struct.Struct(">II").unpack_from

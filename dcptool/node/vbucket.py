@@ -231,11 +231,7 @@ class VBucket:
         it = self.items.get(key)
         if it is not None:
             return it
-        if key not in self.bloom:
-            self.cache.bloom_negatives += 1
-            self._absent = key
-            return None
-        it = self.cache.read(self.id, key)
+        it = self._disk_version(key)
         if it is None:
             self._absent = key
             return None

@@ -156,9 +156,9 @@ def _end_dict(pos: Position) -> dict[str, int]:
 
 def backup_consumer_config(name: str, **kw: Any) -> SessionConfig:
     """The DCP session a backup task opens (also used by `benchmarks/` for its replay)."""
-    # copy_values=True: with the columnar writer (format 2) packing a bytes value is cheaper
-    # than packing a memoryview into the receive buffer: 383k against 336k items/s, best of
-    # 3 on a 1M replay (benchmarks/run.py "values copied" / "memoryview values" rows)
+    # copy_values=True: values as bytes slices of the received chunk are cheaper to keep
+    # and pack than memoryviews: 674k against 467k items/s on the 1M replay of
+    # docs/performance.md ("backup task" / "memoryview values" rows)
     return SessionConfig(name=name, **{"consistent": True, "max_rollbacks": 16,
                                        "copy_values": True, **kw})
 
