@@ -127,24 +127,11 @@ class Bucket:
                 checkpoint_max_bytes=self.checkpoint_max_bytes,
             )
             self.vbuckets[vbid] = vb
-        loaded = 0
         vbs = self.vbuckets
-        keys = self._warm_up_full() if self.full_eviction else None
-        for vbid, item in (() if self.full_eviction else st.iter_items()):
-            vb = vbs.get(vbid)
-            if vb is None:
-                continue
-            vb.items[item.key] = item
-            if item.op == 0:
-                vb.live_items += 1
-            if item.cas > vb.max_cas:
-                vb.max_cas = item.cas
-            loaded += 1
-        # the expiry heap: only items with a TTL
-        for vb in (() if self.full_eviction else vbs.values()):
-            for it in vb.items.values():
-                if it.expiry and it.op == 0:
-                    self.expiry_heap.append((it.expiry, vb.id, it.key, it.seqno))
+        if self.full_eviction:
+            loaded, keys = 0, self._warm_up_full()
+        else:
+            loaded, keys = self._warm_up_value(), None
         heapq.heapify(self.expiry_heap)
         branched = []
         if not clean and not fresh:
@@ -170,6 +157,27 @@ class Bucket:
         if keys is not None:
             self.warmup["keys_on_disk"] = keys
         log.info("warm-up: %s", self.warmup)
+
+    def _warm_up_value(self) -> int:
+        """Value eviction: every document into its vbucket's hash table, the counts and CAS
+        clocks from them, the expiry heap from those with a TTL. Returns how many loaded."""
+        vbs = self.vbuckets
+        loaded = 0
+        for vbid, item in self.storage.iter_items():
+            vb = vbs.get(vbid)
+            if vb is None:
+                continue
+            vb.items[item.key] = item
+            if item.op == 0:
+                vb.live_items += 1
+            if item.cas > vb.max_cas:
+                vb.max_cas = item.cas
+            loaded += 1
+        for vb in vbs.values():
+            for it in vb.items.values():
+                if it.expiry and it.op == 0:
+                    self.expiry_heap.append((it.expiry, vb.id, it.key, it.seqno))
+        return loaded
 
     def _warm_up_full(self) -> int:
         """Full eviction: counts and CAS clocks from aggregate queries, the bloom filters

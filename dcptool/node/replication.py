@@ -65,8 +65,7 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
     limits = ck.max_items, ck.max_bytes
     ck.max_items = ck.max_bytes = 1 << 62
     entries = []
-    items = vb.items
-    full = vb.full
+    install = vb.install
     heap = bucket.expiry_heap
     high = vb.high_seqno
     try:
@@ -80,12 +79,7 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
             else:
                 item = Item(key, bytes(value), seq, rev, cas, 0, 0, dt, op,
                             expiry or int(time.time()))
-            if full:
-                vb._install(item)
-            else:
-                old = items.get(key)
-                vb.live_items += (op == MUTATION) - (old is not None and old.op == MUTATION)
-                items[key] = item
+            install(item)
             ck.queue(item)
             entries.append((vb.id, item))
             if cas > vb.max_cas:

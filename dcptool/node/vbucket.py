@@ -88,6 +88,8 @@ class VBucket:
         self.items: dict[bytes, Item] = {}
         #: the version of a key, resident or not (value eviction: the hash table's `get`)
         self.find: Callable[[bytes], Item | None] = self.items.get
+        #: make an item its key's newest version in the hash table, keeping the counts
+        self.install: Callable[[Item], None] = self._install_value
         #: live (not deleted) documents, kept as items change
         self.live_items = 0
         self.checkpoints = CheckpointManager(vbid, memory, start_seqno=high_seqno + 1,
@@ -116,7 +118,7 @@ class VBucket:
         #: the last key a lookup found absent (so the commit that follows does not ask again)
         self._absent: bytes | None = None
         self.find = self._find_full
-        self._commit = self._commit_full
+        self.install = self._install_full
 
     # -- identity -------------------------------------------------------------
 
@@ -177,17 +179,7 @@ class VBucket:
         seqno = self.high_seqno + 1
         self.high_seqno = seqno
         item.seqno = seqno
-        items = self.items
-        old = items.get(item.key)
-        self.live_items += (item.op == MUTATION) - (old is not None and old.op == MUTATION)
-        items[item.key] = item
-        return self._queue(item)
-
-    def _commit_full(self, item: Item) -> Item:
-        seqno = self.high_seqno + 1
-        self.high_seqno = seqno
-        item.seqno = seqno
-        self._install(item)
+        self.install(item)
         return self._queue(item)
 
     def _queue(self, item: Item) -> Item:
@@ -203,7 +195,13 @@ class VBucket:
                 w()
         return item
 
-    def _install(self, item: Item) -> None:
+    def _install_value(self, item: Item) -> None:
+        items = self.items
+        old = items.get(item.key)
+        self.live_items += (item.op == MUTATION) - (old is not None and old.op == MUTATION)
+        items[item.key] = item
+
+    def _install_full(self, item: Item) -> None:
         """Full eviction: make `item` the resident newest version of its key (it stays
         resident until the flusher committed it), keeping the counts."""
         key = item.key
