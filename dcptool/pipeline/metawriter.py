@@ -35,8 +35,8 @@ WITH_META_OPTS = struct.Struct(">IIQQI")
 MUTATION, DELETION, EXPIRATION = "mutation", "deletion", "expiration"
 _RETRY = {Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM}
 #: a request header and its SET/DEL_WITH_META extras in one precompiled struct
-_WITH_META_REQ = struct.Struct(">BBHBBHIIQ" + "IIQQ")
-_WITH_META_OPTS_REQ = struct.Struct(">BBHBBHIIQ" + "IIQQI")
+_WITH_META_REQ = struct.Struct(HEADER.format + WITH_META.format.lstrip(">"))
+_WITH_META_OPTS_REQ = struct.Struct(HEADER.format + WITH_META_OPTS.format.lstrip(">"))
 _SETQ_WITH_META = int(Opcode.SETQ_WITH_META)
 _DELQ_WITH_META = int(Opcode.DELQ_WITH_META)
 _IS_EXPIRATION = int(MetaOption.IS_EXPIRATION)
@@ -61,24 +61,6 @@ class WriteCounts:
                 mine[k] = mine.get(k, 0) + v
         self.retries += other.retries
         self.errors.extend(other.errors[: max(0, 10 - len(self.errors))])
-
-
-def encode_with_meta(kind: str, vbucket: int, opaque: int, key: bytes, value: bytes, flags: int,
-                     expiry: int, rev_seqno: int, cas: int, datatype: int, options: int) -> bytes:
-    """One SETQ_WITH_META or DELQ_WITH_META request, built with precompiled structs."""
-    if kind == MUTATION:
-        op = Opcode.SETQ_WITH_META
-    else:
-        op = Opcode.DELQ_WITH_META
-        if kind == EXPIRATION:
-            options |= MetaOption.IS_EXPIRATION
-    if options:
-        extras = WITH_META_OPTS.pack(flags, expiry, rev_seqno, cas, options)
-    else:
-        extras = WITH_META.pack(flags, expiry, rev_seqno, cas)
-    body = len(extras) + len(key) + len(value)
-    return b"".join((HEADER.pack(Magic.REQUEST, op, len(key), len(extras), datatype, vbucket, body,
-                                 opaque, 0), extras, key, value))
 
 
 #: a window holds at most this many value bytes (or one record, if that is larger): with
@@ -159,7 +141,7 @@ class MetaWriter:
         append = parts.append
         opaque = base
         for kind, key, value, flags, expiry, rev, cas, datatype in batch:
-            vb = ((crc32(key) >> 16) & 0x7FFF) % n
+            vb = ((crc32(key) >> 16) & 0x7FFF) % n  # vbucket_of, inlined (a call per record)
             klen = len(key)
             if kind == MUTATION:
                 if options:
