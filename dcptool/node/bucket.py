@@ -27,6 +27,7 @@ from dcptool.protocol.constants import VBucketState
 
 from .cache import BloomFilter, ResidentCache
 from .checkpoint import CheckpointMemory
+from .config import DEFAULT_MEMORY_QUOTA
 from .compaction import Purger
 from .hwt import HighWatermarkTable
 from .storage import FORMAT_VERSION, Storage
@@ -51,7 +52,7 @@ class Bucket:
         compaction_interval: float | None = None,
         hwt_default_ttl: float = 7 * 86400,
         eviction: str = "value",
-        memory_quota: int = 64 * 1024 * 1024,
+        memory_quota: int = DEFAULT_MEMORY_QUOTA,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.name = name
