@@ -1,6 +1,7 @@
 """Connection set-up: HELLO, SASL, SELECT_BUCKET, VERSION, NOOP, QUIT, GET_ERROR_MAP."""
 from __future__ import annotations
 
+import logging
 import struct
 
 from dcptool import __version__
@@ -10,6 +11,8 @@ from .. import errormap
 from ..access import Privilege
 from ..auth import MECHANISM_LIST, SaslSession
 from . import command
+
+log = logging.getLogger("dcptool.node.auth")
 
 _U16 = struct.Struct(">H")
 
@@ -69,9 +72,18 @@ def _sasl_result(conn, frame, result) -> None:
     elif status == "continue":
         conn.reply(frame, Status.AUTH_CONTINUE, value=payload)
     else:
+        sasl = conn.sasl
         conn.sasl = None
         conn.node.auth_failures += 1
-        conn.reply(frame, Status.AUTH_ERROR)
+        _log_failure(conn, sasl.mechanism, sasl.username, sasl.reason)
+        # kv_engine answers a malformed message (BAD_PARAM) EINVAL, a failed login AUTH_ERROR
+        conn.reply(frame, Status.EINVAL if sasl.bad_param else Status.AUTH_ERROR)
+
+
+def _log_failure(conn, mechanism, username, reason: str) -> None:
+    """One line per failed login: peer, mechanism, user and why; never a password or proof."""
+    who = f" as {username[:64]!r}" if username else ""
+    log.warning("%s: SASL %s login failed%s: %s", conn.peer, str(mechanism)[:32], who, reason)
 
 
 @command(Opcode.SASL_AUTH, pre_auth=True, bucket=False)
@@ -83,6 +95,8 @@ def sasl_auth(conn, frame, msg) -> None:
 @command(Opcode.SASL_STEP, pre_auth=True, bucket=False)
 def sasl_step(conn, frame, msg) -> None:
     if conn.sasl is None:
+        conn.node.auth_failures += 1
+        _log_failure(conn, msg.mechanism, None, "SASL_STEP without SASL_AUTH")
         conn.reply(frame, Status.AUTH_ERROR)
         return
     _sasl_result(conn, frame, conn.sasl.step(msg.mechanism, msg.payload))
