@@ -76,7 +76,8 @@ EXIT_STATUS = (
     (EXIT_FAILURE, "Failure: the work could not be done (the node could not be reached, a "
                    "task failed, ...), or a check found problems (verify, decode, examine)."),
     (EXIT_USAGE, "Usage error: bad options or arguments, no such archive, no password given."),
-    (EXIT_LOCKED, "The archive is locked by another backup or merge; try again later."),
+    (EXIT_LOCKED, "The archive is locked by another backup or merge, or (node start) a "
+                  "running node holds the data directory; try again later."),
     (EXIT_ROLLBACK, "tail --fail-on-rollback: the node asked for a rollback."),
     (EXIT_INTERRUPTED, "Interrupted (Ctrl-C or SIGTERM where the command does not handle it)."),
     (EXIT_BROKEN_PIPE, "Standard output was closed early (for example piped into head)."),

@@ -40,8 +40,9 @@ EXIT_NOTES: dict[str, tuple[tuple[int, ...], str]] = {
     "tail": ((4,), "0 on Ctrl-C or SIGTERM, after --state is saved. 4 with --fail-on-rollback "
                    "when the node asks for a rollback."),
     "doc": ((), "1 when get or delete finds no such document."),
-    "node": ((), "node start: 0 after a clean stop on SIGTERM or SIGINT; 1 when it cannot "
-                 "listen on the address."),
+    "node": ((3,), "node start: 0 after a clean stop on SIGTERM or SIGINT; 1 when it cannot "
+                   "listen on the address; 3 when another running node holds the data "
+                   "directory."),
 }
 
 #: per command: files it reads or writes

@@ -151,6 +151,11 @@ def start(
         os.chmod(data, 0o700)
     except OSError as exc:
         raise DcptoolError(f"cannot create {data}: {exc.strerror}") from None
+    from dcptool.node.datalock import DataDirLock
+
+    # one node per directory, held until this process ends; taken before anything in the
+    # directory (users, logs, database) is touched
+    lock = DataDirLock(data).acquire()
     _setup_logging(data, level)
     password = _cli_password(password, password_file)
     users = Users.load(data)
@@ -178,6 +183,8 @@ def start(
     except BaseException as exc:
         log.error("stopped by %s", type(exc).__name__, extra=_FILE_ONLY)
         raise
+    finally:
+        lock.release()
     log.info("exited (pid %d)", os.getpid())
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from dcptool.errors import DcptoolError
 
+from .datalock import LOCK_FILE, holder, is_locked
 from .server import NODE_FILE
 from .storage import SEQNO_MASK, row_id
 
@@ -175,6 +176,16 @@ def node_status(data_dir: Path, *, username: str | None = None,
                            hint="start one with 'dcptool node start --data DIR'")
     if node:
         info.update({k: node.get(k) for k in ("host", "port", "pid", "bucket", "vbuckets")})
+    if (data_dir / LOCK_FILE).exists():
+        # the node's lock says who runs here: node.json counts only when it is the holder's
+        info["running"] = is_locked(data_dir)
+        held_by = holder(data_dir).get("pid") if info["running"] else None
+        if held_by is not None and node.get("pid") != held_by:
+            info.update({"pid": held_by, "host": None, "port": None})
+            node = {}
+        info["running"] = info["running"] and bool(node) and _port_open(node["host"],
+                                                                        node["port"])
+    elif node:
         pid = node.get("pid")
         if isinstance(pid, int) and _pid_alive(pid) and _port_open(node["host"], node["port"]):
             info["running"] = True
