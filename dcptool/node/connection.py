@@ -74,8 +74,8 @@ class Connection(asyncio.BufferedProtocol):
     * `authenticated`/`user`: set by a successful SASL exchange.
     * `bucket`: the selected bucket (None until SELECT_BUCKET, or auto-selected when the
       user has the bucket's name).
-    * `features`: HELLO features in force; `xerror`, `json`, `xattr`, `mutation_seqno`
-      are shortcuts read on hot paths.
+    * `features`: HELLO features in force; `xerror`, `json`, `xattr`, `snappy`,
+      `mutation_seqno` are shortcuts read on hot paths.
     * `sasl`: the SASL exchange in progress.
     * `producer`: the DCP producer once DCP_OPEN succeeded.
     """
@@ -102,6 +102,7 @@ class Connection(asyncio.BufferedProtocol):
         self.xerror = False
         self.json = False
         self.xattr = False
+        self.snappy = False
         self.mutation_seqno = False
         self.sasl: Any = None
         self.producer: "Producer | None" = None

@@ -4,11 +4,11 @@ straight from a connection's read buffer.
 A restore or a bulk load sends thousands of such requests per read. `take_writes` walks
 them with one precompiled header unpack per frame and no `Frame` or message object, and
 stores each version through the vbucket's `_commit` like any other change. A request
-that needs anything out of the ordinary (flexible framing, a request CAS, xattrs, an
-expiry to convert, unusual meta options or extras, a value that might be JSON without
-saying so, a vbucket this node does not hold active, a user without the privilege, ...)
-ends the run: the generic dispatch (`Connection.dispatch`) takes that frame with all its
-checks, so the answers are the same either way.
+that needs anything out of the ordinary (flexible framing, a request CAS, xattrs, a
+Snappy-compressed value, an expiry to convert, unusual meta options or extras, a value
+that might be JSON without saying so, a vbucket this node does not hold active, a user
+without the privilege, ...) ends the run: the generic dispatch (`Connection.dispatch`)
+takes that frame with all its checks, so the answers are the same either way.
 """
 from __future__ import annotations
 

@@ -13,6 +13,10 @@ Shared state, and why it exists:
 * noop: with `enable_noop`, a DCP_NOOP goes out every `set_noop_interval` seconds
   when the previous one was answered; a connection whose noop stays unanswered and
   that sends nothing for two intervals is closed.
+* `force_compression`: `force_value_compression=true` on a connection that negotiated
+  Snappy. Every non-empty value then goes out Snappy-compressed with the SNAPPY bit
+  (unless compressing would make it larger); flow control counts the compressed size.
+  The streams' fast path is off meanwhile, so the uncompressed path is unchanged.
 
 The producer writes in batches: `pump` runs from the event loop (never inside a
 request handler), fills one output list from the ready streams and writes it with one
@@ -28,6 +32,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from dcptool.protocol.constants import DcpOpenFlag, Opcode, Status, StreamEndReason
+from dcptool.protocol.snappy import SNAPPY, compress_if_smaller
 
 from . import dcpwire as w
 from .decisions import TAKEOVER_DONE, TAKEOVER_SEND_DEAD, TAKEOVER_WAIT_ACTIVE
@@ -85,6 +90,7 @@ class Producer:
         self.hifi_mfu = False
         self.v7_status = False
         self.backfill_order = "round-robin"
+        self.force_compression = False
         # counters
         self.bytes_sent = 0
         self.frames_batches = 0
@@ -96,7 +102,7 @@ class Producer:
 
     def _update_mode(self) -> None:
         # the streams' fast path handles plain mutations; anything else goes through encode()
-        self.simple = not (self.no_value or self.keep_datatype)
+        self.simple = not (self.no_value or self.keep_datatype or self.force_compression)
         self.strip_mask = 0 if self.include_xattrs else 0x04
 
     # -- streams -------------------------------------------------------------------------
@@ -200,6 +206,14 @@ class Producer:
         val, dt2 = payload(value, dt, op, include_xattrs=self.include_xattrs,
                            no_value=self.no_value or self.keep_datatype,
                            keep_datatype=self.keep_datatype)
+        if self.force_compression and val and self.conn.snappy:
+            # kv_engine's ActiveStream::makeResponseFromItem compresses what is left after
+            # stripping (body and/or xattrs) when it is not empty; a value whose compressed
+            # form would be larger goes as it is (Item::compressValue)
+            packed = compress_if_smaller(val)
+            if packed is not None:
+                val = packed
+                dt2 |= SNAPPY
         if op == MUTATION:
             return w.mutation(vb, opq, key, val, dt2, cas, seqno, rev, flags, expiry, sid)
         if op == EXPIRATION and self.expiry_opcode and self.delete_times:
@@ -331,8 +345,16 @@ class Producer:
         if key in ("enable_sync_writes", "change_streams", "stream_buffer_size", "cache_transfer",
                    "max_marker_version"):
             return Status.NOT_SUPPORTED
-        # force_value_compression needs Snappy, enable_out_of_order_snapshots and
-        # flatbuffers_system_events need collections: none negotiated here. Unknown keys too.
+        if key == "force_value_compression":
+            # kv_engine (DcpProducer::control): EINVAL unless the connection negotiated
+            # Snappy; then "true" turns it on and any other value off
+            if not self.conn.snappy:
+                return Status.EINVAL
+            self.force_compression = v == "true"
+            self._update_mode()
+            return Status.SUCCESS
+        # enable_out_of_order_snapshots and flatbuffers_system_events need collections,
+        # which this node does not negotiate. Unknown keys too.
         return Status.EINVAL
 
     # -- teardown and stats ---------------------------------------------------------------------

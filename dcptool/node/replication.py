@@ -32,6 +32,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from dcptool.protocol.constants import SEQNO_MAX, StreamEndReason, VBucketState
+from dcptool.protocol.snappy import SNAPPY, decompress
 
 from . import hwtrepl
 from .cluster import ClusterMap, load_map, save_map
@@ -48,6 +49,8 @@ _REPLICA = int(VBucketState.REPLICA)
 _OPS = {0x57: MUTATION, 0x58: DELETION, 0x59: EXPIRATION}
 #: seconds between reconnection attempts to a source that cannot be reached
 RETRY_DELAY = 0.2
+#: the largest value a replica inflates (the front end's document limit plus xattrs)
+MAX_INFLATED = 21 * 1024 * 1024
 
 
 # ---------------------------------------------------------------------------
@@ -58,8 +61,12 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
     """Apply one complete snapshot received from the source. Returns the new high seqno.
 
     The records keep the source's metadata; the snapshot becomes one checkpoint and goes
-    to the flusher in one `deque.extend` (the flusher cannot split it).
+    to the flusher in one `deque.extend` (the flusher cannot split it). A value that came
+    Snappy-compressed is stored decompressed, like every value the node holds; one that
+    does not decompress fails the whole snapshot before anything of it is applied.
     """
+    if any(rec[7] & SNAPPY for rec in records):
+        records = [_decompressed(rec) for rec in records]
     ck = vb.checkpoints
     ck.close_open()
     limits = ck.max_items, ck.max_bytes
@@ -102,6 +109,15 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
         for w in waiters:
             w()
     return high
+
+
+def _decompressed(rec):
+    """A received record with its value decompressed and the SNAPPY bit cleared."""
+    kind, vbid, seq, rev, cas, flags, expiry, dt, key, value = rec
+    if not dt & SNAPPY:
+        return rec
+    value = decompress(value, MAX_INFLATED)
+    return (kind, vbid, seq, rev, cas, flags, expiry, dt & ~SNAPPY, key, value)
 
 
 def rollback_target(vb: "VBucket", seqno: int) -> int:

@@ -44,6 +44,8 @@ class Opcode(enum.IntEnum):
     ADDQ = 0x12
     REPLACEQ = 0x13
     DELETEQ = 0x14
+    APPENDQ = 0x19
+    PREPENDQ = 0x1A
     HELLO = 0x1F
     SASL_LIST_MECHS = 0x20
     SASL_AUTH = 0x21

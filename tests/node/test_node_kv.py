@@ -97,7 +97,8 @@ def test_hello_echoes_what_the_node_implements(shared_node):
                  Feature.DUPLEX, Feature.TRACING, 0x7777]
         got = c.hello(*asked)
         assert got == sorted([Feature.TCP_NODELAY, Feature.MUTATION_SEQNO, Feature.XATTR,
-                              Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON])
+                              Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON,
+                              Feature.SNAPPY])
         # ClustermapChangeNotification without Duplex is an invalid combination
         f = c.call(Opcode.HELLO, key=b"x", value=struct.pack(">H", 0x0D))
         assert f.status == Status.EINVAL

@@ -1,9 +1,13 @@
-"""Key-value commands: GET, SET, ADD, REPLACE, DELETE and their quiet forms.
+"""Key-value commands: GET, SET, ADD, REPLACE, DELETE, APPEND, PREPEND and their quiet forms.
 
 These are the ingest hot path, so they read the `Frame` directly instead of building a
 typed message. Expiry follows the memcached convention (relative up to 30 days);
 a non-zero request CAS must match the stored one. With MutationSeqno negotiated a
 successful mutation answers with the vbucket uuid and the seqno it got.
+
+A value with the SNAPPY datatype bit (only from a connection that negotiated Snappy) is
+decompressed first (`inflated`) and then checked and stored like any other: the node
+keeps values decompressed, so reads never carry the bit (docs/snappy.md).
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import struct
 import time
 
 from dcptool.protocol.constants import DATATYPE_MASK, Datatype, Opcode, Status, VBucketState
+from dcptool.protocol.errors import ProtocolError
+from dcptool.protocol.snappy import SnappyTooLarge, decompress
 
 from .. import decisions
 from ..access import Privilege
@@ -36,7 +42,11 @@ _SET_MODE = {
     Opcode.REPLACE: 2, Opcode.REPLACEQ: 2,
 }
 _QUIET = frozenset({Opcode.SETQ, Opcode.ADDQ, Opcode.REPLACEQ, Opcode.DELETEQ,
-                    Opcode.GETQ, Opcode.GETKQ})
+                    Opcode.GETQ, Opcode.GETKQ, Opcode.APPENDQ, Opcode.PREPENDQ})
+#: APPEND/PREPEND take raw, JSON or Snappy values, never XATTR (kv_engine's
+#: append_prepend_validator in daemon/mcbp_validators.cc has the same mask)
+_APPEND_DATATYPES = _JSON | _SNAPPY
+_APPENDS = frozenset({Opcode.APPEND, Opcode.APPENDQ})
 
 
 def not_my_vbucket(conn, frame) -> None:
@@ -56,9 +66,49 @@ def active_vbucket(conn, frame):
     return vb
 
 
-def check_datatype(conn, frame, value: bytes) -> int | None:
-    """The datatype to store for a client's value, or None after answering an error."""
-    dt = frame.datatype
+def inflated(conn, frame, value: bytes) -> bytes | None:
+    """The decompressed value of a request whose datatype has SNAPPY, or None after
+    answering an error.
+
+    As kv_engine's request validator does (McbpValidator::verify_header in
+    daemon/mcbp_validators.cc): a datatype above 0x07 or a bit the connection did not
+    negotiate is EINVAL, a value that does not inflate is EINVAL, and only then are the
+    xattrs of the inflated value checked (by the caller). A value that inflates to more
+    than the largest document is E2BIG, as the engine answers for any oversized item.
+    """
+    if frame.datatype & ~DATATYPE_MASK or not conn.snappy:
+        conn.reply(frame, Status.EINVAL)
+        return None
+    if not value:  # not a Snappy block: it lacks even the length varint
+        conn.reply(frame, Status.EINVAL)
+        return None
+    try:
+        return decompress(value, MAX_VALUE)
+    except SnappyTooLarge:
+        conn.reply(frame, Status.E2BIG)
+    except ProtocolError:
+        conn.reply(frame, Status.EINVAL)
+    return None
+
+
+def _is_json(body: bytes) -> bool:
+    """Is `body` a JSON object or array (white space around it allowed)?"""
+    if body.lstrip(b" \t\r\n")[:1] not in (b"{", b"["):
+        return False
+    try:
+        json.loads(body)
+    except ValueError:
+        return False
+    return True
+
+
+def check_datatype(conn, frame, value: bytes, dt: int | None = None) -> int | None:
+    """The datatype to store for a client's value, or None after answering an error.
+
+    `dt` is the request's datatype once a compressed value was inflated (without SNAPPY).
+    """
+    if dt is None:
+        dt = frame.datatype
     if dt & _BAD_DATATYPE:
         conn.reply(frame, Status.EINVAL)
         return None
@@ -100,12 +150,17 @@ def store(conn, frame) -> None:
     if len(value) > MAX_VALUE:
         conn.reply(frame, Status.E2BIG)
         return
+    dt = frame.datatype
+    if dt & _SNAPPY:
+        value = inflated(conn, frame, value)
+        if value is None:
+            return
+        dt &= ~_SNAPPY
     vb = active_vbucket(conn, frame)
     if vb is None:
         return
-    dt = frame.datatype
     if dt or value[:1] in (b"{", b"["):
-        dt = check_datatype(conn, frame, value)
+        dt = check_datatype(conn, frame, value, dt)
         if dt is None:
             return
     flags, expiry = _STORE_EXTRAS.unpack(extras)
@@ -138,6 +193,63 @@ def delete(conn, frame) -> None:
         return
     conn.wrote = True
     res = vb.delete(frame.key, cas=frame.cas)
+    if res.status:
+        conn.reply(frame, res.status)
+        return
+    if frame.opcode in _QUIET:
+        return
+    conn.reply(frame, cas=res.item.cas, extras=mutation_extras(conn, vb, res.item))
+
+
+@command(Opcode.APPEND, Opcode.PREPEND, Opcode.APPENDQ, Opcode.PREPENDQ, decode=False,
+         privilege=Privilege.WRITE)
+def append_prepend(conn, frame) -> None:
+    """APPEND/PREPEND: add the request's value after/before the stored body.
+
+    memcached semantics, as kv_engine's AppendPrependCommandContext applies them: no
+    extras; a missing key is NOT_STORED; a non-zero CAS must match; the new version
+    keeps the document's flags and expiry, and its xattrs stay in front of the body; the
+    JSON bit follows from the resulting body.
+    """
+    key = frame.key
+    if frame.extras or not key or len(key) > MAX_KEY:
+        conn.reply(frame, Status.EINVAL)
+        return
+    dt = frame.datatype
+    if dt & ~_APPEND_DATATYPES or (dt & _JSON and not conn.json):
+        conn.reply(frame, Status.EINVAL)
+        return
+    value = frame.value
+    if len(value) > MAX_VALUE:
+        conn.reply(frame, Status.E2BIG)
+        return
+    if dt & _SNAPPY:
+        value = inflated(conn, frame, value)
+        if value is None:
+            return
+    vb = active_vbucket(conn, frame)
+    if vb is None:
+        return
+    now = time.time()
+    old = vb.get(key, now)
+    if old is None:
+        conn.reply(frame, Status.NOT_STORED)
+        return
+    if frame.cas and frame.cas != old.cas:
+        conn.reply(frame, Status.KEY_EEXISTS)
+        return
+    if old.datatype & _XATTR:
+        xattrs, body = split_xattrs(old.value)
+    else:
+        xattrs, body = b"", old.value
+    body = body + value if frame.opcode in _APPENDS else value + body
+    if len(xattrs) + len(body) > MAX_VALUE:
+        conn.reply(frame, Status.E2BIG)
+        return
+    new_dt = (old.datatype & _XATTR) | (_JSON if _is_json(body) else 0)
+    conn.wrote = True
+    res = vb.store(key, xattrs + body, old.flags, old.expiry, new_dt, cas=old.cas, mode=2,
+                   now=now)
     if res.status:
         conn.reply(frame, res.status)
         return

@@ -5,6 +5,9 @@ expiry the client brings, if it wins revision-seqno conflict resolution against 
 stored version (fact sheet 4.14; `decisions.with_meta_wins`). FORCE (0x01) and
 SKIP_CONFLICT_RESOLUTION (0x08) store it regardless; REGENERATE_CAS (0x04, only with
 0x08) gives it a fresh local CAS. A loss answers KEY_EEXISTS.
+
+A Snappy-compressed value (SNAPPY bit, from a connection that negotiated Snappy) is
+inflated before anything else looks at it and stored decompressed (docs/snappy.md).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from dcptool.protocol.messages import GetMeta, SetWithMeta
 from ..access import Privilege
 from ..item import MUTATION, valid_xattr_blob
 from . import command
-from .kv import active_vbucket, mutation_extras
+from .kv import active_vbucket, inflated, mutation_extras
 
 _GET_META = struct.Struct(">IIIQ")
 
@@ -46,8 +49,7 @@ def get_meta(conn, frame, msg) -> None:
     conn.reply(frame, extras=extras, cas=item.cas)
 
 
-def _validate_datatype(conn, frame, value: bytes) -> bool:
-    dt = frame.datatype
+def _validate_datatype(conn, frame, value: bytes, dt: int) -> bool:
     if dt & ~DATATYPE_MASK or dt & Datatype.SNAPPY:
         conn.reply(frame, Status.EINVAL)
         return False
@@ -79,10 +81,18 @@ def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
             conn.reply(frame, Status.EINVAL)
             return
         value = value[:len(value) - msg.nmeta]
-    if deletion and value and not frame.datatype & Datatype.XATTR:
+    dt = frame.datatype
+    if dt & Datatype.SNAPPY:
+        # the extended-meta trailer (nmeta) is not part of the document: only the value
+        # before it is compressed
+        value = inflated(conn, frame, value)
+        if value is None:
+            return
+        dt &= ~Datatype.SNAPPY
+    if deletion and value and not dt & Datatype.XATTR:
         conn.reply(frame, Status.EINVAL)
         return
-    if not _validate_datatype(conn, frame, value):
+    if not _validate_datatype(conn, frame, value, dt):
         return
     if msg.meta_cas == 0 and not options & MetaOption.REGENERATE_CAS:
         conn.reply(frame, Status.EINVAL)
@@ -99,7 +109,7 @@ def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
     conn.wrote = True
     res = vb.store_with_meta(
         msg.key, value, flags=msg.flags, expiry=msg.expiry, rev=msg.rev_seqno,
-        meta_cas=msg.meta_cas, datatype=frame.datatype, options=options, cas=frame.cas,
+        meta_cas=msg.meta_cas, datatype=dt, options=options, cas=frame.cas,
         deletion=deletion, now=now)
     if res.status:
         conn.reply(frame, res.status)

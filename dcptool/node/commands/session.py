@@ -19,7 +19,7 @@ _U16 = struct.Struct(">H")
 #: HELLO features this node implements (echoed when asked for)
 SUPPORTED_FEATURES = frozenset({
     Feature.TCP_NODELAY, Feature.MUTATION_SEQNO, Feature.XATTR, Feature.XERROR,
-    Feature.SELECT_BUCKET, Feature.JSON, Feature.ALT_REQUEST_SUPPORT,
+    Feature.SELECT_BUCKET, Feature.JSON, Feature.ALT_REQUEST_SUPPORT, Feature.SNAPPY,
 })
 #: feature -> features it needs (asking for it without them is EINVAL)
 _REQUIRES = {
@@ -48,6 +48,7 @@ def hello(conn, frame, msg) -> None:
     conn.xerror = Feature.XERROR in conn.features
     conn.json = Feature.JSON in conn.features
     conn.xattr = Feature.XATTR in conn.features
+    conn.snappy = Feature.SNAPPY in conn.features
     conn.mutation_seqno = Feature.MUTATION_SEQNO in conn.features
     conn.reply(frame, value=b"".join(_U16.pack(f) for f in enabled))
 
