@@ -1,6 +1,6 @@
 """Issue 11's measurements in one run on one machine: a table on stdout and a JSON file.
 
-    python -m benchmarks run [--quick] [--json FILE] [--only limit,task,node,ingest,e2e,rss]
+    python -m benchmarks run [--quick] [--json FILE] [--only limit,task,node,ingest,e2e,rss,snappy]
 
 1. limit: a DCP stream recorded from a reference node (N mutations, 256-byte JSON values,
    16 vbuckets) replayed from a socket into (a) receive only, (b) header parsing only,
@@ -13,7 +13,11 @@
    into a second node;
 6. rss: peak RSS of the backup task (a fresh process replaying a synthetic stream of 1024
    vbuckets, all in one task) and of the node (disk drain, after a restart) for N and 4N
-   documents (4N skipped with --quick).
+   documents (4N skipped with --quick);
+7. snappy: backup items/s with Snappy negotiated and every value compressed against the
+   same backup without it, in alternating rounds on one node (`benchmarks/snappy_backup.py`:
+   the task loop alone and `run_backup` through Spark; 200,000 documents of ~0.9 KB JSON
+   like the travel sample's, 100,000 with --quick), as a ratio to the one without.
 
 N is 1,000,000 (200,000 with --quick). The existing benchmark modules do the work; this
 module only runs them and collects their figures.
@@ -36,10 +40,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
-from benchmarks import backup_restore, client_replay as cr, node_drain, node_ingest  # noqa: E402
+from benchmarks import (  # noqa: E402
+    backup_restore,
+    client_replay as cr,
+    node_drain,
+    node_ingest,
+    snappy_backup,
+)
 
 VALUE_SIZE = 256
-SECTIONS = ("limit", "task", "node", "ingest", "e2e", "rss")
+SECTIONS = ("limit", "task", "node", "ingest", "e2e", "rss", "snappy")
 
 
 def _best(fn, repeat: int) -> tuple:
@@ -229,6 +239,14 @@ def table(res: dict) -> str:
         row("4 archive / raw values", e["archive_vs_raw"], "")
         row("4 archive / zstd -3 of raw values", e["archive_vs_zstd3"], "")
         row("5 restore end to end", e["restore_items_per_s"], "items/s")
+    sn = res.get("snappy")
+    if sn:
+        for way, name in (("task", "task loop"), ("e2e", "end to end")):
+            r = sn.get(way, {}).get("snappy")
+            if r:
+                row(f"7 backup {name}, snappy / off", r["ratio_to_off"],
+                    f"x; {r['best_items_per_s']} against {sn[way]['off']['best_items_per_s']} "
+                    f"items/s (median ratio {r['median_ratio_to_off']})")
     rs = res.get("rss")
     if rs:
         for k, v in rs.items():
@@ -282,6 +300,10 @@ def main(argv: list[str] | None = None) -> dict:
         if "rss" in sections:
             print("peak memory (item 6)", file=sys.stderr, flush=True)
             res["rss"] = measure_rss(n, a.quick, tmp, res.get("node", {}).get("drain_disk"))
+        if "snappy" in sections:
+            print("backup with and without Snappy (item 7)", file=sys.stderr, flush=True)
+            res["snappy"] = snappy_backup.run(min(n, 100_000 if a.quick else 200_000), 64,
+                                              3 if a.quick else 5)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     res["seconds"] = round(time.perf_counter() - t0, 1)

@@ -14,6 +14,7 @@ from dcptool.cli.connopts import (
     ConnOptions,
     NoVerifyOpt,
     PasswordOpt,
+    SnappyOpt,
     UsernameOpt,
 )
 from dcptool.cli.output import console, detail, note, print_json, show_progress
@@ -46,6 +47,7 @@ def backup(
     bucket: BucketOpt = "default",
     cacert: CacertOpt = None,
     no_verify: NoVerifyOpt = False,
+    snappy: SnappyOpt = None,
     full: Annotated[bool, typer.Option("--full", help="Take a full backup even if the archive "
                                                        "has backups.")] = False,
     vbuckets: Annotated[Optional[str], typer.Option("--vbuckets", metavar="LIST",
@@ -84,7 +86,8 @@ def backup(
     from dcptool.pipeline.backup import run_backup
 
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify)
+    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify,
+                                snappy=snappy)
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     show = show_progress(no_progress or json_out)
     err = console(stderr=True)

@@ -27,8 +27,10 @@ from typing import Annotated, Any, Optional
 import typer
 
 from dcptool.client.options import (  # noqa: F401  (re-exported)
+    DEFAULT_SNAPPY,
     DEFAULT_USERNAME,
     PASSWORD_FILE_ENV,
+    SNAPPY_ENV,
     ConnOptions,
     read_password_file,
 )
@@ -68,6 +70,12 @@ NoVerifyOpt = Annotated[bool, typer.Option(
 TimeoutOpt = Annotated[float, typer.Option(
     "--timeout", rich_help_panel=PANEL, metavar="SECONDS",
     help="Seconds to wait for the node to answer.")]
+SnappyOpt = Annotated[Optional[bool], typer.Option(
+    "--snappy/--no-snappy", envvar=SNAPPY_ENV, rich_help_panel=PANEL, show_default=False,
+    help="Negotiate Snappy and ask the node to send every value compressed: fewer bytes on "
+         "the wire, more CPU on both ends (default "
+         + ("on" if DEFAULT_SNAPPY else "off") + "; it pays on a slow network). "
+         "Compressed values are decompressed either way.")]
 
 
 def _password_file_option():

@@ -24,6 +24,7 @@ from dcptool.cli.connopts import (
     ConnOptions,
     NoVerifyOpt,
     PasswordOpt,
+    SnappyOpt,
     TimeoutOpt,
     UsernameOpt,
 )
@@ -135,34 +136,43 @@ def get_doc(
     cacert: CacertOpt = None,
     no_verify: NoVerifyOpt = False,
     timeout: TimeoutOpt = 10.0,
+    snappy: SnappyOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Print one document's value (with --json: its value and metadata); exit status 1 if
-    there is no such document.
+    there is no such document. A value the node sends snappy-compressed is printed
+    decompressed (and --json reports the datatype without the snappy bit).
 
     Example: dcptool doc get airline_10 --json
     """
-    from dcptool.protocol import Get, vbucket_of
+    from dcptool.protocol import Get, ProtocolError, vbucket_of
+    from dcptool.protocol.snappy import plain
 
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
+    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout,
+                                snappy=snappy)
     k = key.encode("utf-8")
     with opts.connect() as conn:
         vb = vbucket_of(k, _vbuckets(conn))
         rsp = conn.request(Get(key=k, vbucket=vb))
         _check(rsp, "GET", key, conn)
-    value = bytes(rsp.value)
+    try:
+        value, datatype = plain(rsp.value, rsp.datatype)
+    except ProtocolError as exc:
+        raise DcptoolError(f"{opts.address} sent '{key}' snappy-compressed, but the value "
+                           f"does not decompress: {exc.reason}") from None
+    value = bytes(value)
     if not json_out:
         sys.stdout.buffer.write(value + (b"" if value.endswith(b"\n") else b"\n"))
         sys.stdout.flush()
         return
     out = {"key": key, "vbucket": vb, "cas": rsp.cas, "flags": rsp.flags,
-           "datatype": rsp.datatype}
+           "datatype": datatype}
     try:
         text = value.decode("utf-8")
     except UnicodeDecodeError:
         out["value_base64"] = base64.b64encode(value).decode("ascii")
     else:
-        out["value"] = json.loads(text) if rsp.datatype & 1 and _is_json(value) else text
+        out["value"] = json.loads(text) if datatype & 1 and _is_json(value) else text
     print_json(out)
 
 

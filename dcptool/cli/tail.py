@@ -22,6 +22,7 @@ from dcptool.cli.connopts import (
     ConnOptions,
     NoVerifyOpt,
     PasswordOpt,
+    SnappyOpt,
     TimeoutOpt,
     UsernameOpt,
 )
@@ -267,11 +268,13 @@ def tail(
     cacert: CacertOpt = None,
     no_verify: NoVerifyOpt = False,
     timeout: TimeoutOpt = 10.0,
+    snappy: SnappyOpt = None,
 ) -> None:
     """Follow changes as they happen; Ctrl-C saves --state and exits 0.
 
     Prints one line (or, with --json, one JSON object) per mutation, deletion and
-    expiration, plus snapshot markers, rollbacks and stream ends.
+    expiration, plus snapshot markers, rollbacks and stream ends. Values are shown
+    decompressed (a value the node sent snappy-compressed, e.g. with --snappy, too).
 
     Example: dcptool tail -c couchbase://127.0.0.1 --from beginning --until-idle 2 --json
     Example: dcptool tail --state tail.state --keys-only
@@ -303,7 +306,8 @@ def tail(
     saved = None
     if start not in ("beginning", "now"):
         saved = load_state(start)
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
+    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout,
+                                snappy=snappy)
     if saved is not None and saved.bucket and saved.bucket != opts.bucket:
         raise UsageError(f"state file {start} holds positions of bucket '{saved.bucket}', "
                          f"not '{opts.bucket}'")
@@ -423,6 +427,8 @@ def tail(
         if reporter is not None:
             reporter.close()
     if verbose or is_verbose():
+        inflated = getattr(consumer.session, "values_decompressed", 0)
         print(f"dcptool tail: {printed} documents shown ({records} changes received), "
               f"{consumer.session.noops_answered} noops answered"
+              + (f", {inflated} values arrived snappy-compressed" if inflated else "")
               + (f", state saved to {state}" if state is not None else ""), file=sys.stderr)

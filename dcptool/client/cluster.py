@@ -25,6 +25,7 @@ from dcptool.protocol.messages import GetClusterConfig
 
 from .connection import Connection, raise_for_status
 from .errors import ClientError, RequestFailed
+from .session import VALUE_COUNTERS
 
 CLUSTER_SET_MAP = 0xE8
 REPLICATION_HOLD = 0xE9
@@ -201,6 +202,13 @@ class _Counters:
         return self._owner.noops_answered + sum(
             c.session.noops_answered for c in self._owner.consumers.values())
 
+    def __getattr__(self, name: str) -> int:
+        # the compressed-value counters (VALUE_COUNTERS) of every connection, closed ones too
+        if name not in VALUE_COUNTERS:
+            raise AttributeError(name)
+        return self._owner.closed_counts.get(name, 0) + sum(
+            getattr(c.session, name) for c in self._owner.consumers.values())
+
 
 class ClusterConsumer:
     """DcpConsumer's interface over a cluster: each vbucket streams from its active node.
@@ -226,6 +234,8 @@ class ClusterConsumer:
         self.orphans: set[int] = set()
         self.finished: set[int] = set()
         self.noops_answered = 0
+        #: counters of the connections closed so far (see _Counters)
+        self.closed_counts: dict[str, int] = {}
         self.session = _Counters(self)
         self._next_refresh = 0.0
         self.moves = 0
@@ -316,6 +326,9 @@ class ClusterConsumer:
         if vbs is None or (c is not None and not any(n == node for n in self.owner.values())):
             if c is not None:
                 self.noops_answered += c.session.noops_answered
+                for name in VALUE_COUNTERS:
+                    self.closed_counts[name] = (self.closed_counts.get(name, 0)
+                                                + getattr(c.session, name))
                 try:
                     c.close()
                 except OSError:
@@ -376,7 +389,8 @@ class ClusterConsumer:
             o = replace_address(self.opts, host.strip("[]"), int(port))
             c = DcpConsumer.open(o.host, o.port, username=o.username, password=o.password,
                                  bucket=o.bucket, tls=o.ssl_context(), timeout=o.timeout,
-                                 config=self.config, on_rollback=self.on_rollback)
+                                 config=self.config, on_rollback=self.on_rollback,
+                                 features=o.features)
             self.consumers[node] = c
         return c
 

@@ -22,7 +22,7 @@ import ssl
 import time
 from typing import Callable, Iterable, Iterator
 
-from dcptool.protocol.constants import HEADER_LEN, SEQNO_MAX
+from dcptool.protocol.constants import HEADER_LEN, SEQNO_MAX, Feature
 from dcptool.protocol.frame import HEADER
 
 from .connection import DEFAULT_FEATURES, DEFAULT_PORT, Connection
@@ -42,7 +42,11 @@ class DcpConsumer:
                  on_rollback: RollbackCallback | None = None,
                  recv_buffer: int = DEFAULT_RECV_BUFFER, session: DcpSession | None = None) -> None:
         self.conn = conn
-        self.session = session or DcpSession(config, on_rollback=on_rollback, address=conn.address)
+        # a connection that negotiated Snappy may get compressed values (the session
+        # decompresses them) and may ask for every value compressed
+        snappy = Feature.SNAPPY in getattr(conn, "features", ())
+        self.session = session or DcpSession(config, on_rollback=on_rollback, address=conn.address,
+                                             snappy=snappy)
         self.config = self.session.config
         self._buf = bytearray(max(recv_buffer, 64 * 1024))
         self._mv = memoryview(self._buf)
@@ -340,6 +344,7 @@ class ResumingConsumer:
                 last = err
                 fresh.close()
                 continue
+            fresh.session.carry_counters(old.session)
             self.consumer = fresh
             self.reconnects += 1
             return failures

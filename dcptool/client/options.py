@@ -5,6 +5,12 @@
 
 The password comes from the caller, else from the first line of the file named by
 DCPTOOL_PASSWORD_FILE, else from a prompt on a terminal.
+
+`snappy` negotiates Snappy (HELLO feature 0x0a) on every connection, and DCP connections
+then ask the node to send every value compressed (DCP_CONTROL force_value_compression):
+fewer bytes on the wire for more CPU on both ends. The caller's choice, else
+DCPTOOL_SNAPPY, else DEFAULT_SNAPPY. Compressed values are decompressed as they arrive
+whether or not it was asked for (see dcptool.client.session).
 """
 from __future__ import annotations
 
@@ -16,13 +22,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcptool.errors import UsageError
+from dcptool.protocol.constants import Feature
 
-from .connection import Connection, parse_cluster_url
+from .connection import DEFAULT_FEATURES, Connection, parse_cluster_url
 from .consumer import DcpConsumer
 from .session import SessionConfig
 
 DEFAULT_USERNAME = "Administrator"
 PASSWORD_FILE_ENV = "DCPTOOL_PASSWORD_FILE"
+SNAPPY_ENV = "DCPTOOL_SNAPPY"
+#: whether connections negotiate Snappy unless told: off, as a backup from a local node ran
+#: at 0.75-0.80x the items/s with every value compressed (the node compresses, the task
+#: decompresses, for 0.71x the bytes on the wire; `python -m benchmarks run --only snappy`,
+#: docs/performance.md "Snappy"); a slow network between node and backup is where it pays
+DEFAULT_SNAPPY = False
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def snappy_from_env() -> bool:
+    """DCPTOOL_SNAPPY as a boolean (1/true/yes/on or 0/false/no/off); DEFAULT_SNAPPY unset."""
+    text = os.environ.get(SNAPPY_ENV)
+    if text is None:
+        return DEFAULT_SNAPPY
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise UsageError(f"{SNAPPY_ENV}={text!r}: expected 1/true/yes/on or 0/false/no/off")
 
 
 def read_password_file(path: str | Path, *, what: str = "--password-file") -> str:
@@ -57,12 +86,14 @@ class ConnOptions:
     cacert: str | None = None
     verify: bool = True
     timeout: float = 10.0
+    snappy: bool = DEFAULT_SNAPPY
 
     @classmethod
     def from_cli(cls, cluster: str | None, username: str | None, password: str | None,
                  bucket: str = "default", cacert: Path | None = None, no_verify: bool = False,
                  timeout: float = 10.0, *, prompt: bool = True,
-                 password_file: str | Path | None = None) -> "ConnOptions":
+                 password_file: str | Path | None = None,
+                 snappy: bool | None = None) -> "ConnOptions":
         if not cluster:
             raise UsageError("no node given", hint="use -c/--cluster or set DCPTOOL_CLUSTER")
         host, port, tls = parse_cluster_url(cluster)
@@ -86,11 +117,17 @@ class ConnOptions:
         if timeout <= 0:
             raise UsageError("--timeout must be positive")
         return cls(host, port, user, password, bucket or "default", tls,
-                   str(cacert) if cacert else None, not no_verify, timeout)
+                   str(cacert) if cacert else None, not no_verify, timeout,
+                   snappy_from_env() if snappy is None else bool(snappy))
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def features(self) -> tuple[int, ...]:
+        """The HELLO features every connection asks for."""
+        return DEFAULT_FEATURES + ((Feature.SNAPPY,) if self.snappy else ())
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if not self.tls:
@@ -112,10 +149,12 @@ class ConnOptions:
         """An authenticated connection with the bucket selected."""
         return Connection.open(self.host, self.port, username=self.username, password=self.password,
                                bucket=self.bucket if bucket is ... else bucket,
-                               tls=self.ssl_context(), timeout=self.timeout)
+                               tls=self.ssl_context(), timeout=self.timeout,
+                               features=self.features)
 
     def consumer(self, config: SessionConfig | None = None, **kw) -> DcpConsumer:
         """A started DCP consumer session (see dcptool.client.DcpConsumer)."""
         return DcpConsumer.open(self.host, self.port, username=self.username,
                                 password=self.password, bucket=self.bucket,
-                                tls=self.ssl_context(), timeout=self.timeout, config=config, **kw)
+                                tls=self.ssl_context(), timeout=self.timeout, config=config,
+                                features=self.features, **kw)

@@ -40,7 +40,7 @@ from dcptool.client.events import (
     STREAM_OPEN,
 )
 from dcptool.client.position import ZERO, Position
-from dcptool.client.session import SessionConfig
+from dcptool.client.session import VALUE_COUNTERS, SessionConfig
 from dcptool.errors import DcptoolError, UsageError
 from dcptool.faults import fault_point
 from dcptool.protocol.constants import StreamEndReason
@@ -234,6 +234,8 @@ def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
         # hears of them (a done file that a crash tore is caught on resume: it is checked
         # against the files' sizes and SHA-256)
         sync_filesystem(archive_path)
+        # values the node sent snappy-compressed (stored decompressed), for the run log
+        compressed = {k: getattr(consumer.session, k, 0) for k in VALUE_COUNTERS}
     except BaseException:
         for w in writers.values():
             if not w.closed:
@@ -243,6 +245,8 @@ def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
         consumer.close()
     for s in summaries:
         s.setdefault("task_rollbacks", [r for r in rollbacks if r["vbucket"] == s["vbucket"]])
+    if summaries and compressed["values_decompressed"]:
+        summaries[0][_RUN_KEY]["snappy"] = compressed  # the task's, once
     return summaries
 
 
@@ -377,6 +381,17 @@ def _log_vbucket(rl: RunLog, s: dict[str, Any], run: dict[str, Any] | None) -> N
                     "%d the archive holds", r["vbucket"], r["node_seqno"], r["seqno"])
 
 
+def _log_compressed(rl: RunLog, opts, runs: dict[int, dict[str, Any] | None]) -> None:
+    """How many values arrived snappy-compressed (all stored decompressed)."""
+    got = {k: sum((r or {}).get("snappy", {}).get(k, 0) for r in runs.values())
+           for k in VALUE_COUNTERS}
+    if getattr(opts, "snappy", False) or got["values_decompressed"]:
+        n, wire, plain = (got[k] for k in VALUE_COUNTERS)
+        rl.info("snappy %s: %d values arrived compressed, %d bytes on the wire for %d bytes "
+                "decompressed%s", "negotiated" if getattr(opts, "snappy", False) else
+                "not asked for", n, wire, plain, f" ({wire / plain:.3f})" if plain else "")
+
+
 def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full: bool = False,
                 partitions: int | None = None, master: str | None = None, level: int = 3,
                 purge_partial: bool = False, vbuckets: list[int] | None = None,
@@ -488,6 +503,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         runs = {s["vbucket"]: s.pop(_RUN_KEY, None) for s in summaries}
         for s in sorted(summaries, key=lambda x: x["vbucket"]):
             _log_vbucket(rl, s, runs.get(s["vbucket"]))
+        _log_compressed(rl, opts, runs)
         manifest = writer.commit(summaries, extra={"node": opts.address,
                                                    "resumed": resumed})
     except BaseException:

@@ -15,6 +15,8 @@ from typing import Any
 from dcptool.archive import Archive
 from dcptool.archive.format import BACKUPS_DIR
 from dcptool.archive.reader import iter_vbucket_batches
+from dcptool.protocol.errors import ProtocolError
+from dcptool.protocol.snappy import SNAPPY, decompress
 from dcptool.protocol.vbucket import vbucket_of
 
 from .datasource import chain_ids, descendant_cuts, load_manifests
@@ -23,8 +25,13 @@ NAMES = {3: "mutation", 4: "deletion", 5: "expiration"}
 
 
 def _value_text(value: bytes, datatype: int) -> dict[str, Any]:
-    if datatype & 0x02:  # snappy: shown as stored
-        return {"value_base64": base64.b64encode(value).decode()}
+    if datatype & SNAPPY:
+        # dcptool stores values decompressed; a compressed one (an archive written by
+        # other means) is shown decompressed, or as stored when it does not decompress
+        try:
+            value = decompress(value)
+        except ProtocolError:
+            return {"value_base64": base64.b64encode(value).decode()}
     try:
         return {"value": value.decode("utf-8")}
     except UnicodeDecodeError:

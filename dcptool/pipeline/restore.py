@@ -16,6 +16,9 @@ import itertools
 from typing import Any
 
 from dcptool.archive import DELETION, EXPIRATION, MUTATION, Archive, VBucketHistory, resolve
+from dcptool.errors import DcptoolError
+from dcptool.protocol.errors import ProtocolError
+from dcptool.protocol.snappy import SNAPPY, plain
 
 from dcptool.runlog import RunLog
 
@@ -40,13 +43,30 @@ def resolved_records(archive_path: str, vbucket: int, backup: str | None,
         t = r[0]
         if t == MUTATION:
             _t, _s, rev, cas, flags, expiry, datatype, key, value, _x = r
+            if datatype & SNAPPY:
+                value, datatype = _plain(value, datatype, vbucket, key)
             out = (mw.MUTATION, key, value, flags, expiry, rev, cas, datatype)
         else:
             _t, _s, rev, cas, key, delete_time, datatype, value = r
+            if datatype & SNAPPY:
+                value, datatype = _plain(value, datatype, vbucket, key)
             out = (_KIND[t], key, value or b"", 0, delete_time, rev, cas, datatype)
         if pattern is not None and not pattern.search(out[1]):
             continue
         yield out
+
+
+def _plain(value: bytes, datatype: int, vbucket: int, key: bytes) -> tuple[bytes, int]:
+    """A snappy-compressed value decompressed, the bit cleared: dcptool's archives hold
+    values decompressed and restore writes them so (an archive written by other means
+    may not), so the node gets no compressed value from a connection that may not have
+    negotiated Snappy."""
+    try:
+        return plain(value, datatype)
+    except ProtocolError as exc:
+        raise DcptoolError(f"vbucket {vbucket} key {key.decode('utf-8', 'replace')!r}: the "
+                           f"archive holds a snappy-compressed value that does not "
+                           f"decompress ({exc.reason})") from None
 
 
 def check_chain_files(chain, vbuckets) -> tuple[int, int, float]:

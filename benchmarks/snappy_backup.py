@@ -1,0 +1,357 @@
+"""Backup items/s with and without Snappy, against one node in one run.
+
+    python benchmarks/snappy_backup.py [-n 200000] [--vbuckets 64] [--rounds 3] [--json out.json]
+    python -m benchmarks run --only snappy
+
+One reference node is loaded with N JSON documents built like the travel sample's (routes
+with schedules, hotels with reviews in text of natural word frequencies, airlines; ~0.9 KB
+on average, Snappy takes each to ~0.68 of its size and `zstd -3` all of them to ~0.22).
+Then the same full backup is taken again and again, the two modes alternating in each
+round (A B, then B A, ...):
+
+- `off`: Snappy not negotiated (the default): the node sends every value as it is;
+- `snappy`: HELLO Snappy and DCP_CONTROL force_value_compression=true (`--snappy`): the
+  node compresses every value, the backup task decompresses it before the archive.
+
+Each mode is measured two ways:
+
+- `task`: the backup task's loop (`dcptool.pipeline.backup.write_events` into archive
+  writers) in this process over a live DCP connection, no Spark: the client's and the
+  node's work only, with the node's CPU seconds and the bytes that crossed the wire;
+- `e2e`: `run_backup` through local Spark, as `dcptool backup` runs (Spark started before).
+
+Reported per mode and way: items/s of each round, the best and the median, and the ratio
+of the best to the best of `off` measured in the same run (the baseline); plus the
+archive sizes (the same in both modes: the archive holds values decompressed).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import random
+import secrets
+import shutil
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dcptool.client.options import ConnOptions  # noqa: E402
+from dcptool.node.launcher import LocalNode  # noqa: E402
+from dcptool.protocol import HEADER, vbucket_of  # noqa: E402
+from dcptool.protocol.constants import Magic, Opcode  # noqa: E402
+
+MODES = ("off", "snappy")
+SET_EXTRAS = struct.Struct(">II")
+
+# ------------------------------------------------------------------ documents
+
+_WORDS = (
+    "the of and to a in is it you that he was for on are with as his they be at one have this "
+    "from or had by hot word but what some we can out other were all there when up use your "
+    "how said an each she which do their time if will way about many then them write would "
+    "like so these her long make thing see him two has look more day could go come did number "
+    "sound no most people my over know water than call first who may down side been now find "
+    "any new work part take get place made live where after back little only round man year "
+    "came show every good me give our under name very through just form great think say help "
+    "low line turn cause much mean before move right old too same tell does set three want air "
+    "well also play small end put home read hand port large add even land here must big high "
+    "such follow act why ask men change went light kind off need house picture try us again "
+    "point world near build self earth head stand own page should country found answer school "
+    "grow study still learn plant cover food sun four between state keep eye never last let "
+    "thought city tree cross farm hard start might story saw far sea draw left late run while "
+    "press close night real life few north room breakfast parking staff clean quiet friendly "
+    "comfortable walk station beach view pool restaurant bar wifi location service price value "
+    "recommend stay hotel").split()
+#: word k (by rank) with weight 1/(k+1): the frequencies of natural text (Zipf)
+_CUM = list(itertools.accumulate(1 / (k + 1) for k in range(len(_WORDS))))
+_CITIES = [("Paris", "France"), ("London", "United Kingdom"), ("San Francisco", "United States"),
+           ("Lyon", "France"), ("Manchester", "United Kingdom"), ("Los Angeles", "United States"),
+           ("Nice", "France"), ("Edinburgh", "United Kingdom")]
+_FIRST = ("Ann Bob Carl Dora Emil Fay Gus Hana Ivan Jill Kurt Lena Mia Ned Otto Pia Quin Rosa "
+          "Sam Tess Uma Vic Wes Xena Yuri Zoe").split()
+_LAST = ("Smith Jones Brown Taylor Wilson Davies Evans Thomas Johnson Roberts Walker Wright "
+         "Robinson Thompson White Hughes").split()
+_AIRPORTS = "CDG ORY LHR LGW SFO LAX NCE EDI MAN LYS JFK AMS FRA MUC BCN MAD FCO DUB".split()
+_AIRLINES = [("AF", "Air France"), ("BA", "British Airways"), ("UA", "United Airlines"),
+             ("KL", "KLM"), ("LH", "Lufthansa"), ("IB", "Iberia"), ("EI", "Aer Lingus")]
+_EQUIPMENT = ["319", "320", "321", "738", "73H", "77W", "388", "E90"]
+
+
+def _text(r: random.Random, n: int) -> str:
+    return " ".join(r.choices(_WORDS, cum_weights=_CUM, k=n))
+
+
+def _person(r: random.Random) -> str:
+    return f"{r.choice(_FIRST)} {r.choice(_LAST)}"
+
+
+def _when(r: random.Random, fmt: str) -> str:
+    return time.strftime(fmt, time.gmtime(1_500_000_000 + r.randrange(300_000_000)))
+
+
+def _route(i: int, r: random.Random) -> dict:
+    code, _ = r.choice(_AIRLINES)
+    src, dst = r.sample(_AIRPORTS, 2)
+    return {"id": i, "type": "route", "airline": code,
+            "airlineid": f"airline_{r.randint(10, 9999)}", "sourceairport": src, "destinationairport": dst, "stops": r.choice([0, 0, 0, 1]),
+            "equipment": " ".join(r.sample(_EQUIPMENT, r.randint(1, 3))),
+            "distance": round(r.uniform(200, 9000), 6),
+            "schedule": [{"day": r.randint(0, 6),
+                          "utc": f"{r.randint(0, 23):02d}:{r.randint(0, 59):02d}:00",
+                          "flight": f"{code}{r.randint(1, 999):03d}"}
+                         for _ in range(r.randint(5, 30))]}
+
+
+def _airline(i: int, r: random.Random) -> dict:
+    code, name = r.choice(_AIRLINES)
+    return {"id": i, "type": "airline", "name": name, "iata": code,
+            "icao": code + r.choice("ABCDEFG"), "callsign": name.upper().split()[0],
+            "country": r.choice(_CITIES)[1]}
+
+
+def _hotel(i: int, r: random.Random) -> dict:
+    city, country = r.choice(_CITIES)
+    return {
+        "id": i, "type": "hotel",
+        "name": _text(r, r.randint(1, 3)).title() + " " + r.choice(["Hotel", "Inn", "Lodge"]),
+        "address": f"{r.randint(1, 400)} {_text(r, 2).title()} "
+                   f"{r.choice(['Street', 'Road', 'Avenue'])}",
+        "city": city, "country": country,
+        "phone": f"+{r.randint(1, 99)} {r.randint(100, 999)} {r.randint(1000, 9999)}",
+        "email": f"info@{_text(r, 1)}{i % 1000}.example.com" if r.random() < 0.6 else None,
+        "geo": {"lat": round(r.uniform(-60, 60), 6), "lon": round(r.uniform(-180, 180), 6),
+                "accuracy": r.choice(["ROOFTOP", "RANGE_INTERPOLATED", "APPROXIMATE"])},
+        "price": round(r.uniform(40, 400), 2), "vacancy": r.random() < 0.5,
+        "pets_ok": r.random() < 0.3, "free_breakfast": r.random() < 0.5,
+        "free_internet": r.random() < 0.7,
+        "description": _text(r, r.randint(10, 60)).capitalize() + ".",
+        "reviews": [{"author": _person(r), "date": _when(r, "%Y-%m-%d %H:%M:%S"),
+                     "content": _text(r, r.randint(8, 50)).capitalize() + ".",
+                     "ratings": {k: r.randint(1, 5) for k in
+                                 ("Cleanliness", "Location", "Overall", "Rooms", "Service",
+                                  "Value")}}
+                    for _ in range(r.choice([0, 1, 2, 3, 4]))],
+        "public_likes": [_person(r) for _ in range(r.randint(0, 6))],
+        "updated": _when(r, "%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def document(i: int, r: random.Random) -> bytes:
+    """Document `i`: 40 % routes, 15 % airlines, 45 % hotels, compact JSON."""
+    x = r.random()
+    doc = _route(i, r) if x < 0.4 else _airline(i, r) if x < 0.55 else _hotel(i, r)
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def load(opts: ConnOptions, n: int, vbuckets: int, window: int = 5000) -> dict:
+    """SETQ `n` documents (JSON datatype) in windows closed by a NOOP; their sizes."""
+    import cramjam
+
+    rnd = random.Random(42)
+    raw = snappy = 0
+    with opts.connect() as conn:
+        for start in range(0, n, window):
+            buf = bytearray()
+            for i in range(start, min(n, start + window)):
+                key = f"doc::{i:09d}".encode()
+                val = document(i, rnd)
+                raw += len(val)
+                if i % 16 == 0:  # a sample is enough for the ratio
+                    snappy += 16 * len(cramjam.snappy.compress_raw(val))
+                buf += HEADER.pack(Magic.REQUEST, Opcode.SETQ, len(key), 8, 1,
+                                   vbucket_of(key, vbuckets), 8 + len(key) + len(val), i, 0)
+                buf += SET_EXTRAS.pack(0, 0) + key + val
+            buf += HEADER.pack(Magic.REQUEST, Opcode.NOOP, 0, 0, 0, 0, 0, 0xFFFFFFFF, 0)
+            conn.send_bytes(buf)
+            while True:
+                f = conn.recv_frame(timeout=120)
+                if f.opcode == Opcode.NOOP:
+                    break
+                if f.status:
+                    raise RuntimeError(f"SETQ failed: status {f.status:#x}")
+    return {"raw_value_bytes": raw, "mean_value_bytes": round(raw / n, 1),
+            "snappy_ratio_sampled": round(snappy / raw, 3)}
+
+
+def node_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------ one backup each way
+
+def task_backup(opts: ConnOptions, scratch: Path, node_pid: int) -> dict:
+    """The backup task's loop in this process, every vbucket from 0 to its high seqno."""
+    from dcptool.archive import FULL, Archive, VBucketWriter
+    from dcptool.archive.format import sync_filesystem
+    from dcptool.client.ops import get_vbucket_seqnos
+    from dcptool.client.position import ZERO
+    from dcptool.pipeline.backup import backup_consumer_config, write_events
+
+    shutil.rmtree(scratch, ignore_errors=True)
+    with opts.connect() as conn:
+        seqnos = {vb: s for vb, s in get_vbucket_seqnos(conn, state=1).items() if s}
+    archive = Archive.create(scratch, bucket=opts.bucket, vbuckets=max(seqnos) + 1)
+    bw = archive.begin_backup(FULL)
+    zero = {"uuid": 0, "seqno": 0, "snap_start": 0, "snap_end": 0}
+    writers = {vb: VBucketWriter(str(scratch), bw.id, vb, zero, (), sync=False) for vb in seqnos}
+    run = {vb: {"opens": 0, "retries": 0, "first_open": None} for vb in seqnos}
+    summaries: list[dict] = []
+    cpu0 = node_cpu_seconds(node_pid)
+    t0 = time.perf_counter()
+    consumer = opts.consumer(backup_consumer_config("bench-snappy"))
+    try:
+        consumer.add_streams({vb: (ZERO, s) for vb, s in seqnos.items()})
+        pending = write_events(consumer, writers, {vb: {} for vb in seqnos},
+                               {vb: ZERO for vb in seqnos}, run, summaries, time.monotonic())
+        sync_filesystem(scratch)
+        secs = time.perf_counter() - t0
+        s = consumer.session
+        wire = {"values_decompressed": s.values_decompressed,
+                "compressed_bytes": s.compressed_bytes,
+                "decompressed_bytes": s.decompressed_bytes, "bytes_received": s.bytes_received,
+                "refused_controls": sorted(s.control_failures)}
+    finally:
+        consumer.close()
+    node_cpu = node_cpu_seconds(node_pid) - cpu0
+    if pending:
+        raise RuntimeError(f"vbuckets {sorted(pending)[:8]} did not end")
+    items = sum(x["counts"]["mutations"] for x in summaries)
+    size = sum(x["bytes"]["files"] for x in summaries)
+    bw.abort()
+    shutil.rmtree(scratch, ignore_errors=True)
+    return {"items": items, "seconds": secs, "items_per_s": items / secs,
+            "node_cpu_s": round(node_cpu, 2), "archive_bytes": size, **wire}
+
+
+def e2e_backup(opts: ConnOptions, scratch: Path, spark, partitions: int | None) -> dict:
+    """`run_backup` through Spark into a fresh archive (no watermark registration)."""
+    from dcptool.pipeline.backup import run_backup
+
+    shutil.rmtree(scratch, ignore_errors=True)
+    t0 = time.perf_counter()
+    b = run_backup(opts, scratch, spark=spark, partitions=partitions, watermark=False)
+    secs = time.perf_counter() - t0
+    shutil.rmtree(scratch, ignore_errors=True)
+    return {"items": b.items, "seconds": secs, "items_per_s": b.items / secs,
+            "archive_bytes": b.bytes}
+
+
+def _summary(rounds: list[dict]) -> dict:
+    rates = [r["items_per_s"] for r in rounds]
+    out = {"items_per_s_rounds": [round(x) for x in rates], "best_items_per_s": round(max(rates)),
+           "median_items_per_s": round(statistics.median(rates)),
+           "archive_bytes": rounds[-1]["archive_bytes"]}
+    for k in ("node_cpu_s", "values_decompressed", "compressed_bytes", "decompressed_bytes",
+              "bytes_received", "refused_controls"):
+        if k in rounds[-1]:
+            out[k] = rounds[-1][k]
+    if "node_cpu_s" in out:
+        out["node_cpu_s"] = round(statistics.median(r["node_cpu_s"] for r in rounds), 2)
+    return out
+
+
+def run(n: int = 200_000, vbuckets: int = 64, rounds: int = 3, *, ways=("task", "e2e"),
+        master: str = "local[*]", partitions: int | None = None,
+        work_dir: str | None = None) -> dict:
+    """Load one node, then alternate the modes (see the module's doc); the figures."""
+    work = Path(work_dir or tempfile.mkdtemp(prefix="dcptool-bench-snappy-"))
+    password = secrets.token_urlsafe(10)
+    res: dict = {"n": n, "vbuckets": vbuckets, "rounds": rounds,
+                 "loadavg_start": os.getloadavg()[0]}
+    try:
+        with LocalNode(work / "node", password=password, vbuckets=vbuckets) as node:
+            base = ConnOptions(node.host, node.port, "Administrator", password, timeout=60)
+            t = time.perf_counter()
+            res.update(load(base, n, vbuckets))
+            res["load_seconds"] = round(time.perf_counter() - t, 2)
+            opts = {m: dataclasses.replace(base, snappy=(m == "snappy")) for m in MODES}
+            spark = None
+            if "e2e" in ways:
+                from dcptool.pipeline.spark import get_spark
+
+                spark = get_spark(master)
+                spark.sparkContext.parallelize([0], 1).count()
+            got: dict[str, dict[str, list]] = {w: {m: [] for m in MODES} for w in ways}
+            # one warm-up of each way (first stream from disk, Spark's Python workers)
+            for w in ways:
+                if w == "task":
+                    task_backup(opts["off"], work / "warm", node.proc.pid)
+                else:
+                    e2e_backup(opts["off"], work / "warm", spark, partitions)
+            for i in range(rounds):
+                order = MODES if i % 2 == 0 else tuple(reversed(MODES))
+                for w in ways:
+                    for m in order:
+                        if w == "task":
+                            r = task_backup(opts[m], work / "archive", node.proc.pid)
+                        else:
+                            r = e2e_backup(opts[m], work / "archive", spark, partitions)
+                        got[w][m].append(r)
+                        print(f"round {i + 1} {w:<4} {m:<6} {r['items_per_s']:>10,.0f} items/s",
+                              file=sys.stderr, flush=True)
+            for w in ways:
+                out = {m: _summary(got[w][m]) for m in MODES}
+                ref = out["off"]["best_items_per_s"]
+                for m in MODES:
+                    out[m]["ratio_to_off"] = round(out[m]["best_items_per_s"] / ref, 3)
+                    out[m]["median_ratio_to_off"] = round(
+                        out[m]["median_items_per_s"] / out["off"]["median_items_per_s"], 3)
+                res[w] = out
+    finally:
+        if not work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    res["loadavg_end"] = os.getloadavg()[0]
+    return res
+
+
+def table(res: dict) -> str:
+    lines = [f"{'way / mode':<16} {'best items/s':>13} {'median':>10} {'ratio':>7}  note"]
+    for w in ("task", "e2e"):
+        for m in MODES:
+            r = res.get(w, {}).get(m)
+            if not r:
+                continue
+            note = f"rounds {r['items_per_s_rounds']}"
+            if w == "task":
+                note += f", node CPU {r['node_cpu_s']} s"
+                if r.get("decompressed_bytes"):
+                    note += (f", wire values {r['compressed_bytes'] / r['decompressed_bytes']:.3f}"
+                             f" of their size")
+            lines.append(f"{w + ' ' + m:<16} {r['best_items_per_s']:>13,} "
+                         f"{r['median_items_per_s']:>10,} {r['ratio_to_off']:>7}  {note}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=200_000)
+    ap.add_argument("--vbuckets", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ways", default="task,e2e", help="comma-separated: task, e2e")
+    ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--partitions", type=int, default=None)
+    ap.add_argument("--dir", default=None, help="work here and keep it (default: a temp dir)")
+    ap.add_argument("--json", dest="json_out", default=None)
+    a = ap.parse_args(argv)
+    res = run(a.n, a.vbuckets, a.rounds, ways=tuple(a.ways.split(",")), master=a.master,
+              partitions=a.partitions, work_dir=a.dir)
+    res["command"] = "python benchmarks/snappy_backup.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    print(table(res))
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(res, indent=2))
+    return res
+
+
+if __name__ == "__main__":
+    main()
