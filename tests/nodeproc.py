@@ -3,10 +3,12 @@
     with NodeProcess(tmp_path / "node", vbuckets=16) as node:
         talk_to(node.host, node.port)
 
-`start()` waits for the `listening on HOST:PORT` line; `stop()` sends SIGTERM (clean
-shutdown) and falls back to SIGKILL; `kill()` is an unclean stop; `restart()` stops
-and starts again on the same directory (a new port). The node's stderr goes to
-`DIR/node.stderr.log` so a failing test can show it.
+`start()` waits for the `listening on HOST:PORT` line and the `rest on http://HOST:PORT`
+line of the management REST port (`--rest-port 0`: a free one; `rest_port`, and with TLS
+`rest_tls_port`, hold the ports); `stop()` sends SIGTERM (clean shutdown) and falls back
+to SIGKILL; `kill()` is an unclean stop; `restart()` stops and starts again on the same
+directory (new ports). The node's stderr goes to `DIR/node.stderr.log` so a failing test
+can show it.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ class NodeProcess:
     def __init__(self, data_dir, *, vbuckets: int = 16, bucket: str = "default",
                  username: str = DEFAULT_USER, password: str | None = DEFAULT_PASSWORD,
                  host: str = "127.0.0.1", extra_args: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, rest_port: int | None = 0) -> None:
         self.data_dir = Path(data_dir)
         self.vbuckets = vbuckets
         self.bucket = bucket
@@ -38,6 +40,10 @@ class NodeProcess:
         self.password = password
         self.host = host
         self.port: int | None = None
+        #: --rest-port to pass (None: none, the node's default rule); then the REST port
+        self.rest_port_arg = rest_port
+        self.rest_port: int | None = None
+        self.rest_tls_port: int | None = None
         self.extra_args = tuple(extra_args)
         self.env = env
         self.proc: subprocess.Popen | None = None
@@ -51,6 +57,8 @@ class NodeProcess:
         cmd = [sys.executable, "-m", "dcptool", "node", "start", "--data", str(self.data_dir),
                "--host", self.host, "--port", "0", "--vbuckets", str(self.vbuckets),
                "--bucket", self.bucket, "--username", self.username]
+        if self.rest_port_arg is not None:
+            cmd += ["--rest-port", str(self.rest_port_arg)]
         if self.password is not None:
             cmd += ["--password", self.password]
         return cmd + list(self.extra_args)
@@ -67,13 +75,15 @@ class NodeProcess:
         err.close()
         found = threading.Event()
         lines = self.stdout_lines = []
+        # the last line the node prints before it serves
+        last = "rest on https://" if "--tls-cert" in self.extra_args else "rest on http://"
 
         def read() -> None:
             assert self.proc is not None and self.proc.stdout is not None
             for raw in self.proc.stdout:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 lines.append(line)
-                if line.startswith("listening on "):
+                if line.startswith(last):
                     found.set()
             found.set()
 
@@ -92,6 +102,12 @@ class NodeProcess:
         hostport = listening[-1][len("listening on "):]
         host, _, port = hostport.rpartition(":")
         self.host, self.port = host, int(port)
+        self.rest_port = self.rest_tls_port = None
+        for line in lines:
+            for prefix, attr in (("rest on http://", "rest_port"),
+                                 ("rest on https://", "rest_tls_port")):
+                if line.startswith(prefix):
+                    setattr(self, attr, int(line.rpartition(":")[2]))
         return self
 
     def stderr(self) -> str:

@@ -43,10 +43,19 @@ def _opts(url, username, password, bucket, cacert, no_verify, timeout) -> ConnOp
 
 
 def _doc(opts: ConnOptions, rev: int, nodes: list[str], this: int, vbmap, replicas: int,
-         topology: str) -> dict:
-    return {"rev": rev, "nodes": nodes, "this": this, "replicas": replicas,
-            "topology": topology, "vbmap": vbmap,
-            "auth": {"username": opts.username, "password": opts.password}}
+         topology: str, services: list[dict] | None = None) -> dict:
+    doc = {"rev": rev, "nodes": nodes, "this": this, "replicas": replicas,
+           "topology": topology, "vbmap": vbmap,
+           "auth": {"username": opts.username, "password": opts.password}}
+    if services is not None:
+        # each member's service ports (its REST port among them) as it told them in
+        # CLUSTER_STATUS; {} for one that did not answer keeps what the last map said
+        doc["services"] = services
+    return doc
+
+
+def _services(statuses: dict, n: int) -> list[dict]:
+    return [dict((statuses.get(i) or {}).get("services") or {}) for i in range(n)]
 
 
 @cluster_app.command("create")
@@ -83,20 +92,22 @@ def create(
     if topology not in ("star", "chain"):
         raise UsageError("--topology must be star or chain")
     opts = [_opts(c, username, password, bucket, cacert, no_verify, timeout) for c in cluster]
-    counts, revs = set(), [0]
-    for o in opts:
+    counts, revs, statuses = set(), [0], {}
+    for i, o in enumerate(opts):
         with o.connect() as conn:
             counts.add(len(cluster_map(conn).vbmap))
-            revs.append(int(node_status(conn).get("rev") or 0))
+            statuses[i] = node_status(conn)
+            revs.append(int(statuses[i].get("rev") or 0))
     if len(counts) != 1:
         raise DcptoolError(f"the nodes hold different vbucket counts ({sorted(counts)})")
     nvb = counts.pop()
     vbmap = plan_map(len(opts), nvb, replicas)
     nodes = [o.address for o in opts]
     rev = max(revs) + 1
+    services = _services(statuses, len(opts))
     for i, o in enumerate(opts):
         with o.connect() as conn:
-            set_map(conn, _doc(o, rev, nodes, i, vbmap, replicas, topology))
+            set_map(conn, _doc(o, rev, nodes, i, vbmap, replicas, topology, services))
     if as_json:
         print_json({"rev": rev, "nodes": nodes, "replicas": replicas, "topology": topology,
                     "vbmap": vbmap})
@@ -248,10 +259,11 @@ def failover(
     topology = next((st.get("topology") for st in statuses.values() if st), None) or "star"
     order = sorted((i for i in statuses if i != fi and statuses[i]),
                    key=lambda i: i not in promoted.values())
+    services = _services(statuses, len(nodes))
     for i in order:
         o = _opts(nodes[i], username, password, bucket, cacert, no_verify, timeout)
         with o.connect() as conn:
-            set_map(conn, _doc(o, rev, nodes, i, vbmap, replicas, topology))
+            set_map(conn, _doc(o, rev, nodes, i, vbmap, replicas, topology, services))
     doc = {"rev": rev, "failed": failed,
            "promoted": {str(vb): nodes[n] for vb, n in sorted(promoted.items())}}
     if as_json:
@@ -350,13 +362,14 @@ def move(
     rev = max(int(st.get("rev") or 0) for st in statuses.values())
     replicas = max(len(c) for c in vbmap) - 1
     topology = next((st.get("topology") for st in statuses.values() if st), None) or "star"
+    services = _services(statuses, len(nodes))
 
     def push(rev_: int, vbmap_: list[list[int]]) -> None:
         # the destination first: it is the vbucket's active already
         for i in sorted(range(len(nodes)), key=lambda i: i != ti):
             o = _opts(nodes[i], username, password, bucket, cacert, no_verify, timeout)
             with o.connect() as conn:
-                set_map(conn, _doc(o, rev_, nodes, i, vbmap_, replicas, topology))
+                set_map(conn, _doc(o, rev_, nodes, i, vbmap_, replicas, topology, services))
 
     dest_opts = _opts(dest, username, password, bucket, cacert, no_verify, timeout)
     dest_opts = replace(dest_opts, timeout=max(timeout, vbucket_timeout + 30.0))

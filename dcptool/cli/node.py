@@ -73,6 +73,14 @@ def start(
         None, "--tls-key", metavar="FILE", help="PEM private key of --tls-cert."),
     tls_port: int = typer.Option(11207, "--tls-port",
                                  help="TLS port with --tls-cert (0 picks a free one)."),
+    rest_port: Optional[int] = typer.Option(
+        None, "--rest-port", metavar="PORT",
+        help="Management REST port (HTTP; 0 picks a free one). Default: 8091 when --port "
+             "is 11210, a free port otherwise (docs/rest.md)."),
+    rest_tls_port: Optional[int] = typer.Option(
+        None, "--rest-tls-port", metavar="PORT",
+        help="HTTPS REST port with --tls-cert (0 picks a free one). Default: 18091 when "
+             "--port is 11210, a free port otherwise."),
     max_connections: int = typer.Option(
         4096, "--max-connections",
         help="Client connections at once; a connection above it is closed as soon as it "
@@ -107,7 +115,10 @@ def start(
     """Run a node in the foreground until SIGTERM or SIGINT.
 
     Prints "listening on HOST:PORT" once it accepts connections (and, with --tls-cert,
-    "listening (tls) on HOST:PORT" next). The first start creates
+    "listening (tls) on HOST:PORT" next), then "rest on http://HOST:PORT" for the
+    management REST port (and, with --tls-cert, "rest on https://HOST:PORT"): the part of
+    Couchbase Server's REST API that tools and SDKs read, same users and roles
+    (docs/rest.md). DIR/node.json records the ports. The first start creates
     the user (--username, --password or DCPTOOL_PASSWORD) with the admin role; later starts
     reuse the stored users unless a password is given again (the user's roles stay). Other
     users: 'dcptool node user'.
@@ -130,6 +141,7 @@ def start(
                                            allow_off=True),
         hwt_max_hold=parse_duration(hwt_max_hold, what="--hwt-max-hold", allow_off=True),
         hwt_enabled=not no_hwt, tls_cert=tls_cert, tls_key=tls_key, tls_port=tls_port,
+        rest_port=rest_port, rest_tls_port=rest_tls_port,
         max_connections=max_connections,
         max_body=parse_size(max_body, what="--max-body"),
         max_pending_output=parse_size(max_pending_output, what="--max-pending-output"),

@@ -17,9 +17,16 @@ The map document (JSON):
 
     {"rev": 7, "nodes": ["127.0.0.1:11210", ...], "this": 0, "replicas": 1,
      "topology": "star", "vbmap": [[0, 1], [1, 0], ...],
-     "auth": {"username": "...", "password": "..."}}
+     "auth": {"username": "...", "password": "..."},
+     "services": [{"kv": 11210, "mgmt": 8091}, ...]}
 
 `vbmap[vb]` is the chain of node indexes, active first, -1 for a missing copy.
+`services` (optional) gives, per node, the ports of its services by Couchbase's names
+(`kv`, `kvSSL`, `mgmt`, `mgmtSSL`): what GET_CLUSTER_CONFIG and the REST port
+(`dcptool.node.rest`) advertise for the other members. A node always advertises its own
+ports as it listens on them, whatever the map says; a member the map gives no services
+keeps the ones the previous map gave the same address (a node that is down when a new map
+goes out cannot tell its ports).
 """
 from __future__ import annotations
 
@@ -51,6 +58,8 @@ class ClusterMap:
     replicas: int = 0
     topology: str = "star"
     auth: dict[str, str] = field(default_factory=dict)
+    #: per node, {service name: port} ({} where unknown); as long as `nodes`
+    services: list[dict[str, int]] = field(default_factory=list)
 
     # -- parsing ---------------------------------------------------------------------
 
@@ -66,8 +75,14 @@ class ClusterMap:
             replicas = int(doc.get("replicas", 0))
             topology = str(doc.get("topology", "star"))
             auth = {str(k): str(v) for k, v in dict(doc.get("auth") or {}).items()}
+            services = [{str(k): int(v) for k, v in dict(s or {}).items()}
+                        for s in doc.get("services") or [{}] * len(nodes)]
         except (KeyError, TypeError, ValueError) as exc:
             raise MapError(f"bad cluster map: {exc}") from None
+        if len(services) != len(nodes):
+            raise MapError(f"the map has {len(services)} service lists for {len(nodes)} nodes")
+        if any(not 0 < p <= 65535 for s in services for p in s.values()):
+            raise MapError("a service port is not a TCP port (1..65535)")
         if not nodes or not 0 <= this < len(nodes):
             raise MapError("'this' must index 'nodes'")
         if len(vbmap) != num_vbuckets:
@@ -80,12 +95,26 @@ class ClusterMap:
             real = [i for i in chain if i >= 0]
             if any(i >= len(nodes) or i < -1 for i in chain) or len(set(real)) != len(real):
                 raise MapError(f"vbucket {vb}: bad chain {chain}")
-        return cls(rev, nodes, this, vbmap, replicas, topology, auth)
+        return cls(rev, nodes, this, vbmap, replicas, topology, auth, services)
 
     def to_doc(self) -> dict[str, Any]:
         return {"rev": self.rev, "nodes": self.nodes, "this": self.this,
                 "replicas": self.replicas, "topology": self.topology, "vbmap": self.vbmap,
-                "auth": self.auth}
+                "auth": self.auth, "services": self.services}
+
+    def inherit_services(self, old: "ClusterMap | None") -> None:
+        """Give each node without services the ones `old` gave the same address."""
+        if old is None:
+            return
+        known = {n: s for n, s in zip(old.nodes, old.services) if s}
+        self.services = [dict(s) if s else dict(known.get(n, {}))
+                         for n, s in zip(self.nodes, self.services)]
+
+    def services_of(self, node: int) -> dict[str, int]:
+        """The ports of `node`'s services; `kv` is always its address's port."""
+        out = dict(self.services[node]) if node < len(self.services) else {}
+        out["kv"] = self.address(node)[1]
+        return out
 
     # -- roles -----------------------------------------------------------------------
 

@@ -53,6 +53,10 @@ def parse_size(text: str, *, what: str = "size") -> int:
 EVICTION_POLICIES = ("value", "full")
 #: the default resident-document budget of full eviction
 DEFAULT_MEMORY_QUOTA = 64 * 1024 * 1024
+#: the data port Couchbase Server listens on, and its management REST ports (HTTP, HTTPS)
+DEFAULT_PORT = 11210
+DEFAULT_REST_PORT = 8091
+DEFAULT_REST_TLS_PORT = 18091
 
 
 @dataclass
@@ -111,6 +115,26 @@ class NodeConfig:
     tls_port: int = 11207
     eviction: str = "value"
     memory_quota: int = DEFAULT_MEMORY_QUOTA
+    #: the management REST port (HTTP) and, with TLS, its HTTPS port; None: the default
+    #: rule of `rest_ports()`
+    rest_port: int | None = None
+    rest_tls_port: int | None = None
+
+    def rest_ports(self) -> tuple[int, int | None]:
+        """(REST port, HTTPS REST port or None without TLS) to listen on; 0 picks a free one.
+
+        Unset, they are Couchbase's 8091 and 18091 when the data port is Couchbase's 11210,
+        and free ports otherwise: test nodes on --port 0 and a second node on 11211 never
+        compete for 8091.
+        """
+        standard = self.port == DEFAULT_PORT
+        rest = self.rest_port if self.rest_port is not None else (
+            DEFAULT_REST_PORT if standard else 0)
+        if self.tls_cert is None:
+            return rest, None
+        tls = self.rest_tls_port if self.rest_tls_port is not None else (
+            DEFAULT_REST_TLS_PORT if standard else 0)
+        return rest, tls
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -119,6 +143,10 @@ class NodeConfig:
             raise UsageError("--tls-cert and --tls-key go together")
         if not 0 <= self.tls_port <= 65535:
             raise UsageError(f"--tls-port {self.tls_port} is not a TCP port (0..65535)")
+        for flag, value in (("--rest-port", self.rest_port),
+                            ("--rest-tls-port", self.rest_tls_port)):
+            if value is not None and not 0 <= value <= 65535:
+                raise UsageError(f"{flag} {value} is not a TCP port (0..65535)")
         if not 1 <= self.vbuckets <= 1024:
             raise UsageError(f"--vbuckets {self.vbuckets} must be between 1 and 1024")
         if not re.fullmatch(r"[A-Za-z0-9._%-]{1,100}", self.bucket):

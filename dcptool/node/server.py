@@ -1,7 +1,8 @@
 """The node process: warm-up, the asyncio server, background tasks, clean shutdown.
 
 `Node.run()` is what `dcptool node start` calls. It warms the bucket up from disk,
-listens, writes `DIR/node.json`, prints `listening on HOST:PORT`, and serves until
+listens, writes `DIR/node.json`, prints `listening on HOST:PORT` (and `rest on
+http://HOST:PORT` for the management REST port, `dcptool.node.rest`), and serves until
 SIGTERM or SIGINT; then it stops accepting, closes connections, lets the flusher write
 everything, marks a clean shutdown and returns.
 
@@ -82,6 +83,10 @@ class Node:
         self._server: asyncio.AbstractServer | None = None
         self._tls_server: asyncio.AbstractServer | None = None
         self.tls_port: int | None = None
+        #: the management REST listeners (dcptool.node.rest) and their ports
+        self.rest = None
+        self.rest_port: int | None = None
+        self.rest_tls_port: int | None = None
         self._tasks: list[asyncio.Task] = []
         self.replication = Replication(self)
 
@@ -188,12 +193,20 @@ class Node:
                     lambda: Connection(self), self.config.host, self.config.tls_port,
                     ssl=ssl_ctx, reuse_address=True, backlog=1024, ssl_handshake_timeout=10.0)
                 self.tls_port = self._tls_server.sockets[0].getsockname()[1]
+            from .rest import RestServer
+
+            self.rest = RestServer(self)
+            rest_port, rest_tls_port = self.config.rest_ports()
+            await self.rest.start(self.config.host, rest_port, rest_tls_port, ssl_ctx)
+            self.rest_port, self.rest_tls_port = self.rest.port, self.rest.tls_port
             self._tasks.append(loop.create_task(self._expiry_pager()))
             self._tasks.append(loop.create_task(bucket.purger.run_scheduled()))
             self._write_node_file()
             announce(f"listening on {self.config.host}:{self.port}")
             if self.tls_port is not None:
                 announce(f"listening (tls) on {self.config.host}:{self.tls_port}")
+            for url in self.rest.urls(self.config.host):
+                announce(f"rest on {url}")
             await self._stop.wait()
         finally:
             # everything acknowledged gets flushed: the shutdown is clean unless that fails
@@ -204,6 +217,8 @@ class Node:
             self._server.close()
         if self._tls_server is not None:
             self._tls_server.close()
+        if self.rest is not None:
+            await self.rest.stop()
         for t in self._tasks:
             t.cancel()
         await self.replication.stop_all()
@@ -262,6 +277,10 @@ class Node:
         }
         if self.tls_port is not None:
             doc["tls_port"] = self.tls_port
+        if self.rest_port is not None:
+            doc["rest_port"] = self.rest_port
+        if self.rest_tls_port is not None:
+            doc["rest_tls_port"] = self.rest_tls_port
         path = Path(self.config.data_dir) / NODE_FILE
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")

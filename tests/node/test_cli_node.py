@@ -66,7 +66,8 @@ def test_password_from_environment_and_reuse_of_stored_users(node_factory):
 
 def test_node_json_and_the_listening_line(node_factory):
     node = node_factory(vbuckets=8, bucket="travel")
-    assert node.stdout_lines == [f"listening on 127.0.0.1:{node.port}"]
+    assert node.stdout_lines == [f"listening on 127.0.0.1:{node.port}",
+                                 f"rest on http://127.0.0.1:{node.rest_port}"]
     doc = json.loads((node.data_dir / "node.json").read_text())
     assert doc["host"] == "127.0.0.1" and doc["port"] == node.port
     assert doc["pid"] == node.pid and doc["bucket"] == "travel" and doc["vbuckets"] == 8

@@ -15,39 +15,81 @@ _FAILOVER = struct.Struct(">QQ")
 _U32 = struct.Struct(">I")
 
 
-def advertised_host(conn) -> str:
-    host = conn.node.config.host
+def host_of(node, transport) -> str:
+    """The address clients reach `node` at: --host, or for a wildcard --host the local
+    address of the connection (`transport`) the question came on."""
+    host = node.config.host
     if host in ("0.0.0.0", "::", ""):
-        t = conn.transport
-        sock = t.get_extra_info("sockname") if t is not None else None
+        sock = transport.get_extra_info("sockname") if transport is not None else None
         if sock:
             host = sock[0]
     return host
 
 
-def cluster_config(conn) -> dict:
-    """A single-node cluster map for the bucket, in the shape Couchbase clients parse."""
-    node = conn.node
+def advertised_host(conn) -> str:
+    return host_of(conn.node, conn.transport)
+
+
+def host_port(host: str, port: int) -> str:
+    """host:port, with an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def own_services(node) -> dict[str, int]:
+    """This node's service ports by Couchbase's names: kv, kvSSL (TLS), mgmt (the REST
+    port), mgmtSSL (HTTPS REST port, TLS); the ones it listens on."""
+    out = {"kv": node.port}
+    for name, port in (("kvSSL", node.tls_port), ("mgmt", getattr(node, "rest_port", None)),
+                       ("mgmtSSL", getattr(node, "rest_tls_port", None))):
+        if port is not None:
+            out[name] = port
+    return out
+
+
+def cluster_members(node, host: str) -> list[dict]:
+    """The nodes of this node's cluster, in map order: {"host", "kv", "services", "this"}.
+
+    Alone, this node only, at `host`. A member of a cluster (dcptool cluster create): every
+    node of the map, at its map address, with the services the map gives it (its own as it
+    listens). GET_CLUSTER_CONFIG and the REST port both describe the cluster from this.
+    """
+    cmap = getattr(getattr(node, "replication", None), "map", None)
+    if cmap is None:
+        return [{"host": host, "kv": node.port, "services": own_services(node), "this": True}]
+    out = []
+    for i in range(len(cmap.nodes)):
+        h, p = cmap.address(i)
+        this = i == cmap.this
+        services = own_services(node) if this else cmap.services_of(i)
+        if this:
+            services["kv"] = p
+        out.append({"host": h, "kv": p, "services": services, "this": this})
+    return out
+
+
+def member_hostname(member: dict) -> str:
+    """A node's `hostname` in `nodes[]`: host and REST port, as Couchbase Server writes it
+    (the data port when the REST port is unknown)."""
+    return host_port(member["host"], member["services"].get("mgmt") or member["kv"])
+
+
+def bucket_config(node, host: str) -> dict:
+    """The bucket's cluster map, in the shape Couchbase clients parse (GET_CLUSTER_CONFIG,
+    and the REST port's terse bucket config); `host` is this node's advertised address."""
     bucket = node.bucket
-    host = advertised_host(conn)
-    port = node.port
-    hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    members = cluster_members(node, host)
+    nodes = [{"hostname": member_hostname(m), "ports": {"direct": m["kv"]}} for m in members]
+    nodes_ext = [{"services": m["services"], "thisNode": m["this"], "hostname": m["host"]}
+                 for m in members]
+    server_list = [host_port(m["host"], m["kv"]) for m in members]
     vbmap = [[0] if vb.state == VBucketState.ACTIVE else [-1]
              for _, vb in sorted(bucket.vbuckets.items())]
-    nodes = [{"hostname": hostport, "ports": {"direct": port}}]
-    nodes_ext = [{"services": {"kv": port}, "thisNode": True, "hostname": host}]
-    server_list = [hostport]
     replicas = 0
     map_rev = 0
     cmap = getattr(getattr(node, "replication", None), "map", None)
     if cmap is not None:
         # a member of a cluster: the whole map (dcptool cluster create)
         server_list = list(cmap.nodes)
-        nodes, nodes_ext = [], []
-        for i, hp in enumerate(cmap.nodes):
-            h, p = cmap.address(i)
-            nodes.append({"hostname": hp, "ports": {"direct": p}})
-            nodes_ext.append({"services": {"kv": p}, "thisNode": i == cmap.this, "hostname": h})
         vbmap = [list(chain) for chain in cmap.vbmap]
         replicas = cmap.replicas
         map_rev = cmap.rev
@@ -72,6 +114,11 @@ def cluster_config(conn) -> dict:
         "clusterCapabilitiesVer": [1, 0],
         "clusterCapabilities": {},
     }
+
+
+def cluster_config(conn) -> dict:
+    """The cluster map as GET_CLUSTER_CONFIG answers it on `conn`."""
+    return bucket_config(conn.node, advertised_host(conn))
 
 
 def cluster_config_json(conn) -> bytes:

@@ -5,8 +5,10 @@
   Answered once applied, with a JSON summary.
 * REPLICATION_HOLD (0xe9): vbucket in the header; extras = u64 seqno: this node's
   replication stream of that vbucket applies nothing above the seqno; no extras: release.
-* CLUSTER_STATUS (0xea): JSON: the map's rev, this node's index, the node list and per
-  vbucket its state, high seqno, uuid and replication stream (source, received seqno).
+* CLUSTER_STATUS (0xea): JSON: the map's rev, this node's index, the node list, this
+  node's service ports (`services`: kv, kvSSL, mgmt, mgmtSSL; what `dcptool cluster`
+  puts in the maps it sends) and per vbucket its state, high seqno, uuid and replication
+  stream (source, received seqno).
 * VBUCKET_TAKEOVER (0xeb): vbucket in the header; value = JSON {"source": "host:port",
   "auth": {...}, "timeout": s}: this node takes the vbucket over from its active by a
   takeover stream (`dcptool.node.takeover`) and answers once it is active here (JSON
@@ -22,6 +24,7 @@ from dcptool.protocol.constants import Datatype, Status, VBucketState
 from ..access import Privilege
 from ..cluster import ClusterMap, MapError
 from . import answer_later, command
+from .cluster import own_services
 
 CLUSTER_SET_MAP = 0xE8
 REPLICATION_HOLD = 0xE9
@@ -59,6 +62,7 @@ def cluster_set_map(conn, frame) -> None:
         _send(conn, frame, {"error": {"context": f"map rev {cmap.rev} is older than the "
                                                  f"node's ({repl.map.rev})"}}, Status.EINVAL)
         return
+    cmap.inherit_services(repl.map)
 
     async def work() -> None:
         summary = await repl.apply(cmap)
@@ -87,7 +91,7 @@ def replication_hold(conn, frame) -> None:
 def cluster_status(conn, frame) -> None:
     if not _allowed(conn, frame):
         return
-    _send(conn, frame, conn.node.replication.status())
+    _send(conn, frame, {**conn.node.replication.status(), "services": own_services(conn.node)})
 
 
 @command(VBUCKET_TAKEOVER, decode=False, privilege=Privilege.NODE_MANAGEMENT)
