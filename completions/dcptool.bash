@@ -16,7 +16,7 @@ _dcptool_subcommands() {
 _dcptool_options() {
     case "$1" in
         "") echo "--version -q --quiet -v --verbose -h --help" ;;
-        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl -h --help" ;;
+        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --snappy --no-snappy --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl -h --help" ;;
         "cluster") echo "-h --help" ;;
         "cluster create") echo "-c --cluster --replicas --topology --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "cluster failover") echo "-c --cluster --via --promote --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
@@ -25,7 +25,7 @@ _dcptool_options() {
         "decode") echo "--raw --json --table -h --help" ;;
         "doc") echo "-h --help" ;;
         "doc delete") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
-        "doc get") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "doc get") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --snappy --no-snappy --json -h --help" ;;
         "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
         "doc set") echo "--flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
         "examine") echo "--backup --values --json -h --help" ;;
@@ -34,7 +34,7 @@ _dcptool_options() {
         "info") echo "--json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "merge") echo "--from --to --level --master --partitions --json -h --help" ;;
         "node") echo "-h --help" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level -h --help" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level -h --help" ;;
         "node status") echo "--data --json --username --password --password-file -h --help" ;;
         "node user") echo "-h --help" ;;
         "node user add") echo "--data -r --role --password-file --json -h --help" ;;
@@ -42,7 +42,7 @@ _dcptool_options() {
         "node user remove") echo "--data --json -h --help" ;;
         "quickstart") echo "--dir --docs --vbuckets --master --json -h --help" ;;
         "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --backup --vbuckets --filter-keys --force-updates --dry-run --master --partitions --json -h --help" ;;
-        "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback --watermark --watermark-name --watermark-interval --watermark-ttl -v --verbose -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback --watermark --watermark-name --watermark-interval --watermark-ttl -v --verbose -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --snappy --no-snappy -h --help" ;;
         "verify") echo "--json --checksums-only --against --backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --master --partitions -h --help" ;;
         "watermark") echo "-h --help" ;;
         "watermark list") echo "--name --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
@@ -67,7 +67,7 @@ _dcptool_valued_options() {
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "info") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "merge") echo "--from --to --level --master --partitions" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level" ;;
         "node status") echo "--data --username --password --password-file" ;;
         "node user add") echo "--data -r --role --password-file" ;;
         "node user list") echo "--data" ;;
