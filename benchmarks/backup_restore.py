@@ -52,21 +52,18 @@ def make_value(i: int, size: int, rnd: random.Random) -> bytes:
     return (head + body + '"}').encode()[:size]
 
 
-def load(opts: ConnOptions, n: int, size: int, vbuckets: int, window: int = 5000) -> list[bytes]:
-    rnd = random.Random(42)
-    values = []
+def set_documents(opts: ConnOptions, docs, vbuckets: int, window: int = 5000) -> None:
+    """SETQ the (key, value) pairs of `docs` (JSON datatype) in windows closed by a NOOP."""
+    docs = iter(docs)
     with opts.connect() as conn:
-        for start in range(0, n, window):
+        while True:
             buf = bytearray()
-            count = min(window, n - start)
-            for i in range(start, start + count):
-                key = f"order::{i:09d}".encode()
-                val = make_value(i, size, rnd)
-                values.append(val)
-                extras = SET_EXTRAS.pack(0, 0)
-                buf += HEADER.pack(Magic.REQUEST, Opcode.SETQ, len(key), 8, 1, vbucket_of(key, vbuckets),
-                                   8 + len(key) + len(val), i, 0)
-                buf += extras + key + val
+            for i, (key, val) in zip(range(window), docs):
+                buf += HEADER.pack(Magic.REQUEST, Opcode.SETQ, len(key), 8, 1,
+                                   vbucket_of(key, vbuckets), 8 + len(key) + len(val), i, 0)
+                buf += SET_EXTRAS.pack(0, 0) + key + val
+            if not buf:
+                return
             buf += HEADER.pack(Magic.REQUEST, Opcode.NOOP, 0, 0, 0, 0, 0, 0xFFFFFFFF, 0)
             conn.send_bytes(buf)
             while True:
@@ -75,6 +72,13 @@ def load(opts: ConnOptions, n: int, size: int, vbuckets: int, window: int = 5000
                     break
                 if f.status:
                     raise RuntimeError(f"SETQ failed: status {f.status:#x}")
+
+
+def load(opts: ConnOptions, n: int, size: int, vbuckets: int, window: int = 5000) -> list[bytes]:
+    rnd = random.Random(42)
+    values = [make_value(i, size, rnd) for i in range(n)]
+    set_documents(opts, ((f"order::{i:09d}".encode(), v) for i, v in enumerate(values)),
+                  vbuckets, window)
     return values
 
 

@@ -35,7 +35,6 @@ import random
 import secrets
 import shutil
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -45,11 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dcptool.client.options import ConnOptions  # noqa: E402
 from dcptool.node.launcher import LocalNode  # noqa: E402
-from dcptool.protocol import HEADER, vbucket_of  # noqa: E402
-from dcptool.protocol.constants import Magic, Opcode  # noqa: E402
+from benchmarks.backup_restore import set_documents  # noqa: E402
 
 MODES = ("off", "snappy")
-SET_EXTRAS = struct.Struct(">II")
 
 # ------------------------------------------------------------------ documents
 
@@ -152,31 +149,22 @@ def document(i: int, r: random.Random) -> bytes:
 
 
 def load(opts: ConnOptions, n: int, vbuckets: int, window: int = 5000) -> dict:
-    """SETQ `n` documents (JSON datatype) in windows closed by a NOOP; their sizes."""
+    """SETQ `n` documents (JSON datatype); their sizes and a sampled Snappy ratio."""
     import cramjam
 
     rnd = random.Random(42)
     raw = snappy = 0
-    with opts.connect() as conn:
-        for start in range(0, n, window):
-            buf = bytearray()
-            for i in range(start, min(n, start + window)):
-                key = f"doc::{i:09d}".encode()
-                val = document(i, rnd)
-                raw += len(val)
-                if i % 16 == 0:  # a sample is enough for the ratio
-                    snappy += 16 * len(cramjam.snappy.compress_raw(val))
-                buf += HEADER.pack(Magic.REQUEST, Opcode.SETQ, len(key), 8, 1,
-                                   vbucket_of(key, vbuckets), 8 + len(key) + len(val), i, 0)
-                buf += SET_EXTRAS.pack(0, 0) + key + val
-            buf += HEADER.pack(Magic.REQUEST, Opcode.NOOP, 0, 0, 0, 0, 0, 0xFFFFFFFF, 0)
-            conn.send_bytes(buf)
-            while True:
-                f = conn.recv_frame(timeout=120)
-                if f.opcode == Opcode.NOOP:
-                    break
-                if f.status:
-                    raise RuntimeError(f"SETQ failed: status {f.status:#x}")
+
+    def docs():
+        nonlocal raw, snappy
+        for i in range(n):
+            val = document(i, rnd)
+            raw += len(val)
+            if i % 16 == 0:  # a sample is enough for the ratio
+                snappy += 16 * len(cramjam.snappy.compress_raw(val))
+            yield f"doc::{i:09d}".encode(), val
+
+    set_documents(opts, docs(), vbuckets, window)
     return {"raw_value_bytes": raw, "mean_value_bytes": round(raw / n, 1),
             "snappy_ratio_sampled": round(snappy / raw, 3)}
 
