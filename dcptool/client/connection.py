@@ -373,14 +373,6 @@ class Connection:
             return self._pending.popleft()
         return self._read_frame(timeout)
 
-    def recv_message(self, timeout: float | None = ...) -> Request | Response:
-        frame = self.recv_frame(timeout)
-        try:
-            return decode_message(frame)
-        except ProtocolError as exc:
-            raise ProtocolViolation(f"{self.address} sent a malformed {opcode_name(frame.opcode)}: "
-                                    f"{exc}", host=self.address) from None
-
     def _read_frame(self, timeout: float | None = ...) -> Frame:
         while True:
             try:

@@ -27,18 +27,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dcptool.protocol.constants import Opcode
+from dcptool.protocol import wire
 
 from .position import Position
 
-MUTATION = int(Opcode.DCP_MUTATION)
-DELETION = int(Opcode.DCP_DELETION)
-EXPIRATION = int(Opcode.DCP_EXPIRATION)
-SNAPSHOT = int(Opcode.DCP_SNAPSHOT_MARKER)
-STREAM_END = int(Opcode.DCP_STREAM_END)
-STREAM_OPEN = int(Opcode.DCP_STREAM_REQ)
-SEQNO_ADVANCED = int(Opcode.DCP_SEQNO_ADVANCED)
-VBUCKET_STATE = int(Opcode.DCP_SET_VBUCKET_STATE)
+MUTATION = wire.OP_DCP_MUTATION
+DELETION = wire.OP_DCP_DELETION
+EXPIRATION = wire.OP_DCP_EXPIRATION
+SNAPSHOT = wire.OP_DCP_SNAPSHOT_MARKER
+STREAM_END = wire.OP_DCP_STREAM_END
+STREAM_OPEN = wire.OP_DCP_STREAM_REQ
+SEQNO_ADVANCED = wire.OP_DCP_SEQNO_ADVANCED
+VBUCKET_STATE = wire.OP_DCP_SET_VBUCKET_STATE
 ROLLBACK = 0x100
 
 #: kinds that carry a document change

@@ -18,11 +18,11 @@ form. An uncompressed value costs one comparison of its datatype.
 from __future__ import annotations
 
 import itertools
-import struct
 from dataclasses import dataclass, replace
 from typing import Callable
 
 from dcptool.protocol import ProtocolError, decode_frame, decode_message
+from dcptool.protocol import wire as w
 from dcptool.protocol.constants import (
     SEQNO_MAX,
     DcpOpenFlag,
@@ -34,7 +34,7 @@ from dcptool.protocol.constants import (
     opcode_name,
     status_name,
 )
-from dcptool.protocol.frame import HEADER as _HEADER, encode_frame
+from dcptool.protocol.frame import encode_frame
 from dcptool.protocol.messages import (
     DcpBufferAck,
     DcpCloseStream,
@@ -65,11 +65,12 @@ from .events import (
 )
 from .position import ZERO, Position, _thin
 
-_MUT = struct.Struct(">QQIIIHB")  # 31-byte mutation extras
-_DEL2 = struct.Struct(">QQIB")  # 21-byte deletion extras (with delete time)
-_DEL1 = struct.Struct(">QQH")  # 18-byte deletion extras
-_EXP = struct.Struct(">QQI")  # 20-byte expiration extras
-_MARKER = struct.Struct(">QQI")  # 20-byte snapshot marker v1
+_HEADER = w.HEADER
+_MUT = w.MUTATION_EXTRAS  # 31-byte mutation extras
+_DEL2 = w.DELETION_V2_EXTRAS  # 21-byte deletion extras (with delete time)
+_DEL1 = w.DELETION_V1_EXTRAS  # 18-byte deletion extras
+_EXP = w.EXPIRATION_EXTRAS  # 20-byte expiration extras
+_MARKER = w.MARKER_V1  # 20-byte snapshot marker v1
 
 #: stream end reasons after which the session asks for the stream again from its position
 RETRY_REASONS = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.SLOW,
@@ -143,7 +144,7 @@ class SessionConfig:
         return 2 * self.noop_interval + 5.0
 
 
-class Stream:
+class ConsumerStream:
     """The session's record of one vbucket stream. Only the session mutates it."""
 
     __slots__ = ("vbucket", "opaque", "state", "end_seqno", "flags", "base", "failover_log",
@@ -208,7 +209,7 @@ class DcpSession:
         self.values_decompressed = 0
         self.compressed_bytes = 0
         self.decompressed_bytes = 0
-        self.streams: dict[int, Stream] = {}
+        self.streams: dict[int, ConsumerStream] = {}
         self.errors: list[Exception] = []
         self.control_failures: dict[str, int] = {}
         self.started = False
@@ -220,7 +221,7 @@ class DcpSession:
         self.bytes_received = 0
         self._out = bytearray()
         self._tail = b""
-        self._by_opaque: dict[int, Stream] = {}
+        self._by_opaque: dict[int, ConsumerStream] = {}
         self._pending: dict[int, tuple[str, str, bool]] = {}
         self._opaques = itertools.count(1)
         self._last = [0] * 65536
@@ -279,11 +280,11 @@ class DcpSession:
         if old is not None and not old.finished:
             raise StreamError(f"vbucket {vbucket} already has a stream in this session",
                               vbucket=vbucket)
-        st = Stream(vbucket, position, end_seqno, flags)
+        st = ConsumerStream(vbucket, position, end_seqno, flags)
         self.streams[vbucket] = st
         self._request(st)
 
-    def _request(self, st: Stream) -> None:
+    def _request(self, st: ConsumerStream) -> None:
         pos = st.base
         self._last[st.vbucket] = pos.seqno
         end = st.end_seqno if st.end_seqno >= pos.seqno else pos.seqno
@@ -407,19 +408,26 @@ class DcpSession:
         typed = self.config.typed
         # bytes of frames flow control does not count (noops, responses); the rest is counted
         uncounted = 0
+        # the protocol's plain ints as locals (see dcptool.protocol.wire)
+        req, rsp, snappy = w.REQ, w.RES, w.DT_SNAPPY
+        op_mut, op_del, op_exp = w.OP_DCP_MUTATION, w.OP_DCP_DELETION, w.OP_DCP_EXPIRATION
+        op_marker, op_noop = w.OP_DCP_SNAPSHOT_MARKER, w.OP_DCP_NOOP
+        mut_ext, del1_ext, del2_ext = w.MUTATION_EXTLEN, w.DELETION_V1_EXTLEN, w.DELETION_V2_EXTLEN
+        exp_ext, marker_ext = w.EXPIRATION_EXTLEN, w.MARKER_V1_EXTLEN
+        mut_base, exp_base = w.MUTATION_BASE, w.EXPIRATION_BASE
         while n - pos >= 24:
             magic, op, klen, elen, dt, vb, blen, opq, cas = hdr(buf, pos)
             end = pos + 24 + blen
             if end > n:
                 break
-            if magic == 0x80:
-                if op == 0x57 and elen == 31:
+            if magic == req:
+                if op == op_mut and elen == mut_ext:
                     seq, rev, flags, exp, lt, _nmeta, nru = mut(buf, pos + 24)
-                    k = pos + 55
+                    k = pos + mut_base
                     v = k + klen
                     # SNAPPY: off the hot path; `dt > 1` first, as it is cheaper than the
                     # bit test and settles raw and JSON values (0, 1) alone
-                    if dt > 1 and dt & 2:
+                    if dt > 1 and dt & snappy:
                         self._compressed(out, MUTATION, vb, opq, cas, dt, buf[k:v], mv[v:end],
                                          seq, rev, flags, exp, lt, nru)
                     elif typed:
@@ -436,45 +444,45 @@ class DcpSession:
                     last[vb] = seq
                     pos = end
                     continue
-                if op == 0x58 and (elen == 21 or elen == 18):
-                    if elen == 21:
+                if op == op_del and (elen == del2_ext or elen == del1_ext):
+                    if elen == del2_ext:
                         seq, rev, dtime, _u = _DEL2.unpack_from(mv, pos + 24)
                     else:
                         seq, rev, _nm = _DEL1.unpack_from(mv, pos + 24)
                         dtime = 0
                     k = pos + 24 + elen
                     v = k + klen
-                    if dt > 1 and dt & 2:
+                    if dt > 1 and dt & snappy:
                         self._compressed(out, DELETION, vb, opq, cas, dt, buf[k:v], mv[v:end],
-                                         seq, rev, 0, dtime, v1=elen == 18)
+                                         seq, rev, 0, dtime, v1=elen == del1_ext)
                     elif typed:
                         append((DELETION, vb, DcpDeletion(
                             vbucket=vb, opaque=opq, cas=cas, datatype=dt, key=buf[k:v],
                             value=buf[v:end], by_seqno=seq, rev_seqno=rev,
-                            delete_time=dtime if elen == 21 else None)))
+                            delete_time=dtime if elen == del2_ext else None)))
                     else:
                         append((DELETION, vb, seq, rev, cas, 0, dtime, dt, buf[k:v],
                                 buf[v:end] if copy else mv[v:end]))
                     last[vb] = seq
                     pos = end
                     continue
-                if op == 0x56 and elen == 20:
+                if op == op_marker and elen == marker_ext:
                     s, e, f = _MARKER.unpack_from(mv, pos + 24)
                     self._marker(vb, s, e, f, opq, out, typed)
                     pos = end
                     continue
-                if op == 0x5C:
+                if op == op_noop:
                     # DCP_NOOP: answer at once with the same opaque bytes; not flow controlled
-                    self._out += _HEADER.pack(0x81, 0x5C, 0, 0, 0, 0, 0, opq, 0)
+                    self._out += _HEADER.pack(rsp, op_noop, 0, 0, 0, 0, 0, opq, 0)
                     self.noops_answered += 1
                     uncounted += end - pos
                     pos = end
                     continue
-                if op == 0x59 and elen == 20:
+                if op == op_exp and elen == exp_ext:
                     seq, rev, dtime = _EXP.unpack_from(mv, pos + 24)
-                    k = pos + 44
+                    k = pos + exp_base
                     v = k + klen
-                    if dt > 1 and dt & 2:
+                    if dt > 1 and dt & snappy:
                         self._compressed(out, EXPIRATION, vb, opq, cas, dt, buf[k:v], mv[v:end],
                                          seq, rev, 0, dtime)
                     elif typed:
@@ -570,7 +578,7 @@ class DcpSession:
 
     # ------------------------------------------------------------------ the rare cases
 
-    def _fail(self, st: Stream | None, exc: Exception) -> None:
+    def _fail(self, st: ConsumerStream | None, exc: Exception) -> None:
         if st is not None:
             st.state = FAILED
         self.errors.append(exc)
@@ -665,7 +673,7 @@ class DcpSession:
                     st.reason = StreamEndReason.CLOSED
                     out.append((STREAM_END, st.vbucket, int(StreamEndReason.CLOSED), False))
 
-    def _stream_response(self, st: Stream | None, msg, out: list) -> None:
+    def _stream_response(self, st: ConsumerStream | None, msg, out: list) -> None:
         if st is None:
             return
         vb = st.vbucket
@@ -705,7 +713,7 @@ class DcpSession:
                 f"failed: {status_name(status)}", host=self.address, vbucket=vb, seqno=pos.seqno,
                 status=status))
 
-    def _rollback(self, st: Stream, rollback_seqno: int, out: list) -> None:
+    def _rollback(self, st: ConsumerStream, rollback_seqno: int, out: list) -> None:
         vb = st.vbucket
         before = st.base
         after = before.rolled_back(rollback_seqno)
@@ -757,4 +765,4 @@ class DcpSession:
         out.append((STREAM_END, vb, int(reason), False))
 
 
-__all__ = ["DcpSession", "SessionConfig", "Stream", "RETRY_REASONS", "VALUE_COUNTERS"]
+__all__ = ["DcpSession", "SessionConfig", "ConsumerStream", "RETRY_REASONS", "VALUE_COUNTERS"]

@@ -7,6 +7,7 @@ Layout (one module per concern, mini-redis style):
 * `commands/`: one module per command family (session, kv, meta, stats, cluster, dcp);
 * `bucket`, `vbucket`, `item`: the data; `checkpoint`: in-memory change queues and cursors;
 * `storage`: SQLite in WAL mode and the flusher thread; `backfill`: disk-backfill admission;
-* `producer`, `stream`, `dcpwire`: the DCP producer, its streams and its frame builders;
+* `producer`, `stream`: the DCP producer and its streams (frames built with
+  `dcptool.protocol.wire`);
 * `decisions`: the seeds' rules as pure functions; `auth`, `errormap`, `status`, `config`.
 """

@@ -22,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import struct
 import time
 from typing import TYPE_CHECKING, Any
 
 from dcptool.protocol import FrameDecoder, ProtocolError, decode_message
+from dcptool.protocol import wire as w
 from dcptool.protocol.constants import (
     DEFAULT_MAX_BODY,
     RESPONSE_MAGICS,
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dcptool.node.connection")
 
-RESPONSE_HEADER = struct.Struct(">BBHBBHIIQ")
-_RSP_PACK = RESPONSE_HEADER.pack
+_RSP_PACK = w.HEADER.pack
+_RES = w.RES
 
 #: statuses a client without XERROR never sees: the connection is closed instead
 _DISCONNECT_WITHOUT_XERROR = frozenset({
@@ -357,7 +357,7 @@ class Connection(asyncio.BufferedProtocol):
         elen = len(extras)
         blen = elen + klen + len(value)
         self.out_bytes += 24 + blen
-        self.out.append(_RSP_PACK(0x81, frame.opcode, klen, elen, datatype, status,
+        self.out.append(_RSP_PACK(_RES, frame.opcode, klen, elen, datatype, status,
                                   blen, frame.opaque, cas))
         if elen:
             self.out.append(extras)
@@ -367,7 +367,7 @@ class Connection(asyncio.BufferedProtocol):
             self.out.append(value)
 
     def _send_header(self, opcode: int, status: int, opaque: int) -> None:
-        self.out.append(_RSP_PACK(0x81, opcode, 0, 0, 0, status, 0, opaque, 0))
+        self.out.append(_RSP_PACK(_RES, opcode, 0, 0, 0, status, 0, opaque, 0))
 
     def error(self, frame: Frame, status: int, value: bytes = b"", datatype: int = 0) -> None:
         """An error reply, following what a client without XERROR expects (section 2.1)."""

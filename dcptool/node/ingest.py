@@ -13,30 +13,31 @@ takes that frame with all its checks, so the answers are the same either way.
 from __future__ import annotations
 
 import logging
-import struct
 import time
 
-from dcptool.protocol.constants import Datatype, MetaOption, Opcode, Status, VBucketState
-from dcptool.protocol.frame import HEADER
+from dcptool.protocol import wire as w
+from dcptool.protocol.constants import Status, VBucketState
 
 from .access import Privilege
 from .item import DELETION, EXPIRATION, MUTATION, Item
 
 log = logging.getLogger("dcptool.node.connection")
 
-_HEADER = HEADER.unpack_from
-_RSP = HEADER.pack
-_META = struct.Struct(">IIQQ").unpack_from
-_META_OPTIONS = struct.Struct(">IIQQI").unpack_from
-_SET_EXTRAS = struct.Struct(">II").unpack_from
-_SEQNO_EXTRAS = struct.Struct(">QQ").pack
+_HEADER = w.HEADER.unpack_from
+_RSP = w.HEADER.pack
+_META = w.WITH_META_EXTRAS.unpack_from
+_META_OPTIONS = w.WITH_META_OPTIONS_EXTRAS.unpack_from
+_SET_EXTRAS = w.STORE_EXTRAS.unpack_from
+_SEQNO_EXTRAS = w.MUTATION_SEQNO_EXTRAS.pack
+_REQ = w.REQ
+_RES = w.RES
 
-_SET = int(Opcode.SET)
-_SETQ = int(Opcode.SETQ)
-_SET_WITH_META = int(Opcode.SET_WITH_META)
-_SETQ_WITH_META = int(Opcode.SETQ_WITH_META)
-_DEL_WITH_META = int(Opcode.DEL_WITH_META)
-_DELQ_WITH_META = int(Opcode.DELQ_WITH_META)
+_SET = w.OP_SET
+_SETQ = w.OP_SETQ
+_SET_WITH_META = w.OP_SET_WITH_META
+_SETQ_WITH_META = w.OP_SETQ_WITH_META
+_DEL_WITH_META = w.OP_DEL_WITH_META
+_DELQ_WITH_META = w.OP_DELQ_WITH_META
 #: opcodes `take_writes` may handle (the connection looks at the first frame's opcode)
 FAST_OPCODES = frozenset({_SET, _SETQ, _SET_WITH_META, _SETQ_WITH_META, _DEL_WITH_META,
                           _DELQ_WITH_META})
@@ -44,10 +45,10 @@ _WITH_META = frozenset({_SET_WITH_META, _SETQ_WITH_META, _DEL_WITH_META, _DELQ_W
 _DELETIONS = frozenset({_DEL_WITH_META, _DELQ_WITH_META})
 _QUIET = frozenset({_SETQ, _SETQ_WITH_META, _DELQ_WITH_META})
 
-_JSON = int(Datatype.JSON)
+_JSON = w.DT_JSON
 _ACTIVE = int(VBucketState.ACTIVE)
-_SKIP_CR = int(MetaOption.SKIP_CONFLICT_RESOLUTION)
-_IS_EXPIRATION = int(MetaOption.IS_EXPIRATION)
+_SKIP_CR = w.META_SKIP_CONFLICT_RESOLUTION
+_IS_EXPIRATION = w.META_IS_EXPIRATION
 _FAST_OPTIONS = _SKIP_CR | _IS_EXPIRATION
 _KEY_EEXISTS = int(Status.KEY_EEXISTS)
 _EINTERNAL = int(Status.EINTERNAL)
@@ -74,10 +75,12 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
     off = 0
     count = 0
     now = time.time()
+    req = _REQ
+    rsp = _RES
     with memoryview(buf) as mv:
         while n - off >= 24:
             magic, op, klen, elen, dt, vbid, blen, opaque, cas = _HEADER(buf, off)
-            if magic != 0x80 or blen > max_body:
+            if magic != req or blen > max_body:
                 break
             end = off + 24 + blen
             if end > n or cas or not klen:
@@ -117,7 +120,7 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                             key, value, flags=flags, expiry=expiry, rev=rev, meta_cas=meta_cas,
                             datatype=dt, options=options, deletion=deletion, now=now)
                         if res.status:
-                            conn.out.append(_RSP(0x81, op, 0, 0, 0, res.status, 0, opaque, 0))
+                            conn.out.append(_RSP(rsp, op, 0, 0, 0, res.status, 0, opaque, 0))
                             replied += 24
                             continue
                         item = res.item
@@ -134,7 +137,7 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                                                    dt))
                 except Exception:
                     log.exception("%s: command 0x%02x failed", conn.peer, op)
-                    conn.out.append(_RSP(0x81, op, 0, 0, 0, _EINTERNAL, 0, opaque, 0))
+                    conn.out.append(_RSP(rsp, op, 0, 0, 0, _EINTERNAL, 0, opaque, 0))
                     replied += 24
                     continue
             elif op == _SET or op == _SETQ:
@@ -163,18 +166,18 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                                            vb.next_cas(), flags, 0, dt))
                 except Exception:
                     log.exception("%s: command 0x%02x failed", conn.peer, op)
-                    conn.out.append(_RSP(0x81, op, 0, 0, 0, _EINTERNAL, 0, opaque, 0))
+                    conn.out.append(_RSP(rsp, op, 0, 0, 0, _EINTERNAL, 0, opaque, 0))
                     replied += 24
                     continue
             else:
                 break
             if op not in _QUIET:
                 if seqno_extras:
-                    conn.out.append(_RSP(0x81, op, 0, 16, 0, 0, 16, opaque, item.cas))
+                    conn.out.append(_RSP(rsp, op, 0, 16, 0, 0, 16, opaque, item.cas))
                     conn.out.append(_SEQNO_EXTRAS(vb.uuid, item.seqno))
                     replied += 40
                 else:
-                    conn.out.append(_RSP(0x81, op, 0, 0, 0, 0, 0, opaque, item.cas))
+                    conn.out.append(_RSP(rsp, op, 0, 0, 0, 0, 0, opaque, item.cas))
                     replied += 24
     if count:
         conn.frames_in += count

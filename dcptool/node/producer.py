@@ -2,8 +2,8 @@
 
 Shared state, and why it exists:
 
-* `streams`: (vbucket, stream id) -> Stream, the live streams (one per vbucket, or per
-  vbucket and stream id once `enable_stream_id` is on).
+* `streams`: (vbucket, stream id) -> ProducerStream, the live streams (one per vbucket,
+  or per vbucket and stream id once `enable_stream_id` is on).
 * `ready`: streams that have something to send right now, served round robin, each
   for at most `QUANTUM` bytes per turn, so one busy vbucket cannot starve the others.
 * `outstanding`: bytes sent and not yet acknowledged with BUFFER_ACK. With
@@ -31,13 +31,13 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from dcptool.protocol import wire as w
 from dcptool.protocol.constants import DcpOpenFlag, Opcode, Status, StreamEndReason
 from dcptool.protocol.snappy import SNAPPY, compress_if_smaller
 
-from . import dcpwire as w
 from .decisions import TAKEOVER_DONE, TAKEOVER_SEND_DEAD, TAKEOVER_WAIT_ACTIVE
 from .item import EXPIRATION, MUTATION
-from .stream import DEAD, Stream, payload
+from .stream import DEAD, ProducerStream, payload
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -64,8 +64,8 @@ class Producer:
         self.no_value = bool(flags & DcpOpenFlag.NO_VALUE)
         self.keep_datatype = bool(flags & DcpOpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE)
         self.delete_times = bool(flags & DcpOpenFlag.INCLUDE_DELETE_TIMES)
-        self.streams: dict[tuple[int, int | None], Stream] = {}
-        self.ready: deque[Stream] = deque()
+        self.streams: dict[tuple[int, int | None], ProducerStream] = {}
+        self.ready: deque[ProducerStream] = deque()
         self.scheduled = False
         self.closed = False
         self.loop = asyncio.get_event_loop()
@@ -107,7 +107,7 @@ class Producer:
 
     # -- streams -------------------------------------------------------------------------
 
-    def add_stream(self, s: Stream) -> None:
+    def add_stream(self, s: ProducerStream) -> None:
         self.streams[(s.vbid, s.sid)] = s
         s.vb.streams.add(s)
         self.streams_opened += 1
@@ -117,7 +117,7 @@ class Producer:
         s = self.streams.get((vbid, sid))
         return s is not None and s.state != DEAD
 
-    def stream_finished(self, s: Stream) -> None:
+    def stream_finished(self, s: ProducerStream) -> None:
         key = (s.vbid, s.sid)
         if self.streams.get(key) is s:
             del self.streams[key]
@@ -134,7 +134,7 @@ class Producer:
             self.stream_finished(s)
         return True
 
-    def ready_stream(self, s: Stream) -> None:
+    def ready_stream(self, s: ProducerStream) -> None:
         if not s.queued and s.state != DEAD and not self.closed:
             s.queued = True
             self.ready.append(s)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from dcptool.protocol import wire as w
 from dcptool.protocol.constants import (
     SEQNO_MAX,
     SnapshotFlag,
@@ -36,7 +37,6 @@ from dcptool.protocol.constants import (
     VBucketState,
 )
 
-from . import dcpwire as w
 from . import decisions as d
 from .decisions import StreamPlan, first_marker_start
 from .item import DELETION, EXPIRATION, MUTATION, split_xattrs
@@ -56,18 +56,19 @@ DEAD = 3
 _MEM = int(SnapshotFlag.MEMORY)
 _DISK = int(SnapshotFlag.DISK)
 _CHK = int(SnapshotFlag.CHECKPOINT)
-_XATTR = 0x04
-_JSON = 0x01
+_XATTR = w.DT_XATTR
+_JSON = w.DT_JSON
 _TWO64 = 1 << 64
 ROWS_PER_FETCH = 2048
 
 _MUT = w.MUTATION.pack
-_DEL1 = w.DELETION_V1.pack
-_DEL2 = w.DELETION_V2.pack
-_EXP = w.EXPIRATION.pack
+_REQ = w.REQ
+_OP_MUTATION = w.OP_DCP_MUTATION
+_MUT_EXTLEN = w.MUTATION_EXTLEN
+_HLEN = w.HEADER_LEN
 
 
-class Stream:
+class ProducerStream:
     def __init__(self, producer: "Producer", vb: "VBucket", opaque: int, sid: int | None,
                  plan: StreamPlan) -> None:
         self.producer = producer
@@ -393,17 +394,18 @@ class Stream:
         strip = prod.strip_mask
         simple = prod.simple and self.sid is None
         pack = _MUT
+        req, opcode, extlen, hlen = _REQ, _OP_MUTATION, _MUT_EXTLEN, _HLEN
         while i < n:
             it = items[i]
             if simple and it.op == 0 and not it.datatype & strip:
                 key = it.key
                 val = it.value
                 kl = len(key)
-                body = 31 + kl + len(val)
-                size = 24 + body
+                body = extlen + kl + len(val)
+                size = hlen + body
                 if used + size > limit and (used or not first_ok):
                     break
-                append(pack(0x80, 0x57, kl, 31, it.datatype, vb, body, opq, it.cas, it.seqno,
+                append(pack(req, opcode, kl, extlen, it.datatype, vb, body, opq, it.cas, it.seqno,
                             it.rev, it.flags, it.expiry, 0, 0, 0))
                 append(key)
                 append(val)
@@ -435,6 +437,7 @@ class Stream:
         strip = prod.strip_mask
         simple = prod.simple and self.sid is None
         pack = _MUT
+        req, opcode, extlen, hlen = _REQ, _OP_MUTATION, _MUT_EXTLEN, _HLEN
         mask = SEQNO_MASK
         while i < n:
             rid, key, rev, cas, flags, expiry, dt, op, dtime, val = rows[i]
@@ -444,11 +447,11 @@ class Stream:
                 rev += _TWO64
             if simple and op == 0 and not dt & strip:
                 kl = len(key)
-                body = 31 + kl + len(val)
-                size = 24 + body
+                body = extlen + kl + len(val)
+                size = hlen + body
                 if used + size > limit and (used or not first_ok):
                     break
-                append(pack(0x80, 0x57, kl, 31, dt, vb, body, opq, cas, rid & mask, rev, flags,
+                append(pack(req, opcode, kl, extlen, dt, vb, body, opq, cas, rid & mask, rev, flags,
                             expiry, 0, 0, 0))
                 append(key)
                 append(val)
@@ -501,5 +504,5 @@ def payload(value: bytes, datatype: int, op: int, *, include_xattrs: bool, no_va
     return out, dt
 
 
-__all__ = ["Stream", "payload", "BACKFILL_PENDING", "BACKFILLING", "MEMORY", "DEAD",
+__all__ = ["ProducerStream", "payload", "BACKFILL_PENDING", "BACKFILLING", "MEMORY", "DEAD",
            "DELETION", "EXPIRATION"]

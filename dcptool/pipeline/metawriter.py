@@ -7,7 +7,6 @@ us (newer data already there) are counted as skipped; TMPFAIL is retried with ba
 """
 from __future__ import annotations
 
-import struct
 import time
 from bisect import bisect_right
 from collections import deque
@@ -15,38 +14,42 @@ from dataclasses import dataclass, field
 from itertools import accumulate, islice
 from operator import itemgetter
 from typing import Iterable
-from zlib import crc32
 
 from dcptool.client.connection import Connection
 from dcptool.client.errors import NotMyVbucketError, ProtocolViolation
-from dcptool.protocol import HEADER, vbucket_of
+from dcptool.protocol import vbucket_of
+from dcptool.protocol import wire
 from dcptool.protocol.constants import (
     REQUEST_MAGICS,
-    Magic,
     MetaOption,
     Opcode,
     Status,
     status_name,
 )
 
-WITH_META = struct.Struct(">IIQQ")
-WITH_META_OPTS = struct.Struct(">IIQQI")
-#: record kinds the writer accepts
-MUTATION, DELETION, EXPIRATION = "mutation", "deletion", "expiration"
+#: the kinds of record the writer accepts (the first field of a record), also the keys of
+#: `WriteCounts`' dicts
+WRITE_MUTATION, WRITE_DELETION, WRITE_EXPIRATION = "mutation", "deletion", "expiration"
+WRITE_KINDS = (WRITE_MUTATION, WRITE_DELETION, WRITE_EXPIRATION)
 _RETRY = {Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM}
 #: a request header and its SET/DEL_WITH_META extras in one precompiled struct
-_WITH_META_REQ = struct.Struct(HEADER.format + WITH_META.format.lstrip(">"))
-_WITH_META_OPTS_REQ = struct.Struct(HEADER.format + WITH_META_OPTS.format.lstrip(">"))
-_SETQ_WITH_META = int(Opcode.SETQ_WITH_META)
-_DELQ_WITH_META = int(Opcode.DELQ_WITH_META)
-_IS_EXPIRATION = int(MetaOption.IS_EXPIRATION)
+_WITH_META_REQ = wire.WITH_META
+_WITH_META_OPTS_REQ = wire.WITH_META_OPTIONS
+_SETQ_WITH_META = wire.OP_SETQ_WITH_META
+_DELQ_WITH_META = wire.OP_DELQ_WITH_META
+_IS_EXPIRATION = wire.META_IS_EXPIRATION
+_KEY = itemgetter(1)  # of a record
+
+
+def _zero_counts() -> dict[str, int]:
+    return dict.fromkeys(WRITE_KINDS, 0)
 
 
 @dataclass
 class WriteCounts:
-    restored: dict[str, int] = field(default_factory=lambda: {MUTATION: 0, DELETION: 0, EXPIRATION: 0})
-    skipped: dict[str, int] = field(default_factory=lambda: {MUTATION: 0, DELETION: 0, EXPIRATION: 0})
-    failed: dict[str, int] = field(default_factory=lambda: {MUTATION: 0, DELETION: 0, EXPIRATION: 0})
+    restored: dict[str, int] = field(default_factory=_zero_counts)
+    skipped: dict[str, int] = field(default_factory=_zero_counts)
+    failed: dict[str, int] = field(default_factory=_zero_counts)
     retries: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -140,31 +143,34 @@ class MetaWriter:
         parts: list[bytes] = []
         append = parts.append
         opaque = base
-        for kind, key, value, flags, expiry, rev, cas, datatype in batch:
-            vb = ((crc32(key) >> 16) & 0x7FFF) % n  # vbucket_of, inlined (a call per record)
+        req, extlen, opts_extlen = wire.REQ, wire.WITH_META_EXTLEN, wire.WITH_META_OPTIONS_EXTLEN
+        # the records' vbuckets in one pass (a call per record would cost)
+        vbs = wire.vbuckets_of(map(_KEY, batch), n)
+        for (kind, key, value, flags, expiry, rev, cas, datatype), vb in zip(batch, vbs):
             klen = len(key)
-            if kind == MUTATION:
+            if kind == WRITE_MUTATION:
                 if options:
-                    append(pack_opts(0x80, _SETQ_WITH_META, klen, 28, datatype, vb,
-                                     28 + klen + len(value), opaque, 0, flags, expiry, rev, cas,
-                                     options))
+                    append(pack_opts(req, _SETQ_WITH_META, klen, opts_extlen, datatype, vb,
+                                     opts_extlen + klen + len(value), opaque, 0, flags, expiry,
+                                     rev, cas, options))
                 else:
-                    append(pack(0x80, _SETQ_WITH_META, klen, 24, datatype, vb,
-                                24 + klen + len(value), opaque, 0, flags, expiry, rev, cas))
+                    append(pack(req, _SETQ_WITH_META, klen, extlen, datatype, vb,
+                                extlen + klen + len(value), opaque, 0, flags, expiry, rev, cas))
             else:
-                o = options | _IS_EXPIRATION if kind == EXPIRATION else options
+                o = options | _IS_EXPIRATION if kind == WRITE_EXPIRATION else options
                 if o:
-                    append(pack_opts(0x80, _DELQ_WITH_META, klen, 28, datatype, vb,
-                                     28 + klen + len(value), opaque, 0, flags, expiry, rev, cas, o))
+                    append(pack_opts(req, _DELQ_WITH_META, klen, opts_extlen, datatype, vb,
+                                     opts_extlen + klen + len(value), opaque, 0, flags, expiry,
+                                     rev, cas, o))
                 else:
-                    append(pack(0x80, _DELQ_WITH_META, klen, 24, datatype, vb,
-                                24 + klen + len(value), opaque, 0, flags, expiry, rev, cas))
+                    append(pack(req, _DELQ_WITH_META, klen, extlen, datatype, vb,
+                                extlen + klen + len(value), opaque, 0, flags, expiry, rev, cas))
             append(key)
             if value:
                 append(value)
             opaque += 1
         barrier = base | 0xFFFF
-        append(HEADER.pack(Magic.REQUEST, Opcode.NOOP, 0, 0, 0, 0, 0, barrier, 0))
+        append(wire.HEADER.pack(req, wire.OP_NOOP, 0, 0, 0, 0, 0, barrier, 0))
         self.conn.send_bytes(b"".join(parts))
         self._inflight.append((barrier, batch, attempt))
 
@@ -187,11 +193,11 @@ class MetaWriter:
         restored = self.counts.restored
         if not failed_idx:
             kinds = [r[0] for r in batch]
-            nm = kinds.count(MUTATION)
-            restored[MUTATION] += nm
+            nm = kinds.count(WRITE_MUTATION)
+            restored[WRITE_MUTATION] += nm
             if nm != len(kinds):
-                restored[DELETION] += kinds.count(DELETION)
-                restored[EXPIRATION] += kinds.count(EXPIRATION)
+                restored[WRITE_DELETION] += kinds.count(WRITE_DELETION)
+                restored[WRITE_EXPIRATION] += kinds.count(WRITE_EXPIRATION)
             return
         retry = []
         for i, rec in enumerate(batch):
@@ -199,7 +205,8 @@ class MetaWriter:
             status = failed_idx.get(i)
             if status is None or status == Status.SUCCESS:
                 restored[kind] += 1
-            elif status == Status.KEY_EEXISTS or (status == Status.KEY_ENOENT and kind != MUTATION):
+            elif status == Status.KEY_EEXISTS or (status == Status.KEY_ENOENT
+                                                  and kind != WRITE_MUTATION):
                 # the node holds a version that wins conflict resolution (or nothing to delete)
                 self.counts.skipped[kind] += 1
             elif status in _RETRY and attempt < self.max_retries:

@@ -26,7 +26,7 @@ from . import metawriter as mw
 from .nodeinfo import active_nodes, vbucket_count
 from .spark import default_parallelism, get_spark, plan_groups
 
-_KIND = {MUTATION: mw.MUTATION, DELETION: mw.DELETION, EXPIRATION: mw.EXPIRATION}
+_KIND = {MUTATION: mw.WRITE_MUTATION, DELETION: mw.WRITE_DELETION, EXPIRATION: mw.WRITE_EXPIRATION}
 
 
 def resolved_records(archive_path: str, vbucket: int, backup: str | None,
@@ -45,7 +45,7 @@ def resolved_records(archive_path: str, vbucket: int, backup: str | None,
             _t, _s, rev, cas, flags, expiry, datatype, key, value, _x = r
             if datatype & SNAPPY:
                 value, datatype = _plain(value, datatype, vbucket, key)
-            out = (mw.MUTATION, key, value, flags, expiry, rev, cas, datatype)
+            out = (mw.WRITE_MUTATION, key, value, flags, expiry, rev, cas, datatype)
         else:
             _t, _s, rev, cas, key, delete_time, datatype, value = r
             if datatype & SNAPPY:
@@ -116,7 +116,7 @@ def restore_task(spec: dict[str, Any]) -> dict[str, Any]:
         recs = list(resolved_records(spec["archive"], vb, spec["backup"], spec.get("filter"),
                                      chain=chain))
         kinds = [r[0] for r in recs]
-        per_vb[vb] = {k: kinds.count(k) for k in (mw.MUTATION, mw.DELETION, mw.EXPIRATION)}
+        per_vb[vb] = {k: kinds.count(k) for k in mw.WRITE_KINDS}
         return recs
 
     def records():
@@ -171,8 +171,8 @@ def run_restore(archive_path: str, opts=None, **kwargs: Any) -> RestoreResult:
 
 
 def _kinds(c: dict[str, int]) -> str:
-    return (f"{c.get(mw.MUTATION, 0)} mutations, {c.get(mw.DELETION, 0)} deletions, "
-            f"{c.get(mw.EXPIRATION, 0)} expirations")
+    return (f"{c.get(mw.WRITE_MUTATION, 0)} mutations, {c.get(mw.WRITE_DELETION, 0)} deletions, "
+            f"{c.get(mw.WRITE_EXPIRATION, 0)} expirations")
 
 
 def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None = None,

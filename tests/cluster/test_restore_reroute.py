@@ -52,11 +52,11 @@ def test_window_answered_not_my_vbucket_goes_to_the_new_active(ab):
             if i == 100:  # two windows went to A; B replicated them; then the map changes
                 wait_seqno(b, 0, 100)
                 send_map([a, b], [[1, 0], [1, 0], [0, 1], [1, 0]], rev=2)
-            yield (mw.MUTATION, k.encode(), b'{"i": %d}' % i, 0, 0, 1, 1000 + i, 1)
+            yield (mw.WRITE_MUTATION, k.encode(), b'{"i": %d}' % i, 0, 0, 1, 1000 + i, 1)
 
     routes = {0: addr(a), 1: addr(b), 2: addr(a), 3: addr(b)}   # the plan before the move
     counts = mw.write_to_actives(opts_for(a), routes, VBS, [(0, records())], window=50)
-    assert counts.restored[mw.MUTATION] == 200 and counts.failed[mw.MUTATION] == 0
+    assert counts.restored[mw.WRITE_MUTATION] == 200 and counts.failed[mw.WRITE_MUTATION] == 0
     assert vb_state(a, 0) == VBucketState.REPLICA and vb_state(b, 0) == VBucketState.ACTIVE
     docs, _ = vbucket_stream(b, 0)
     assert set(docs) == {k.encode() for k in keys}
@@ -90,8 +90,8 @@ def test_restore_task_planned_before_a_failover_writes_to_the_promoted_node(ab, 
     a.kill()
     send_map([a, b], [[1, -1]] * VBS, rev=2, only=[b])
     out = restore_task(spec)
-    assert out["restored"][mw.MUTATION] == 4 * 29 and out["restored"][mw.DELETION] == 4
-    assert out["failed"] == {mw.MUTATION: 0, mw.DELETION: 0, mw.EXPIRATION: 0}
+    assert out["restored"][mw.WRITE_MUTATION] == 4 * 29 and out["restored"][mw.WRITE_DELETION] == 4
+    assert out["failed"] == {mw.WRITE_MUTATION: 0, mw.WRITE_DELETION: 0, mw.WRITE_EXPIRATION: 0}
     for vb, ks in per_vb.items():
         docs, _ = vbucket_stream(b, vb)
         assert {k.decode() for k, d in docs.items() if d[0] == "live"} == set(ks[1:])

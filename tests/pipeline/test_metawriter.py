@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from client.peer import Peer
 
-from dcptool.pipeline.metawriter import DELETION, MUTATION, MetaWriter
+from dcptool.pipeline.metawriter import WRITE_DELETION, WRITE_MUTATION, MetaWriter
 from dcptool.protocol.constants import Opcode, Status
 
 
@@ -30,8 +30,8 @@ def test_tmpfail_is_retried_with_backoff_and_other_errors_are_counted():
                  Opcode.NOOP: lambda p, f: p.reply(f)})
     conn = peer.connection()
     writer = MetaWriter(conn, 16, window=3, backoff=0.01)
-    recs = [(MUTATION, k, b"{}", 0, 0, 1, 100, 1) for k in (b"a", b"busy", b"newer", b"bad", b"c")]
-    recs.append((DELETION, b"gone", b"", 0, 0, 2, 200, 0))
+    recs = [(WRITE_MUTATION, k, b"{}", 0, 0, 1, 100, 1) for k in (b"a", b"busy", b"newer", b"bad", b"c")]
+    recs.append((WRITE_DELETION, b"gone", b"", 0, 0, 2, 200, 0))
     counts = writer.write(recs).as_dict()
     assert answered[b"busy"] == 3
     assert counts["retries"] == 2
@@ -61,7 +61,7 @@ def test_two_windows_are_in_flight_and_answers_find_their_window():
 
     peer = Peer({Opcode.SETQ_WITH_META: setq, Opcode.NOOP: noop})
     writer = MetaWriter(peer.connection(timeout=10), 16, window=2, depth=2)
-    recs = [(MUTATION, b"k%d" % i, b"v", 0, 0, 1, 100 + i, 0) for i in range(6)]
+    recs = [(WRITE_MUTATION, b"k%d" % i, b"v", 0, 0, 1, 100 + i, 0) for i in range(6)]
     counts = writer.write(recs).as_dict()
     assert len(noops) == 3 and len(set(noops)) == 3
     assert counts["restored"]["mutation"] == 5 and counts["skipped"]["mutation"] == 1
@@ -85,7 +85,7 @@ def test_windows_hold_a_bounded_number_of_value_bytes():
 
     peer = Peer({Opcode.SETQ_WITH_META: setq, Opcode.NOOP: noop})
     writer = MetaWriter(peer.connection(timeout=30), 16, window=2000)
-    recs = [(MUTATION, b"k%d" % i, b"v" * n, 0, 0, 1, 100 + i, 0) for i, n in enumerate(sizes)]
+    recs = [(WRITE_MUTATION, b"k%d" % i, b"v" * n, 0, 0, 1, 100 + i, 0) for i, n in enumerate(sizes)]
     counts = writer.write(recs).as_dict()
     assert counts["restored"]["mutation"] == len(sizes)
     sent = [w for w in windows if w]

@@ -15,7 +15,7 @@ from dcptool.protocol.constants import DcpOpenFlag, Opcode, Status
 from ..access import Privilege, has_privilege
 from ..decisions import VBucketView, evaluate_stream_request
 from ..producer import Producer
-from ..stream import Stream
+from ..stream import ProducerStream
 from . import CHECKED_IN_HANDLER, command
 from .cluster import failover_log_bytes
 from .kv import not_my_vbucket
@@ -107,7 +107,7 @@ def dcp_stream_req(conn, frame, msg) -> None:
         conn.error(frame, d.status)
         return
     conn.reply(frame, value=failover_log_bytes(vb))
-    prod.add_stream(Stream(prod, vb, frame.opaque, sid, d.plan))
+    prod.add_stream(ProducerStream(prod, vb, frame.opaque, sid, d.plan))
 
 
 @command(Opcode.DCP_CLOSE_STREAM, dcp=True, privilege=Privilege.DCP_PRODUCER)
