@@ -36,7 +36,7 @@ from dcptool.protocol.snappy import SNAPPY, decompress
 
 from . import hwtrepl
 from .cluster import ClusterMap, load_map, save_map
-from .item import DELETION, EXPIRATION, MUTATION, Item
+from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, Item
 from .storage import SEQNO_MASK, row_id
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("dcptool.node.replication")
 
 _REPLICA = int(VBucketState.REPLICA)
-_OPS = {0x57: MUTATION, 0x58: DELETION, 0x59: EXPIRATION}
+_OPS = {0x57: ITEM_MUTATION, 0x58: ITEM_DELETION, 0x59: ITEM_EXPIRATION}
 #: seconds between reconnection attempts to a source that cannot be reached
 RETRY_DELAY = 0.2
 #: the largest value a replica inflates (the front end's document limit plus xattrs)
@@ -81,7 +81,7 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
             if seq <= high:
                 continue  # already held (a re-sent snapshot after a reconnect)
             op = _OPS[kind]
-            if op == MUTATION:
+            if op == ITEM_MUTATION:
                 item = Item(key, bytes(value), seq, rev, cas, flags, expiry, dt)
             else:
                 item = Item(key, bytes(value), seq, rev, cas, 0, 0, dt, op,
@@ -91,7 +91,7 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
             entries.append((vb.id, item))
             if cas > vb.max_cas:
                 vb.max_cas = cas
-            if expiry and op == MUTATION:
+            if expiry and op == ITEM_MUTATION:
                 import heapq
                 heapq.heappush(heap, (expiry, vb.id, key, seq))
             high = seq
@@ -171,7 +171,7 @@ async def rollback(bucket, vb: "VBucket", seqno: int) -> int:
     else:
         for key in [k for k, it in vb.items.items() if it.seqno > target]:
             it = vb.items.pop(key)
-            if it.op == MUTATION:
+            if it.op == ITEM_MUTATION:
                 vb.live_items -= 1
     vb.failover_log = [(u, s) for u, s in vb.failover_log if s <= target] or vb.failover_log[-1:]
     vb.high_seqno = target

@@ -18,7 +18,7 @@ from dcptool.protocol.constants import DATATYPE_MASK, Datatype, MetaOption, Opco
 from dcptool.protocol.messages import GetMeta, SetWithMeta
 
 from ..access import Privilege
-from ..item import MUTATION, valid_xattr_blob
+from ..item import ITEM_MUTATION, valid_xattr_blob
 from . import command
 from .kv import active_vbucket, inflated, mutation_extras
 
@@ -41,7 +41,7 @@ def get_meta(conn, frame, msg) -> None:
             return
         conn.reply(frame, Status.KEY_ENOENT)
         return
-    deleted = item.op != MUTATION
+    deleted = item.op != ITEM_MUTATION
     extras = _GET_META.pack(1 if deleted else 0, item.flags,
                             item.delete_time if deleted else item.expiry, item.rev)
     if version == 2:
