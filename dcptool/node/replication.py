@@ -1,7 +1,7 @@
 """Replica vbuckets: fed over DCP from their source node, the way seeds 001 and 004 describe.
 
 `Replication` (one per node, `node.replication`) holds the cluster map (see
-`dcptool.node.cluster`) and one `ReplicaStream` per replica vbucket. A ReplicaStream is
+`dcptool.node.clustermap`) and one `ReplicaStream` per replica vbucket. A ReplicaStream is
 a thread running a `dcptool.client.DcpConsumer` against the source node (this module
 is the node's replication consumer, the one part of `node/` that uses the client). It
 asks for the vbucket from the replica's own position (newest failover entry, high seqno):
@@ -35,7 +35,7 @@ from dcptool.protocol.constants import SEQNO_MAX, StreamEndReason, VBucketState
 from dcptool.protocol.snappy import SNAPPY, decompress
 
 from . import hwtrepl
-from .cluster import ClusterMap, load_map, save_map
+from .clustermap import ClusterMap, load_map, save_map
 from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, Item
 from .storage import SEQNO_MASK, row_id
 

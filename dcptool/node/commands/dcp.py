@@ -16,9 +16,8 @@ from ..access import Privilege, has_privilege
 from ..decisions import VBucketView, evaluate_stream_request
 from ..producer import Producer
 from ..stream import Stream
-from . import CHECKED_IN_HANDLER, command
-from .cluster import failover_log_bytes
-from .kv import not_my_vbucket
+from .common import CHECKED_IN_HANDLER, command, not_my_vbucket
+from .vbucket import failover_log_bytes
 
 _U64 = struct.Struct(">Q")
 

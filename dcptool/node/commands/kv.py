@@ -22,7 +22,7 @@ from dcptool.protocol.snappy import SnappyTooLarge, decompress
 from .. import decisions
 from ..access import Privilege
 from ..item import split_xattrs, valid_xattr_blob
-from . import command
+from .common import command, not_my_vbucket
 
 # plain ints on the hot path (IntFlag arithmetic costs microseconds)
 _JSON = int(Datatype.JSON)
@@ -47,14 +47,6 @@ _QUIET = frozenset({Opcode.SETQ, Opcode.ADDQ, Opcode.REPLACEQ, Opcode.DELETEQ,
 #: append_prepend_validator in daemon/mcbp_validators.cc has the same mask)
 _APPEND_DATATYPES = _JSON | _SNAPPY
 _APPENDS = frozenset({Opcode.APPEND, Opcode.APPENDQ})
-
-
-def not_my_vbucket(conn, frame) -> None:
-    """NOT_MY_VBUCKET with the cluster map, so a smart client can refresh its view."""
-    from .cluster import cluster_config_json
-
-    conn.error(frame, Status.NOT_MY_VBUCKET, value=cluster_config_json(conn),
-               datatype=Datatype.JSON if conn.json else 0)
 
 
 def active_vbucket(conn, frame):

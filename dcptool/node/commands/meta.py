@@ -19,7 +19,7 @@ from dcptool.protocol.messages import GetMeta, SetWithMeta
 
 from ..access import Privilege
 from ..item import ITEM_MUTATION, valid_xattr_blob
-from . import command
+from .common import command
 from .kv import active_vbucket, inflated, mutation_extras
 
 _GET_META = struct.Struct(">IIIQ")
