@@ -147,11 +147,8 @@ class Bucket:
                  vbs[vbid].purge_seqno, vbs[vbid].max_cas) for vbid in sorted(changed)])
         st.set_meta(clean_shutdown=0)
         self.hwt.load()
-        from .producer import end_streams_on_state_change
-
         for vb in vbs.values():
             vb.on_meta_change = self._meta_changed
-            vb.state_listeners.append(end_streams_on_state_change)
         self.warmup = {"clean_shutdown": clean, "fresh": fresh, "items_loaded": loaded, "eviction": self.eviction,
                        "new_failover_entries": len(branched), "hwt_rows": len(self.hwt),
                        "seconds": round(time.monotonic() - t0, 3)}
