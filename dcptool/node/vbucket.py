@@ -16,6 +16,7 @@ from dcptool.protocol.constants import Datatype, MetaOption, Status, VBucketStat
 
 from . import decisions
 from .checkpoint import CheckpointManager, CheckpointMemory
+from .decisions import is_expired
 from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, Item
 
 #: at most this many failover entries are kept (oldest dropped)
@@ -125,10 +126,6 @@ class VBucket:
     @property
     def uuid(self) -> int:
         return self.failover_log[0][0]
-
-    @property
-    def is_active(self) -> bool:
-        return self.state == VBucketState.ACTIVE
 
     def add_failover_entry(self, seqno: int | None = None) -> tuple[int, int]:
         """Start a new history branch at `seqno` (default: the high seqno)."""
@@ -276,7 +273,7 @@ class VBucket:
         it = self.find(key)
         if it is None or it.op != ITEM_MUTATION:
             return None
-        if it.expiry and it.expiry <= now:
+        if is_expired(it.expiry, now):
             if self.state == VBucketState.ACTIVE:
                 self.expire(it, int(now))
             return None
@@ -285,7 +282,7 @@ class VBucket:
     def get_meta(self, key: bytes, now: float) -> Item | None:
         """The newest version of `key`, tombstones included (expired items are expired first)."""
         it = self.find(key)
-        if it is not None and it.op == ITEM_MUTATION and it.expiry and it.expiry <= now \
+        if it is not None and it.op == ITEM_MUTATION and is_expired(it.expiry, now) \
                 and self.state == VBucketState.ACTIVE:
             it = self.expire(it, int(now))
         return it
@@ -299,7 +296,7 @@ class VBucket:
             now = time.time()
         old = self.find(key)
         live = old if (old is not None and old.op == ITEM_MUTATION
-                       and not (old.expiry and old.expiry <= now)) else None
+                       and not is_expired(old.expiry, now)) else None
         if old is not None and live is None and old.op == ITEM_MUTATION:
             # expired: it becomes a tombstone first so the history shows the expiry
             old = self.expire(old, int(now))
@@ -341,7 +338,7 @@ class VBucket:
         it = self.find(key)
         if it is None or it.seqno != seqno or it.op != ITEM_MUTATION:
             return False
-        if not (it.expiry and it.expiry <= now):
+        if not is_expired(it.expiry, now):
             return False
         self.expire(it, int(now))
         return True
