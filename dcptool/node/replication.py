@@ -120,6 +120,38 @@ def _decompressed(rec):
     return (kind, vbid, seq, rev, cas, flags, expiry, dt & ~SNAPPY, key, value)
 
 
+def position_at_high_seqno(vb: "VBucket"):
+    """The client position a stream of `vb` resumes from: its high seqno, on the newest
+    failover entry at or below it (a replica catching up, a takeover starting)."""
+    from dcptool.client.position import Position
+
+    log_ = tuple((int(u), int(s)) for u, s in vb.failover_log)
+    high = vb.high_seqno
+    uuid = 0
+    for u, s in log_:
+        if s <= high:
+            uuid = u
+            break
+    return Position(uuid, high, high, high, log_, (high,) if high else ())
+
+
+def position_after_rollback(info, target: int):
+    """Where a stream resumes once the rollback the source asked for (`info`, a client
+    `RollbackInfo`) took the vbucket to `target`: the old position moved there, or the start."""
+    from dcptool.client.position import Position
+
+    return info.before.moved_to(target) if target else Position()
+
+
+def close_consumer(consumer) -> None:
+    """Close a replication consumer, if any; one whose connection broke is closed enough."""
+    if consumer is not None:
+        try:
+            consumer.close()
+        except OSError:
+            pass
+
+
 def rollback_target(vb: "VBucket", seqno: int) -> int:
     """Where a replica asked to roll back to at most `seqno` can go: `seqno` itself when
     every change above it created its key (dropping them restores the state at `seqno`
@@ -316,29 +348,16 @@ class ReplicaStream(threading.Thread):
             finally:
                 self.connected = False
                 c, self.consumer = self.consumer, None
-                if c is not None:
-                    try:
-                        c.close()
-                    except OSError:
-                        pass
+                close_consumer(c)
             with self.repl.cond:
                 if not self.stopping:
                     self.repl.cond.wait(RETRY_DELAY)
 
     def _position(self):
-        from dcptool.client.position import Position
-
         vb = self.repl.bucket.vbuckets[self.vbid]
         if vb.state != _REPLICA:
             raise _Stopped()
-        log_ = tuple((int(u), int(s)) for u, s in vb.failover_log)
-        high = vb.high_seqno
-        uuid = 0
-        for u, s in log_:
-            if s <= high:
-                uuid = u
-                break
-        return Position(uuid, high, high, high, log_, (high,) if high else ())
+        return position_at_high_seqno(vb)
 
     def _run_once(self) -> None:
         from dcptool.client.consumer import DcpConsumer
@@ -422,8 +441,6 @@ class ReplicaStream(threading.Thread):
                 s.end_stream(StreamEndReason.STATE_CHANGED)
 
     def _on_rollback(self, info):
-        from dcptool.client.position import Position
-
         self.rollbacks += 1
         self._snap.clear()
 
@@ -432,8 +449,7 @@ class ReplicaStream(threading.Thread):
             if vb.state != _REPLICA:
                 raise _Stopped()
             return await rollback(self.repl.bucket, vb, info.rollback_seqno)
-        target = self._on_loop(do)
-        return info.before.moved_to(target) if target else Position()
+        return position_after_rollback(info, self._on_loop(do))
 
 
 # ---------------------------------------------------------------------------
