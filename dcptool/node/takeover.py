@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from dcptool.protocol.constants import SEQNO_MAX, StreamEndReason, StreamFlag, VBucketState
 
+from .hwtrepl import adopt
 from .replication import (SnapshotBuffer, apply_snapshot, close_consumer, position_after_rollback,
                           position_at_high_seqno, rollback)
 
@@ -237,7 +238,6 @@ async def take_over(node: "Node", vbid: int, address: tuple[str, int], auth: dic
         if vb.state == _PENDING:
             vb.set_state(_REPLICA)  # the source is still active (or dead: see the CLI)
         raise
-    from .hwtrepl import adopt
     await adopt(node, vbid, address, auth)  # the old active's HWT rows (seed 002)
     vb = bucket.vbuckets[vbid]
     log.info("vbucket %d taken over from %s:%d at seqno %d (%d items, from %d)", vbid,

@@ -24,6 +24,7 @@ from dcptool.protocol.constants import Datatype, Status, VBucketState
 from ..access import Privilege
 from ..bucketconfig import own_services
 from ..clustermap import ClusterMap, MapError
+from ..takeover import TakeoverError, take_over
 from .common import answer_later, command
 
 CLUSTER_SET_MAP = 0xE8
@@ -96,8 +97,6 @@ def cluster_status(conn, frame) -> None:
 
 @command(VBUCKET_TAKEOVER, decode=False, privilege=Privilege.NODE_MANAGEMENT)
 def vbucket_takeover(conn, frame) -> None:
-    from ..takeover import TakeoverError, take_over
-
     if not _allowed(conn, frame):
         return
     vbid = frame.specific
