@@ -130,6 +130,16 @@ def mutation_extras(conn, vb, item) -> bytes:
     return b""
 
 
+def answer_write(conn, frame, vb, res, quiet: bool) -> None:
+    """The answer to a write that ran: its failure status; else nothing when `quiet`, or
+    the new CAS (with the vbucket uuid and seqno when MutationSeqno was negotiated)."""
+    if res.status:
+        conn.reply(frame, res.status)
+    elif not quiet:
+        item = res.item
+        conn.reply(frame, cas=item.cas, extras=mutation_extras(conn, vb, item))
+
+
 @command(Opcode.SET, Opcode.ADD, Opcode.REPLACE, Opcode.SETQ, Opcode.ADDQ, Opcode.REPLACEQ,
          decode=False, privilege=Privilege.WRITE)
 def store(conn, frame) -> None:
@@ -162,17 +172,8 @@ def store(conn, frame) -> None:
     conn.wrote = True
     res = vb.store(key, value, flags, expiry, dt, cas=frame.cas, mode=_SET_MODE[frame.opcode],
                    now=now)
-    if res.status:
-        if res.status == Status.KEY_ENOENT and frame.opcode in (Opcode.SET, Opcode.SETQ):
-            # SET with a CAS on a missing key
-            conn.reply(frame, Status.KEY_ENOENT)
-        else:
-            conn.reply(frame, res.status)
-        return
-    if frame.opcode in _QUIET:
-        return
-    item = res.item
-    conn.reply(frame, cas=item.cas, extras=mutation_extras(conn, vb, item))
+    # a SET with a CAS on a missing key gets KEY_ENOENT from the store
+    answer_write(conn, frame, vb, res, frame.opcode in _QUIET)
 
 
 @command(Opcode.DELETE, Opcode.DELETEQ, decode=False, privilege=Privilege.WRITE)
@@ -185,12 +186,7 @@ def delete(conn, frame) -> None:
         return
     conn.wrote = True
     res = vb.delete(frame.key, cas=frame.cas)
-    if res.status:
-        conn.reply(frame, res.status)
-        return
-    if frame.opcode in _QUIET:
-        return
-    conn.reply(frame, cas=res.item.cas, extras=mutation_extras(conn, vb, res.item))
+    answer_write(conn, frame, vb, res, frame.opcode in _QUIET)
 
 
 @command(Opcode.APPEND, Opcode.PREPEND, Opcode.APPENDQ, Opcode.PREPENDQ, decode=False,
@@ -242,12 +238,7 @@ def append_prepend(conn, frame) -> None:
     conn.wrote = True
     res = vb.store(key, xattrs + body, old.flags, old.expiry, new_dt, cas=old.cas, mode=2,
                    now=now)
-    if res.status:
-        conn.reply(frame, res.status)
-        return
-    if frame.opcode in _QUIET:
-        return
-    conn.reply(frame, cas=res.item.cas, extras=mutation_extras(conn, vb, res.item))
+    answer_write(conn, frame, vb, res, frame.opcode in _QUIET)
 
 
 @command(Opcode.GET, Opcode.GETQ, Opcode.GETK, Opcode.GETKQ, decode=False,

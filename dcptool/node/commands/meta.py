@@ -20,7 +20,7 @@ from dcptool.protocol.messages import GetMeta, SetWithMeta
 from ..access import Privilege
 from ..item import ITEM_MUTATION, valid_xattr_blob
 from .common import command
-from .kv import active_vbucket, inflated, mutation_extras
+from .kv import active_vbucket, answer_write, inflated
 
 _GET_META = struct.Struct(">IIIQ")
 
@@ -111,12 +111,7 @@ def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
         msg.key, value, flags=msg.flags, expiry=msg.expiry, rev=msg.rev_seqno,
         meta_cas=msg.meta_cas, datatype=dt, options=options, cas=frame.cas,
         deletion=deletion, now=now)
-    if res.status:
-        conn.reply(frame, res.status)
-        return
-    if msg.quiet or frame.opcode in (Opcode.ADDQ_WITH_META,):
-        return
-    conn.reply(frame, cas=res.item.cas, extras=mutation_extras(conn, vb, res.item))
+    answer_write(conn, frame, vb, res, msg.quiet or frame.opcode in (Opcode.ADDQ_WITH_META,))
 
 
 @command(Opcode.SET_WITH_META, Opcode.SETQ_WITH_META, privilege=Privilege.META_WRITE)
