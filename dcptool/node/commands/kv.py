@@ -94,6 +94,22 @@ def _is_json(body: bytes) -> bool:
     return True
 
 
+def datatype_allowed(conn, frame, value: bytes, dt: int) -> bool:
+    """False after answering EINVAL (unknown bits, SNAPPY still set, XATTR on a connection
+    that did not negotiate it) or XATTR_EINVAL (a malformed xattr blob)."""
+    if dt & _BAD_DATATYPE:
+        conn.reply(frame, Status.EINVAL)
+        return False
+    if dt & _XATTR:
+        if not conn.xattr:
+            conn.reply(frame, Status.EINVAL)
+            return False
+        if not valid_xattr_blob(value):
+            conn.reply(frame, Status.XATTR_EINVAL)
+            return False
+    return True
+
+
 def check_datatype(conn, frame, value: bytes, dt: int | None = None) -> int | None:
     """The datatype to store for a client's value, or None after answering an error.
 
@@ -101,16 +117,8 @@ def check_datatype(conn, frame, value: bytes, dt: int | None = None) -> int | No
     """
     if dt is None:
         dt = frame.datatype
-    if dt & _BAD_DATATYPE:
-        conn.reply(frame, Status.EINVAL)
+    if not datatype_allowed(conn, frame, value, dt):
         return None
-    if dt & _XATTR:
-        if not conn.xattr:
-            conn.reply(frame, Status.EINVAL)
-            return None
-        if not valid_xattr_blob(value):
-            conn.reply(frame, Status.XATTR_EINVAL)
-            return None
     if dt & _JSON:
         if not conn.json:
             conn.reply(frame, Status.EINVAL)

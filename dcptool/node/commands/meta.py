@@ -14,13 +14,13 @@ from __future__ import annotations
 import struct
 import time
 
-from dcptool.protocol.constants import DATATYPE_MASK, Datatype, MetaOption, Opcode, Status
+from dcptool.protocol.constants import Datatype, MetaOption, Opcode, Status
 from dcptool.protocol.messages import GetMeta, SetWithMeta
 
 from ..access import Privilege
-from ..item import ITEM_MUTATION, valid_xattr_blob
+from ..item import ITEM_MUTATION
 from .common import command
-from .kv import active_vbucket, answer_write, inflated
+from .kv import active_vbucket, answer_write, datatype_allowed, inflated
 
 _GET_META = struct.Struct(">IIIQ")
 
@@ -47,20 +47,6 @@ def get_meta(conn, frame, msg) -> None:
     if version == 2:
         extras += bytes([item.datatype])
     conn.reply(frame, extras=extras, cas=item.cas)
-
-
-def _validate_datatype(conn, frame, value: bytes, dt: int) -> bool:
-    if dt & ~DATATYPE_MASK or dt & Datatype.SNAPPY:
-        conn.reply(frame, Status.EINVAL)
-        return False
-    if dt & Datatype.XATTR:
-        if not conn.xattr:
-            conn.reply(frame, Status.EINVAL)
-            return False
-        if not valid_xattr_blob(value):
-            conn.reply(frame, Status.XATTR_EINVAL)
-            return False
-    return True
 
 
 def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
@@ -92,7 +78,7 @@ def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
     if deletion and value and not dt & Datatype.XATTR:
         conn.reply(frame, Status.EINVAL)
         return
-    if not _validate_datatype(conn, frame, value, dt):
+    if not datatype_allowed(conn, frame, value, dt):
         return
     if msg.meta_cas == 0 and not options & MetaOption.REGENERATE_CAS:
         conn.reply(frame, Status.EINVAL)
