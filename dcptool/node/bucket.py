@@ -30,6 +30,7 @@ from .checkpoint import CheckpointMemory
 from .config import DEFAULT_MEMORY_QUOTA
 from .compaction import Purger
 from .hwt import HighWatermarkTable
+from .item import ITEM_MUTATION
 from .storage import FORMAT_VERSION, Storage
 from .vbucket import VBucket, new_vbucket_uuid
 
@@ -147,11 +148,8 @@ class Bucket:
                  vbs[vbid].purge_seqno, vbs[vbid].max_cas) for vbid in sorted(changed)])
         st.set_meta(clean_shutdown=0)
         self.hwt.load()
-        from .producer import end_streams_on_state_change
-
         for vb in vbs.values():
             vb.on_meta_change = self._meta_changed
-            vb.state_listeners.append(end_streams_on_state_change)
         self.warmup = {"clean_shutdown": clean, "fresh": fresh, "items_loaded": loaded, "eviction": self.eviction,
                        "new_failover_entries": len(branched), "hwt_rows": len(self.hwt),
                        "seconds": round(time.monotonic() - t0, 3)}
@@ -169,14 +167,14 @@ class Bucket:
             if vb is None:
                 continue
             vb.items[item.key] = item
-            if item.op == 0:
+            if item.op == ITEM_MUTATION:
                 vb.live_items += 1
             if item.cas > vb.max_cas:
                 vb.max_cas = item.cas
             loaded += 1
         for vb in vbs.values():
             for it in vb.items.values():
-                if it.expiry and it.op == 0:
+                if it.expiry and it.op == ITEM_MUTATION:
                     self.expiry_heap.append((it.expiry, vb.id, it.key, it.seqno))
         return loaded
 

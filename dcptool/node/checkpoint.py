@@ -111,9 +111,6 @@ class CheckpointMemory:
         #: called when over budget (the node wakes the flusher: unpersisted items cannot be freed)
         self.on_pressure: Callable[[], None] | None = None
 
-    def over_budget(self) -> bool:
-        return self.used > self.budget
-
     def maybe_reduce(self) -> None:
         if self.used > self.budget and self.used > self.retry_above:
             self.reduce()
@@ -170,10 +167,6 @@ class CheckpointManager:
         self.checkpoints.append(ck)
         self._open = ck
         return ck
-
-    @property
-    def open_checkpoint(self) -> Checkpoint:
-        return self._open
 
     def queue(self, item: Item) -> None:
         """Append a new version to the open checkpoint, replacing an older one of the same key."""

@@ -30,6 +30,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
+from dcptool.protocol.constants import VBucketState
+
 from . import decisions, hwtrepl
 from . import storage as st
 from .hwt import OK
@@ -177,8 +179,6 @@ class Purger:
 
     def _source_cap(self, vb) -> int | None:
         """A replica vbucket's cap: its source's purge seqno as last read (0: unknown)."""
-        from dcptool.protocol.constants import VBucketState
-
         return hwtrepl.purge_cap(vb.state == VBucketState.REPLICA,
                                  self.bucket.hwt.source_purge.get(vb.id))
 

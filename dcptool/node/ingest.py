@@ -19,7 +19,7 @@ from dcptool.protocol import wire as w
 from dcptool.protocol.constants import Status, VBucketState
 
 from .access import Privilege
-from .item import DELETION, EXPIRATION, MUTATION, Item
+from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, Item
 
 log = logging.getLogger("dcptool.node.connection")
 
@@ -130,7 +130,7 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                         if deletion:
                             item = vb._commit(Item(
                                 key, value, 0, rev, meta_cas, flags, 0, dt,
-                                EXPIRATION if options & _IS_EXPIRATION else DELETION,
+                                ITEM_EXPIRATION if options & _IS_EXPIRATION else ITEM_DELETION,
                                 expiry or int(now)))
                         else:
                             item = vb._commit(Item(key, value, 0, rev, meta_cas, flags, expiry,
@@ -156,7 +156,7 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                     break
                 key = bytes(mv[p + 8:kend])
                 old = vb.find(key)
-                if old is not None and old.op == MUTATION and old.expiry:
+                if old is not None and old.op == ITEM_MUTATION and old.expiry:
                     break  # may have expired: the generic path turns it into a tombstone
                 value = bytes(mv[kend:end])
                 off = end

@@ -4,9 +4,9 @@ from __future__ import annotations
 import struct
 
 #: `Item.op` values: what the version is
-MUTATION = 0
-DELETION = 1
-EXPIRATION = 2
+ITEM_MUTATION = 0
+ITEM_DELETION = 1
+ITEM_EXPIRATION = 2
 
 #: rough per-item overhead (object, slots, list and dict slots) used for memory accounting
 ITEM_OVERHEAD = 120
@@ -22,7 +22,8 @@ class Item:
 
     * `seqno` is the vbucket's sequence number of this change; `rev` the key's revision seqno.
     * `expiry` is absolute unix seconds (0 = never); `flags` the 4 document flag bytes as u32.
-    * `op` is MUTATION, DELETION or EXPIRATION; tombstones keep `delete_time` (unix seconds).
+    * `op` is ITEM_MUTATION, ITEM_DELETION or ITEM_EXPIRATION; tombstones keep `delete_time`
+      (unix seconds).
     * `value` may start with an xattr blob when `datatype` has the XATTR bit.
     """
 
@@ -30,7 +31,7 @@ class Item:
                  "delete_time")
 
     def __init__(self, key: bytes, value: bytes, seqno: int, rev: int, cas: int, flags: int,
-                 expiry: int, datatype: int, op: int = MUTATION, delete_time: int = 0) -> None:
+                 expiry: int, datatype: int, op: int = ITEM_MUTATION, delete_time: int = 0) -> None:
         self.key = key
         self.value = value
         self.seqno = seqno
@@ -44,7 +45,7 @@ class Item:
 
     @property
     def deleted(self) -> bool:
-        return self.op != MUTATION
+        return self.op != ITEM_MUTATION
 
     @property
     def size(self) -> int:

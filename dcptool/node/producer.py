@@ -36,7 +36,7 @@ from dcptool.protocol.constants import DcpOpenFlag, Opcode, Status, StreamEndRea
 from dcptool.protocol.snappy import SNAPPY, compress_if_smaller
 
 from .decisions import TAKEOVER_DONE, TAKEOVER_SEND_DEAD, TAKEOVER_WAIT_ACTIVE
-from .item import EXPIRATION, MUTATION
+from .item import ITEM_EXPIRATION, ITEM_MUTATION
 from .stream import DEAD, ProducerStream, payload
 
 if TYPE_CHECKING:
@@ -214,9 +214,9 @@ class Producer:
             if packed is not None:
                 val = packed
                 dt2 |= SNAPPY
-        if op == MUTATION:
+        if op == ITEM_MUTATION:
             return w.mutation(vb, opq, key, val, dt2, cas, seqno, rev, flags, expiry, sid)
-        if op == EXPIRATION and self.expiry_opcode and self.delete_times:
+        if op == ITEM_EXPIRATION and self.expiry_opcode and self.delete_times:
             return w.expiration(vb, opq, key, val, dt2, cas, seqno, rev, delete_time, sid)
         return w.deletion(vb, opq, key, val, dt2, cas, seqno, rev,
                           delete_time if self.delete_times else None, sid)

@@ -1,7 +1,7 @@
 """Replica vbuckets: fed over DCP from their source node, the way seeds 001 and 004 describe.
 
 `Replication` (one per node, `node.replication`) holds the cluster map (see
-`dcptool.node.cluster`) and one `ReplicaStream` per replica vbucket. A ReplicaStream is
+`dcptool.node.clustermap`) and one `ReplicaStream` per replica vbucket. A ReplicaStream is
 a thread running a `dcptool.client.DcpConsumer` against the source node (this module
 is the node's replication consumer, the one part of `node/` that uses the client). It
 asks for the vbucket from the replica's own position (newest failover entry, high seqno):
@@ -35,8 +35,8 @@ from dcptool.protocol.constants import SEQNO_MAX, StreamEndReason, VBucketState
 from dcptool.protocol.snappy import SNAPPY, decompress
 
 from . import hwtrepl
-from .cluster import ClusterMap, load_map, save_map
-from .item import DELETION, EXPIRATION, MUTATION, Item
+from .clustermap import ClusterMap, load_map, save_map
+from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, Item
 from .storage import SEQNO_MASK, row_id
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("dcptool.node.replication")
 
 _REPLICA = int(VBucketState.REPLICA)
-_OPS = {0x57: MUTATION, 0x58: DELETION, 0x59: EXPIRATION}
+_OPS = {0x57: ITEM_MUTATION, 0x58: ITEM_DELETION, 0x59: ITEM_EXPIRATION}
 #: seconds between reconnection attempts to a source that cannot be reached
 RETRY_DELAY = 0.2
 #: the largest value a replica inflates (the front end's document limit plus xattrs)
@@ -81,7 +81,7 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
             if seq <= high:
                 continue  # already held (a re-sent snapshot after a reconnect)
             op = _OPS[kind]
-            if op == MUTATION:
+            if op == ITEM_MUTATION:
                 item = Item(key, bytes(value), seq, rev, cas, flags, expiry, dt)
             else:
                 item = Item(key, bytes(value), seq, rev, cas, 0, 0, dt, op,
@@ -91,7 +91,7 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
             entries.append((vb.id, item))
             if cas > vb.max_cas:
                 vb.max_cas = cas
-            if expiry and op == MUTATION:
+            if expiry and op == ITEM_MUTATION:
                 import heapq
                 heapq.heappush(heap, (expiry, vb.id, key, seq))
             high = seq
@@ -118,6 +118,38 @@ def _decompressed(rec):
         return rec
     value = decompress(value, MAX_INFLATED)
     return (kind, vbid, seq, rev, cas, flags, expiry, dt & ~SNAPPY, key, value)
+
+
+def position_at_high_seqno(vb: "VBucket"):
+    """The client position a stream of `vb` resumes from: its high seqno, on the newest
+    failover entry at or below it (a replica catching up, a takeover starting)."""
+    from dcptool.client.position import Position
+
+    log_ = tuple((int(u), int(s)) for u, s in vb.failover_log)
+    high = vb.high_seqno
+    uuid = 0
+    for u, s in log_:
+        if s <= high:
+            uuid = u
+            break
+    return Position(uuid, high, high, high, log_, (high,) if high else ())
+
+
+def position_after_rollback(info, target: int):
+    """Where a stream resumes once the rollback the source asked for (`info`, a client
+    `RollbackInfo`) took the vbucket to `target`: the old position moved there, or the start."""
+    from dcptool.client.position import Position
+
+    return info.before.moved_to(target) if target else Position()
+
+
+def close_consumer(consumer) -> None:
+    """Close a replication consumer, if any; one whose connection broke is closed enough."""
+    if consumer is not None:
+        try:
+            consumer.close()
+        except OSError:
+            pass
 
 
 def rollback_target(vb: "VBucket", seqno: int) -> int:
@@ -171,7 +203,7 @@ async def rollback(bucket, vb: "VBucket", seqno: int) -> int:
     else:
         for key in [k for k, it in vb.items.items() if it.seqno > target]:
             it = vb.items.pop(key)
-            if it.op == MUTATION:
+            if it.op == ITEM_MUTATION:
                 vb.live_items -= 1
     vb.failover_log = [(u, s) for u, s in vb.failover_log if s <= target] or vb.failover_log[-1:]
     vb.high_seqno = target
@@ -316,29 +348,16 @@ class ReplicaStream(threading.Thread):
             finally:
                 self.connected = False
                 c, self.consumer = self.consumer, None
-                if c is not None:
-                    try:
-                        c.close()
-                    except OSError:
-                        pass
+                close_consumer(c)
             with self.repl.cond:
                 if not self.stopping:
                     self.repl.cond.wait(RETRY_DELAY)
 
     def _position(self):
-        from dcptool.client.position import Position
-
         vb = self.repl.bucket.vbuckets[self.vbid]
         if vb.state != _REPLICA:
             raise _Stopped()
-        log_ = tuple((int(u), int(s)) for u, s in vb.failover_log)
-        high = vb.high_seqno
-        uuid = 0
-        for u, s in log_:
-            if s <= high:
-                uuid = u
-                break
-        return Position(uuid, high, high, high, log_, (high,) if high else ())
+        return position_at_high_seqno(vb)
 
     def _run_once(self) -> None:
         from dcptool.client.consumer import DcpConsumer
@@ -422,8 +441,6 @@ class ReplicaStream(threading.Thread):
                 s.end_stream(StreamEndReason.STATE_CHANGED)
 
     def _on_rollback(self, info):
-        from dcptool.client.position import Position
-
         self.rollbacks += 1
         self._snap.clear()
 
@@ -432,8 +449,7 @@ class ReplicaStream(threading.Thread):
             if vb.state != _REPLICA:
                 raise _Stopped()
             return await rollback(self.repl.bucket, vb, info.rollback_seqno)
-        target = self._on_loop(do)
-        return info.before.moved_to(target) if target else Position()
+        return position_after_rollback(info, self._on_loop(do))
 
 
 # ---------------------------------------------------------------------------

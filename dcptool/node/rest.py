@@ -10,7 +10,7 @@ that tools and SDKs read to find their way around a cluster (docs/rest.md).
     GET /pools/default/buckets/NAME/ddocs       design documents: none ({"rows": []})
 
 Everything is read-only and JSON. The cluster the answers describe is the one
-GET_CLUSTER_CONFIG describes (`commands.cluster.cluster_members`, `bucket_config`): alone,
+GET_CLUSTER_CONFIG describes (`bucketconfig.cluster_members`, `bucket_config`): alone,
 this node; in a cluster, every member with its data and REST ports.
 
 Users and roles are the data port's (`Users`, `access`), given with HTTP Basic auth: no or
@@ -38,7 +38,7 @@ from aiohttp import BasicAuth, hdrs, web
 from aiohttp.abc import AbstractAccessLogger
 
 from .access import Privilege
-from .commands.cluster import bucket_config, cluster_members, host_of, host_port, member_hostname
+from .bucketconfig import bucket_config, cluster_members, host_of, host_port, member_hostname
 from .commands.session import SERVER_VERSION
 
 log = logging.getLogger("dcptool.node.rest")

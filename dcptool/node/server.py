@@ -35,6 +35,7 @@ from .backfill import BackfillManager
 from .bucket import Bucket
 from .config import NodeConfig
 from .connection import Connection
+from .producer import end_streams_on_state_change
 from .replication import Replication
 
 log = logging.getLogger("dcptool.node")
@@ -172,6 +173,8 @@ class Node:
         if "bucket_uuid" not in meta:
             bucket.storage.set_meta(bucket_uuid=self.bucket_uuid)
         for vb in bucket.vbuckets.values():
+            # a state change first ends the vbucket's DCP streams, then tells the node
+            vb.state_listeners.append(end_streams_on_state_change)
             vb.state_listeners.append(self._vbucket_state_changed)
         bucket.start(loop)
         await self.replication.start()

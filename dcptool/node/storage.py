@@ -120,10 +120,6 @@ def item_from_row(row: tuple) -> tuple[int, Item]:
                                    flags, expiry, datatype, op, delete_time)
 
 
-class StorageError(Exception):
-    pass
-
-
 class Storage:
     """The node's database and its flusher thread.
 
@@ -249,9 +245,6 @@ class Storage:
         cur = self._db.execute("SELECT expiry, id, key FROM items WHERE expiry != 0 AND op = 0")
         for expiry, rid, key in cur:
             yield expiry, rid >> SEQNO_BITS, key, rid & SEQNO_MASK
-
-    def count_items(self) -> int:
-        return self._db.execute("SELECT count(*) FROM items").fetchone()[0]
 
     # -- flusher --------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from dcptool.protocol.constants import (
 
 from . import decisions as d
 from .decisions import StreamPlan, first_marker_start
-from .item import DELETION, EXPIRATION, MUTATION, split_xattrs
+from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, split_xattrs
 from .storage import SEQNO_MASK, BackfillReader
 
 if TYPE_CHECKING:
@@ -489,7 +489,7 @@ def payload(value: bytes, datatype: int, op: int, *, include_xattrs: bool, no_va
         xattrs, body = split_xattrs(value)
     else:
         xattrs, body = b"", value
-    if no_value or op != MUTATION:
+    if no_value or op != ITEM_MUTATION:
         body = b""
     if include_xattrs and xattrs:
         out = xattrs + body
@@ -505,4 +505,4 @@ def payload(value: bytes, datatype: int, op: int, *, include_xattrs: bool, no_va
 
 
 __all__ = ["ProducerStream", "payload", "BACKFILL_PENDING", "BACKFILLING", "MEMORY", "DEAD",
-           "DELETION", "EXPIRATION"]
+           "ITEM_DELETION", "ITEM_EXPIRATION"]

@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 from dcptool.protocol.constants import SEQNO_MAX, StreamEndReason, StreamFlag, VBucketState
 
-from .replication import SnapshotBuffer, apply_snapshot, rollback
+from .hwtrepl import adopt
+from .replication import (SnapshotBuffer, apply_snapshot, close_consumer, position_after_rollback,
+                          position_at_high_seqno, rollback)
 
 if TYPE_CHECKING:
     from .server import Node
@@ -73,18 +75,9 @@ class _Takeover:
     # -- on the loop -------------------------------------------------------------------
 
     def _position(self):
-        from dcptool.client.position import Position
-
         vb = self.bucket.vbuckets[self.vbid]
-        log_ = tuple((int(u), int(s)) for u, s in vb.failover_log)
-        high = vb.high_seqno
-        uuid = 0
-        for u, s in log_:
-            if s <= high:
-                uuid = u
-                break
-        self.start_seqno = high
-        return Position(uuid, high, high, high, log_, (high,) if high else ())
+        self.start_seqno = vb.high_seqno
+        return position_at_high_seqno(vb)
 
     def _take_failover_log(self, failover_log) -> None:
         vb = self.bucket.vbuckets[self.vbid]
@@ -132,11 +125,7 @@ class _Takeover:
                             self.vbid, e)
         finally:
             c, self.consumer = self.consumer, None
-            if c is not None:
-                try:
-                    c.close()
-                except OSError:
-                    pass
+            close_consumer(c)
         self.loop.call_soon_threadsafe(self._finish, exc)
 
     def _deliver(self, records, end) -> None:
@@ -144,16 +133,13 @@ class _Takeover:
             self.on_loop(self._apply, records, end)
 
     def _on_rollback(self, info):
-        from dcptool.client.position import Position
-
         self.rollbacks += 1
         self.snap.clear()
 
         async def do():
             vb = self.bucket.vbuckets[self.vbid]
             return await rollback(self.bucket, vb, info.rollback_seqno)
-        target = self.on_loop(do)
-        return info.before.moved_to(target) if target else Position()
+        return position_after_rollback(info, self.on_loop(do))
 
     def _stream(self) -> None:
         from dcptool.client.consumer import DcpConsumer
@@ -252,7 +238,6 @@ async def take_over(node: "Node", vbid: int, address: tuple[str, int], auth: dic
         if vb.state == _PENDING:
             vb.set_state(_REPLICA)  # the source is still active (or dead: see the CLI)
         raise
-    from .hwtrepl import adopt
     await adopt(node, vbid, address, auth)  # the old active's HWT rows (seed 002)
     vb = bucket.vbuckets[vbid]
     log.info("vbucket %d taken over from %s:%d at seqno %d (%d items, from %d)", vbid,

@@ -16,7 +16,8 @@ from dcptool.protocol.constants import Datatype, MetaOption, Status, VBucketStat
 
 from . import decisions
 from .checkpoint import CheckpointManager, CheckpointMemory
-from .item import DELETION, EXPIRATION, MUTATION, Item
+from .decisions import is_expired
+from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, Item
 
 #: at most this many failover entries are kept (oldest dropped)
 MAX_FAILOVER_ENTRIES = 25
@@ -126,10 +127,6 @@ class VBucket:
     def uuid(self) -> int:
         return self.failover_log[0][0]
 
-    @property
-    def is_active(self) -> bool:
-        return self.state == VBucketState.ACTIVE
-
     def add_failover_entry(self, seqno: int | None = None) -> tuple[int, int]:
         """Start a new history branch at `seqno` (default: the high seqno)."""
         if seqno is None:
@@ -187,7 +184,7 @@ class VBucket:
         it), the flusher's queue, the expiry heap, the idle streams' wake-ups."""
         self.checkpoints.queue(item)
         self._dirty.append((self.id, item))
-        if item.expiry and item.op == MUTATION:
+        if item.expiry and item.op == ITEM_MUTATION:
             heapq.heappush(self._expiry_heap, (item.expiry, self.id, item.key, item.seqno))
         if self.waiters:
             waiters, self.waiters = self.waiters, []
@@ -198,7 +195,7 @@ class VBucket:
     def _install_value(self, item: Item) -> None:
         items = self.items
         old = items.get(item.key)
-        self.live_items += (item.op == MUTATION) - (old is not None and old.op == MUTATION)
+        self.live_items += (item.op == ITEM_MUTATION) - (old is not None and old.op == ITEM_MUTATION)
         items[item.key] = item
 
     def _install_full(self, item: Item) -> None:
@@ -215,7 +212,7 @@ class VBucket:
         if old is None:
             self.nkeys += 1
             self.bloom.add(key)
-        self.live_items += (item.op == MUTATION) - (old is not None and old.op == MUTATION)
+        self.live_items += (item.op == ITEM_MUTATION) - (old is not None and old.op == ITEM_MUTATION)
         self.items[key] = item
         cache.bytes += item.size
 
@@ -264,9 +261,9 @@ class VBucket:
     def load(self, item: Item) -> None:
         """Put an item read from disk at warm-up into the hash table (no new seqno)."""
         self.items[item.key] = item
-        if item.op == MUTATION:
+        if item.op == ITEM_MUTATION:
             self.live_items += 1
-        if item.expiry and item.op == MUTATION:
+        if item.expiry and item.op == ITEM_MUTATION:
             heapq.heappush(self._expiry_heap, (item.expiry, self.id, item.key, item.seqno))
 
     # -- reads -------------------------------------------------------------------
@@ -274,9 +271,9 @@ class VBucket:
     def get(self, key: bytes, now: float) -> Item | None:
         """The live item for `key`, or None. An expired item is turned into a tombstone."""
         it = self.find(key)
-        if it is None or it.op != MUTATION:
+        if it is None or it.op != ITEM_MUTATION:
             return None
-        if it.expiry and it.expiry <= now:
+        if is_expired(it.expiry, now):
             if self.state == VBucketState.ACTIVE:
                 self.expire(it, int(now))
             return None
@@ -285,7 +282,7 @@ class VBucket:
     def get_meta(self, key: bytes, now: float) -> Item | None:
         """The newest version of `key`, tombstones included (expired items are expired first)."""
         it = self.find(key)
-        if it is not None and it.op == MUTATION and it.expiry and it.expiry <= now \
+        if it is not None and it.op == ITEM_MUTATION and is_expired(it.expiry, now) \
                 and self.state == VBucketState.ACTIVE:
             it = self.expire(it, int(now))
         return it
@@ -298,9 +295,9 @@ class VBucket:
         if now is None:
             now = time.time()
         old = self.find(key)
-        live = old if (old is not None and old.op == MUTATION
-                       and not (old.expiry and old.expiry <= now)) else None
-        if old is not None and live is None and old.op == MUTATION:
+        live = old if (old is not None and old.op == ITEM_MUTATION
+                       and not is_expired(old.expiry, now)) else None
+        if old is not None and live is None and old.op == ITEM_MUTATION:
             # expired: it becomes a tombstone first so the history shows the expiry
             old = self.expire(old, int(now))
         if mode == 1 and live is not None:
@@ -324,13 +321,13 @@ class VBucket:
             return MutationResult(Status.KEY_ENOENT)
         if cas and live.cas != cas:
             return MutationResult(Status.KEY_EEXISTS)
-        item = Item(key, b"", 0, live.rev + 1, self.next_cas(), live.flags, 0, 0, DELETION,
+        item = Item(key, b"", 0, live.rev + 1, self.next_cas(), live.flags, 0, 0, ITEM_DELETION,
                     int(now))
         return MutationResult(Status.SUCCESS, self._commit(item))
 
     def expire(self, live: Item, now: int) -> Item:
         """Turn an expired item into a tombstone with a new seqno (DCP sends an expiration)."""
-        item = Item(live.key, b"", 0, live.rev + 1, self.next_cas(), live.flags, 0, 0, EXPIRATION,
+        item = Item(live.key, b"", 0, live.rev + 1, self.next_cas(), live.flags, 0, 0, ITEM_EXPIRATION,
                     now)
         return self._commit(item)
 
@@ -339,9 +336,9 @@ class VBucket:
         if self.state != VBucketState.ACTIVE:
             return False
         it = self.find(key)
-        if it is None or it.seqno != seqno or it.op != MUTATION:
+        if it is None or it.seqno != seqno or it.op != ITEM_MUTATION:
             return False
-        if not (it.expiry and it.expiry <= now):
+        if not is_expired(it.expiry, now):
             return False
         self.expire(it, int(now))
         return True
@@ -356,14 +353,14 @@ class VBucket:
             now = time.time()
         old = self.find(key)
         if cas:
-            if old is None or old.op != MUTATION:
+            if old is None or old.op != ITEM_MUTATION:
                 return MutationResult(Status.KEY_ENOENT)
             if old.cas != cas:
                 return MutationResult(Status.KEY_EEXISTS)
         skip = bool(options & (MetaOption.FORCE_WITH_META_OP | MetaOption.SKIP_CONFLICT_RESOLUTION))
         if not skip and old is not None:
             existing = (old.rev, old.cas,
-                        old.delete_time if old.op != MUTATION else old.expiry, old.flags)
+                        old.delete_time if old.op != ITEM_MUTATION else old.expiry, old.flags)
             incoming = (rev, meta_cas, expiry, flags)
             if not decisions.with_meta_wins(
                     incoming, existing, deletion=deletion,
@@ -375,7 +372,7 @@ class VBucket:
         else:
             self.observe_cas(meta_cas)
         if deletion:
-            op = EXPIRATION if options & MetaOption.IS_EXPIRATION else DELETION
+            op = ITEM_EXPIRATION if options & MetaOption.IS_EXPIRATION else ITEM_DELETION
             item = Item(key, value, 0, rev, meta_cas, flags, 0, datatype, op,
                         expiry or int(now))
         else:
@@ -398,7 +395,7 @@ class VBucket:
         evicted = []
         for seqno, key in tombstones:
             it = items.get(key)
-            if it is not None and it.seqno == seqno and it.op != MUTATION:
+            if it is not None and it.seqno == seqno and it.op != ITEM_MUTATION:
                 del items[key]
                 purged.append(seqno)
                 if self.full:

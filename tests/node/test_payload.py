@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import struct
 
-from dcptool.node.item import DELETION, EXPIRATION, MUTATION, split_xattrs, valid_xattr_blob
+from dcptool.node.item import (ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, split_xattrs,
+                               valid_xattr_blob)
 from dcptool.node.stream import payload
 
 
@@ -19,13 +20,13 @@ def test_payload_rules_for_xattrs_and_no_value():
     blob, body = split_xattrs(v)
     assert body == b'{"a":1}'
     kw = dict(include_xattrs=False, no_value=False, keep_datatype=False)
-    assert payload(v, 0x05, MUTATION, **kw) == (b'{"a":1}', 0x01)
-    assert payload(v, 0x05, MUTATION, **{**kw, "include_xattrs": True}) == (v, 0x05)
-    assert payload(v, 0x05, MUTATION, **{**kw, "no_value": True}) == (b"", 0x00)
-    assert payload(v, 0x05, MUTATION, include_xattrs=True, no_value=True,
+    assert payload(v, 0x05, ITEM_MUTATION, **kw) == (b'{"a":1}', 0x01)
+    assert payload(v, 0x05, ITEM_MUTATION, **{**kw, "include_xattrs": True}) == (v, 0x05)
+    assert payload(v, 0x05, ITEM_MUTATION, **{**kw, "no_value": True}) == (b"", 0x00)
+    assert payload(v, 0x05, ITEM_MUTATION, include_xattrs=True, no_value=True,
                    keep_datatype=False) == (blob, 0x04)
-    assert payload(b'{"a":1}', 0x01, MUTATION, include_xattrs=False, no_value=True,
+    assert payload(b'{"a":1}', 0x01, ITEM_MUTATION, include_xattrs=False, no_value=True,
                    keep_datatype=True) == (b"", 0x01)
-    assert payload(b"", 0, DELETION, **kw) == (b"", 0)
-    assert payload(xattrs(b""), 0x04, EXPIRATION, **{**kw, "include_xattrs": True}) == (xattrs(b""), 0x04)
+    assert payload(b"", 0, ITEM_DELETION, **kw) == (b"", 0)
+    assert payload(xattrs(b""), 0x04, ITEM_EXPIRATION, **{**kw, "include_xattrs": True}) == (xattrs(b""), 0x04)
     assert not valid_xattr_blob(b"\x00\x00\x00\x09abc")

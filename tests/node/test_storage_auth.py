@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from dcptool.node.auth import MECHANISMS, SaslSession, Users
-from dcptool.node.item import DELETION, Item
+from dcptool.node.item import ITEM_DELETION, Item
 from dcptool.node.storage import BackfillReader, Storage
 
 
@@ -17,14 +17,14 @@ def test_flush_keeps_one_row_per_key_and_advances_persisted_seqno(tmp_path):
     _meta(st)
     st.dirty.append((0, Item(b"a", b"1", 1, 1, 10, 0, 0, 0)))
     st.dirty.append((0, Item(b"b", b"2", 2, 1, 11, 0, 0, 0)))
-    st.dirty.append((0, Item(b"a", b"", 3, 2, 12, 0, 0, 0, DELETION, 1234)))
+    st.dirty.append((0, Item(b"a", b"", 3, 2, 12, 0, 0, 0, ITEM_DELETION, 1234)))
     st.dirty.append((1, Item(b"c", b"3", 1, 1, 2**64 - 1, 0xDEADBEEF, 0, 1)))
     st._flush_once()
     assert st.load_vbucket_meta()[0]["persisted_seqno"] == 3
     items = {(vb, it.key): it for vb, it in st.iter_items()}
     assert len(items) == 3
     a = items[(0, b"a")]
-    assert (a.seqno, a.rev, a.op, a.delete_time) == (3, 2, DELETION, 1234)
+    assert (a.seqno, a.rev, a.op, a.delete_time) == (3, 2, ITEM_DELETION, 1234)
     c = items[(1, b"c")]
     assert (c.cas, c.flags, c.datatype) == (2**64 - 1, 0xDEADBEEF, 1)
     st.stop(clean=True)

@@ -15,8 +15,7 @@ import json
 from dcptool.protocol.constants import Datatype, Opcode, Status
 
 from ..access import Privilege
-from . import answer_later, command
-from .kv import not_my_vbucket
+from .common import answer_later, command, not_my_vbucket
 
 
 @command(Opcode.COMPACT_DB, privilege=Privilege.COMPACT)

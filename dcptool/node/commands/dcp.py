@@ -16,9 +16,8 @@ from ..access import Privilege, has_privilege
 from ..decisions import VBucketView, evaluate_stream_request
 from ..producer import Producer
 from ..stream import ProducerStream
-from . import CHECKED_IN_HANDLER, command
-from .cluster import failover_log_bytes
-from .kv import not_my_vbucket
+from .common import CHECKED_IN_HANDLER, command
+from .vbucket import failover_log_bytes, get_failover_log
 
 _U64 = struct.Struct(">Q")
 
@@ -128,13 +127,8 @@ def dcp_buffer_ack(conn, frame, msg) -> None:
     conn.producer.ack(msg.bytes_to_ack)  # no response on success
 
 
-@command(Opcode.DCP_GET_FAILOVER_LOG, dcp=True, privilege=Privilege.DCP_PRODUCER)
-def dcp_get_failover_log(conn, frame, msg) -> None:
-    vb = conn.bucket.vbuckets.get(frame.specific)
-    if vb is None:
-        not_my_vbucket(conn, frame)
-        return
-    conn.reply(frame, value=failover_log_bytes(vb))
+# the same answer as GET_FAILOVER_LOG, asked on a producer connection
+command(Opcode.DCP_GET_FAILOVER_LOG, dcp=True, privilege=Privilege.DCP_PRODUCER)(get_failover_log)
 
 
 @command(Opcode.DCP_NOOP, dcp=True, decode=False, privilege=Privilege.DCP_PRODUCER)

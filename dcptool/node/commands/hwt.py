@@ -17,7 +17,7 @@ from dcptool.protocol.constants import Datatype, Opcode, Status
 from ..access import Privilege
 from ..compaction import hold_figures
 from ..hwt import HwtRequestError, parse_list_request, parse_registration, parse_selector
-from . import answer_later, command
+from .common import answer_later, command
 
 
 def _send(conn, frame, doc, status: int = Status.SUCCESS) -> None:

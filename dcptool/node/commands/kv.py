@@ -22,7 +22,7 @@ from dcptool.protocol.snappy import SnappyTooLarge, decompress
 from .. import decisions
 from ..access import Privilege
 from ..item import split_xattrs, valid_xattr_blob
-from . import command
+from .common import command, not_my_vbucket
 
 # plain ints on the hot path (IntFlag arithmetic costs microseconds)
 _JSON = int(Datatype.JSON)
@@ -47,14 +47,6 @@ _QUIET = frozenset({Opcode.SETQ, Opcode.ADDQ, Opcode.REPLACEQ, Opcode.DELETEQ,
 #: append_prepend_validator in daemon/mcbp_validators.cc has the same mask)
 _APPEND_DATATYPES = _JSON | _SNAPPY
 _APPENDS = frozenset({Opcode.APPEND, Opcode.APPENDQ})
-
-
-def not_my_vbucket(conn, frame) -> None:
-    """NOT_MY_VBUCKET with the cluster map, so a smart client can refresh its view."""
-    from .cluster import cluster_config_json
-
-    conn.error(frame, Status.NOT_MY_VBUCKET, value=cluster_config_json(conn),
-               datatype=Datatype.JSON if conn.json else 0)
 
 
 def active_vbucket(conn, frame):
@@ -102,6 +94,22 @@ def _is_json(body: bytes) -> bool:
     return True
 
 
+def datatype_allowed(conn, frame, value: bytes, dt: int) -> bool:
+    """False after answering EINVAL (unknown bits, SNAPPY still set, XATTR on a connection
+    that did not negotiate it) or XATTR_EINVAL (a malformed xattr blob)."""
+    if dt & _BAD_DATATYPE:
+        conn.reply(frame, Status.EINVAL)
+        return False
+    if dt & _XATTR:
+        if not conn.xattr:
+            conn.reply(frame, Status.EINVAL)
+            return False
+        if not valid_xattr_blob(value):
+            conn.reply(frame, Status.XATTR_EINVAL)
+            return False
+    return True
+
+
 def check_datatype(conn, frame, value: bytes, dt: int | None = None) -> int | None:
     """The datatype to store for a client's value, or None after answering an error.
 
@@ -109,16 +117,8 @@ def check_datatype(conn, frame, value: bytes, dt: int | None = None) -> int | No
     """
     if dt is None:
         dt = frame.datatype
-    if dt & _BAD_DATATYPE:
-        conn.reply(frame, Status.EINVAL)
+    if not datatype_allowed(conn, frame, value, dt):
         return None
-    if dt & _XATTR:
-        if not conn.xattr:
-            conn.reply(frame, Status.EINVAL)
-            return None
-        if not valid_xattr_blob(value):
-            conn.reply(frame, Status.XATTR_EINVAL)
-            return None
     if dt & _JSON:
         if not conn.json:
             conn.reply(frame, Status.EINVAL)
@@ -136,6 +136,16 @@ def mutation_extras(conn, vb, item) -> bytes:
     if conn.mutation_seqno:
         return _SEQNO_EXTRAS.pack(vb.uuid, item.seqno)
     return b""
+
+
+def answer_write(conn, frame, vb, res, quiet: bool) -> None:
+    """The answer to a write that ran: its failure status; else nothing when `quiet`, or
+    the new CAS (with the vbucket uuid and seqno when MutationSeqno was negotiated)."""
+    if res.status:
+        conn.reply(frame, res.status)
+    elif not quiet:
+        item = res.item
+        conn.reply(frame, cas=item.cas, extras=mutation_extras(conn, vb, item))
 
 
 @command(Opcode.SET, Opcode.ADD, Opcode.REPLACE, Opcode.SETQ, Opcode.ADDQ, Opcode.REPLACEQ,
@@ -170,17 +180,8 @@ def store(conn, frame) -> None:
     conn.wrote = True
     res = vb.store(key, value, flags, expiry, dt, cas=frame.cas, mode=_SET_MODE[frame.opcode],
                    now=now)
-    if res.status:
-        if res.status == Status.KEY_ENOENT and frame.opcode in (Opcode.SET, Opcode.SETQ):
-            # SET with a CAS on a missing key
-            conn.reply(frame, Status.KEY_ENOENT)
-        else:
-            conn.reply(frame, res.status)
-        return
-    if frame.opcode in _QUIET:
-        return
-    item = res.item
-    conn.reply(frame, cas=item.cas, extras=mutation_extras(conn, vb, item))
+    # a SET with a CAS on a missing key gets KEY_ENOENT from the store
+    answer_write(conn, frame, vb, res, frame.opcode in _QUIET)
 
 
 @command(Opcode.DELETE, Opcode.DELETEQ, decode=False, privilege=Privilege.WRITE)
@@ -193,12 +194,7 @@ def delete(conn, frame) -> None:
         return
     conn.wrote = True
     res = vb.delete(frame.key, cas=frame.cas)
-    if res.status:
-        conn.reply(frame, res.status)
-        return
-    if frame.opcode in _QUIET:
-        return
-    conn.reply(frame, cas=res.item.cas, extras=mutation_extras(conn, vb, res.item))
+    answer_write(conn, frame, vb, res, frame.opcode in _QUIET)
 
 
 @command(Opcode.APPEND, Opcode.PREPEND, Opcode.APPENDQ, Opcode.PREPENDQ, decode=False,
@@ -250,12 +246,7 @@ def append_prepend(conn, frame) -> None:
     conn.wrote = True
     res = vb.store(key, xattrs + body, old.flags, old.expiry, new_dt, cas=old.cas, mode=2,
                    now=now)
-    if res.status:
-        conn.reply(frame, res.status)
-        return
-    if frame.opcode in _QUIET:
-        return
-    conn.reply(frame, cas=res.item.cas, extras=mutation_extras(conn, vb, res.item))
+    answer_write(conn, frame, vb, res, frame.opcode in _QUIET)
 
 
 @command(Opcode.GET, Opcode.GETQ, Opcode.GETK, Opcode.GETKQ, decode=False,

@@ -14,13 +14,13 @@ from __future__ import annotations
 import struct
 import time
 
-from dcptool.protocol.constants import DATATYPE_MASK, Datatype, MetaOption, Opcode, Status
+from dcptool.protocol.constants import Datatype, MetaOption, Opcode, Status
 from dcptool.protocol.messages import GetMeta, SetWithMeta
 
 from ..access import Privilege
-from ..item import MUTATION, valid_xattr_blob
-from . import command
-from .kv import active_vbucket, inflated, mutation_extras
+from ..item import ITEM_MUTATION
+from .common import command
+from .kv import active_vbucket, answer_write, datatype_allowed, inflated
 
 _GET_META = struct.Struct(">IIIQ")
 
@@ -41,26 +41,12 @@ def get_meta(conn, frame, msg) -> None:
             return
         conn.reply(frame, Status.KEY_ENOENT)
         return
-    deleted = item.op != MUTATION
+    deleted = item.op != ITEM_MUTATION
     extras = _GET_META.pack(1 if deleted else 0, item.flags,
                             item.delete_time if deleted else item.expiry, item.rev)
     if version == 2:
         extras += bytes([item.datatype])
     conn.reply(frame, extras=extras, cas=item.cas)
-
-
-def _validate_datatype(conn, frame, value: bytes, dt: int) -> bool:
-    if dt & ~DATATYPE_MASK or dt & Datatype.SNAPPY:
-        conn.reply(frame, Status.EINVAL)
-        return False
-    if dt & Datatype.XATTR:
-        if not conn.xattr:
-            conn.reply(frame, Status.EINVAL)
-            return False
-        if not valid_xattr_blob(value):
-            conn.reply(frame, Status.XATTR_EINVAL)
-            return False
-    return True
 
 
 def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
@@ -92,7 +78,7 @@ def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
     if deletion and value and not dt & Datatype.XATTR:
         conn.reply(frame, Status.EINVAL)
         return
-    if not _validate_datatype(conn, frame, value, dt):
+    if not datatype_allowed(conn, frame, value, dt):
         return
     if msg.meta_cas == 0 and not options & MetaOption.REGENERATE_CAS:
         conn.reply(frame, Status.EINVAL)
@@ -111,12 +97,7 @@ def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
         msg.key, value, flags=msg.flags, expiry=msg.expiry, rev=msg.rev_seqno,
         meta_cas=msg.meta_cas, datatype=dt, options=options, cas=frame.cas,
         deletion=deletion, now=now)
-    if res.status:
-        conn.reply(frame, res.status)
-        return
-    if msg.quiet or frame.opcode in (Opcode.ADDQ_WITH_META,):
-        return
-    conn.reply(frame, cas=res.item.cas, extras=mutation_extras(conn, vb, res.item))
+    answer_write(conn, frame, vb, res, msg.quiet or frame.opcode in (Opcode.ADDQ_WITH_META,))
 
 
 @command(Opcode.SET_WITH_META, Opcode.SETQ_WITH_META, privilege=Privilege.META_WRITE)

@@ -10,7 +10,7 @@ from dcptool import __version__
 from dcptool.protocol.constants import Opcode, Status, VBucketState
 
 from ..access import Privilege
-from . import command
+from .common import command
 
 _STATE_NAMES = {1: "active", 2: "replica", 3: "pending", 4: "dead"}
 

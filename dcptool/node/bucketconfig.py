@@ -1,18 +1,14 @@
-"""Cluster-level commands: the cluster map, vbucket seqnos, failover logs, vbucket states."""
+"""The cluster as clients see it: the bucket config of GET_CLUSTER_CONFIG and the REST port.
+
+A node alone describes itself; a member of a cluster describes every node of its map
+(`dcptool.node.clustermap`), each with the service ports it advertises. The vbucket
+commands, the NOT_MY_VBUCKET answer and `dcptool.node.rest` all build their answers here.
+"""
 from __future__ import annotations
 
 import json
-import struct
 
-from dcptool.protocol.constants import Datatype, Opcode, Status, VBucketState
-
-from ..access import Privilege
-from . import command
-from .kv import not_my_vbucket
-
-_VB_SEQNO = struct.Struct(">HQ")
-_FAILOVER = struct.Struct(">QQ")
-_U32 = struct.Struct(">I")
+from dcptool.protocol.constants import VBucketState
 
 
 def host_of(node, transport) -> str:
@@ -123,63 +119,3 @@ def cluster_config(conn) -> dict:
 
 def cluster_config_json(conn) -> bytes:
     return json.dumps(cluster_config(conn), separators=(",", ":")).encode()
-
-
-@command(Opcode.GET_CLUSTER_CONFIG, privilege=Privilege.META_READ)
-def get_cluster_config(conn, frame, msg) -> None:
-    conn.reply(frame, value=cluster_config_json(conn),
-               datatype=Datatype.JSON if conn.json else 0)
-
-
-@command(Opcode.GET_ALL_VB_SEQNOS, privilege=Privilege.META_READ)
-def get_all_vb_seqnos(conn, frame, msg) -> None:
-    if msg.collection is not None:
-        conn.reply(frame, Status.EINVAL)  # collection filters need HELLO Collections
-        return
-    want = msg.state or 0
-    if want > VBucketState.DEAD:
-        conn.reply(frame, Status.EINVAL)
-        return
-    alive = (VBucketState.ACTIVE, VBucketState.REPLICA, VBucketState.PENDING)
-    out = []
-    for vbid, vb in sorted(conn.bucket.vbuckets.items()):
-        if (want == 0 and vb.state in alive) or vb.state == want:
-            out.append(_VB_SEQNO.pack(vbid, vb.high_seqno))
-    conn.reply(frame, value=b"".join(out))
-
-
-def failover_log_bytes(vb) -> bytes:
-    return b"".join(_FAILOVER.pack(u, s) for u, s in vb.failover_log)
-
-
-@command(Opcode.GET_FAILOVER_LOG, privilege=Privilege.META_READ)
-def get_failover_log(conn, frame, msg) -> None:
-    vb = conn.bucket.vbuckets.get(frame.specific)
-    if vb is None:
-        not_my_vbucket(conn, frame)
-        return
-    conn.reply(frame, value=failover_log_bytes(vb))
-
-
-@command(Opcode.SET_VBUCKET, privilege=Privilege.NODE_MANAGEMENT)
-def set_vbucket(conn, frame, msg) -> None:
-    if msg.state not in (1, 2, 3, 4):
-        conn.reply(frame, Status.EINVAL)
-        return
-    vb = conn.bucket.vbuckets.get(frame.specific)
-    if vb is None:
-        not_my_vbucket(conn, frame)
-        return
-    if vb.state != msg.state:
-        vb.set_state(msg.state)
-        conn.node.config_rev += 1
-    conn.reply(frame)
-
-
-@command(Opcode.GET_VBUCKET, decode=False, privilege=Privilege.META_READ)
-def get_vbucket(conn, frame) -> None:
-    vb = conn.bucket.vbuckets.get(frame.specific)
-    if vb is None:
-        not_my_vbucket(conn, frame)
-        return
-    conn.reply(frame, value=_U32.pack(vb.state))

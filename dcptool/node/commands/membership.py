@@ -1,6 +1,6 @@
 """Cluster administration over the wire, dcptool's own opcodes (docs/protocol-extensions.md):
 
-* CLUSTER_SET_MAP (0xe8): value = the cluster map (JSON, see `dcptool.node.cluster`);
+* CLUSTER_SET_MAP (0xe8): value = the cluster map (JSON, see `dcptool.node.clustermap`);
   the node keeps it, changes vbucket states and (re)points its replica streams.
   Answered once applied, with a JSON summary.
 * REPLICATION_HOLD (0xe9): vbucket in the header; extras = u64 seqno: this node's
@@ -22,9 +22,10 @@ import struct
 from dcptool.protocol.constants import Datatype, Status, VBucketState
 
 from ..access import Privilege
-from ..cluster import ClusterMap, MapError
-from . import answer_later, command
-from .cluster import own_services
+from ..bucketconfig import own_services
+from ..clustermap import ClusterMap, MapError
+from ..takeover import TakeoverError, take_over
+from .common import answer_later, command
 
 CLUSTER_SET_MAP = 0xE8
 REPLICATION_HOLD = 0xE9
@@ -96,8 +97,6 @@ def cluster_status(conn, frame) -> None:
 
 @command(VBUCKET_TAKEOVER, decode=False, privilege=Privilege.NODE_MANAGEMENT)
 def vbucket_takeover(conn, frame) -> None:
-    from ..takeover import TakeoverError, take_over
-
     if not _allowed(conn, frame):
         return
     vbid = frame.specific

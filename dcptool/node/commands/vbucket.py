@@ -1,0 +1,74 @@
+"""Vbucket commands: the cluster config, vbucket seqnos, failover logs, vbucket states."""
+from __future__ import annotations
+
+import struct
+
+from dcptool.protocol.constants import Datatype, Opcode, Status, VBucketState
+
+from ..access import Privilege
+from ..bucketconfig import cluster_config_json
+from .common import command, not_my_vbucket
+
+_VB_SEQNO = struct.Struct(">HQ")
+_FAILOVER = struct.Struct(">QQ")
+_U32 = struct.Struct(">I")
+
+
+@command(Opcode.GET_CLUSTER_CONFIG, privilege=Privilege.META_READ)
+def get_cluster_config(conn, frame, msg) -> None:
+    conn.reply(frame, value=cluster_config_json(conn),
+               datatype=Datatype.JSON if conn.json else 0)
+
+
+@command(Opcode.GET_ALL_VB_SEQNOS, privilege=Privilege.META_READ)
+def get_all_vb_seqnos(conn, frame, msg) -> None:
+    if msg.collection is not None:
+        conn.reply(frame, Status.EINVAL)  # collection filters need HELLO Collections
+        return
+    want = msg.state or 0
+    if want > VBucketState.DEAD:
+        conn.reply(frame, Status.EINVAL)
+        return
+    alive = (VBucketState.ACTIVE, VBucketState.REPLICA, VBucketState.PENDING)
+    out = []
+    for vbid, vb in sorted(conn.bucket.vbuckets.items()):
+        if (want == 0 and vb.state in alive) or vb.state == want:
+            out.append(_VB_SEQNO.pack(vbid, vb.high_seqno))
+    conn.reply(frame, value=b"".join(out))
+
+
+def failover_log_bytes(vb) -> bytes:
+    return b"".join(_FAILOVER.pack(u, s) for u, s in vb.failover_log)
+
+
+@command(Opcode.GET_FAILOVER_LOG, privilege=Privilege.META_READ)
+def get_failover_log(conn, frame, msg) -> None:
+    vb = conn.bucket.vbuckets.get(frame.specific)
+    if vb is None:
+        not_my_vbucket(conn, frame)
+        return
+    conn.reply(frame, value=failover_log_bytes(vb))
+
+
+@command(Opcode.SET_VBUCKET, privilege=Privilege.NODE_MANAGEMENT)
+def set_vbucket(conn, frame, msg) -> None:
+    if msg.state not in (1, 2, 3, 4):
+        conn.reply(frame, Status.EINVAL)
+        return
+    vb = conn.bucket.vbuckets.get(frame.specific)
+    if vb is None:
+        not_my_vbucket(conn, frame)
+        return
+    if vb.state != msg.state:
+        vb.set_state(msg.state)
+        conn.node.config_rev += 1
+    conn.reply(frame)
+
+
+@command(Opcode.GET_VBUCKET, decode=False, privilege=Privilege.META_READ)
+def get_vbucket(conn, frame) -> None:
+    vb = conn.bucket.vbuckets.get(frame.specific)
+    if vb is None:
+        not_my_vbucket(conn, frame)
+        return
+    conn.reply(frame, value=_U32.pack(vb.state))
