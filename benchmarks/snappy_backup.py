@@ -277,7 +277,7 @@ def run(n: int = 200_000, vbuckets: int = 64, rounds: int = 3, *, ways=("task", 
             opts = {m: dataclasses.replace(base, snappy=(m == "snappy")) for m in MODES}
             spark = None
             if "e2e" in ways:
-                from dcptool.pipeline.spark import get_spark
+                from dcptool.pipeline.runtime import get_spark
 
                 spark = get_spark(master)
                 spark.sparkContext.parallelize([0], 1).count()

@@ -47,7 +47,7 @@ from dcptool.protocol.constants import StreamEndReason
 from dcptool.runlog import RunLog
 
 from .nodeinfo import cluster_state, node_opts
-from .spark import default_parallelism, get_spark, plan_groups
+from .runtime import default_parallelism, get_spark, plan_groups
 
 
 @dataclass

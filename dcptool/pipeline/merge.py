@@ -68,7 +68,7 @@ from dcptool.runlog import RunLog
 from dcptool.errors import DcptoolError, UsageError
 
 from .datasource import chain_ids, load_manifests
-from .spark import default_parallelism, get_spark, plan_groups
+from .runtime import default_parallelism, get_spark, plan_groups
 
 STAGING = ".merge-staging"
 WRITE_CHUNK = 8192

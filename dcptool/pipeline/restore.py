@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import itertools
 from typing import Any
 
-from dcptool.archive import DELETION, EXPIRATION, MUTATION, Archive, VBucketHistory, resolve
+from dcptool.archive import REC_DELETION, REC_EXPIRATION, REC_MUTATION, Archive, VBucketHistory, resolve
 from dcptool.errors import DcptoolError
 from dcptool.protocol.errors import ProtocolError
 from dcptool.protocol.snappy import SNAPPY, plain
@@ -24,9 +24,9 @@ from dcptool.runlog import RunLog
 
 from . import metawriter as mw
 from .nodeinfo import active_nodes, vbucket_count
-from .spark import default_parallelism, get_spark, plan_groups
+from .runtime import default_parallelism, get_spark, plan_groups
 
-_KIND = {MUTATION: mw.MUTATION, DELETION: mw.DELETION, EXPIRATION: mw.EXPIRATION}
+_KIND = {REC_MUTATION: mw.MUTATION, REC_DELETION: mw.DELETION, REC_EXPIRATION: mw.EXPIRATION}
 
 
 def resolved_records(archive_path: str, vbucket: int, backup: str | None,
@@ -41,7 +41,7 @@ def resolved_records(archive_path: str, vbucket: int, backup: str | None,
     recs = sorted(resolve(parts).values(), key=lambda r: r[1])
     for r in recs:
         t = r[0]
-        if t == MUTATION:
+        if t == REC_MUTATION:
             _t, _s, rev, cas, flags, expiry, datatype, key, value, _x = r
             if datatype & SNAPPY:
                 value, datatype = _plain(value, datatype, vbucket, key)

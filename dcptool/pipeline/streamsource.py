@@ -270,7 +270,7 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # t
         return plan_end(start, latest, cap)
 
     def partitions(self, start: dict, end: dict):
-        from .spark import plan_groups
+        from .runtime import plan_groups
 
         todo = [k for k in end if start.get(k) != end[k]]
         if not todo:

@@ -26,7 +26,7 @@ from dcptool.archive.format import BACKUPS_DIR
 from dcptool.errors import UsageError
 
 from .datasource import chain_ids, load_manifests, resolve_parts
-from .spark import default_parallelism, get_spark, plan_groups
+from .runtime import default_parallelism, get_spark, plan_groups
 
 MASK = (1 << 64) - 1
 
