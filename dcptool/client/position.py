@@ -101,11 +101,6 @@ class Position:
             ends = ends + (seqno,)
         return Position(uuid, seqno, seqno, seqno, log, ends)
 
-    def with_failover_log(self, log: Iterable[tuple[int, int]]) -> "Position":
-        log = tuple((int(u), int(s)) for u, s in log)
-        uuid = log[0][0] if log else self.uuid
-        return Position(uuid, self.seqno, self.snap_start, self.snap_end, log, self.snapshot_ends)
-
     # ------------------------------------------------------------------ persistence
 
     def to_dict(self) -> dict[str, Any]:

@@ -299,7 +299,7 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, dict],
                         "seconds": round(time.monotonic() - (r["first_open"] or t_task), 3)}
                     summaries.append(summary)
                     pending.discard(vb)
-                    _fault_point("vbucket-closed", len(summaries))
+                    fault_point("vbucket-closed", len(summaries))
                 elif retrying:
                     run[vb]["retries"] += 1
                 else:
@@ -308,11 +308,6 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, dict],
             elif kind == ROLLBACK:
                 pass  # recorded by on_rollback
     return pending
-
-
-def _fault_point(where: str, count: int) -> None:
-    """Fault injection for the crash tests (DCPTOOL_FAULT, see dcptool.faults)."""
-    fault_point(where, count)
 
 
 def _progress_watch(backup_dir: Path, total: int, callback: Callable[[int, int, int], None],
