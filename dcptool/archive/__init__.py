@@ -3,7 +3,7 @@ backups, chain resolution and verification. Pure files: no sockets, no Spark.
 
 The format is described in docs/archive-format.md.
 """
-from .archive import LATEST, Archive, BackupWriter, PartialBackup
+from .archive import LATEST, Archive, BackupWriter, PartialBackup, backup_path
 from .errors import (
     ArchiveError,
     ArchiveLockedError,
@@ -37,7 +37,7 @@ from .resolve import mark_dead, part_cuts, resolve, resolved_in_seqno_order, sna
 from .writer import VBucketWriter
 
 __all__ = [
-    "Archive", "BackupWriter", "PartialBackup", "LATEST", "VBucketWriter", "Backup",
+    "Archive", "BackupWriter", "PartialBackup", "LATEST", "backup_path", "VBucketWriter", "Backup",
     "VBucketHistory", "VBucketRecovery", "Position",
     "ArchiveError", "ArchiveLockedError", "ChainError", "CorruptFileError", "NotAnArchiveError",
     "PartialBackupExistsError", "ResolutionError", "SummaryMismatchError",

@@ -53,6 +53,7 @@ from .format import (
     utc_now,
     uuid_for_seqno,
 )
+from . import chain as chains
 from .lock import ArchiveLock
 from .manifest import check_manifest, check_summary, totals_of
 from .reader import Backup, VBucketHistory
@@ -61,6 +62,12 @@ from .resolve import part_cuts, resolve, snapshot_boundaries
 from .writer import VBucketWriter
 
 LATEST = "latest"
+
+
+def backup_path(archive_root: str | os.PathLike[str], backup_id: str) -> Path:
+    """The directory of backup `backup_id` in the archive at `archive_root` (for tasks that
+    carry only the archive's path; `Archive.backup_dir` is the same)."""
+    return Path(archive_root) / BACKUPS_DIR / backup_id
 
 
 class Archive:
@@ -160,7 +167,7 @@ class Archive:
         return self.path / BACKUPS_DIR
 
     def backup_dir(self, backup_id: str) -> Path:
-        return self.backups_dir / backup_id
+        return backup_path(self.path, backup_id)
 
     def __repr__(self) -> str:
         return f"Archive({str(self.path)!r}, bucket={self.bucket!r})"
@@ -206,6 +213,41 @@ class Archive:
     def backup(self, backup_id: str) -> Backup:
         return Backup(self.path, self.manifest(backup_id))
 
+    def manifests(self) -> dict[str, dict[str, Any]]:
+        """The manifest of every committed backup, by id (each read and checked once)."""
+        return {bid: self.manifest(bid) for bid in self.committed_ids()}
+
+    def _replacements(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for bid in self.committed_ids():
+            try:
+                m = self.manifest(bid)
+            except ArchiveError:
+                continue
+            for old in chains.merged_from(m) or ():
+                out[old] = bid
+        return out
+
+    def resolve_parent(self, parent: str | None) -> str | None:
+        """Where a parent link leads (see archive.chain): the backup itself while it is
+        committed, else the merged backup that replaced it."""
+        return chains.follow(parent, self.is_committed, self._replacements)
+
+    def parent_of(self, backup_id: str) -> str | None:
+        """The committed backup `backup_id` continues from (its parent link, resolved)."""
+        return self.resolve_parent(self.manifest(backup_id).get("parent"))
+
+    def chain_ids(self, manifests: dict[str, dict[str, Any]] | None = None,
+                  upto: str | None = None) -> list[str]:
+        """The ids of the chain ending at `upto` (default newest), oldest first; the same
+        as `chain` over manifests already read (`manifests()`)."""
+        if manifests is None:
+            manifests = self.manifests()
+        return chains.chain_ids(
+            manifests, upto,
+            describe_missing=lambda b: "partial" if self.backup_dir(b).is_dir() else "missing",
+            missing_target=self.manifest)
+
     def latest_id(self) -> str | None:
         ids = self.committed_ids()
         return ids[-1] if ids else None
@@ -232,7 +274,7 @@ class Archive:
                                  hint="restore an older backup, or run a new full backup")
             b = self.backup(bid)
             out.append(b)
-            bid = b.parent
+            bid = self.resolve_parent(b.parent)
         out.reverse()
         return out
 
@@ -575,4 +617,4 @@ class BackupWriter:
             self.abort()
 
 
-__all__ = ["Archive", "BackupWriter", "PartialBackup", "LATEST"]
+__all__ = ["Archive", "BackupWriter", "PartialBackup", "LATEST", "backup_path"]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .archive import Archive
+from .chain import effective_parents
 from .errors import CorruptFileError
 from .format import (
     ARCHIVE_JSON,
@@ -338,10 +339,11 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
 def _continuity(archive: Archive, manifests: dict[str, dict[str, Any]],
                 broken: set[str], report: VerifyReport) -> None:
     ends_after: dict[str, dict[int, Position]] = {}
+    parents = effective_parents(manifests)
     for bid in sorted(manifests):
         m = manifests[bid]
         mpath = str(archive.backup_dir(bid) / MANIFEST_JSON)
-        parent = m.get("parent")
+        parent = parents[bid]
         if m["type"] == FULL:
             prev: dict[int, Position] | None = {}
         elif parent in broken:

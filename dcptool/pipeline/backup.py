@@ -32,6 +32,22 @@ from dcptool.archive.errors import NotAnArchiveError
 from dcptool.archive.format import DONE_RE, sync_filesystem
 from dcptool.client.events import (
     DELETION,
+    EV_CAS,
+    EV_DATATYPE,
+    EV_END_REASON,
+    EV_END_RETRYING,
+    EV_EXPIRY,
+    EV_KEY,
+    EV_KIND,
+    EV_OPEN_FAILOVER_LOG,
+    EV_OPEN_POSITION,
+    EV_REV_SEQNO,
+    EV_SEQNO,
+    EV_SNAP_END,
+    EV_SNAP_FLAGS,
+    EV_SNAP_START,
+    EV_VALUE,
+    EV_VBUCKET,
     EXPIRATION,
     MUTATION,
     ROLLBACK,
@@ -48,6 +64,7 @@ from dcptool.runlog import RunLog
 
 from .nodeinfo import cluster_state, node_opts
 from .runtime import default_parallelism, get_spark, plan_groups
+from .tasks import reporting_failures, task_failure
 
 
 @dataclass
@@ -269,27 +286,33 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, dict],
         i = 0
         while i < n:
             ev = events[i]
-            kind = ev[0]
+            kind = ev[EV_KIND]
             if kind == MUTATION:
                 # a run of mutations of one vbucket (a snapshot's worth, usually) in one call
-                i = writers[ev[1]].mutation_run(events, i, n)
+                i = writers[ev[EV_VBUCKET]].mutation_run(events, i, n)
                 continue
             i += 1
             if kind == EV_SNAPSHOT:
-                writers[ev[1]].marker(ev[2], ev[3], ev[4])
-            elif kind == DELETION:
-                writers[ev[1]].deletion(ev[2], ev[3], ev[4], ev[8], ev[6], ev[7], ev[9])
+                writers[ev[EV_VBUCKET]].marker(ev[EV_SNAP_START], ev[EV_SNAP_END],
+                                               ev[EV_SNAP_FLAGS])
+            elif kind == DELETION:  # EV_EXPIRY holds the delete time
+                writers[ev[EV_VBUCKET]].deletion(ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
+                                                 ev[EV_KEY], ev[EV_EXPIRY], ev[EV_DATATYPE],
+                                                 ev[EV_VALUE])
             elif kind == EXPIRATION:
-                writers[ev[1]].expiration(ev[2], ev[3], ev[4], ev[8], ev[6], ev[7], ev[9])
+                writers[ev[EV_VBUCKET]].expiration(ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
+                                                   ev[EV_KEY], ev[EV_EXPIRY], ev[EV_DATATYPE],
+                                                   ev[EV_VALUE])
             elif kind == STREAM_OPEN:
-                vb = ev[1]
+                vb = ev[EV_VBUCKET]
                 r = run[vb]
                 r["opens"] += 1
                 if r["first_open"] is None:
                     r["first_open"] = time.monotonic()
-                writers[vb].stream(_end_dict(ev[3] if len(ev) > 3 else opened[vb]), ev[2])
+                writers[vb].stream(_end_dict(ev[EV_OPEN_POSITION] if len(ev) > EV_OPEN_POSITION
+                                             else opened[vb]), ev[EV_OPEN_FAILOVER_LOG])
             elif kind == STREAM_END:
-                vb, reason, retrying = ev[1], ev[2], ev[3]
+                vb, reason, retrying = ev[EV_VBUCKET], ev[EV_END_REASON], ev[EV_END_RETRYING]
                 if reason == StreamEndReason.OK:
                     summary = writers[vb].close(_end_dict(consumer.position(vb)))
                     r = run[vb]
@@ -486,9 +509,11 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
                                            args=(writer.dir, len(seqnos), progress, stop), daemon=True)
                 watcher.start()
             try:
-                results = spark.sparkContext.parallelize(specs, len(specs)).map(backup_task).collect()
+                results = spark.sparkContext.parallelize(specs, len(specs)) \
+                    .map(reporting_failures(backup_task)).collect()
             except Exception as exc:  # a task failed: keep the partial backup for a resume
-                raise _task_error(exc) from None
+                raise task_failure(exc, "backup task", "the partial backup is kept; rerun the "
+                                   "backup to resume it") from None
             finally:
                 stop.set()
                 if watcher is not None:
@@ -560,19 +585,3 @@ def _register_on_cluster(opts, archive_path: str, groups: dict[str, list[int]], 
             "behind_purge_seqno": behind,
             "note": "; ".join(p["note"] for p in parts if p["note"]) or None,
             "nodes": sorted(groups)}
-
-
-def _task_error(exc: Exception) -> DcptoolError:
-    """The one-line cause of a failed Spark task (the DcptoolError message raised inside it)."""
-    text = str(exc)
-    for marker in ("dcptool.client.errors.", "dcptool.errors.", "dcptool.archive.errors."):
-        idx = text.rfind(marker)
-        if idx >= 0:
-            line = text[idx:].splitlines()[0]
-            _name, _, msg = line.partition(": ")
-            return DcptoolError(f"backup task failed: {msg or line}",
-                                hint="the partial backup is kept; rerun the backup to resume it")
-    lines = [l for l in text.splitlines() if l.strip()]
-    last = lines[-1] if lines else type(exc).__name__
-    return DcptoolError(f"backup task failed: {last[:300]}",
-                        hint="the partial backup is kept; rerun the backup to resume it")

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcptool.archive import Archive
-from dcptool.archive.format import BACKUPS_DIR
+from dcptool.archive import Archive, backup_path
 from dcptool.errors import UsageError
 
-from .datasource import chain_ids, load_manifests, resolve_parts
+from .datasource import resolve_parts
 from .runtime import default_parallelism, get_spark, plan_groups
+from .tasks import reporting_failures, task_failure
 
 MASK = (1 << 64) - 1
 
@@ -58,13 +58,14 @@ def compare_states(a: dict[bytes, tuple], n: dict[bytes, tuple], limit: int) -> 
              "node": _side(n.get(k))} for k in diff[:limit]]
 
 
-def against_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def compare_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Compare one group of vbuckets (see the module docstring)."""
-    from dcptool.client.events import DELETION, EXPIRATION, MUTATION
+    from dcptool.client.events import (DELETION, EV_CAS, EV_KEY, EV_KIND, EV_REV_SEQNO, EV_SEQNO,
+                                       EV_VBUCKET, EXPIRATION, MUTATION)
     from dcptool.client.position import ZERO
     from dcptool.client.session import SessionConfig
 
-    root = Path(spec["archive"]) / BACKUPS_DIR
+    root = spec["archive"]
     plan: dict[int, dict[str, Any]] = {int(vb): p for vb, p in spec["plan"].items()}
     node: dict[int, dict[bytes, tuple]] = {vb: {} for vb in plan}
     ends = {vb: p["stream_end"] for vb, p in plan.items()}
@@ -77,17 +78,18 @@ def against_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
             consumer.add_streams(streams)
             for events in consumer.batches(tick=1.0):
                 for ev in events:
-                    kind = ev[0]
+                    kind = ev[EV_KIND]
                     if kind == MUTATION or kind == DELETION or kind == EXPIRATION:
-                        vb = ev[1]
-                        if ev[2] <= ends[vb]:
-                            node[vb][bytes(ev[8])] = (ev[3], ev[4], kind != MUTATION)
+                        vb = ev[EV_VBUCKET]
+                        if ev[EV_SEQNO] <= ends[vb]:
+                            node[vb][bytes(ev[EV_KEY])] = (ev[EV_REV_SEQNO], ev[EV_CAS],
+                                                           kind != MUTATION)
         finally:
             consumer.close()
     out = []
     for vb in sorted(plan):
         p = plan[vb]
-        recs, _owners = resolve_parts([(bid, root / bid, e) for bid, e in p["parts"]])
+        recs, _owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in p["parts"]])
         arch = {}
         for r in recs:
             if r[0] == 3:
@@ -144,10 +146,10 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
 
     t0 = time.monotonic()
     archive = Archive.open(archive_path)
-    manifests = load_manifests(archive)
+    manifests = archive.manifests()
     if not manifests:
         raise UsageError(f"archive {archive.path} holds no committed backup to compare")
-    chain = chain_ids(archive, manifests, backup)
+    chain = archive.chain_ids(manifests, backup)
     parts: dict[int, list] = {}
     last_entry: dict[int, dict] = {}
     for bid in chain:
@@ -191,13 +193,9 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
                  for i, g in enumerate(plan_groups(sorted(plan), n))]
         try:
             results = spark.sparkContext.parallelize(specs, len(specs)) \
-                .map(against_task).collect()
+                .map(reporting_failures(compare_task)).collect()
         except Exception as exc:
-            from .backup import _task_error
-            err = _task_error(exc)
-            err.message = err.message.replace("backup task", "verify task")
-            err.hint = None
-            raise err from None
+            raise task_failure(exc, "verify task", None) from None
         for r in results:
             report.vbuckets.extend(r)
         report.vbuckets.sort(key=lambda v: v["vbucket"])

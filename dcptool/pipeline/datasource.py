@@ -28,9 +28,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from dcptool.archive import Archive
-from dcptool.archive.errors import ChainError
-from dcptool.archive.format import BACKUPS_DIR
+from dcptool.archive import Archive, backup_path
+from dcptool.archive.chain import descendant_cuts
 from dcptool.archive.reader import iter_vbucket_batches
 from dcptool.archive.resolve import part_cuts
 from dcptool.errors import UsageError
@@ -94,60 +93,6 @@ def default_partitions() -> int:
 # -- planning (manifests only) ----------------------------------------------------------------
 
 
-def descendant_cuts(manifests: dict[str, dict[str, Any]]) -> dict[str, dict[int, int]]:
-    """{backup id: {vbucket: seqno}}: records of that backup above the seqno are dead,
-    because a later backup descending from it recorded a rollback to that seqno (the
-    lowest one wins). `manifests` are those of the committed backups, by id."""
-    cuts: dict[str, dict[int, int]] = {b: {} for b in manifests}
-    for m in manifests.values():
-        rbs = {}
-        for e in m["vbuckets"]:
-            if e["rollbacks"]:
-                rbs[e["vbucket"]] = min(r["seqno"] for r in e["rollbacks"])
-        if not rbs:
-            continue
-        parent = m.get("parent")
-        seen = set()
-        while parent is not None and parent in manifests and parent not in seen:
-            seen.add(parent)
-            c = cuts[parent]
-            for vb, s in rbs.items():
-                if vb not in c or s < c[vb]:
-                    c[vb] = s
-            parent = manifests[parent].get("parent")
-    return cuts
-
-
-def chain_ids(archive: Archive, manifests: dict[str, dict[str, Any]],
-              upto: str | None = None) -> list[str]:
-    """The ids of the chain ending at `upto` (default the newest committed backup), oldest
-    first; the same as `Archive.chain` but over manifests already read."""
-    if upto is None:
-        if not manifests:
-            return []
-        upto = max(manifests)
-    out: list[str] = []
-    bid: str | None = upto
-    while bid is not None:
-        if bid not in manifests:
-            if not out:
-                archive.manifest(bid)  # the precise error for a missing or partial backup
-            raise ChainError(f"backup {out[-1]} names parent {bid}, which is "
-                             f"{'partial' if archive.backup_dir(bid).is_dir() else 'missing'}",
-                             hint="restore an older backup, or run a new full backup")
-        if bid in out:
-            raise ChainError(f"backup {bid} is its own ancestor")
-        out.append(bid)
-        bid = manifests[bid].get("parent")
-    out.reverse()
-    return out
-
-
-def load_manifests(archive: Archive) -> dict[str, dict[str, Any]]:
-    """The manifest of every committed backup, by id (each read and checked once)."""
-    return {bid: archive.manifest(bid) for bid in archive.committed_ids()}
-
-
 def _balance(units: list[tuple[int, int, Any]], n: int) -> list[list[Any]]:
     """Spread (vbucket, weight, unit) over at most n groups, whole vbuckets per group and at
     least two vbuckets per group (a task costs tens of milliseconds: one per vbucket would
@@ -187,10 +132,10 @@ def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
     n = partitions or default_partitions()
     common = {"archive": root, "values": values, "validate": validate, "resolved": resolved}
     units: list[tuple[int, int, Any]] = []
-    manifests = load_manifests(archive)
+    manifests = archive.manifests()
     if resolved:
         per_vb: dict[int, list] = {}
-        for bid in chain_ids(archive, manifests, backup):
+        for bid in archive.chain_ids(manifests, backup):
             for e in manifests[bid]["vbuckets"]:
                 vb = e["vbucket"]
                 if wanted is not None and vb not in wanted:
@@ -390,13 +335,12 @@ def read_partition(spec: dict[str, Any]) -> Iterator[Any]:
 
 
 def _read_partition(spec: dict[str, Any]) -> Iterator[Any]:
-    root = Path(spec["archive"])
-    bdir_of = root / BACKUPS_DIR
+    root = spec["archive"]
     out = _Batches(values=spec.get("values", True))
     validate = spec.get("validate", False)
     if spec.get("resolved"):
         for vb, parts in spec["units"]:
-            recs, owners = resolve_parts([(bid, bdir_of / bid, e) for bid, e in parts],
+            recs, owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in parts],
                                          validate=validate)
             for i in range(0, len(recs), BATCH_ROWS):
                 out.add(recs[i:i + BATCH_ROWS], owners[i:i + BATCH_ROWS], vb, None,
@@ -406,7 +350,7 @@ def _read_partition(spec: dict[str, Any]) -> Iterator[Any]:
     else:
         for bid, entry, cut in spec["units"]:
             vb = entry["vbucket"]
-            for batch in iter_vbucket_batches(bdir_of / bid, entry, validate=validate):
+            for batch in iter_vbucket_batches(backup_path(root, bid), entry, validate=validate):
                 out.add(batch, bid, vb, cut)
                 if len(out) >= BATCH_ROWS:
                     yield out.flush()

@@ -25,6 +25,7 @@ from dcptool.runlog import RunLog
 from . import metawriter as mw
 from .nodeinfo import active_nodes, vbucket_count
 from .runtime import default_parallelism, get_spark, plan_groups
+from .tasks import reporting_failures, task_failure
 
 _KIND = {REC_MUTATION: mw.MUTATION, REC_DELETION: mw.DELETION, REC_EXPIRATION: mw.EXPIRATION}
 
@@ -224,13 +225,11 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
         rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master, len(specs),
                 time.monotonic() - ts)
         try:
-            results = spark.sparkContext.parallelize(specs, len(specs)).map(restore_task).collect()
+            results = spark.sparkContext.parallelize(specs, len(specs)) \
+                .map(reporting_failures(restore_task)).collect()
         except Exception as exc:
-            from .backup import _task_error
-            err = _task_error(exc)
-            err.message = err.message.replace("backup task", "restore task")
-            err.hint = "the restore can be rerun: it is idempotent"
-            raise err from None
+            raise task_failure(exc, "restore task",
+                               "the restore can be rerun: it is idempotent") from None
         for i, r in enumerate(results):
             run = r.pop(_RUN_KEY, None) or {}
             for vb, c in sorted(run.get("vbuckets", {}).items()):

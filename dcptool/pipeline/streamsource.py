@@ -151,7 +151,9 @@ def stream_task(spec: dict[str, Any]) -> Iterator[Any]:
     position to its end seqno (see the module docstring)."""
     import pyarrow as pa
 
-    from dcptool.client.events import DELETION, EXPIRATION, MUTATION, ROLLBACK
+    from dcptool.client.events import (
+        DELETION, EV_CAS, EV_DATATYPE, EV_EXPIRY, EV_FLAGS, EV_KEY, EV_KIND, EV_REV_SEQNO,
+        EV_ROLLBACK_INFO, EV_SEQNO, EV_VALUE, EV_VBUCKET, EXPIRATION, MUTATION, ROLLBACK)
     from dcptool.client.ops import get_failover_logs
     from dcptool.client.position import Position
     from dcptool.client.session import SessionConfig
@@ -202,22 +204,24 @@ def stream_task(spec: dict[str, Any]) -> Iterator[Any]:
         values = spec["values"]
         for events in consumer.batches(tick=1.0):
             for ev in events:
-                kind = ev[0]
+                kind = ev[EV_KIND]
                 if kind == MUTATION or kind == DELETION or kind == EXPIRATION:
-                    vb = ev[1]
-                    if ev[2] > ends[vb]:
+                    vb = ev[EV_VBUCKET]
+                    if ev[EV_SEQNO] > ends[vb]:
                         continue  # past this batch's end: the next batch reads it
                     if kind == MUTATION:
-                        rows.append((vb, "mutation", ev[2], ev[3], ev[4], ev[5], ev[6], ev[7],
-                                     bytes(ev[8]), bytes(ev[9]) if values else None, False,
-                                     None))
-                    else:
-                        rows.append((vb, names[kind], ev[2], ev[3], ev[4], None, None, ev[7],
-                                     bytes(ev[8]), bytes(ev[9]) if values else None, True,
-                                     ev[6]))
+                        rows.append((vb, "mutation", ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
+                                     ev[EV_FLAGS], ev[EV_EXPIRY], ev[EV_DATATYPE],
+                                     bytes(ev[EV_KEY]), bytes(ev[EV_VALUE]) if values else None,
+                                     False, None))
+                    else:  # EV_EXPIRY holds the delete time
+                        rows.append((vb, names[kind], ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
+                                     None, None, ev[EV_DATATYPE], bytes(ev[EV_KEY]),
+                                     bytes(ev[EV_VALUE]) if values else None, True,
+                                     ev[EV_EXPIRY]))
                 elif kind == ROLLBACK:
-                    info = ev[3]
-                    rows.append((ev[1], "rollback", info.after.seqno, None, None, None, None,
+                    info = ev[EV_ROLLBACK_INFO]
+                    rows.append((ev[EV_VBUCKET], "rollback", info.after.seqno, None, None, None, None,
                                  None, None, None, None, None))
             if len(rows) >= BATCH_ROWS:
                 yield batch()
