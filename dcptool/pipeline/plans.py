@@ -1,0 +1,56 @@
+"""The values a backup's driver ships to its Spark tasks and the tasks bring back.
+
+Frozen dataclasses (picklable for Spark) instead of dicts, so each field has one name from
+the planner to the task and back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dcptool.client.position import Position
+
+
+@dataclass(frozen=True, slots=True)
+class VBucketPlan:
+    """One vbucket of a backup: stream it from `start` to the node's seqno `end`.
+
+    `failover_log` is the node's (recorded in the stream record); with `resume` the files a
+    killed attempt left are continued and the writer knows the exact start."""
+
+    vbucket: int
+    start: Position
+    end: int
+    failover_log: tuple[tuple[int, int], ...] = ()
+    resume: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BackupTask:
+    """One Spark task of a backup: a group of vbuckets and where their files go."""
+
+    opts: Any  # picklable connection options
+    archive: str
+    backup_id: str
+    parent: str | None
+    plans: tuple[VBucketPlan, ...]
+    session: str
+    #: the node is a member of a cluster: each vbucket streams from its active node
+    cluster: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class VBucketSummary:
+    """What a task brings back for one vbucket: the entry the manifest records (the writer's
+    summary) and, apart from it, the run's statistics for the log (None for a vbucket kept
+    from a killed attempt): opens, retries, resumed, seconds, and once per task `snappy`."""
+
+    entry: dict[str, Any]
+    run: dict[str, Any] | None = None
+
+    @property
+    def vbucket(self) -> int:
+        return self.entry["vbucket"]
+
+
+__all__ = ["VBucketPlan", "BackupTask", "VBucketSummary"]
