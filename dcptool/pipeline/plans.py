@@ -1,4 +1,4 @@
-"""The values a backup's driver ships to its Spark tasks and the tasks bring back.
+"""The values a job's driver ships to its Spark tasks and the tasks bring back.
 
 Frozen dataclasses (picklable for Spark) instead of dicts, so each field has one name from
 the planner to the task and back.
@@ -53,4 +53,32 @@ class VBucketSummary:
         return self.entry["vbucket"]
 
 
-__all__ = ["VBucketPlan", "BackupTask", "VBucketSummary"]
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreTask:
+    """One Spark task of a restore: write the state of `vbuckets` as of `backup`."""
+
+    opts: Any  # picklable connection options (None for a dry run)
+    archive: str
+    backup: str
+    vbuckets: tuple[int, ...]
+    #: the node's vbucket count (records are routed by it)
+    node_vbuckets: int
+    key_filter: str | None = None
+    force: bool = False
+    dry_run: bool = False
+    #: on a cluster: {vbucket: address of its active node}
+    routes: dict[int, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreTaskResult:
+    """What a restore task brings back: its write counts (`WriteCounts.as_dict()`) and its
+    run statistics for the log (vbuckets {vb: counts by kind}, seconds, pid)."""
+
+    counts: dict[str, Any]
+    run: dict[str, Any]
+
+
+__all__ = ["VBucketPlan", "BackupTask", "VBucketSummary", "RestoreTask", "RestoreTaskResult"]
