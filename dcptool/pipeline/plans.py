@@ -81,4 +81,31 @@ class RestoreTaskResult:
     run: dict[str, Any]
 
 
-__all__ = ["VBucketPlan", "BackupTask", "VBucketSummary", "RestoreTask", "RestoreTaskResult"]
+
+@dataclass(frozen=True, slots=True)
+class VBucketComparePlan:
+    """One vbucket of `verify --against`: the archive's parts of it along the chain (backup
+    id, manifest entry), where the archive ended, the node's high seqno, how far to stream
+    the node (the lower of the two) and what the driver noticed already."""
+
+    vbucket: int
+    parts: tuple[tuple[str, dict[str, Any]], ...]
+    end_seqno: int
+    node_high: int
+    stream_end: int
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CompareTask:
+    """One Spark task of `verify --against`."""
+
+    opts: Any  # picklable connection options
+    archive: str
+    name: str  # the DCP connection's name
+    plans: tuple[VBucketComparePlan, ...]
+    max_keys: int = 5
+
+
+__all__ = ["VBucketPlan", "BackupTask", "VBucketSummary", "RestoreTask", "RestoreTaskResult",
+           "VBucketComparePlan", "CompareTask"]
