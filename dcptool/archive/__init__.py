@@ -1,9 +1,20 @@
 """The backup archive: layout, manifest, vbucket writer and reader, recovery of partial
-backups, chain resolution and verification. Pure files: no sockets, no Spark.
+backups, chain resolution and verification, and the lifecycle of a backup (plan, write,
+progress, commit, recover) and of a merge (archive.merging: plan, stage, publish, remove).
+Pure files: no sockets, no Spark.
 
 The format is described in docs/archive-format.md.
 """
-from .archive import LATEST, Archive, BackupWriter, PartialBackup, backup_path
+from .archive import (
+    LATEST,
+    Archive,
+    BackupPlan,
+    BackupProgress,
+    BackupWriter,
+    PartialBackup,
+    VBucketStart,
+    backup_path,
+)
 from .errors import (
     ArchiveError,
     ArchiveLockedError,
@@ -37,7 +48,8 @@ from .resolve import mark_dead, part_cuts, resolve, resolved_in_seqno_order, sna
 from .writer import VBucketWriter
 
 __all__ = [
-    "Archive", "BackupWriter", "PartialBackup", "LATEST", "backup_path", "VBucketWriter", "Backup",
+    "Archive", "BackupWriter", "BackupPlan", "BackupProgress", "VBucketStart", "PartialBackup",
+    "LATEST", "backup_path", "VBucketWriter", "Backup",
     "VBucketHistory", "VBucketRecovery", "Position",
     "ArchiveError", "ArchiveLockedError", "ChainError", "CorruptFileError", "NotAnArchiveError",
     "PartialBackupExistsError", "ResolutionError", "SummaryMismatchError",

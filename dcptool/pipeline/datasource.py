@@ -34,6 +34,8 @@ from dcptool.archive.reader import iter_vbucket_batches
 from dcptool.archive.resolve import part_cuts
 from dcptool.errors import UsageError
 
+from .plans import ScanPartition
+
 NAME = "dcptool"
 
 #: the columns, in order: (name, Spark SQL type)
@@ -118,8 +120,8 @@ def _balance(units: list[tuple[int, int, Any]], n: int) -> list[list[Any]]:
 def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
               vbuckets: Iterable[int] | None = None, resolved: bool = False,
               partitions: int | None = None, values: bool = True,
-              validate: bool = False) -> list[dict[str, Any]]:
-    """The partitions of a read: a list of plain dicts for `read_partition`.
+              validate: bool = False) -> list[ScanPartition]:
+    """The partitions of a read, for `read_partition`.
 
     Without `resolved`: the records of every committed backup (or only of `backup`).
     With `resolved`: the state as of `backup` (default the newest) over its chain.
@@ -130,7 +132,6 @@ def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
         backup = None
     wanted = set(vbuckets) if vbuckets is not None else None
     n = partitions or default_partitions()
-    common = {"archive": root, "values": values, "validate": validate, "resolved": resolved}
     units: list[tuple[int, int, Any]] = []
     manifests = archive.manifests()
     if resolved:
@@ -158,7 +159,8 @@ def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
                 if wanted is not None and vb not in wanted:
                     continue
                 units.append((vb, e["bytes"]["files"], (bid, e, cuts[bid].get(vb))))
-    return [{**common, "units": g} for g in _balance(units, n)] or [{**common, "units": []}]
+    return [ScanPartition(root, tuple(g), resolved, values, validate)
+            for g in _balance(units, n) or [[]]]
 
 
 # -- decoding -----------------------------------------------------------------------------------
@@ -320,7 +322,7 @@ def resolve_parts(parts: list[tuple[str, Path, dict[str, Any]]], *,
     return recs, [owners[bisect_left(tops, r[1])] for r in recs]
 
 
-def read_partition(spec: dict[str, Any]) -> Iterator[Any]:
+def read_partition(part: ScanPartition) -> Iterator[Any]:
     """pyarrow RecordBatches (schema `arrow_schema()`) of one planned partition.
 
     The cyclic garbage collector is paused while it runs: decoding makes millions of small
@@ -328,18 +330,18 @@ def read_partition(spec: dict[str, Any]) -> Iterator[Any]:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        yield from _read_partition(spec)
+        yield from _read_partition(part)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _read_partition(spec: dict[str, Any]) -> Iterator[Any]:
-    root = spec["archive"]
-    out = _Batches(values=spec.get("values", True))
-    validate = spec.get("validate", False)
-    if spec.get("resolved"):
-        for vb, parts in spec["units"]:
+def _read_partition(part: ScanPartition) -> Iterator[Any]:
+    root = part.archive
+    out = _Batches(values=part.values)
+    validate = part.validate
+    if part.resolved:
+        for vb, parts in part.units:
             recs, owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in parts],
                                          validate=validate)
             for i in range(0, len(recs), BATCH_ROWS):
@@ -348,7 +350,7 @@ def _read_partition(spec: dict[str, Any]) -> Iterator[Any]:
                 if len(out) >= BATCH_ROWS:
                     yield out.flush()
     else:
-        for bid, entry, cut in spec["units"]:
+        for bid, entry, cut in part.units:
             vb = entry["vbucket"]
             for batch in iter_vbucket_batches(backup_path(root, bid), entry, validate=validate):
                 out.add(batch, bid, vb, cut)
@@ -361,8 +363,8 @@ def _read_partition(spec: dict[str, Any]) -> Iterator[Any]:
 
 def read_all(path: str | os.PathLike[str], **kw: Any) -> Iterator[Any]:
     """Every RecordBatch of a read, in this process (no Spark): for tools and tests."""
-    for spec in plan_scan(path, **kw):
-        yield from read_partition(spec)
+    for part in plan_scan(path, **kw):
+        yield from read_partition(part)
 
 
 # -- the Spark data source -----------------------------------------------------------------------
@@ -407,7 +409,7 @@ class ArchiveReader(DataSourceReader):  # type: ignore[misc]
     def partitions(self):
         kw = dict(self.kw)
         path = kw.pop("path")
-        return [InputPartition(spec) for spec in plan_scan(path, **kw)]
+        return [InputPartition(part) for part in plan_scan(path, **kw)]
 
     def read(self, partition):
         return read_partition(partition.value)

@@ -107,5 +107,21 @@ class CompareTask:
     max_keys: int = 5
 
 
+
+@dataclass(frozen=True, slots=True)
+class ScanPartition:
+    """One partition of a read of an archive (`spark.read.format("dcptool")`).
+
+    Without `resolved` each unit is (backup id, manifest entry, rollback cut or None): the
+    records of one vbucket of one backup. With `resolved` each unit is (vbucket, [(backup
+    id, manifest entry), ...] along the chain): that vbucket's resolved state."""
+
+    archive: str
+    units: tuple[Any, ...]
+    resolved: bool = False
+    values: bool = True
+    validate: bool = False
+
+
 __all__ = ["VBucketPlan", "BackupTask", "VBucketSummary", "RestoreTask", "RestoreTaskResult",
-           "VBucketComparePlan", "CompareTask"]
+           "VBucketComparePlan", "CompareTask", "ScanPartition"]
