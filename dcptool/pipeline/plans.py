@@ -123,5 +123,18 @@ class ScanPartition:
     validate: bool = False
 
 
+
+@dataclass(frozen=True, slots=True)
+class StreamPartition:
+    """One partition of a micro-batch of `spark.readStream.format("dcptool-stream")`:
+    {vbucket: (start offset entry, end offset entry)} (the offsets' JSON form)."""
+
+    opts: Any  # picklable connection options
+    name: str  # the DCP connection's name
+    vbuckets: dict[int, tuple[dict[str, Any], dict[str, Any]]]
+    values: bool = True
+
+
 __all__ = ["VBucketPlan", "BackupTask", "VBucketSummary", "RestoreTask", "RestoreTaskResult",
-           "VBucketComparePlan", "CompareTask", "ScanPartition"]
+           "VBucketComparePlan", "CompareTask", "ScanPartition",
+           "StreamPartition"]

@@ -37,6 +37,7 @@ from dcptool.errors import UsageError
 
 from .datasource import _TRUE, default_partitions
 from .datasource import arrow_schema as _arrow_schema
+from .plans import StreamPartition
 
 NAME = "dcptool-stream"
 
@@ -146,7 +147,7 @@ def plan_end(start: dict[str, dict], latest: dict[int, dict[str, int]],
     return out
 
 
-def stream_task(spec: dict[str, Any]) -> Iterator[Any]:
+def stream_task(part: StreamPartition) -> Iterator[Any]:
     """Arrow batches of one micro-batch partition: stream each vbucket from its start
     position to its end seqno (see the module docstring)."""
     import pyarrow as pa
@@ -158,8 +159,8 @@ def stream_task(spec: dict[str, Any]) -> Iterator[Any]:
     from dcptool.client.position import Position
     from dcptool.client.session import SessionConfig
 
-    opts = spec["opts"]
-    plan = {int(vb): (s, e) for vb, (s, e) in spec["vbuckets"].items()}
+    opts = part.opts
+    plan = {int(vb): (s, e) for vb, (s, e) in part.vbuckets.items()}
     with opts.connect() as conn:
         logs = get_failover_logs(conn, sorted(plan))
     ends = {vb: e["seq"] for vb, (s, e) in plan.items()}
@@ -191,7 +192,7 @@ def stream_task(spec: dict[str, Any]) -> Iterator[Any]:
         assert out.num_rows == n
         return out
 
-    config = SessionConfig(name=spec.get("name", "dcptool-stream"), no_value=not spec["values"],
+    config = SessionConfig(name=part.name, no_value=not part.values,
                            consistent=True, max_rollbacks=16)
     consumer = opts.consumer(config, on_rollback=on_rollback)
     try:
@@ -201,7 +202,7 @@ def stream_task(spec: dict[str, Any]) -> Iterator[Any]:
             ss, se = min(s["ss"], s["seq"]), max(s["se"], s["seq"])
             streams[vb] = (Position(s["uuid"], s["seq"], ss, se, log), e["seq"])
         consumer.add_streams(streams)
-        values = spec["values"]
+        values = part.values
         for events in consumer.batches(tick=1.0):
             for ev in events:
                 kind = ev[EV_KIND]
@@ -282,12 +283,10 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # t
         self.batch_no += 1
         out = []
         for i, group in enumerate(plan_groups([int(k) for k in todo], self.cfg["partitions"])):
-            out.append(InputPartition({
-                "opts": self.cfg["opts"], "values": self.cfg["values"],
-                "name": f"dcptool-stream:{os.getpid()}:{self.batch_no}:{i}",
-                "vbuckets": {vb: (start.get(str(vb)) or _entry(0, 0), end[str(vb)])
-                             for vb in group},
-            }))
+            out.append(InputPartition(StreamPartition(
+                self.cfg["opts"], f"dcptool-stream:{os.getpid()}:{self.batch_no}:{i}",
+                {vb: (start.get(str(vb)) or _entry(0, 0), end[str(vb)]) for vb in group},
+                self.cfg["values"])))
         return out
 
     def read(self, partition):
