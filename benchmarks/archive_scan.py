@@ -137,7 +137,7 @@ def main() -> None:
 
     from dcptool.pipeline.datasource import read_all
     from dcptool.pipeline.merge import run_merge
-    from dcptool.pipeline.spark import get_spark
+    from dcptool.pipeline.runtime import get_spark
     from dcptool.spark import read_archive
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="dcptool-scan-"))

@@ -35,7 +35,7 @@ from dcptool.client.options import ConnOptions  # noqa: E402
 from dcptool.node.launcher import LocalNode  # noqa: E402
 from dcptool.pipeline.backup import run_backup  # noqa: E402
 from dcptool.pipeline.restore import run_restore  # noqa: E402
-from dcptool.pipeline.spark import get_spark, plan_groups, default_parallelism  # noqa: E402
+from dcptool.pipeline.runtime import get_spark, plan_groups, default_parallelism  # noqa: E402
 from dcptool.protocol import HEADER, vbucket_of  # noqa: E402
 from dcptool.protocol.constants import Magic, Opcode  # noqa: E402
 

@@ -414,6 +414,7 @@ def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[in
     from dcptool.archive import Archive, FULL, VBucketWriter
     from dcptool.archive.format import sync_filesystem
     from dcptool.pipeline.backup import backup_consumer_config, write_events
+    from dcptool.pipeline.plans import VBucketPlan
 
     shutil.rmtree(scratch, ignore_errors=True)
     plan = _plan(meta)
@@ -432,18 +433,20 @@ def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[in
     consumer = DcpConsumer(conn, config)
     consumer.start()
     consumer.add_streams(plan)
-    summaries: list[dict] = []
+    summaries: list = []
     t0 = time.perf_counter()
-    pending = write_events(consumer, writers, {vb: {} for vb in plan}, {vb: p for vb, (p, _) in plan.items()},
+    pending = write_events(consumer, writers, {vb: VBucketPlan(vb, p, end) for vb, (p, end) in plan.items()},
+                           {vb: p for vb, (p, _) in plan.items()},
                            run, summaries, time.monotonic(), tick=30)
     sync_filesystem(scratch)
     secs = time.perf_counter() - t0
     consumer.close()
     if pending:
         raise RuntimeError(f"replay ended without stream ends for {sorted(pending)[:8]}")
+    entries = [s.entry for s in summaries]
     items = sum(s["counts"]["mutations"] + s["counts"]["deletions"] + s["counts"]["expirations"]
-                for s in summaries)
-    size = sum(s["bytes"]["files"] for s in summaries)
+                for s in entries)
+    size = sum(s["bytes"]["files"] for s in entries)
     bw.abort()
     shutil.rmtree(scratch, ignore_errors=True)
     return items, secs, size

@@ -184,6 +184,7 @@ def task_backup(opts: ConnOptions, scratch: Path, node_pid: int) -> dict:
     from dcptool.client.ops import get_vbucket_seqnos
     from dcptool.client.position import ZERO
     from dcptool.pipeline.backup import backup_consumer_config, write_events
+    from dcptool.pipeline.plans import VBucketPlan
 
     shutil.rmtree(scratch, ignore_errors=True)
     with opts.connect() as conn:
@@ -193,13 +194,13 @@ def task_backup(opts: ConnOptions, scratch: Path, node_pid: int) -> dict:
     zero = {"uuid": 0, "seqno": 0, "snap_start": 0, "snap_end": 0}
     writers = {vb: VBucketWriter(str(scratch), bw.id, vb, zero, (), sync=False) for vb in seqnos}
     run = {vb: {"opens": 0, "retries": 0, "first_open": None} for vb in seqnos}
-    summaries: list[dict] = []
+    summaries: list = []
     cpu0 = node_cpu_seconds(node_pid)
     t0 = time.perf_counter()
     consumer = opts.consumer(backup_consumer_config("bench-snappy"))
     try:
         consumer.add_streams({vb: (ZERO, s) for vb, s in seqnos.items()})
-        pending = write_events(consumer, writers, {vb: {} for vb in seqnos},
+        pending = write_events(consumer, writers, {vb: VBucketPlan(vb, ZERO, s) for vb, s in seqnos.items()},
                                {vb: ZERO for vb in seqnos}, run, summaries, time.monotonic())
         sync_filesystem(scratch)
         secs = time.perf_counter() - t0
@@ -213,8 +214,8 @@ def task_backup(opts: ConnOptions, scratch: Path, node_pid: int) -> dict:
     node_cpu = node_cpu_seconds(node_pid) - cpu0
     if pending:
         raise RuntimeError(f"vbuckets {sorted(pending)[:8]} did not end")
-    items = sum(x["counts"]["mutations"] for x in summaries)
-    size = sum(x["bytes"]["files"] for x in summaries)
+    items = sum(x.entry["counts"]["mutations"] for x in summaries)
+    size = sum(x.entry["bytes"]["files"] for x in summaries)
     bw.abort()
     shutil.rmtree(scratch, ignore_errors=True)
     return {"items": items, "seconds": secs, "items_per_s": items / secs,
@@ -265,7 +266,7 @@ def run(n: int = 200_000, vbuckets: int = 64, rounds: int = 3, *, ways=("task", 
             opts = {m: dataclasses.replace(base, snappy=(m == "snappy")) for m in MODES}
             spark = None
             if "e2e" in ways:
-                from dcptool.pipeline.spark import get_spark
+                from dcptool.pipeline.runtime import get_spark
 
                 spark = get_spark(master)
                 spark.sparkContext.parallelize([0], 1).count()

@@ -402,7 +402,7 @@ def run_soak(*, seconds: float = 60, rate: float = 200, backup_every: float = 8,
         workdir = own_tmp.name
     base = Path(workdir)
     if spark is None:
-        from dcptool.pipeline.spark import get_spark
+        from dcptool.pipeline.runtime import get_spark
 
         spark = get_spark(app_name="dcptool-soak")
     nodes = {n: LocalNode(base / n, password=PASSWORD, vbuckets=VBUCKETS, extra_args=NODE_ARGS)

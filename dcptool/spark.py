@@ -1,7 +1,6 @@
 """dcptool archives and DCP changes as Spark DataFrames.
 
-    from dcptool.pipeline.spark import get_spark
-    from dcptool.spark import read_archive, read_changes
+    from dcptool.spark import get_spark, read_archive, read_changes
 
     spark = get_spark()                          # or any SparkSession you already have
     df = read_archive(spark, "/backups/default")                    # every record
@@ -18,7 +17,9 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
-__all__ = ["register", "read_archive", "read_changes", "ARCHIVE_FORMAT", "STREAM_FORMAT"]
+from dcptool.pipeline.runtime import get_spark
+
+__all__ = ["get_spark", "register", "read_archive", "read_changes", "ARCHIVE_FORMAT", "STREAM_FORMAT"]
 
 ARCHIVE_FORMAT = "dcptool"
 STREAM_FORMAT = "dcptool-stream"
@@ -63,7 +64,7 @@ def read_archive(spark, path: str | os.PathLike[str], *, backup: str | None = No
     `values=False` leaves the value column null (faster when only metadata is needed).
     """
     from dcptool.archive import Archive
-    from dcptool.pipeline.spark import default_parallelism
+    from dcptool.pipeline.runtime import default_parallelism
 
     archive = Archive.open(path)  # a clear error now rather than a Spark stack trace later
     if backup is not None:
@@ -92,7 +93,7 @@ def read_changes(spark, cluster: str, *, bucket: str = "default",
     Offsets are per-vbucket positions kept in the query's checkpoint; `start` is where a
     new query begins ("beginning" or "now"). See dcptool.pipeline.streamsource.
     """
-    from dcptool.pipeline.spark import default_parallelism
+    from dcptool.pipeline.runtime import default_parallelism
 
     register(spark)
     reader = spark.readStream.format(STREAM_FORMAT).option("cluster", cluster) \

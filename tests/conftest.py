@@ -22,7 +22,7 @@ def vectors_dir() -> Path:
 @pytest.fixture(scope="session")
 def spark():
     """The one local SparkSession of the test run (Spark start-up costs seconds)."""
-    from dcptool.pipeline.spark import get_spark
+    from dcptool.pipeline.runtime import get_spark
 
     session = get_spark("local[2]", app_name="dcptool-tests")
     yield session

@@ -1,9 +1,20 @@
 """The backup archive: layout, manifest, vbucket writer and reader, recovery of partial
-backups, chain resolution and verification. Pure files: no sockets, no Spark.
+backups, chain resolution and verification, and the lifecycle of a backup (plan, write,
+progress, commit, recover) and of a merge (archive.merging: plan, stage, publish, remove).
+Pure files: no sockets, no Spark.
 
 The format is described in docs/archive-format.md.
 """
-from .archive import LATEST, Archive, BackupWriter, PartialBackup
+from .archive import (
+    LATEST,
+    Archive,
+    BackupPlan,
+    BackupProgress,
+    BackupWriter,
+    PartialBackup,
+    VBucketStart,
+    backup_path,
+)
 from .errors import (
     ArchiveError,
     ArchiveLockedError,
@@ -15,15 +26,15 @@ from .errors import (
     SummaryMismatchError,
 )
 from .format import (
-    DELETION,
+    REC_DELETION,
     END,
-    EXPIRATION,
+    REC_EXPIRATION,
     FULL,
     HEADER,
     INCREMENTAL,
     ITEM_TYPES,
     KEY_INDEX,
-    MUTATION,
+    REC_MUTATION,
     RECORD_NAMES,
     ROLLBACK,
     SNAPSHOT,
@@ -37,11 +48,12 @@ from .resolve import mark_dead, part_cuts, resolve, resolved_in_seqno_order, sna
 from .writer import VBucketWriter
 
 __all__ = [
-    "Archive", "BackupWriter", "PartialBackup", "LATEST", "VBucketWriter", "Backup",
+    "Archive", "BackupWriter", "BackupPlan", "BackupProgress", "VBucketStart", "PartialBackup",
+    "LATEST", "backup_path", "VBucketWriter", "Backup",
     "VBucketHistory", "VBucketRecovery", "Position",
     "ArchiveError", "ArchiveLockedError", "ChainError", "CorruptFileError", "NotAnArchiveError",
     "PartialBackupExistsError", "ResolutionError", "SummaryMismatchError",
-    "HEADER", "STREAM", "SNAPSHOT", "MUTATION", "DELETION", "EXPIRATION", "ROLLBACK", "END",
+    "HEADER", "STREAM", "SNAPSHOT", "REC_MUTATION", "REC_DELETION", "REC_EXPIRATION", "ROLLBACK", "END",
     "ITEM_TYPES", "KEY_INDEX", "RECORD_NAMES", "FULL", "INCREMENTAL",
     "iter_file_records", "iter_frame_batches", "iter_vbucket_batches", "iter_vbucket_records",
     "recover_backup", "recover_vbucket", "resolve", "resolved_in_seqno_order", "part_cuts",

@@ -10,9 +10,11 @@ See docs/archive-format.md for every field.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid as uuidlib
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -53,6 +55,7 @@ from .format import (
     utc_now,
     uuid_for_seqno,
 )
+from . import chain as chains
 from .lock import ArchiveLock
 from .manifest import check_manifest, check_summary, totals_of
 from .reader import Backup, VBucketHistory
@@ -61,6 +64,12 @@ from .resolve import part_cuts, resolve, snapshot_boundaries
 from .writer import VBucketWriter
 
 LATEST = "latest"
+
+
+def backup_path(archive_root: str | os.PathLike[str], backup_id: str) -> Path:
+    """The directory of backup `backup_id` in the archive at `archive_root` (for tasks that
+    carry only the archive's path; `Archive.backup_dir` is the same)."""
+    return Path(archive_root) / BACKUPS_DIR / backup_id
 
 
 class Archive:
@@ -160,7 +169,7 @@ class Archive:
         return self.path / BACKUPS_DIR
 
     def backup_dir(self, backup_id: str) -> Path:
-        return self.backups_dir / backup_id
+        return backup_path(self.path, backup_id)
 
     def __repr__(self) -> str:
         return f"Archive({str(self.path)!r}, bucket={self.bucket!r})"
@@ -206,6 +215,41 @@ class Archive:
     def backup(self, backup_id: str) -> Backup:
         return Backup(self.path, self.manifest(backup_id))
 
+    def manifests(self) -> dict[str, dict[str, Any]]:
+        """The manifest of every committed backup, by id (each read and checked once)."""
+        return {bid: self.manifest(bid) for bid in self.committed_ids()}
+
+    def _replacements(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for bid in self.committed_ids():
+            try:
+                m = self.manifest(bid)
+            except ArchiveError:
+                continue
+            for old in chains.merged_from(m) or ():
+                out[old] = bid
+        return out
+
+    def resolve_parent(self, parent: str | None) -> str | None:
+        """Where a parent link leads (see archive.chain): the backup itself while it is
+        committed, else the merged backup that replaced it."""
+        return chains.follow(parent, self.is_committed, self._replacements)
+
+    def parent_of(self, backup_id: str) -> str | None:
+        """The committed backup `backup_id` continues from (its parent link, resolved)."""
+        return self.resolve_parent(self.manifest(backup_id).get("parent"))
+
+    def chain_ids(self, manifests: dict[str, dict[str, Any]] | None = None,
+                  upto: str | None = None) -> list[str]:
+        """The ids of the chain ending at `upto` (default newest), oldest first; the same
+        as `chain` over manifests already read (`manifests()`)."""
+        if manifests is None:
+            manifests = self.manifests()
+        return chains.chain_ids(
+            manifests, upto,
+            describe_missing=lambda b: "partial" if self.backup_dir(b).is_dir() else "missing",
+            missing_target=self.manifest)
+
     def latest_id(self) -> str | None:
         ids = self.committed_ids()
         return ids[-1] if ids else None
@@ -232,7 +276,7 @@ class Archive:
                                  hint="restore an older backup, or run a new full backup")
             b = self.backup(bid)
             out.append(b)
-            bid = b.parent
+            bid = self.resolve_parent(b.parent)
         out.reverse()
         return out
 
@@ -426,6 +470,57 @@ class PartialBackup:
         return recover_backup(self.dir, self.id, scan=scan, rehash=rehash)
 
 
+@dataclass(frozen=True, slots=True)
+class VBucketStart:
+    """Where one vbucket of a backup starts: the position the chain before it ended at (or
+    zero) with the failover log the chain recorded for it, and whether the files a killed
+    attempt left for it are continued (`VBucketWriter(resume=True)` then finds the exact
+    position in them)."""
+
+    position: Position
+    failover_log: tuple[tuple[int, int], ...] = ()
+    resume: bool = False
+
+
+ZERO_START = Position(0, 0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class BackupPlan:
+    """What a backup still has to write: `kept` the summaries of the vbuckets a killed
+    attempt completed (verified, committed as they are), `starts` the others."""
+
+    kept: dict[int, dict[str, Any]]
+    starts: dict[int, VBucketStart]
+
+
+class BackupProgress:
+    """How far a running backup is, from its vbuckets' done files (each read once)."""
+
+    def __init__(self, backup_dir: Path):
+        self.dir = backup_dir
+        self._seen: dict[str, tuple[int, int]] = {}
+
+    def poll(self) -> tuple[int, int, int]:
+        """(vbuckets done, items, bytes) so far; a file not readable yet is counted later."""
+        try:
+            names = [n for n in os.listdir(self.dir) if DONE_RE.match(n)]
+        except OSError:
+            names = []
+        for n in names:
+            if n in self._seen:
+                continue
+            try:
+                d = json.loads((self.dir / n).read_text())
+                c = d["counts"]
+                self._seen[n] = (c["mutations"] + c["deletions"] + c["expirations"],
+                                 d["bytes"]["files"])
+            except (OSError, ValueError, KeyError):
+                continue
+        seen = self._seen.values()
+        return len(self._seen), sum(i for i, _ in seen), sum(b for _, b in seen)
+
+
 class BackupWriter:
     """The driver's handle on a backup being written; holds the archive lock until commit."""
 
@@ -460,6 +555,37 @@ class BackupWriter:
 
     def recover(self, *, scan: bool = True, rehash: bool = True) -> dict[int, VBucketRecovery]:
         return recover_backup(self.dir, self.id, scan=scan, rehash=rehash)
+
+    def plan(self, vbuckets: Iterable[int]) -> BackupPlan:
+        """Where each of `vbuckets` starts: seqno 0 in a full backup, where the parent's
+        chain ended in an incremental one; in a resumed backup the vbuckets a killed
+        attempt completed are kept and those it began continue from their files."""
+        kept: dict[int, dict[str, Any]] = {}
+        resume: set[int] = set()
+        if self.resumed:
+            for vb, rec in self.recover(scan=True).items():
+                if rec.complete:
+                    kept[vb] = rec.summary
+                elif rec.position is not None:
+                    resume.add(vb)
+        if self.type == FULL:
+            ends: dict[int, Position] = {}
+            logs: dict[int, list[list[int]]] = {}
+        else:
+            ends = self.archive.end_positions(self.parent)
+            logs = self.archive.failover_logs(self.parent)
+        starts = {}
+        for vb in sorted(vbuckets):
+            if vb in kept:
+                continue
+            pos = ends.get(vb)
+            log = tuple((int(u), int(s)) for u, s in logs.get(vb) or ()) if pos else ()
+            starts[vb] = VBucketStart(pos or ZERO_START, log, vb in resume)
+        return BackupPlan(kept, starts)
+
+    def progress(self) -> BackupProgress:
+        """A reader of this backup's progress (safe to poll from another thread)."""
+        return BackupProgress(self.dir)
 
     def _check_open(self) -> None:
         if self.committed:
@@ -575,4 +701,5 @@ class BackupWriter:
             self.abort()
 
 
-__all__ = ["Archive", "BackupWriter", "PartialBackup", "LATEST"]
+__all__ = ["Archive", "BackupWriter", "BackupPlan", "BackupProgress", "PartialBackup",
+           "VBucketStart", "LATEST", "backup_path"]

@@ -58,10 +58,6 @@ class BlockError(ValueError):
     """The bytes are not a well-formed version 2 block."""
 
 
-def is_block(content: bytes | bytearray | memoryview) -> bool:
-    return len(content) > 0 and content[0] == BLOCK_MARK
-
-
 def _deltas(values: Sequence[int]) -> list[int]:
     """Each value minus the one before it (the first minus 0)."""
     return list(map(sub, values, chain((0,), values)))

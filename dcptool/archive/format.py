@@ -53,24 +53,24 @@ DIR_MODE = 0o700
 HEADER = 0        # (0, "dcptool-archive", version, vbucket, backup_id, segment)
 STREAM = 1        # (1, uuid, seqno, snap_start, snap_end, failover_log)
 SNAPSHOT = 2      # (2, start, end, flags)
-MUTATION = 3      # (3, seqno, rev_seqno, cas, flags, expiry, datatype, key, value, xattrs|nil)
-DELETION = 4      # (4, seqno, rev_seqno, cas, key, delete_time, datatype, value)
-EXPIRATION = 5    # (5, seqno, rev_seqno, cas, key, delete_time, datatype, value)
+REC_MUTATION = 3      # (3, seqno, rev_seqno, cas, flags, expiry, datatype, key, value, xattrs|nil)
+REC_DELETION = 4      # (4, seqno, rev_seqno, cas, key, delete_time, datatype, value)
+REC_EXPIRATION = 5    # (5, seqno, rev_seqno, cas, key, delete_time, datatype, value)
 ROLLBACK = 6      # (6, seqno, vbucket_uuid)
 END = 7           # (7, uuid, seqno, snap_start, snap_end)
 
 RECORD_NAMES = {
-    HEADER: "header", STREAM: "stream", SNAPSHOT: "snapshot", MUTATION: "mutation",
-    DELETION: "deletion", EXPIRATION: "expiration", ROLLBACK: "rollback", END: "end",
+    HEADER: "header", STREAM: "stream", SNAPSHOT: "snapshot", REC_MUTATION: "mutation",
+    REC_DELETION: "deletion", REC_EXPIRATION: "expiration", ROLLBACK: "rollback", END: "end",
 }
 RECORD_ARITY = {
-    HEADER: 6, STREAM: 6, SNAPSHOT: 4, MUTATION: 10, DELETION: 8, EXPIRATION: 8,
+    HEADER: 6, STREAM: 6, SNAPSHOT: 4, REC_MUTATION: 10, REC_DELETION: 8, REC_EXPIRATION: 8,
     ROLLBACK: 3, END: 5,
 }
-ITEM_TYPES = (MUTATION, DELETION, EXPIRATION)
+ITEM_TYPES = (REC_MUTATION, REC_DELETION, REC_EXPIRATION)
 
 #: index of the key inside each item record type
-KEY_INDEX = {MUTATION: 7, DELETION: 4, EXPIRATION: 4}
+KEY_INDEX = {REC_MUTATION: 7, REC_DELETION: 4, REC_EXPIRATION: 4}
 
 # ---------------------------------------------------------------------------------------------
 # File names inside a backup directory.

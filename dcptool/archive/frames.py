@@ -22,12 +22,12 @@ import zstandard
 from .block import BLOCK_MARK, BlockError, decode_block, encode_records
 from .errors import CorruptFileError
 from .format import (
-    DELETION,
+    REC_DELETION,
     END,
-    EXPIRATION,
+    REC_EXPIRATION,
     HEADER,
     MAX_FRAME_CONTENT,
-    MUTATION,
+    REC_MUTATION,
     RECORD_NAMES,
     ROLLBACK,
     SNAPSHOT,
@@ -47,10 +47,10 @@ _SHAPES = frozenset({
     (HEADER, int, str, int, int, str, int),
     (STREAM, int, int, int, int, int, tuple),
     (SNAPSHOT, int, int, int, int),
-    (MUTATION, int, int, int, int, int, int, int, bytes, bytes, _N),
-    (MUTATION, int, int, int, int, int, int, int, bytes, bytes, bytes),
-    (DELETION, int, int, int, int, bytes, int, int, bytes),
-    (EXPIRATION, int, int, int, int, bytes, int, int, bytes),
+    (REC_MUTATION, int, int, int, int, int, int, int, bytes, bytes, _N),
+    (REC_MUTATION, int, int, int, int, int, int, int, bytes, bytes, bytes),
+    (REC_DELETION, int, int, int, int, bytes, int, int, bytes),
+    (REC_EXPIRATION, int, int, int, int, bytes, int, int, bytes),
     (ROLLBACK, int, int, int),
     (END, int, int, int, int, int),
 })

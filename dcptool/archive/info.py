@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .archive import Archive
+from .chain import merged_from
 from .errors import ArchiveError
 from .format import BACKUP_JSON, DONE_RE, MANIFEST_JSON, parse_data_name, read_json
 from .lock import ArchiveLock
@@ -66,14 +67,6 @@ def _partial(archive: Archive, bid: str) -> dict[str, Any]:
     }
 
 
-def _merged_from(manifest: dict[str, Any]) -> list[str] | None:
-    """The ids of the backups a merged backup replaced (None for an ordinary backup)."""
-    merge = (manifest.get("extra") or {}).get("merge")
-    if isinstance(merge, dict) and isinstance(merge.get("replaced"), list):
-        return [str(b) for b in merge["replaced"]]
-    return None
-
-
 def describe_archive(archive: Archive) -> dict[str, Any]:
     """The archive's metadata and one entry per backup, oldest first."""
     backups = []
@@ -90,7 +83,7 @@ def describe_archive(archive: Archive) -> dict[str, Any]:
             continue
         t = m["totals"]
         backups.append({
-            "id": bid, "parent": m["parent"], "type": m["type"], "state": "complete",
+            "id": bid, "parent": archive.resolve_parent(m["parent"]), "type": m["type"], "state": "complete",
             "started": m["started"], "finished": m["finished"],
             "vbuckets": t["vbuckets"], **{k: t[k] for k in _COUNTS},
             "value_bytes": t["value_bytes"], "file_bytes": t["file_bytes"], "files": t["files"],
@@ -98,7 +91,7 @@ def describe_archive(archive: Archive) -> dict[str, Any]:
             "compression": m.get("compression"),
             "rollback_records": [{"vbucket": e["vbucket"], **r} for e in m["vbuckets"]
                                  for r in e["rollbacks"]],
-            "merged_from": _merged_from(m),
+            "merged_from": merged_from(m),
         })
     holder = ArchiveLock(archive.path, "info").holder()
     return {

@@ -117,7 +117,3 @@ class VBucketHistory:
 
     def __iter__(self) -> Iterator[tuple]:
         return self.backup.records(self.vbucket, check_sha256=self.check_sha256)
-
-    def rollback_seqnos(self) -> list[int]:
-        entry = self.backup.entry(self.vbucket)
-        return [r["seqno"] for r in entry["rollbacks"]] if entry else []

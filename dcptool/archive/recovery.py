@@ -25,12 +25,12 @@ from .block import block_compressor, compress_sections
 from .errors import CorruptFileError
 from .format import (
     DATA_RE,
-    DELETION,
+    REC_DELETION,
     END,
-    EXPIRATION,
+    REC_EXPIRATION,
     FILE_MODE,
     HEADER,
-    MUTATION,
+    REC_MUTATION,
     ROLLBACK,
     SNAPSHOT,
     STREAM,
@@ -203,18 +203,18 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
                                 counts["records"] += 1
                                 per_seg[-1] += 1
                                 continue
-                            if rtype in (MUTATION, DELETION, EXPIRATION):
+                            if rtype in (REC_MUTATION, REC_DELETION, REC_EXPIRATION):
                                 seqno = rec[1]
                                 if snap is None or not (snap[0] <= seqno <= snap[1]) \
                                         or seqno <= last_seqno:
                                     raise _Stop(f"{name}: item seqno {seqno} outside its snapshot")
                                 last_seqno = seqno
                                 max_seqno = seqno
-                                if rtype == MUTATION:
+                                if rtype == REC_MUTATION:
                                     counts["mutations"] += 1
                                     vbytes += len(rec[8])
                                 else:
-                                    counts["deletions" if rtype == DELETION else "expirations"] += 1
+                                    counts["deletions" if rtype == REC_DELETION else "expirations"] += 1
                                     vbytes += len(rec[7])
                                 counts["records"] += 1
                                 per_seg[-1] += 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator, Sequence
 
 from .errors import ResolutionError
-from .format import DELETION, END, EXPIRATION, MUTATION, ROLLBACK, SNAPSHOT, STREAM
+from .format import REC_DELETION, END, REC_EXPIRATION, REC_MUTATION, ROLLBACK, SNAPSHOT, STREAM
 
 
 def part_cuts(rollbacks_per_part: Sequence[Iterable[int]]) -> list[int | None]:
@@ -57,9 +57,9 @@ def resolve(parts: Sequence[Iterable[tuple]], *, upto_seqno: int | None = None,
         bound = cut if limit is None else (limit if cut is None else min(cut, limit))
         for rec in part:
             t = rec[0]
-            if t == MUTATION:
+            if t == REC_MUTATION:
                 key = rec[7]
-            elif t == DELETION or t == EXPIRATION:
+            elif t == REC_DELETION or t == REC_EXPIRATION:
                 key = rec[4]
             elif t == ROLLBACK:
                 s = rec[1]
@@ -85,7 +85,7 @@ def resolve(parts: Sequence[Iterable[tuple]], *, upto_seqno: int | None = None,
         if part_low is not None and (cut is None or part_low < cut):
             cut = part_low
     if not include_deletions:
-        return {k: r for k, r in resolved.items() if r[0] == MUTATION}
+        return {k: r for k, r in resolved.items() if r[0] == REC_MUTATION}
     return resolved
 
 
@@ -105,7 +105,7 @@ def mark_dead(parts: Sequence[Iterable[tuple]],
     for i, part in enumerate(parts):
         cut = cuts[i]
         for rec in part:
-            if rec[0] in (MUTATION, DELETION, EXPIRATION):
+            if rec[0] in (REC_MUTATION, REC_DELETION, REC_EXPIRATION):
                 yield i, rec, cut is not None and rec[1] > cut
 
 
@@ -124,7 +124,7 @@ def snapshot_boundaries(records: Iterable[tuple]) -> list[int]:
 
     for rec in records:
         t = rec[0]
-        if t == MUTATION or t == DELETION or t == EXPIRATION:
+        if t == REC_MUTATION or t == REC_DELETION or t == REC_EXPIRATION:
             if open_end is not None and rec[1] == open_end:
                 add(open_end)
                 open_end = None

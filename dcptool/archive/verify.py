@@ -20,23 +20,24 @@ from pathlib import Path
 from typing import Any
 
 from .archive import Archive
+from .chain import effective_parents
 from .errors import CorruptFileError
 from .format import (
     ARCHIVE_JSON,
     BACKUP_ID_RE,
     BACKUP_JSON,
     DATA_RE,
-    DELETION,
+    REC_DELETION,
     DONE_RE,
     END,
-    EXPIRATION,
+    REC_EXPIRATION,
     FORMAT_NAME,
     FORMAT_VERSION,
     FULL,
     HEADER,
     LOCK_FILE,
     MANIFEST_JSON,
-    MUTATION,
+    REC_MUTATION,
     RECORD_ARITY,
     RECORD_NAMES,
     ROLLBACK,
@@ -108,10 +109,10 @@ def _shape_error(rec: Any) -> str | None:
     if len(rec) != RECORD_ARITY[t]:
         return (f"{RECORD_NAMES[t]} record has {len(rec)} fields, expected "
                 f"{RECORD_ARITY[t]}")
-    if t == MUTATION:
+    if t == REC_MUTATION:
         ok = all(_uint(x) for x in rec[1:7]) and type(rec[7]) is bytes \
             and type(rec[8]) is bytes and (rec[9] is None or type(rec[9]) is bytes)
-    elif t == DELETION or t == EXPIRATION:
+    elif t == REC_DELETION or t == REC_EXPIRATION:
         ok = _uint(rec[1]) and _uint(rec[2]) and _uint(rec[3]) and type(rec[4]) is bytes \
             and _uint(rec[5]) and _uint(rec[6]) and type(rec[7]) is bytes
     elif t == SNAPSHOT:
@@ -172,7 +173,7 @@ class _VBucketCheck:
             return "header record in the middle of the file"
         if not self.seen_stream and t != STREAM:
             return f"{RECORD_NAMES[t]} record before the first stream record"
-        if t == MUTATION or t == DELETION or t == EXPIRATION:
+        if t == REC_MUTATION or t == REC_DELETION or t == REC_EXPIRATION:
             seqno = rec[1]
             if self.snap is None:
                 return f"item at seqno {seqno} outside any snapshot"
@@ -182,11 +183,11 @@ class _VBucketCheck:
             if seqno <= self.last:
                 return f"item seqno {seqno} does not increase (after {self.last})"
             self.last = self.top = seqno
-            if t == MUTATION:
+            if t == REC_MUTATION:
                 self.counts["mutations"] += 1
                 self.value_bytes += len(rec[8])
             else:
-                self.counts["deletions" if t == DELETION else "expirations"] += 1
+                self.counts["deletions" if t == REC_DELETION else "expirations"] += 1
                 self.value_bytes += len(rec[7])
         elif t == SNAPSHOT:
             start, end = rec[1], rec[2]
@@ -338,10 +339,11 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
 def _continuity(archive: Archive, manifests: dict[str, dict[str, Any]],
                 broken: set[str], report: VerifyReport) -> None:
     ends_after: dict[str, dict[int, Position]] = {}
+    parents = effective_parents(manifests)
     for bid in sorted(manifests):
         m = manifests[bid]
         mpath = str(archive.backup_dir(bid) / MANIFEST_JSON)
-        parent = m.get("parent")
+        parent = parents[bid]
         if m["type"] == FULL:
             prev: dict[int, Position] | None = {}
         elif parent in broken:

@@ -33,16 +33,16 @@ from .format import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_LEVEL,
     DEFAULT_SEGMENT_BYTES,
-    DELETION,
+    REC_DELETION,
     END,
-    EXPIRATION,
+    REC_EXPIRATION,
     FILE_MODE,
     FORMAT_NAME,
     FORMAT_VERSION,
     HEADER,
     MANIFEST_JSON,
     MIN_BLOCK_SIZE,
-    MUTATION,
+    REC_MUTATION,
     ROLLBACK,
     SNAPSHOT,
     STREAM,
@@ -259,7 +259,7 @@ class VBucketWriter:
     def deletion(self, seqno: int, rev_seqno: int, cas: int, key: bytes, delete_time: int = 0,
                  datatype: int = 0, value: bytes = b"") -> None:
         blk = self._blk
-        blk.add((4, seqno, rev_seqno, cas, key, delete_time, datatype, value))  # DELETION
+        blk.add((4, seqno, rev_seqno, cas, key, delete_time, datatype, value))  # REC_DELETION
         self._nd += 1
         self._vbytes += len(value)
         self._grew(blk)
@@ -267,7 +267,7 @@ class VBucketWriter:
     def expiration(self, seqno: int, rev_seqno: int, cas: int, key: bytes, delete_time: int = 0,
                    datatype: int = 0, value: bytes = b"") -> None:
         blk = self._blk
-        blk.add((5, seqno, rev_seqno, cas, key, delete_time, datatype, value))  # EXPIRATION
+        blk.add((5, seqno, rev_seqno, cas, key, delete_time, datatype, value))  # REC_EXPIRATION
         self._ne += 1
         self._vbytes += len(value)
         self._grew(blk)
@@ -343,7 +343,7 @@ class VBucketWriter:
         if not isinstance(records, (list, tuple)):
             records = list(records)
         types = Counter(map(itemgetter(0), records))
-        bad = set(types) - {SNAPSHOT, MUTATION, DELETION, EXPIRATION}
+        bad = set(types) - {SNAPSHOT, REC_MUTATION, REC_DELETION, REC_EXPIRATION}
         if bad:
             raise ValueError(f"write() takes snapshot markers and items, not record types "
                              f"{sorted(bad, key=repr)}")
@@ -362,14 +362,14 @@ class VBucketWriter:
                 add = blk.add
         self._account()
         self._nb -= last  # every record of the batch is counted by type below
-        self._nm += types[MUTATION]
-        self._nd += types[DELETION]
-        self._ne += types[EXPIRATION]
+        self._nm += types[REC_MUTATION]
+        self._nd += types[REC_DELETION]
+        self._ne += types[REC_EXPIRATION]
         self._ns += types[SNAPSHOT]
-        if len(types) == 1 and MUTATION in types:
+        if len(types) == 1 and REC_MUTATION in types:
             self._vbytes += sum(map(len, map(itemgetter(8), records)))
         else:
-            self._vbytes += sum(len(r[8]) if r[0] == MUTATION else len(r[7])
+            self._vbytes += sum(len(r[8]) if r[0] == REC_MUTATION else len(r[7])
                                 for r in records if r[0] != SNAPSHOT)
 
     def add_packed(self, data: bytes, *, mutations: int = 0, deletions: int = 0,

@@ -37,7 +37,7 @@ def quickstart(
     from dcptool.node.launcher import LocalNode
     from dcptool.pipeline.backup import run_backup
     from dcptool.pipeline.restore import run_restore
-    from dcptool.pipeline.spark import get_spark
+    from dcptool.pipeline.runtime import get_spark
     from dcptool.protocol import Delete, Set, vbucket_of
 
     out = console()

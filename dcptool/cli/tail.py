@@ -46,6 +46,9 @@ from dcptool.client import (
     load_state,
     save_state,
 )
+from dcptool.client.events import (EV_ADVANCED_SEQNO, EV_END_REASON, EV_END_RETRYING, EV_KEY,
+                                   EV_KIND, EV_ROLLBACK_INFO, EV_ROLLBACK_SEQNO, EV_SNAP_END,
+                                   EV_SNAP_FLAGS, EV_SNAP_START, EV_VBUCKET)
 from dcptool.errors import UsageError
 from dcptool.protocol.constants import SnapshotFlag, StreamEndReason
 
@@ -75,20 +78,23 @@ def record_json(ev, keys_only: bool) -> dict:
 
 
 def event_json(ev) -> dict | None:
-    kind = ev[0]
+    kind = ev[EV_KIND]
     if kind == SNAPSHOT:
-        return {"type": "snapshot", "vbucket": ev[1], "start": ev[2], "end": ev[3],
-                "flags": ev[4], "disk": bool(ev[4] & SnapshotFlag.DISK)}
+        return {"type": "snapshot", "vbucket": ev[EV_VBUCKET], "start": ev[EV_SNAP_START],
+                "end": ev[EV_SNAP_END], "flags": ev[EV_SNAP_FLAGS],
+                "disk": bool(ev[EV_SNAP_FLAGS] & SnapshotFlag.DISK)}
     if kind == ROLLBACK:
-        info = ev[3]
-        return {"type": "rollback", "vbucket": ev[1], "rollback_seqno": ev[2],
+        info = ev[EV_ROLLBACK_INFO]
+        return {"type": "rollback", "vbucket": ev[EV_VBUCKET],
+                "rollback_seqno": ev[EV_ROLLBACK_SEQNO],
                 "from_seqno": info.before.seqno, "from_uuid": info.before.uuid,
                 "to_seqno": info.after.seqno, "to_uuid": info.after.uuid}
     if kind == STREAM_END:
-        return {"type": "stream_end", "vbucket": ev[1], "reason": _reason(ev[2]),
-                "retrying": ev[3]}
+        return {"type": "stream_end", "vbucket": ev[EV_VBUCKET],
+                "reason": _reason(ev[EV_END_REASON]), "retrying": ev[EV_END_RETRYING]}
     if kind == SEQNO_ADVANCED:
-        return {"type": "seqno_advanced", "vbucket": ev[1], "seqno": ev[2]}
+        return {"type": "seqno_advanced", "vbucket": ev[EV_VBUCKET],
+                "seqno": ev[EV_ADVANCED_SEQNO]}
     return None
 
 
@@ -180,18 +186,19 @@ class _Printer:
         if self.as_json:
             self.out.write(json.dumps(doc) + "\n")
             return
-        kind = ev[0]
+        kind, vb = ev[EV_KIND], ev[EV_VBUCKET]
         if kind == SNAPSHOT:
-            text = Text.assemble((f"vb {ev[1]:<4} ", "dim"),
-                                 (f"snapshot {ev[2]}-{ev[3]}" + (" (disk)" if doc["disk"] else ""),
-                                  "dim"))
+            text = Text.assemble((f"vb {vb:<4} ", "dim"),
+                                 (f"snapshot {doc['start']}-{doc['end']}"
+                                  + (" (disk)" if doc["disk"] else ""), "dim"))
         elif kind == ROLLBACK:
-            text = Text(f"vb {ev[1]:<4} rollback: the node asked to roll back to seqno {ev[2]}; "
+            text = Text(f"vb {vb:<4} rollback: the node asked to roll back to seqno "
+                        f"{doc['rollback_seqno']}; "
                         f"continuing from seqno {doc['to_seqno']} (was {doc['from_seqno']})",
                         "bold red")
         elif kind == STREAM_END:
-            again = ", asking again" if ev[3] else ""
-            text = Text(f"vb {ev[1]:<4} stream ended: {doc['reason']}{again}", "yellow")
+            again = ", asking again" if doc["retrying"] else ""
+            text = Text(f"vb {vb:<4} stream ended: {doc['reason']}{again}", "yellow")
         else:
             text = Text(json.dumps(doc), "dim")
         self.con.print(text, soft_wrap=True)
@@ -378,11 +385,11 @@ def tail(
         for events in consumer.batches(tick):
             now = time.monotonic()
             for ev in events:
-                kind = ev[0]
+                kind = ev[EV_KIND]
                 if kind in _KIND:
                     records += 1
                     last_change = now
-                    if key_re is None or key_re.search(ev[8]):
+                    if key_re is None or key_re.search(ev[EV_KEY]):
                         printer.record(ev)
                         printed += 1
                     tracker.see(ev)

@@ -92,7 +92,7 @@ def _verify_against(archive, as_json, backup_id, vbuckets, cluster, username, pa
                     cacert, no_verify, master, partitions) -> None:
     from dcptool.archive import Archive
     from dcptool.cli.vbspec import parse_vbuckets
-    from dcptool.pipeline.against import run_verify_against
+    from dcptool.pipeline.compare import run_verify_against
 
     Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
     opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify)

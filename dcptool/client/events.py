@@ -1,6 +1,7 @@
 """What a DCP session hands its caller: compact tuples, `event[0]` is the kind.
 
-Records (the hot path, one per document change), 10 fields:
+Records (the hot path, one per document change), 10 fields (their positions are the
+`EV_*` constants below: index events with those, never with bare numbers):
 
     (kind, vbucket, seqno, rev_seqno, cas, flags, expiry, datatype, key, value)
 
@@ -40,6 +41,41 @@ STREAM_OPEN = wire.OP_DCP_STREAM_REQ
 SEQNO_ADVANCED = wire.OP_DCP_SEQNO_ADVANCED
 VBUCKET_STATE = wire.OP_DCP_SET_VBUCKET_STATE
 ROLLBACK = 0x100
+
+# -- field positions: every reader of an event tuple indexes it with these ---------------------
+# (plain int constants, not a NamedTuple: the session builds millions of these tuples and a
+# tuple is the cheapest thing to build and to index)
+
+#: every event
+EV_KIND = 0
+EV_VBUCKET = 1
+#: a record (MUTATION, DELETION, EXPIRATION); for deletions and expirations EV_FLAGS is 0
+#: and EV_EXPIRY holds the delete time
+EV_SEQNO = 2
+EV_REV_SEQNO = 3
+EV_CAS = 4
+EV_FLAGS = 5
+EV_EXPIRY = 6
+EV_DATATYPE = 7
+EV_KEY = 8
+EV_VALUE = 9
+#: the number of fields of a record
+RECORD_FIELDS = 10
+#: SNAPSHOT
+EV_SNAP_START = 2
+EV_SNAP_END = 3
+EV_SNAP_FLAGS = 4
+#: STREAM_OPEN (EV_OPEN_POSITION is present when the session knows the position requested)
+EV_OPEN_FAILOVER_LOG = 2
+EV_OPEN_POSITION = 3
+#: STREAM_END
+EV_END_REASON = 2
+EV_END_RETRYING = 3
+#: ROLLBACK
+EV_ROLLBACK_SEQNO = 2
+EV_ROLLBACK_INFO = 3
+#: SEQNO_ADVANCED
+EV_ADVANCED_SEQNO = 2
 
 #: kinds that carry a document change
 RECORD_KINDS = frozenset({MUTATION, DELETION, EXPIRATION})

@@ -101,10 +101,26 @@ class Position:
             ends = ends + (seqno,)
         return Position(uuid, seqno, seqno, seqno, log, ends)
 
-    def with_failover_log(self, log: Iterable[tuple[int, int]]) -> "Position":
-        log = tuple((int(u), int(s)) for u, s in log)
-        uuid = log[0][0] if log else self.uuid
-        return Position(uuid, self.seqno, self.snap_start, self.snap_end, log, self.snapshot_ends)
+    # ------------------------------------------------------------------ the archive's form
+
+    @classmethod
+    def from_archive(cls, pos: Any, failover_log: Iterable[Any] | None = ()) -> "Position":
+        """The position an archive recorded (its Position, or the JSON dict with uuid,
+        seqno, snap_start and snap_end) with the failover log recorded beside it. A
+        position on a snapshot end remembers that end as a rollback point."""
+        if isinstance(pos, dict):
+            uuid, seqno = int(pos["uuid"]), int(pos["seqno"])
+            ss, se = int(pos["snap_start"]), int(pos["snap_end"])
+        else:
+            uuid, seqno, ss, se = int(pos.uuid), int(pos.seqno), int(pos.snap_start), int(pos.snap_end)
+        log = tuple((int(u), int(s)) for u, s in (failover_log or ()))
+        return cls(uuid, seqno, ss, se, log, (se,) if seqno == se and seqno else ())
+
+    def to_archive(self) -> dict[str, int]:
+        """The archive's form (as its manifests and writer take it): uuid, seqno,
+        snap_start, snap_end."""
+        return {"uuid": self.uuid, "seqno": self.seqno, "snap_start": self.snap_start,
+                "snap_end": self.snap_end}
 
     # ------------------------------------------------------------------ persistence
 

@@ -29,9 +29,25 @@ from typing import Any, Callable
 
 from dcptool.archive import Archive, FULL, INCREMENTAL
 from dcptool.archive.errors import NotAnArchiveError
-from dcptool.archive.format import DONE_RE, sync_filesystem
+from dcptool.archive.format import sync_filesystem
 from dcptool.client.events import (
     DELETION,
+    EV_CAS,
+    EV_DATATYPE,
+    EV_END_REASON,
+    EV_END_RETRYING,
+    EV_EXPIRY,
+    EV_KEY,
+    EV_KIND,
+    EV_OPEN_FAILOVER_LOG,
+    EV_OPEN_POSITION,
+    EV_REV_SEQNO,
+    EV_SEQNO,
+    EV_SNAP_END,
+    EV_SNAP_FLAGS,
+    EV_SNAP_START,
+    EV_VALUE,
+    EV_VBUCKET,
     EXPIRATION,
     MUTATION,
     ROLLBACK,
@@ -39,7 +55,7 @@ from dcptool.client.events import (
     STREAM_END,
     STREAM_OPEN,
 )
-from dcptool.client.position import ZERO, Position
+from dcptool.client.position import Position
 from dcptool.client.session import VALUE_COUNTERS, SessionConfig
 from dcptool.errors import DcptoolError, UsageError
 from dcptool.faults import fault_point
@@ -47,7 +63,9 @@ from dcptool.protocol.constants import StreamEndReason
 from dcptool.runlog import RunLog
 
 from .nodeinfo import cluster_state, node_opts
-from .spark import default_parallelism, get_spark, plan_groups
+from .plans import BackupTask, VBucketPlan, VBucketSummary
+from .runtime import default_parallelism, get_spark, plan_groups
+from .tasks import reporting_failures, task_failure
 
 
 @dataclass
@@ -86,13 +104,6 @@ class BackupResult:
             "kept_vbuckets": self.kept_vbuckets, "rollback_details": self.rollback_details,
             "log": self.log, "watermark": self.watermark,
         }
-
-
-def _client_position(pos: Any, failover_log) -> Position:
-    """An archive position (uuid, seqno, snap start, snap end) as a client Position."""
-    log = tuple((int(u), int(s)) for u, s in (failover_log or ()))
-    ends = (pos.snap_end,) if pos.seqno == pos.snap_end and pos.seqno else ()
-    return Position(pos.uuid, pos.seqno, pos.snap_start, pos.snap_end, log, ends)
 
 
 #: how long a backup's watermark holds the purger back unless the next backup renews it
@@ -150,10 +161,6 @@ def register_archive_watermark(opts, archive: Archive, *, ttl: float = DEFAULT_W
             "note": "; ".join(notes) or None}
 
 
-def _end_dict(pos: Position) -> dict[str, int]:
-    return {"uuid": pos.uuid, "seqno": pos.seqno, "snap_start": pos.snap_start, "snap_end": pos.snap_end}
-
-
 def backup_consumer_config(name: str, **kw: Any) -> SessionConfig:
     """The DCP session a backup task opens (also used by `benchmarks/` for its replay)."""
     # copy_values=True: values as bytes slices of the received chunk are cheaper to keep
@@ -163,35 +170,30 @@ def backup_consumer_config(name: str, **kw: Any) -> SessionConfig:
                                        "copy_values": True, **kw})
 
 
-def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def backup_task(task: BackupTask) -> list[VBucketSummary]:
     """Stream one group of vbuckets into the backup's files; one summary per vbucket.
 
-    spec: opts (picklable connection options), archive, backup_id, session (name),
-    plan {vb: {"start": position dict, "end": end seqno, "resume": bool, "log": failover log}}.
     Runs on a Spark executor (or in the driver for tests): it only needs the archive path.
     """
     from dcptool.archive import VBucketWriter
 
-    opts = spec["opts"]
-    archive_path = spec["archive"]
-    backup_id = spec["backup_id"]
-    plan: dict[int, dict] = {int(vb): p for vb, p in spec["plan"].items()}
+    opts = task.opts
+    archive_path = task.archive
+    backup_id = task.backup_id
+    plan: dict[int, VBucketPlan] = {p.vbucket: p for p in task.plans}
     writers: dict[int, VBucketWriter] = {}
     starts: dict[int, Position] = {}
     for vb, p in plan.items():
-        start = Position.from_dict(p["start"])
+        start = p.start
         # sync=False: no fsync per segment and done file (~3 per vbucket, 10-20 ms each on
         # the development machine); one sync_filesystem below before the summaries go back
-        w = VBucketWriter(archive_path, backup_id, vb, _end_dict(start), p.get("log") or (),
-                          resume=bool(p.get("resume")), sync=False)
-        if p.get("resume"):
-            wp = w.position
-            start = Position(wp.uuid, wp.seqno, wp.snap_start, wp.snap_end,
-                             tuple(tuple(e) for e in w.failover_log),
-                             (wp.snap_end,) if wp.seqno == wp.snap_end and wp.seqno else ())
+        w = VBucketWriter(archive_path, backup_id, vb, start.to_archive(), p.failover_log,
+                          resume=p.resume, sync=False)
+        if p.resume:  # the writer found where the killed attempt's files end
+            start = Position.from_archive(w.position, w.failover_log)
         writers[vb] = w
         starts[vb] = start
-    summaries: list[dict[str, Any]] = []
+    summaries: list[VBucketSummary] = []
     rollbacks: list[dict[str, int]] = []
     opened: dict[int, Position] = dict(starts)  # the position each stream was last requested from
     # for the run log: when each vbucket's stream first opened, how often it (re)opened and
@@ -204,7 +206,7 @@ def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
         # (or this session) holds; the writer records it so restores skip the dead branch
         vb = info.vbucket
         chain_pt = Archive.open(archive_path).rollback_point(vb, info.rollback_seqno,
-                                                             upto=spec.get("parent"))
+                                                             upto=task.parent)
         seen = [s for s in info.before.snapshot_ends if s <= info.rollback_seqno]
         target = max([chain_pt.seqno, *seen])
         after = info.before.moved_to(target)
@@ -214,9 +216,9 @@ def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
                           "uuid": after.uuid})
         return after
 
-    config = backup_consumer_config(spec.get("session", f"dcptool-backup:{backup_id}"))
+    config = backup_consumer_config(task.session)
     t_task = time.monotonic()
-    if spec.get("cluster"):
+    if task.cluster:
         # a member of a cluster: each vbucket from its active node, following the map
         from dcptool.client.cluster import ClusterConsumer, ClusterView
 
@@ -226,7 +228,7 @@ def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
         consumer = ResumingConsumer(lambda: opts.consumer(config, on_rollback=on_rollback))
     try:
-        consumer.add_streams({vb: (starts[vb], plan[vb]["end"]) for vb in plan})
+        consumer.add_streams({vb: (starts[vb], plan[vb].end) for vb in plan})
         pending = write_events(consumer, writers, plan, opened, run, summaries, t_task)
         if pending:
             raise DcptoolError(f"vbuckets {sorted(pending)[:8]} ended without a complete stream")
@@ -244,22 +246,22 @@ def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
     finally:
         consumer.close()
     for s in summaries:
-        s.setdefault("task_rollbacks", [r for r in rollbacks if r["vbucket"] == s["vbucket"]])
+        s.entry.setdefault("task_rollbacks", [r for r in rollbacks if r["vbucket"] == s.vbucket])
     if summaries and compressed["values_decompressed"]:
-        summaries[0][_RUN_KEY]["snappy"] = compressed  # the task's, once
+        summaries[0].run["snappy"] = compressed  # the task's, once
     return summaries
 
 
 
-def write_events(consumer, writers: dict[int, Any], plan: dict[int, dict],
+def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan],
                  opened: dict[int, Position], run: dict[int, dict[str, Any]],
-                 summaries: list[dict[str, Any]], t_task: float,
+                 summaries: list[VBucketSummary], t_task: float,
                  tick: float = 1.0) -> set[int]:
     """Drain `consumer`'s events into the vbuckets' writers until every stream ended.
 
     The hot path of a backup task (and what `benchmarks/` measures on a replayed stream):
     records go to the writer of their vbucket; each vbucket that ends with OK is closed and
-    its summary (with the run statistics under `_RUN_KEY`) appended to `summaries`.
+    its summary (with the run statistics) appended to `summaries`.
     Returns the vbuckets of `plan` that did not end.
     """
     pending = set(plan)
@@ -269,37 +271,42 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, dict],
         i = 0
         while i < n:
             ev = events[i]
-            kind = ev[0]
+            kind = ev[EV_KIND]
             if kind == MUTATION:
                 # a run of mutations of one vbucket (a snapshot's worth, usually) in one call
-                i = writers[ev[1]].mutation_run(events, i, n)
+                i = writers[ev[EV_VBUCKET]].mutation_run(events, i, n)
                 continue
             i += 1
             if kind == EV_SNAPSHOT:
-                writers[ev[1]].marker(ev[2], ev[3], ev[4])
-            elif kind == DELETION:
-                writers[ev[1]].deletion(ev[2], ev[3], ev[4], ev[8], ev[6], ev[7], ev[9])
+                writers[ev[EV_VBUCKET]].marker(ev[EV_SNAP_START], ev[EV_SNAP_END],
+                                               ev[EV_SNAP_FLAGS])
+            elif kind == DELETION:  # EV_EXPIRY holds the delete time
+                writers[ev[EV_VBUCKET]].deletion(ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
+                                                 ev[EV_KEY], ev[EV_EXPIRY], ev[EV_DATATYPE],
+                                                 ev[EV_VALUE])
             elif kind == EXPIRATION:
-                writers[ev[1]].expiration(ev[2], ev[3], ev[4], ev[8], ev[6], ev[7], ev[9])
+                writers[ev[EV_VBUCKET]].expiration(ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
+                                                   ev[EV_KEY], ev[EV_EXPIRY], ev[EV_DATATYPE],
+                                                   ev[EV_VALUE])
             elif kind == STREAM_OPEN:
-                vb = ev[1]
+                vb = ev[EV_VBUCKET]
                 r = run[vb]
                 r["opens"] += 1
                 if r["first_open"] is None:
                     r["first_open"] = time.monotonic()
-                writers[vb].stream(_end_dict(ev[3] if len(ev) > 3 else opened[vb]), ev[2])
+                writers[vb].stream((ev[EV_OPEN_POSITION] if len(ev) > EV_OPEN_POSITION
+                                    else opened[vb]).to_archive(), ev[EV_OPEN_FAILOVER_LOG])
             elif kind == STREAM_END:
-                vb, reason, retrying = ev[1], ev[2], ev[3]
+                vb, reason, retrying = ev[EV_VBUCKET], ev[EV_END_REASON], ev[EV_END_RETRYING]
                 if reason == StreamEndReason.OK:
-                    summary = writers[vb].close(_end_dict(consumer.position(vb)))
+                    entry = writers[vb].close(consumer.position(vb).to_archive())
                     r = run[vb]
-                    summary[_RUN_KEY] = {
+                    summaries.append(VBucketSummary(entry, {
                         "opens": r["opens"], "retries": r["retries"],
-                        "resumed": bool(plan[vb].get("resume")),
-                        "seconds": round(time.monotonic() - (r["first_open"] or t_task), 3)}
-                    summaries.append(summary)
+                        "resumed": plan[vb].resume,
+                        "seconds": round(time.monotonic() - (r["first_open"] or t_task), 3)}))
                     pending.discard(vb)
-                    _fault_point("vbucket-closed", len(summaries))
+                    fault_point("vbucket-closed", len(summaries))
                 elif retrying:
                     run[vb]["retries"] += 1
                 else:
@@ -310,37 +317,11 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, dict],
     return pending
 
 
-def _fault_point(where: str, count: int) -> None:
-    """Fault injection for the crash tests (DCPTOOL_FAULT, see dcptool.faults)."""
-    fault_point(where, count)
-
-
-def _progress_watch(backup_dir: Path, total: int, callback: Callable[[int, int, int], None],
+def _progress_watch(progress, callback: Callable[[int, int, int], None],
                     stop: threading.Event) -> None:
-    """Poll the vbuckets' done files: (vbuckets done, items, bytes) to `callback`."""
-    import json as _json
-
-    seen: dict[str, tuple[int, int]] = {}
+    """Poll the archive's progress of the backup: (vbuckets done, items, bytes) to `callback`."""
     while not stop.wait(0.5):
-        try:
-            names = [n for n in os.listdir(backup_dir) if DONE_RE.match(n)]
-        except OSError:
-            continue
-        for n in names:
-            if n in seen:
-                continue
-            try:
-                d = _json.loads((backup_dir / n).read_text())
-                c = d["counts"]
-                seen[n] = (c["mutations"] + c["deletions"] + c["expirations"], d["bytes"]["files"])
-            except (OSError, ValueError, KeyError):
-                continue
-        callback(len(seen), sum(i for i, _ in seen.values()), sum(b for _, b in seen.values()))
-
-
-#: key of the per-vbucket run statistics a task adds to each summary; the driver takes it out
-#: (for the run log) before the summaries go into the manifest
-_RUN_KEY = "_run"
+        callback(*progress.poll())
 
 
 def run_backup(opts, archive_path: str | os.PathLike[str], **kwargs: Any) -> BackupResult:
@@ -435,42 +416,30 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         rl.warning("discarded partial backups %s (--purge-partial)", ", ".join(removed))
         partial = None
     resumed = partial is not None
-    kept: dict[int, dict] = {}
-    resume_vbs: set[int] = set()
     if resumed:
         writer = archive.resume_backup()
         btype = writer.type
-        for vb, rec in writer.recover(scan=True).items():
-            if rec.complete:
-                kept[vb] = rec.summary
-            elif rec.position is not None:
-                resume_vbs.add(vb)
     else:
         btype = FULL if (full or archive.latest_id() is None) else INCREMENTAL
         writer = archive.begin_backup(btype, level=level)
 
     try:
-        if btype == FULL:
-            starts = {vb: Position(failover_log=()) for vb in seqnos}
-        else:
-            ends = archive.end_positions(writer.parent)
-            chain_logs = archive.failover_logs(writer.parent)
-            starts = {vb: (_client_position(ends[vb], chain_logs.get(vb)) if vb in ends else ZERO)
-                      for vb in seqnos}
-        plan: dict[int, dict] = {}
-        for vb in sorted(seqnos):
-            if vb in kept:
-                continue
-            plan[vb] = {"start": starts[vb].to_dict(), "end": seqnos[vb],
-                        "resume": vb in resume_vbs, "log": [list(e) for e in logs.get(vb, ())]}
+        # where each vbucket starts is the archive's decision; the node adds where it ends
+        bplan = writer.plan(seqnos)
+        kept = bplan.kept
+        plan: dict[int, VBucketPlan] = {
+            vb: VBucketPlan(vb, Position.from_archive(st.position, st.failover_log), seqnos[vb],
+                            tuple((int(u), int(q)) for u, q in logs.get(vb, ())), st.resume)
+            for vb, st in bplan.starts.items()}
+        n_resumed = sum(1 for p in plan.values() if p.resume)
         rl.info("%s backup %s%s, parent %s: %d vbuckets, %d kept from the partial backup, "
                 "%d to stream (%d resumed)", btype, writer.id, " (resumed)" if resumed else "",
-                writer.parent or "none", len(seqnos), len(kept), len(plan), len(resume_vbs))
+                writer.parent or "none", len(seqnos), len(kept), len(plan), n_resumed)
         if on_plan is not None:
             on_plan({"backup_id": writer.id, "type": btype, "resumed": resumed,
                      "vbuckets": len(seqnos), "kept": len(kept), "to_stream": len(plan)})
 
-        summaries: list[dict] = list(kept.values())
+        summaries: list[VBucketSummary] = [VBucketSummary(e) for e in kept.values()]
         spark_seconds = 0.0
         if plan:
             ts = time.monotonic()
@@ -480,32 +449,33 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             groups = plan_groups(list(plan), n)
             rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master,
                     len(groups), spark_seconds)
-            specs = [{"opts": opts, "archive": archive_path, "backup_id": writer.id,
-                      "parent": writer.parent, "cluster": members is not None,
-                      "session": f"dcptool-backup:{writer.id}:{i}",
-                      "plan": {vb: plan[vb] for vb in g}} for i, g in enumerate(groups)]
+            tasks = [BackupTask(opts, archive_path, writer.id, writer.parent,
+                                tuple(plan[vb] for vb in g), f"dcptool-backup:{writer.id}:{i}",
+                                cluster=members is not None) for i, g in enumerate(groups)]
             stop = threading.Event()
             watcher = None
             if progress is not None:
                 watcher = threading.Thread(target=_progress_watch,
-                                           args=(writer.dir, len(seqnos), progress, stop), daemon=True)
+                                           args=(writer.progress(), progress, stop), daemon=True)
                 watcher.start()
             try:
-                results = spark.sparkContext.parallelize(specs, len(specs)).map(backup_task).collect()
+                results = spark.sparkContext.parallelize(tasks, len(tasks)) \
+                    .map(reporting_failures(backup_task)).collect()
             except Exception as exc:  # a task failed: keep the partial backup for a resume
-                raise _task_error(exc) from None
+                raise task_failure(exc, "backup task", "the partial backup is kept; rerun the "
+                                   "backup to resume it") from None
             finally:
                 stop.set()
                 if watcher is not None:
                     watcher.join(timeout=2)
             for r in results:
                 summaries.extend(r)
-        runs = {s["vbucket"]: s.pop(_RUN_KEY, None) for s in summaries}
-        for s in sorted(summaries, key=lambda x: x["vbucket"]):
-            _log_vbucket(rl, s, runs.get(s["vbucket"]))
+        runs = {s.vbucket: s.run for s in summaries}
+        for s in sorted(summaries, key=lambda x: x.vbucket):
+            _log_vbucket(rl, s.entry, s.run)
         _log_compressed(rl, opts, runs)
-        manifest = writer.commit(summaries, extra={"node": opts.address,
-                                                   "resumed": resumed})
+        manifest = writer.commit([s.entry for s in summaries],
+                                 extra={"node": opts.address, "resumed": resumed})
     except BaseException:
         writer.abort()
         raise
@@ -565,19 +535,3 @@ def _register_on_cluster(opts, archive_path: str, groups: dict[str, list[int]], 
             "behind_purge_seqno": behind,
             "note": "; ".join(p["note"] for p in parts if p["note"]) or None,
             "nodes": sorted(groups)}
-
-
-def _task_error(exc: Exception) -> DcptoolError:
-    """The one-line cause of a failed Spark task (the DcptoolError message raised inside it)."""
-    text = str(exc)
-    for marker in ("dcptool.client.errors.", "dcptool.errors.", "dcptool.archive.errors."):
-        idx = text.rfind(marker)
-        if idx >= 0:
-            line = text[idx:].splitlines()[0]
-            _name, _, msg = line.partition(": ")
-            return DcptoolError(f"backup task failed: {msg or line}",
-                                hint="the partial backup is kept; rerun the backup to resume it")
-    lines = [l for l in text.splitlines() if l.strip()]
-    last = lines[-1] if lines else type(exc).__name__
-    return DcptoolError(f"backup task failed: {last[:300]}",
-                        hint="the partial backup is kept; rerun the backup to resume it")

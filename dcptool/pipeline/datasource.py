@@ -28,12 +28,13 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from dcptool.archive import Archive
-from dcptool.archive.errors import ChainError
-from dcptool.archive.format import BACKUPS_DIR
+from dcptool.archive import Archive, backup_path
+from dcptool.archive.chain import descendant_cuts
 from dcptool.archive.reader import iter_vbucket_batches
 from dcptool.archive.resolve import part_cuts
 from dcptool.errors import UsageError
+
+from .plans import ScanPartition
 
 NAME = "dcptool"
 
@@ -94,60 +95,6 @@ def default_partitions() -> int:
 # -- planning (manifests only) ----------------------------------------------------------------
 
 
-def descendant_cuts(manifests: dict[str, dict[str, Any]]) -> dict[str, dict[int, int]]:
-    """{backup id: {vbucket: seqno}}: records of that backup above the seqno are dead,
-    because a later backup descending from it recorded a rollback to that seqno (the
-    lowest one wins). `manifests` are those of the committed backups, by id."""
-    cuts: dict[str, dict[int, int]] = {b: {} for b in manifests}
-    for m in manifests.values():
-        rbs = {}
-        for e in m["vbuckets"]:
-            if e["rollbacks"]:
-                rbs[e["vbucket"]] = min(r["seqno"] for r in e["rollbacks"])
-        if not rbs:
-            continue
-        parent = m.get("parent")
-        seen = set()
-        while parent is not None and parent in manifests and parent not in seen:
-            seen.add(parent)
-            c = cuts[parent]
-            for vb, s in rbs.items():
-                if vb not in c or s < c[vb]:
-                    c[vb] = s
-            parent = manifests[parent].get("parent")
-    return cuts
-
-
-def chain_ids(archive: Archive, manifests: dict[str, dict[str, Any]],
-              upto: str | None = None) -> list[str]:
-    """The ids of the chain ending at `upto` (default the newest committed backup), oldest
-    first; the same as `Archive.chain` but over manifests already read."""
-    if upto is None:
-        if not manifests:
-            return []
-        upto = max(manifests)
-    out: list[str] = []
-    bid: str | None = upto
-    while bid is not None:
-        if bid not in manifests:
-            if not out:
-                archive.manifest(bid)  # the precise error for a missing or partial backup
-            raise ChainError(f"backup {out[-1]} names parent {bid}, which is "
-                             f"{'partial' if archive.backup_dir(bid).is_dir() else 'missing'}",
-                             hint="restore an older backup, or run a new full backup")
-        if bid in out:
-            raise ChainError(f"backup {bid} is its own ancestor")
-        out.append(bid)
-        bid = manifests[bid].get("parent")
-    out.reverse()
-    return out
-
-
-def load_manifests(archive: Archive) -> dict[str, dict[str, Any]]:
-    """The manifest of every committed backup, by id (each read and checked once)."""
-    return {bid: archive.manifest(bid) for bid in archive.committed_ids()}
-
-
 def _balance(units: list[tuple[int, int, Any]], n: int) -> list[list[Any]]:
     """Spread (vbucket, weight, unit) over at most n groups, whole vbuckets per group and at
     least two vbuckets per group (a task costs tens of milliseconds: one per vbucket would
@@ -173,8 +120,8 @@ def _balance(units: list[tuple[int, int, Any]], n: int) -> list[list[Any]]:
 def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
               vbuckets: Iterable[int] | None = None, resolved: bool = False,
               partitions: int | None = None, values: bool = True,
-              validate: bool = False) -> list[dict[str, Any]]:
-    """The partitions of a read: a list of plain dicts for `read_partition`.
+              validate: bool = False) -> list[ScanPartition]:
+    """The partitions of a read, for `read_partition`.
 
     Without `resolved`: the records of every committed backup (or only of `backup`).
     With `resolved`: the state as of `backup` (default the newest) over its chain.
@@ -185,12 +132,11 @@ def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
         backup = None
     wanted = set(vbuckets) if vbuckets is not None else None
     n = partitions or default_partitions()
-    common = {"archive": root, "values": values, "validate": validate, "resolved": resolved}
     units: list[tuple[int, int, Any]] = []
-    manifests = load_manifests(archive)
+    manifests = archive.manifests()
     if resolved:
         per_vb: dict[int, list] = {}
-        for bid in chain_ids(archive, manifests, backup):
+        for bid in archive.chain_ids(manifests, backup):
             for e in manifests[bid]["vbuckets"]:
                 vb = e["vbucket"]
                 if wanted is not None and vb not in wanted:
@@ -213,7 +159,8 @@ def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
                 if wanted is not None and vb not in wanted:
                     continue
                 units.append((vb, e["bytes"]["files"], (bid, e, cuts[bid].get(vb))))
-    return [{**common, "units": g} for g in _balance(units, n)] or [{**common, "units": []}]
+    return [ScanPartition(root, tuple(g), resolved, values, validate)
+            for g in _balance(units, n) or [[]]]
 
 
 # -- decoding -----------------------------------------------------------------------------------
@@ -375,7 +322,7 @@ def resolve_parts(parts: list[tuple[str, Path, dict[str, Any]]], *,
     return recs, [owners[bisect_left(tops, r[1])] for r in recs]
 
 
-def read_partition(spec: dict[str, Any]) -> Iterator[Any]:
+def read_partition(part: ScanPartition) -> Iterator[Any]:
     """pyarrow RecordBatches (schema `arrow_schema()`) of one planned partition.
 
     The cyclic garbage collector is paused while it runs: decoding makes millions of small
@@ -383,20 +330,19 @@ def read_partition(spec: dict[str, Any]) -> Iterator[Any]:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        yield from _read_partition(spec)
+        yield from _read_partition(part)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _read_partition(spec: dict[str, Any]) -> Iterator[Any]:
-    root = Path(spec["archive"])
-    bdir_of = root / BACKUPS_DIR
-    out = _Batches(values=spec.get("values", True))
-    validate = spec.get("validate", False)
-    if spec.get("resolved"):
-        for vb, parts in spec["units"]:
-            recs, owners = resolve_parts([(bid, bdir_of / bid, e) for bid, e in parts],
+def _read_partition(part: ScanPartition) -> Iterator[Any]:
+    root = part.archive
+    out = _Batches(values=part.values)
+    validate = part.validate
+    if part.resolved:
+        for vb, parts in part.units:
+            recs, owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in parts],
                                          validate=validate)
             for i in range(0, len(recs), BATCH_ROWS):
                 out.add(recs[i:i + BATCH_ROWS], owners[i:i + BATCH_ROWS], vb, None,
@@ -404,9 +350,9 @@ def _read_partition(spec: dict[str, Any]) -> Iterator[Any]:
                 if len(out) >= BATCH_ROWS:
                     yield out.flush()
     else:
-        for bid, entry, cut in spec["units"]:
+        for bid, entry, cut in part.units:
             vb = entry["vbucket"]
-            for batch in iter_vbucket_batches(bdir_of / bid, entry, validate=validate):
+            for batch in iter_vbucket_batches(backup_path(root, bid), entry, validate=validate):
                 out.add(batch, bid, vb, cut)
                 if len(out) >= BATCH_ROWS:
                     yield out.flush()
@@ -417,8 +363,8 @@ def _read_partition(spec: dict[str, Any]) -> Iterator[Any]:
 
 def read_all(path: str | os.PathLike[str], **kw: Any) -> Iterator[Any]:
     """Every RecordBatch of a read, in this process (no Spark): for tools and tests."""
-    for spec in plan_scan(path, **kw):
-        yield from read_partition(spec)
+    for part in plan_scan(path, **kw):
+        yield from read_partition(part)
 
 
 # -- the Spark data source -----------------------------------------------------------------------
@@ -463,7 +409,7 @@ class ArchiveReader(DataSourceReader):  # type: ignore[misc]
     def partitions(self):
         kw = dict(self.kw)
         path = kw.pop("path")
-        return [InputPartition(spec) for spec in plan_scan(path, **kw)]
+        return [InputPartition(part) for part in plan_scan(path, **kw)]
 
     def read(self, partition):
         return read_partition(partition.value)

@@ -13,13 +13,12 @@ import os
 from typing import Any
 
 from dcptool.archive import Archive
-from dcptool.archive.format import BACKUPS_DIR
+from dcptool.archive.chain import descendant_cuts
 from dcptool.archive.reader import iter_vbucket_batches
 from dcptool.protocol.errors import ProtocolError
 from dcptool.protocol.snappy import SNAPPY, decompress
 from dcptool.protocol.vbucket import vbucket_of
 
-from .datasource import chain_ids, descendant_cuts, load_manifests
 
 NAMES = {3: "mutation", 4: "deletion", 5: "expiration"}
 
@@ -46,19 +45,18 @@ def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
     archive = Archive.open(archive_path)
     k = key.encode("utf-8") if isinstance(key, str) else bytes(key)
     vb = vbucket_of(k, archive.vbucket_count) if vbucket is None else vbucket
-    manifests = load_manifests(archive)
-    ids = chain_ids(archive, manifests, backup) if backup else sorted(manifests)
+    manifests = archive.manifests()
+    ids = archive.chain_ids(manifests, backup) if backup else sorted(manifests)
     scope = {b: manifests[b] for b in ids}
     cuts = descendant_cuts(scope)
-    live_chain = set(chain_ids(archive, manifests, backup)) if manifests else set()
-    root = archive.path / BACKUPS_DIR
+    live_chain = set(archive.chain_ids(manifests, backup)) if manifests else set()
     versions: list[dict[str, Any]] = []
     for bid in ids:
         entry = next((e for e in scope[bid]["vbuckets"] if e["vbucket"] == vb), None)
         if entry is None:
             continue
         cut = cuts[bid].get(vb)
-        for batch in iter_vbucket_batches(root / bid, entry):
+        for batch in iter_vbucket_batches(archive.backup_dir(bid), entry):
             for r in batch:
                 t = r[0]
                 if t == 3:

@@ -42,7 +42,7 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
                spark=None) -> ExportResult:
     from dcptool.spark import read_archive
 
-    from .spark import get_spark
+    from .runtime import get_spark
 
     t0 = time.monotonic()
     if fmt not in FORMATS:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import itertools
 from typing import Any
 
-from dcptool.archive import DELETION, EXPIRATION, MUTATION, Archive, VBucketHistory, resolve
+from dcptool.archive import REC_DELETION, REC_EXPIRATION, REC_MUTATION, Archive, VBucketHistory, resolve
 from dcptool.errors import DcptoolError
 from dcptool.protocol.errors import ProtocolError
 from dcptool.protocol.snappy import SNAPPY, plain
@@ -24,9 +24,12 @@ from dcptool.runlog import RunLog
 
 from . import metawriter as mw
 from .nodeinfo import active_nodes, vbucket_count
-from .spark import default_parallelism, get_spark, plan_groups
+from .plans import RestoreTask, RestoreTaskResult
+from .runtime import default_parallelism, get_spark, plan_groups
+from .tasks import reporting_failures, task_failure
 
-_KIND = {MUTATION: mw.WRITE_MUTATION, DELETION: mw.WRITE_DELETION, EXPIRATION: mw.WRITE_EXPIRATION}
+_KIND = {REC_MUTATION: mw.WRITE_MUTATION, REC_DELETION: mw.WRITE_DELETION,
+         REC_EXPIRATION: mw.WRITE_EXPIRATION}
 
 
 def resolved_records(archive_path: str, vbucket: int, backup: str | None,
@@ -41,7 +44,7 @@ def resolved_records(archive_path: str, vbucket: int, backup: str | None,
     recs = sorted(resolve(parts).values(), key=lambda r: r[1])
     for r in recs:
         t = r[0]
-        if t == MUTATION:
+        if t == REC_MUTATION:
             _t, _s, rev, cas, flags, expiry, datatype, key, value, _x = r
             if datatype & SNAPPY:
                 value, datatype = _plain(value, datatype, vbucket, key)
@@ -101,43 +104,38 @@ def check_chain_files(chain, vbuckets) -> tuple[int, int, float]:
     return len(files), sum(f["size"] for _p, f in files), time.monotonic() - t0
 
 
-#: key of the per-task run statistics (for the run log) in a task's result
-_RUN_KEY = "_run"
-
-
-def restore_task(spec: dict[str, Any]) -> dict[str, Any]:
+def restore_task(task: RestoreTask) -> RestoreTaskResult:
     t0 = time.monotonic()
     counts = mw.WriteCounts()
-    chain = Archive.open(spec["archive"]).chain(spec["backup"])
+    chain = Archive.open(task.archive).chain(task.backup)
     # records resolved per vbucket (what was sent), for the run log
     per_vb: dict[int, dict[str, int]] = {}
 
     def records_of(vb):
-        recs = list(resolved_records(spec["archive"], vb, spec["backup"], spec.get("filter"),
+        recs = list(resolved_records(task.archive, vb, task.backup, task.key_filter,
                                      chain=chain))
         kinds = [r[0] for r in recs]
         per_vb[vb] = {k: kinds.count(k) for k in mw.WRITE_KINDS}
         return recs
 
     def records():
-        return itertools.chain.from_iterable(map(records_of, spec["vbuckets"]))
+        return itertools.chain.from_iterable(map(records_of, task.vbuckets))
 
-    if spec.get("dry_run"):
+    if task.dry_run:
         for rec in records():
             counts.restored[rec[0]] += 1
         out = counts.as_dict()
-    elif spec.get("routes"):  # a cluster: each vbucket to its active node
-        out = mw.write_to_actives(spec["opts"], spec["routes"], spec["node_vbuckets"],
-                                  ((vb, records_of(vb)) for vb in spec["vbuckets"]),
-                                  force=spec.get("force", False)).as_dict()
+    elif task.routes:  # a cluster: each vbucket to its active node
+        out = mw.write_to_actives(task.opts, task.routes, task.node_vbuckets,
+                                  ((vb, records_of(vb)) for vb in task.vbuckets),
+                                  force=task.force).as_dict()
     else:
-        with spec["opts"].connect() as conn:
-            writer = mw.MetaWriter(conn, spec["node_vbuckets"], force=spec.get("force", False))
+        with task.opts.connect() as conn:
+            writer = mw.MetaWriter(conn, task.node_vbuckets, force=task.force)
             writer.write(records())
         out = writer.counts.as_dict()
-    out[_RUN_KEY] = {"vbuckets": per_vb, "seconds": round(time.monotonic() - t0, 3),
-                     "pid": os.getpid()}
-    return out
+    return RestoreTaskResult(out, {"vbuckets": per_vb, "seconds": round(time.monotonic() - t0, 3),
+                                   "pid": os.getpid()})
 
 
 @dataclass
@@ -218,21 +216,19 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
         ts = time.monotonic()
         spark = spark or get_spark(master)
         n = partitions or 2 * default_parallelism(spark)
-        specs = [{"opts": opts, "archive": str(archive.path), "backup": target, "vbuckets": g,
-                  "filter": key_filter, "force": force, "dry_run": dry_run,
-                  "node_vbuckets": node_vbuckets, "routes": routes} for g in plan_groups(held, n)]
-        rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master, len(specs),
+        tasks = [RestoreTask(opts, str(archive.path), target, tuple(g), node_vbuckets,
+                             key_filter=key_filter, force=force, dry_run=dry_run, routes=routes)
+                 for g in plan_groups(held, n)]
+        rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master, len(tasks),
                 time.monotonic() - ts)
         try:
-            results = spark.sparkContext.parallelize(specs, len(specs)).map(restore_task).collect()
+            results = spark.sparkContext.parallelize(tasks, len(tasks)) \
+                .map(reporting_failures(restore_task)).collect()
         except Exception as exc:
-            from .backup import _task_error
-            err = _task_error(exc)
-            err.message = err.message.replace("backup task", "restore task")
-            err.hint = "the restore can be rerun: it is idempotent"
-            raise err from None
-        for i, r in enumerate(results):
-            run = r.pop(_RUN_KEY, None) or {}
+            raise task_failure(exc, "restore task",
+                               "the restore can be rerun: it is idempotent") from None
+        for i, res in enumerate(results):
+            r, run = res.counts, res.run
             for vb, c in sorted(run.get("vbuckets", {}).items()):
                 rl.info("vbucket %s: %s %s", vb, "would write" if dry_run else "sent", _kinds(c))
             rl.info("task %d (%d vbuckets): %s %s; skipped (newer on the node) %s; failed "

@@ -37,6 +37,7 @@ from dcptool.errors import UsageError
 
 from .datasource import _TRUE, default_partitions
 from .datasource import arrow_schema as _arrow_schema
+from .plans import StreamPartition
 
 NAME = "dcptool-stream"
 
@@ -146,18 +147,20 @@ def plan_end(start: dict[str, dict], latest: dict[int, dict[str, int]],
     return out
 
 
-def stream_task(spec: dict[str, Any]) -> Iterator[Any]:
+def stream_task(part: StreamPartition) -> Iterator[Any]:
     """Arrow batches of one micro-batch partition: stream each vbucket from its start
     position to its end seqno (see the module docstring)."""
     import pyarrow as pa
 
-    from dcptool.client.events import DELETION, EXPIRATION, MUTATION, ROLLBACK
+    from dcptool.client.events import (
+        DELETION, EV_CAS, EV_DATATYPE, EV_EXPIRY, EV_FLAGS, EV_KEY, EV_KIND, EV_REV_SEQNO,
+        EV_ROLLBACK_INFO, EV_SEQNO, EV_VALUE, EV_VBUCKET, EXPIRATION, MUTATION, ROLLBACK)
     from dcptool.client.ops import get_failover_logs
     from dcptool.client.position import Position
     from dcptool.client.session import SessionConfig
 
-    opts = spec["opts"]
-    plan = {int(vb): (s, e) for vb, (s, e) in spec["vbuckets"].items()}
+    opts = part.opts
+    plan = {int(vb): (s, e) for vb, (s, e) in part.vbuckets.items()}
     with opts.connect() as conn:
         logs = get_failover_logs(conn, sorted(plan))
     ends = {vb: e["seq"] for vb, (s, e) in plan.items()}
@@ -189,7 +192,7 @@ def stream_task(spec: dict[str, Any]) -> Iterator[Any]:
         assert out.num_rows == n
         return out
 
-    config = SessionConfig(name=spec.get("name", "dcptool-stream"), no_value=not spec["values"],
+    config = SessionConfig(name=part.name, no_value=not part.values,
                            consistent=True, max_rollbacks=16)
     consumer = opts.consumer(config, on_rollback=on_rollback)
     try:
@@ -199,25 +202,27 @@ def stream_task(spec: dict[str, Any]) -> Iterator[Any]:
             ss, se = min(s["ss"], s["seq"]), max(s["se"], s["seq"])
             streams[vb] = (Position(s["uuid"], s["seq"], ss, se, log), e["seq"])
         consumer.add_streams(streams)
-        values = spec["values"]
+        values = part.values
         for events in consumer.batches(tick=1.0):
             for ev in events:
-                kind = ev[0]
+                kind = ev[EV_KIND]
                 if kind == MUTATION or kind == DELETION or kind == EXPIRATION:
-                    vb = ev[1]
-                    if ev[2] > ends[vb]:
+                    vb = ev[EV_VBUCKET]
+                    if ev[EV_SEQNO] > ends[vb]:
                         continue  # past this batch's end: the next batch reads it
                     if kind == MUTATION:
-                        rows.append((vb, "mutation", ev[2], ev[3], ev[4], ev[5], ev[6], ev[7],
-                                     bytes(ev[8]), bytes(ev[9]) if values else None, False,
-                                     None))
-                    else:
-                        rows.append((vb, names[kind], ev[2], ev[3], ev[4], None, None, ev[7],
-                                     bytes(ev[8]), bytes(ev[9]) if values else None, True,
-                                     ev[6]))
+                        rows.append((vb, "mutation", ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
+                                     ev[EV_FLAGS], ev[EV_EXPIRY], ev[EV_DATATYPE],
+                                     bytes(ev[EV_KEY]), bytes(ev[EV_VALUE]) if values else None,
+                                     False, None))
+                    else:  # EV_EXPIRY holds the delete time
+                        rows.append((vb, names[kind], ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
+                                     None, None, ev[EV_DATATYPE], bytes(ev[EV_KEY]),
+                                     bytes(ev[EV_VALUE]) if values else None, True,
+                                     ev[EV_EXPIRY]))
                 elif kind == ROLLBACK:
-                    info = ev[3]
-                    rows.append((ev[1], "rollback", info.after.seqno, None, None, None, None,
+                    info = ev[EV_ROLLBACK_INFO]
+                    rows.append((ev[EV_VBUCKET], "rollback", info.after.seqno, None, None, None, None,
                                  None, None, None, None, None))
             if len(rows) >= BATCH_ROWS:
                 yield batch()
@@ -270,7 +275,7 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # t
         return plan_end(start, latest, cap)
 
     def partitions(self, start: dict, end: dict):
-        from .spark import plan_groups
+        from .runtime import plan_groups
 
         todo = [k for k in end if start.get(k) != end[k]]
         if not todo:
@@ -278,12 +283,10 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # t
         self.batch_no += 1
         out = []
         for i, group in enumerate(plan_groups([int(k) for k in todo], self.cfg["partitions"])):
-            out.append(InputPartition({
-                "opts": self.cfg["opts"], "values": self.cfg["values"],
-                "name": f"dcptool-stream:{os.getpid()}:{self.batch_no}:{i}",
-                "vbuckets": {vb: (start.get(str(vb)) or _entry(0, 0), end[str(vb)])
-                             for vb in group},
-            }))
+            out.append(InputPartition(StreamPartition(
+                self.cfg["opts"], f"dcptool-stream:{os.getpid()}:{self.batch_no}:{i}",
+                {vb: (start.get(str(vb)) or _entry(0, 0), end[str(vb)]) for vb in group},
+                self.cfg["values"])))
         return out
 
     def read(self, partition):

@@ -11,6 +11,7 @@ from dochelpers import delete, load, opts_for
 from dcptool.client.cluster import set_map
 from dcptool.pipeline import metawriter as mw
 from dcptool.pipeline.backup import run_backup
+from dcptool.pipeline.plans import RestoreTask
 from dcptool.pipeline.restore import restore_task
 from dcptool.protocol.constants import VBucketState
 
@@ -83,13 +84,11 @@ def test_restore_task_planned_before_a_failover_writes_to_the_promoted_node(ab, 
     from dcptool.archive import Archive
 
     backup_id = Archive.open(str(archive)).chain(None)[-1].id
-    spec = {"opts": opts_for(b), "archive": str(archive), "backup": backup_id,
-            "vbuckets": list(range(VBS)), "filter": None, "force": False, "dry_run": False,
-            "node_vbuckets": VBS,
-            "routes": {0: addr(a), 1: addr(b), 2: addr(a), 3: addr(b)}}
+    task = RestoreTask(opts_for(b), str(archive), backup_id, tuple(range(VBS)), VBS,
+                       routes={0: addr(a), 1: addr(b), 2: addr(a), 3: addr(b)})
     a.kill()
     send_map([a, b], [[1, -1]] * VBS, rev=2, only=[b])
-    out = restore_task(spec)
+    out = restore_task(task).counts
     assert out["restored"][mw.WRITE_MUTATION] == 4 * 29 and out["restored"][mw.WRITE_DELETION] == 4
     assert out["failed"] == {mw.WRITE_MUTATION: 0, mw.WRITE_DELETION: 0, mw.WRITE_EXPIRATION: 0}
     for vb, ks in per_vb.items():

@@ -79,11 +79,11 @@ def test_partitions_group_vbuckets(archive, spark):
     df = read_archive(spark, path, partitions=4)
     assert df.rdd.getNumPartitions() == 4
     plan = plan_scan(path, partitions=4)
-    seen = [vb for p in plan for vb in {u[1]["vbucket"] for u in p["units"]}]
+    seen = [vb for p in plan for vb in {u[1]["vbucket"] for u in p.units}]
     assert sorted(seen) == list(range(VBS))  # each vbucket in exactly one partition
     resolved = plan_scan(path, resolved=True, partitions=64)
     assert len(resolved) == VBS // 2  # never one partition per vbucket
-    assert all(len(p["units"]) == 2 for p in resolved)
+    assert all(len(p.units) == 2 for p in resolved)
 
 
 def test_resolved_equals_what_restore_writes(archive, spark, tmp_path):

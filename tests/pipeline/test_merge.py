@@ -12,7 +12,8 @@ from nodeproc import NodeProcess
 from dcptool.archive import Archive
 from dcptool.archive.verify import verify_archive
 from dcptool.pipeline.backup import run_backup
-from dcptool.pipeline.merge import STAGING, run_merge
+from dcptool.archive.merging import STAGING
+from dcptool.pipeline.merge import run_merge
 from dcptool.pipeline.restore import resolved_records, run_restore
 from dcptool.protocol import vbucket_of
 
@@ -102,7 +103,8 @@ def test_merge_chain_with_rollback_keeps_the_restore(chain, spark, tmp_path, cap
     a = Archive.open(path)
     assert m1.replaced == [b1, b2] and m1.relinked == [b3] and m1.type == "full"
     assert a.committed_ids() == [m1.merged_id, b3, b4, b5]
-    assert a.manifest(b3)["parent"] == m1.merged_id
+    # the chain through b3 now runs through the merged backup; b3's manifest is untouched
+    assert a.parent_of(b3) == m1.merged_id and a.manifest(b3)["parent"] == b2
     assert m1.items_after < m1.items_before  # updated keys kept once
     assert m1.deletions == 100  # tombstones kept
     assert restore_state(path) == before
@@ -193,7 +195,7 @@ def _synthetic_chain(path, vbuckets: int = 4) -> list[str]:
 def test_an_interrupted_merge_is_finished_by_the_next(spark, tmp_path):
     import shutil
 
-    from dcptool.archive.format import MANIFEST_JSON, atomic_write_json, read_json
+    from dcptool.archive.format import MANIFEST_JSON, read_json
 
     path = tmp_path / "archive"
     b1, b2, b3 = _synthetic_chain(path)
@@ -205,9 +207,8 @@ def test_an_interrupted_merge_is_finished_by_the_next(spark, tmp_path):
     # as if the merge had been killed right after publishing the merged backup
     for b in (b1, b2):
         shutil.copytree(keep / b, path / "backups" / b)
-    mf = read_json(path / "backups" / b3 / MANIFEST_JSON)
-    mf["parent"] = b2
-    atomic_write_json(path / "backups" / b3 / MANIFEST_JSON, mf)
+    # b3 still names b2 (a merge never edits a committed manifest)
+    assert read_json(path / "backups" / b3 / MANIFEST_JSON)["parent"] == b2
     assert Archive.open(path).committed_ids() == sorted([b1, b2, m.merged_id, b3])
     assert {vb: list(resolved_records(str(path), vb, None)) for vb in range(4)} == state
     assert verify_archive(path).ok

@@ -23,7 +23,7 @@ from dcptool.client.events import DELETION, EXPIRATION, MUTATION
 from dcptool.client.ops import get_vbucket_seqnos
 from dcptool.client.position import ZERO
 from dcptool.client.session import SessionConfig
-from dcptool.pipeline.against import run_verify_against
+from dcptool.pipeline.compare import run_verify_against
 from dcptool.pipeline.backup import run_backup
 from dcptool.pipeline.examine import examine_key
 from dcptool.pipeline.restore import run_restore

@@ -8,7 +8,8 @@ from dcptool.archive import FULL, Archive, VBucketWriter
 from dcptool.archive.reader import iter_vbucket_records
 from dcptool.client.events import DELETION, EXPIRATION, MUTATION, SNAPSHOT, STREAM_END, STREAM_OPEN
 from dcptool.client.position import ZERO, Position
-from dcptool.pipeline.backup import _RUN_KEY, write_events
+from dcptool.pipeline.backup import write_events
+from dcptool.pipeline.plans import VBucketPlan
 
 START = {"uuid": 0, "seqno": 0, "snap_start": 0, "snap_end": 0}
 
@@ -91,15 +92,16 @@ def test_write_events_matches_per_event_calls(tmp_path):
                          "snap_end": last[vb]}) for vb in vbs]
 
     a2, bw2, w2 = _setup(tmp_path, "loop", vbs)
-    plan = {vb: {} for vb in vbs}
+    plan = {vb: VBucketPlan(vb, ZERO, 0) for vb in vbs}
     run = {vb: {"opens": 0, "retries": 0, "first_open": None} for vb in vbs}
     summaries = []
     pending = write_events(FakeConsumer(events), w2, plan, {vb: ZERO for vb in vbs}, run,
                            summaries, 0.0)
     assert pending == set()
-    assert sorted(s["vbucket"] for s in summaries) == list(vbs)
+    assert sorted(s.vbucket for s in summaries) == list(vbs)
     for s in summaries:
-        assert s.pop(_RUN_KEY)["opens"] == 1
+        assert s.run["opens"] == 1
+    summaries = [s.entry for s in summaries]
     by_vb = {s["vbucket"]: s for s in summaries}
     for r in ref:
         s = by_vb[r["vbucket"]]

@@ -18,15 +18,15 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from dcptool.archive import Archive
-from dcptool.archive.format import BACKUPS_DIR
+from dcptool.archive import REC_MUTATION, Archive, backup_path
 from dcptool.errors import UsageError
 
-from .datasource import chain_ids, load_manifests, resolve_parts
-from .spark import default_parallelism, get_spark, plan_groups
+from .datasource import resolve_parts
+from .plans import CompareTask, VBucketComparePlan
+from .runtime import default_parallelism, get_spark, plan_groups
+from .tasks import reporting_failures, task_failure
 
 MASK = (1 << 64) - 1
 
@@ -58,39 +58,40 @@ def compare_states(a: dict[bytes, tuple], n: dict[bytes, tuple], limit: int) -> 
              "node": _side(n.get(k))} for k in diff[:limit]]
 
 
-def against_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def compare_task(task: CompareTask) -> list[dict[str, Any]]:
     """Compare one group of vbuckets (see the module docstring)."""
-    from dcptool.client.events import DELETION, EXPIRATION, MUTATION
+    from dcptool.client.events import (DELETION, EV_CAS, EV_KEY, EV_KIND, EV_REV_SEQNO, EV_SEQNO,
+                                       EV_VBUCKET, EXPIRATION, MUTATION)
     from dcptool.client.position import ZERO
     from dcptool.client.session import SessionConfig
 
-    root = Path(spec["archive"]) / BACKUPS_DIR
-    plan: dict[int, dict[str, Any]] = {int(vb): p for vb, p in spec["plan"].items()}
+    root = task.archive
+    plan: dict[int, VBucketComparePlan] = {p.vbucket: p for p in task.plans}
     node: dict[int, dict[bytes, tuple]] = {vb: {} for vb in plan}
-    ends = {vb: p["stream_end"] for vb, p in plan.items()}
+    ends = {vb: p.stream_end for vb, p in plan.items()}
     streams = {vb: (ZERO, e) for vb, e in ends.items() if e > 0}
     if streams:
-        config = SessionConfig(name=spec.get("name", "dcptool-verify"), no_value=True,
-                               consistent=True)
-        consumer = spec["opts"].consumer(config)
+        config = SessionConfig(name=task.name, no_value=True, consistent=True)
+        consumer = task.opts.consumer(config)
         try:
             consumer.add_streams(streams)
             for events in consumer.batches(tick=1.0):
                 for ev in events:
-                    kind = ev[0]
+                    kind = ev[EV_KIND]
                     if kind == MUTATION or kind == DELETION or kind == EXPIRATION:
-                        vb = ev[1]
-                        if ev[2] <= ends[vb]:
-                            node[vb][bytes(ev[8])] = (ev[3], ev[4], kind != MUTATION)
+                        vb = ev[EV_VBUCKET]
+                        if ev[EV_SEQNO] <= ends[vb]:
+                            node[vb][bytes(ev[EV_KEY])] = (ev[EV_REV_SEQNO], ev[EV_CAS],
+                                                           kind != MUTATION)
         finally:
             consumer.close()
     out = []
     for vb in sorted(plan):
         p = plan[vb]
-        recs, _owners = resolve_parts([(bid, root / bid, e) for bid, e in p["parts"]])
+        recs, _owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in p.parts])
         arch = {}
         for r in recs:
-            if r[0] == 3:
+            if r[0] == REC_MUTATION:
                 arch[r[7]] = (r[2], r[3], False)
             else:
                 arch[r[4]] = (r[2], r[3], True)
@@ -98,17 +99,17 @@ def against_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
         nside = node.pop(vb)
         a_sum = summarise(arch)
         n_sum = summarise(nside)
-        res = {"vbucket": vb, "end_seqno": p["end_seqno"], "node_high_seqno": p["node_high"],
+        res = {"vbucket": vb, "end_seqno": p.end_seqno, "node_high_seqno": p.node_high,
                "archive": a_sum, "node": n_sum, "match": a_sum == n_sum, "differences": [],
-               "notes": list(p.get("notes", []))}
+               "notes": list(p.notes)}
         if not res["match"]:
-            res["differences"] = compare_states(arch, nside, spec.get("max_keys", 5))
+            res["differences"] = compare_states(arch, nside, task.max_keys)
         out.append(res)
     return out
 
 
 @dataclass
-class AgainstReport:
+class CompareReport:
     archive: str
     node: str
     backup: str
@@ -137,17 +138,17 @@ class AgainstReport:
 def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: str | None = None,
                        vbuckets: list[int] | None = None, partitions: int | None = None,
                        master: str | None = None, max_keys: int = 5,
-                       spark=None) -> AgainstReport:
+                       spark=None) -> CompareReport:
     from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
 
     from .nodeinfo import vbucket_count
 
     t0 = time.monotonic()
     archive = Archive.open(archive_path)
-    manifests = load_manifests(archive)
+    manifests = archive.manifests()
     if not manifests:
         raise UsageError(f"archive {archive.path} holds no committed backup to compare")
-    chain = chain_ids(archive, manifests, backup)
+    chain = archive.chain_ids(manifests, backup)
     parts: dict[int, list] = {}
     last_entry: dict[int, dict] = {}
     for bid in chain:
@@ -163,8 +164,8 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
     if count and count != archive.vbucket_count:
         raise UsageError(f"the node has {count} vbuckets but archive {archive.path} has "
                          f"{archive.vbucket_count}")
-    report = AgainstReport(str(archive.path), opts.address, chain[-1])
-    plan: dict[int, dict[str, Any]] = {}
+    report = CompareReport(str(archive.path), opts.address, chain[-1])
+    plan: dict[int, VBucketComparePlan] = {}
     for vb, ps in sorted(parts.items()):
         end = last_entry[vb]["end"]
         notes = []
@@ -180,24 +181,20 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
             if end["seqno"] and not any(u == end["uuid"] for u, _s in log):
                 notes.append(f"the node's failover log does not hold the archive's vbucket "
                              f"uuid {end['uuid']} (different history)")
-        plan[vb] = {"parts": ps, "end_seqno": end["seqno"], "node_high": high,
-                    "stream_end": min(end["seqno"], high), "notes": notes}
+        plan[vb] = VBucketComparePlan(vb, tuple(ps), end["seqno"], high,
+                                      min(end["seqno"], high), tuple(notes))
     if plan:
         spark = spark or get_spark(master)
         n = partitions or 2 * default_parallelism(spark)
-        specs = [{"opts": opts, "archive": str(archive.path.absolute()), "max_keys": max_keys,
-                  "name": f"dcptool-verify:{os.getpid()}:{i}",
-                  "plan": {vb: plan[vb] for vb in g}}
+        tasks = [CompareTask(opts, str(archive.path.absolute()),
+                             f"dcptool-verify:{os.getpid()}:{i}", tuple(plan[vb] for vb in g),
+                             max_keys)
                  for i, g in enumerate(plan_groups(sorted(plan), n))]
         try:
-            results = spark.sparkContext.parallelize(specs, len(specs)) \
-                .map(against_task).collect()
+            results = spark.sparkContext.parallelize(tasks, len(tasks)) \
+                .map(reporting_failures(compare_task)).collect()
         except Exception as exc:
-            from .backup import _task_error
-            err = _task_error(exc)
-            err.message = err.message.replace("backup task", "verify task")
-            err.hint = None
-            raise err from None
+            raise task_failure(exc, "verify task", None) from None
         for r in results:
             report.vbuckets.extend(r)
         report.vbuckets.sort(key=lambda v: v["vbucket"])
@@ -207,4 +204,4 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
     return report
 
 
-__all__ = ["run_verify_against", "AgainstReport", "summarise", "entry_hash"]
+__all__ = ["run_verify_against", "CompareReport", "summarise", "entry_hash"]

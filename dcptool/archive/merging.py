@@ -1,0 +1,418 @@
+"""Merging a range of backups of one chain into one backup: the archive's side.
+
+The merged backup holds, per vbucket, the resolved state of the range (the newest surviving
+version of each key, tombstones kept, dead branches dropped) inside the range's live
+snapshot markers, from the first backup's start position to the last backup's end
+position. So the chain through it restores exactly what the chain through the originals
+restored, and an incremental backup taken after it starts where the last original ended.
+
+When the range does not start at a full backup and one of its backups recorded a rollback
+below where the chain before the range ended, the merged backup keeps that rollback record
+(the lowest one), so the older backups' records above it stay dead.
+
+The lifecycle, all under the archive lock the caller holds:
+
+1. `plan_merge`: the range, the merged backup's id, type and parent, one `VBucketMergePlan`
+   per vbucket (picklable: the tasks that write the vbuckets get nothing else).
+2. `StagedMerge.begin`: the merged backup is written into `ARCHIVE/.merge-staging/`
+   (outside `backups/`, so no reader, backup or resume ever sees it half-written);
+   `merge_vbucket` writes one vbucket there and re-reads it against what it meant to write.
+3. `StagedMerge.commit`: its manifest is committed in the staging directory, then the whole
+   backup is verified (sizes, SHA-256, every record, the invariants, the counts).
+4. `StagedMerge.publish`: it is moved into `backups/` with one rename, so the merged backup
+   appears committed at once. Its id is the last original's id plus a microsecond, so it
+   sorts where the last original did (before any backup that descends from it). Then the
+   originals are removed.
+
+No committed manifest is ever edited. Backups that descended from the last original keep
+naming it as their parent; the merged manifest lists the ids it replaces
+(`extra.merge.replaced`) and chain resolution follows that pointer once the originals are
+gone (see archive.chain).
+
+A merge killed after the rename leaves a sound archive (the originals and the merged backup
+side by side, restores unchanged); `finish_interrupted_merges` removes the originals.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from dcptool.errors import DcptoolError, UsageError
+
+from .archive import Archive, BackupWriter, backup_path
+from .chain import effective_parents, merged_from
+from .errors import ArchiveError
+from .format import (
+    BACKUP_ID_RE,
+    BACKUP_JSON,
+    BACKUPS_DIR,
+    FORMAT_VERSION,
+    FULL,
+    INCREMENTAL,
+    REC_DELETION,
+    REC_EXPIRATION,
+    REC_MUTATION,
+    SNAPSHOT,
+    atomic_write_json,
+    backup_id_for,
+    fsync_dir,
+    iso_time,
+    make_dir,
+    parse_backup_id,
+    utc_now,
+)
+from .lock import ArchiveLock
+from .reader import iter_vbucket_batches
+from .resolve import part_cuts
+from .verify import verify_backup_dir
+from .writer import VBucketWriter
+
+#: where a merged backup is written before it is published (inside the archive directory)
+STAGING = ".merge-staging"
+#: records handed to the vbucket writer per call
+WRITE_CHUNK = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class VBucketMergePlan:
+    """What one vbucket of the merged backup is made of (shipped to a Spark task)."""
+
+    vbucket: int
+    #: (backup directory, that backup's manifest entry for the vbucket), oldest first
+    parts: tuple[tuple[str, dict[str, Any]], ...]
+    start: dict[str, Any]
+    end: dict[str, Any]
+    failover_log: list[Any]
+    #: the rollback record the merged vbucket keeps (it cuts records before the range)
+    rollback: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MergeTarget:
+    """Where a task writes its vbuckets of the merged backup (picklable)."""
+
+    staging: str
+    merged_id: str
+
+    @property
+    def backup_dir(self) -> Path:
+        return backup_path(self.staging, self.merged_id)
+
+
+@dataclass
+class MergePlan:
+    """A merge decided from the committed manifests (see `plan_merge`)."""
+
+    first: str
+    last: str
+    replaced: list[str]
+    #: committed backups whose parent is the last original: they continue from the merged one
+    children: list[str]
+    merged_id: str
+    type: str
+    parent: str | None
+    vbuckets: dict[int, VBucketMergePlan] = field(default_factory=dict)
+    compression: dict[str, Any] = field(default_factory=dict)
+    records_before: int = 0
+    items_before: int = 0
+    bytes_before: int = 0
+
+
+# -- one vbucket (runs in a task) -----------------------------------------------------------------
+
+
+def _resolve_with_markers(parts: Sequence[tuple[str, dict[str, Any]]]
+                          ) -> tuple[list[tuple], list[tuple]]:
+    """Over the range's parts of one vbucket (oldest first): the surviving snapshot markers
+    in order, and the resolved items sorted by seqno."""
+    cuts = part_cuts([[r["seqno"] for r in e["rollbacks"]] for _, e in parts])
+    state: dict[bytes, tuple] = {}
+    markers: list[tuple] = []
+    for (bdir, entry), cut in zip(parts, cuts):
+        for batch in iter_vbucket_batches(Path(bdir), entry):
+            for r in batch:
+                t = r[0]
+                if t == REC_MUTATION:
+                    if cut is None or r[1] <= cut:
+                        state[r[7]] = r
+                elif t == REC_DELETION or t == REC_EXPIRATION:
+                    if cut is None or r[1] <= cut:
+                        state[r[4]] = r
+                elif t == SNAPSHOT:
+                    if cut is not None and r[1] > cut:
+                        continue
+                    if cut is not None and r[2] > cut:
+                        r = (SNAPSHOT, r[1], cut, r[3])
+                    markers.append(r)
+    items = sorted(state.values(), key=lambda r: r[1])
+    return markers, items
+
+
+def _interleave(markers: list[tuple], items: list[tuple]) -> Iterator[list[tuple]]:
+    """Markers and items in file order: each marker followed by its items."""
+    out: list[tuple] = []
+    i = 0
+    n = len(items)
+    for m in markers:
+        out.append(m)
+        end = m[2]
+        while i < n and items[i][1] <= end:
+            out.append(items[i])
+            i += 1
+        if len(out) >= WRITE_CHUNK:
+            yield out
+            out = []
+    if i < n:
+        out.extend(items[i:])  # cannot happen in a sound archive; verify would report it
+    if out:
+        yield out
+
+
+def _item_digest(items: Iterable[tuple]) -> tuple[int, str]:
+    h = hashlib.blake2b(digest_size=16)
+    n = 0
+    for r in items:
+        h.update(repr(r).encode())
+        n += 1
+    return n, h.hexdigest()
+
+
+def merge_vbucket(target: MergeTarget, plan: VBucketMergePlan) -> dict[str, Any]:
+    """Write one vbucket of the merged backup; return its summary (after a self-check: the
+    files read back as the items meant to be written, in the same order)."""
+    markers, items = _resolve_with_markers(plan.parts)
+    w = VBucketWriter(target.staging, target.merged_id, plan.vbucket, plan.start,
+                      plan.failover_log)
+    try:
+        rb = plan.rollback
+        if rb is not None:
+            w.rollback(rb["seqno"], rb["vbucket_uuid"])
+        for chunk in _interleave(markers, items):
+            w.write(chunk)
+        summary = w.close(plan.end)
+    except BaseException:
+        w.abort()
+        raise
+    want = _item_digest(items)
+    del items
+    got = _item_digest(r for batch in iter_vbucket_batches(target.backup_dir, summary,
+                                                            check_sha256=True)
+                       for r in batch if REC_MUTATION <= r[0] <= REC_EXPIRATION)
+    if got != want:
+        raise DcptoolError(f"vbucket {plan.vbucket}: the merged files do not read back as "
+                           f"written ({got[0]} items read, {want[0]} written)")
+    return summary
+
+
+# -- planning (driver, archive lock held) ---------------------------------------------------------
+
+
+def _merged_id_after(last: str, taken: set[str], below: str | None) -> str:
+    t = parse_backup_id(last)
+    for _ in range(1000):
+        t += timedelta(microseconds=1)
+        bid = backup_id_for(t)
+        if bid in taken:
+            continue
+        if below is not None and bid >= below:
+            break
+        return bid
+    raise ArchiveError(f"no free backup id between {last} and {below}",
+                       hint="merge a range that ends one backup earlier")
+
+
+def plan_merge(archive: Archive, first: str | None = None, last: str | None = None, *,
+               level: int | None = None) -> MergePlan:
+    """Decide the merge of `first`..`last` (default: the whole chain of the newest backup).
+
+    Raises UsageError for a range that cannot be merged (a partial backup exists, one
+    backup only, a backup outside the range descends from inside it)."""
+    partial = archive.partial_ids()
+    if partial:
+        raise UsageError(f"archive {archive.path} holds a partial backup {partial[-1]}",
+                         hint="resume it with the next backup, or purge it with "
+                              "'dcptool backup --purge-partial', before merging")
+    manifests = archive.manifests()
+    if not manifests:
+        raise UsageError(f"archive {archive.path} holds no committed backup to merge")
+    for bid in (first, last):
+        if bid is not None and bid not in manifests:
+            archive.manifest(bid)  # raises the precise error (missing or partial)
+    chain = archive.chain_ids(manifests, last)
+    last = chain[-1]
+    first = first or chain[0]
+    if first not in chain:
+        raise UsageError(f"--from {first} is not in the chain of backup {last}",
+                         hint="see 'dcptool info' for the parents of each backup")
+    lo = chain.index(first)
+    rng = chain[lo:]
+    if len(rng) < 2:
+        raise UsageError(f"nothing to merge: the range {first}..{last} holds one backup")
+    inside = set(rng)
+    parents = effective_parents(manifests)
+    children = []
+    for bid in manifests:
+        if bid in inside:
+            continue
+        parent = parents[bid]
+        if parent in inside:
+            if parent != last:
+                raise UsageError(f"backup {bid} descends from {parent}, inside the range; "
+                                 "merging would orphan it",
+                                 hint="merge a range that ends before that backup")
+            children.append(bid)
+    merged_id = _merged_id_after(last, set(archive.backup_ids()),
+                                 min(children) if children else None)
+    first_m = manifests[first]
+    pre_ends: dict[int, int] = {}
+    for bid in chain[:lo]:
+        for e in manifests[bid]["vbuckets"]:
+            pre_ends[e["vbucket"]] = e["end"]["seqno"]
+
+    # per vbucket: the parts, where it starts and ends, a rollback to keep
+    acc: dict[int, dict[str, Any]] = {}
+    for bid in rng:
+        bdir = str(archive.backup_dir(bid).absolute())
+        for e in manifests[bid]["vbuckets"]:
+            vb = e["vbucket"]
+            p = acc.get(vb)
+            if p is None:
+                p = acc[vb] = {"parts": [], "start": e["start"], "rollback": None}
+            p["parts"].append((bdir, e))
+            p["end"] = e["end"]
+            p["failover_log"] = e["failover_log"]
+            for r in e["rollbacks"]:
+                if p["rollback"] is None or r["seqno"] < p["rollback"]["seqno"]:
+                    p["rollback"] = dict(r)
+    plans: dict[int, VBucketMergePlan] = {}
+    for vb, p in sorted(acc.items()):
+        rb = p["rollback"]
+        if rb is not None and not (vb in pre_ends and rb["seqno"] < pre_ends[vb]):
+            rb = None  # it cuts nothing outside the range
+        plans[vb] = VBucketMergePlan(vb, tuple(p["parts"]), p["start"], p["end"],
+                                     p["failover_log"], rb)
+    comp = dict(manifests[last].get("compression") or {})
+    if level is not None:
+        comp["level"] = int(level)
+    return MergePlan(
+        first, last, list(rng), sorted(children), merged_id,
+        FULL if first_m["type"] == FULL else INCREMENTAL, parents[first], plans, comp,
+        records_before=sum(manifests[b]["totals"]["records"] for b in rng),
+        items_before=sum(manifests[b]["totals"][k] for b in rng
+                         for k in ("mutations", "deletions", "expirations")),
+        bytes_before=sum(manifests[b]["totals"]["file_bytes"] for b in rng))
+
+
+# -- staging, commit, publish (driver, archive lock held) -----------------------------------------
+
+
+class StagedMerge:
+    """The merged backup being written in the staging directory."""
+
+    def __init__(self, archive: Archive, plan: MergePlan, info: dict[str, Any],
+                 writer: BackupWriter):
+        self.archive = archive
+        self.plan = plan
+        self.info = info
+        self.writer = writer
+        self.root = archive.path / STAGING
+        self.target = MergeTarget(str(self.root.absolute()), plan.merged_id)
+        self.manifest: dict[str, Any] | None = None
+
+    @classmethod
+    def begin(cls, archive: Archive, plan: MergePlan) -> "StagedMerge":
+        """Make the staging directory (emptied first) with the merged backup's intent."""
+        root = archive.path / STAGING
+        if root.exists():
+            shutil.rmtree(root)
+        make_dir(root)
+        make_dir(root / BACKUPS_DIR)
+        bdir = backup_path(root, plan.merged_id)
+        make_dir(bdir)
+        info = {"replaced": list(plan.replaced), "from": plan.first, "to": plan.last,
+                "items_before": plan.items_before, "finished": None}
+        intent = {
+            "format": "dcptool-backup", "version": FORMAT_VERSION, "archive": archive.uuid,
+            "id": plan.merged_id, "parent": plan.parent, "type": plan.type,
+            "started": iso_time(utc_now()), "compression": plan.compression,
+            "extra": {"merge": info},
+        }
+        atomic_write_json(bdir / BACKUP_JSON, intent)
+        staged = Archive(root, archive.meta)
+        writer = BackupWriter(staged, intent, ArchiveLock(root, "merge").acquire())
+        return cls(archive, plan, info, writer)
+
+    def commit(self, summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Commit the merged backup's manifest in the staging directory and verify the whole
+        backup; returns the manifest."""
+        manifest = self.writer.commit(summaries, extra={"merge": {
+            **self.info, "finished": iso_time(utc_now())}})
+        report = verify_backup_dir(self.target.backup_dir, manifest)
+        if not report.ok:
+            p = report.problems[0]
+            raise DcptoolError(f"the merged backup failed verification: {p.path}: {p.message}",
+                               hint="the archive is unchanged")
+        self.manifest = manifest
+        return manifest
+
+    def publish(self) -> None:
+        """Move the committed merged backup into backups/ (one rename), then remove the
+        originals and the staging directory."""
+        if self.manifest is None:
+            raise ArchiveError(f"merged backup {self.plan.merged_id} is not committed")
+        os.rename(self.target.backup_dir, self.archive.backup_dir(self.plan.merged_id))
+        fsync_dir(self.archive.backups_dir)
+        remove_backups(self.archive, self.plan.replaced)
+        self.discard()
+
+    def discard(self) -> None:
+        """Delete the staging directory (nothing in backups/ is touched)."""
+        discard_staging(self.archive)
+
+
+def discard_staging(archive: Archive) -> None:
+    """Delete the merge staging directory, if any (nothing in backups/ is touched)."""
+    shutil.rmtree(archive.path / STAGING, ignore_errors=True)
+
+
+def remove_backups(archive: Archive, ids: Iterable[str]) -> None:
+    """Take backups out of backups/ (one rename each), then delete them. The caller holds
+    the archive lock."""
+    trash = archive.path / STAGING / "removed"
+    trash.mkdir(parents=True, exist_ok=True)
+    for bid in ids:
+        src = archive.backup_dir(bid)
+        if src.is_dir():
+            os.rename(src, trash / bid)
+    fsync_dir(archive.backups_dir)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def finish_interrupted_merges(archive: Archive) -> list[str]:
+    """Complete merges that were killed after their merged backup was published: remove the
+    originals left beside it, and any staging directory. Call with the archive lock held.
+    Returns the ids removed."""
+    removed: list[str] = []
+    for bid in archive.committed_ids():
+        try:
+            m = archive.manifest(bid)
+        except ArchiveError:
+            continue
+        left = [r for r in merged_from(m) or () if BACKUP_ID_RE.match(r) and r != bid
+                and archive.backup_dir(r).is_dir()]
+        if not left:
+            continue
+        remove_backups(archive, left)
+        removed.extend(left)
+    discard_staging(archive)
+    return removed
+
+
+__all__ = ["STAGING", "VBucketMergePlan", "MergeTarget", "MergePlan", "StagedMerge",
+           "plan_merge", "merge_vbucket", "remove_backups", "finish_interrupted_merges",
+           "discard_staging"]
