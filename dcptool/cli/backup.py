@@ -11,14 +11,14 @@ from dcptool.cli.connopts import (
     BucketOpt,
     CacertOpt,
     ClusterOpt,
-    ConnOptions,
     NoVerifyOpt,
     PasswordOpt,
     SnappyOpt,
     UsernameOpt,
 )
+from dcptool.client.options import ConnOptions
 from dcptool.cli.output import console, detail, note, print_json, show_progress
-from dcptool.cli.vbspec import parse_vbuckets
+from dcptool.client.vbspec import parse_vbuckets
 
 SPARK = "Spark"
 MasterOpt = Annotated[Optional[str], typer.Option(

@@ -14,12 +14,12 @@ from dcptool.cli.app import app
 from dcptool.cli.connopts import (
     BucketOpt,
     CacertOpt,
-    ConnOptions,
     NoVerifyOpt,
     PasswordOpt,
     TimeoutOpt,
     UsernameOpt,
 )
+from dcptool.client.options import ConnOptions
 from dcptool.cli.output import console, print_json
 from dcptool.errors import DcptoolError, UsageError
 
@@ -307,7 +307,7 @@ def move(
     """
     from dataclasses import replace
 
-    from dcptool.cli.vbspec import format_vbuckets, parse_vbuckets
+    from dcptool.client.vbspec import format_vbuckets, parse_vbuckets
     from dcptool.client.cluster import move_map, set_map, take_over
     from dcptool.client.connection import parse_cluster_url
     from dcptool.client.errors import ClientError

@@ -26,15 +26,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from dcptool.client.options import (  # noqa: F401  (re-exported)
-    DEFAULT_SNAPPY,
-    DEFAULT_USERNAME,
-    PASSWORD_FILE_ENV,
-    SNAPPY_ENV,
-    ConnOptions,
-    read_password_file,
-)
-from dcptool.errors import UsageError
+from dcptool.client import options
+from dcptool.client.options import DEFAULT_SNAPPY, PASSWORD_FILE_ENV, SNAPPY_ENV
 
 try:  # typer >= 0.2x carries its own copy of click
     from typer._click.globals import get_current_context  # type: ignore[import-not-found]
@@ -119,18 +112,16 @@ def add_password_file(cmd: Any) -> None:
 
 
 def choose_password(password: str | None, path: Path) -> str:
-    """The password a command runs with when --password-file (or its variable) is set."""
+    """The password a command runs with when --password-file (or its variable) is set: what
+    `dcptool.client.options.choose_password` picks, told which values came from the command
+    line."""
     ctx = get_current_context(silent=True)
     src_pw = src_file = None
     if ctx is not None:
         src_pw = ctx.get_parameter_source("password")
         src_file = ctx.get_parameter_source("password_file")
-    from_cmdline = {"COMMANDLINE"}
-    pw_cli = src_pw is not None and src_pw.name in from_cmdline
-    file_cli = src_file is not None and src_file.name in from_cmdline
-    if password is not None and pw_cli and file_cli:
-        raise UsageError("give --password or --password-file, not both")
-    if password is not None and (pw_cli or not file_cli):
-        return password  # -p, or DCPTOOL_PASSWORD over DCPTOOL_PASSWORD_FILE
-    what = "--password-file" if file_cli or ctx is None else PASSWORD_FILE_ENV
-    return read_password_file(path, what=what)
+    pw_cli = src_pw is not None and src_pw.name == "COMMANDLINE"
+    file_cli = src_file is not None and src_file.name == "COMMANDLINE"
+    label = "--password-file" if file_cli or ctx is None else PASSWORD_FILE_ENV
+    return options.choose_password(password, path, password_given=pw_cli, file_given=file_cli,
+                                   file_label=label)

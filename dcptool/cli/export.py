@@ -9,7 +9,7 @@ import typer
 from dcptool.cli.app import app
 from dcptool.cli.backup import MasterOpt, PartitionsOpt, _human
 from dcptool.cli.output import console, print_json
-from dcptool.cli.vbspec import parse_vbuckets
+from dcptool.client.vbspec import parse_vbuckets
 
 
 @app.command()

@@ -11,14 +11,14 @@ from dcptool.cli.connopts import (
     BucketOpt,
     CacertOpt,
     ClusterOpt,
-    ConnOptions,
     NoVerifyOpt,
     PasswordOpt,
     TimeoutOpt,
     UsernameOpt,
 )
+from dcptool.client.options import ConnOptions
 from dcptool.cli.output import console, print_json
-from dcptool.cli.vbspec import parse_vbuckets
+from dcptool.client.vbspec import parse_vbuckets
 from dcptool.client import get_failover_logs, get_vbucket_seqnos
 
 

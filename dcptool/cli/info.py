@@ -76,7 +76,7 @@ def info(
     arch = Archive.open(archive)
     desc = describe_archive(arch)
     if cluster is not None:
-        from dcptool.cli.connopts import ConnOptions
+        from dcptool.client.options import ConnOptions
 
         opts = ConnOptions.from_cli(cluster, username, password, bucket or arch.bucket, cacert,
                                     no_verify, timeout)

@@ -19,15 +19,15 @@ from dcptool.cli.connopts import (
     BucketOpt,
     CacertOpt,
     ClusterOpt,
-    ConnOptions,
     NoVerifyOpt,
     PasswordOpt,
     SnappyOpt,
     TimeoutOpt,
     UsernameOpt,
 )
+from dcptool.client.options import ConnOptions
 from dcptool.cli.output import console, is_verbose
-from dcptool.cli.vbspec import parse_vbuckets
+from dcptool.client.vbspec import parse_vbuckets
 from dcptool.client import (
     DELETION,
     EXPIRATION,

@@ -14,11 +14,11 @@ from dcptool.cli.connopts import (
     BucketOpt,
     CacertOpt,
     ClusterOpt,
-    ConnOptions,
     NoVerifyOpt,
     PasswordOpt,
     UsernameOpt,
 )
+from dcptool.client.options import ConnOptions
 from dcptool.cli.output import print_json
 
 
@@ -91,7 +91,7 @@ def verify(
 def _verify_against(archive, as_json, backup_id, vbuckets, cluster, username, password, bucket,
                     cacert, no_verify, master, partitions) -> None:
     from dcptool.archive import Archive
-    from dcptool.cli.vbspec import parse_vbuckets
+    from dcptool.client.vbspec import parse_vbuckets
     from dcptool.pipeline.against import run_verify_against
 
     Archive.open(archive)  # a clear error for a missing or foreign directory before connecting

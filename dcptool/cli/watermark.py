@@ -21,12 +21,12 @@ from dcptool.cli.connopts import (
     BucketOpt,
     CacertOpt,
     ClusterOpt,
-    ConnOptions,
     NoVerifyOpt,
     PasswordOpt,
     TimeoutOpt,
     UsernameOpt,
 )
+from dcptool.client.options import ConnOptions
 from dcptool.cli.output import console, print_json
 from dcptool.errors import DcptoolError, UsageError
 

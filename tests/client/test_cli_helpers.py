@@ -5,9 +5,9 @@ import pickle
 
 import pytest
 
-from dcptool.cli.connopts import ConnOptions
+from dcptool.client.options import ConnOptions
 from dcptool.cli.tail import _Tracker, record_json
-from dcptool.cli.vbspec import format_vbuckets, parse_vbuckets
+from dcptool.client.vbspec import format_vbuckets, parse_vbuckets
 from dcptool.client import DELETION, MUTATION, SNAPSHOT, Position
 from dcptool.errors import UsageError
 
