@@ -27,6 +27,7 @@ from dcptool.cli.connopts import (
 )
 from dcptool.client.options import ConnOptions
 from dcptool.cli.output import console, is_verbose
+from dcptool.client.tracker import PositionTracker
 from dcptool.client.vbspec import parse_vbuckets
 from dcptool.client import (
     DELETION,
@@ -37,8 +38,6 @@ from dcptool.client import (
     SNAPSHOT,
     STREAM_END,
     ZERO,
-    DcpConsumer,
-    Position,
     SessionConfig,
     SessionState,
     get_vbucket_seqnos,
@@ -97,48 +96,6 @@ def _reason(code: int) -> str:
         return StreamEndReason(code).name.lower()
     except ValueError:
         return str(code)
-
-
-class _Tracker:
-    """What the tail has handed out per vbucket, so saved state never skips or repeats.
-
-    The session parses whole reads; the tail may stop in the middle of one (--count,
-    Ctrl-C), so it keeps its own (seqno, snapshot start, end, last complete end).
-    """
-
-    def __init__(self, positions: dict[int, Position]) -> None:
-        self.t = {vb: [p.seqno, p.snap_start, p.snap_end, None] for vb, p in positions.items()}
-
-    def see(self, ev) -> None:
-        kind = ev[0]
-        t = self.t.get(ev[1])
-        if t is None:
-            return
-        if kind in _KIND or kind == SEQNO_ADVANCED:
-            t[0] = ev[2]
-        elif kind == SNAPSHOT:
-            t[3] = t[2]
-            t[1], t[2] = ev[2], ev[3]
-        elif kind == ROLLBACK:
-            p = ev[3].after
-            t[:] = [p.seqno, p.snap_start, p.snap_end, None]
-
-    def position(self, consumer: DcpConsumer, vb: int) -> Position:
-        p = consumer.position(vb, consistent=False)
-        seq, ms, me, done = self.t[vb]
-        if (p.seqno, p.snap_start, p.snap_end) == (seq, ms, me):
-            return p
-        if seq >= me:
-            seq = ms = me
-        elif seq < ms:
-            seq = ms = me = done if done is not None else seq
-        ends = tuple(e for e in p.snapshot_ends if e <= seq)
-        if seq == me and seq and (not ends or ends[-1] != seq):
-            ends += (seq,)
-        return Position(p.uuid_at(seq) or p.uuid, seq, ms, me, p.failover_log, ends)
-
-    def positions(self, consumer: DcpConsumer) -> dict[int, Position]:
-        return {vb: self.position(consumer, vb) for vb in self.t}
 
 
 class _Printer:
@@ -315,7 +272,7 @@ def tail(
     conn = opts.connect()
     try:
         if start == "beginning":
-            from dcptool.client.cluster import all_vbuckets
+            from dcptool.client.topology import all_vbuckets
 
             wanted = vbs if vbs is not None else (all_vbuckets(conn)
                                                  or sorted(get_vbucket_seqnos(conn, state=1)))
@@ -330,7 +287,7 @@ def tail(
         config = SessionConfig(name=f"dcptool-tail:{os.getpid()}:{int(time.time())}",
                                no_value=keys_only, consistent=False, noop_interval=noop_interval,
                                fail_on_rollback=fail_on_rollback)
-        from dcptool.client.cluster import cluster_consumer
+        from dcptool.client.topology import cluster_consumer
 
         # a member of a cluster: each vbucket from its active node, following the map
         consumer = cluster_consumer(opts, conn, config)
@@ -341,7 +298,7 @@ def tail(
     reporter = None
     if watermark:
         reporter = _watermark_reporter(opts, state, watermark_name, watermark_interval, wm_ttl)
-    tracker = _Tracker(positions)
+    tracker = PositionTracker(positions)
     printer = _Printer(as_json, keys_only)
     printed = 0
     records = 0

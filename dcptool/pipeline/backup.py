@@ -218,7 +218,7 @@ def backup_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
     t_task = time.monotonic()
     if spec.get("cluster"):
         # a member of a cluster: each vbucket from its active node, following the map
-        from dcptool.client.cluster import ClusterConsumer, ClusterView
+        from dcptool.client.topology import ClusterConsumer, ClusterView
 
         consumer = ClusterConsumer(opts, config, ClusterView(0, (), ()), on_rollback=on_rollback)
     else:

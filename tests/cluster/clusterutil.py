@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dcptool.client.cluster import hold_replication, node_status, set_map
+from dcptool.client.topology import hold_replication, node_status, set_map
 from dcptool.client.events import DELETION, EXPIRATION, MUTATION, SNAPSHOT
 from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
 from dcptool.client.position import ZERO

@@ -18,7 +18,7 @@ from clusterutil import (
 )
 from dochelpers import load, opts_for
 
-from dcptool.client.cluster import hold_replication, set_map
+from dcptool.client.topology import hold_replication, set_map
 from dcptool.pipeline.backup import run_backup
 from dcptool.pipeline.restore import run_restore
 

@@ -16,7 +16,7 @@ from dochelpers import delete, load, opts_for
 from node.hwtwire import compact
 from node.mcbp import connect
 
-from dcptool.client.cluster import hold_replication, set_map
+from dcptool.client.topology import hold_replication, set_map
 from dcptool.client.events import DELETION, MUTATION, ROLLBACK, STREAM_END
 from dcptool.client.position import Position
 from dcptool.client.session import SessionConfig

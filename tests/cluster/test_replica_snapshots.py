@@ -12,7 +12,7 @@ from clusterutil import (
 )
 from dochelpers import load, opts_for
 
-from dcptool.client.cluster import hold_replication
+from dcptool.client.topology import hold_replication
 
 VBS = 4
 
