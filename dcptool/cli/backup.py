@@ -17,7 +17,7 @@ from dcptool.cli.connopts import (
     UsernameOpt,
 )
 from dcptool.client.options import ConnOptions
-from dcptool.cli.output import console, detail, note, print_json, show_progress
+from dcptool.cli.output import console, detail, human_bytes, note, print_json, show_progress
 from dcptool.client.vbspec import parse_vbuckets
 
 SPARK = "Spark"
@@ -27,14 +27,6 @@ MasterOpt = Annotated[Optional[str], typer.Option(
 PartitionsOpt = Annotated[Optional[int], typer.Option(
     "--partitions", rich_help_panel=SPARK, min=1,
     help="Spark tasks, each streaming a group of vbuckets (default 2x the cores).")]
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
 
 
 @app.command()
@@ -102,7 +94,7 @@ def backup(
         task = bar.add_task("backup", total=None, items=0, size="0 B")
 
         def progress_cb(done: int, items: int, nbytes: int) -> None:
-            bar.update(task, completed=done, items=items, size=_human(nbytes))
+            bar.update(task, completed=done, items=items, size=human_bytes(nbytes))
 
     def on_plan(plan: dict) -> None:
         if plan["resumed"]:
@@ -132,7 +124,7 @@ def backup(
     t = Table(title=f"backup {d['backup_id']}", show_header=False)
     for k in ("type", "resumed", "vbuckets", "mutations", "deletions", "expirations", "rollbacks"):
         t.add_row(k, str(d[k]))
-    t.add_row("size", _human(d["bytes"]))
+    t.add_row("size", human_bytes(d["bytes"]))
     t.add_row("seconds", f"{d['seconds']:.2f}")
     t.add_row("items/s", f"{d['items_per_second'] or 0:,.0f}")
     wm = d.get("watermark")

@@ -22,24 +22,13 @@ from dcptool.cli.connopts import (
     TimeoutOpt,
     UsernameOpt,
 )
-from dcptool.cli.output import console, print_json
+from dcptool.cli.output import console, human_bytes, print_json
 
 #: info's own -c: it reads no DCPTOOL_CLUSTER, so plain `dcptool info` never needs a node
 InfoClusterOpt = Annotated[Optional[str], typer.Option(
     "-c", "--cluster", metavar="URL", rich_help_panel=PANEL,
     help="Also check this node: warn when its purge seqno is above a vbucket's last "
          "backed-up seqno, and show the archive's high watermark there.")]
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 def _short_time(iso: str | None) -> str:

@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.backup import MasterOpt, PartitionsOpt, _human
-from dcptool.cli.output import console, print_json
+from dcptool.cli.backup import MasterOpt, PartitionsOpt
+from dcptool.cli.output import console, human_bytes, print_json
 
 
 @app.command()
@@ -52,7 +52,7 @@ def merge(
     con.print(f"  items {d['items_before']:,} -> {d['items_after']:,} "
               f"({d['mutations']:,} mutations, {d['deletions']:,} deletions, "
               f"{d['expirations']:,} expirations; {d['rollbacks']} rollback records kept)")
-    con.print(f"  size {_human(d['bytes_before'])} -> {_human(d['bytes_after'])}, "
+    con.print(f"  size {human_bytes(d['bytes_before'])} -> {human_bytes(d['bytes_after'])}, "
               f"{d['seconds']:.1f} s")
     for child in d["relinked"]:
         con.print(f"  backup {child} now continues from {d['merged_id']}")
