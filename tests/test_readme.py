@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from dcptool.cli import docgen
+import docgen
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.connopts import (
     BucketOpt,
     CacertOpt,
@@ -19,6 +20,38 @@ from dcptool.cli.connopts import (
 from dcptool.client.options import ConnOptions
 from dcptool.cli.output import console, detail, human_bytes, note, print_json, show_progress
 from dcptool.client.vbspec import parse_vbuckets
+
+
+manual(
+    "backup",
+    exit_codes=(3,),
+    exit_note="A failed run (1) keeps its partial backup; the next run resumes it.",
+    files=(
+        ("ARCHIVE/archive.json", "What the archive is (bucket, vbuckets); written once."),
+        ("ARCHIVE/backups/ID/", "One directory per backup; manifest.json is written last, so a "
+                                "directory without it is a partial backup."),
+        ("ARCHIVE/lock", "Present while a backup or merge writes the archive."),
+        ("ARCHIVE/logs/backup-TIME.log", "The log of each run (mode 0600): the plan, one line per "
+                                         "vbucket, rollbacks, retries and timings. The newest 20 "
+                                         "are kept (DCPTOOL_LOG_KEEP)."),
+    ),
+    env=("DCPTOOL_LOG_KEEP",),
+    see_also=("restore", "info", "verify", "merge", "examine"),
+)
+
+manual(
+    "restore",
+    exit_note="1 when any document could not be written (the counts and the run log name them).",
+    files=(
+        ("ARCHIVE/backups/ID/", "The backups read (never changed)."),
+        ("ARCHIVE/logs/restore-TIME.log", "The log of each run (mode 0600): per vbucket what was "
+                                          "sent, per task what was restored, skipped and failed. "
+                                          "The newest 20 are kept (DCPTOOL_LOG_KEEP)."),
+    ),
+    env=("DCPTOOL_LOG_KEEP",),
+    see_also=("backup", "info", "verify", "examine"),
+)
+
 
 SPARK = "Spark"
 MasterOpt = Annotated[Optional[str], typer.Option(

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.connopts import (
     BucketOpt,
     CacertOpt,
@@ -30,6 +31,13 @@ from dcptool.client.vbmove import (
     node_address,
 )
 from dcptool.errors import DcptoolError, UsageError
+
+
+manual(
+    "cluster",
+    see_also=("node", "failover-log", "backup"),
+)
+
 
 cluster_app = typer.Typer(
     name="cluster",

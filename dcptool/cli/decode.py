@@ -9,6 +9,7 @@ from typing import Any, Iterator, Optional
 import typer
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json, stdout_is_terminal
 from dcptool.errors import UsageError
 from dcptool.protocol import (
@@ -25,6 +26,14 @@ from dcptool.protocol.constants import (
     opcode_name,
     status_name,
 )
+
+
+manual(
+    "decode",
+    exit_note="1 when any frame was malformed.",
+    see_also=("tail",),
+)
+
 
 _COMMON = {"vbucket", "opaque", "cas", "datatype", "status", "op", "framing", "framing_rest"}
 

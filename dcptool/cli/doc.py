@@ -17,6 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.connopts import (
     BucketOpt,
     CacertOpt,
@@ -30,6 +31,14 @@ from dcptool.cli.connopts import (
 from dcptool.client.options import ConnOptions
 from dcptool.cli.output import console, print_json
 from dcptool.errors import DcptoolError, UsageError
+
+
+manual(
+    "doc",
+    exit_note="1 when get or delete finds no such document.",
+    see_also=("node", "tail"),
+)
+
 
 doc_app = typer.Typer(
     name="doc",

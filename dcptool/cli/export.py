@@ -7,9 +7,20 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.backup import MasterOpt, PartitionsOpt
 from dcptool.cli.output import console, human_bytes, print_json
 from dcptool.client.vbspec import parse_vbuckets
+
+
+manual(
+    "export",
+    files=(
+        ("ARCHIVE/", "The archive (read only)."),
+        ("OUT/", "The Parquet or JSON lines part files written."),
+    ),
+    see_also=("info", "examine"),
+)
 
 
 @app.command()

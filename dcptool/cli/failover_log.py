@@ -7,6 +7,7 @@ import typer
 from rich.table import Table
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.connopts import (
     BucketOpt,
     CacertOpt,
@@ -20,6 +21,12 @@ from dcptool.client.options import ConnOptions
 from dcptool.cli.output import console, print_json
 from dcptool.client.vbspec import parse_vbuckets
 from dcptool.client import get_failover_logs, get_vbucket_seqnos
+
+
+manual(
+    "failover-log",
+    see_also=("tail", "node", "cluster"),
+)
 
 
 @app.command("failover-log")

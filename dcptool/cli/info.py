@@ -14,6 +14,7 @@ import typer
 from dcptool.archive import Archive
 from dcptool.archive.info import describe_archive
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.connopts import (
     PANEL,
     CacertOpt,
@@ -23,6 +24,16 @@ from dcptool.cli.connopts import (
     UsernameOpt,
 )
 from dcptool.cli.output import console, human_bytes, print_json
+
+
+manual(
+    "info",
+    files=(
+        ("ARCHIVE/", "The archive (read only); see docs/archive-format.md."),
+    ),
+    see_also=("backup", "verify", "examine", "merge"),
+)
+
 
 #: info's own -c: it reads no DCPTOOL_CLUSTER, so plain `dcptool info` never needs a node
 InfoClusterOpt = Annotated[Optional[str], typer.Option(

@@ -10,7 +10,25 @@ from typing import Optional
 import typer
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.errors import DcptoolError, UsageError
+
+
+manual(
+    "node",
+    exit_codes=(3,),
+    exit_note="node start: 0 after a clean stop on SIGTERM or SIGINT; 1 when it cannot listen on "
+              "the address; 3 when another running node holds the data directory.",
+    files=(
+        ("DIR/data.sqlite3", "The node's documents, tombstones, seqnos and failover logs."),
+        ("DIR/users.json", "Users and their SCRAM secrets (mode 0600; no clear passwords)."),
+        ("DIR/node.json", "Address and pid of the running node (read by node status)."),
+        ("DIR/logs/node.log", "The node's log (mode 0600), rotated at 16 MiB; node.log.1 to "
+                              "node.log.5 are the older ones."),
+    ),
+    see_also=("doc", "failover-log", "tail", "quickstart", "cluster"),
+)
+
 
 node_app = typer.Typer(
     name="node",

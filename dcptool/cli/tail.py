@@ -15,6 +15,7 @@ import typer
 from rich.text import Text
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.connopts import (
     BucketOpt,
     CacertOpt,
@@ -47,6 +48,20 @@ from dcptool.client import (
 )
 from dcptool.errors import UsageError
 from dcptool.protocol.constants import SnapshotFlag, StreamEndReason
+
+
+manual(
+    "tail",
+    exit_codes=(4,),
+    exit_note="0 on Ctrl-C or SIGTERM, after --state is saved. 4 with --fail-on-rollback when the "
+              "node asks for a rollback.",
+    files=(
+        ("STATEFILE", "Positions saved by --state (JSON), read back by --from or --state on the "
+                      "next run."),
+    ),
+    see_also=("failover-log", "node", "watermark"),
+)
+
 
 _KIND = {MUTATION: "mutation", DELETION: "deletion", EXPIRATION: "expiration"}
 _SAVE_EVERY = 1.0

@@ -9,6 +9,7 @@ import typer
 
 from dcptool.archive.verify import verify_archive
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.backup import MasterOpt, PartitionsOpt
 from dcptool.cli.connopts import (
     BucketOpt,
@@ -20,6 +21,17 @@ from dcptool.cli.connopts import (
 )
 from dcptool.client.options import ConnOptions
 from dcptool.cli.output import print_json
+
+
+manual(
+    "verify",
+    exit_note="1 when the archive has a problem (or, with --against, when the node's data "
+              "differs); each problem is printed, naming the file or vbucket.",
+    files=(
+        ("ARCHIVE/", "The archive (read only); see docs/archive-format.md."),
+    ),
+    see_also=("backup", "info", "restore"),
+)
 
 
 @app.command()

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.connopts import (
     BucketOpt,
     CacertOpt,
@@ -29,6 +30,13 @@ from dcptool.cli.connopts import (
 from dcptool.client.options import ConnOptions
 from dcptool.cli.output import console, print_json
 from dcptool.errors import DcptoolError, UsageError
+
+
+manual(
+    "watermark",
+    see_also=("backup", "tail", "node"),
+)
+
 
 watermark_app = typer.Typer(
     name="watermark",
