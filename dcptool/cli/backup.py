@@ -8,16 +8,7 @@ import typer
 
 from dcptool.cli.app import app
 from dcptool.cli.manual import manual
-from dcptool.cli.connopts import (
-    BucketOpt,
-    CacertOpt,
-    ClusterOpt,
-    NoVerifyOpt,
-    PasswordOpt,
-    SnappyOpt,
-    UsernameOpt,
-)
-from dcptool.client.options import ConnOptions
+from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.output import console, detail, human_bytes, note, print_json, show_progress
 from dcptool.client.vbspec import parse_vbuckets
 
@@ -63,16 +54,11 @@ PartitionsOpt = Annotated[Optional[int], typer.Option(
 
 
 @app.command()
+@connection_options(snappy=True)
 def backup(
     archive: Annotated[Path, typer.Argument(help="Archive directory (created when missing).",
                                             show_default=False)],
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    snappy: SnappyOpt = None,
+    conn_args: ConnArgs = None,
     full: Annotated[bool, typer.Option("--full", help="Take a full backup even if the archive "
                                                        "has backups.")] = False,
     vbuckets: Annotated[Optional[str], typer.Option("--vbuckets", metavar="LIST",
@@ -111,8 +97,7 @@ def backup(
     from dcptool.pipeline.backup import run_backup
 
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify,
-                                snappy=snappy)
+    opts = conn_args.options()
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     show = show_progress(no_progress or json_out)
     err = console(stderr=True)
@@ -168,14 +153,10 @@ def backup(
 
 
 @app.command()
+@connection_options()
 def restore(
     archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
+    conn_args: ConnArgs = None,
     backup_id: Annotated[Optional[str], typer.Option("--backup", metavar="ID",
                                                      help="Restore the state as of this backup "
                                                           "(default: the newest).")] = None,
@@ -206,7 +187,7 @@ def restore(
     Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
     opts = None
     if not dry_run:
-        opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify)
+        opts = conn_args.options()
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs, key_filter=filter_keys,
                          force=force_updates, dry_run=dry_run, partitions=partitions, master=master)

@@ -12,15 +12,7 @@ from rich.table import Table
 
 from dcptool.cli.app import app
 from dcptool.cli.manual import manual
-from dcptool.cli.connopts import (
-    BucketOpt,
-    CacertOpt,
-    NoVerifyOpt,
-    PasswordOpt,
-    TimeoutOpt,
-    UsernameOpt,
-)
-from dcptool.client.options import ConnOptions
+from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.output import console, print_json
 from dcptool.client.vbmove import (
     STATE_NAMES,
@@ -53,16 +45,8 @@ NodesOpt = typer.Option(..., "-c", "--cluster", metavar="URL",
                         help="A node (repeat for every member).")
 
 
-def _opts(url, username, password, bucket, cacert, no_verify, timeout) -> ConnOptions:
-    return ConnOptions.from_cli(url, username, password, bucket, cacert, no_verify, timeout)
-
-
-def _member(username, password, bucket, cacert, no_verify, timeout):
-    """The options to reach a member given by URL, with the command's credentials."""
-    return lambda url: _opts(url, username, password, bucket, cacert, no_verify, timeout)
-
-
 @cluster_app.command("create")
+@connection_options(cluster=None, timeout=True)
 def create(
     cluster: List[str] = NodesOpt,
     replicas: int = typer.Option(1, "--replicas", help="Replicas of each vbucket (0-3)."),
@@ -70,12 +54,7 @@ def create(
                                  help="star: every replica streams from the active; chain: "
                                       "each replica streams from the previous copy."),
     as_json: bool = typer.Option(False, "--json", help="Print the map as JSON."),
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Make the nodes one cluster: actives spread evenly, replicas on other nodes.
 
@@ -95,7 +74,7 @@ def create(
                          f"(-c given {len(cluster)} times)")
     if topology not in ("star", "chain"):
         raise UsageError("--topology must be star or chain")
-    opts = [_opts(c, username, password, bucket, cacert, no_verify, timeout) for c in cluster]
+    opts = [conn_args.options(c) for c in cluster]
     counts, revs, statuses = set(), [0], {}
     for i, o in enumerate(opts):
         with o.connect() as conn:
@@ -121,16 +100,12 @@ def create(
 
 
 @cluster_app.command("status")
+@connection_options(cluster=None, timeout=True)
 def status(
     cluster: Optional[str] = typer.Option(None, "-c", "--cluster", envvar="DCPTOOL_CLUSTER",
                                           metavar="URL", help="Any member of the cluster."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Show the nodes, their vbuckets per state and their replication lag.
 
@@ -139,9 +114,8 @@ def status(
 
     Example: dcptool cluster status -c 127.0.0.1:11210 --json
     """
-    opts = _opts(cluster, username, password, bucket, cacert, no_verify, timeout)
-    view, statuses = gather(opts, _member(username, password, bucket, cacert, no_verify,
-                                          timeout))
+    opts = conn_args.options(cluster)
+    view, statuses = gather(opts, conn_args.options)
     high: dict[int, dict[int, int]] = {}
     for i, st in statuses.items():
         if st:
@@ -180,6 +154,7 @@ def status(
 
 
 @cluster_app.command("failover")
+@connection_options(cluster=None, timeout=True)
 def failover(
     cluster: str = typer.Option(..., "-c", "--cluster", metavar="URL",
                                 help="The node to fail over (it may be gone)."),
@@ -190,12 +165,7 @@ def failover(
         None, "--promote", metavar="URL",
         help="Promote this node's replicas rather than the ones with the highest seqno."),
     as_json: bool = typer.Option(False, "--json", help="Print the promotions as JSON."),
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Take a node out of the cluster and promote replicas of the vbuckets active there.
 
@@ -213,9 +183,8 @@ def failover(
     tried = [via] if via else []
     for candidate in tried + [failed]:
         try:
-            o = _opts(candidate, username, password, bucket, cacert, no_verify, timeout)
-            view, statuses = gather(o, _member(username, password, bucket, cacert, no_verify,
-                                               timeout))
+            o = conn_args.options(candidate)
+            view, statuses = gather(o, conn_args.options)
             break
         except ClientError:
             continue
@@ -244,7 +213,7 @@ def failover(
                    key=lambda i: i not in promoted.values())
     services = member_services(statuses, len(nodes))
     for i in order:
-        o = _opts(nodes[i], username, password, bucket, cacert, no_verify, timeout)
+        o = conn_args.options(nodes[i])
         with o.connect() as conn:
             set_map(conn, map_doc(o, rev, nodes, i, vbmap, replicas, topology, services))
     doc = {"rev": rev, "failed": failed,
@@ -256,6 +225,7 @@ def failover(
 
 
 @cluster_app.command("move")
+@connection_options(cluster=None, timeout=True)
 def move(
     cluster: List[str] = typer.Option(..., "-c", "--cluster", metavar="URL",
                                       help="A member of the cluster (repeat to name more; "
@@ -269,12 +239,7 @@ def move(
                                           help="Give up on a vbucket whose takeover takes "
                                                "longer."),
     as_json: bool = typer.Option(False, "--json", help="Print the moves as JSON."),
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Move the active copy of vbuckets to another member, without a history branch.
 
@@ -301,8 +266,8 @@ def move(
                       f"{moved['seconds']} s); map rev {rev}")
 
     doc = move_vbuckets(cluster, vbuckets, to,
-                        _member(username, password, bucket, cacert, no_verify, timeout),
-                        timeout=timeout, vbucket_timeout=vbucket_timeout,
+                        conn_args.options, timeout=conn_args.timeout,
+                        vbucket_timeout=vbucket_timeout,
                         before=before, after=after)
     if as_json:
         print_json(doc)

@@ -8,16 +8,7 @@ from rich.table import Table
 
 from dcptool.cli.app import app
 from dcptool.cli.manual import manual
-from dcptool.cli.connopts import (
-    BucketOpt,
-    CacertOpt,
-    ClusterOpt,
-    NoVerifyOpt,
-    PasswordOpt,
-    TimeoutOpt,
-    UsernameOpt,
-)
-from dcptool.client.options import ConnOptions
+from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.output import console, print_json
 from dcptool.client.vbspec import parse_vbuckets
 from dcptool.client import get_failover_logs, get_vbucket_seqnos
@@ -30,17 +21,12 @@ manual(
 
 
 @app.command("failover-log")
+@connection_options(timeout=True)
 def failover_log(
     vbuckets: Optional[str] = typer.Option(None, "--vbuckets", metavar="LIST",
                                            help="vbuckets, e.g. 0-15,512 (default: all)."),
     as_json: bool = typer.Option(False, "--json", help='Print {"<vb>": [{"uuid": N, "seqno": N}, ...]}.'),
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Print each vbucket's failover log, newest entry first.
 
@@ -51,7 +37,7 @@ def failover_log(
     Example: dcptool failover-log -c couchbase://127.0.0.1 --vbuckets 0-3 --json
     """
     vbs = parse_vbuckets(vbuckets)
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
+    opts = conn_args.options()
     from dcptool.pipeline.nodeinfo import active_nodes, node_opts
 
     with opts.connect() as conn:

@@ -15,14 +15,7 @@ from dcptool.archive import Archive
 from dcptool.archive.info import describe_archive
 from dcptool.cli.app import app
 from dcptool.cli.manual import manual
-from dcptool.cli.connopts import (
-    PANEL,
-    CacertOpt,
-    NoVerifyOpt,
-    PasswordOpt,
-    TimeoutOpt,
-    UsernameOpt,
-)
+from dcptool.cli.connopts import PANEL, ConnArgs, connection_options
 from dcptool.cli.output import console, human_bytes, print_json
 
 
@@ -42,6 +35,12 @@ InfoClusterOpt = Annotated[Optional[str], typer.Option(
          "backed-up seqno, and show the archive's high watermark there.")]
 
 
+#: info's own -b: the node's bucket defaults to the archive's
+InfoBucketOpt = Annotated[Optional[str], typer.Option(
+    "-b", "--bucket", rich_help_panel=PANEL,
+    help="Bucket on the node (default: the archive's bucket).")]
+
+
 def _short_time(iso: str | None) -> str:
     """'2026-11-22T10:15:02.123456Z' -> '2026-11-22 10:15:02'."""
     if not iso:
@@ -50,18 +49,12 @@ def _short_time(iso: str | None) -> str:
 
 
 @app.command()
+@connection_options(cluster=InfoClusterOpt, bucket=InfoBucketOpt, bucket_default=None,
+                    timeout=True)
 def info(
     archive: Path = typer.Argument(..., help="Archive directory.", show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print the description as JSON."),
-    cluster: InfoClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: Annotated[Optional[str], typer.Option(
-        "-b", "--bucket", rich_help_panel=PANEL,
-        help="Bucket on the node (default: the archive's bucket).")] = None,
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Show the backups an archive holds: id, parent, type, complete or partial, time,
     vbuckets, counts, size on disk and rollbacks.
@@ -75,11 +68,8 @@ def info(
     """
     arch = Archive.open(archive)
     desc = describe_archive(arch)
-    if cluster is not None:
-        from dcptool.client.options import ConnOptions
-
-        opts = ConnOptions.from_cli(cluster, username, password, bucket or arch.bucket, cacert,
-                                    no_verify, timeout)
+    if conn_args.cluster is not None:
+        opts = conn_args.options(bucket=conn_args.bucket or arch.bucket)
         desc["node_check"] = node_check(arch, opts)
     if as_json:
         print_json(desc, pretty=True)

@@ -16,16 +16,7 @@ from rich.text import Text
 
 from dcptool.cli.app import app
 from dcptool.cli.manual import manual
-from dcptool.cli.connopts import (
-    BucketOpt,
-    CacertOpt,
-    ClusterOpt,
-    NoVerifyOpt,
-    PasswordOpt,
-    SnappyOpt,
-    TimeoutOpt,
-    UsernameOpt,
-)
+from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.client.options import ConnOptions
 from dcptool.cli.output import console, is_verbose
 from dcptool.client.tracker import PositionTracker
@@ -195,6 +186,7 @@ def _watermark_reporter(opts: ConnOptions, state: Path, name: Optional[str], int
 
 
 @app.command("tail")
+@connection_options(timeout=True, snappy=True)
 def tail(
     from_: Optional[str] = typer.Option(
         None, "--from", metavar="beginning|now|STATEFILE",
@@ -233,14 +225,7 @@ def tail(
     verbose: bool = typer.Option(False, "-v", "--verbose",
                                  help="Print a summary on stderr at the end (as does dcptool "
                                       "--verbose tail)."),
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    snappy: SnappyOpt = None,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Follow changes as they happen; Ctrl-C saves --state and exits 0.
 
@@ -278,8 +263,7 @@ def tail(
     saved = None
     if start not in ("beginning", "now"):
         saved = load_state(start)
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout,
-                                snappy=snappy)
+    opts = conn_args.options()
     if saved is not None and saved.bucket and saved.bucket != opts.bucket:
         raise UsageError(f"state file {start} holds positions of bucket '{saved.bucket}', "
                          f"not '{opts.bucket}'")

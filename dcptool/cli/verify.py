@@ -11,15 +11,7 @@ from dcptool.archive.verify import verify_archive
 from dcptool.cli.app import app
 from dcptool.cli.manual import manual
 from dcptool.cli.backup import MasterOpt, PartitionsOpt
-from dcptool.cli.connopts import (
-    BucketOpt,
-    CacertOpt,
-    ClusterOpt,
-    NoVerifyOpt,
-    PasswordOpt,
-    UsernameOpt,
-)
-from dcptool.client.options import ConnOptions
+from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.output import print_json
 
 
@@ -35,6 +27,7 @@ manual(
 
 
 @app.command()
+@connection_options()
 def verify(
     archive: Path = typer.Argument(..., help="Archive directory.", show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -50,12 +43,7 @@ def verify(
         help="With --against: compare the state as of this backup (default: the newest)."),
     vbuckets: Optional[str] = typer.Option(
         None, "--vbuckets", metavar="LIST", help="With --against: only these vbuckets."),
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
+    conn_args: ConnArgs = None,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
 ) -> None:
@@ -72,8 +60,7 @@ def verify(
     Example: dcptool verify /backups/default --against -c couchbase://127.0.0.1
     """
     if against:
-        _verify_against(archive, as_json, backup_id, vbuckets, cluster, username, password,
-                        bucket, cacert, no_verify, master, partitions)
+        _verify_against(archive, as_json, backup_id, vbuckets, conn_args, master, partitions)
         return
     if backup_id or vbuckets:
         from dcptool.errors import UsageError
@@ -100,14 +87,14 @@ def verify(
         raise typer.Exit(1)
 
 
-def _verify_against(archive, as_json, backup_id, vbuckets, cluster, username, password, bucket,
-                    cacert, no_verify, master, partitions) -> None:
+def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, master,
+                    partitions) -> None:
     from dcptool.archive import Archive
     from dcptool.client.vbspec import parse_vbuckets
     from dcptool.pipeline.against import run_verify_against
 
     Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify)
+    opts = conn_args.options()
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     report = run_verify_against(archive, opts, backup=backup_id, vbuckets=vbs,
                                 partitions=partitions, master=master)
