@@ -20,8 +20,8 @@ from dcptool.client.position import ZERO
 from dcptool.client.session import SessionConfig
 from dcptool.protocol import vbucket_of
 
-from dochelpers import load, opts_for
-from nodeproc import NodeProcess
+from docutil import load, opts_for
+from nodeprocutil import NodeProcess
 
 
 def start_nodes(base: Path, names: list[str], *, vbuckets: int = 4,

@@ -24,9 +24,9 @@ from clusterutil import abc  # noqa: F401  (the fixture)
 from clusterutil import (
     addr, failover_log, keys_in, make_cluster, seqnos, status, vbucket_stream, wait_until,
 )
-from dochelpers import load, opts_for
-from node.dcpclient import dcp_connect
-from node.mcbp import connect
+from docutil import load, opts_for
+from node.dcputil import dcp_connect
+from node.mcbputil import connect
 
 from dcptool.client.topology import ClusterView, cluster_map
 from dcptool.client.errors import ClientError
