@@ -5,7 +5,7 @@ keeps the whole map and serves it with GET_CLUSTER_CONFIG.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 from rich.table import Table
@@ -41,19 +41,21 @@ cluster_app = typer.Typer(
 )
 app.add_typer(cluster_app, name="cluster")
 
-NodesOpt = typer.Option(..., "-c", "--cluster", metavar="URL",
-                        help="A node (repeat for every member).")
+NodesOpt = Annotated[List[str], typer.Option(
+    "-c", "--cluster", metavar="URL", help="A node (repeat for every member).")]
 
 
 @cluster_app.command("create")
 @connection_options(cluster=None, timeout=True)
 def create(
-    cluster: List[str] = NodesOpt,
-    replicas: int = typer.Option(1, "--replicas", help="Replicas of each vbucket (0-3)."),
-    topology: str = typer.Option("star", "--topology", metavar="star|chain",
-                                 help="star: every replica streams from the active; chain: "
-                                      "each replica streams from the previous copy."),
-    as_json: bool = typer.Option(False, "--json", help="Print the map as JSON."),
+    cluster: NodesOpt,
+    replicas: Annotated[int, typer.Option(
+        "--replicas", help="Replicas of each vbucket (0-3).")] = 1,
+    topology: Annotated[str, typer.Option(
+        "--topology", metavar="star|chain", help="star: every replica streams from "
+                                                 "the active; chain: each replica streams from "
+                                                 "the previous copy.")] = "star",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the map as JSON.")] = False,
     conn_args: ConnArgs = None,
 ) -> None:
     """Make the nodes one cluster: actives spread evenly, replicas on other nodes.
@@ -102,9 +104,10 @@ def create(
 @cluster_app.command("status")
 @connection_options(cluster=None, timeout=True)
 def status(
-    cluster: Optional[str] = typer.Option(None, "-c", "--cluster", envvar="DCPTOOL_CLUSTER",
-                                          metavar="URL", help="Any member of the cluster."),
-    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+    cluster: Annotated[Optional[str], typer.Option(
+        "-c", "--cluster", envvar="DCPTOOL_CLUSTER", metavar="URL",
+        help="Any member of the cluster.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
     conn_args: ConnArgs = None,
 ) -> None:
     """Show the nodes, their vbuckets per state and their replication lag.
@@ -156,15 +159,15 @@ def status(
 @cluster_app.command("failover")
 @connection_options(cluster=None, timeout=True)
 def failover(
-    cluster: str = typer.Option(..., "-c", "--cluster", metavar="URL",
-                                help="The node to fail over (it may be gone)."),
-    via: Optional[str] = typer.Option(None, "--via", metavar="URL",
-                                      help="A live member to read the map from (default: "
-                                           "the first other member that answers)."),
-    promote: Optional[str] = typer.Option(
-        None, "--promote", metavar="URL",
-        help="Promote this node's replicas rather than the ones with the highest seqno."),
-    as_json: bool = typer.Option(False, "--json", help="Print the promotions as JSON."),
+    cluster: Annotated[str, typer.Option(
+        "-c", "--cluster", metavar="URL", help="The node to fail over (it may be gone).")],
+    via: Annotated[Optional[str], typer.Option(
+        "--via", metavar="URL", help="A live member to read the map from (default: the "
+                                     "first other member that answers).")] = None,
+    promote: Annotated[Optional[str], typer.Option(
+        "--promote", metavar="URL", help="Promote this node's replicas rather than the "
+                                         "ones with the highest seqno.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the promotions as JSON.")] = False,
     conn_args: ConnArgs = None,
 ) -> None:
     """Take a node out of the cluster and promote replicas of the vbuckets active there.
@@ -227,18 +230,18 @@ def failover(
 @cluster_app.command("move")
 @connection_options(cluster=None, timeout=True)
 def move(
-    cluster: List[str] = typer.Option(..., "-c", "--cluster", metavar="URL",
-                                      help="A member of the cluster (repeat to name more; "
-                                           "the first that answers gives the map)."),
-    vbuckets: str = typer.Option(..., "--vbuckets", metavar="SPEC",
-                                 help="The vbuckets to move, e.g. 0-3,7 (all: every vbucket "
-                                      "not already active on --to)."),
-    to: str = typer.Option(..., "--to", metavar="URL",
-                           help="The member that becomes their active node."),
-    vbucket_timeout: float = typer.Option(600.0, "--vbucket-timeout", metavar="SECONDS",
-                                          help="Give up on a vbucket whose takeover takes "
-                                               "longer."),
-    as_json: bool = typer.Option(False, "--json", help="Print the moves as JSON."),
+    cluster: Annotated[List[str], typer.Option(
+        "-c", "--cluster", metavar="URL", help="A member of the cluster (repeat to name more; "
+                                               "the first that answers gives the map).")],
+    vbuckets: Annotated[str, typer.Option(
+        "--vbuckets", metavar="SPEC", help="The vbuckets to move, e.g. 0-3,7 (all: every "
+                                           "vbucket not already active on --to).")],
+    to: Annotated[str, typer.Option(
+        "--to", metavar="URL", help="The member that becomes their active node.")],
+    vbucket_timeout: Annotated[float, typer.Option(
+        "--vbucket-timeout", metavar="SECONDS", help="Give up on a vbucket whose "
+                                                     "takeover takes longer.")] = 600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the moves as JSON.")] = False,
     conn_args: ConnArgs = None,
 ) -> None:
     """Move the active copy of vbuckets to another member, without a history branch.

@@ -1,7 +1,7 @@
 """`dcptool failover-log`: print vbucket failover logs (GET_FAILOVER_LOG, no streams)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -23,9 +23,10 @@ manual(
 @app.command("failover-log")
 @connection_options(timeout=True)
 def failover_log(
-    vbuckets: Optional[str] = typer.Option(None, "--vbuckets", metavar="LIST",
-                                           help="vbuckets, e.g. 0-15,512 (default: all)."),
-    as_json: bool = typer.Option(False, "--json", help='Print {"<vb>": [{"uuid": N, "seqno": N}, ...]}.'),
+    vbuckets: Annotated[Optional[str], typer.Option(
+        "--vbuckets", metavar="LIST", help="vbuckets, e.g. 0-15,512 (default: all).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print {\"<vb>\": [{\"uuid\": N, \"seqno\": N}, ...]}.")] = False,
     conn_args: ConnArgs = None,
 ) -> None:
     """Print each vbucket's failover log, newest entry first.

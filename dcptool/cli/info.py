@@ -52,8 +52,9 @@ def _short_time(iso: str | None) -> str:
 @connection_options(cluster=InfoClusterOpt, bucket=InfoBucketOpt, bucket_default=None,
                     timeout=True)
 def info(
-    archive: Path = typer.Argument(..., help="Archive directory.", show_default=False),
-    as_json: bool = typer.Option(False, "--json", help="Print the description as JSON."),
+    archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the description as JSON.")] = False,
     conn_args: ConnArgs = None,
 ) -> None:
     """Show the backups an archive holds: id, parent, type, complete or partial, time,

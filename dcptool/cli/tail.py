@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.text import Text
@@ -188,43 +188,47 @@ def _watermark_reporter(opts: ConnOptions, state: Path, name: Optional[str], int
 @app.command("tail")
 @connection_options(timeout=True, snappy=True)
 def tail(
-    from_: Optional[str] = typer.Option(
-        None, "--from", metavar="beginning|now|STATEFILE",
-        help="Where to start: 'beginning', 'now' (default), or a state file saved by --state. "
-             "With --state FILE and no --from, resumes from FILE when it exists."),
-    vbuckets: Optional[str] = typer.Option(None, "--vbuckets", metavar="LIST",
-                                           help="vbuckets to follow, e.g. 0-15,512 (default: all active)."),
-    keys_only: bool = typer.Option(False, "--keys-only", help="Do not fetch document values."),
-    filter_: Optional[str] = typer.Option(None, "--filter", metavar="REGEX",
-                                          help="Only show documents whose key matches REGEX."),
-    state: Optional[Path] = typer.Option(None, "--state", metavar="FILE",
-                                         help="Save positions to FILE as it goes and on exit."),
-    until_idle: Optional[float] = typer.Option(None, "--until-idle", metavar="SECONDS",
-                                               help="Stop after SECONDS without any change."),
-    count: Optional[int] = typer.Option(None, "--count", metavar="N",
-                                        help="Stop after printing N documents."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object per event."),
-    noop_interval: float = typer.Option(60.0, "--noop-interval", metavar="SECONDS",
-                                        help="Ask the node for a NOOP this often when idle."),
-    fail_on_rollback: bool = typer.Option(False, "--fail-on-rollback",
-                                          help="Stop with an error instead of rolling back."),
-    watermark: bool = typer.Option(
-        False, "--watermark",
-        help="Register the positions saved in --state as a high watermark with the node, at "
-             "most once per --watermark-interval, so its purger keeps the deletions not "
-             "read yet (see 'dcptool watermark')."),
-    watermark_name: Optional[str] = typer.Option(
-        None, "--watermark-name", metavar="NAME",
-        help="Client name of the watermark (default dcptool-tail:STATE-FILE-NAME)."),
-    watermark_interval: float = typer.Option(
-        60.0, "--watermark-interval", metavar="SECONDS",
-        help="Register at most this often."),
-    watermark_ttl: str = typer.Option(
-        "7d", "--watermark-ttl", metavar="DURATION",
-        help="The watermark expires unless registered again within this time."),
-    verbose: bool = typer.Option(False, "-v", "--verbose",
-                                 help="Print a summary on stderr at the end (as does dcptool "
-                                      "--verbose tail)."),
+    from_: Annotated[Optional[str], typer.Option(
+        "--from", metavar="beginning|now|STATEFILE", help="Where to start: 'beginning', "
+                                                          "'now' (default), or a state file "
+                                                          "saved by --state. With --state FILE "
+                                                          "and no --from, resumes from FILE "
+                                                          "when it exists.")] = None,
+    vbuckets: Annotated[Optional[str], typer.Option(
+        "--vbuckets", metavar="LIST", help="vbuckets to follow, e.g. 0-15,512 (default: "
+                                           "all active).")] = None,
+    keys_only: Annotated[bool, typer.Option(
+        "--keys-only", help="Do not fetch document values.")] = False,
+    filter_: Annotated[Optional[str], typer.Option(
+        "--filter", metavar="REGEX", help="Only show documents whose key matches REGEX.")] = None,
+    state: Annotated[Optional[Path], typer.Option(
+        "--state", metavar="FILE", help="Save positions to FILE as it goes and on exit.")] = None,
+    until_idle: Annotated[Optional[float], typer.Option(
+        "--until-idle", metavar="SECONDS", help="Stop after SECONDS without any change.")] = None,
+    count: Annotated[Optional[int], typer.Option(
+        "--count", metavar="N", help="Stop after printing N documents.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
+    noop_interval: Annotated[float, typer.Option(
+        "--noop-interval", metavar="SECONDS", help="Ask the node for a NOOP this often "
+                                                   "when idle.")] = 60.0,
+    fail_on_rollback: Annotated[bool, typer.Option(
+        "--fail-on-rollback", help="Stop with an error instead of rolling back.")] = False,
+    watermark: Annotated[bool, typer.Option(
+        "--watermark", help="Register the positions saved in --state as a high "
+                            "watermark with the node, at most once per --watermark-interval, so "
+                            "its purger keeps the deletions not read yet (see 'dcptool "
+                            "watermark').")] = False,
+    watermark_name: Annotated[Optional[str], typer.Option(
+        "--watermark-name", metavar="NAME", help="Client name of the watermark (default "
+                                                 "dcptool-tail:STATE-FILE-NAME).")] = None,
+    watermark_interval: Annotated[float, typer.Option(
+        "--watermark-interval", metavar="SECONDS", help="Register at most this often.")] = 60.0,
+    watermark_ttl: Annotated[str, typer.Option(
+        "--watermark-ttl", metavar="DURATION", help="The watermark expires unless "
+                                                    "registered again within this time.")] = "7d",
+    verbose: Annotated[bool, typer.Option(
+        "-v", "--verbose", help="Print a summary on stderr at the end (as does dcptool "
+                                "--verbose tail).")] = False,
     conn_args: ConnArgs = None,
 ) -> None:
     """Follow changes as they happen; Ctrl-C saves --state and exits 0.

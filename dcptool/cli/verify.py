@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -29,20 +29,20 @@ manual(
 @app.command()
 @connection_options()
 def verify(
-    archive: Path = typer.Argument(..., help="Archive directory.", show_default=False),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    checksums_only: bool = typer.Option(
-        False, "--checksums-only",
-        help="Check manifests, sizes and SHA-256 only; do not decode records."),
-    against: bool = typer.Option(
-        False, "--against",
-        help="Compare the archive's state as of its last backup with the node given by -c "
-             "(per vbucket: count and hash of key, rev seqno, cas, deleted)."),
-    backup_id: Optional[str] = typer.Option(
-        None, "--backup", metavar="ID",
-        help="With --against: compare the state as of this backup (default: the newest)."),
-    vbuckets: Optional[str] = typer.Option(
-        None, "--vbuckets", metavar="LIST", help="With --against: only these vbuckets."),
+    archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    checksums_only: Annotated[bool, typer.Option(
+        "--checksums-only", help="Check manifests, sizes and SHA-256 only; do not "
+                                 "decode records.")] = False,
+    against: Annotated[bool, typer.Option(
+        "--against", help="Compare the archive's state as of its last backup with the "
+                          "node given by -c (per vbucket: count and hash of key, rev seqno, "
+                          "cas, deleted).")] = False,
+    backup_id: Annotated[Optional[str], typer.Option(
+        "--backup", metavar="ID", help="With --against: compare the state as of this "
+                                       "backup (default: the newest).")] = None,
+    vbuckets: Annotated[Optional[str], typer.Option(
+        "--vbuckets", metavar="LIST", help="With --against: only these vbuckets.")] = None,
     conn_args: ConnArgs = None,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
