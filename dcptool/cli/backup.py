@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.manual import manual
 from dcptool.cli.connopts import ConnArgs, connection_options
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, detail, human_bytes, note, print_json, show_progress
 from dcptool.client.vbspec import parse_vbuckets
 

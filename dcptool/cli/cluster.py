@@ -11,8 +11,8 @@ import typer
 from rich.table import Table
 
 from dcptool.cli.app import app
-from dcptool.cli.manual import manual
 from dcptool.cli.connopts import ConnArgs, connection_options
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json
 from dcptool.client.vbmove import (
     STATE_NAMES,

@@ -7,11 +7,11 @@ import typer
 from rich.table import Table
 
 from dcptool.cli.app import app
-from dcptool.cli.manual import manual
 from dcptool.cli.connopts import ConnArgs, connection_options
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json
-from dcptool.client.vbspec import parse_vbuckets
 from dcptool.client import get_failover_logs, get_vbucket_seqnos
+from dcptool.client.vbspec import parse_vbuckets
 
 
 manual(

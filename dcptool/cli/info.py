@@ -14,8 +14,8 @@ import typer
 from dcptool.archive import Archive
 from dcptool.archive.info import describe_archive
 from dcptool.cli.app import app
-from dcptool.cli.manual import manual
 from dcptool.cli.connopts import PANEL, ConnArgs, connection_options
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, human_bytes, print_json
 
 

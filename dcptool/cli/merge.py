@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.manual import manual
 from dcptool.cli.backup import MasterOpt, PartitionsOpt
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, human_bytes, print_json
 
 

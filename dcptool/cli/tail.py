@@ -15,12 +15,9 @@ import typer
 from rich.text import Text
 
 from dcptool.cli.app import app
-from dcptool.cli.manual import manual
 from dcptool.cli.connopts import ConnArgs, connection_options
-from dcptool.client.options import ConnOptions
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, is_verbose
-from dcptool.client.tracker import PositionTracker
-from dcptool.client.vbspec import parse_vbuckets
 from dcptool.client import (
     DELETION,
     EXPIRATION,
@@ -37,6 +34,9 @@ from dcptool.client import (
     load_state,
     save_state,
 )
+from dcptool.client.options import ConnOptions
+from dcptool.client.tracker import PositionTracker
+from dcptool.client.vbspec import parse_vbuckets
 from dcptool.errors import UsageError
 from dcptool.protocol.constants import SnapshotFlag, StreamEndReason
 

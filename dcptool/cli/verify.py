@@ -9,9 +9,9 @@ import typer
 
 from dcptool.archive.verify import verify_archive
 from dcptool.cli.app import app
-from dcptool.cli.manual import manual
 from dcptool.cli.backup import MasterOpt, PartitionsOpt
 from dcptool.cli.connopts import ConnArgs, connection_options
+from dcptool.cli.manual import manual
 from dcptool.cli.output import print_json
 
 
