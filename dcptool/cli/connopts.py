@@ -16,8 +16,8 @@ The password comes from -p, --password-file FILE (its first line), DCPTOOL_PASSW
 DCPTOOL_PASSWORD_FILE, or a prompt when stdin is a terminal, in that order; it is never
 printed. Commands do not declare --password-file: `add_password_file(cmd)` (run over the
 whole command tree by the app) gives it to every command with -p/--password and turns it
-into the `password` argument before the command runs. `ConnOptions` is picklable (it holds no socket or SSL context),
-so a Spark driver can ship it to its tasks.
+into the `password` argument before the command runs. `ConnOptions` is picklable (it holds
+no socket or SSL context), so a Spark driver can ship it to its tasks.
 """
 from __future__ import annotations
 
@@ -128,11 +128,8 @@ def connection_options(*, cluster: Any = ClusterOpt, bucket: Any = BucketOpt,
         names = list(sig.parameters)
         if _CONN_ARG not in names:
             raise TypeError(f"{fn.__name__}: no {_CONN_ARG} parameter to replace")
-        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY
-                                   if sig.parameters[_CONN_ARG].kind is
-                                   inspect.Parameter.KEYWORD_ONLY
-                                   else inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                   annotation=annotations.get(name, ann),
+        kind = sig.parameters[_CONN_ARG].kind
+        added = [inspect.Parameter(name, kind, annotation=annotations.get(name, ann),
                                    default=defaults.get(name, default))
                  for name, ann, default in _CONN_PARAMS if wanted.get(name, True)]
         at = names.index(_CONN_ARG)
