@@ -414,7 +414,7 @@ class Summary:
 
 
 class Fuzzer:
-    """Fuzz `node` (a tests/nodeproc.NodeProcess, running) with `inputs` inputs."""
+    """Fuzz `node` (a tests/nodeprocutil.NodeProcess, running) with `inputs` inputs."""
 
     def __init__(self, node, *, inputs: int, seed: int = 1, connections: int = 8,
                  max_body: int = 128 * 1024, vectors: Path | None = None,
@@ -691,7 +691,7 @@ def run_fuzz(inputs: int, *, seed: int = 1, connections: int = 8, data_dir: Path
              node_args: tuple[str, ...] = DEFAULT_NODE_ARGS, vbuckets: int = 16,
              progress=None, keep: bool = False) -> Summary:
     """Start a node, fuzz it, stop it; the summary."""
-    from nodeproc import NodeProcess
+    from nodeprocutil import NodeProcess
 
     tmp = None
     if data_dir is None:

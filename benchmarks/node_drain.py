@@ -214,7 +214,7 @@ def peak_rss_mb(pid: int | None) -> float | None:
 
 
 def run_mode(mode: str, a) -> dict:
-    from nodeproc import NodeProcess
+    from nodeprocutil import NodeProcess
 
     eviction = getattr(a, "eviction", "value")
     tmp = tempfile.TemporaryDirectory(prefix=f"dcptool-drain-{mode}-")

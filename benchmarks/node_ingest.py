@@ -156,7 +156,7 @@ def main() -> None:
     tmp = None
     host, port = a.host, a.port
     if port is None:
-        from nodeproc import NodeProcess
+        from nodeprocutil import NodeProcess
 
         tmp = tempfile.TemporaryDirectory(prefix="dcptool-ingest-")
         node = NodeProcess(Path(tmp.name) / "node", vbuckets=a.vbuckets, password=a.password,

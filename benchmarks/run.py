@@ -125,7 +125,7 @@ def measure_node(n: int, sections: set[str]) -> dict:
         print(f"  drain disk (full eviction): {r['items_per_s']} items/s", file=sys.stderr,
               flush=True)
     if "ingest" in sections:
-        from nodeproc import NodeProcess
+        from nodeprocutil import NodeProcess
 
         for i, conns in enumerate((1, 4)):
             with tempfile.TemporaryDirectory(prefix="dcptool-ingest-") as d:

@@ -52,11 +52,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dcptool.client.cluster import cluster_map, hold_replication  # noqa: E402
+from dcptool.client.topology import cluster_map, hold_replication  # noqa: E402
 from dcptool.client.ops import get_vbucket_seqnos  # noqa: E402
 from dcptool.client.options import ConnOptions  # noqa: E402
 from dcptool.node.launcher import LocalNode  # noqa: E402
-from dochelpers import node_documents  # noqa: E402  (tests/dochelpers.py)
+from docutil import node_documents  # noqa: E402  (tests/docutil.py)
 from dcptool.protocol import vbucket_of  # noqa: E402
 from dcptool.protocol.constants import Status  # noqa: E402
 from dcptool.protocol.messages import CompactDb, Delete, Set  # noqa: E402

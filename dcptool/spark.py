@@ -46,7 +46,7 @@ def _vbucket_option(vbuckets: str | Iterable[int] | None) -> str | None:
         return None
     if isinstance(vbuckets, str):
         return vbuckets
-    from dcptool.cli.vbspec import format_vbuckets
+    from dcptool.client.vbspec import format_vbuckets
 
     return format_vbuckets(int(v) for v in vbuckets)
 

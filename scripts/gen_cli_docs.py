@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dcptool.cli import docgen
+import docgen
 
 
 def main(argv: list[str] | None = None) -> int:

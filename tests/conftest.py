@@ -34,9 +34,9 @@ def spark():
 
 @pytest.fixture
 def node_factory(tmp_path):
-    """Make `tests.nodeproc.NodeProcess` objects in a temporary directory; all are stopped
+    """Make `tests.nodeprocutil.NodeProcess` objects in a temporary directory; all are stopped
     at the end of the test. `make(name="node", start=True, **kwargs)`."""
-    from nodeproc import NodeProcess
+    from nodeprocutil import NodeProcess
 
     made = []
 
@@ -58,7 +58,7 @@ def node_factory(tmp_path):
 @pytest.fixture(scope="module")
 def shared_node(tmp_path_factory):
     """One running node (16 vbuckets) shared by the tests of a module."""
-    from nodeproc import NodeProcess
+    from nodeprocutil import NodeProcess
 
     n = NodeProcess(tmp_path_factory.mktemp("shared-node") / "node", vbuckets=16)
     n.start()

@@ -13,7 +13,7 @@ How the README's code blocks are run:
   need something a test machine does not have (a Couchbase Server, a Spark cluster), so each
   of their dcptool command lines is parsed by the CLI's own parser (every command and option
   must exist, every required argument be there) without running.
-* `dcptool node start ... &` starts a real node with tests/nodeproc.py's NodeProcess (same
+* `dcptool node start ... &` starts a real node with tests/nodeprocutil.py's NodeProcess (same
   --data and --vbuckets) on a free port; the port the README names (11210, or its --port) is
   then replaced by the real one in later lines. The placeholders of the "Archives as Spark
   data" section (`/backups/default`, `/tmp/docs`, `couchbase://127.0.0.1`) stand for the
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from dcptool.cli import docgen
+import docgen
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -179,7 +179,7 @@ class Tour:
         return line
 
     def start_node(self, line: str) -> None:
-        from nodeproc import NodeProcess
+        from nodeprocutil import NodeProcess
 
         words = shlex.split(line, comments=True)
         assert words[-1] == "&", line

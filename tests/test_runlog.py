@@ -7,7 +7,7 @@ import re
 import stat
 
 import pytest
-from dochelpers import load, opts_for
+from docutil import load, opts_for
 
 from dcptool import runlog
 from dcptool.errors import DcptoolError

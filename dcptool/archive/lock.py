@@ -15,21 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dcptool.procs import pid_alive
+
 from .errors import ArchiveLockedError
 from .format import FILE_MODE, LOCK_FILE, fsync_dir, iso_time, utc_now
 
 #: an unreadable lock file (a holder killed between create and write) older than this is stale
 UNREADABLE_STALE_SECONDS = 60.0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ArchiveLock:
@@ -71,7 +63,7 @@ class ArchiveLock:
         if info.get("host") != socket.gethostname():
             return False
         pid = info.get("pid")
-        return isinstance(pid, int) and not _pid_alive(pid)
+        return isinstance(pid, int) and not pid_alive(pid)
 
     def acquire(self) -> "ArchiveLock":
         for _attempt in range(3):

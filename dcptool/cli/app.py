@@ -25,7 +25,7 @@ import re
 import sys
 import traceback
 import types
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 import typer.core
@@ -274,15 +274,16 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
-                                 help="Print the version and exit."),
-    quiet: bool = typer.Option(False, "-q", "--quiet",
-                               help="Print results and errors only: no progress bars, notes or "
-                                    "summaries on stderr."),
-    verbose: int = typer.Option(0, "-v", "--verbose", count=True, show_default=False,
-                                help="Say more on stderr (what runs, per-vbucket progress of "
-                                     "backup, restore and merge); twice for debug detail and "
-                                     "tracebacks."),
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version_callback, is_eager=True,
+        help="Print the version and exit.")] = False,
+    quiet: Annotated[bool, typer.Option(
+        "-q", "--quiet", help="Print results and errors only: no progress bars, notes "
+                              "or summaries on stderr.")] = False,
+    verbose: Annotated[int, typer.Option(
+        "-v", "--verbose", count=True, show_default=False,
+        help="Say more on stderr (what runs, per-vbucket progress of backup, restore and "
+             "merge); twice for debug detail and tracebacks.")] = 0,
 ) -> None:
     """Back up, restore and inspect Couchbase-style data nodes through DCP.
 

@@ -7,18 +7,42 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.connopts import (
-    BucketOpt,
-    CacertOpt,
-    ClusterOpt,
-    ConnOptions,
-    NoVerifyOpt,
-    PasswordOpt,
-    SnappyOpt,
-    UsernameOpt,
+from dcptool.cli.connopts import ConnArgs, connection_options
+from dcptool.cli.manual import manual
+from dcptool.cli.output import console, detail, human_bytes, note, print_json, show_progress
+from dcptool.client.vbspec import parse_vbuckets
+
+
+manual(
+    "backup",
+    exit_codes=(3,),
+    exit_note="A failed run (1) keeps its partial backup; the next run resumes it.",
+    files=(
+        ("ARCHIVE/archive.json", "What the archive is (bucket, vbuckets); written once."),
+        ("ARCHIVE/backups/ID/", "One directory per backup; manifest.json is written last, so a "
+                                "directory without it is a partial backup."),
+        ("ARCHIVE/lock", "Present while a backup or merge writes the archive."),
+        ("ARCHIVE/logs/backup-TIME.log", "The log of each run (mode 0600): the plan, one line per "
+                                         "vbucket, rollbacks, retries and timings. The newest 20 "
+                                         "are kept (DCPTOOL_LOG_KEEP)."),
+    ),
+    env=("DCPTOOL_LOG_KEEP",),
+    see_also=("restore", "info", "verify", "merge", "examine"),
 )
-from dcptool.cli.output import console, detail, note, print_json, show_progress
-from dcptool.cli.vbspec import parse_vbuckets
+
+manual(
+    "restore",
+    exit_note="1 when any document could not be written (the counts and the run log name them).",
+    files=(
+        ("ARCHIVE/backups/ID/", "The backups read (never changed)."),
+        ("ARCHIVE/logs/restore-TIME.log", "The log of each run (mode 0600): per vbucket what was "
+                                          "sent, per task what was restored, skipped and failed. "
+                                          "The newest 20 are kept (DCPTOOL_LOG_KEEP)."),
+    ),
+    env=("DCPTOOL_LOG_KEEP",),
+    see_also=("backup", "info", "verify", "examine"),
+)
+
 
 SPARK = "Spark"
 MasterOpt = Annotated[Optional[str], typer.Option(
@@ -29,25 +53,12 @@ PartitionsOpt = Annotated[Optional[int], typer.Option(
     help="Spark tasks, each streaming a group of vbuckets (default 2x the cores).")]
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
 @app.command()
+@connection_options(snappy=True)
 def backup(
     archive: Annotated[Path, typer.Argument(help="Archive directory (created when missing).",
                                             show_default=False)],
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    snappy: SnappyOpt = None,
+    conn_args: ConnArgs = None,
     full: Annotated[bool, typer.Option("--full", help="Take a full backup even if the archive "
                                                        "has backups.")] = False,
     vbuckets: Annotated[Optional[str], typer.Option("--vbuckets", metavar="LIST",
@@ -86,8 +97,7 @@ def backup(
     from dcptool.pipeline.backup import run_backup
 
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify,
-                                snappy=snappy)
+    opts = conn_args.options()
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     show = show_progress(no_progress or json_out)
     err = console(stderr=True)
@@ -102,7 +112,7 @@ def backup(
         task = bar.add_task("backup", total=None, items=0, size="0 B")
 
         def progress_cb(done: int, items: int, nbytes: int) -> None:
-            bar.update(task, completed=done, items=items, size=_human(nbytes))
+            bar.update(task, completed=done, items=items, size=human_bytes(nbytes))
 
     def on_plan(plan: dict) -> None:
         if plan["resumed"]:
@@ -132,7 +142,7 @@ def backup(
     t = Table(title=f"backup {d['backup_id']}", show_header=False)
     for k in ("type", "resumed", "vbuckets", "mutations", "deletions", "expirations", "rollbacks"):
         t.add_row(k, str(d[k]))
-    t.add_row("size", _human(d["bytes"]))
+    t.add_row("size", human_bytes(d["bytes"]))
     t.add_row("seconds", f"{d['seconds']:.2f}")
     t.add_row("items/s", f"{d['items_per_second'] or 0:,.0f}")
     wm = d.get("watermark")
@@ -143,14 +153,10 @@ def backup(
 
 
 @app.command()
+@connection_options()
 def restore(
     archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
+    conn_args: ConnArgs = None,
     backup_id: Annotated[Optional[str], typer.Option("--backup", metavar="ID",
                                                      help="Restore the state as of this backup "
                                                           "(default: the newest).")] = None,
@@ -181,7 +187,7 @@ def restore(
     Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
     opts = None
     if not dry_run:
-        opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify)
+        opts = conn_args.options()
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs, key_filter=filter_keys,
                          force=force_updates, dry_run=dry_run, partitions=partitions, master=master)

@@ -5,23 +5,31 @@ keeps the whole map and serves it with GET_CLUSTER_CONFIG.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 from rich.table import Table
 
 from dcptool.cli.app import app
-from dcptool.cli.connopts import (
-    BucketOpt,
-    CacertOpt,
-    ConnOptions,
-    NoVerifyOpt,
-    PasswordOpt,
-    TimeoutOpt,
-    UsernameOpt,
-)
+from dcptool.cli.connopts import ConnArgs, connection_options
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json
+from dcptool.client.vbmove import (
+    STATE_NAMES,
+    gather,
+    map_doc,
+    member_services,
+    move_vbuckets,
+    node_address,
+)
 from dcptool.errors import DcptoolError, UsageError
+
+
+manual(
+    "cluster",
+    see_also=("node", "failover-log", "backup"),
+)
+
 
 cluster_app = typer.Typer(
     name="cluster",
@@ -33,45 +41,22 @@ cluster_app = typer.Typer(
 )
 app.add_typer(cluster_app, name="cluster")
 
-NodesOpt = typer.Option(..., "-c", "--cluster", metavar="URL",
-                        help="A node (repeat for every member).")
-STATE_NAMES = {1: "active", 2: "replica", 3: "pending", 4: "dead"}
-
-
-def _opts(url, username, password, bucket, cacert, no_verify, timeout) -> ConnOptions:
-    return ConnOptions.from_cli(url, username, password, bucket, cacert, no_verify, timeout)
-
-
-def _doc(opts: ConnOptions, rev: int, nodes: list[str], this: int, vbmap, replicas: int,
-         topology: str, services: list[dict] | None = None) -> dict:
-    doc = {"rev": rev, "nodes": nodes, "this": this, "replicas": replicas,
-           "topology": topology, "vbmap": vbmap,
-           "auth": {"username": opts.username, "password": opts.password}}
-    if services is not None:
-        # each member's service ports (its REST port among them) as it told them in
-        # CLUSTER_STATUS; {} for one that did not answer keeps what the last map said
-        doc["services"] = services
-    return doc
-
-
-def _services(statuses: dict, n: int) -> list[dict]:
-    return [dict((statuses.get(i) or {}).get("services") or {}) for i in range(n)]
+NodesOpt = Annotated[List[str], typer.Option(
+    "-c", "--cluster", metavar="URL", help="A node (repeat for every member).")]
 
 
 @cluster_app.command("create")
+@connection_options(cluster=None, timeout=True)
 def create(
-    cluster: List[str] = NodesOpt,
-    replicas: int = typer.Option(1, "--replicas", help="Replicas of each vbucket (0-3)."),
-    topology: str = typer.Option("star", "--topology", metavar="star|chain",
-                                 help="star: every replica streams from the active; chain: "
-                                      "each replica streams from the previous copy."),
-    as_json: bool = typer.Option(False, "--json", help="Print the map as JSON."),
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    cluster: NodesOpt,
+    replicas: Annotated[int, typer.Option(
+        "--replicas", help="Replicas of each vbucket (0-3).")] = 1,
+    topology: Annotated[str, typer.Option(
+        "--topology", metavar="star|chain", help="star: every replica streams from "
+                                                 "the active; chain: each replica streams from "
+                                                 "the previous copy.")] = "star",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the map as JSON.")] = False,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Make the nodes one cluster: actives spread evenly, replicas on other nodes.
 
@@ -80,7 +65,7 @@ def create(
 
     Example: dcptool cluster create -c 127.0.0.1:11210 -c 127.0.0.1:11211 -c 127.0.0.1:11212 --replicas 2
     """
-    from dcptool.client.cluster import cluster_map, node_status, plan_map, set_map
+    from dcptool.client.topology import cluster_map, node_status, plan_map, set_map
 
     if len(set(cluster)) != len(cluster):
         raise UsageError("a node is named twice")
@@ -91,7 +76,7 @@ def create(
                          f"(-c given {len(cluster)} times)")
     if topology not in ("star", "chain"):
         raise UsageError("--topology must be star or chain")
-    opts = [_opts(c, username, password, bucket, cacert, no_verify, timeout) for c in cluster]
+    opts = [conn_args.options(c) for c in cluster]
     counts, revs, statuses = set(), [0], {}
     for i, o in enumerate(opts):
         with o.connect() as conn:
@@ -104,10 +89,10 @@ def create(
     vbmap = plan_map(len(opts), nvb, replicas)
     nodes = [o.address for o in opts]
     rev = max(revs) + 1
-    services = _services(statuses, len(opts))
+    services = member_services(statuses, len(opts))
     for i, o in enumerate(opts):
         with o.connect() as conn:
-            set_map(conn, _doc(o, rev, nodes, i, vbmap, replicas, topology, services))
+            set_map(conn, map_doc(o, rev, nodes, i, vbmap, replicas, topology, services))
     if as_json:
         print_json({"rev": rev, "nodes": nodes, "replicas": replicas, "topology": topology,
                     "vbmap": vbmap})
@@ -116,35 +101,14 @@ def create(
                     f"map rev {rev}")
 
 
-def _gather(opts: ConnOptions, username, password, bucket, cacert, no_verify, timeout):
-    """(map view, {node index: status or None when unreachable})."""
-    from dcptool.client.cluster import cluster_map, node_status
-    from dcptool.client.errors import ClientError
-
-    with opts.connect() as conn:
-        view = cluster_map(conn)
-    statuses: dict[int, dict | None] = {}
-    for i, n in enumerate(view.nodes):
-        try:
-            o = _opts(n, username, password, bucket, cacert, no_verify, timeout)
-            with o.connect() as conn:
-                statuses[i] = node_status(conn)
-        except ClientError:
-            statuses[i] = None
-    return view, statuses
-
-
 @cluster_app.command("status")
+@connection_options(cluster=None, timeout=True)
 def status(
-    cluster: Optional[str] = typer.Option(None, "-c", "--cluster", envvar="DCPTOOL_CLUSTER",
-                                          metavar="URL", help="Any member of the cluster."),
-    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    cluster: Annotated[Optional[str], typer.Option(
+        "-c", "--cluster", envvar="DCPTOOL_CLUSTER", metavar="URL",
+        help="Any member of the cluster.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Show the nodes, their vbuckets per state and their replication lag.
 
@@ -153,8 +117,8 @@ def status(
 
     Example: dcptool cluster status -c 127.0.0.1:11210 --json
     """
-    opts = _opts(cluster, username, password, bucket, cacert, no_verify, timeout)
-    view, statuses = _gather(opts, username, password, bucket, cacert, no_verify, timeout)
+    opts = conn_args.options(cluster)
+    view, statuses = gather(opts, conn_args.options)
     high: dict[int, dict[int, int]] = {}
     for i, st in statuses.items():
         if st:
@@ -193,22 +157,18 @@ def status(
 
 
 @cluster_app.command("failover")
+@connection_options(cluster=None, timeout=True)
 def failover(
-    cluster: str = typer.Option(..., "-c", "--cluster", metavar="URL",
-                                help="The node to fail over (it may be gone)."),
-    via: Optional[str] = typer.Option(None, "--via", metavar="URL",
-                                      help="A live member to read the map from (default: "
-                                           "the first other member that answers)."),
-    promote: Optional[str] = typer.Option(
-        None, "--promote", metavar="URL",
-        help="Promote this node's replicas rather than the ones with the highest seqno."),
-    as_json: bool = typer.Option(False, "--json", help="Print the promotions as JSON."),
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    cluster: Annotated[str, typer.Option(
+        "-c", "--cluster", metavar="URL", help="The node to fail over (it may be gone).")],
+    via: Annotated[Optional[str], typer.Option(
+        "--via", metavar="URL", help="A live member to read the map from (default: the "
+                                     "first other member that answers).")] = None,
+    promote: Annotated[Optional[str], typer.Option(
+        "--promote", metavar="URL", help="Promote this node's replicas rather than the "
+                                         "ones with the highest seqno.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the promotions as JSON.")] = False,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Take a node out of the cluster and promote replicas of the vbuckets active there.
 
@@ -218,21 +178,16 @@ def failover(
 
     Example: dcptool cluster failover -c 127.0.0.1:11210 --via 127.0.0.1:11211
     """
-    from dcptool.client.cluster import failover_map, set_map
-    from dcptool.client.connection import parse_cluster_url
     from dcptool.client.errors import ClientError
+    from dcptool.client.topology import failover_map, set_map
 
-    def norm(url: str) -> str:
-        h, p, _tls = parse_cluster_url(url)
-        return f"{h}:{p}"
-
-    failed = norm(cluster)
+    failed = node_address(cluster)
     view = statuses = None
     tried = [via] if via else []
     for candidate in tried + [failed]:
         try:
-            o = _opts(candidate, username, password, bucket, cacert, no_verify, timeout)
-            view, statuses = _gather(o, username, password, bucket, cacert, no_verify, timeout)
+            o = conn_args.options(candidate)
+            view, statuses = gather(o, conn_args.options)
             break
         except ClientError:
             continue
@@ -246,7 +201,7 @@ def failover(
                   if d["state"] == 2}
               for i, st in statuses.items() if st and i != fi}
     if promote is not None:
-        pn = norm(promote)
+        pn = node_address(promote)
         if pn not in view.nodes or view.nodes.index(pn) == fi:
             raise UsageError(f"--promote {promote}: not another member of the cluster")
         pi = view.nodes.index(pn)
@@ -259,11 +214,11 @@ def failover(
     topology = next((st.get("topology") for st in statuses.values() if st), None) or "star"
     order = sorted((i for i in statuses if i != fi and statuses[i]),
                    key=lambda i: i not in promoted.values())
-    services = _services(statuses, len(nodes))
+    services = member_services(statuses, len(nodes))
     for i in order:
-        o = _opts(nodes[i], username, password, bucket, cacert, no_verify, timeout)
+        o = conn_args.options(nodes[i])
         with o.connect() as conn:
-            set_map(conn, _doc(o, rev, nodes, i, vbmap, replicas, topology, services))
+            set_map(conn, map_doc(o, rev, nodes, i, vbmap, replicas, topology, services))
     doc = {"rev": rev, "failed": failed,
            "promoted": {str(vb): nodes[n] for vb, n in sorted(promoted.items())}}
     if as_json:
@@ -273,25 +228,21 @@ def failover(
 
 
 @cluster_app.command("move")
+@connection_options(cluster=None, timeout=True)
 def move(
-    cluster: List[str] = typer.Option(..., "-c", "--cluster", metavar="URL",
-                                      help="A member of the cluster (repeat to name more; "
-                                           "the first that answers gives the map)."),
-    vbuckets: str = typer.Option(..., "--vbuckets", metavar="SPEC",
-                                 help="The vbuckets to move, e.g. 0-3,7 (all: every vbucket "
-                                      "not already active on --to)."),
-    to: str = typer.Option(..., "--to", metavar="URL",
-                           help="The member that becomes their active node."),
-    vbucket_timeout: float = typer.Option(600.0, "--vbucket-timeout", metavar="SECONDS",
-                                          help="Give up on a vbucket whose takeover takes "
-                                               "longer."),
-    as_json: bool = typer.Option(False, "--json", help="Print the moves as JSON."),
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    cluster: Annotated[List[str], typer.Option(
+        "-c", "--cluster", metavar="URL", help="A member of the cluster (repeat to name more; "
+                                               "the first that answers gives the map).")],
+    vbuckets: Annotated[str, typer.Option(
+        "--vbuckets", metavar="SPEC", help="The vbuckets to move, e.g. 0-3,7 (all: every "
+                                           "vbucket not already active on --to).")],
+    to: Annotated[str, typer.Option(
+        "--to", metavar="URL", help="The member that becomes their active node.")],
+    vbucket_timeout: Annotated[float, typer.Option(
+        "--vbucket-timeout", metavar="SECONDS", help="Give up on a vbucket whose "
+                                                     "takeover takes longer.")] = 600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the moves as JSON.")] = False,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Move the active copy of vbuckets to another member, without a history branch.
 
@@ -305,107 +256,23 @@ def move(
 
     Example: dcptool cluster move -c 127.0.0.1:11210 --vbuckets 0-3 --to 127.0.0.1:11211
     """
-    from dataclasses import replace
-
-    from dcptool.cli.vbspec import format_vbuckets, parse_vbuckets
-    from dcptool.client.cluster import move_map, set_map, take_over
-    from dcptool.client.connection import parse_cluster_url
-    from dcptool.client.errors import ClientError
-
-    def norm(url: str) -> str:
-        h, p, _tls = parse_cluster_url(url)
-        return f"{h}:{p}"
-
-    if vbucket_timeout <= 0:
-        raise UsageError("--vbucket-timeout must be positive")
-    view = statuses = None
-    for candidate in cluster:
-        try:
-            o = _opts(candidate, username, password, bucket, cacert, no_verify, timeout)
-            view, statuses = _gather(o, username, password, bucket, cacert, no_verify, timeout)
-            break
-        except ClientError:
-            continue
-    if view is None:
-        raise DcptoolError(f"cannot read the cluster map from {', '.join(cluster)}",
-                           hint="name a live member with -c")
-    if not view.clustered or not statuses or all(not (st or {}).get("rev") for st in
-                                                 statuses.values()):
-        raise UsageError(f"{cluster[0]} is not a member of a cluster",
-                         hint="make one with dcptool cluster create")
-    dest = norm(to)
-    if dest not in view.nodes:
-        raise UsageError(f"--to {to}: not a member of the cluster ({', '.join(view.nodes)})")
-    ti = view.nodes.index(dest)
-    down = [view.nodes[i] for i, st in statuses.items() if st is None]
-    if down:
-        raise DcptoolError(f"{', '.join(down)} does not answer: every member must get the "
-                           f"new map", hint="fail it over first (dcptool cluster failover)")
-    nvb = len(view.vbmap)
-    vbs = parse_vbuckets(vbuckets, limit=nvb)
-    if vbs is None:
-        vbs = [vb for vb in range(nvb) if view.vbmap[vb][0] != ti]
-    for vb in vbs:
-        act = view.vbmap[vb][0]
-        if act < 0:
-            raise DcptoolError(f"vbucket {vb} is not active on any node",
-                               hint="fail over or recreate the cluster first")
-        if act == ti:
-            raise UsageError(f"vbucket {vb} is already active on {dest}")
-        state = statuses[act]["vbuckets"].get(str(vb), {}).get("state")
-        if state != 1:
-            raise DcptoolError(f"vbucket {vb} is not active on {view.nodes[act]}, the node the "
-                               f"map names (state {STATE_NAMES.get(state, state)})",
-                               hint="send the map again (dcptool cluster create) or fail over")
-    nodes = list(view.nodes)
-    vbmap = [list(c) for c in view.vbmap]
-    rev = max(int(st.get("rev") or 0) for st in statuses.values())
-    replicas = max(len(c) for c in vbmap) - 1
-    topology = next((st.get("topology") for st in statuses.values() if st), None) or "star"
-    services = _services(statuses, len(nodes))
-
-    def push(rev_: int, vbmap_: list[list[int]]) -> None:
-        # the destination first: it is the vbucket's active already
-        for i in sorted(range(len(nodes)), key=lambda i: i != ti):
-            o = _opts(nodes[i], username, password, bucket, cacert, no_verify, timeout)
-            with o.connect() as conn:
-                set_map(conn, _doc(o, rev_, nodes, i, vbmap_, replicas, topology, services))
-
-    dest_opts = _opts(dest, username, password, bucket, cacert, no_verify, timeout)
-    dest_opts = replace(dest_opts, timeout=max(timeout, vbucket_timeout + 30.0))
     out = console()
-    moved = []
-    for vb in vbs:
-        src = vbmap[vb][0]
+
+    def before(vb: int, src: str, dest: str) -> None:
         if not as_json:
-            out.print(f"vbucket {vb}: {nodes[src]} -> {dest} ...")
-        try:
-            with dest_opts.connect() as conn:
-                summary = take_over(conn, vb, nodes[src], timeout=vbucket_timeout)
-        except ClientError as exc:
-            # give the source and the destination the current map again: a source whose
-            # copy went dead before the handshake ended becomes active again
-            try:
-                push(rev, vbmap)
-            except ClientError:
-                pass
-            before = [m["vbucket"] for m in moved]
-            done = f" (moved before it: {format_vbuckets(before)})" if before else ""
-            raise DcptoolError(f"moving vbucket {vb} to {dest} failed: {exc}{done}") from None
-        rev += 1
-        vbmap = move_map(vbmap, [vb], ti)
-        push(rev, vbmap)
-        moved.append({"vbucket": vb, "from": nodes[src], "to": dest,
-                      "high_seqno": summary.get("high_seqno"),
-                      "items": summary.get("items"), "start_seqno": summary.get("start_seqno"),
-                      "failover_log": summary.get("failover_log"),
-                      "seconds": summary.get("seconds")})
+            out.print(f"vbucket {vb}: {src} -> {dest} ...")
+
+    def after(moved: dict, rev: int) -> None:
         if not as_json:
-            out.print(f"vbucket {vb}: active on {dest} at seqno {summary.get('high_seqno')} "
-                      f"({summary.get('items')} items streamed, {summary.get('seconds')} s); "
-                      f"map rev {rev}")
-    doc = {"rev": rev, "to": dest, "moved": moved}
+            out.print(f"vbucket {moved['vbucket']}: active on {moved['to']} at seqno "
+                      f"{moved['high_seqno']} ({moved['items']} items streamed, "
+                      f"{moved['seconds']} s); map rev {rev}")
+
+    doc = move_vbuckets(cluster, vbuckets, to,
+                        conn_args.options, timeout=conn_args.timeout,
+                        vbucket_timeout=vbucket_timeout,
+                        before=before, after=after)
     if as_json:
         print_json(doc)
         return
-    out.print(f"{len(moved)} vbucket(s) moved to {dest}; map rev {rev}")
+    out.print(f"{len(doc['moved'])} vbucket(s) moved to {doc['to']}; map rev {doc['rev']}")

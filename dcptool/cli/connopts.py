@@ -1,13 +1,14 @@
 """Connection options shared by every command that talks to a node.
 
-A command declares the options with the annotated types below and turns them into
-a `ConnOptions` with `ConnOptions.from_cli(...)`:
+A command gets the whole set by name, once: `@connection_options(...)` replaces the
+command's `conn_args: ConnArgs` parameter with -c/--cluster, -u, -p, -b, --cacert,
+--no-verify (and, when asked, --timeout and --snappy), and the command receives them as
+one `ConnArgs`, which turns into a checked `ConnOptions` when the command needs it:
 
     @app.command()
-    def watermark(cluster: ClusterOpt = None, username: UsernameOpt = None,
-                  password: PasswordOpt = None, bucket: BucketOpt = "default",
-                  cacert: CacertOpt = None, no_verify: NoVerifyOpt = False):
-        opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify)
+    @connection_options(timeout=True)
+    def watermark(name: str, conn_args: ConnArgs = None):
+        opts = conn_args.options()
         with opts.connect() as conn:
             ...
 
@@ -15,26 +16,21 @@ The password comes from -p, --password-file FILE (its first line), DCPTOOL_PASSW
 DCPTOOL_PASSWORD_FILE, or a prompt when stdin is a terminal, in that order; it is never
 printed. Commands do not declare --password-file: `add_password_file(cmd)` (run over the
 whole command tree by the app) gives it to every command with -p/--password and turns it
-into the `password` argument before the command runs. `ConnOptions` is picklable (it holds no socket or SSL context),
-so a Spark driver can ship it to its tasks.
+into the `password` argument before the command runs. `ConnOptions` is picklable (it holds
+no socket or SSL context), so a Spark driver can ship it to its tasks.
 """
 from __future__ import annotations
 
 import functools
+import inspect
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from dcptool.client.options import (  # noqa: F401  (re-exported)
-    DEFAULT_SNAPPY,
-    DEFAULT_USERNAME,
-    PASSWORD_FILE_ENV,
-    SNAPPY_ENV,
-    ConnOptions,
-    read_password_file,
-)
-from dcptool.errors import UsageError
+from dcptool.client import options
+from dcptool.client.options import DEFAULT_SNAPPY, PASSWORD_FILE_ENV, SNAPPY_ENV, ConnOptions
 
 try:  # typer >= 0.2x carries its own copy of click
     from typer._click.globals import get_current_context  # type: ignore[import-not-found]
@@ -78,6 +74,84 @@ SnappyOpt = Annotated[Optional[bool], typer.Option(
          "Compressed values are decompressed either way.")]
 
 
+@dataclass(frozen=True)
+class ConnArgs:
+    """The connection options as the command line gave them; `options()` checks them."""
+
+    cluster: str | None = None
+    username: str | None = None
+    password: str | None = None
+    bucket: str | None = "default"
+    cacert: Path | None = None
+    no_verify: bool = False
+    timeout: float = 10.0
+    snappy: bool | None = None
+
+    def options(self, cluster: str | None = ..., *, bucket: str | None = ...) -> ConnOptions:
+        """The checked `ConnOptions` (another node or bucket when given)."""
+        return ConnOptions.from_cli(self.cluster if cluster is ... else cluster, self.username,
+                                    self.password, self.bucket if bucket is ... else bucket,
+                                    self.cacert, self.no_verify, self.timeout,
+                                    snappy=self.snappy)
+
+
+#: the parameters `connection_options` adds, in their order, with their defaults
+_CONN_PARAMS = (
+    ("cluster", ClusterOpt, None),
+    ("username", UsernameOpt, None),
+    ("password", PasswordOpt, None),
+    ("bucket", BucketOpt, "default"),
+    ("cacert", CacertOpt, None),
+    ("no_verify", NoVerifyOpt, False),
+    ("timeout", TimeoutOpt, 10.0),
+    ("snappy", SnappyOpt, None),
+)
+_CONN_ARG = "conn_args"
+
+
+def connection_options(*, cluster: Any = ClusterOpt, bucket: Any = BucketOpt,
+                       bucket_default: str | None = "default", timeout: bool = False,
+                       snappy: bool = False):
+    """Give a command the connection options in place of its `conn_args` parameter.
+
+    `cluster`: the -c/--cluster declaration (None: the command declares its own -c and
+    `ConnArgs.cluster` is None); `bucket`, `bucket_default`: the -b/--bucket declaration;
+    `timeout`, `snappy`: whether the command takes --timeout and --snappy (without them
+    `ConnArgs` holds their defaults).
+    """
+    wanted = {"cluster": cluster is not None, "timeout": timeout, "snappy": snappy}
+    annotations = {"cluster": cluster, "bucket": bucket}
+    defaults = {"bucket": bucket_default}
+
+    def decorate(fn):
+        sig = inspect.signature(fn, eval_str=True)
+        names = list(sig.parameters)
+        if _CONN_ARG not in names:
+            raise TypeError(f"{fn.__name__}: no {_CONN_ARG} parameter to replace")
+        kind = sig.parameters[_CONN_ARG].kind
+        added = [inspect.Parameter(name, kind, annotation=annotations.get(name, ann),
+                                   default=defaults.get(name, default))
+                 for name, ann, default in _CONN_PARAMS if wanted.get(name, True)]
+        at = names.index(_CONN_ARG)
+        params = list(sig.parameters.values())
+        params[at:at + 1] = added
+        own = {p.name for p in added}
+
+        @functools.wraps(fn)
+        def command(*args, **kwargs):
+            given = {name: kwargs.pop(name) for name in list(kwargs) if name in own}
+            kwargs[_CONN_ARG] = ConnArgs(**given)
+            return fn(*args, **kwargs)
+
+        command.__signature__ = sig.replace(parameters=params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        if sig.return_annotation is not inspect.Signature.empty:
+            command.__annotations__["return"] = sig.return_annotation
+        return command
+
+    return decorate
+
+
 def _password_file_option():
     """A fresh click option for --password-file, built by typer from `PasswordFileOpt`."""
     def proto(password_file: PasswordFileOpt = None) -> None:  # pragma: no cover
@@ -119,18 +193,16 @@ def add_password_file(cmd: Any) -> None:
 
 
 def choose_password(password: str | None, path: Path) -> str:
-    """The password a command runs with when --password-file (or its variable) is set."""
+    """The password a command runs with when --password-file (or its variable) is set: what
+    `dcptool.client.options.choose_password` picks, told which values came from the command
+    line."""
     ctx = get_current_context(silent=True)
     src_pw = src_file = None
     if ctx is not None:
         src_pw = ctx.get_parameter_source("password")
         src_file = ctx.get_parameter_source("password_file")
-    from_cmdline = {"COMMANDLINE"}
-    pw_cli = src_pw is not None and src_pw.name in from_cmdline
-    file_cli = src_file is not None and src_file.name in from_cmdline
-    if password is not None and pw_cli and file_cli:
-        raise UsageError("give --password or --password-file, not both")
-    if password is not None and (pw_cli or not file_cli):
-        return password  # -p, or DCPTOOL_PASSWORD over DCPTOOL_PASSWORD_FILE
-    what = "--password-file" if file_cli or ctx is None else PASSWORD_FILE_ENV
-    return read_password_file(path, what=what)
+    pw_cli = src_pw is not None and src_pw.name == "COMMANDLINE"
+    file_cli = src_file is not None and src_file.name == "COMMANDLINE"
+    label = "--password-file" if file_cli or ctx is None else PASSWORD_FILE_ENV
+    return options.choose_password(password, path, password_given=pw_cli, file_given=file_cli,
+                                   file_label=label)

@@ -4,11 +4,12 @@ from __future__ import annotations
 import binascii
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 import typer
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json, stdout_is_terminal
 from dcptool.errors import UsageError
 from dcptool.protocol import (
@@ -25,6 +26,14 @@ from dcptool.protocol.constants import (
     opcode_name,
     status_name,
 )
+
+
+manual(
+    "decode",
+    exit_note="1 when any frame was malformed.",
+    see_also=("tail",),
+)
+
 
 _COMMON = {"vbucket", "opaque", "cas", "datatype", "status", "op", "framing", "framing_rest"}
 
@@ -168,14 +177,14 @@ def _render_table(items: list[dict[str, Any]]) -> None:
 
 @app.command()
 def decode(
-    source: Optional[Path] = typer.Argument(
-        None, help="File to read: hex frames (one per line, text after '#' ignored) or, with "
-                   "--raw, a captured byte stream. Default or '-': standard input.",
-        show_default=False),
-    raw: bool = typer.Option(False, "--raw", help="Read a binary capture instead of hex lines."),
-    json_out: Optional[bool] = typer.Option(
-        None, "--json/--table",
-        help="One JSON object per frame (default when stdout is not a terminal), or a table."),
+    source: Annotated[Optional[Path], typer.Argument(
+        help="File to read: hex frames (one per line, text after '#' ignored) or, with --raw, a "
+             "captured byte stream. Default or '-': standard input.", show_default=False)] = None,
+    raw: Annotated[bool, typer.Option(
+        "--raw", help="Read a binary capture instead of hex lines.")] = False,
+    json_out: Annotated[Optional[bool], typer.Option(
+        "--json/--table", help="One JSON object per frame (default when stdout is not a "
+                               "terminal), or a table.")] = None,
 ) -> None:
     """Decode memcached/DCP frames and print each with its decoded fields.
 

@@ -17,19 +17,18 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.connopts import (
-    BucketOpt,
-    CacertOpt,
-    ClusterOpt,
-    ConnOptions,
-    NoVerifyOpt,
-    PasswordOpt,
-    SnappyOpt,
-    TimeoutOpt,
-    UsernameOpt,
-)
+from dcptool.cli.connopts import ConnArgs, connection_options
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json
 from dcptool.errors import DcptoolError, UsageError
+
+
+manual(
+    "doc",
+    exit_note="1 when get or delete finds no such document.",
+    see_also=("node", "tail"),
+)
+
 
 doc_app = typer.Typer(
     name="doc",
@@ -84,6 +83,7 @@ def _is_json(raw: bytes) -> bool:
 
 
 @doc_app.command("set")
+@connection_options(timeout=True)
 def set_doc(
     key: Annotated[str, typer.Argument(help="Document key.", show_default=False)],
     value: Annotated[Optional[str], typer.Argument(
@@ -93,13 +93,7 @@ def set_doc(
                                        help="Client flags stored with the document.")] = 0,
     expiry: Annotated[int, typer.Option("--expiry", min=0, metavar="SECONDS",
                                         help="Expire after SECONDS (0: never).")] = 0,
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    conn_args: ConnArgs = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Create or replace one document.
@@ -109,7 +103,7 @@ def set_doc(
     from dcptool.protocol import Set, vbucket_of
 
     raw = _value_bytes(value, key)
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
+    opts = conn_args.options()
     k = key.encode("utf-8")
     with opts.connect() as conn:
         vb = vbucket_of(k, _vbuckets(conn))
@@ -127,16 +121,10 @@ def set_doc(
 
 
 @doc_app.command("get")
+@connection_options(timeout=True, snappy=True)
 def get_doc(
     key: Annotated[str, typer.Argument(help="Document key.", show_default=False)],
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    snappy: SnappyOpt = None,
+    conn_args: ConnArgs = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Print one document's value (with --json: its value and metadata); exit status 1 if
@@ -148,8 +136,7 @@ def get_doc(
     from dcptool.protocol import Get, ProtocolError, vbucket_of
     from dcptool.protocol.snappy import plain
 
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout,
-                                snappy=snappy)
+    opts = conn_args.options()
     k = key.encode("utf-8")
     with opts.connect() as conn:
         vb = vbucket_of(k, _vbuckets(conn))
@@ -177,15 +164,10 @@ def get_doc(
 
 
 @doc_app.command("delete")
+@connection_options(timeout=True)
 def delete_doc(
     key: Annotated[str, typer.Argument(help="Document key.", show_default=False)],
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    conn_args: ConnArgs = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Delete one document (the node keeps a tombstone that DCP and backups see); exit
@@ -195,7 +177,7 @@ def delete_doc(
     """
     from dcptool.protocol import Delete, vbucket_of
 
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
+    opts = conn_args.options()
     k = key.encode("utf-8")
     with opts.connect() as conn:
         vb = vbucket_of(k, _vbuckets(conn))
@@ -215,18 +197,13 @@ def _sample(i: int, prefix: str) -> bytes:
 
 
 @doc_app.command("load")
+@connection_options(timeout=True)
 def load_docs(
     count: Annotated[int, typer.Option("--count", min=1, help="How many documents.")] = 1000,
     prefix: Annotated[str, typer.Option("--prefix", help="Key prefix; keys are PREFIX0, "
                                                           "PREFIX1, ...")] = "doc::",
     start: Annotated[int, typer.Option("--start", min=0, help="Number of the first key.")] = 0,
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    conn_args: ConnArgs = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Write COUNT small JSON sample documents (pipelined, thousands per second).
@@ -236,7 +213,7 @@ def load_docs(
     from dcptool.protocol import Set, vbucket_of
     from dcptool.protocol.constants import Status
 
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
+    opts = conn_args.options()
     t0 = time.monotonic()
     with opts.connect() as conn:
         nvb = _vbuckets(conn)

@@ -7,8 +7,19 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json
 from dcptool.errors import DcptoolError
+
+
+manual(
+    "examine",
+    exit_note="1 when the key has no version in the archive.",
+    files=(
+        ("ARCHIVE/", "The archive (read only)."),
+    ),
+    see_also=("info", "export", "restore"),
+)
 
 
 @app.command()

@@ -7,9 +7,20 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.backup import MasterOpt, PartitionsOpt, _human
-from dcptool.cli.output import console, print_json
-from dcptool.cli.vbspec import parse_vbuckets
+from dcptool.cli.backup import MasterOpt, PartitionsOpt
+from dcptool.cli.manual import manual
+from dcptool.cli.output import console, human_bytes, print_json
+from dcptool.client.vbspec import parse_vbuckets
+
+
+manual(
+    "export",
+    files=(
+        ("ARCHIVE/", "The archive (read only)."),
+        ("OUT/", "The Parquet or JSON lines part files written."),
+    ),
+    see_also=("info", "examine"),
+)
 
 
 @app.command()
@@ -50,4 +61,4 @@ def export(
         return
     what = "resolved documents" if resolved else "records"
     console().print(f"exported {d['rows']:,} {what} to {d['out']} ({d['format']}, "
-                    f"{d['files']} files, {_human(d['bytes'])}) in {d['seconds']:.1f} s")
+                    f"{d['files']} files, {human_bytes(d['bytes'])}) in {d['seconds']:.1f} s")

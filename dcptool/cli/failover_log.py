@@ -1,39 +1,33 @@
 """`dcptool failover-log`: print vbucket failover logs (GET_FAILOVER_LOG, no streams)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from dcptool.cli.app import app
-from dcptool.cli.connopts import (
-    BucketOpt,
-    CacertOpt,
-    ClusterOpt,
-    ConnOptions,
-    NoVerifyOpt,
-    PasswordOpt,
-    TimeoutOpt,
-    UsernameOpt,
-)
+from dcptool.cli.connopts import ConnArgs, connection_options
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json
-from dcptool.cli.vbspec import parse_vbuckets
 from dcptool.client import get_failover_logs, get_vbucket_seqnos
+from dcptool.client.vbspec import parse_vbuckets
+
+
+manual(
+    "failover-log",
+    see_also=("tail", "node", "cluster"),
+)
 
 
 @app.command("failover-log")
+@connection_options(timeout=True)
 def failover_log(
-    vbuckets: Optional[str] = typer.Option(None, "--vbuckets", metavar="LIST",
-                                           help="vbuckets, e.g. 0-15,512 (default: all)."),
-    as_json: bool = typer.Option(False, "--json", help='Print {"<vb>": [{"uuid": N, "seqno": N}, ...]}.'),
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    vbuckets: Annotated[Optional[str], typer.Option(
+        "--vbuckets", metavar="LIST", help="vbuckets, e.g. 0-15,512 (default: all).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print {\"<vb>\": [{\"uuid\": N, \"seqno\": N}, ...]}.")] = False,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Print each vbucket's failover log, newest entry first.
 
@@ -44,7 +38,7 @@ def failover_log(
     Example: dcptool failover-log -c couchbase://127.0.0.1 --vbuckets 0-3 --json
     """
     vbs = parse_vbuckets(vbuckets)
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
+    opts = conn_args.options()
     from dcptool.pipeline.nodeinfo import active_nodes, node_opts
 
     with opts.connect() as conn:

@@ -14,15 +14,19 @@ import typer
 from dcptool.archive import Archive
 from dcptool.archive.info import describe_archive
 from dcptool.cli.app import app
-from dcptool.cli.connopts import (
-    PANEL,
-    CacertOpt,
-    NoVerifyOpt,
-    PasswordOpt,
-    TimeoutOpt,
-    UsernameOpt,
+from dcptool.cli.connopts import PANEL, ConnArgs, connection_options
+from dcptool.cli.manual import manual
+from dcptool.cli.output import console, human_bytes, print_json
+
+
+manual(
+    "info",
+    files=(
+        ("ARCHIVE/", "The archive (read only); see docs/archive-format.md."),
+    ),
+    see_also=("backup", "verify", "examine", "merge"),
 )
-from dcptool.cli.output import console, print_json
+
 
 #: info's own -c: it reads no DCPTOOL_CLUSTER, so plain `dcptool info` never needs a node
 InfoClusterOpt = Annotated[Optional[str], typer.Option(
@@ -31,15 +35,10 @@ InfoClusterOpt = Annotated[Optional[str], typer.Option(
          "backed-up seqno, and show the archive's high watermark there.")]
 
 
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+#: info's own -b: the node's bucket defaults to the archive's
+InfoBucketOpt = Annotated[Optional[str], typer.Option(
+    "-b", "--bucket", rich_help_panel=PANEL,
+    help="Bucket on the node (default: the archive's bucket).")]
 
 
 def _short_time(iso: str | None) -> str:
@@ -50,18 +49,13 @@ def _short_time(iso: str | None) -> str:
 
 
 @app.command()
+@connection_options(cluster=InfoClusterOpt, bucket=InfoBucketOpt, bucket_default=None,
+                    timeout=True)
 def info(
-    archive: Path = typer.Argument(..., help="Archive directory.", show_default=False),
-    as_json: bool = typer.Option(False, "--json", help="Print the description as JSON."),
-    cluster: InfoClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: Annotated[Optional[str], typer.Option(
-        "-b", "--bucket", rich_help_panel=PANEL,
-        help="Bucket on the node (default: the archive's bucket).")] = None,
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the description as JSON.")] = False,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Show the backups an archive holds: id, parent, type, complete or partial, time,
     vbuckets, counts, size on disk and rollbacks.
@@ -75,11 +69,8 @@ def info(
     """
     arch = Archive.open(archive)
     desc = describe_archive(arch)
-    if cluster is not None:
-        from dcptool.cli.connopts import ConnOptions
-
-        opts = ConnOptions.from_cli(cluster, username, password, bucket or arch.bucket, cacert,
-                                    no_verify, timeout)
+    if conn_args.cluster is not None:
+        opts = conn_args.options(bucket=conn_args.bucket or arch.bucket)
         desc["node_check"] = node_check(arch, opts)
     if as_json:
         print_json(desc, pretty=True)

@@ -7,8 +7,24 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.backup import MasterOpt, PartitionsOpt, _human
-from dcptool.cli.output import console, print_json
+from dcptool.cli.backup import MasterOpt, PartitionsOpt
+from dcptool.cli.manual import manual
+from dcptool.cli.output import console, human_bytes, print_json
+
+
+manual(
+    "merge",
+    exit_codes=(3,),
+    exit_note="A failed or interrupted merge leaves the archive as it was, or is finished by the "
+              "next merge.",
+    files=(
+        ("ARCHIVE/backups/ID/", "The backups merged, and the merged backup."),
+        ("ARCHIVE/logs/merge-TIME.log", "The log of each run (mode 0600). The newest 20 are kept "
+                                        "(DCPTOOL_LOG_KEEP)."),
+    ),
+    env=("DCPTOOL_LOG_KEEP",),
+    see_also=("backup", "info", "verify"),
+)
 
 
 @app.command()
@@ -52,7 +68,7 @@ def merge(
     con.print(f"  items {d['items_before']:,} -> {d['items_after']:,} "
               f"({d['mutations']:,} mutations, {d['deletions']:,} deletions, "
               f"{d['expirations']:,} expirations; {d['rollbacks']} rollback records kept)")
-    con.print(f"  size {_human(d['bytes_before'])} -> {_human(d['bytes_after'])}, "
+    con.print(f"  size {human_bytes(d['bytes_before'])} -> {human_bytes(d['bytes_after'])}, "
               f"{d['seconds']:.1f} s")
     for child in d["relinked"]:
         con.print(f"  backup {child} now continues from {d['merged_id']}")

@@ -5,12 +5,30 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.errors import DcptoolError, UsageError
+
+
+manual(
+    "node",
+    exit_codes=(3,),
+    exit_note="node start: 0 after a clean stop on SIGTERM or SIGINT; 1 when it cannot listen on "
+              "the address; 3 when another running node holds the data directory.",
+    files=(
+        ("DIR/data.sqlite3", "The node's documents, tombstones, seqnos and failover logs."),
+        ("DIR/users.json", "Users and their SCRAM secrets (mode 0600; no clear passwords)."),
+        ("DIR/node.json", "Address and pid of the running node (read by node status)."),
+        ("DIR/logs/node.log", "The node's log (mode 0600), rotated at 16 MiB; node.log.1 to "
+                              "node.log.5 are the older ones."),
+    ),
+    see_also=("doc", "failover-log", "tail", "quickstart", "cluster"),
+)
+
 
 node_app = typer.Typer(
     name="node",
@@ -28,89 +46,100 @@ app.add_typer(node_app, name="node")
 
 @node_app.command("start")
 def start(
-    data: Path = typer.Option(..., "--data", metavar="DIR",
-                              help="Directory for the node's database, users, node.json and logs."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-    port: int = typer.Option(11210, "--port", help="TCP port (0 picks a free one)."),
-    vbuckets: int = typer.Option(1024, "--vbuckets", help="Number of vbuckets (fixed once created)."),
-    bucket: str = typer.Option("default", "--bucket", help="Bucket name."),
-    username: str = typer.Option("Administrator", "--username", help="User to create or update."),
-    password: Optional[str] = typer.Option(
-        None, "--password", help="Password for --username (default: $DCPTOOL_PASSWORD)."),
-    password_file: Optional[Path] = typer.Option(
-        None, "--password-file", metavar="FILE", envvar="DCPTOOL_PASSWORD_FILE",
-        help="Read the password for --username from FILE's first line."),
-    checkpoint_memory: str = typer.Option(
-        "256MiB", "--checkpoint-memory", metavar="SIZE",
-        help="Memory budget of DCP checkpoints; slow cursors are dropped above it."),
-    checkpoint_max_items: int = typer.Option(
-        10000, "--checkpoint-max-items", help="Items per checkpoint before a new one opens."),
-    flush_interval: float = typer.Option(
-        0.02, "--flush-interval", metavar="SECONDS",
-        help="Seconds between flusher batches (disk snapshots)."),
-    expiry_pager_interval: float = typer.Option(
-        10.0, "--expiry-pager-interval", metavar="SECONDS",
-        help="Seconds between expiry pager runs."),
-    max_backfills: int = typer.Option(8, "--max-backfills", help="Concurrent disk backfills."),
-    purge_age: str = typer.Option(
-        "3d", "--purge-age", metavar="DURATION",
-        help="Tombstones younger than this are never purged (metadata purge age; 0 for "
-             "tests). Older ones are purged only up to the lowest live high watermark."),
-    compaction_interval: str = typer.Option(
-        "off", "--compaction-interval", metavar="DURATION|off",
-        help="Compact every vbucket (purge tombstones) this often; off: only on COMPACT_DB."),
-    hwt_max_hold: str = typer.Option(
-        "30d", "--hwt-max-hold", metavar="DURATION|off",
-        help="A high watermark that keeps a purgeable tombstone longer than this is marked "
-             "lost and stops holding the purger back."),
-    no_hwt: bool = typer.Option(
-        False, "--no-hwt", hidden=True,
-        help="Answer the HWT opcodes UNKNOWN_COMMAND, like a Couchbase Server (for tests)."),
-    tls_cert: Optional[Path] = typer.Option(
-        None, "--tls-cert", metavar="FILE",
-        help="PEM certificate chain: also serve TLS (1.2 or later) on --tls-port."),
-    tls_key: Optional[Path] = typer.Option(
-        None, "--tls-key", metavar="FILE", help="PEM private key of --tls-cert."),
-    tls_port: int = typer.Option(11207, "--tls-port",
-                                 help="TLS port with --tls-cert (0 picks a free one)."),
-    rest_port: Optional[int] = typer.Option(
-        None, "--rest-port", metavar="PORT",
-        help="Management REST port (HTTP; 0 picks a free one). Default: 8091 when --port "
-             "is 11210, a free port otherwise (docs/rest.md)."),
-    rest_tls_port: Optional[int] = typer.Option(
-        None, "--rest-tls-port", metavar="PORT",
-        help="HTTPS REST port with --tls-cert (0 picks a free one). Default: 18091 when "
-             "--port is 11210, a free port otherwise."),
-    max_connections: int = typer.Option(
-        4096, "--max-connections",
-        help="Client connections at once; a connection above it is closed as soon as it "
-             "is accepted (counted in STAT rejected_conns)."),
-    max_body: str = typer.Option(
-        "21MiB", "--max-body", metavar="SIZE",
-        help="Largest request body; a larger one is answered E2BIG and dropped unread."),
-    max_pending_output: str = typer.Option(
-        "8MiB", "--max-pending-output", metavar="SIZE",
-        help="Unsent replies one connection may pile up; above it the node stops reading "
-             "that connection's requests until they drain (DCP streams pause at half)."),
-    stuck_timeout: str = typer.Option(
-        "60s", "--stuck-timeout", metavar="DURATION|off",
-        help="Close a connection held back by --max-pending-output whose replies do not "
-             "drain at all for this long."),
-    auth_timeout: str = typer.Option(
-        "30s", "--auth-timeout", metavar="DURATION|off",
-        help="Close a connection that has not authenticated this long after connecting."),
-    eviction: str = typer.Option(
-        "value", "--eviction", metavar="value|full",
-        help="value: every document stays in memory. full: only documents not yet on disk "
-             "and as many others as fit in --memory-quota; the rest are read from disk "
-             "when asked for (docs/eviction.md)."),
-    memory_quota: str = typer.Option(
-        "64MiB", "--memory-quota", metavar="SIZE",
-        help="Resident documents (keys, values and metadata) with --eviction full; "
-             "ignored with value eviction."),
-    log_level: str = typer.Option("warning", "--log-level", metavar="debug|info|warning|error",
-                                  help="Least severity logged on stderr (DIR/logs/node.log "
-                                       "also gets info)."),
+    data: Annotated[Path, typer.Option(
+        "--data", metavar="DIR", help="Directory for the node's database, users, node.json and "
+                                      "logs.")],
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port (0 picks a free one).")] = 11210,
+    vbuckets: Annotated[int, typer.Option(
+        "--vbuckets", help="Number of vbuckets (fixed once created).")] = 1024,
+    bucket: Annotated[str, typer.Option("--bucket", help="Bucket name.")] = "default",
+    username: Annotated[str, typer.Option(
+        "--username", help="User to create or update.")] = "Administrator",
+    password: Annotated[Optional[str], typer.Option(
+        "--password", help="Password for --username (default: $DCPTOOL_PASSWORD).")] = None,
+    password_file: Annotated[Optional[Path], typer.Option(
+        "--password-file", metavar="FILE", envvar="DCPTOOL_PASSWORD_FILE",
+        help="Read the password for --username from FILE's first line.")] = None,
+    checkpoint_memory: Annotated[str, typer.Option(
+        "--checkpoint-memory", metavar="SIZE", help="Memory budget of DCP "
+                                                    "checkpoints; slow cursors are dropped "
+                                                    "above it.")] = "256MiB",
+    checkpoint_max_items: Annotated[int, typer.Option(
+        "--checkpoint-max-items", help="Items per checkpoint before a new one opens.")] = 10000,
+    flush_interval: Annotated[float, typer.Option(
+        "--flush-interval", metavar="SECONDS", help="Seconds between flusher batches "
+                                                    "(disk snapshots).")] = 0.02,
+    expiry_pager_interval: Annotated[float, typer.Option(
+        "--expiry-pager-interval", metavar="SECONDS", help="Seconds between expiry "
+                                                           "pager runs.")] = 10.0,
+    max_backfills: Annotated[int, typer.Option(
+        "--max-backfills", help="Concurrent disk backfills.")] = 8,
+    purge_age: Annotated[str, typer.Option(
+        "--purge-age", metavar="DURATION", help="Tombstones younger than this are never "
+                                                "purged (metadata purge age; 0 for tests). "
+                                                "Older ones are purged only up to the lowest "
+                                                "live high watermark.")] = "3d",
+    compaction_interval: Annotated[str, typer.Option(
+        "--compaction-interval", metavar="DURATION|off",
+        help="Compact every vbucket (purge tombstones) this often; off: only on "
+             "COMPACT_DB.")] = "off",
+    hwt_max_hold: Annotated[str, typer.Option(
+        "--hwt-max-hold", metavar="DURATION|off", help="A high watermark that keeps a "
+                                                       "purgeable tombstone longer than this is "
+                                                       "marked lost and stops holding the "
+                                                       "purger back.")] = "30d",
+    no_hwt: Annotated[bool, typer.Option(
+        "--no-hwt", hidden=True, help="Answer the HWT opcodes UNKNOWN_COMMAND, like a "
+                                      "Couchbase Server (for tests).")] = False,
+    tls_cert: Annotated[Optional[Path], typer.Option(
+        "--tls-cert", metavar="FILE", help="PEM certificate chain: also serve TLS (1.2 "
+                                           "or later) on --tls-port.")] = None,
+    tls_key: Annotated[Optional[Path], typer.Option(
+        "--tls-key", metavar="FILE", help="PEM private key of --tls-cert.")] = None,
+    tls_port: Annotated[int, typer.Option(
+        "--tls-port", help="TLS port with --tls-cert (0 picks a free one).")] = 11207,
+    rest_port: Annotated[Optional[int], typer.Option(
+        "--rest-port", metavar="PORT", help="Management REST port (HTTP; 0 picks a free "
+                                            "one). Default: 8091 when --port is 11210, a free "
+                                            "port otherwise (docs/rest.md).")] = None,
+    rest_tls_port: Annotated[Optional[int], typer.Option(
+        "--rest-tls-port", metavar="PORT", help="HTTPS REST port with --tls-cert (0 "
+                                                "picks a free one). Default: 18091 when --port "
+                                                "is 11210, a free port otherwise.")] = None,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", help="Client connections at once; a connection above it is "
+                                  "closed as soon as it is accepted (counted in STAT "
+                                  "rejected_conns).")] = 4096,
+    max_body: Annotated[str, typer.Option(
+        "--max-body", metavar="SIZE", help="Largest request body; a larger one is "
+                                           "answered E2BIG and dropped unread.")] = "21MiB",
+    max_pending_output: Annotated[str, typer.Option(
+        "--max-pending-output", metavar="SIZE", help="Unsent replies one connection "
+                                                     "may pile up; above it the node stops "
+                                                     "reading that connection's requests until "
+                                                     "they drain (DCP streams pause at half).")] = "8MiB",
+    stuck_timeout: Annotated[str, typer.Option(
+        "--stuck-timeout", metavar="DURATION|off", help="Close a connection held back "
+                                                        "by --max-pending-output whose replies "
+                                                        "do not drain at all for this long.")] = "60s",
+    auth_timeout: Annotated[str, typer.Option(
+        "--auth-timeout", metavar="DURATION|off", help="Close a connection that has "
+                                                       "not authenticated this long after "
+                                                       "connecting.")] = "30s",
+    eviction: Annotated[str, typer.Option(
+        "--eviction", metavar="value|full", help="value: every document stays in "
+                                                 "memory. full: only documents not yet on disk "
+                                                 "and as many others as fit in --memory-quota; "
+                                                 "the rest are read from disk when asked for "
+                                                 "(docs/eviction.md).")] = "value",
+    memory_quota: Annotated[str, typer.Option(
+        "--memory-quota", metavar="SIZE", help="Resident documents (keys, values and "
+                                               "metadata) with --eviction full; ignored with "
+                                               "value eviction.")] = "64MiB",
+    log_level: Annotated[str, typer.Option(
+        "--log-level", metavar="debug|info|warning|error",
+        help="Least severity logged on stderr (DIR/logs/node.log also gets info).")] = "warning",
 ) -> None:
     """Run a node in the foreground until SIGTERM or SIGINT.
 
@@ -241,15 +270,15 @@ def _setup_logging(data: Path, level: int) -> None:
 
 @node_app.command("status")
 def status(
-    data: Path = typer.Option(..., "--data", metavar="DIR", help="The node's directory."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    username: str = typer.Option("Administrator", "--username",
-                                 help="User for live figures from a running node."),
-    password: Optional[str] = typer.Option(
-        None, "--password", help="Password for live figures (default: $DCPTOOL_PASSWORD)."),
-    password_file: Optional[Path] = typer.Option(
-        None, "--password-file", metavar="FILE", envvar="DCPTOOL_PASSWORD_FILE",
-        help="Read the password for live figures from FILE's first line."),
+    data: Annotated[Path, typer.Option("--data", metavar="DIR", help="The node's directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    username: Annotated[str, typer.Option(
+        "--username", help="User for live figures from a running node.")] = "Administrator",
+    password: Annotated[Optional[str], typer.Option(
+        "--password", help="Password for live figures (default: $DCPTOOL_PASSWORD).")] = None,
+    password_file: Annotated[Optional[Path], typer.Option(
+        "--password-file", metavar="FILE", envvar="DCPTOOL_PASSWORD_FILE",
+        help="Read the password for live figures from FILE's first line.")] = None,
 ) -> None:
     """Whether the node runs, its port, and per-vbucket seqnos and failover log heads.
 
@@ -366,15 +395,15 @@ def _load_users(data: Path, *, create: bool = False):
 
 @user_app.command("add")
 def user_add(
-    username: str = typer.Argument(..., help="User name."),
-    data: Path = typer.Option(..., "--data", metavar="DIR", help="The node's directory."),
-    role: list[str] = typer.Option(
-        ..., "--role", "-r", metavar="ROLE",
-        help="Role: admin, backup, restore, reader or writer (repeat for several)."),
-    password_file: Optional[Path] = typer.Option(
-        None, "--password-file", metavar="FILE",
-        help="Read the password from FILE's first line (default: $DCPTOOL_PASSWORD or a prompt)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    username: Annotated[str, typer.Argument(help="User name.")],
+    data: Annotated[Path, typer.Option("--data", metavar="DIR", help="The node's directory.")],
+    role: Annotated[list[str], typer.Option(
+        "--role", "-r", metavar="ROLE", help="Role: admin, backup, restore, reader or writer "
+                                             "(repeat for several).")],
+    password_file: Annotated[Optional[Path], typer.Option(
+        "--password-file", metavar="FILE", help="Read the password from FILE's first "
+                                                "line (default: $DCPTOOL_PASSWORD or a prompt).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Create a user, or replace an existing user's password and roles.
 
@@ -403,9 +432,9 @@ def user_add(
 
 @user_app.command("remove")
 def user_remove(
-    username: str = typer.Argument(..., help="User name."),
-    data: Path = typer.Option(..., "--data", metavar="DIR", help="The node's directory."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    username: Annotated[str, typer.Argument(help="User name.")],
+    data: Annotated[Path, typer.Option("--data", metavar="DIR", help="The node's directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Remove a user.
 
@@ -425,8 +454,8 @@ def user_remove(
 
 @user_app.command("list")
 def user_list(
-    data: Path = typer.Option(..., "--data", metavar="DIR", help="The node's directory."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    data: Annotated[Path, typer.Option("--data", metavar="DIR", help="The node's directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the users and their roles (never any credential).
 

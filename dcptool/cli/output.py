@@ -105,3 +105,15 @@ def _default(obj: Any) -> Any:
 def print_json(obj: Any, *, pretty: bool = False) -> None:
     text = json.dumps(obj, indent=2 if pretty else None, default=_default, sort_keys=False)
     sys.stdout.write(text + "\n")
+
+
+def human_bytes(n: float | None) -> str:
+    """A byte count for people: `512 B`, `1.5 KiB`, ... `2.0 TiB`; None is `-`."""
+    if n is None:
+        return "-"
+    size = n
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"

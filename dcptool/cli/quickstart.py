@@ -10,7 +10,17 @@ from typing import Annotated
 import typer
 
 from dcptool.cli.app import app
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console
+
+
+manual(
+    "quickstart",
+    files=(
+        ("DIR/", "The two nodes' directories (node-a, node-b) and the archive."),
+    ),
+    see_also=("node", "backup", "restore", "info"),
+)
 
 
 @app.command()

@@ -9,25 +9,15 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.text import Text
 
 from dcptool.cli.app import app
-from dcptool.cli.connopts import (
-    BucketOpt,
-    CacertOpt,
-    ClusterOpt,
-    ConnOptions,
-    NoVerifyOpt,
-    PasswordOpt,
-    SnappyOpt,
-    TimeoutOpt,
-    UsernameOpt,
-)
+from dcptool.cli.connopts import ConnArgs, connection_options
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, is_verbose
-from dcptool.cli.vbspec import parse_vbuckets
 from dcptool.client import (
     DELETION,
     EXPIRATION,
@@ -37,8 +27,6 @@ from dcptool.client import (
     SNAPSHOT,
     STREAM_END,
     ZERO,
-    DcpConsumer,
-    Position,
     SessionConfig,
     SessionState,
     get_vbucket_seqnos,
@@ -49,8 +37,25 @@ from dcptool.client import (
 from dcptool.client.events import (EV_ADVANCED_SEQNO, EV_END_REASON, EV_END_RETRYING, EV_KEY,
                                    EV_KIND, EV_ROLLBACK_INFO, EV_ROLLBACK_SEQNO, EV_SNAP_END,
                                    EV_SNAP_FLAGS, EV_SNAP_START, EV_VBUCKET)
+from dcptool.client.options import ConnOptions
+from dcptool.client.tracker import PositionTracker
+from dcptool.client.vbspec import parse_vbuckets
 from dcptool.errors import UsageError
 from dcptool.protocol.constants import SnapshotFlag, StreamEndReason
+
+
+manual(
+    "tail",
+    exit_codes=(4,),
+    exit_note="0 on Ctrl-C or SIGTERM, after --state is saved. 4 with --fail-on-rollback when the "
+              "node asks for a rollback.",
+    files=(
+        ("STATEFILE", "Positions saved by --state (JSON), read back by --from or --state on the "
+                      "next run."),
+    ),
+    see_also=("failover-log", "node", "watermark"),
+)
+
 
 _KIND = {MUTATION: "mutation", DELETION: "deletion", EXPIRATION: "expiration"}
 _SAVE_EVERY = 1.0
@@ -103,48 +108,6 @@ def _reason(code: int) -> str:
         return StreamEndReason(code).name.lower()
     except ValueError:
         return str(code)
-
-
-class _Tracker:
-    """What the tail has handed out per vbucket, so saved state never skips or repeats.
-
-    The session parses whole reads; the tail may stop in the middle of one (--count,
-    Ctrl-C), so it keeps its own (seqno, snapshot start, end, last complete end).
-    """
-
-    def __init__(self, positions: dict[int, Position]) -> None:
-        self.t = {vb: [p.seqno, p.snap_start, p.snap_end, None] for vb, p in positions.items()}
-
-    def see(self, ev) -> None:
-        kind = ev[0]
-        t = self.t.get(ev[1])
-        if t is None:
-            return
-        if kind in _KIND or kind == SEQNO_ADVANCED:
-            t[0] = ev[2]
-        elif kind == SNAPSHOT:
-            t[3] = t[2]
-            t[1], t[2] = ev[2], ev[3]
-        elif kind == ROLLBACK:
-            p = ev[3].after
-            t[:] = [p.seqno, p.snap_start, p.snap_end, None]
-
-    def position(self, consumer: DcpConsumer, vb: int) -> Position:
-        p = consumer.position(vb, consistent=False)
-        seq, ms, me, done = self.t[vb]
-        if (p.seqno, p.snap_start, p.snap_end) == (seq, ms, me):
-            return p
-        if seq >= me:
-            seq = ms = me
-        elif seq < ms:
-            seq = ms = me = done if done is not None else seq
-        ends = tuple(e for e in p.snapshot_ends if e <= seq)
-        if seq == me and seq and (not ends or ends[-1] != seq):
-            ends += (seq,)
-        return Position(p.uuid_at(seq) or p.uuid, seq, ms, me, p.failover_log, ends)
-
-    def positions(self, consumer: DcpConsumer) -> dict[int, Position]:
-        return {vb: self.position(consumer, vb) for vb in self.t}
 
 
 class _Printer:
@@ -230,52 +193,50 @@ def _watermark_reporter(opts: ConnOptions, state: Path, name: Optional[str], int
 
 
 @app.command("tail")
+@connection_options(timeout=True, snappy=True)
 def tail(
-    from_: Optional[str] = typer.Option(
-        None, "--from", metavar="beginning|now|STATEFILE",
-        help="Where to start: 'beginning', 'now' (default), or a state file saved by --state. "
-             "With --state FILE and no --from, resumes from FILE when it exists."),
-    vbuckets: Optional[str] = typer.Option(None, "--vbuckets", metavar="LIST",
-                                           help="vbuckets to follow, e.g. 0-15,512 (default: all active)."),
-    keys_only: bool = typer.Option(False, "--keys-only", help="Do not fetch document values."),
-    filter_: Optional[str] = typer.Option(None, "--filter", metavar="REGEX",
-                                          help="Only show documents whose key matches REGEX."),
-    state: Optional[Path] = typer.Option(None, "--state", metavar="FILE",
-                                         help="Save positions to FILE as it goes and on exit."),
-    until_idle: Optional[float] = typer.Option(None, "--until-idle", metavar="SECONDS",
-                                               help="Stop after SECONDS without any change."),
-    count: Optional[int] = typer.Option(None, "--count", metavar="N",
-                                        help="Stop after printing N documents."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object per event."),
-    noop_interval: float = typer.Option(60.0, "--noop-interval", metavar="SECONDS",
-                                        help="Ask the node for a NOOP this often when idle."),
-    fail_on_rollback: bool = typer.Option(False, "--fail-on-rollback",
-                                          help="Stop with an error instead of rolling back."),
-    watermark: bool = typer.Option(
-        False, "--watermark",
-        help="Register the positions saved in --state as a high watermark with the node, at "
-             "most once per --watermark-interval, so its purger keeps the deletions not "
-             "read yet (see 'dcptool watermark')."),
-    watermark_name: Optional[str] = typer.Option(
-        None, "--watermark-name", metavar="NAME",
-        help="Client name of the watermark (default dcptool-tail:STATE-FILE-NAME)."),
-    watermark_interval: float = typer.Option(
-        60.0, "--watermark-interval", metavar="SECONDS",
-        help="Register at most this often."),
-    watermark_ttl: str = typer.Option(
-        "7d", "--watermark-ttl", metavar="DURATION",
-        help="The watermark expires unless registered again within this time."),
-    verbose: bool = typer.Option(False, "-v", "--verbose",
-                                 help="Print a summary on stderr at the end (as does dcptool "
-                                      "--verbose tail)."),
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    snappy: SnappyOpt = None,
+    from_: Annotated[Optional[str], typer.Option(
+        "--from", metavar="beginning|now|STATEFILE", help="Where to start: 'beginning', "
+                                                          "'now' (default), or a state file "
+                                                          "saved by --state. With --state FILE "
+                                                          "and no --from, resumes from FILE "
+                                                          "when it exists.")] = None,
+    vbuckets: Annotated[Optional[str], typer.Option(
+        "--vbuckets", metavar="LIST", help="vbuckets to follow, e.g. 0-15,512 (default: "
+                                           "all active).")] = None,
+    keys_only: Annotated[bool, typer.Option(
+        "--keys-only", help="Do not fetch document values.")] = False,
+    filter_: Annotated[Optional[str], typer.Option(
+        "--filter", metavar="REGEX", help="Only show documents whose key matches REGEX.")] = None,
+    state: Annotated[Optional[Path], typer.Option(
+        "--state", metavar="FILE", help="Save positions to FILE as it goes and on exit.")] = None,
+    until_idle: Annotated[Optional[float], typer.Option(
+        "--until-idle", metavar="SECONDS", help="Stop after SECONDS without any change.")] = None,
+    count: Annotated[Optional[int], typer.Option(
+        "--count", metavar="N", help="Stop after printing N documents.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
+    noop_interval: Annotated[float, typer.Option(
+        "--noop-interval", metavar="SECONDS", help="Ask the node for a NOOP this often "
+                                                   "when idle.")] = 60.0,
+    fail_on_rollback: Annotated[bool, typer.Option(
+        "--fail-on-rollback", help="Stop with an error instead of rolling back.")] = False,
+    watermark: Annotated[bool, typer.Option(
+        "--watermark", help="Register the positions saved in --state as a high "
+                            "watermark with the node, at most once per --watermark-interval, so "
+                            "its purger keeps the deletions not read yet (see 'dcptool "
+                            "watermark').")] = False,
+    watermark_name: Annotated[Optional[str], typer.Option(
+        "--watermark-name", metavar="NAME", help="Client name of the watermark (default "
+                                                 "dcptool-tail:STATE-FILE-NAME).")] = None,
+    watermark_interval: Annotated[float, typer.Option(
+        "--watermark-interval", metavar="SECONDS", help="Register at most this often.")] = 60.0,
+    watermark_ttl: Annotated[str, typer.Option(
+        "--watermark-ttl", metavar="DURATION", help="The watermark expires unless "
+                                                    "registered again within this time.")] = "7d",
+    verbose: Annotated[bool, typer.Option(
+        "-v", "--verbose", help="Print a summary on stderr at the end (as does dcptool "
+                                "--verbose tail).")] = False,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Follow changes as they happen; Ctrl-C saves --state and exits 0.
 
@@ -313,8 +274,7 @@ def tail(
     saved = None
     if start not in ("beginning", "now"):
         saved = load_state(start)
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout,
-                                snappy=snappy)
+    opts = conn_args.options()
     if saved is not None and saved.bucket and saved.bucket != opts.bucket:
         raise UsageError(f"state file {start} holds positions of bucket '{saved.bucket}', "
                          f"not '{opts.bucket}'")
@@ -322,7 +282,7 @@ def tail(
     conn = opts.connect()
     try:
         if start == "beginning":
-            from dcptool.client.cluster import all_vbuckets
+            from dcptool.client.topology import all_vbuckets
 
             wanted = vbs if vbs is not None else (all_vbuckets(conn)
                                                  or sorted(get_vbucket_seqnos(conn, state=1)))
@@ -337,7 +297,7 @@ def tail(
         config = SessionConfig(name=f"dcptool-tail:{os.getpid()}:{int(time.time())}",
                                no_value=keys_only, consistent=False, noop_interval=noop_interval,
                                fail_on_rollback=fail_on_rollback)
-        from dcptool.client.cluster import cluster_consumer
+        from dcptool.client.topology import cluster_consumer
 
         # a member of a cluster: each vbucket from its active node, following the map
         consumer = cluster_consumer(opts, conn, config)
@@ -348,7 +308,7 @@ def tail(
     reporter = None
     if watermark:
         reporter = _watermark_reporter(opts, state, watermark_name, watermark_interval, wm_ttl)
-    tracker = _Tracker(positions)
+    tracker = PositionTracker(positions)
     printer = _Printer(as_json, keys_only)
     printed = 0
     records = 0

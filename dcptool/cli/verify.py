@@ -3,47 +3,47 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
 from dcptool.archive.verify import verify_archive
 from dcptool.cli.app import app
 from dcptool.cli.backup import MasterOpt, PartitionsOpt
-from dcptool.cli.connopts import (
-    BucketOpt,
-    CacertOpt,
-    ClusterOpt,
-    ConnOptions,
-    NoVerifyOpt,
-    PasswordOpt,
-    UsernameOpt,
-)
+from dcptool.cli.connopts import ConnArgs, connection_options
+from dcptool.cli.manual import manual
 from dcptool.cli.output import print_json
 
 
+manual(
+    "verify",
+    exit_note="1 when the archive has a problem (or, with --against, when the node's data "
+              "differs); each problem is printed, naming the file or vbucket.",
+    files=(
+        ("ARCHIVE/", "The archive (read only); see docs/archive-format.md."),
+    ),
+    see_also=("backup", "info", "restore"),
+)
+
+
 @app.command()
+@connection_options()
 def verify(
-    archive: Path = typer.Argument(..., help="Archive directory.", show_default=False),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    checksums_only: bool = typer.Option(
-        False, "--checksums-only",
-        help="Check manifests, sizes and SHA-256 only; do not decode records."),
-    against: bool = typer.Option(
-        False, "--against",
-        help="Compare the archive's state as of its last backup with the node given by -c "
-             "(per vbucket: count and hash of key, rev seqno, cas, deleted)."),
-    backup_id: Optional[str] = typer.Option(
-        None, "--backup", metavar="ID",
-        help="With --against: compare the state as of this backup (default: the newest)."),
-    vbuckets: Optional[str] = typer.Option(
-        None, "--vbuckets", metavar="LIST", help="With --against: only these vbuckets."),
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
+    archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    checksums_only: Annotated[bool, typer.Option(
+        "--checksums-only", help="Check manifests, sizes and SHA-256 only; do not "
+                                 "decode records.")] = False,
+    against: Annotated[bool, typer.Option(
+        "--against", help="Compare the archive's state as of its last backup with the "
+                          "node given by -c (per vbucket: count and hash of key, rev seqno, "
+                          "cas, deleted).")] = False,
+    backup_id: Annotated[Optional[str], typer.Option(
+        "--backup", metavar="ID", help="With --against: compare the state as of this "
+                                       "backup (default: the newest).")] = None,
+    vbuckets: Annotated[Optional[str], typer.Option(
+        "--vbuckets", metavar="LIST", help="With --against: only these vbuckets.")] = None,
+    conn_args: ConnArgs = None,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
 ) -> None:
@@ -60,8 +60,7 @@ def verify(
     Example: dcptool verify /backups/default --against -c couchbase://127.0.0.1
     """
     if against:
-        _verify_against(archive, as_json, backup_id, vbuckets, cluster, username, password,
-                        bucket, cacert, no_verify, master, partitions)
+        _verify_against(archive, as_json, backup_id, vbuckets, conn_args, master, partitions)
         return
     if backup_id or vbuckets:
         from dcptool.errors import UsageError
@@ -88,14 +87,14 @@ def verify(
         raise typer.Exit(1)
 
 
-def _verify_against(archive, as_json, backup_id, vbuckets, cluster, username, password, bucket,
-                    cacert, no_verify, master, partitions) -> None:
+def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, master,
+                    partitions) -> None:
     from dcptool.archive import Archive
-    from dcptool.cli.vbspec import parse_vbuckets
+    from dcptool.client.vbspec import parse_vbuckets
     from dcptool.pipeline.compare import run_verify_against
 
     Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
-    opts = ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify)
+    opts = conn_args.options()
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     report = run_verify_against(archive, opts, backup=backup_id, vbuckets=vbs,
                                 partitions=partitions, master=master)

@@ -17,18 +17,17 @@ from typing import Annotated, Any, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.connopts import (
-    BucketOpt,
-    CacertOpt,
-    ClusterOpt,
-    ConnOptions,
-    NoVerifyOpt,
-    PasswordOpt,
-    TimeoutOpt,
-    UsernameOpt,
-)
+from dcptool.cli.connopts import ConnArgs, connection_options
+from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json
 from dcptool.errors import DcptoolError, UsageError
+
+
+manual(
+    "watermark",
+    see_also=("backup", "tail", "node"),
+)
+
 
 watermark_app = typer.Typer(
     name="watermark",
@@ -90,10 +89,6 @@ def read_seqnos(path: str) -> dict[int, int]:
     return out
 
 
-def _opts(cluster, username, password, bucket, cacert, no_verify, timeout) -> ConnOptions:
-    return ConnOptions.from_cli(cluster, username, password, bucket, cacert, no_verify, timeout)
-
-
 def _archive_identity(archive: Path) -> tuple[str, str, dict[int, int], dict[str, Any]]:
     from dcptool.pipeline.backup import archive_watermark
 
@@ -120,6 +115,7 @@ def _ago(seconds: float) -> str:
 
 
 @watermark_app.command("register")
+@connection_options(timeout=True)
 def register(
     name: Annotated[Optional[str], typer.Option(
         "--name", help="Client name (with --archive: derived from the archive).")] = None,
@@ -139,13 +135,7 @@ def register(
     meta: Annotated[Optional[str], typer.Option(
         "--meta", metavar="JSON", help="A small JSON object stored with the row.")] = None,
     json_out: JsonOpt = False,
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Register (or renew) a high watermark: the purger keeps every deletion above it.
 
@@ -177,7 +167,7 @@ def register(
     instance = instance or DEFAULT_INSTANCE
     if not vbs:
         raise UsageError(f"archive {archive} holds no backed-up vbucket yet")
-    opts = _opts(cluster, username, password, bucket, cacert, no_verify, timeout)
+    opts = conn_args.options()
     with opts.connect() as conn:
         answer = register_watermark(conn, name, instance, vbs, ttl=ttl_s, meta=meta_doc or None)
     if json_out:
@@ -197,16 +187,11 @@ def register(
 
 
 @watermark_app.command("list")
+@connection_options(timeout=True)
 def list_(
     name: Annotated[Optional[str], typer.Option("--name", help="Only this client.")] = None,
     json_out: JsonOpt = False,
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    conn_args: ConnArgs = None,
 ) -> None:
     """List the node's high watermarks: client, instance, vbuckets, lowest and highest
     seqno, reported, expires, state (ok, expired or lost) and, per vbucket, how far each
@@ -216,7 +201,7 @@ def list_(
     """
     from dcptool.client.watermark import list_watermarks
 
-    opts = _opts(cluster, username, password, bucket, cacert, no_verify, timeout)
+    opts = conn_args.options()
     with opts.connect() as conn:
         table = list_watermarks(conn, name)
     if json_out:
@@ -280,6 +265,7 @@ def list_(
 
 
 @watermark_app.command("remove")
+@connection_options(timeout=True)
 def remove(
     name: Annotated[Optional[str], typer.Option("--name", help="The client to remove.")] = None,
     instance: Annotated[Optional[str], typer.Option(
@@ -288,13 +274,7 @@ def remove(
         "--archive", metavar="ARCHIVE", help="Remove the watermark backup registered for "
                                              "this archive.")] = None,
     json_out: JsonOpt = False,
-    cluster: ClusterOpt = None,
-    username: UsernameOpt = None,
-    password: PasswordOpt = None,
-    bucket: BucketOpt = "default",
-    cacert: CacertOpt = None,
-    no_verify: NoVerifyOpt = False,
-    timeout: TimeoutOpt = 10.0,
+    conn_args: ConnArgs = None,
 ) -> None:
     """Remove a client's high watermarks, so the purger no longer waits for it.
 
@@ -309,7 +289,7 @@ def remove(
         instance = instance or a_instance
     if not name:
         raise UsageError("--name is required")
-    opts = _opts(cluster, username, password, bucket, cacert, no_verify, timeout)
+    opts = conn_args.options()
     with opts.connect() as conn:
         try:
             removed = remove_watermark(conn, name, instance)

@@ -75,6 +75,23 @@ def read_password_file(path: str | Path, *, what: str = "--password-file") -> st
     return password
 
 
+def choose_password(password: str | None, path: str | Path, *, password_given: bool = False,
+                    file_given: bool = False, file_label: str = "--password-file") -> str:
+    """The password to run with when a password file is named as well as, maybe, a password.
+
+    `password_given` / `file_given`: whether each came from the command line (not from
+    DCPTOOL_PASSWORD / DCPTOOL_PASSWORD_FILE). Precedence: the password given on the command
+    line, then the file given on the command line, then DCPTOOL_PASSWORD, then the file named
+    by DCPTOOL_PASSWORD_FILE; both on the command line is a usage error. `file_label` names
+    the file's source in errors.
+    """
+    if password is not None and password_given and file_given:
+        raise UsageError("give --password or --password-file, not both")
+    if password is not None and (password_given or not file_given):
+        return password  # -p, or DCPTOOL_PASSWORD over DCPTOOL_PASSWORD_FILE
+    return read_password_file(path, what=file_label)
+
+
 @dataclass(frozen=True)
 class ConnOptions:
     host: str

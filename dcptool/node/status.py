@@ -7,31 +7,17 @@ database, which the flusher keeps within one flush interval of the node's memory
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 from dcptool.errors import DcptoolError
+from dcptool.procs import pid_alive
 
 from .datalock import LOCK_FILE, holder, is_locked
 from .server import NODE_FILE
 from .storage import SEQNO_MASK, row_id
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True
-    return b"dcptool" in cmdline
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -187,7 +173,8 @@ def node_status(data_dir: Path, *, username: str | None = None,
                                                                         node["port"])
     elif node:
         pid = node.get("pid")
-        if isinstance(pid, int) and _pid_alive(pid) and _port_open(node["host"], node["port"]):
+        if (isinstance(pid, int) and pid_alive(pid, cmdline_contains=b"dcptool")
+                and _port_open(node["host"], node["port"])):
             info["running"] = True
     vbs = None
     source = "disk"

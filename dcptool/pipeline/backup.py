@@ -220,7 +220,7 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
     t_task = time.monotonic()
     if task.cluster:
         # a member of a cluster: each vbucket from its active node, following the map
-        from dcptool.client.cluster import ClusterConsumer, ClusterView
+        from dcptool.client.topology import ClusterConsumer, ClusterView
 
         consumer = ClusterConsumer(opts, config, ClusterView(0, (), ()), on_rollback=on_rollback)
     else:

@@ -378,7 +378,7 @@ except ImportError:  # pragma: no cover
 
 def parse_options(options: dict[str, str]) -> dict[str, Any]:
     """The keyword arguments of plan_scan from the data source's string options."""
-    from dcptool.cli.vbspec import parse_vbuckets
+    from dcptool.client.vbspec import parse_vbuckets
 
     options = {str(k).lower(): v for k, v in options.items()}  # Spark's keys are case-insensitive
     path = options.get("path")

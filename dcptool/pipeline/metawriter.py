@@ -316,7 +316,7 @@ def _unreachable(exc: Exception) -> bool:
 def _refresh_routes(opts, routes: dict[int, str], failed: str | None) -> dict[int, str]:
     """{vbucket: active node} from the newest cluster map any member answers with (the
     members named in `routes` and `opts`' node; `failed` is asked last)."""
-    from dcptool.client.cluster import cluster_map
+    from dcptool.client.topology import cluster_map
     from dcptool.client.errors import ClientError
 
     from .nodeinfo import node_opts

@@ -1,7 +1,7 @@
 """What the driver asks a node before planning a job: vbucket count, seqnos, failover logs."""
 from __future__ import annotations
 
-from dcptool.client.cluster import cluster_config
+from dcptool.client.topology import cluster_config
 from dcptool.client.connection import Connection
 from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
 
@@ -29,7 +29,7 @@ def active_nodes(opts, conn: Connection, vbuckets: list[int] | None = None):
     """(cluster view, {node address: [vbuckets active there]}) when `conn`'s node is a member
     of a cluster of several nodes, else None. `vbuckets` defaults to all of the map's;
     vbuckets without a live active in the map are left out."""
-    from dcptool.client.cluster import ClusterView
+    from dcptool.client.topology import ClusterView
 
     view = ClusterView.from_config(cluster_config(conn), conn.address)
     if not view.clustered:
@@ -46,7 +46,7 @@ def active_nodes(opts, conn: Connection, vbuckets: list[int] | None = None):
 
 def node_opts(opts, address: str):
     """`opts` pointed at another member (HOST:PORT as the cluster map names it)."""
-    from dcptool.client.cluster import replace_address
+    from dcptool.client.topology import replace_address
 
     host, _, port = address.rpartition(":")
     return replace_address(opts, host.strip("[]"), int(port))

@@ -71,8 +71,8 @@ def _entry(uuid: int, seqno: int, ss: int | None = None, se: int | None = None) 
 
 def parse_options(options: dict[str, str]) -> dict[str, Any]:
     """Connection options and settings from the source's string options."""
-    from dcptool.cli.connopts import ConnOptions
-    from dcptool.cli.vbspec import parse_vbuckets
+    from dcptool.client.options import ConnOptions
+    from dcptool.client.vbspec import parse_vbuckets
 
     options = {str(k).lower(): v for k, v in options.items()}  # Spark's keys are case-insensitive
     cluster = options.get("cluster")

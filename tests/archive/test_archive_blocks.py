@@ -10,7 +10,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import zstandard
-from archive_testlib import W
+from archiveutil import W
 
 from dcptool.archive import Archive, Position, VBucketWriter
 from dcptool.archive.block import ITEM_COST, compress_sections, decode_block, encode_records

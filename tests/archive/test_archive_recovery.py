@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from archive_testlib import W, flip_position, mutations, write_events
+from archiveutil import W, flip_position, mutations, write_events
 
 from dcptool.archive import Archive, ArchiveError, Position
 from dcptool.archive.frames import TornFrame, decompress_frame, frame_records, scan_frames

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from archive_testlib import W, X, backup, doc, mutations, seed_004_archive, write_events
+from archiveutil import W, X, backup, doc, mutations, seed_004_archive, write_events
 
 from dcptool.archive import (
     Archive,

@@ -11,7 +11,7 @@ import textwrap
 import msgpack
 import pytest
 
-from archive_testlib import W, X, backup, mutations, write_events
+from archiveutil import W, X, backup, mutations, write_events
 
 from dcptool.archive import (
     Archive,

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from archive_testlib import W, X, backup, flip_position, mutations
+from archiveutil import W, X, backup, flip_position, mutations
 
 from dcptool.archive import Archive, CorruptFileError, Position
 from dcptool.archive.verify import verify_archive

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from dochelpers import load, opts_for
+from docutil import load, opts_for
 
 
 def run(*args, password="password", timeout=120):

@@ -1,6 +1,6 @@
 """Help texts, one-line errors with hints, exit statuses, --version, verbosity, colour, packaging.
 
-Most checks walk the command tree (`dcptool.cli.docgen.load_tree`), so a command added
+Most checks walk the command tree (`docgen.load_tree`, scripts/docgen.py), so a command added
 later is held to the same rules without touching this file.
 """
 from __future__ import annotations
@@ -19,10 +19,11 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
+import docgen
 import pytest
 
 from dcptool.cli import app as cli_app
-from dcptool.cli import docgen, output
+from dcptool.cli import output
 
 REPO = Path(__file__).resolve().parents[2]
 

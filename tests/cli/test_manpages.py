@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dcptool.cli import docgen
+import docgen
 
 REPO = Path(__file__).resolve().parents[2]
 MAN = REPO / "man"

@@ -7,8 +7,8 @@ import json
 
 import pytest
 from client.nodeutil import json_lines, run_cli
-from dochelpers import opts_for
-from snappydocs import documents, write_compressed
+from docutil import opts_for
+from snappyutil import documents, write_compressed
 
 ENV_OFF = {"DCPTOOL_SNAPPY": "0"}
 

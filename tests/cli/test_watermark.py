@@ -5,8 +5,8 @@ import json
 
 import pytest
 from client.nodeutil import connect, delete_docs, json_lines, run_cli, write_docs
-from dochelpers import opts_for
-from dochelpers import wait_persisted as _wait_persisted
+from docutil import opts_for
+from docutil import wait_persisted as _wait_persisted
 
 from dcptool.client.watermark import get_stats, list_watermarks
 from dcptool.protocol.messages import CompactDb

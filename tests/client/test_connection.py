@@ -23,7 +23,7 @@ from dcptool.protocol import encode_frame
 from dcptool.protocol.constants import Feature, Magic, Opcode, Status
 from dcptool.protocol.messages import FailoverLogResponse, GetFailoverLog, Noop
 
-from .peer import Peer
+from .peerutil import Peer
 
 
 @pytest.mark.parametrize("url,expected", [

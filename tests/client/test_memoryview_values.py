@@ -1,7 +1,7 @@
 """Values handed out as memoryviews (copy_values=False) stay intact until the next poll."""
 from __future__ import annotations
 
-from dochelpers import load, opts_for
+from docutil import load, opts_for
 
 from dcptool.client.events import MUTATION
 from dcptool.client.ops import get_vbucket_seqnos

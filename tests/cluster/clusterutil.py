@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from dcptool.client.cluster import hold_replication, node_status, set_map
+from dcptool.client.topology import hold_replication, node_status, set_map
 from dcptool.client.events import DELETION, EXPIRATION, MUTATION, SNAPSHOT
 from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
 from dcptool.client.position import ZERO
 from dcptool.client.session import SessionConfig
 from dcptool.protocol import vbucket_of
 
-from dochelpers import load, opts_for
-from nodeproc import NodeProcess
+from docutil import load, opts_for
+from nodeprocutil import NodeProcess
 
 
 def start_nodes(base: Path, names: list[str], *, vbuckets: int = 4,

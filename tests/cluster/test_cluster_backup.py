@@ -16,9 +16,9 @@ from clusterutil import (
     addr, failover_log, keys_in, make_cluster, start_nodes, stop_nodes, vbucket_stream,
     wait_seqno, wait_until,
 )
-from dochelpers import load, opts_for
+from docutil import load, opts_for
 
-from dcptool.client.cluster import hold_replication, set_map
+from dcptool.client.topology import hold_replication, set_map
 from dcptool.pipeline.backup import run_backup
 from dcptool.pipeline.restore import run_restore
 

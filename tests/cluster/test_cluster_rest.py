@@ -10,8 +10,8 @@ import urllib.request
 from client.nodeutil import run_cli
 from clusterutil import abc  # noqa: F401  (the fixture)
 from clusterutil import addr
-from dcptool.client.cluster import cluster_config
-from dochelpers import opts_for
+from dcptool.client.topology import cluster_config
+from docutil import opts_for
 
 VBS = 4  # the vbuckets of clusterutil's `abc` nodes
 

@@ -12,11 +12,11 @@ from clusterutil import (
     addr, failover_log, keys_in, make_cluster, seqnos, start_nodes, stop_nodes,
     vbucket_stream, wait_seqno, wait_until,
 )
-from dochelpers import delete, load, opts_for
-from node.hwtwire import compact
-from node.mcbp import connect
+from docutil import delete, load, opts_for
+from node.hwtutil import compact
+from node.mcbputil import connect
 
-from dcptool.client.cluster import hold_replication, set_map
+from dcptool.client.topology import hold_replication, set_map
 from dcptool.client.events import DELETION, MUTATION, ROLLBACK, STREAM_END
 from dcptool.client.position import Position
 from dcptool.client.session import SessionConfig

@@ -24,11 +24,11 @@ from clusterutil import abc  # noqa: F401  (the fixture)
 from clusterutil import (
     addr, failover_log, keys_in, make_cluster, seqnos, status, vbucket_stream, wait_until,
 )
-from dochelpers import load, opts_for
-from node.dcpclient import dcp_connect
-from node.mcbp import connect
+from docutil import load, opts_for
+from node.dcputil import dcp_connect
+from node.mcbputil import connect
 
-from dcptool.client.cluster import ClusterView, cluster_map
+from dcptool.client.topology import ClusterView, cluster_map
 from dcptool.client.errors import ClientError
 from dcptool.protocol import Set, vbucket_of
 from dcptool.protocol.constants import (
@@ -314,7 +314,7 @@ def test_session_hands_out_set_vbucket_state_and_answers_when_told():
 def test_a_failed_takeover_leaves_the_source_active_with_its_history(abc):
     """The destination cannot log in to the source (the map's replication credentials are
     wrong): the move fails with one line, nothing changed hands, no failover entry."""
-    from dcptool.client.cluster import set_map
+    from dcptool.client.topology import set_map
 
     a, b, c = abc["a"], abc["b"], abc["c"]
     names = [addr(n) for n in (a, b, c)]

@@ -10,9 +10,9 @@ from clusterutil import (
     keys_in, make_cluster, seqnos, start_nodes, status, stop_nodes, vbucket_stream, wait_seqno,
     wait_until,
 )
-from dochelpers import load, opts_for
+from docutil import load, opts_for
 
-from dcptool.client.cluster import hold_replication
+from dcptool.client.topology import hold_replication
 
 VBS = 4
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from clusterutil import addr, keys_in, make_cluster, start_nodes, stop_nodes, vbucket_stream, wait_seqno
-from dochelpers import delete, load, opts_for
+from docutil import delete, load, opts_for
 
-from dcptool.client.cluster import set_map
+from dcptool.client.topology import set_map
 from dcptool.pipeline import metawriter as mw
 from dcptool.pipeline.backup import run_backup
 from dcptool.pipeline.plans import RestoreTask

@@ -9,7 +9,7 @@ from clusterutil import (
     failover_log, make_cluster, seed004_failover, seed004_writes, seqnos, status,
     vbucket_stream, wait_seqno, wait_until,
 )
-from dochelpers import load, opts_for
+from docutil import load, opts_for
 
 
 VBS = 4  # the vbuckets of clusterutil's `abc` nodes

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clihelpers import cli  # noqa: F401  (the fault tests import it from here)
+from cliutil import cli  # noqa: F401  (the fault tests import it from here)
 
 from dcptool.archive import Archive
 from dcptool.archive.format import ITEM_TYPES

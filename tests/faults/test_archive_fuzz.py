@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-from dochelpers import delete, load, opts_for
+from docutil import delete, load, opts_for
 from faultutil import cli, docs, one_error_line
-from nodeproc import NodeProcess
+from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
 from dcptool.client.ops import get_vbucket_seqnos

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dochelpers import load, node_documents, opts_for
+from docutil import load, node_documents, opts_for
 from faultutil import Proxy, assert_each_seqno_once, assert_verifies, docs
-from nodeproc import NodeProcess
+from nodeprocutil import NodeProcess
 
 from dcptool.client.ops import get_vbucket_seqnos
 from dcptool.pipeline.backup import run_backup

@@ -5,7 +5,7 @@ backup is reported as partial, never as damage), the next run completes it, and 
 end the archive holds every seqno once and restores to the node's exact documents."""
 from __future__ import annotations
 
-from dochelpers import load, node_documents, opts_for, wait_persisted
+from docutil import load, node_documents, opts_for, wait_persisted
 from faultutil import (
     assert_each_seqno_once,
     assert_verifies,
@@ -13,7 +13,7 @@ from faultutil import (
     finish,
     spawn,
 )
-from nodeproc import NodeProcess
+from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
 from dcptool.client.ops import get_vbucket_seqnos

@@ -9,7 +9,7 @@ import os
 import subprocess
 
 import pytest
-from dochelpers import load, node_documents, opts_for
+from docutil import load, node_documents, opts_for
 from faultutil import (
     assert_each_seqno_once,
     assert_verifies,
@@ -19,7 +19,7 @@ from faultutil import (
     random_docs,
     spawn,
 )
-from nodeproc import NodeProcess
+from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
 from dcptool.client.ops import get_vbucket_seqnos

@@ -5,9 +5,9 @@ import errno
 from dataclasses import replace
 
 import pytest
-from dochelpers import load, opts_for
+from docutil import load, opts_for
 from faultutil import Proxy, docs
-from nodeproc import NodeProcess
+from nodeprocutil import NodeProcess
 
 from dcptool import faults
 from dcptool.client.consumer import ResumingConsumer

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from dochelpers import load, node_documents, opts_for, wait_persisted
+from docutil import load, node_documents, opts_for, wait_persisted
 from faultutil import (
     Proxy,
     assert_each_seqno_once,
@@ -21,7 +21,7 @@ from faultutil import (
     spawn,
     wait_for,
 )
-from nodeproc import NodeProcess
+from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
 from dcptool.client.ops import get_vbucket_seqnos

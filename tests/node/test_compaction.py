@@ -17,8 +17,8 @@ from dcptool.protocol.messages import (
     DcpStreamEnd,
 )
 
-from .dcpclient import dcp_connect, rollback_seqno, vb_uuid
-from .hwtwire import (
+from .dcputil import dcp_connect, rollback_seqno, vb_uuid
+from .hwtutil import (
     compact,
     del_frame,
     entries,
@@ -30,7 +30,7 @@ from .hwtwire import (
     set_frame,
     vb_stats,
 )
-from .mcbp import connect, wait_persisted
+from .mcbputil import connect, wait_persisted
 
 VB = 128
 

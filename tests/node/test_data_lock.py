@@ -14,7 +14,7 @@ from dcptool.node.datalock import DataDirInUse, DataDirLock, is_locked
 from dcptool.protocol import vbucket_of
 from dcptool.protocol.constants import Opcode, Status
 
-from .mcbp import connect
+from .mcbputil import connect
 
 
 def start_second(data_dir, *extra):

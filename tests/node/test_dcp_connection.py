@@ -17,8 +17,8 @@ from dcptool.protocol.messages import DcpDeletion, DcpExpiration, DcpMutation, D
 
 from dcptool.protocol import encode_stream_id
 
-from .dcpclient import connect, dcp_connect, high_seqno, vb_uuid
-from .mcbp import wait_persisted
+from .dcputil import connect, dcp_connect, high_seqno, vb_uuid
+from .mcbputil import wait_persisted
 
 
 def xattr_value(body: bytes, pairs: dict[bytes, bytes]) -> bytes:

@@ -10,8 +10,8 @@ from dcptool.protocol import decode_message
 from dcptool.protocol.constants import Opcode, SnapshotFlag, Status, StreamEndReason
 from dcptool.protocol.messages import DcpMutation, DcpStreamEnd, DcpStreamReq
 
-from .dcpclient import DcpClient, connect, dcp_connect, high_seqno
-from .mcbp import wait_persisted
+from .dcputil import DcpClient, connect, dcp_connect, high_seqno
+from .mcbputil import wait_persisted
 
 
 def all_high_seqnos(c) -> dict[int, int]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dcptool.protocol.constants import SnapshotFlag, Status, StreamEndReason
 
-from .dcpclient import (
+from .dcputil import (
     connect,
     dcp_connect,
     failover_log,
@@ -11,7 +11,7 @@ from .dcpclient import (
     rollback_seqno,
     vb_uuid,
 )
-from .mcbp import wait_persisted
+from .mcbputil import wait_persisted
 
 MEM = SnapshotFlag.MEMORY
 DISK = SnapshotFlag.DISK

@@ -10,8 +10,8 @@ import pytest
 from dcptool.protocol.constants import MetaOption, Opcode, Status
 from dcptool.protocol.messages import DcpMutation
 
-from .dcpclient import dcp_connect
-from .mcbp import Client, connect, wait_persisted
+from .dcputil import dcp_connect
+from .mcbputil import Client, connect, wait_persisted
 from .test_ingest_path import WITH_META, frame
 from .test_node_kv import meta_of, with_meta
 
@@ -210,7 +210,7 @@ def test_expiry_of_evicted_documents_on_get_and_after_restart(node_factory):
 
 
 def test_compaction_purges_evicted_tombstones(node_factory):
-    from .hwtwire import compact
+    from .hwtutil import compact
 
     node = node_factory(vbuckets=VBS, extra_args=(*FULL, "--purge-age", "0"))
     with connect(node) as c:
@@ -304,7 +304,7 @@ def test_replica_rollback_with_evicted_documents(tmp_path):
         failover_log, make_cluster, seed004_failover, seed004_writes, seqnos, start_nodes,
         stop_nodes, vbucket_stream, wait_seqno, wait_until,
     )
-    from dochelpers import load, opts_for
+    from docutil import load, opts_for
 
     nodes = start_nodes(tmp_path, ["a", "b", "c"], vbuckets=VBS, extra_args=FULL)
     try:

@@ -9,7 +9,7 @@ import sys
 from dcptool.protocol import encode_frame
 from dcptool.protocol.constants import Opcode, Status
 
-from .hwtwire import (
+from .hwtutil import (
     compact,
     entries,
     hwt,
@@ -19,7 +19,7 @@ from .hwtwire import (
     register,
     set_frame,
 )
-from .mcbp import Client, connect, wait_persisted
+from .mcbputil import Client, connect, wait_persisted
 
 
 def test_register_list_remove(node_factory):

@@ -9,7 +9,7 @@ import struct
 from dcptool.protocol import HEADER
 from dcptool.protocol.constants import Opcode, Status
 
-from .mcbp import connect
+from .mcbputil import connect
 from .test_node_kv import meta_of
 
 WITH_META = struct.Struct(">IIQQ")

@@ -6,7 +6,7 @@ import struct
 from dcptool.protocol import decode_message
 from dcptool.protocol.constants import Opcode, Status
 
-from .mcbp import connect, wait_persisted
+from .mcbputil import connect, wait_persisted
 
 
 def failover_logs(c, vbuckets: int) -> dict[int, tuple]:

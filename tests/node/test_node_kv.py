@@ -11,7 +11,7 @@ from dcptool.protocol import decode_message
 from dcptool.protocol.constants import Datatype, Feature, MetaOption, Opcode, Status
 from dcptool.protocol.messages import DelWithMeta, GetMeta, SetWithMeta
 
-from .mcbp import Client, connect
+from .mcbputil import Client, connect
 
 GET_META = struct.Struct(">IIIQ")
 

@@ -15,8 +15,8 @@ import pytest
 from dcptool.protocol import encode_frame
 from dcptool.protocol.constants import Opcode, Status
 
-from .dcpclient import DcpClient
-from .mcbp import Client, connect, wait_persisted
+from .dcputil import DcpClient
+from .mcbputil import Client, connect, wait_persisted
 
 HDR = struct.Struct(">BBHBBHIIQ")
 MiB = 1024 * 1024

@@ -12,7 +12,7 @@ import pytest
 from dcptool.protocol import encode_frame
 from dcptool.protocol.constants import Opcode, Status
 
-from .mcbp import Client, connect
+from .mcbputil import Client, connect
 
 HDR = struct.Struct(">BBHBBHIIQ")
 

@@ -18,7 +18,7 @@ from client.nodeutil import run_cli
 from dcptool.node.config import NodeConfig
 from dcptool.protocol.constants import Opcode
 
-from .mcbp import connect
+from .mcbputil import connect
 
 VBS = 8
 ADMIN = ("Administrator", "password")
@@ -66,7 +66,7 @@ def add_user(data_dir: Path, user: str, password: str, role: str) -> None:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    from nodeproc import NodeProcess
+    from nodeprocutil import NodeProcess
 
     # info on stderr: a request logged like aiohttp logs them by default would show there
     n = NodeProcess(tmp_path_factory.mktemp("rest") / "node", vbuckets=VBS,
@@ -262,7 +262,7 @@ def test_stop_is_clean_with_a_keep_alive_connection_open(node_factory):
 
 
 def test_https_with_tls(node_factory, tmp_path):
-    from security.certs import make_certs
+    from security.certutil import make_certs
 
     certs = make_certs(tmp_path / "certs")
     n = node_factory(vbuckets=4, extra_args=("--tls-cert", str(certs.cert), "--tls-key",

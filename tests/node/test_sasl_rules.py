@@ -18,7 +18,7 @@ import pytest
 
 from dcptool.node.auth import SaslSession, Users, valid_client_nonce
 from dcptool.protocol.constants import Opcode, Status
-from .mcbp import Client
+from .mcbputil import Client
 
 PASSWORD = "password"  # the shared node's Administrator password
 HASHES = {"SCRAM-SHA512": "sha512", "SCRAM-SHA256": "sha256", "SCRAM-SHA1": "sha1"}

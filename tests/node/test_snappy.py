@@ -13,8 +13,8 @@ from dcptool.protocol.constants import DcpOpenFlag, Feature, MetaOption, Opcode,
 from dcptool.protocol.frame import Frame
 from dcptool.protocol.messages import DcpDeletion, DcpMutation, GetMeta
 
-from .dcpclient import DcpClient, high_seqno
-from .mcbp import DEFAULT_FEATURES, Client, connect, wait_persisted
+from .dcputil import DcpClient, high_seqno
+from .mcbputil import DEFAULT_FEATURES, Client, connect, wait_persisted
 
 SNAPPY_FEATURES = DEFAULT_FEATURES + (Feature.SNAPPY,)
 JSON, SNAPPY, XATTR = 0x01, 0x02, 0x04

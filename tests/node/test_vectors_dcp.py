@@ -17,8 +17,8 @@ from dcptool.protocol import decode_message
 from dcptool.protocol.constants import Opcode, Status, StreamEndReason
 from dcptool.protocol.messages import DcpStreamEnd
 
-from .dcpclient import DcpClient
-from .vectors import by_connection, is_dcp_opcode, read_vector, vector_files
+from .dcputil import DcpClient
+from .vectorutil import by_connection, is_dcp_opcode, read_vector, vector_files
 
 ITEMS = {0: 4, 1: 2, 2: 0, 3: 5}
 CONTROLS_OK = {"connection_buffer_size", "enable_noop", "set_noop_interval",
@@ -28,11 +28,11 @@ NO_RESPONSE = {Opcode.DCP_BUFFER_ACKNOWLEDGEMENT}
 
 @pytest.fixture(scope="module")
 def loaded_node(tmp_path_factory):
-    from nodeproc import NodeProcess
+    from nodeprocutil import NodeProcess
 
     from dcptool.node.auth import Users
 
-    from .mcbp import connect
+    from .mcbputil import connect
 
     d = tmp_path_factory.mktemp("vecdcp") / "node"
     d.mkdir(parents=True)

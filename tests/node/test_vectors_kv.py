@@ -8,8 +8,8 @@ import pytest
 from dcptool.protocol import decode_message
 from dcptool.protocol.constants import Opcode, Status
 
-from .mcbp import Client
-from .vectors import by_connection, is_dcp_opcode, read_vector, vector_files
+from .mcbputil import Client
+from .vectorutil import by_connection, is_dcp_opcode, read_vector, vector_files
 
 EXPECTED = {
     Opcode.HELLO: Status.SUCCESS,
@@ -23,7 +23,7 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def vector_node(tmp_path_factory):
-    from nodeproc import NodeProcess
+    from nodeprocutil import NodeProcess
 
     n = NodeProcess(tmp_path_factory.mktemp("vec") / "node", vbuckets=4)
     n.start()

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from dochelpers import delete, load, node_documents, opts_for
-from nodeproc import NodeProcess
+from docutil import delete, load, node_documents, opts_for
+from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
 from dcptool.pipeline.backup import run_backup

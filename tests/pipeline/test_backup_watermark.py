@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from dochelpers import delete, load, node_documents, opts_for, wait_persisted
-from nodeproc import NodeProcess
+from docutil import delete, load, node_documents, opts_for, wait_persisted
+from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
 from dcptool.client.watermark import list_watermarks

@@ -3,8 +3,8 @@ SparkSession (the shared fixture), real files."""
 from __future__ import annotations
 
 import pytest
-from dochelpers import delete, load, node_documents, opts_for
-from nodeproc import NodeProcess
+from docutil import delete, load, node_documents, opts_for
+from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
 from dcptool.pipeline.backup import run_backup
@@ -39,7 +39,7 @@ def archive(tmp_path_factory, spark):
 
 
 def _as_node_docs(rows) -> dict[bytes, tuple]:
-    """Resolved rows in the shape of dochelpers.node_documents."""
+    """Resolved rows in the shape of docutil.node_documents."""
     out = {}
     for r in rows:
         if r["deleted"]:

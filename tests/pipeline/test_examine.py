@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from clihelpers import cli
-from dochelpers import delete, load, node_documents, opts_for
-from nodeproc import NodeProcess
+from cliutil import cli
+from docutil import delete, load, node_documents, opts_for
+from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
 from dcptool.pipeline.backup import run_backup

@@ -5,9 +5,9 @@ import base64
 import json
 
 import pytest
-from clihelpers import cli
-from dochelpers import delete, load, opts_for
-from nodeproc import NodeProcess
+from cliutil import cli
+from docutil import delete, load, opts_for
+from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
 from dcptool.pipeline.backup import run_backup

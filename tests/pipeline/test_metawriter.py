@@ -6,7 +6,7 @@ end to end against real nodes in test_backup_restore.py.
 """
 from __future__ import annotations
 
-from client.peer import Peer
+from client.peerutil import Peer
 
 from dcptool.pipeline.metawriter import WRITE_DELETION, WRITE_MUTATION, MetaWriter
 from dcptool.protocol.constants import Opcode, Status

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from client.nodeutil import write_docs
-from dochelpers import delete, opts_for
-from nodeproc import NodeProcess
-from snappydocs import documents, write_compressed
+from docutil import delete, opts_for
+from nodeprocutil import NodeProcess
+from snappyutil import documents, write_compressed
 
 from dcptool.archive import Archive
 from dcptool.archive.reader import iter_vbucket_batches

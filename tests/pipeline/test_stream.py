@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from dochelpers import delete, load, opts_for
-from nodeproc import NodeProcess
+from docutil import delete, load, opts_for
+from nodeprocutil import NodeProcess
 
 from dcptool.protocol import vbucket_of
 from dcptool.spark import read_changes

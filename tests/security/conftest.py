@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from security.certs import make_certs
+from security.certutil import make_certs
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,7 @@ def certs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tls_node(tmp_path_factory, certs):
     """A node with a plain and a TLS listener; `tls_port` is read from node.json."""
-    from nodeproc import NodeProcess
+    from nodeprocutil import NodeProcess
 
     n = NodeProcess(tmp_path_factory.mktemp("tlsnode") / "node", vbuckets=8,
                     extra_args=("--tls-cert", str(certs.cert), "--tls-key", str(certs.key),

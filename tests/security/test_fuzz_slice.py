@@ -51,7 +51,7 @@ def test_fuzz_slice_never_crashes_the_node(node_factory, vectors_dir):
     assert s.rss_after - s.rss_before < 64 * MiB, (s.rss_before, s.rss_after)
 
     # and a normal client is served as before
-    from node.mcbp import connect
+    from node.mcbputil import connect
 
     with connect(node) as c:
         assert c.set(b"after-fuzz", b'{"ok":true}', datatype=1).status == Status.SUCCESS
@@ -64,8 +64,8 @@ def test_fuzz_slice_never_crashes_the_node(node_factory, vectors_dir):
 def test_stat_dcp_with_a_connection_name_that_is_not_utf8(shared_node):
     """Found by the fuzz harness: STAT dcp answered EINTERNAL (and logged a traceback)
     once a DCP connection had a name that is not valid UTF-8."""
-    from node.dcpclient import DcpClient
-    from node.mcbp import connect
+    from node.dcputil import DcpClient
+    from node.mcbputil import connect
 
     name = b"fuzz-\xe1\x9b-name"
     c = DcpClient(shared_node.host, shared_node.port, vbuckets=shared_node.vbuckets)
@@ -92,7 +92,7 @@ def test_stat_dcp_with_a_connection_name_that_is_not_utf8(shared_node):
 def test_getq_meta_is_read_like_get_meta(shared_node):
     """Found by the fuzz harness: GETQ_META (0xa1) answered EINTERNAL (and logged a
     traceback) because it was handed to GET_META's handler without GET_META's layout."""
-    from node.mcbp import connect
+    from node.mcbputil import connect
 
     with connect(shared_node) as c:
         assert c.set(b"getq-meta", b'{"a":1}', datatype=1).status == Status.SUCCESS

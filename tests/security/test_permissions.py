@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from dochelpers import load, opts_for
+from docutil import load, opts_for
 
 from dcptool.cli.app import main
 
@@ -42,7 +42,7 @@ def _kinds(archive: Path) -> set[str]:
 @pytest.fixture
 def node(tmp_path):
     """A node started under umask 0 (it inherits the umask of this process at start)."""
-    from nodeproc import NodeProcess
+    from nodeprocutil import NodeProcess
 
     n = NodeProcess(tmp_path / "node", vbuckets=8)
     old = os.umask(0)

@@ -25,7 +25,7 @@ USERS = {"bk": ("backup", "bk-pw-31337"), "rd": ("reader", "rd-pw-4242"),
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    from nodeproc import NodeProcess
+    from nodeprocutil import NodeProcess
 
     n = NodeProcess(tmp_path_factory.mktemp("roles") / "node", vbuckets=VBS)
     n.data_dir.mkdir(parents=True)

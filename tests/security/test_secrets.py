@@ -41,7 +41,7 @@ def pwfile(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory, pwfile):
     """Two nodes whose admin password came from --password-file (never a command line)."""
-    from nodeproc import NodeProcess
+    from nodeprocutil import NodeProcess
 
     base = tmp_path_factory.mktemp("secretnodes")
     nodes = [NodeProcess(base / n, vbuckets=4, password=None,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 from client.nodeutil import json_lines, run_cli
-from clusterutil import abc  # noqa: F401  (the fixture)
-from clusterutil import (
+from cluster.clusterutil import abc  # noqa: F401  (the fixture)
+from cluster.clusterutil import (
     addr, failover_log, seed004_writes, status, vbucket_stream, wait_seqno, wait_until,
 )
-from dochelpers import load, opts_for
+from docutil import load, opts_for
 
 
 VBS = 4  # the vbuckets of clusterutil's `abc` nodes

@@ -12,7 +12,7 @@ import pytest
 
 from dcptool.protocol.constants import Opcode, Status
 
-from .mcbp import Client, connect
+from node.mcbputil import Client, connect
 
 
 def run(*args, env=None, timeout=60):

@@ -1,4 +1,4 @@
-"""A test-side DCP consumer on top of `mcbp.Client`: open, control, stream, collect."""
+"""A test-side DCP consumer on top of `mcbputil.Client`: open, control, stream, collect."""
 from __future__ import annotations
 
 import struct
@@ -19,7 +19,7 @@ from dcptool.protocol.messages import (
     DcpStreamReq,
 )
 
-from .mcbp import Client, connect
+from .mcbputil import Client, connect
 
 U64 = struct.Struct(">Q")
 

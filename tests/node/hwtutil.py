@@ -1,4 +1,4 @@
-"""Test helpers for the HWT opcodes and COMPACT_DB, over a raw `mcbp.Client`."""
+"""Test helpers for the HWT opcodes and COMPACT_DB, over a raw `mcbputil.Client`."""
 from __future__ import annotations
 
 import json
