@@ -14,99 +14,13 @@ session on first use (`register(spark)` does only that). Columns: see docs/spark
 """
 from __future__ import annotations
 
-import os
-from typing import Any, Iterable
-
-from dcptool.pipeline.runtime import get_spark
+from dcptool.pipeline.dataframes import (
+    ARCHIVE_FORMAT,
+    STREAM_FORMAT,
+    get_spark,
+    read_archive,
+    read_changes,
+    register,
+)
 
 __all__ = ["get_spark", "register", "read_archive", "read_changes", "ARCHIVE_FORMAT", "STREAM_FORMAT"]
-
-ARCHIVE_FORMAT = "dcptool"
-STREAM_FORMAT = "dcptool-stream"
-
-
-def register(spark) -> None:
-    """Register the `dcptool` and `dcptool-stream` data sources with this session (once)."""
-    from dcptool.pipeline.datasource import ArchiveDataSource
-    from dcptool.pipeline.streamsource import DcpStreamDataSource
-
-    done = getattr(spark, "_dcptool_sources", None)
-    if done:
-        return
-    spark.dataSource.register(ArchiveDataSource)
-    spark.dataSource.register(DcpStreamDataSource)
-    try:
-        spark._dcptool_sources = True
-    except AttributeError:  # pragma: no cover - a session object without a __dict__
-        pass
-
-
-def _vbucket_option(vbuckets: str | Iterable[int] | None) -> str | None:
-    if vbuckets is None:
-        return None
-    if isinstance(vbuckets, str):
-        return vbuckets
-    from dcptool.client.vbspec import format_vbuckets
-
-    return format_vbuckets(int(v) for v in vbuckets)
-
-
-def read_archive(spark, path: str | os.PathLike[str], *, backup: str | None = None,
-                 vbuckets: str | Iterable[int] | None = None, resolved: bool = False,
-                 partitions: int | None = None, values: bool = True):
-    """A DataFrame of an archive's records (one row per mutation, deletion, expiration).
-
-    `backup`: only that backup's records, or with `resolved` the state as of that backup.
-    `vbuckets`: a list of numbers or a spec like "0-15,512". `resolved`: the newest
-    version of each key as of the backup (default the newest), dead branches skipped and
-    tombstones kept: exactly what `dcptool restore` writes. `partitions`: Spark tasks,
-    each reading a group of vbuckets (default 2x the session's parallelism).
-    `values=False` leaves the value column null (faster when only metadata is needed).
-    """
-    from dcptool.archive import Archive
-    from dcptool.pipeline.runtime import default_parallelism
-
-    archive = Archive.open(path)  # a clear error now rather than a Spark stack trace later
-    if backup is not None:
-        archive.manifest(backup)
-    register(spark)
-    reader = spark.read.format(ARCHIVE_FORMAT)
-    opts: dict[str, Any] = {
-        "backup": backup,
-        "vbuckets": _vbucket_option(vbuckets),
-        "resolved": "true" if resolved else "false",
-        "partitions": str(partitions or 2 * default_parallelism(spark)),
-        "values": "true" if values else "false",
-    }
-    for k, v in opts.items():
-        if v is not None:
-            reader = reader.option(k, v)
-    return reader.load(str(archive.path.absolute()))
-
-
-def read_changes(spark, cluster: str, *, bucket: str = "default",
-                 username: str | None = None, password: str | None = None,
-                 vbuckets: str | Iterable[int] | None = None, start: str = "beginning",
-                 partitions: int | None = None, values: bool = True, **options: Any):
-    """A streaming DataFrame of a node's DCP changes (`readStream.format("dcptool-stream")`).
-
-    Offsets are per-vbucket positions kept in the query's checkpoint; `start` is where a
-    new query begins ("beginning" or "now"). See dcptool.pipeline.streamsource.
-    """
-    from dcptool.pipeline.runtime import default_parallelism
-
-    register(spark)
-    reader = spark.readStream.format(STREAM_FORMAT).option("cluster", cluster) \
-        .option("bucket", bucket).option("start", start) \
-        .option("partitions", str(partitions or 2 * default_parallelism(spark))) \
-        .option("values", "true" if values else "false")
-    if username is not None:
-        reader = reader.option("username", username)
-    if password is not None:
-        reader = reader.option("password", password)
-    vbs = _vbucket_option(vbuckets)
-    if vbs is not None:
-        reader = reader.option("vbuckets", vbs)
-    for k, v in options.items():
-        reader = reader.option(k, str(v))
-    return reader.load()

@@ -76,6 +76,9 @@ EV_ROLLBACK_SEQNO = 2
 EV_ROLLBACK_INFO = 3
 #: SEQNO_ADVANCED
 EV_ADVANCED_SEQNO = 2
+#: VBUCKET_STATE (the opaque the answer must carry)
+EV_STATE = 2
+EV_STATE_OPAQUE = 3
 
 #: kinds that carry a document change
 RECORD_KINDS = frozenset({MUTATION, DELETION, EXPIRATION})

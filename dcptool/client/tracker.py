@@ -3,7 +3,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .events import DELETION, EXPIRATION, MUTATION, ROLLBACK, SEQNO_ADVANCED, SNAPSHOT
+from .events import (
+    DELETION,
+    EV_ADVANCED_SEQNO,
+    EV_KIND,
+    EV_ROLLBACK_INFO,
+    EV_SEQNO,
+    EV_SNAP_END,
+    EV_SNAP_START,
+    EV_VBUCKET,
+    EXPIRATION,
+    MUTATION,
+    ROLLBACK,
+    SEQNO_ADVANCED,
+    SNAPSHOT,
+)
 from .position import Position
 
 if TYPE_CHECKING:
@@ -24,17 +38,19 @@ class PositionTracker:
         self.t = {vb: [p.seqno, p.snap_start, p.snap_end, None] for vb, p in positions.items()}
 
     def see(self, ev) -> None:
-        kind = ev[0]
-        t = self.t.get(ev[1])
+        kind = ev[EV_KIND]
+        t = self.t.get(ev[EV_VBUCKET])
         if t is None:
             return
-        if kind in _ITEMS or kind == SEQNO_ADVANCED:
-            t[0] = ev[2]
+        if kind in _ITEMS:
+            t[0] = ev[EV_SEQNO]
+        elif kind == SEQNO_ADVANCED:
+            t[0] = ev[EV_ADVANCED_SEQNO]
         elif kind == SNAPSHOT:
             t[3] = t[2]
-            t[1], t[2] = ev[2], ev[3]
+            t[1], t[2] = ev[EV_SNAP_START], ev[EV_SNAP_END]
         elif kind == ROLLBACK:
-            p = ev[3].after
+            p = ev[EV_ROLLBACK_INFO].after
             t[:] = [p.seqno, p.snap_start, p.snap_end, None]
 
     def position(self, consumer: "DcpConsumer", vb: int) -> Position:

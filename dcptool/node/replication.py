@@ -249,9 +249,10 @@ class SnapshotBuffer:
         self.pending: list = []
         self.end: int | None = None
 
-    def item(self, ev) -> None:
+    def item(self, ev, seqno: int) -> None:
+        """Buffer a record event (`seqno` is its seqno)."""
         self.pending.append(ev)
-        if self.end is not None and ev[2] >= self.end:
+        if self.end is not None and seqno >= self.end:
             self.complete()
 
     def marker(self, end: int) -> None:
@@ -361,7 +362,20 @@ class ReplicaStream(threading.Thread):
 
     def _run_once(self) -> None:
         from dcptool.client.consumer import DcpConsumer
-        from dcptool.client.events import ROLLBACK, SEQNO_ADVANCED, SNAPSHOT, STREAM_END, STREAM_OPEN
+        from dcptool.client.events import (
+            EV_ADVANCED_SEQNO,
+            EV_END_REASON,
+            EV_END_RETRYING,
+            EV_KIND,
+            EV_OPEN_FAILOVER_LOG,
+            EV_SEQNO,
+            EV_SNAP_END,
+            ROLLBACK,
+            SEQNO_ADVANCED,
+            SNAPSHOT,
+            STREAM_END,
+            STREAM_OPEN,
+        )
         from dcptool.client.session import SessionConfig
 
         pos = self._on_loop(self._position)
@@ -380,28 +394,29 @@ class ReplicaStream(threading.Thread):
         while not self.stopping:
             events = self.consumer.poll(0.5)
             for ev in events:
-                kind = ev[0]
+                kind = ev[EV_KIND]
                 if kind in _OPS:
-                    self._wait_hold(ev[2])
-                    self.received = ev[2]
-                    snap.item(ev)
+                    seqno = ev[EV_SEQNO]
+                    self._wait_hold(seqno)
+                    self.received = seqno
+                    snap.item(ev, seqno)
                 elif kind == SNAPSHOT:
-                    snap.marker(ev[3])
-                    self.snapshot_end = ev[3]
+                    snap.marker(ev[EV_SNAP_END])
+                    self.snapshot_end = ev[EV_SNAP_END]
                 elif kind == SEQNO_ADVANCED:
-                    self.received = ev[2]
-                    snap.advanced(ev[2])
+                    self.received = ev[EV_ADVANCED_SEQNO]
+                    snap.advanced(ev[EV_ADVANCED_SEQNO])
                 elif kind == STREAM_OPEN:
                     self.connected = True
                     self.last_error = None
-                    self._on_loop(self._take_failover_log, ev[2])
+                    self._on_loop(self._take_failover_log, ev[EV_OPEN_FAILOVER_LOG])
                 elif kind == ROLLBACK:
                     pass  # done in _on_rollback, before the session asked again
                 elif kind == STREAM_END:
-                    if snap.end is not None and ev[2] == StreamEndReason.OK:
+                    if snap.end is not None and ev[EV_END_REASON] == StreamEndReason.OK:
                         snap.complete()
                     snap.clear()
-                    if not ev[3]:
+                    if not ev[EV_END_RETRYING]:
                         return  # the source ended it (e.g. its vbucket changed state)
 
     def _wait_hold(self, seqno: int) -> None:

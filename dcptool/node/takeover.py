@@ -144,6 +144,15 @@ class _Takeover:
     def _stream(self) -> None:
         from dcptool.client.consumer import DcpConsumer
         from dcptool.client.events import (
+            EV_ADVANCED_SEQNO,
+            EV_END_REASON,
+            EV_END_RETRYING,
+            EV_KIND,
+            EV_OPEN_FAILOVER_LOG,
+            EV_SEQNO,
+            EV_SNAP_END,
+            EV_STATE,
+            EV_STATE_OPAQUE,
             SEQNO_ADVANCED,
             SNAPSHOT,
             STREAM_END,
@@ -170,36 +179,36 @@ class _Takeover:
                 raise TakeoverError(f"the takeover of vbucket {self.vbid} did not finish in "
                                     f"{self.timeout:.0f}s")
             for ev in c.poll(0.5):
-                kind = ev[0]
+                kind = ev[EV_KIND]
                 if kind in _RECORDS:
-                    self.received = ev[2]
+                    self.received = ev[EV_SEQNO]
                     self.items += 1
-                    snap.item(ev)
+                    snap.item(ev, self.received)
                 elif kind == SNAPSHOT:
-                    snap.marker(ev[3])
+                    snap.marker(ev[EV_SNAP_END])
                 elif kind == SEQNO_ADVANCED:
-                    self.received = ev[2]
-                    snap.advanced(ev[2])
+                    self.received = ev[EV_ADVANCED_SEQNO]
+                    snap.advanced(ev[EV_ADVANCED_SEQNO])
                 elif kind == STREAM_OPEN:
-                    self.on_loop(self._take_failover_log, ev[2])
+                    self.on_loop(self._take_failover_log, ev[EV_OPEN_FAILOVER_LOG])
                 elif kind == VBUCKET_STATE:
                     # the producer sends it between complete snapshots
                     if snap.end is not None or snap.pending:
                         snap.complete()
-                    state = int(ev[2])
+                    state = int(ev[EV_STATE])
                     if state not in (_PENDING, _ACTIVE):
                         raise TakeoverError(f"the source sent SET_VBUCKET_STATE({state})")
                     self.on_loop(self._set_state, state)
                     self.became_active = state == _ACTIVE
-                    c.session.ack_vbucket_state(ev[3])
+                    c.session.ack_vbucket_state(ev[EV_STATE_OPAQUE])
                     c.flush()
                 elif kind == STREAM_END:
-                    if ev[2] == StreamEndReason.OK and self.became_active:
+                    if ev[EV_END_REASON] == StreamEndReason.OK and self.became_active:
                         return
-                    if not ev[3]:
+                    if not ev[EV_END_RETRYING]:
                         raise TakeoverError(
                             f"the source ended the takeover stream of vbucket {self.vbid} "
-                            f"(reason {ev[2]})" + ("" if self.became_active
+                            f"(reason {ev[EV_END_REASON]})" + ("" if self.became_active
                                                    else " before the handshake"))
 
 

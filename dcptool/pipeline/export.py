@@ -40,8 +40,7 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
                vbuckets: list[int] | None = None, overwrite: bool = False,
                partitions: int | None = None, master: str | None = None,
                spark=None) -> ExportResult:
-    from dcptool.spark import read_archive
-
+    from .dataframes import read_archive
     from .runtime import get_spark
 
     t0 = time.monotonic()

@@ -2,7 +2,7 @@
 reports its progress; the pipeline only adds where the node's streams end."""
 from __future__ import annotations
 
-from archive_testlib import W, mutations, write_events
+from archiveutil import W, mutations, write_events
 
 from dcptool.archive import Archive, Position
 from dcptool.archive.archive import ZERO_START, VBucketStart
