@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 import msgpack  # noqa: E402
 import zstandard  # noqa: E402
 
-from dcptool.archive import Archive, Position, VBucketWriter  # noqa: E402
+from dcptool.archive import Archive, ArchivePosition, VBucketWriter  # noqa: E402
 
 BLOCK = 1 << 20
 UUID = 0x5EED_0000_0000_0001
@@ -116,7 +116,7 @@ def _writers(scratch: Path, level: int, n: int) -> list[VBucketWriter]:
     a = Archive.create(path, bucket="bench", vbuckets=1024)
     bw = a.begin_backup("full", level=level)
     bw.lock.release()  # the benchmark commits nothing; leave no lock behind
-    return [VBucketWriter(a.path, bw.id, vb, Position.at(UUID, 0), [(UUID, 0)])
+    return [VBucketWriter(a.path, bw.id, vb, ArchivePosition.at(UUID, 0), [(UUID, 0)])
             for vb in range(n)]
 
 
@@ -134,7 +134,7 @@ def writer_calls(records: list[tuple], scratch: Path, level: int, streams: int =
         mutation = muts[(start // run) % streams]
         for seqno, rev, cas, flags, expiry, datatype, key, value in records[start:start + run]:
             mutation(seqno, rev, cas, flags, expiry, datatype, key, value)
-    size = sum(w.close(Position.at(UUID, n))["bytes"]["files"] for w in ws)
+    size = sum(w.close(ArchivePosition.at(UUID, n))["bytes"]["files"] for w in ws)
     return time.perf_counter() - t0, size
 
 
@@ -155,7 +155,7 @@ def writer_packed(records: list[tuple], scratch: Path, level: int,
             buf += pack((3, seqno, rev, cas, flags, expiry, datatype, key, value, None))
             vbytes += len(value)
         add(buf, mutations=min(run, n - start), value_bytes=vbytes)
-    size = w.close(Position.at(UUID, n))["bytes"]["files"]
+    size = w.close(ArchivePosition.at(UUID, n))["bytes"]["files"]
     return time.perf_counter() - t0, size
 
 

@@ -39,7 +39,7 @@ from .format import (
     ROLLBACK,
     SNAPSHOT,
     STREAM,
-    Position,
+    ArchivePosition,
 )
 from .frames import iter_file_records, iter_frame_batches
 from .reader import Backup, VBucketHistory, iter_vbucket_batches, iter_vbucket_records
@@ -50,7 +50,7 @@ from .writer import VBucketWriter
 __all__ = [
     "Archive", "BackupWriter", "BackupPlan", "BackupProgress", "VBucketStart", "PartialBackup",
     "LATEST", "backup_path", "VBucketWriter", "Backup",
-    "VBucketHistory", "VBucketRecovery", "Position",
+    "VBucketHistory", "VBucketRecovery", "ArchivePosition",
     "ArchiveError", "ArchiveLockedError", "ChainError", "CorruptFileError", "NotAnArchiveError",
     "PartialBackupExistsError", "ResolutionError", "SummaryMismatchError",
     "HEADER", "STREAM", "SNAPSHOT", "REC_MUTATION", "REC_DELETION", "REC_EXPIRATION", "ROLLBACK", "END",

@@ -43,7 +43,7 @@ from .format import (
     FULL,
     MANIFEST_FORMAT,
     MANIFEST_JSON,
-    Position,
+    ArchivePosition,
     atomic_write_json,
     backup_id_for,
     fsync_dir,
@@ -280,13 +280,13 @@ class Archive:
         out.reverse()
         return out
 
-    def end_positions(self, upto: str | None = None) -> dict[int, Position]:
+    def end_positions(self, upto: str | None = None) -> dict[int, ArchivePosition]:
         """Per vbucket, where the chain ending at `upto` (default newest) stopped: the start
         of the next incremental backup."""
-        ends: dict[int, Position] = {}
+        ends: dict[int, ArchivePosition] = {}
         for b in self.chain(upto):
             for e in b.manifest["vbuckets"]:
-                ends[e["vbucket"]] = Position.coerce(e["end"])
+                ends[e["vbucket"]] = ArchivePosition.coerce(e["end"])
         return ends
 
     def failover_logs(self, upto: str | None = None) -> dict[int, list[list[int]]]:
@@ -311,7 +311,7 @@ class Archive:
         return resolve(self.history(vbucket, backup), upto_seqno=upto_seqno,
                        include_deletions=include_deletions)
 
-    def rollback_point(self, vbucket: int, seqno: int, upto: str | None = None) -> Position:
+    def rollback_point(self, vbucket: int, seqno: int, upto: str | None = None) -> ArchivePosition:
         """Where to roll `vbucket` back to when the node answers ROLLBACK to `seqno`: the
         latest snapshot boundary at or below `seqno` on the live branch of the chain (seqno
         0 when there is none), with the uuid of the history branch that holds it."""
@@ -320,7 +320,7 @@ class Archive:
         best = 0
         for b, cut in zip(reversed(parts), reversed(cuts)):
             entry = b.entry(vbucket)
-            if Position.coerce(entry["end"]).seqno <= best and not entry["rollbacks"]:
+            if ArchivePosition.coerce(entry["end"]).seqno <= best and not entry["rollbacks"]:
                 break  # this backup and older ones hold nothing above what was found
             limit = seqno if cut is None else min(seqno, cut)
             for s in snapshot_boundaries(b.records(vbucket)):
@@ -328,7 +328,7 @@ class Archive:
                     best = s
         logs = self.failover_logs(upto)
         flog = logs.get(vbucket, [])
-        return Position.at(uuid_for_seqno(flog, best, flog[-1][0] if flog else 0), best)
+        return ArchivePosition.at(uuid_for_seqno(flog, best, flog[-1][0] if flog else 0), best)
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -477,12 +477,12 @@ class VBucketStart:
     attempt left for it are continued (`VBucketWriter(resume=True)` then finds the exact
     position in them)."""
 
-    position: Position
+    position: ArchivePosition
     failover_log: tuple[tuple[int, int], ...] = ()
     resume: bool = False
 
 
-ZERO_START = Position(0, 0, 0, 0)
+ZERO_START = ArchivePosition(0, 0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -569,7 +569,7 @@ class BackupWriter:
                 elif rec.position is not None:
                     resume.add(vb)
         if self.type == FULL:
-            ends: dict[int, Position] = {}
+            ends: dict[int, ArchivePosition] = {}
             logs: dict[int, list[list[int]]] = {}
         else:
             ends = self.archive.end_positions(self.parent)

@@ -100,8 +100,10 @@ def parse_data_name(name: str) -> tuple[int, int] | None:
 # Positions and failover logs.
 
 
-class Position(NamedTuple):
-    """Where a vbucket stream stands: the vbucket version plus the snapshot around it.
+class ArchivePosition(NamedTuple):
+    """Where a vbucket stream stands, as the archive records it: the vbucket version plus the
+    snapshot around it (the client's `dcptool.client.position.Position` converts to and from
+    it with `from_archive`/`to_archive`).
 
     This is exactly what a DCP stream request needs to resume: (vbucket uuid, start seqno,
     snapshot start, snapshot end). On a snapshot boundary snap_start == snap_end == seqno.
@@ -113,15 +115,15 @@ class Position(NamedTuple):
     snap_end: int
 
     @classmethod
-    def at(cls, uuid: int, seqno: int) -> "Position":
+    def at(cls, uuid: int, seqno: int) -> "ArchivePosition":
         """A position on a snapshot boundary."""
         return cls(uuid, seqno, seqno, seqno)
 
     @classmethod
-    def coerce(cls, value: Any) -> "Position":
-        """Accept a Position, a 4-sequence, the JSON dict form, or any object with uuid,
+    def coerce(cls, value: Any) -> "ArchivePosition":
+        """Accept a ArchivePosition, a 4-sequence, the JSON dict form, or any object with uuid,
         seqno, snap_start and snap_end attributes (such as the client's stream position)."""
-        if isinstance(value, Position):
+        if isinstance(value, ArchivePosition):
             return value
         if hasattr(value, "snap_end") and hasattr(value, "uuid"):
             return cls(int(value.uuid), int(value.seqno), int(value.snap_start),

@@ -35,7 +35,7 @@ from .format import (
     SNAPSHOT,
     STREAM,
     FORMAT_NAME,
-    Position,
+    ArchivePosition,
     done_file_name,
     fsync_dir,
     read_json,
@@ -103,9 +103,9 @@ class VBucketScan:
 
     vbucket: int
     files: list[tuple[int, str]]
-    start: Position | None = None          # position of the first stream record
+    start: ArchivePosition | None = None          # position of the first stream record
     failover_log: list[list[int]] = field(default_factory=list)  # of the latest stream record
-    position: Position | None = None       # restart position: the last boundary kept
+    position: ArchivePosition | None = None       # restart position: the last boundary kept
     cut: Cut | None = None                 # None: nothing worth keeping
     counts: dict[str, int] = field(default_factory=dict)  # counts of the kept prefix
     value_bytes: int = 0
@@ -148,7 +148,7 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
     prev_end: Cut | None = None  # boundary just after the previous record
     found_rollback_point = False
 
-    def mark(at: Cut | None, pos: Position) -> None:
+    def mark(at: Cut | None, pos: ArchivePosition) -> None:
         scan.cut = at
         scan.position = pos
         scan.counts = dict(counts)
@@ -160,7 +160,7 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
 
     def boundary(at: Cut | None, seqno: int) -> None:
         nonlocal found_rollback_point
-        pos = Position.at(uuid_for_seqno(flog, seqno, uuid), seqno)
+        pos = ArchivePosition.at(uuid_for_seqno(flog, seqno, uuid), seqno)
         if rollback_to is None:
             mark(at, pos)
         elif seqno <= rollback_to:
@@ -234,7 +234,7 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
                             elif rtype == STREAM:
                                 if snap is not None:
                                     raise _Stop(f"{name}: stream record inside a snapshot")
-                                pos = Position(rec[1], rec[2], rec[3], rec[4])
+                                pos = ArchivePosition(rec[1], rec[2], rec[3], rec[4])
                                 uuid = pos.uuid
                                 flog = [list(e) for e in rec[5]]
                                 last_seqno = pos.seqno
@@ -348,9 +348,9 @@ class VBucketRecovery:
     vbucket: int
     complete: bool
     summary: dict[str, Any] | None = None  # the done summary when complete
-    position: Position | None = None       # where an incomplete vbucket restarts (None: unknown
+    position: ArchivePosition | None = None       # where an incomplete vbucket restarts (None: unknown
                                            # or no valid data; restart from the planned start)
-    start: Position | None = None
+    start: ArchivePosition | None = None
     failover_log: list[list[int]] = field(default_factory=list)
     records_kept: int = 0
     problem: str | None = None
@@ -418,8 +418,8 @@ def recover_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket:
     summary, problem = check_done(backup_dir, backup_id, vbucket, files, rehash=rehash)
     if summary is not None:
         return VBucketRecovery(vbucket, True, summary=summary,
-                               position=Position.coerce(summary["end"]),
-                               start=Position.coerce(summary["start"]),
+                               position=ArchivePosition.coerce(summary["end"]),
+                               start=ArchivePosition.coerce(summary["start"]),
                                failover_log=summary.get("failover_log", []),
                                records_kept=summary["counts"]["records"])
     rec = VBucketRecovery(vbucket, False, problem=problem)

@@ -43,7 +43,7 @@ from .format import (
     ROLLBACK,
     SNAPSHOT,
     STREAM,
-    Position,
+    ArchivePosition,
     read_json,
 )
 from .frames import iter_frame_batches
@@ -142,8 +142,8 @@ class _VBucketCheck:
                        "rollbacks": 0, "records": 0}
         self.value_bytes = 0
         self.rollbacks: list[dict[str, int]] = []
-        self.first_stream: Position | None = None
-        self.end: Position | None = None
+        self.first_stream: ArchivePosition | None = None
+        self.end: ArchivePosition | None = None
         self.snap: tuple[int, int] | None = None
         self.last = -1        # seqnos of later items must be above this
         self.top = -1         # highest item seqno so far
@@ -200,7 +200,7 @@ class _VBucketCheck:
             self.marker_end = end
             self.counts["snapshots"] += 1
         elif t == STREAM:
-            pos = Position(rec[1], rec[2], rec[3], rec[4])
+            pos = ArchivePosition(rec[1], rec[2], rec[3], rec[4])
             if pos.seqno < self.top:
                 return (f"stream restarts at seqno {pos.seqno} below items already written "
                         f"(up to {self.top})")
@@ -221,7 +221,7 @@ class _VBucketCheck:
             self.last = s
             self.marker_end = min(self.marker_end, s)
         elif t == END:
-            pos = Position(rec[1], rec[2], rec[3], rec[4])
+            pos = ArchivePosition(rec[1], rec[2], rec[3], rec[4])
             if pos.seqno < self.top:
                 return f"end position seqno {pos.seqno} is below the last item ({self.top})"
             self.end = pos
@@ -233,10 +233,10 @@ class _VBucketCheck:
         e = self.entry
         if self.end is None:
             out.append("the last file has no end record (data incomplete)")
-        elif self.end != Position.coerce(e["end"]):
+        elif self.end != ArchivePosition.coerce(e["end"]):
             out.append(f"end record {self.end.to_json()} differs from the manifest's end "
                        f"{e['end']}")
-        if self.first_stream is not None and self.first_stream != Position.coerce(e["start"]):
+        if self.first_stream is not None and self.first_stream != ArchivePosition.coerce(e["start"]):
             out.append(f"first stream record {self.first_stream.to_json()} differs from the "
                        f"manifest's start {e['start']}")
         for k, v in self.counts.items():
@@ -338,14 +338,14 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
 
 def _continuity(archive: Archive, manifests: dict[str, dict[str, Any]],
                 broken: set[str], report: VerifyReport) -> None:
-    ends_after: dict[str, dict[int, Position]] = {}
+    ends_after: dict[str, dict[int, ArchivePosition]] = {}
     parents = effective_parents(manifests)
     for bid in sorted(manifests):
         m = manifests[bid]
         mpath = str(archive.backup_dir(bid) / MANIFEST_JSON)
         parent = parents[bid]
         if m["type"] == FULL:
-            prev: dict[int, Position] | None = {}
+            prev: dict[int, ArchivePosition] | None = {}
         elif parent in broken:
             report.problems.append(Problem(mpath, f"parent backup {parent} is itself broken; "
                                            "this backup cannot be restored", bid))
@@ -356,10 +356,10 @@ def _continuity(archive: Archive, manifests: dict[str, dict[str, Any]],
             prev = None
         else:
             prev = ends_after.get(parent)
-        ends: dict[int, Position] = dict(prev or {})
+        ends: dict[int, ArchivePosition] = dict(prev or {})
         for e in m["vbuckets"]:
             vb = e["vbucket"]
-            start = Position.coerce(e["start"])
+            start = ArchivePosition.coerce(e["start"])
             if prev is not None:
                 rb = e["rollbacks"]
                 if m["type"] == FULL:
@@ -380,7 +380,7 @@ def _continuity(archive: Archive, manifests: dict[str, dict[str, Any]],
                     report.problems.append(Problem(
                         mpath, f"vbucket {vb}: starts at seqno {start.seqno} but no earlier "
                                "backup of the chain holds it", bid, vb))
-            ends[vb] = Position.coerce(e["end"])
+            ends[vb] = ArchivePosition.coerce(e["end"])
         if prev is None:
             broken.add(bid)
         ends_after[bid] = ends

@@ -46,7 +46,7 @@ from .format import (
     ROLLBACK,
     SNAPSHOT,
     STREAM,
-    Position,
+    ArchivePosition,
     atomic_write_json,
     coerce_failover_log,
     data_file_name,
@@ -168,7 +168,7 @@ class VBucketWriter:
             raise ArchiveError(f"backup {backup_id} has format version {self.version}; this "
                                f"dcptool writes versions 1 and {FORMAT_VERSION}")
         self._blk = BlockBuilder()
-        self.start = Position.coerce(start)
+        self.start = ArchivePosition.coerce(start)
         self.failover_log = coerce_failover_log(failover_log)
         # counters: records of each kind, value bytes; "other" = header/stream/rollback/end
         self._nm = self._nd = self._ne = self._ns = self._no = 0
@@ -445,7 +445,7 @@ class VBucketWriter:
                             "size": self._fsize, "sha256": self._sha.hexdigest(),
                             "records": self._seg_records})
 
-    def _stream_record(self, pos: Position, failover_log: list[list[int]]) -> None:
+    def _stream_record(self, pos: ArchivePosition, failover_log: list[list[int]]) -> None:
         self._blk.add((STREAM, pos.uuid, pos.seqno, pos.snap_start, pos.snap_end,
                        tuple(tuple(e) for e in failover_log)))
         self._no += 1
@@ -509,7 +509,7 @@ class VBucketWriter:
         self._blk.add((ROLLBACK, seqno, vbucket_uuid))
         self._no += 1
         self.rollbacks.append({"seqno": seqno, "vbucket_uuid": vbucket_uuid})
-        self.position = Position.at(vbucket_uuid, seqno)
+        self.position = ArchivePosition.at(vbucket_uuid, seqno)
 
     def stream(self, position: Any, failover_log: Iterable[Any] | None = None) -> None:
         """Record that the stream (re)started at `position` (after a rollback or a reconnect),
@@ -519,7 +519,7 @@ class VBucketWriter:
         after this call must have a higher seqno (verify reports a stream record followed by
         lower seqnos)."""
         self._check_open()
-        pos = Position.coerce(position)
+        pos = ArchivePosition.coerce(position)
         self._cut_back(pos.seqno)
         if failover_log is not None:
             self.failover_log = coerce_failover_log(failover_log)
@@ -544,7 +544,7 @@ class VBucketWriter:
         sync=False, no fsyncs: the caller syncs the filesystem before it reports the
         vbucket done.)"""
         self._check_open()
-        end_pos = Position.coerce(end)
+        end_pos = ArchivePosition.coerce(end)
         self._blk.add((END, end_pos.uuid, end_pos.seqno, end_pos.snap_start,
                        end_pos.snap_end))
         self._no += 1

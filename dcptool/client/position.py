@@ -105,7 +105,7 @@ class Position:
 
     @classmethod
     def from_archive(cls, pos: Any, failover_log: Iterable[Any] | None = ()) -> "Position":
-        """The position an archive recorded (its Position, or the JSON dict with uuid,
+        """The position an archive recorded (its ArchivePosition, or the JSON dict with uuid,
         seqno, snap_start and snap_end) with the failover log recorded beside it. A
         position on a snapshot end remembers that end as a rollback point."""
         if isinstance(pos, dict):

@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 import zstandard
 
-from dcptool.archive import Archive, Position
+from dcptool.archive import Archive, ArchivePosition
 from dcptool.archive.frames import scan_frames
 
 W = 0xA1A1_0000_0000_0001  # vbucket uuids for history branches, as in seed 004
@@ -22,7 +22,7 @@ def doc(seqno: int, key: bytes, value: bytes | None = None, *, cas: int | None =
 def write_events(w, events: Iterable[tuple]) -> None:
     """Feed events to a VBucketWriter:
     ("snap", start, end) | ("mut", seqno, key[, value]) | ("del", seqno, key) |
-    ("exp", seqno, key) | ("rollback", seqno, uuid) | ("stream", Position, flog)."""
+    ("exp", seqno, key) | ("rollback", seqno, uuid) | ("stream", ArchivePosition, flog)."""
     for ev in events:
         kind = ev[0]
         if kind == "snap":
@@ -58,7 +58,7 @@ def mutations(first: int, last: int, *, per_snapshot: int = 100, prefix: bytes =
 
 
 def backup(archive: Archive, btype: str, vbuckets: dict[int, dict[str, Any]], **kw) -> dict:
-    """Write and commit one backup. vbuckets: {vb: {"start": Position, "end": Position,
+    """Write and commit one backup. vbuckets: {vb: {"start": ArchivePosition, "end": ArchivePosition,
     "events": [...], "flog": [...]}}. Returns the manifest."""
     bw = archive.begin_backup(btype, **kw)
     sums = []
@@ -83,11 +83,11 @@ def seed_004_archive(path) -> tuple[Archive, dict, dict]:
         return b"doc-%d" % (s - 950) if s > 950 else b"doc-%d" % s
 
     full = backup(archive, "full", {0: {
-        "start": Position.at(W, 0), "end": Position.at(W, 1000),
+        "start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 1000),
         "events": mutations(1, 1000, keyfn=dead_key), "flog": [(W, 0)]}})
     inc = backup(archive, "incremental", {0: {
-        "start": Position.at(W, 1000), "end": Position.at(X, 960), "flog": [(X, 900), (W, 0)],
-        "events": [("rollback", 900, W), ("stream", Position.at(W, 900), [(X, 900), (W, 0)])]
+        "start": ArchivePosition.at(W, 1000), "end": ArchivePosition.at(X, 960), "flog": [(X, 900), (W, 0)],
+        "events": [("rollback", 900, W), ("stream", ArchivePosition.at(W, 900), [(X, 900), (W, 0)])]
         + mutations(901, 960, per_snapshot=20, prefix=b"new-")}})
     return archive, full, inc
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from archiveutil import W, mutations, write_events
 
-from dcptool.archive import Archive, Position
+from dcptool.archive import Archive, ArchivePosition
 from dcptool.archive.archive import ZERO_START, VBucketStart
 
 
@@ -13,9 +13,9 @@ def _backup(archive: Archive, btype: str, per_vb: dict[int, int], start: dict[in
     sums = []
     for vb, n in per_vb.items():
         s0 = start.get(vb, 0)
-        w = bw.vbucket(vb, Position.at(W, s0), [(W, 0)])
+        w = bw.vbucket(vb, ArchivePosition.at(W, s0), [(W, 0)])
         write_events(w, mutations(s0 + 1, s0 + n))
-        sums.append(w.close(Position.at(W, s0 + n)))
+        sums.append(w.close(ArchivePosition.at(W, s0 + n)))
     return bw.commit(sums)["id"]
 
 
@@ -32,8 +32,8 @@ def test_full_and_incremental_starts(tmp_path):
     _backup(a, "full", {0: 10, 1: 20}, {})
     bw = a.begin_backup("incremental")
     plan = bw.plan(range(3))
-    assert plan.starts[0] == VBucketStart(Position.at(W, 10), ((W, 0),), False)
-    assert plan.starts[1].position == Position.at(W, 20)
+    assert plan.starts[0] == VBucketStart(ArchivePosition.at(W, 10), ((W, 0),), False)
+    assert plan.starts[1].position == ArchivePosition.at(W, 20)
     assert plan.starts[2] == VBucketStart(ZERO_START, (), False)  # new in this backup
     bw.abort()
 
@@ -41,10 +41,10 @@ def test_full_and_incremental_starts(tmp_path):
 def test_a_resumed_backup_keeps_what_completed_and_resumes_what_began(tmp_path):
     a = Archive.create(tmp_path / "a", bucket="default", vbuckets=4)
     bw = a.begin_backup("full")
-    done = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    done = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     write_events(done, mutations(1, 30))
-    summary = done.close(Position.at(W, 30))
-    begun = bw.vbucket(1, Position.at(W, 0), [(W, 0)])
+    summary = done.close(ArchivePosition.at(W, 30))
+    begun = bw.vbucket(1, ArchivePosition.at(W, 0), [(W, 0)])
     write_events(begun, mutations(1, 300, per_snapshot=100))
     begun.abort()
     bw.abort()  # killed

@@ -12,7 +12,7 @@ import pytest
 import zstandard
 from archiveutil import W
 
-from dcptool.archive import Archive, Position, VBucketWriter
+from dcptool.archive import Archive, ArchivePosition, VBucketWriter
 from dcptool.archive.block import ITEM_COST, compress_sections, decode_block, encode_records
 from dcptool.archive.errors import CorruptFileError
 from dcptool.archive.format import FORMAT_VERSION, sync_filesystem
@@ -101,14 +101,14 @@ def test_version_2_is_smaller_than_version_1_and_near_zstd_of_the_values(tmp_pat
     for version in (1, 2):
         a = Archive.create(tmp_path / f"v{version}", bucket="b", vbuckets=1)
         bw = a.begin_backup("full", version=version)
-        w = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+        w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
         w.marker(1, len(values))
         cas = 1_795_315_799_434_788_864
         r = random.Random(9)
         for s, v in enumerate(values, 1):
             cas += r.randrange(1 << 24) << 16
             w.mutation(s, 1, cas, 0, 0, 1, b"order::%09d" % (s * 1024 + r.randrange(1024)), v)
-        sizes[version] = w.close(Position.at(W, len(values)))["bytes"]["files"]
+        sizes[version] = w.close(ArchivePosition.at(W, len(values)))["bytes"]["files"]
         bw.abort()
     zstd3 = len(zstandard.ZstdCompressor(level=3).compress(b"".join(values)))
     assert sizes[2] < 0.93 * sizes[1], sizes
@@ -156,7 +156,7 @@ def test_new_backup_on_a_version_1_archive_writes_version_2(tmp_path):
     w.marker(7, 8)
     w.mutation(7, 5, 3007, 0, 0, 1, b"key-1-3", b'{"n":7}')
     w.mutation(8, 5, 3008, 0, 0, 1, b"key-1-9", b'{"n":8}')
-    m = bw.commit([w.close(Position.at(0x1111, 8))])
+    m = bw.commit([w.close(ArchivePosition.at(0x1111, 8))])
     assert m["version"] == FORMAT_VERSION == 2
     assert json.loads((path / "archive.json").read_text())["version"] == 1  # never rewritten
     first = next(iter(a.backup(m["id"]).records(1)))
@@ -170,7 +170,7 @@ def test_new_backup_on_a_version_1_archive_writes_version_2(tmp_path):
 def test_resuming_a_version_1_partial_backup_keeps_version_1(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=2)
     bw = a.begin_backup("full", version=1, block_size=300)
-    w = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     for snap in range(10):
         w.marker(snap * 10 + 1, snap * 10 + 10)
         for s in range(snap * 10 + 1, snap * 10 + 11):
@@ -178,12 +178,12 @@ def test_resuming_a_version_1_partial_backup_keeps_version_1(tmp_path):
     w.abort()  # killed: a partial backup whose frames hold version 1 records
     bw.abort()
     bw = a.resume_backup()
-    w = VBucketWriter(a.path, bw.id, 0, Position.at(W, 0), [(W, 0)], resume=True)
+    w = VBucketWriter(a.path, bw.id, 0, ArchivePosition.at(W, 0), [(W, 0)], resume=True)
     assert w.version == 1 and 0 < w.position.seqno <= 100
     at = w.position.seqno
     w.marker(at + 1, at + 1)
     w.mutation(at + 1, 1, at + 1, 0, 0, 1, b"k-new", b"new")
-    m = bw.commit([w.close(Position.at(W, at + 1))])
+    m = bw.commit([w.close(ArchivePosition.at(W, at + 1))])
     assert m["version"] == 1
     assert verify_archive(a.path).ok
     for name in (f["name"] for f in m["vbuckets"][0]["files"]):
@@ -199,11 +199,11 @@ def test_deferred_sync_writer_leaves_the_same_files(tmp_path):
     bw = a.begin_backup("full", block_size=2000, segment_bytes=3000)
     sums = []
     for vb, sync in ((0, True), (1, False)):
-        w = VBucketWriter(a.path, bw.id, vb, Position.at(W, 0), [(W, 0)], sync=sync)
+        w = VBucketWriter(a.path, bw.id, vb, ArchivePosition.at(W, 0), [(W, 0)], sync=sync)
         w.marker(1, 400)
         for s in range(1, 401):
             w.mutation(s, 1, s, 0, 0, 1, b"k%d" % s, os.urandom(20).hex().encode())
-        sums.append(w.close(Position.at(W, 400)))
+        sums.append(w.close(ArchivePosition.at(W, 400)))
     sync_filesystem(bw.dir)
     assert len(sums[1]["files"]) > 1
     assert json.loads((bw.dir / "vb-0001.done.json").read_text()) == sums[1]
@@ -216,15 +216,15 @@ def test_deferred_sync_writer_leaves_the_same_files(tmp_path):
 def test_add_packed_checks_the_counts_it_is_given(tmp_path, version):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=1)
     bw = a.begin_backup("full", version=version)
-    w = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     recs = [(2, 1, 2, 0), (3, 1, 1, 5, 0, 0, 1, b"a", b"xy", None),
             (4, 2, 1, 6, b"b", 0, 0, b"")]
     data = b"".join(msgpack.packb(r) for r in recs)
     with pytest.raises(ValueError, match="not the counts"):
         w.add_packed(data, mutations=2, deletions=1, snapshots=1, value_bytes=2)
-    w2 = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    w2 = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     w2.add_packed(data, mutations=1, deletions=1, snapshots=1, value_bytes=2)
-    s = w2.close(Position.at(W, 2))
+    s = w2.close(ArchivePosition.at(W, 2))
     assert s["counts"]["mutations"] == 1 and s["counts"]["deletions"] == 1
     m = bw.commit([s])
     assert [r for r in a.backup(m["id"]).records(0) if r[0] in (2, 3, 4)] == recs
@@ -245,7 +245,7 @@ def test_open_writers_keep_to_the_block_budget_together(tmp_path):
         return out
 
     events = [(3, 0, s, 1, s, 0, 0, 1, b"k%d" % s, os.urandom(1000)) for s in range(1, 301)]
-    ws = [VBucketWriter(a.path, bw.id, vb, Position.at(W, 0), [(W, 0)], block_budget=budget)
+    ws = [VBucketWriter(a.path, bw.id, vb, ArchivePosition.at(W, 0), [(W, 0)], block_budget=budget)
           for vb in range(8)]
     for w in ws:
         w.marker(1, 300)
@@ -258,15 +258,15 @@ def test_open_writers_keep_to_the_block_budget_together(tmp_path):
             peak = max(peak, buffered_bytes() - before)
     # together they never hold more than the budget and the run just appended
     assert budget < peak <= budget + run + 1024, (peak, budget)
-    sums = [w.close(Position.at(W, 300)) for w in ws]
+    sums = [w.close(ArchivePosition.at(W, 300)) for w in ws]
     assert buffered_bytes() == before
     sizes = [len(c) for c in frames_of(sums[0])]
     # frames of a run or two (at least MIN_BLOCK_SIZE of content), not one of 300 KB
     assert len(sizes) >= 2 and max(sizes) < 160 << 10, sizes
-    alone = VBucketWriter(a.path, bw.id, 0, Position.at(W, 0), [(W, 0)], block_budget=budget)
+    alone = VBucketWriter(a.path, bw.id, 0, ArchivePosition.at(W, 0), [(W, 0)], block_budget=budget)
     alone.marker(1, 300)
     alone.mutation_events(events)
-    assert len(frames_of(alone.close(Position.at(W, 300)))) == 1
+    assert len(frames_of(alone.close(ArchivePosition.at(W, 300)))) == 1
     assert [r[8] for r in frames_of_records(bw.dir, sums[3])] == [e[9] for e in events]
     bw.abort()
 
@@ -290,10 +290,10 @@ def test_the_documented_reader_reads_both_versions(tmp_path):
     v1 = _copy_fixture(tmp_path)
     a = Archive.create(tmp_path / "v2", bucket="b", vbuckets=1)
     bw = a.begin_backup("full")
-    w = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     recs = _random_records(random.Random(2), 300)[2:-1]
     w.write([r for r in recs if r[0] in (2, 3, 4, 5)])
-    bw.commit([w.close(Position.at(W, 10_000))])
+    bw.commit([w.close(ArchivePosition.at(W, 10_000))])
     for arc in (v1, a.path):
         ns: dict = {}
         exec(code.replace('"/backups/travel"', repr(str(arc))), ns)

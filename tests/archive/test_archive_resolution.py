@@ -10,7 +10,7 @@ from archiveutil import W, X, backup, doc, mutations, seed_004_archive, write_ev
 from dcptool.archive import (
     Archive,
     ArchiveError,
-    Position,
+    ArchivePosition,
     ResolutionError,
     mark_dead,
     part_cuts,
@@ -68,12 +68,12 @@ def test_seed_004_as_of_a_seqno(tmp_path):
 def test_rollback_inside_one_backup_removes_its_own_newer_records(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=1)
     bw = a.begin_backup("full", block_size=2000)
-    w = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     write_events(w, mutations(1, 1000, per_snapshot=100))
     w.rollback(900, W)
-    w.stream(Position.at(W, 900), [(X, 900), (W, 0)])
+    w.stream(ArchivePosition.at(W, 900), [(X, 900), (W, 0)])
     write_events(w, mutations(901, 950, per_snapshot=25, prefix=b"new-"))
-    s = w.close(Position.at(X, 950))
+    s = w.close(ArchivePosition.at(X, 950))
     bw.commit([s])
     items = [r for r in a.backup(bw.id).records(0) if r[0] == 3]
     assert [r[1] for r in items] == list(range(1, 951))
@@ -88,26 +88,26 @@ def test_rollback_inside_one_backup_removes_its_own_newer_records(tmp_path):
 def test_rollback_to_a_seqno_inside_a_snapshot_is_refused(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=1)
     bw = a.begin_backup("full")
-    w = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     write_events(w, mutations(1, 300, per_snapshot=100))
     with pytest.raises(ArchiveError, match="250 is not a snapshot boundary"):
         w.rollback(250, W)
     w.rollback(200, W)  # a snapshot end is fine
-    s = w.close(Position.at(W, 200))
+    s = w.close(ArchivePosition.at(W, 200))
     assert s["counts"]["mutations"] == 200
 
 
 def test_rollback_below_this_backups_start(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=1)
-    backup(a, "full", {0: {"start": Position.at(W, 0), "end": Position.at(W, 300),
+    backup(a, "full", {0: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 300),
                            "events": mutations(1, 300)}})
     bw = a.begin_backup("incremental")
-    w = bw.vbucket(0, Position.at(W, 300), [(W, 0)])
+    w = bw.vbucket(0, ArchivePosition.at(W, 300), [(W, 0)])
     write_events(w, mutations(301, 320, prefix=b"later-"))  # streamed, then the connection fell
     w.rollback(100, W)  # and the node failed over to a replica at 100
-    write_events(w, [("stream", Position.at(W, 100), [(X, 100), (W, 0)])]
+    write_events(w, [("stream", ArchivePosition.at(W, 100), [(X, 100), (W, 0)])]
                  + mutations(101, 110, prefix=b"x-"))
-    s = w.close(Position.at(X, 110))
+    s = w.close(ArchivePosition.at(X, 110))
     bw.commit([s])
     state = a.resolve_vbucket(0)
     assert set(state) == {b"doc-%d" % i for i in range(1, 101)} | {b"x-%d" % i for i in
@@ -230,16 +230,16 @@ def test_resolution_equals_the_model(history, include_deletions):
 def test_rollback_point_is_the_latest_live_snapshot_end(tmp_path):
     archive, _full, _inc = seed_004_archive(tmp_path / "arc")
     # the chain holds snapshot ends every 100 up to 900 on W, then 920, 940, 960 on X
-    assert archive.rollback_point(0, 950) == Position.at(X, 940)
-    assert archive.rollback_point(0, 930) == Position.at(X, 920)
-    assert archive.rollback_point(0, 919) == Position.at(X, 900)  # X began at 900
-    assert archive.rollback_point(0, 899) == Position.at(W, 800)
-    assert archive.rollback_point(0, 5) == Position.at(W, 0)
+    assert archive.rollback_point(0, 950) == ArchivePosition.at(X, 940)
+    assert archive.rollback_point(0, 930) == ArchivePosition.at(X, 920)
+    assert archive.rollback_point(0, 919) == ArchivePosition.at(X, 900)  # X began at 900
+    assert archive.rollback_point(0, 899) == ArchivePosition.at(W, 800)
+    assert archive.rollback_point(0, 5) == ArchivePosition.at(W, 0)
     # as of the first backup, 1000 was a boundary of W; after the rollback it is dead
     first = archive.chain()[0].id
-    assert archive.rollback_point(0, 2000, upto=first) == Position.at(W, 1000)
-    assert archive.rollback_point(0, 2000) == Position.at(X, 960)
-    assert archive.rollback_point(3, 100) == Position(0, 0, 0, 0)  # never backed up
+    assert archive.rollback_point(0, 2000, upto=first) == ArchivePosition.at(W, 1000)
+    assert archive.rollback_point(0, 2000) == ArchivePosition.at(X, 960)
+    assert archive.rollback_point(3, 100) == ArchivePosition(0, 0, 0, 0)  # never backed up
 
 
 def test_snapshot_boundaries():

@@ -19,7 +19,7 @@ from dcptool.archive import (
     ArchiveLockedError,
     NotAnArchiveError,
     PartialBackupExistsError,
-    Position,
+    ArchivePosition,
     SummaryMismatchError,
     VBucketWriter,
     iter_file_records,
@@ -40,7 +40,7 @@ def test_create_layout_and_modes(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(path / "backups").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(path / "archive.json").st_mode) == 0o600
-    backup(a, "full", {3: {"start": Position.at(W, 0), "end": Position.at(W, 10),
+    backup(a, "full", {3: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 10),
                            "events": mutations(1, 10)}})
     bdir = path / "backups" / a.latest_id()
     assert stat.S_IMODE(os.stat(bdir).st_mode) == 0o700
@@ -75,7 +75,7 @@ def test_records_round_trip_every_field(tmp_path, version):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=4)
     bw = a.begin_backup("full", version=version)
     big = os.urandom(3 << 20)  # one record larger than a frame
-    w = bw.vbucket(2, Position.at(W, 0), [(W, 0)])
+    w = bw.vbucket(2, ArchivePosition.at(W, 0), [(W, 0)])
     w.marker(1, 6, 1)
     w.mutation(1, 7, MAX64, 0xFFFFFFFF, 0xFFFFFFFF, 7, b"k\x00\xff", b"", b"\x00\x00\x00\x10xattr")
     w.mutation(2, 1, 5, 0, 0, 0, b"big", big)
@@ -83,7 +83,7 @@ def test_records_round_trip_every_field(tmp_path, version):
     w.expiration(4, 9, 7, b"old", 1_700_000_001)
     w.write([(2, 5, 6, 0), (3, 5, 1, 8, 0, 0, 1, b"w", b"1", None),
              (4, 6, 2, 9, b"w", 3, 0, b"")])
-    summary = w.close(Position.at(W, 6))
+    summary = w.close(ArchivePosition.at(W, 6))
     m = bw.commit([summary])
     recs = list(a.backup(m["id"]).records(2))
     assert m["version"] == version
@@ -112,7 +112,7 @@ def test_summary_shape_done_file_and_manifest(tmp_path):
     w = VBucketWriter(a.path, bw.id, 1, {"uuid": W, "seqno": 0, "snap_start": 0, "snap_end": 0},
                       [[W, 0]])
     write_events(w, mutations(1, 50))
-    s = w.close(Position.at(W, 50))
+    s = w.close(ArchivePosition.at(W, 50))
     assert json.loads(json.dumps(s)) == s  # plain JSON-able dict
     assert set(s) == {"summary_version", "vbucket", "backup", "start", "end", "failover_log",
                       "counts", "bytes", "files", "rollbacks"}
@@ -136,10 +136,10 @@ def test_summary_shape_done_file_and_manifest(tmp_path):
 def test_segments_and_frames(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=1)
     bw = a.begin_backup("full", block_size=4096, segment_bytes=20_000)
-    w = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     events = mutations(1, 3000, per_snapshot=500)
     write_events(w, [(e[0], e[1], e[2], os.urandom(40)) if e[0] == "mut" else e for e in events])
-    s = w.close(Position.at(W, 3000))
+    s = w.close(ArchivePosition.at(W, 3000))
     names = [f["name"] for f in s["files"]]
     assert len(names) > 3 and names == [f"vb-0000-{i:03d}.mpk.zst" for i in range(len(names))]
     bw.commit([s])
@@ -158,21 +158,21 @@ def test_bulk_apis_match_per_record_calls(tmp_path):
                                if q % 7 else (4, q, 2, q, b"k%d" % (q - 1), 5, 0, b"x")
                                for q in range(1, 101)]
     bw = a.begin_backup("full", block_size=600, segment_bytes=300)
-    w0 = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    w0 = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     w0.marker(1, 100)
     for r in recs[1:]:
         if r[0] == 3:
             w0.mutation(*r[1:9])
         else:
             w0.deletion(*r[1:])
-    w1 = bw.vbucket(1, Position.at(W, 0), [(W, 0)])
+    w1 = bw.vbucket(1, ArchivePosition.at(W, 0), [(W, 0)])
     w1.write(recs)
-    w2 = bw.vbucket(2, Position.at(W, 0), [(W, 0)])
+    w2 = bw.vbucket(2, ArchivePosition.at(W, 0), [(W, 0)])
     packer = msgpack.Packer()
     w2.add_packed(b"".join(packer.pack(r) for r in recs), mutations=86, deletions=14,
                   snapshots=1, value_bytes=sum(len(r[8] if r[0] == 3 else r[7])
                                                for r in recs[1:]))
-    sums = [w.close(Position.at(W, 100)) for w in (w0, w1, w2)]
+    sums = [w.close(ArchivePosition.at(W, 100)) for w in (w0, w1, w2)]
     assert len(sums[1]["files"]) > 2  # several segments: per-file record counts must add up
     bw.commit(sums)
     assert verify_archive(a.path).ok
@@ -213,18 +213,18 @@ def test_writer_built_in_another_process_from_plain_values(tmp_path):
 def test_retried_vbucket_overwrites_only_its_own_files(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=4)
     bw = a.begin_backup("full", segment_bytes=2000, block_size=1000)
-    other = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    other = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     write_events(other, mutations(1, 20))
-    s0 = other.close(Position.at(W, 20))
+    s0 = other.close(ArchivePosition.at(W, 20))
     before = {p.name: p.read_bytes() for p in bw.dir.glob("vb-0000*")}
-    first = bw.vbucket(1, Position.at(W, 0), [(W, 0)])
+    first = bw.vbucket(1, ArchivePosition.at(W, 0), [(W, 0)])
     write_events(first, [(e[0], e[1], e[2], os.urandom(200)) if e[0] == "mut" else e
                          for e in mutations(1, 200)])
     first.abort()  # the task died
     assert len(list(bw.dir.glob("vb-0001-*.mpk.zst"))) > 2
-    retry = bw.vbucket(1, Position.at(W, 0), [(W, 0)])
+    retry = bw.vbucket(1, ArchivePosition.at(W, 0), [(W, 0)])
     write_events(retry, mutations(1, 5))
-    s1 = retry.close(Position.at(W, 5))
+    s1 = retry.close(ArchivePosition.at(W, 5))
     assert [f["name"] for f in s1["files"]] == ["vb-0001-000.mpk.zst"]
     assert sorted(p.name for p in bw.dir.glob("vb-0001*")) == ["vb-0001-000.mpk.zst",
                                                              "vb-0001.done.json"]
@@ -236,9 +236,9 @@ def test_retried_vbucket_overwrites_only_its_own_files(tmp_path):
 def test_commit_checks_summaries_against_files(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=4)
     bw = a.begin_backup("full")
-    w = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     write_events(w, mutations(1, 10))
-    s = w.close(Position.at(W, 10))
+    s = w.close(ArchivePosition.at(W, 10))
     path = bw.dir / s["files"][0]["name"]
     data = bytearray(path.read_bytes())
     data[-10] ^= 1
@@ -259,10 +259,10 @@ def test_commit_drops_leftovers_and_loads_done_files(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=4)
     bw = a.begin_backup("full")
     for vb in (0, 1):
-        w = bw.vbucket(vb, Position.at(W, 0), [(W, 0)])
+        w = bw.vbucket(vb, ArchivePosition.at(W, 0), [(W, 0)])
         write_events(w, mutations(1, 3))
-        w.close(Position.at(W, 3))
-    junk = bw.vbucket(2, Position.at(W, 0), [(W, 0)])  # started, never finished
+        w.close(ArchivePosition.at(W, 3))
+    junk = bw.vbucket(2, ArchivePosition.at(W, 0), [(W, 0)])  # started, never finished
     write_events(junk, mutations(1, 3))
     junk.abort()
     (bw.dir / "vb-0001-001.mpk.zst").write_bytes(b"stale attempt")
@@ -303,7 +303,7 @@ def test_lock_stops_a_second_writer_and_stale_locks_are_broken(tmp_path):
 def test_partial_backup_blocks_a_new_one_until_purged(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=4)
     bw = a.begin_backup("full")
-    w = bw.vbucket(0, Position.at(W, 0), [(W, 0)])
+    w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     write_events(w, mutations(1, 5))
     w.abort()
     bw.abort()
@@ -320,11 +320,11 @@ def test_incremental_chain_end_positions_and_ids(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=4)
     with pytest.raises(ArchiveError, match="first backup must be full"):
         a.begin_backup("incremental")
-    m1 = backup(a, "full", {v: {"start": Position.at(W, 0), "end": Position.at(W, 10),
+    m1 = backup(a, "full", {v: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 10),
                                 "events": mutations(1, 10)} for v in range(4)})
-    m2 = backup(a, "incremental", {v: {"start": Position.at(W, 10), "end": Position.at(X, 20),
+    m2 = backup(a, "incremental", {v: {"start": ArchivePosition.at(W, 10), "end": ArchivePosition.at(X, 20),
                                        "events": mutations(11, 20)} for v in (0, 1)})
-    m3 = backup(a, "incremental", {1: {"start": Position.at(X, 20), "end": Position.at(X, 25),
+    m3 = backup(a, "incremental", {1: {"start": ArchivePosition.at(X, 20), "end": ArchivePosition.at(X, 25),
                                        "events": mutations(21, 25)}})
     ids = [m1["id"], m2["id"], m3["id"]]
     assert ids == sorted(ids) and all(BACKUP_ID_RE.match(i) for i in ids)
@@ -332,9 +332,9 @@ def test_incremental_chain_end_positions_and_ids(tmp_path):
     assert [b.id for b in a.chain()] == ids
     assert [b.id for b in a.chain(m2["id"])] == ids[:2]
     ends = a.end_positions()
-    assert ends == {0: Position.at(X, 20), 1: Position.at(X, 25), 2: Position.at(W, 10),
-                    3: Position.at(W, 10)}
-    assert a.end_positions(m1["id"])[1] == Position.at(W, 10)
+    assert ends == {0: ArchivePosition.at(X, 20), 1: ArchivePosition.at(X, 25), 2: ArchivePosition.at(W, 10),
+                    3: ArchivePosition.at(W, 10)}
+    assert a.end_positions(m1["id"])[1] == ArchivePosition.at(W, 10)
     assert len(a.resolve_vbucket(1)) == 25 and len(a.resolve_vbucket(1, backup=m1["id"])) == 10
     with pytest.raises(ArchiveError, match="no backup 2030"):
         a.chain("20300101T000000.000000Z")
@@ -342,9 +342,9 @@ def test_incremental_chain_end_positions_and_ids(tmp_path):
 
 def test_committed_backup_refuses_new_writers(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=4)
-    m = backup(a, "full", {0: {"start": Position.at(W, 0), "end": Position.at(W, 3),
+    m = backup(a, "full", {0: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 3),
                                "events": mutations(1, 3)}})
     with pytest.raises(ArchiveError, match="committed"):
-        VBucketWriter(a.path, m["id"], 0, Position.at(W, 0), [])
+        VBucketWriter(a.path, m["id"], 0, ArchivePosition.at(W, 0), [])
     with pytest.raises(ArchiveError, match="no backup"):
-        VBucketWriter(a.path, "20300101T000000.000000Z", 0, Position.at(W, 0), [])
+        VBucketWriter(a.path, "20300101T000000.000000Z", 0, ArchivePosition.at(W, 0), [])

@@ -10,7 +10,7 @@ import pytest
 
 from archiveutil import W, X, backup, flip_position, mutations
 
-from dcptool.archive import Archive, CorruptFileError, Position
+from dcptool.archive import Archive, CorruptFileError, ArchivePosition
 from dcptool.archive.verify import verify_archive
 
 
@@ -23,10 +23,10 @@ def valued(evts):
 def pristine(tmp_path_factory):
     path = tmp_path_factory.mktemp("pristine") / "arc"
     a = Archive.create(path, bucket="b", vbuckets=4)
-    full = backup(a, "full", {vb: {"start": Position.at(W, 0), "end": Position.at(W, 300),
+    full = backup(a, "full", {vb: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 300),
                                    "events": valued(mutations(1, 300, per_snapshot=60))}
                               for vb in range(4)}, block_size=2000)
-    inc = backup(a, "incremental", {vb: {"start": Position.at(W, 300), "end": Position.at(X, 320),
+    inc = backup(a, "incremental", {vb: {"start": ArchivePosition.at(W, 300), "end": ArchivePosition.at(X, 320),
                                          "flog": [(X, 300), (W, 0)],
                                          "events": [("snap", 301, 320), ("del", 301, b"doc-1"),
                                                     ("exp", 302, b"doc-2")]
@@ -160,11 +160,11 @@ def test_unlisted_data_file(arc):
 
 def test_backup_that_does_not_start_where_its_parent_ended(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=2)
-    backup(a, "full", {0: {"start": Position.at(W, 0), "end": Position.at(W, 50),
+    backup(a, "full", {0: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 50),
                            "events": mutations(1, 50)}})
-    inc = backup(a, "incremental", {0: {"start": Position.at(W, 40), "end": Position.at(W, 60),
+    inc = backup(a, "incremental", {0: {"start": ArchivePosition.at(W, 40), "end": ArchivePosition.at(W, 60),
                                         "events": mutations(41, 60)},
-                                    1: {"start": Position.at(W, 7), "end": Position.at(W, 9),
+                                    1: {"start": ArchivePosition.at(W, 7), "end": ArchivePosition.at(W, 9),
                                         "events": mutations(8, 9)}})
     _report, probs = problems(a.path)
     mpath = a.path / "backups" / inc["id"] / "manifest.json"
@@ -177,9 +177,9 @@ def test_backup_that_does_not_start_where_its_parent_ended(tmp_path):
 def test_seqnos_out_of_order_or_outside_the_snapshot(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=2)
     m = backup(a, "full", {
-        0: {"start": Position.at(W, 0), "end": Position.at(W, 10),
+        0: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 10),
             "events": [("snap", 1, 10), ("mut", 1, b"a"), ("mut", 3, b"b"), ("mut", 2, b"c")]},
-        1: {"start": Position.at(W, 0), "end": Position.at(W, 10),
+        1: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 10),
             "events": [("snap", 1, 5), ("mut", 1, b"a"), ("mut", 7, b"b")]}})
     _report, probs = problems(a.path)
     f0 = data_file(a.path, m["id"], 0)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dcptool.archive import Archive, Position
+from dcptool.archive import Archive, ArchivePosition
 
 W = 0x1234_5678_9ABC_DEF0
 
@@ -23,18 +23,18 @@ def write_backup(a: Archive, btype: str, first: int, last: int, *, vbuckets=(0, 
     bw = a.begin_backup(btype)
     sums = []
     for vb in vbuckets:
-        start = Position.at(W, 0 if btype == "full" else first - 1)
+        start = ArchivePosition.at(W, 0 if btype == "full" else first - 1)
         w = bw.vbucket(vb, start, [(W, 0)])
         if rollback is not None:
             w.rollback(rollback, W)
-            w.stream(Position.at(W, rollback), [(W, 0)])
+            w.stream(ArchivePosition.at(W, rollback), [(W, 0)])
         w.marker(first, last)
         for s in range(first, last + 1):
             if s % 10 == 0:
                 w.deletion(s, 2, s, b"doc-%d" % (s - 5), 77)
             else:
                 w.mutation(s, 1, s, 0, 0, 1, b"doc-%d" % s, b'{"n":%d}' % s)
-        sums.append(w.close(Position.at(W, last)))
+        sums.append(w.close(ArchivePosition.at(W, last)))
     if not commit:
         bw.abort()
         return bw.id

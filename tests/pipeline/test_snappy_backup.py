@@ -159,7 +159,7 @@ def test_restore_and_examine_decompress_an_archive_value_stored_compressed(tmp_p
     """An archive written by other means may hold a value with the SNAPPY bit: restore's
     records are decompressed with the bit cleared (the node is never sent a compressed
     value), examine shows the text; one that does not decompress is an error naming it."""
-    from dcptool.archive import Position
+    from dcptool.archive import ArchivePosition
     from dcptool.errors import DcptoolError
     from dcptool.pipeline.restore import resolved_records
     from dcptool.protocol.snappy import compress
@@ -171,11 +171,11 @@ def test_restore_and_examine_decompress_an_archive_value_stored_compressed(tmp_p
     doc = documents(1, "cz::")[b"cz::0000"]
     a = Archive.create(tmp_path / "arch", bucket="default", vbuckets=4)
     bw = a.begin_backup("full")
-    w = bw.vbucket(vb, Position.at(uuid, 0), [(uuid, 0)])
+    w = bw.vbucket(vb, ArchivePosition.at(uuid, 0), [(uuid, 0)])
     w.marker(1, 2, 0)
     w.mutation(1, 3, 77, 5, 0, 0x03, key, compress(doc))
     w.deletion(2, 4, 78, b"cz::tomb", 9, 0x02, compress(b""))
-    s = w.close(Position.at(uuid, 2))
+    s = w.close(ArchivePosition.at(uuid, 2))
     bw.commit([s])
     recs = list(resolved_records(str(a.path), vb, None))
     assert recs == [("mutation", key, doc, 5, 0, 3, 77, 0x01),
@@ -184,9 +184,9 @@ def test_restore_and_examine_decompress_an_archive_value_stored_compressed(tmp_p
     assert v["value"] == doc.decode()
 
     bw = a.begin_backup("incremental")
-    w = bw.vbucket(vb, Position.at(uuid, 2), [(uuid, 0)])
+    w = bw.vbucket(vb, ArchivePosition.at(uuid, 2), [(uuid, 0)])
     w.marker(3, 3, 0)
     w.mutation(3, 1, 79, 0, 0, 0x03, bad, b"\xff\xff\xff\xff\x0fnot snappy")
-    bw.commit([w.close(Position.at(uuid, 3))])
+    bw.commit([w.close(ArchivePosition.at(uuid, 3))])
     with pytest.raises(DcptoolError, match="cz::2.*does not decompress"):
         list(resolved_records(str(a.path), vb, None))
