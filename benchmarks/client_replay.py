@@ -40,7 +40,7 @@ from dcptool.client import (  # noqa: E402
     Connection,
     DcpConsumer,
     DcpSession,
-    ArchivePosition,
+    Position,
     SessionConfig,
     get_vbucket_seqnos,
 )
@@ -67,7 +67,7 @@ def _config(meta: dict, **kw) -> SessionConfig:
                          noop_interval=meta["noop_interval"], **kw)
 
 
-def _plan(meta: dict) -> dict[int, tuple[ArchivePosition, int]]:
+def _plan(meta: dict) -> dict[int, tuple[Position, int]]:
     return {int(vb): (ZERO, int(end)) for vb, end in meta["ends"].items()}
 
 
