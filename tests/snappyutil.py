@@ -6,6 +6,7 @@ import dataclasses
 import json
 import random
 
+from client.nodeutil import send_sets
 from dcptool.protocol import Set, vbucket_of
 from dcptool.protocol.snappy import compress
 
@@ -50,15 +51,7 @@ def write_compressed(opts, docs: dict[bytes, bytes], vbuckets: int, *, flags: in
     that negotiated Snappy; the node stores it decompressed."""
     with dataclasses.replace(opts, snappy=True).connect() as conn:
         assert 0x0A in conn.features, "the node did not negotiate Snappy"
-        ops = []
-        out = bytearray()
-        for key, value in docs.items():
-            frame = Set(key=key, value=compress(value), vbucket=vbucket_of(key, vbuckets),
-                        flags=flags, expiry=expiry, datatype=datatype | 0x02).to_frame()
-            frame.opaque = conn.next_opaque()
-            ops.append((key, frame.opaque))
-            out += frame.encode()
-        conn.send_bytes(out)
-        for key, op in ops:
-            rsp = conn.wait_response(op)
-            assert rsp.status == 0, f"SET {key!r} (compressed) failed: status {rsp.status:#x}"
+        send_sets(conn, ((key, Set(key=key, value=compress(value),
+                                   vbucket=vbucket_of(key, vbuckets), flags=flags,
+                                   expiry=expiry, datatype=datatype | 0x02))
+                         for key, value in docs.items()))

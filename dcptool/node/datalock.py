@@ -19,6 +19,7 @@ from typing import Any
 from dcptool.errors import DcptoolError
 
 LOCK_FILE = "node.lock"
+#: where a running node writes its pid and addresses (`Node._write_node_file`)
 NODE_FILE = "node.json"
 #: the exit status of a start refused because another node holds the directory
 EXIT_IN_USE = 3

@@ -35,12 +35,11 @@ from .backfill import BackfillManager
 from .bucket import Bucket
 from .config import NodeConfig
 from .connection import Connection
+from .datalock import NODE_FILE
 from .producer import end_streams_on_state_change
 from .replication import Replication
 
 log = logging.getLogger("dcptool.node")
-
-NODE_FILE = "node.json"
 
 
 class Node:

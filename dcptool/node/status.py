@@ -15,8 +15,7 @@ from typing import Any
 from dcptool.errors import DcptoolError
 from dcptool.procs import pid_alive
 
-from .datalock import LOCK_FILE, holder, is_locked
-from .server import NODE_FILE
+from .datalock import LOCK_FILE, NODE_FILE, holder, is_locked
 from .storage import SEQNO_MASK, row_id
 
 

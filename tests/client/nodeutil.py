@@ -20,24 +20,29 @@ def connect(node, **kw) -> Connection:
                            bucket=node.bucket, **kw)
 
 
+def send_sets(conn, sets) -> None:
+    """Send the (key, Set message) pairs of `sets` pipelined on `conn` and check that every
+    answer is SUCCESS."""
+    ops = []
+    out = bytearray()
+    for key, msg in sets:
+        frame = msg.to_frame()
+        frame.opaque = conn.next_opaque()
+        ops.append((key, frame.opaque))
+        out += frame.encode()
+    conn.send_bytes(out)
+    for key, op in ops:
+        rsp = conn.wait_response(op)
+        assert rsp.status == 0, f"SET {key!r} failed with status {rsp.status:#x}"
+
+
 def write_docs(node, docs: dict[bytes, bytes], *, flags: int = 0, expiry: int = 0) -> dict[bytes, int]:
     """SET every document (pipelined); return {key: vbucket}."""
-    vbs = {}
+    vbs = {key: vbucket_of(key, node.vbuckets) for key in docs}
     with connect(node) as c:
-        ops = []
-        out = bytearray()
-        for key, value in docs.items():
-            vb = vbucket_of(key, node.vbuckets)
-            vbs[key] = vb
-            frame = Set(key=key, value=value, vbucket=vb, flags=flags, expiry=expiry,
-                        datatype=1 if value[:1] in (b"{", b"[") else 0).to_frame()
-            frame.opaque = c.next_opaque()
-            ops.append((key, frame.opaque))
-            out += frame.encode()
-        c.send_bytes(out)
-        for key, op in ops:
-            rsp = c.wait_response(op)
-            assert rsp.status == 0, f"SET {key!r} failed with status {rsp.status:#x}"
+        send_sets(c, ((key, Set(key=key, value=value, vbucket=vbs[key], flags=flags,
+                                expiry=expiry, datatype=1 if value[:1] in (b"{", b"[") else 0))
+                      for key, value in docs.items()))
     return vbs
 
 
