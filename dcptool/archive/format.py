@@ -19,7 +19,12 @@ from dcptool.faults import fault_point
 
 #: archive.json "format" value and the format version this code writes and reads.
 FORMAT_NAME = "dcptool-archive"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: every format version this code reads (1 and 2: keys without a collection prefix, all in
+#: the default collection; a reader gives them the 0x00 prefix)
+READ_VERSIONS = (1, 2, 3)
+#: the first format whose item keys carry their collection id (LEB128 prefix)
+COLLECTIONS_VERSION = 3
 MANIFEST_FORMAT = "dcptool-manifest"
 
 ARCHIVE_JSON = "archive.json"
@@ -58,14 +63,18 @@ REC_DELETION = 4      # (4, seqno, rev_seqno, cas, key, delete_time, datatype, v
 REC_EXPIRATION = 5    # (5, seqno, rev_seqno, cas, key, delete_time, datatype, value)
 ROLLBACK = 6      # (6, seqno, vbucket_uuid)
 END = 7           # (7, uuid, seqno, snap_start, snap_end)
+#: format 3: a DCP system event (scope or collection created or dropped) in seqno order;
+#: collection_id is nil for scope events, name "" for drops, max_ttl 0 when none
+REC_SYSTEM_EVENT = 8  # (8, seqno, event, manifest_uid, scope_id, collection_id, name, max_ttl)
 
 RECORD_NAMES = {
     HEADER: "header", STREAM: "stream", SNAPSHOT: "snapshot", REC_MUTATION: "mutation",
     REC_DELETION: "deletion", REC_EXPIRATION: "expiration", ROLLBACK: "rollback", END: "end",
+    REC_SYSTEM_EVENT: "system-event",
 }
 RECORD_ARITY = {
     HEADER: 6, STREAM: 6, SNAPSHOT: 4, REC_MUTATION: 10, REC_DELETION: 8, REC_EXPIRATION: 8,
-    ROLLBACK: 3, END: 5,
+    ROLLBACK: 3, END: 5, REC_SYSTEM_EVENT: 8,
 }
 ITEM_TYPES = (REC_MUTATION, REC_DELETION, REC_EXPIRATION)
 

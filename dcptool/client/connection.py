@@ -67,6 +67,9 @@ DEFAULT_FEATURES: tuple[int, ...] = (
     Feature.TCP_NODELAY,
     Feature.MUTATION_SEQNO,
 )
+#: the default features plus Collections: keys carry their LEB128 collection id
+#: (`dcptool.protocol.collections`), every collection is reachable
+COLLECTION_FEATURES: tuple[int, ...] = DEFAULT_FEATURES + (Feature.COLLECTIONS,)
 
 #: SASL mechanisms we can use, strongest first, with the name scramp knows them by
 _SCRAM = (
@@ -236,6 +239,12 @@ class Connection:
         else:
             self.features = frozenset(getattr(rsp, "features", ()))
         return self.features
+
+    @property
+    def collections(self) -> bool:
+        """Did the node accept HELLO Collections? Then every key this connection sends and
+        receives starts with its collection id (LEB128)."""
+        return Feature.COLLECTIONS in self.features
 
     def list_mechanisms(self) -> tuple[str, ...]:
         rsp = self.request(SaslListMechs())

@@ -89,6 +89,8 @@ class Opcode(enum.IntEnum):
     COMPACT_DB = 0xB3
     GET_CLUSTER_CONFIG = 0xB5
     GET_COLLECTIONS_MANIFEST = 0xBA
+    GET_COLLECTION_ID = 0xBB
+    GET_SCOPE_ID = 0xBC
     # dcptool extensions (not defined by kv_engine); see docs/protocol-extensions.md
     HWT_REGISTER = 0xE4
     HWT_LIST = 0xE5

@@ -1096,6 +1096,32 @@ class DcpSeqnoAdvanced(Request):
         return {"by_seqno": U64.unpack(frame.extras)[0]}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DcpSystemEvent(Request):
+    """DCP_SYSTEM_EVENT (0x5f): extras by_seqno u64, event u32, version u8; key and value
+    per event (`dcptool.protocol.collections.SystemEvent` decodes them)."""
+
+    OPCODE: ClassVar[int] = Opcode.DCP_SYSTEM_EVENT
+    by_seqno: int = 0
+    event: int = 0
+    version: int = 0
+    key: bytes = b""
+    value: bytes = b""
+
+    def body(self):
+        return _SYSEV.pack(self.by_seqno, self.event, self.version), self.key, self.value
+
+    @classmethod
+    def parse(cls, frame):
+        _expect_len("extras", frame.extras, 13)
+        by_seqno, event, version = _SYSEV.unpack(frame.extras)
+        return {"by_seqno": by_seqno, "event": event, "version": version,
+                "key": bytes(frame.key), "value": bytes(frame.value)}
+
+
+_SYSEV = struct.Struct(">QIB")
+
+
 # ---------------------------------------------------------------------------
 # dispatch
 
@@ -1107,7 +1133,7 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         GetAllVbSeqnos, GetFailoverLog, DcpGetFailoverLog, SetVbucket, CompactDb, DcpOpen,
         DcpControl, DcpAddStream, DcpStreamReq, DcpCloseStream, DcpBufferAck, DcpStreamEnd,
         DcpSnapshotMarker, DcpMutation, DcpDeletion, DcpExpiration, DcpSetVbucketState, DcpNoop,
-        DcpSeqnoAdvanced,
+        DcpSeqnoAdvanced, DcpSystemEvent,
     )
 }
 REQUEST_TYPES[Opcode.SETQ_WITH_META] = SetWithMeta
