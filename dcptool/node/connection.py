@@ -104,6 +104,9 @@ class Connection(asyncio.BufferedProtocol):
         self.xattr = False
         self.snappy = False
         self.mutation_seqno = False
+        #: HELLO Collections (0x12) acknowledged: every key on this connection starts with
+        #: its collection id (LEB128); otherwise only the default collection is reachable
+        self.collections = False
         self.sasl: Any = None
         self.producer: "Producer | None" = None
         self.dcp_opened = False

@@ -7,6 +7,9 @@ import struct
 ITEM_MUTATION = 0
 ITEM_DELETION = 1
 ITEM_EXPIRATION = 2
+#: a collections system event (`dcptool.node.sysevent`): never a document, never read by
+#: GET; DCP sends it as DCP_SYSTEM_EVENT to collection-aware streams only
+ITEM_SYSTEM = 3
 
 #: rough per-item overhead (object, slots, list and dict slots) used for memory accounting
 ITEM_OVERHEAD = 120

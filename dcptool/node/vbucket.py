@@ -18,6 +18,7 @@ from . import decisions
 from .checkpoint import CheckpointManager, CheckpointMemory
 from .decisions import is_expired
 from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, Item
+from .sysevent import system_item
 
 #: at most this many failover entries are kept (oldest dropped)
 MAX_FAILOVER_ENTRIES = 25
@@ -324,6 +325,14 @@ class VBucket:
         item = Item(key, b"", 0, live.rev + 1, self.next_cas(), live.flags, 0, 0, ITEM_DELETION,
                     int(now))
         return MutationResult(Status.SUCCESS, self._commit(item))
+
+    def system_event(self, ev) -> Item:
+        """Commit a collections system event (`dcptool.node.sysevent`): the next seqno, the
+        open checkpoint, the flusher, like any change. `ev` is a SystemEvent (its seqno is
+        ignored)."""
+        old = self.find(system_item(ev).key)
+        item = system_item(ev, rev=old.rev + 1 if old is not None else 1, cas=self.next_cas())
+        return self._commit(item)
 
     def expire(self, live: Item, now: int) -> Item:
         """Turn an expired item into a tombstone with a new seqno (DCP sends an expiration)."""
