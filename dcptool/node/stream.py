@@ -85,6 +85,8 @@ class ProducerStream:
                              cids={0} if not producer.conn.collections else None)
         self.filt = filt
         self.legacy = filt.legacy
+        if filt.legacy and not vb.coll_seqnos_built:
+            vb.ensure_collection_seqnos()  # `other_high` decides when snapshots need a filter
         self._send_items = self._send_items_legacy if filt.legacy else self._send_items_doc
         self._send_rows = self._send_rows_legacy if filt.legacy else self._send_rows_doc
         #: the snapshot range the client asked with (the first snapshot's seqno-advanced)

@@ -120,6 +120,9 @@ class VBucket:
         self.default_high = 0
         self.other_high = 0
         self.coll_high: dict[int, int] = {}
+        #: the per-collection high seqnos cover what the vbucket held before this process
+        #: (a fresh vbucket holds nothing; else `ensure_collection_seqnos` rebuilds them)
+        self.coll_seqnos_built = high_seqno == 0
 
     #: full eviction (see dcptool.node.cache): `items` holds the resident documents only
     full = False
@@ -232,6 +235,8 @@ class VBucket:
     def collection_high(self, cid: int) -> int | None:
         """The high seqno of collection `cid` in this vbucket (None: the vbucket does not
         know the collection)."""
+        if not self.coll_seqnos_built:
+            self.ensure_collection_seqnos()
         if cid == 0:
             return self.default_high
         return self.coll_high.get(cid)
@@ -239,7 +244,34 @@ class VBucket:
     def legacy_high(self) -> int:
         """The high seqno a client without collections is told (GET_ALL_VB_SEQNOS): the
         default collection's (kv_engine), the vbucket's when it never held anything else."""
+        if not self.coll_seqnos_built:
+            self.ensure_collection_seqnos()
         return self.default_high if self.other_high else self.high_seqno
+
+    def ensure_collection_seqnos(self) -> None:
+        """Rebuild the per-collection high seqnos once, if warm-up did not: from the hash
+        table (value eviction) or from the database and the resident items (full eviction).
+        What was committed since warm-up is kept."""
+        if self.coll_seqnos_built:
+            return
+        since = (self.default_high, self.other_high, dict(self.coll_high))
+        if self.full:
+            from .storage import SEQNO_MASK, row_id
+
+            rows = self.cache.query(
+                "SELECT key, id, op, flags FROM items WHERE id > ? AND id <= ?",
+                (row_id(self.id, 0), row_id(self.id, SEQNO_MASK)))
+            disk = [Item(k, b"", rid & SEQNO_MASK, 0, 0, flags, 0, 0, op)
+                    for k, rid, op, flags in rows]
+            self.rebuild_collection_seqnos(disk + list(self.items.values()))
+        else:
+            self.rebuild_collection_seqnos()
+        d, o, c = since
+        self.default_high = max(self.default_high, d)
+        self.other_high = max(self.other_high, o)
+        for cid, seqno in c.items():
+            if seqno > self.coll_high.get(cid, 0):
+                self.coll_high[cid] = seqno
 
     def rebuild_collection_seqnos(self, items: Iterable[Item] | None = None) -> None:
         """Warm-up: the per-collection high seqnos from the newest version of every key
@@ -276,6 +308,7 @@ class VBucket:
         self.default_high = default
         self.other_high = other
         self.coll_high = highs
+        self.coll_seqnos_built = True
 
     def _queue(self, item: Item) -> Item:
         """The rest of a commit, in both eviction modes: the open checkpoint (streams read

@@ -19,7 +19,7 @@ from ..dcpfilter import DcpFilter, FilterRefused, parse_request_value
 from ..decisions import VBucketView, evaluate_stream_request
 from ..producer import Producer
 from ..stream import ProducerStream
-from .common import CHECKED_IN_HANDLER, command
+from .common import CHECKED_IN_HANDLER, command, unknown_collection
 from .vbucket import failover_log_bytes, get_failover_log
 
 _U64 = struct.Struct(">Q")
@@ -129,6 +129,9 @@ def dcp_stream_req(conn, frame, msg) -> None:
         filter_error=filter_error, filtered_high=filtered_high)
     if d.status == Status.ROLLBACK:
         conn.reply(frame, Status.ROLLBACK, value=_U64.pack(d.rollback_seqno))
+        return
+    if d.status == Status.UNKNOWN_COLLECTION:
+        unknown_collection(conn, frame)  # with the manifest uid, as kv_engine answers
         return
     if d.status:
         conn.error(frame, d.status)

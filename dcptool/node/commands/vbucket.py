@@ -7,7 +7,7 @@ from dcptool.protocol.constants import Datatype, Opcode, Status, VBucketState
 
 from ..access import Privilege
 from ..bucketconfig import cluster_config_json
-from .common import command, not_my_vbucket
+from .common import command, not_my_vbucket, unknown_collection
 
 _VB_SEQNO = struct.Struct(">HQ")
 _FAILOVER = struct.Struct(">QQ")
@@ -33,7 +33,7 @@ def get_all_vb_seqnos(conn, frame, msg) -> None:
         manifest = getattr(conn.bucket, "manifest", None)
         known = (cid == 0) if manifest is None else manifest.collection_by_id(cid) is not None
         if not known:
-            conn.error(frame, Status.UNKNOWN_COLLECTION)
+            unknown_collection(conn, frame)
             return
     want = msg.state or 0
     if want > VBucketState.DEAD:
