@@ -377,8 +377,8 @@ class Bucket:
     def _commit_manifest(self, new: Manifest, events: list[SystemEvent], *,
                          write_events: bool = True) -> Manifest:
         """Make `new` the manifest, persist it, take dropped collections out of the live
-        counts and (unless `write_events` is False: a replica following its active) write
-        `events` into every active vbucket."""
+        counts and write `events` into every active vbucket (replica vbuckets get theirs
+        from their active)."""
         old = self.manifest
         self.manifest = new
         self._index()
@@ -508,8 +508,11 @@ class Bucket:
 
     def follow_event(self, ev: SystemEvent) -> bool:
         """A replica vbucket received `ev` from its active: bring the manifest along if the
-        change is new here (ids are never reused: a collection created again is a new id).
-        Returns True when the manifest changed."""
+        change is new here (ids are never reused: a collection created again is a new id),
+        and write the change into this node's own active vbuckets, as a change made here
+        would be (whichever way a change reaches a member first, the REST push or a
+        replica stream, each active vbucket gets its event once). Returns True when the
+        manifest changed."""
         from dataclasses import replace
 
         m = self.manifest
@@ -548,11 +551,11 @@ class Bucket:
             # collections still in it go with it (their own drop events came first)
             evs = [SystemEvent(ev.seqno, EVENT_END_COLLECTION, uid, scope.uid, c.uid)
                    for c in scope.collections]
-            self._commit_manifest(new, evs + [ev], write_events=False)
+            self._commit_manifest(new, evs + [ev._replace(manifest_uid=uid)])
             return True
         else:
             return False
-        self._commit_manifest(new, [ev], write_events=False)
+        self._commit_manifest(new, [ev._replace(manifest_uid=uid)])
         return True
 
     def visible(self, dkey: bytes) -> bool:
