@@ -377,8 +377,8 @@ class Bucket:
     def _commit_manifest(self, new: Manifest, events: list[SystemEvent], *,
                          write_events: bool = True) -> Manifest:
         """Make `new` the manifest, persist it, take dropped collections out of the live
-        counts and (unless `write_events` is False: a replica following its active) write
-        `events` into every active vbucket."""
+        counts and write `events` into every active vbucket (replica vbuckets get theirs
+        from their active)."""
         old = self.manifest
         self.manifest = new
         self._index()
@@ -458,21 +458,15 @@ class Bucket:
         return new
 
     def drop_scope(self, name: str) -> Manifest:
-        """Drop a scope: one drop event per collection in it, then the scope's (the last
-        event carries the new manifest's uid, the ones before it the uids in between)."""
-        m = self.manifest
+        """Drop a scope: one manifest change (uid + 1); one drop event per collection in
+        it, then the scope's, all carrying the new uid."""
         if name == DEFAULT_SCOPE:
             raise ManifestError("forbidden", "the _default scope cannot be dropped")
-        s = m.scope(name)
-        if s is None:
-            raise ManifestError("not-found", f"scope {name!r} does not exist")
-        events = []
-        for c in s.collections:
-            m, _s, _c = m.drop_collection(name, c.name)
-            events.append(SystemEvent(0, EVENT_END_COLLECTION, m.uid, s.uid, c.uid))
-        m, _s = m.drop_scope(name)
-        events.append(SystemEvent(0, EVENT_DROP_SCOPE, m.uid, s.uid))
-        return self._commit_manifest(m, events)
+        new, s = self.manifest.drop_scope(name)
+        events = [SystemEvent(0, EVENT_END_COLLECTION, new.uid, s.uid, c.uid)
+                  for c in s.collections]
+        events.append(SystemEvent(0, EVENT_DROP_SCOPE, new.uid, s.uid))
+        return self._commit_manifest(new, events)
 
     def set_manifest(self, new: Manifest) -> list[SystemEvent]:
         """Make `new` (a whole manifest, from another member of a cluster) the manifest:
@@ -514,8 +508,11 @@ class Bucket:
 
     def follow_event(self, ev: SystemEvent) -> bool:
         """A replica vbucket received `ev` from its active: bring the manifest along if the
-        change is new here (ids are never reused: a collection created again is a new id).
-        Returns True when the manifest changed."""
+        change is new here (ids are never reused: a collection created again is a new id),
+        and write the change into this node's own active vbuckets, as a change made here
+        would be (whichever way a change reaches a member first, the REST push or a
+        replica stream, each active vbucket gets its event once). Returns True when the
+        manifest changed."""
         from dataclasses import replace
 
         m = self.manifest
@@ -554,11 +551,11 @@ class Bucket:
             # collections still in it go with it (their own drop events came first)
             evs = [SystemEvent(ev.seqno, EVENT_END_COLLECTION, uid, scope.uid, c.uid)
                    for c in scope.collections]
-            self._commit_manifest(new, evs + [ev], write_events=False)
+            self._commit_manifest(new, evs + [ev._replace(manifest_uid=uid)])
             return True
         else:
             return False
-        self._commit_manifest(new, [ev], write_events=False)
+        self._commit_manifest(new, [ev._replace(manifest_uid=uid)])
         return True
 
     def visible(self, dkey: bytes) -> bool:
