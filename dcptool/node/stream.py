@@ -19,7 +19,16 @@ SET_VBUCKET_STATE(active), wait for the answer, STREAM_END(OK).
 `last_sent` is always the end of the last complete snapshot: the position a client
 may resume from, and where a new backfill starts.
 
-The hot loops (`_send_items`, `_send_rows`) build frames with precompiled structs and
+Collections (`dcptool.node.dcpfilter`, docs/collections-dcp.md): a stream of a connection
+without collections sends default-collection documents only, keys without their 0x00
+prefix (`_send_items_legacy`, `_send_rows_legacy`); a collections connection's stream
+sends doc keys as stored and system events (`_send_items_doc`, `_send_rows_doc`), through
+its filter when it has one. A memory snapshot is filtered only when it may hold something
+to hide; its marker then ends at the last item sent (a snapshot with nothing to send is
+skipped). A disk snapshot whose last seqnos were hidden ends with DCP_SEQNO_ADVANCED. Once
+every filtered collection is dropped the stream ends with FilterEmpty.
+
+The hot loops (`_send_items_*`, `_send_rows_*`) build frames with precompiled structs and
 append the pieces to the producer's output list; flow control is enforced by `limit`,
 the bytes this call may still add.
 """
