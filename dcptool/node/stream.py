@@ -72,6 +72,7 @@ _TWO64 = 1 << 64
 ROWS_PER_FETCH = 2048
 
 _MUT = w.MUTATION.pack
+_MUT_BEFORE_NRU = w.MUTATION_BEFORE_NRU.pack
 _REQ = w.REQ
 _OP_MUTATION = w.OP_DCP_MUTATION
 _MUT_EXTLEN = w.MUTATION_EXTLEN
@@ -382,7 +383,13 @@ class ProducerStream:
                 if rows:
                     filt = self.filt
                     dropped = self._dropped()
-                    if dropped or not (filt.legacy or filt.cids is None):
+                    if filt.legacy:
+                        # only if the vbucket ever held anything outside the default
+                        # collection (the legacy send loop trusts the rows are default)
+                        need = dropped or self.vb.other_high
+                    else:
+                        need = dropped or filt.cids is not None
+                    if need:
                         rows = filt.filter_rows(rows, dropped)
                         if not rows:
                             if filt.empty:
@@ -582,8 +589,9 @@ class ProducerStream:
         return used
 
     def _send_items_legacy(self, out: list, limit: int, single: bool, first_ok: bool) -> int:
-        """`_send_items_doc` for a connection without collections: default-collection
-        documents only, keys without their 0x00 prefix."""
+        """`_send_items_doc` for a connection without collections: the snapshot holds
+        default-collection documents only (`_admitted` saw to it); their keys go without
+        the 0x00 prefix."""
         items = self.snap
         i = self.snap_pos
         n = len(items)
@@ -594,28 +602,26 @@ class ProducerStream:
         append = out.append
         strip = prod.strip_mask
         simple = prod.simple and self.sid is None
-        pack = _MUT
+        pack = _MUT_BEFORE_NRU
         req, opcode, extlen, hlen = _REQ, _OP_MUTATION, _MUT_EXTLEN, _HLEN
         while i < n:
             it = items[i]
             key = it.key
-            if key[0]:
-                i += 1  # another collection, or a system event
-                continue
-            key = key[1:]
             if simple and it.op == 0 and not it.datatype & strip:
+                # the doc key goes as it is: its 0x00 prefix is the extras' last byte
+                # (wire.MUTATION_BEFORE_NRU), the key length the key's without it
                 val = it.value
-                kl = len(key)
+                kl = len(key) - 1
                 body = extlen + kl + len(val)
                 size = hlen + body
                 if used + size > limit and (used or not first_ok):
                     break
                 append(pack(req, opcode, kl, extlen, it.datatype, vb, body, opq, it.cas, it.seqno,
-                            it.rev, it.flags, it.expiry, 0, 0, 0))
+                            it.rev, it.flags, it.expiry, 0, 0))
                 append(key)
                 append(val)
             else:
-                parts = prod.encode(vb, opq, self.sid, key, it.value, it.datatype, it.cas,
+                parts = prod.encode(vb, opq, self.sid, key[1:], it.value, it.datatype, it.cas,
                                     it.seqno, it.rev, it.flags, it.expiry, it.op, it.delete_time)
                 size = len(parts[0]) + len(parts[1]) + len(parts[2])
                 if used + size > limit and (used or not first_ok):
@@ -630,7 +636,8 @@ class ProducerStream:
         return used
 
     def _send_rows_legacy(self, out: list, limit: int, single: bool, first_ok: bool) -> int:
-        """`_send_rows_doc` for a connection without collections (see `_send_items_legacy`)."""
+        """`_send_rows_doc` for a connection without collections: the rows are the default
+        collection's only (filtered when the vbucket ever held anything else)."""
         rows = self.rows
         i = self.row_pos
         n = len(rows)
@@ -641,32 +648,28 @@ class ProducerStream:
         append = out.append
         strip = prod.strip_mask
         simple = prod.simple and self.sid is None
-        pack = _MUT
+        pack = _MUT_BEFORE_NRU
         req, opcode, extlen, hlen = _REQ, _OP_MUTATION, _MUT_EXTLEN, _HLEN
         mask = SEQNO_MASK
         while i < n:
             rid, key, rev, cas, flags, expiry, dt, op, dtime, val = rows[i]
-            if key[0]:
-                i += 1  # another collection, or a system event
-                continue
-            key = key[1:]
             if cas < 0:
                 cas += _TWO64
             if rev < 0:
                 rev += _TWO64
             if simple and op == 0 and not dt & strip:
-                kl = len(key)
+                kl = len(key) - 1  # the 0x00 prefix is the extras' last byte (see above)
                 body = extlen + kl + len(val)
                 size = hlen + body
                 if used + size > limit and (used or not first_ok):
                     break
                 append(pack(req, opcode, kl, extlen, dt, vb, body, opq, cas, rid & mask, rev, flags,
-                            expiry, 0, 0, 0))
+                            expiry, 0, 0))
                 append(key)
                 append(val)
             else:
-                parts = prod.encode(vb, opq, self.sid, key, val, dt, cas, rid & mask, rev, flags,
-                                    expiry, op, dtime)
+                parts = prod.encode(vb, opq, self.sid, key[1:], val, dt, cas, rid & mask, rev,
+                                    flags, expiry, op, dtime)
                 size = len(parts[0]) + len(parts[1]) + len(parts[2])
                 if used + size > limit and (used or not first_ok):
                     break

@@ -104,7 +104,9 @@ class VBucket:
         #: the version of a key, resident or not (value eviction: the hash table's `get`)
         self.find: Callable[[bytes], Item | None] = self.items.get
         #: make an item its key's newest version in the hash table, keeping the counts
-        self.install: Callable[[Item], None] = self._install_value
+        #: (`_commit` uses `_put` and accounts the per-collection high seqnos itself;
+        #: `install`, for changes that do not come through `_commit`, does both)
+        self._put: Callable[[Item], None] = self._install_value
         #: live (not deleted) documents, kept as items change
         self.live_items = 0
         self.checkpoints = CheckpointManager(vbid, memory, start_seqno=high_seqno + 1,
@@ -139,7 +141,7 @@ class VBucket:
         #: the last key a lookup found absent (so the commit that follows does not ask again)
         self._absent: bytes | None = None
         self.find = self._find_full
-        self.install = self._install_full
+        self._put = self._install_full
 
     # -- identity -------------------------------------------------------------
 
@@ -200,8 +202,14 @@ class VBucket:
             self._note_other(item.key, seqno, item.op, item.flags)
         else:
             self.default_high = seqno
-        self.install(item)
+        self._put(item)
         return self._queue(item)
+
+    def install(self, item: Item) -> None:
+        """Make `item` (seqno already set: a replica applying what its active sent) its
+        key's newest version, keeping the counts and the per-collection high seqnos."""
+        self.note_seqno(item)
+        self._put(item)
 
     # -- per-collection high seqnos ------------------------------------------------
 

@@ -110,6 +110,11 @@ SET_VBUCKET_STATE = _joined(HEADER, "B")                # 24 + 1
 SYSTEM_EVENT = _joined(HEADER, "QIB")                   # 24 + 13 (seqno, event, version)
 SEQNO_ADVANCED = _joined(HEADER, U64)                   # 24 + 8
 WITH_META = _joined(HEADER, WITH_META_EXTRAS)           # 24 + 24
+#: a DCP_MUTATION's header and extras without the extras' last byte (nru, always 0): the
+#: producer appends a default-collection doc key (0x00 + key) after it, whose 0x00 prefix is
+#: then that byte, so a connection without collections gets its key without the prefix and
+#: the key is never copied. The key length packed is the key's without its prefix.
+MUTATION_BEFORE_NRU = _joined(HEADER, MUTATION_EXTRAS.format[:-1])   # 24 + 30
 WITH_META_OPTIONS = _joined(HEADER, WITH_META_OPTIONS_EXTRAS)  # 24 + 28
 
 # the same with a stream id: (magic, opcode, framing len, keylen, extlen, datatype, vbucket,

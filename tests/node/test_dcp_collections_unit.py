@@ -215,3 +215,27 @@ def test_wire_builders_for_system_events_and_seqno_advanced():
         assert len(data) == w.SEQNO_ADVANCED_SIZE + (3 if sid else 0)
         m = decode_message(decode_frame(data)[0])
         assert isinstance(m, DcpSeqnoAdvanced) and m.by_seqno == 123 and m.stream_id == sid
+
+
+def test_legacy_mutation_header_before_nru_makes_the_prefix_disappear():
+    """The legacy send loops append the stored doc key after a header that stops before the
+    extras' last byte (nru, 0): the bytes are those of a mutation of the key without its
+    0x00 prefix."""
+    dkey, val = doc_key(0, b"doc-1"), b'{"a":1}'
+    head = w.MUTATION_BEFORE_NRU.pack(w.REQ, w.OP_DCP_MUTATION, len(dkey) - 1, 31, 1, 3,
+                                      31 + len(dkey) - 1 + len(val), 9, 77, 5, 2, 0x01020304,
+                                      0, 0, 0)
+    assert head + dkey + val == b"".join(w.mutation(3, 9, b"doc-1", val, 1, 77, 5, 2,
+                                                    0x01020304, 0))
+    m = decode_message(decode_frame(head + dkey + val)[0])
+    assert m.key == b"doc-1" and m.value == val and m.by_seqno == 5
+
+
+def test_install_accounts_what_a_replica_applies(bucket):
+    vb, c1, _c2, _c3 = _setup(bucket)
+    rep = bucket.vbuckets[1]
+    from dcptool.node.item import Item
+
+    rep.install(Item(doc_key(c1, b"r"), b"v", 50, 1, 1, 0, 0, 0))
+    rep.install(Item(doc_key(0, b"r"), b"v", 51, 1, 1, 0, 0, 0))
+    assert rep.collection_high(c1) == 50 and rep.default_high == 51 and rep.other_high == 50
