@@ -4,6 +4,11 @@ A connection becomes a DCP producer connection with DCP_OPEN (Producer flag); th
 other DCP opcodes are EINVAL elsewhere. The stream request is judged by
 `decisions.evaluate_stream_request` (fact sheet 8.1); on success the answer carries the
 failover log, newest first, and the stream starts sending after it.
+
+On a connection that negotiated Collections the stream-request value (JSON) is parsed
+into the stream's filter (`dcptool.node.dcpfilter`: collections, scope, uid, sid,
+purge_seqno); its refusals are judged at step 7 of the order. Without Collections a value
+is EINVAL and the stream gets the default collection only (docs/collections-dcp.md).
 """
 from __future__ import annotations
 
