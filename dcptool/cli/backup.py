@@ -169,6 +169,22 @@ def restore(
                                 "resolution).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would be written; "
                                                             "write nothing.")] = False,
+    include_data: Annotated[Optional[list[str]], typer.Option(
+        "--include-data", metavar="NAMES", envvar="DCPTOOL_INCLUDE_DATA",
+        help="Only these collections: bucket.scope.collection or bucket.scope, "
+             "comma-separated, repeatable.")] = None,
+    exclude_data: Annotated[Optional[list[str]], typer.Option(
+        "--exclude-data", metavar="NAMES", envvar="DCPTOOL_EXCLUDE_DATA",
+        help="Leave these collections out: bucket.scope.collection or bucket.scope, "
+             "comma-separated, repeatable.")] = None,
+    map_data: Annotated[Optional[list[str]], typer.Option(
+        "--map-data", metavar="SRC=DST", envvar="DCPTOOL_MAP_DATA",
+        help="Restore a collection or scope under other names: scope.collection="
+             "scope.collection or scope=scope, comma-separated, repeatable.")] = None,
+    rest_port: Annotated[Optional[int], typer.Option(
+        "--rest-port", metavar="PORT", envvar="DCPTOOL_REST_PORT", min=1, max=65535,
+        help="The target's REST port, for creating missing scopes and collections "
+             "(default: the port its cluster config lists).")] = None,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
@@ -179,7 +195,17 @@ def restore(
     holds a newer version it wins and the write is counted as skipped. Exit status 1 if
     any write failed. Each run writes a log to ARCHIVE/logs/.
 
+    Each document goes into the target's collection of the same scope and collection
+    names (or those --map-data gives); missing scopes and collections are created
+    through the target's REST port first, with their max TTL. When they cannot be
+    created (the user may not, or no REST port is known), or the target has no
+    collections and the selection holds more than the default collection, the restore
+    stops before writing anything. Documents of a collection dropped as of the backup
+    restored are not written.
+
     Example: dcptool restore /backups/default -c 127.0.0.1:11210 --backup 20261122T101502.123456Z
+
+    Example: dcptool restore /backups/travel -c 127.0.0.1:11210 --include-data travel.inventory --map-data inventory=inventory2
     """
     from dcptool.archive import Archive
     from dcptool.pipeline.restore import run_restore
@@ -190,7 +216,9 @@ def restore(
         opts = conn_args.options()
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs, key_filter=filter_keys,
-                         force=force_updates, dry_run=dry_run, partitions=partitions, master=master)
+                         force=force_updates, dry_run=dry_run, partitions=partitions, master=master,
+                         include_data=include_data, exclude_data=exclude_data, map_data=map_data,
+                         rest_port=rest_port, notice=note)
     d = result.as_dict()
     if d["log"]:
         detail(f"log: {d['log']}")
