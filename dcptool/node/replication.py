@@ -19,7 +19,11 @@ asks for the vbucket from the replica's own position (newest failover entry, hig
   the flusher in one piece, so a DCP client streaming from the replica gets no partial
   snapshot (seed 003, "Streaming from a replica vbucket");
 * a hold (`REPLICATION_HOLD`, 0xe9) stops the stream before the first change above a
-  seqno, so tests can keep a replica at an exact point (seed 004's node C at 900).
+  seqno, so tests can keep a replica at an exact point (seed 004's node C at 900);
+* collections: the stream negotiates collections (`SessionConfig(collections=True)`, so
+  keys arrive as doc keys, stored as they are) and system events are applied like items,
+  at the same seqno as on the active (`apply_snapshot`); the replica bucket's manifest
+  follows them (`Bucket.follow_event`).
 
 Everything that touches a vbucket runs on the node's event loop; the thread waits for it.
 """
@@ -38,6 +42,7 @@ from . import hwtrepl
 from .clustermap import ClusterMap, load_map, save_map
 from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, Item
 from .storage import SEQNO_MASK, row_id
+from .sysevent import system_item
 
 if TYPE_CHECKING:
     from .server import Node
@@ -47,6 +52,25 @@ log = logging.getLogger("dcptool.node.replication")
 
 _REPLICA = int(VBucketState.REPLICA)
 _OPS = {0x57: ITEM_MUTATION, 0x58: ITEM_DELETION, 0x59: ITEM_EXPIRATION}
+#: the client's event kind of a DCP_SYSTEM_EVENT: (SYSTEM_EVENT, vbucket, SystemEvent)
+SYSTEM_EVENT = 0x5F
+
+
+def session_config(**kwargs):
+    """The replication consumer's SessionConfig, collection-aware when the client is."""
+    from dcptool.client.session import SessionConfig
+
+    try:
+        return SessionConfig(collections=True, **kwargs)
+    except TypeError:  # a client without collections: keys come as the producer sends them
+        return SessionConfig(**kwargs)
+
+
+def record_seqno(ev) -> int:
+    """The seqno of a record event (an item or a system event)."""
+    if ev[0] == SYSTEM_EVENT:
+        return ev[2].seqno
+    return ev[2]
 #: seconds between reconnection attempts to a source that cannot be reached
 RETRY_DELAY = 0.2
 #: the largest value a replica inflates (the front end's document limit plus xattrs)
@@ -65,7 +89,7 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
     Snappy-compressed is stored decompressed, like every value the node holds; one that
     does not decompress fails the whole snapshot before anything of it is applied.
     """
-    if any(rec[7] & SNAPPY for rec in records):
+    if any(rec[0] != SYSTEM_EVENT and rec[7] & SNAPPY for rec in records):
         records = [_decompressed(rec) for rec in records]
     ck = vb.checkpoints
     ck.close_open()
@@ -77,6 +101,20 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
     high = vb.high_seqno
     try:
         for rec in records:
+            if rec[0] == SYSTEM_EVENT:
+                ev = rec[2]
+                if ev.seqno <= high:
+                    continue
+                old = vb.find(system_item(ev).key)
+                item = system_item(ev, rev=old.rev + 1 if old is not None else 1,
+                                   cas=vb.next_cas())
+                item.seqno = ev.seqno
+                install(item)
+                ck.queue(item)
+                entries.append((vb.id, item))
+                high = ev.seqno
+                bucket.follow_event(ev)
+                continue
             kind, _vb, seq, rev, cas, flags, expiry, dt, key, value = rec
             if seq <= high:
                 continue  # already held (a re-sent snapshot after a reconnect)
@@ -113,6 +151,8 @@ def apply_snapshot(bucket, vb: "VBucket", records: list, end: int) -> int:
 
 def _decompressed(rec):
     """A received record with its value decompressed and the SNAPPY bit cleared."""
+    if rec[0] == SYSTEM_EVENT:
+        return rec
     kind, vbid, seq, rev, cas, flags, expiry, dt, key, value = rec
     if not dt & SNAPPY:
         return rec
@@ -368,7 +408,6 @@ class ReplicaStream(threading.Thread):
             EV_END_RETRYING,
             EV_KIND,
             EV_OPEN_FAILOVER_LOG,
-            EV_SEQNO,
             EV_SNAP_END,
             ROLLBACK,
             SEQNO_ADVANCED,
@@ -376,11 +415,9 @@ class ReplicaStream(threading.Thread):
             STREAM_END,
             STREAM_OPEN,
         )
-        from dcptool.client.session import SessionConfig
-
         pos = self._on_loop(self._position)
-        cfg = SessionConfig(name=self.conn_name, include_xattrs=True, delete_times=True,
-                            noop_interval=5.0, consistent=True, max_rollbacks=4)
+        cfg = session_config(name=self.conn_name, include_xattrs=True, delete_times=True,
+                             noop_interval=5.0, consistent=True, max_rollbacks=4)
         host, port = self.address
         self.consumer = DcpConsumer.open(
             host, port, username=self.auth.get("username", ""),
@@ -395,8 +432,8 @@ class ReplicaStream(threading.Thread):
             events = self.consumer.poll(0.5)
             for ev in events:
                 kind = ev[EV_KIND]
-                if kind in _OPS:
-                    seqno = ev[EV_SEQNO]
+                if kind in _OPS or kind == SYSTEM_EVENT:
+                    seqno = record_seqno(ev)
                     self._wait_hold(seqno)
                     self.received = seqno
                     snap.item(ev, seqno)

@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 from dcptool.protocol.constants import SEQNO_MAX, StreamEndReason, StreamFlag, VBucketState
 
 from .hwtrepl import adopt
-from .replication import (SnapshotBuffer, apply_snapshot, close_consumer, position_after_rollback,
-                          position_at_high_seqno, rollback)
+from .replication import (SYSTEM_EVENT, SnapshotBuffer, apply_snapshot, close_consumer,
+                          position_after_rollback, position_at_high_seqno, record_seqno,
+                          rollback, session_config)
 
 if TYPE_CHECKING:
     from .server import Node
@@ -44,7 +45,8 @@ log = logging.getLogger("dcptool.node.takeover")
 _ACTIVE = int(VBucketState.ACTIVE)
 _REPLICA = int(VBucketState.REPLICA)
 _PENDING = int(VBucketState.PENDING)
-_RECORDS = (0x57, 0x58, 0x59)
+#: records applied in snapshots: items and collections system events
+_RECORDS = (0x57, 0x58, 0x59, SYSTEM_EVENT)
 
 
 class TakeoverError(Exception):
@@ -149,7 +151,6 @@ class _Takeover:
             EV_END_RETRYING,
             EV_KIND,
             EV_OPEN_FAILOVER_LOG,
-            EV_SEQNO,
             EV_SNAP_END,
             EV_STATE,
             EV_STATE_OPAQUE,
@@ -159,13 +160,11 @@ class _Takeover:
             STREAM_OPEN,
             VBUCKET_STATE,
         )
-        from dcptool.client.session import SessionConfig
-
         pos = self.on_loop(self._position)
         me = f"{self.node.host}:{self.node.port}"
-        cfg = SessionConfig(name=f"takeover:{me}:{self.vbid}", include_xattrs=True,
-                            delete_times=True, noop_interval=5.0, consistent=True,
-                            max_rollbacks=4, ack_vbucket_state=False)
+        cfg = session_config(name=f"takeover:{me}:{self.vbid}", include_xattrs=True,
+                             delete_times=True, noop_interval=5.0, consistent=True,
+                             max_rollbacks=4, ack_vbucket_state=False)
         host, port = self.address
         self.consumer = c = DcpConsumer.open(
             host, port, username=self.auth.get("username", ""),
@@ -181,7 +180,7 @@ class _Takeover:
             for ev in c.poll(0.5):
                 kind = ev[EV_KIND]
                 if kind in _RECORDS:
-                    self.received = ev[EV_SEQNO]
+                    self.received = record_seqno(ev)
                     self.items += 1
                     snap.item(ev, self.received)
                 elif kind == SNAPSHOT:
