@@ -437,6 +437,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
     rl.info("collections: %s", "the node has none (keys of the default collection)"
             if node_man is None else f"manifest uid {node_man.uid:#x}, "
             f"{len(node_man.scopes)} scopes, {node_man.num_collections} collections")
+    stream_filter(given, node_man, opts.bucket)  # names given must exist: checked up front
 
     if Path(archive_path).exists() and any(Path(archive_path).iterdir()):
         try:
