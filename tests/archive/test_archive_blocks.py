@@ -19,6 +19,7 @@ from dcptool.archive.format import FORMAT_VERSION, sync_filesystem
 from dcptool.archive.frames import decompress_frame, frame_records, scan_frames
 from dcptool.archive.verify import verify_archive
 from dcptool.archive.writer import buffered_bytes
+from dcptool.protocol.collections import EVENT_BEGIN_COLLECTION, SystemEvent
 
 FIXTURE = Path(__file__).parent / "fixtures" / "archive-v1"  # written by the version 1 writer
 MAX64 = (1 << 64) - 1
@@ -309,8 +310,13 @@ def test_the_documented_reader_reads_both_versions(tmp_path):
     bw = a.begin_backup("full")
     w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     recs = _random_records(random.Random(2), 300)[2:-1]
+    # version 3 keys are doc keys (collection 0 and 9 here), with a system event
+    recs = [r[:7] + (b"\x09" + r[7],) + r[8:] if r[0] == 3 else
+            r[:4] + (b"\x00" + r[4],) + r[5:] if r[0] in (4, 5) else r for r in recs]
     w.write([r for r in recs if r[0] in (2, 3, 4, 5)])
-    bw.commit([w.close(ArchivePosition.at(W, 10_000))])
+    w.marker(20_000, 20_001)
+    w.system_event(SystemEvent(20_001, EVENT_BEGIN_COLLECTION, 4, 8, 9, "c9", 60))
+    bw.commit([w.close(ArchivePosition.at(W, 20_001))])
     for arc in (v1, a.path):
         ns: dict = {}
         exec(code.replace('"/backups/travel"', repr(str(arc))), ns)
