@@ -345,7 +345,7 @@ complete -c dcptool -n '__dcptool_at node user' -a 'list' -d 'List the users and
 complete -c dcptool -n '__dcptool_at node user' -a 'remove' -d 'Remove a user'
 complete -c dcptool -n '__dcptool_at node user' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at node user add' -l data -r -F -d 'The node\'s directory'
-complete -c dcptool -n '__dcptool_at node user add' -s r -l role -x -d 'Role: admin, backup, restore, reader or writer (repeat for several)'
+complete -c dcptool -n '__dcptool_at node user add' -s r -l role -x -d 'Role: admin, backup, restore, reader, writer or scope_admin (create and drop scopes and collections'
 complete -c dcptool -n '__dcptool_at node user add' -l password-file -r -F -d 'Read the password from FILE\'s first line (default: $DCPTOOL_PASSWORD or a prompt)'
 complete -c dcptool -n '__dcptool_at node user add' -l json -d 'Print JSON'
 complete -c dcptool -n '__dcptool_at node user add' -s h -l help -d 'Show this message and exit'
