@@ -45,7 +45,7 @@ BLOCK_MARK = 0xC1
 _MARK = b"\xc1"
 _U32 = struct.Struct("<I")
 _M64 = (1 << 64) - 1
-_ITEM = (False, False, False, True, True, True, False, False)
+_ITEM = (False, False, False, True, True, True, False, False, False)
 #: per record type: 0 an item (in the columns), 1 another record (in `others`; 8, the
 #: system event of format 3, too), 2 unknown
 _MASK = bytes([1, 1, 1, 0, 0, 0, 1, 1, 1] + [2] * 247)
