@@ -13,16 +13,38 @@ Shared state, and why it exists:
 * `warmup`: what warm-up found (clean or unclean shutdown, items loaded).
 * `hwt`: the high watermark table (seed 002), loaded at warm-up, written through.
 * `purger`: compaction and the tombstone purger, bounded by `hwt`.
+* `manifest`: the collections manifest (`dcptool.protocol.collections.Manifest`), kept in
+  the database's meta table (internal JSON with `next_id`) and loaded at warm-up;
+  `collections` ({live collection id: max TTL}) and `scope_of` ({collection id: scope
+  id}) are indexes of it for the hot paths. `dropped`: ids of dropped collections whose
+  documents are not purged yet (persisted too); compaction purges them.
 """
 from __future__ import annotations
 
 import heapq
+import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from dcptool.errors import DcptoolError
+from dcptool.protocol.collections import (
+    DEFAULT_COLLECTION,
+    DEFAULT_SCOPE,
+    EVENT_BEGIN_COLLECTION,
+    EVENT_CREATE_SCOPE,
+    EVENT_DROP_SCOPE,
+    EVENT_END_COLLECTION,
+    Collection,
+    CollectionsError,
+    Manifest,
+    ManifestError,
+    Scope,
+    SystemEvent,
+    doc_key_cid,
+    encode_leb128,
+)
 from dcptool.protocol.constants import VBucketState
 
 from .cache import BloomFilter, ResidentCache
@@ -30,8 +52,8 @@ from .checkpoint import CheckpointMemory
 from .config import DEFAULT_MEMORY_QUOTA
 from .compaction import Purger
 from .hwt import HighWatermarkTable
-from .item import ITEM_MUTATION
-from .storage import FORMAT_VERSION, Storage
+from .item import ITEM_MUTATION, ITEM_SYSTEM
+from .storage import FORMAT_VERSION, MIGRATABLE_FORMATS, Storage, collection_counts
 from .vbucket import VBucket, new_vbucket_uuid
 
 log = logging.getLogger("dcptool.node")
@@ -84,6 +106,13 @@ class Bucket:
         self.hwt_default_ttl = hwt_default_ttl
         self.purger = Purger(self, purge_age=purge_age, max_hold=hwt_max_hold,
                              interval=compaction_interval)
+        #: the collections manifest and its indexes (see the module text)
+        self.manifest = Manifest()
+        self.collections: dict[int, int] = {0: 0}
+        self.scope_of: dict[int, int] = {0: 0}
+        self.dropped: set[int] = set()
+        #: called as fn(bucket, old manifest, events) after every manifest change
+        self.manifest_listeners: list = []
 
     # -- warm-up ------------------------------------------------------------------------
 
@@ -97,7 +126,14 @@ class Bucket:
             st.set_meta(format=FORMAT_VERSION, vbuckets=self.num_vbuckets, bucket=self.name,
                         clean_shutdown=1)
             meta = st.get_meta()
-        if int(meta.get("format", FORMAT_VERSION)) != FORMAT_VERSION:
+        migrated = None
+        fmt = int(meta.get("format", FORMAT_VERSION))
+        if fmt in MIGRATABLE_FORMATS:
+            migrated = st.migrate(fmt)
+            log.info("%s: storage format %d -> %d: %d keys given the default collection's "
+                     "prefix", self.data_dir, fmt, FORMAT_VERSION, migrated)
+            meta = st.get_meta()
+        elif fmt != FORMAT_VERSION:
             raise DcptoolError(f"{self.data_dir}: storage format {meta.get('format')} is not "
                                f"supported by this dcptool")
         if int(meta["vbuckets"]) != self.num_vbuckets:
@@ -109,6 +145,7 @@ class Bucket:
                 f"{self.data_dir} holds bucket {meta['bucket']!r}, not {self.name!r}",
                 hint=f"start it with --bucket {meta['bucket']}")
         clean = meta.get("clean_shutdown") == "1"
+        self._load_manifest(meta)
         vb_meta = st.load_vbucket_meta()
         disk_high = st.high_seqnos()
         new_rows = []
@@ -155,6 +192,10 @@ class Bucket:
                        "seconds": round(time.monotonic() - t0, 3)}
         if keys is not None:
             self.warmup["keys_on_disk"] = keys
+        if migrated is not None:
+            self.warmup["migrated_keys"] = migrated
+        if self.manifest.uid:
+            self.warmup["manifest_uid"] = format(self.manifest.uid, "x")
         log.info("warm-up: %s", self.warmup)
 
     def _warm_up_value(self) -> int:
@@ -162,19 +203,22 @@ class Bucket:
         clocks from them, the expiry heap from those with a TTL. Returns how many loaded."""
         vbs = self.vbuckets
         loaded = 0
+        dropped = self.dropped
         for vbid, item in self.storage.iter_items():
             vb = vbs.get(vbid)
             if vb is None:
                 continue
             vb.items[item.key] = item
-            if item.op == ITEM_MUTATION:
+            if item.op == ITEM_MUTATION and not (
+                    dropped and item.key[0] and doc_key_cid(item.key) in dropped):
                 vb.live_items += 1
             if item.cas > vb.max_cas:
                 vb.max_cas = item.cas
             loaded += 1
         for vb in vbs.values():
             for it in vb.items.values():
-                if it.expiry and it.op == ITEM_MUTATION:
+                if it.expiry and it.op == ITEM_MUTATION and not (
+                        dropped and it.key[0] and doc_key_cid(it.key) in dropped):
                     self.expiry_heap.append((it.expiry, vb.id, it.key, it.seqno))
         return loaded
 
@@ -185,9 +229,12 @@ class Bucket:
         st = self.storage
         vbs = self.vbuckets
         counts = st.vbucket_counts(sorted(vbs))
+        prefixes = [encode_leb128(c) for c in sorted(self.dropped)]
         total = 0
         for vbid, vb in vbs.items():
             n, live, max_cas = counts.get(vbid, (0, 0, 0))
+            if prefixes and n:
+                live -= collection_counts(st._db, vbid, prefixes)[1]
             # room for the keys there are and as many again before the filter grows
             vb.enable_full_eviction(self.cache, BloomFilter(2 * n), live=live, keys=n)
             if max_cas > vb.max_cas:
@@ -199,7 +246,9 @@ class Bucket:
                 vb = vbs.get(vbid)
                 if vb is not None:
                     vb.bloom.add(key)
-        self.expiry_heap.extend(e for e in st.iter_expiring() if e[1] in vbs)
+        dropped = self.dropped
+        self.expiry_heap.extend(e for e in st.iter_expiring() if e[1] in vbs and not (
+            dropped and e[2][0] and doc_key_cid(e[2]) in dropped))
         return total
 
     def _meta_changed(self, vb: VBucket) -> None:
@@ -233,8 +282,11 @@ class Bucket:
             now = time.time()
         heap = self.expiry_heap
         n = 0
+        dropped = self.dropped
         while heap and heap[0][0] <= now and n < limit:
             _exp, vbid, key, seqno = heapq.heappop(heap)
+            if dropped and key[0] and doc_key_cid(key) in dropped:
+                continue  # a dropped collection's documents only wait for compaction
             vb = self.vbuckets.get(vbid)
             if vb is not None and vb.expire_if_due(key, seqno, now):
                 n += 1
@@ -291,3 +343,229 @@ class Bucket:
             ("ep_bloom_filter_key_count", sum(vb.bloom.keys for vb in vbs)),
             ("ep_bloom_filter_size", sum(vb.bloom.size_bytes for vb in vbs)),
         ]
+
+    # -- collections -----------------------------------------------------------------------
+    #
+    # Every change: a new manifest (uid + 1), kept through the flusher (in order with the
+    # system events that follow it), then one system event per active vbucket at that
+    # vbucket's next seqno. Replica vbuckets get the events over DCP from their active, at
+    # the same seqnos (`follow_event`). Dropping a collection takes its documents out of
+    # the live counts at once; compaction purges them (`compaction.purge_dropped`).
+
+    def _load_manifest(self, meta: dict[str, str]) -> None:
+        raw = meta.get("manifest")
+        if raw:
+            try:
+                self.manifest = Manifest.from_json(raw)
+            except CollectionsError as exc:
+                raise DcptoolError(f"{self.data_dir}: the stored collections manifest is "
+                                   f"unreadable: {exc}") from None
+        dropped = meta.get("dropped")
+        self.dropped = set(json.loads(dropped)) if dropped else set()
+        self._index()
+
+    def _index(self) -> None:
+        m = self.manifest
+        self.collections = {c.uid: c.max_ttl for s in m.scopes for c in s.collections}
+        self.scope_of = {c.uid: s.uid for s in m.scopes for c in s.collections}
+
+    def _persist_manifest(self) -> None:
+        self.storage.enqueue_node_meta(
+            manifest=self.manifest.to_bytes(internal=True).decode(),
+            dropped=json.dumps(sorted(self.dropped)))
+
+    def _commit_manifest(self, new: Manifest, events: list[SystemEvent], *,
+                         write_events: bool = True) -> Manifest:
+        """Make `new` the manifest, persist it, take dropped collections out of the live
+        counts and (unless `write_events` is False: a replica following its active) write
+        `events` into every active vbucket."""
+        old = self.manifest
+        self.manifest = new
+        self._index()
+        gone = [ev.collection_id for ev in events
+                if ev.event == EVENT_END_COLLECTION and ev.collection_id is not None]
+        for cid in gone:
+            self.dropped.add(cid)
+        self._persist_manifest()
+        if write_events:
+            for vb in self.vbuckets.values():
+                if vb.state == VBucketState.ACTIVE:
+                    for ev in events:
+                        vb.system_event(ev)
+        for cid in gone:
+            self._uncount(cid)
+        for fn in list(self.manifest_listeners):
+            try:
+                fn(self, old, events)
+            except Exception:  # pragma: no cover - a listener must not undo the change
+                log.exception("manifest listener failed")
+        return new
+
+    def _uncount(self, cid: int) -> None:
+        """A dropped collection's live documents leave the live counts."""
+        prefix = encode_leb128(cid)
+        if not self.full_eviction:
+            for vb in self.vbuckets.values():
+                n = 0
+                for key, it in vb.items.items():
+                    if it.op == ITEM_MUTATION and key.startswith(prefix):
+                        n += 1
+                vb.live_items -= n
+            return
+        # full eviction: once everything written before the drop is on disk (nothing of
+        # the collection is written after it), count on disk
+        import asyncio
+
+        async def count() -> None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self.storage.wait_flushed)
+            for vb in self.vbuckets.values():
+                live = (await asyncio.wrap_future(self.storage.maintenance(
+                    lambda db, v: collection_counts(db, v, [prefix]), vb.id)))[1]
+                vb.live_items -= live
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (tests of the bucket alone): count now
+            for vb in self.vbuckets.values():
+                vb.live_items -= collection_counts(self.storage._db, vb.id, [prefix])[1]
+            return
+        task = loop.create_task(count())
+        _TASKS.add(task)
+        task.add_done_callback(_TASKS.discard)
+
+    def create_scope(self, name: str) -> tuple[Manifest, Scope]:
+        """Create scope `name`; ManifestError (kind exists/invalid/limit) if it cannot be."""
+        new, scope = self.manifest.create_scope(name)
+        self._commit_manifest(new, [SystemEvent(0, EVENT_CREATE_SCOPE, new.uid, scope.uid,
+                                                None, name)])
+        return new, scope
+
+    def create_collection(self, scope: str, name: str, max_ttl: int = 0
+                          ) -> tuple[Manifest, Collection]:
+        new, s, coll = self.manifest.create_collection(scope, name, max_ttl)
+        self._commit_manifest(new, [SystemEvent(0, EVENT_BEGIN_COLLECTION, new.uid, s.uid,
+                                                coll.uid, name, coll.max_ttl)])
+        return new, coll
+
+    def drop_collection(self, scope: str, name: str) -> Manifest:
+        """Drop a collection. The _default collection stays (this node keeps it, so a legacy
+        client always has a collection to use): ManifestError kind "forbidden"."""
+        if scope == DEFAULT_SCOPE and name == DEFAULT_COLLECTION:
+            raise ManifestError("forbidden", "the _default collection cannot be dropped")
+        new, s, coll = self.manifest.drop_collection(scope, name)
+        self._commit_manifest(new, [SystemEvent(0, EVENT_END_COLLECTION, new.uid, s.uid,
+                                                coll.uid)])
+        return new
+
+    def drop_scope(self, name: str) -> Manifest:
+        """Drop a scope: one drop event per collection in it, then the scope's (the last
+        event carries the new manifest's uid, the ones before it the uids in between)."""
+        m = self.manifest
+        if name == DEFAULT_SCOPE:
+            raise ManifestError("forbidden", "the _default scope cannot be dropped")
+        s = m.scope(name)
+        if s is None:
+            raise ManifestError("not-found", f"scope {name!r} does not exist")
+        events = []
+        for c in s.collections:
+            m, _s, _c = m.drop_collection(name, c.name)
+            events.append(SystemEvent(0, EVENT_END_COLLECTION, m.uid, s.uid, c.uid))
+        m, _s = m.drop_scope(name)
+        events.append(SystemEvent(0, EVENT_DROP_SCOPE, m.uid, s.uid))
+        return self._commit_manifest(m, events)
+
+    def set_manifest(self, new: Manifest) -> list[SystemEvent]:
+        """Make `new` (a whole manifest, from another member of a cluster) the manifest:
+        the differences become system events in the order drops of collections, drops of
+        scopes, new scopes, new collections; each carries the uid `new` has. A manifest
+        whose uid is not above ours is refused (ValueError) unless it is the same one."""
+        old = self.manifest
+        if new.uid <= old.uid:
+            if new.to_json() == old.to_json():
+                return []
+            raise ValueError(f"manifest uid {new.uid:x} is not above the node's "
+                             f"({old.uid:x})")
+        if not any(s.uid == 0 and any(c.uid == 0 for c in s.collections) for s in new.scopes):
+            raise ValueError("the manifest has no _default collection")
+        uid = new.uid
+        old_c = {c.uid: (s.uid, c) for s in old.scopes for c in s.collections}
+        new_c = {c.uid: (s.uid, c) for s in new.scopes for c in s.collections}
+        old_s = {s.uid: s for s in old.scopes}
+        new_s = {s.uid: s for s in new.scopes}
+        events = []
+        for cid, (sid, _c) in sorted(old_c.items()):
+            if cid not in new_c:
+                events.append(SystemEvent(0, EVENT_END_COLLECTION, uid, sid, cid))
+        for sid in sorted(old_s):
+            if sid not in new_s:
+                events.append(SystemEvent(0, EVENT_DROP_SCOPE, uid, sid))
+        for sid, s in sorted(new_s.items()):
+            if sid not in old_s:
+                events.append(SystemEvent(0, EVENT_CREATE_SCOPE, uid, sid, None, s.name))
+        for cid, (sid, c) in sorted(new_c.items()):
+            if cid not in old_c:
+                events.append(SystemEvent(0, EVENT_BEGIN_COLLECTION, uid, sid, cid, c.name,
+                                          c.max_ttl))
+        if new.next_id < old.next_id:
+            from dataclasses import replace
+            new = replace(new, next_id=old.next_id)
+        self._commit_manifest(new, events)
+        return events
+
+    def follow_event(self, ev: SystemEvent) -> bool:
+        """A replica vbucket received `ev` from its active: bring the manifest along if the
+        change is new here (ids are never reused: a collection created again is a new id).
+        Returns True when the manifest changed."""
+        from dataclasses import replace
+
+        m = self.manifest
+        uid = max(m.uid, ev.manifest_uid)
+        kind = ev.event
+        if kind == EVENT_BEGIN_COLLECTION:
+            cid = ev.collection_id
+            # ids are handed out in order and every vbucket gets the events in one order:
+            # an id below next_id was seen here already (and maybe dropped since)
+            if cid is None or cid in self.collections or cid < m.next_id:
+                return False
+            scope = m.scope_by_id(ev.scope_id)
+            if scope is None:
+                return False
+            ns = replace(scope, collections=scope.collections + (
+                Collection(ev.name, cid, ev.max_ttl),))
+            new = replace(m, uid=uid, next_id=max(m.next_id, cid + 1),
+                          scopes=tuple(ns if s is scope else s for s in m.scopes))
+        elif kind == EVENT_END_COLLECTION:
+            cid = ev.collection_id
+            if cid not in self.collections or cid == 0:
+                return False
+            new = replace(m, uid=uid, scopes=tuple(
+                replace(s, collections=tuple(c for c in s.collections if c.uid != cid))
+                for s in m.scopes))
+        elif kind == EVENT_CREATE_SCOPE:
+            if ev.scope_id < m.next_id or m.scope(ev.name) is not None:
+                return False
+            new = replace(m, uid=uid, next_id=max(m.next_id, ev.scope_id + 1),
+                          scopes=m.scopes + (Scope(ev.name, ev.scope_id),))
+        elif kind == EVENT_DROP_SCOPE:
+            scope = m.scope_by_id(ev.scope_id)
+            if scope is None or ev.scope_id == 0:
+                return False
+            new = replace(m, uid=uid, scopes=tuple(s for s in m.scopes if s is not scope))
+            # collections still in it go with it (their own drop events came first)
+            evs = [SystemEvent(ev.seqno, EVENT_END_COLLECTION, uid, scope.uid, c.uid)
+                   for c in scope.collections]
+            self._commit_manifest(new, evs + [ev], write_events=False)
+            return True
+        else:
+            return False
+        self._commit_manifest(new, [ev], write_events=False)
+        return True
+
+    def visible(self, dkey: bytes) -> bool:
+        """Is the document with doc key `dkey` in a live collection? (the default collection
+        always is; a dropped collection's documents are not, purged or not)"""
+        return not dkey[0] or doc_key_cid(dkey) in self.collections
+
+
+#: background tasks of buckets (a task is only weakly referenced by the loop)
+_TASKS: set = set()

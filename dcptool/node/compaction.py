@@ -16,6 +16,14 @@ A compaction of a set of vbuckets runs in these steps (one compaction at a time)
    tombstones and raises its purge seqno (`VBucket.purge_tombstones`); then the
    maintenance thread deletes the rows and stores the purge seqno in one transaction.
 
+4. Dropped collections (`Bucket.dropped`): per vbucket, once everything queued is on
+   disk, their documents and tombstones leave the hash table and the database (one key
+   range per collection: `storage.purge_collections`); when every vbucket was done the ids
+   leave `Bucket.dropped`. Readers stopped seeing them when the collection was dropped.
+   Collections system events (op 3) are never purged, neither here nor as tombstones: a
+   drop event replaced its create event under the same key and stays as history (one row
+   per collection or scope ever dropped).
+
 A backfill that opened its disk snapshot earlier still reads the tombstones (SQLite WAL
 snapshot); one that opens later, from below the new purge seqno, ends its stream with
 reason ROLLBACK, and a stream request from below it is answered ROLLBACK to 0, so a
@@ -126,12 +134,16 @@ class Purger:
             if n:
                 purged_total += n
                 per_vb[vbid] = {"purged": n, "purge_seqno": vb.purge_seqno}
+        collections_purged = 0
+        if bucket.dropped:
+            collections_purged = await self._purge_dropped(vbs)
         self.runs += 1
         self.purged += purged_total
         summary = {
             "reason": reason, "vbuckets": len(vbs), "purged": purged_total,
             "purge_seqnos": {str(vb): d["purge_seqno"] for vb, d in sorted(per_vb.items())},
             "expired_rows": [e.client for e in expired], "lost_rows": lost,
+            "dropped_collection_items_purged": collections_purged,
             "seconds": round(time.monotonic() - t0, 3), "finished_at": time.time(),
         }
         self.last = summary
@@ -162,6 +174,39 @@ class Purger:
                 total += len(purged)
             if len(page) < PAGE:
                 return total
+
+    async def _purge_dropped(self, vbs: list[int]) -> int:
+        """Purge the documents of dropped collections from `vbs` (memory, then disk);
+        returns the rows deleted. The ids leave `bucket.dropped` once every vbucket is done."""
+        from dcptool.protocol.collections import encode_leb128
+
+        bucket = self.bucket
+        cids = sorted(bucket.dropped)
+        prefixes = [encode_leb128(c) for c in cids]
+        loop = asyncio.get_running_loop()
+        # nothing of these collections is written after their drop: once the flusher is
+        # idle, the disk holds every version there will be
+        await loop.run_in_executor(None, bucket.storage.wait_flushed)
+        total = 0
+        for vbid in vbs:
+            vb = bucket.vbuckets.get(vbid)
+            if vb is None:
+                continue
+            gone = [k for k in vb.items if k[0] and k.startswith(tuple(prefixes))]
+            for k in gone:
+                it = vb.items.pop(k)
+                if vb.full:
+                    vb.cache.bytes -= it.size
+            n = await self._maint(st.purge_collections, vbid, prefixes)
+            if vb.full:
+                vb.nkeys -= n
+            total += n
+        if set(vbs) >= set(bucket.vbuckets):
+            bucket.dropped.difference_update(cids)
+            bucket._persist_manifest()
+            log.info("dropped collections %s purged: %d rows", [format(c, "x") for c in cids],
+                     total)
+        return total
 
     def _seqno_limit(self, vb, now: float, before: float, purge_before_seq: int) -> int | None:
         """The highest seqno the purger may reach in `vb` now (None: nothing to do)."""

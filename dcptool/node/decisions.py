@@ -138,8 +138,14 @@ def evaluate_stream_request(
     stream_id: int | None = None,
     stream_exists: bool = False,
     client_purge_seqno: int = 0,
+    filter_error: tuple[int, str] | None = None,
+    filtered_high: int | None = None,
 ) -> StreamDecision:
     """Check a DCP_STREAM_REQ in the order of the fact sheet, section 8.1.
+
+    `filter_error` is the (status, reason) the collections filter of the request value was
+    refused with (dcptool.node.dcpfilter), judged at step 7; `filtered_high` the highest
+    seqno of the filtered collections, the end of a ToLatest stream with a filter.
 
     Unknown high flag bits are ignored: libdcp writes its flags without byte swapping
     (0x30000000), and a node that failed such streams would break a real client.
@@ -176,7 +182,9 @@ def evaluate_stream_request(
         return StreamDecision(Status.ERANGE, reason="start seqno is above end seqno")
     if not snap_start <= start <= snap_end:
         return StreamDecision(Status.ERANGE, reason="start seqno is outside the snapshot range")
-    # 7. stream ids
+    # 7. the collections filter, stream ids
+    if filter_error is not None:
+        return StreamDecision(filter_error[0], reason=filter_error[1])
     if stream_ids_enabled != (stream_id is not None):
         return StreamDecision(Status.DCP_STREAM_ID_INVALID,
                               reason="stream id present/absent does not match enable_stream_id")
@@ -194,7 +202,7 @@ def evaluate_stream_request(
         return StreamDecision(Status.ROLLBACK, rollback_seqno=rb)
     # 10. ToLatest / DiskOnly
     if flags & StreamFlag.TO_LATEST:
-        end = vb.high_seqno
+        end = vb.high_seqno if filtered_high is None else filtered_high
     if flags & StreamFlag.DISK_ONLY:
         end = min(end, vb.persisted_seqno)
     if flags & StreamFlag.TAKEOVER:

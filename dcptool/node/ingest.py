@@ -7,8 +7,13 @@ stores each version through the vbucket's `_commit` like any other change. A req
 that needs anything out of the ordinary (flexible framing, a request CAS, xattrs, a
 Snappy-compressed value, an expiry to convert, unusual meta options or extras, a value
 that might be JSON without saying so, a vbucket this node does not hold active, a user
-without the privilege, ...) ends the run: the generic dispatch (`Connection.dispatch`)
-takes that frame with all its checks, so the answers are the same either way.
+without the privilege, a key whose collection prefix is anything but the default
+collection's or a live collection's one-byte id, a SET into a collection with a max TTL,
+...) ends the run: the generic dispatch (`Connection.dispatch`) takes that frame with all
+its checks, so the answers are the same either way.
+
+Keys become doc keys here too: a legacy connection's key gets the 0x00 prefix, a
+collections connection's key is stored as sent.
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ import time
 
 from dcptool.protocol import wire as w
 from dcptool.protocol.constants import Status, VBucketState
+
+from dcptool.protocol.collections import FIRST_USER_ID
 
 from .access import Privilege
 from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, Item
@@ -71,6 +78,9 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
     replied = 0
     seqno_extras = conn.mutation_seqno
     json_ok = conn.json
+    collections = conn.collections
+    live = bucket.collections
+    first_user = FIRST_USER_ID
     n = len(buf)
     off = 0
     count = 0
@@ -86,9 +96,30 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
             if end > n or cas or not klen:
                 break
             p = off + 24
-            kend = p + elen + klen
+            ks = p + elen
+            kend = ks + klen
             if kend > end:
                 break
+            if collections:
+                b = buf[ks]
+                if b:
+                    # a one-byte collection id of a live collection; anything else
+                    # (reserved, longer prefixes, unknown) is the generic path's
+                    if b < first_user or b >= 0x80 or klen < 2 or klen > 247:
+                        break
+                    ttl = live.get(b)
+                    if ttl is None:
+                        break
+                elif klen < 2 or klen > 251:
+                    break
+                else:
+                    ttl = 0
+                key = bytes(mv[ks:kend])
+            else:
+                if klen > MAX_KEY:
+                    break
+                ttl = 0
+                key = b"\x00" + mv[ks:kend]
             if op in _WITH_META:
                 if not meta_ok or dt & ~_JSON:
                     break
@@ -108,7 +139,6 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                 vb = vbuckets.get(vbid)
                 if vb is None or vb.state != _ACTIVE:
                     break
-                key = bytes(mv[p + elen:kend])
                 value = bytes(mv[kend:end])
                 off = end
                 count += 1
@@ -141,7 +171,7 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                     replied += 24
                     continue
             elif op == _SET or op == _SETQ:
-                if not set_ok or elen != 8 or klen > MAX_KEY or end - kend > MAX_VALUE:
+                if not set_ok or elen != 8 or ttl or end - kend > MAX_VALUE:
                     break
                 if dt:
                     if dt != _JSON or not json_ok:
@@ -154,7 +184,6 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                 vb = vbuckets.get(vbid)
                 if vb is None or vb.state != _ACTIVE:
                     break
-                key = bytes(mv[p + 8:kend])
                 old = vb.find(key)
                 if old is not None and old.op == ITEM_MUTATION and old.expiry:
                     break  # may have expired: the generic path turns it into a tombstone

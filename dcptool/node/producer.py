@@ -36,8 +36,9 @@ from dcptool.protocol.constants import DcpOpenFlag, Opcode, Status, StreamEndRea
 from dcptool.protocol.snappy import SNAPPY, compress_if_smaller
 
 from .decisions import TAKEOVER_DONE, TAKEOVER_SEND_DEAD, TAKEOVER_WAIT_ACTIVE
-from .item import ITEM_EXPIRATION, ITEM_MUTATION
+from .item import ITEM_EXPIRATION, ITEM_MUTATION, ITEM_SYSTEM, Item
 from .stream import DEAD, ProducerStream, payload
+from .sysevent import event_of
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -202,7 +203,12 @@ class Producer:
     def encode(self, vb: int, opq: int, sid: int | None, key: bytes, value: bytes, dt: int,
                cas: int, seqno: int, rev: int, flags: int, expiry: int, op: int,
                delete_time: int) -> list[bytes]:
-        """Any item the streams' fast path does not handle (deletions, xattrs, NoValue, sids)."""
+        """Any item the streams' fast path does not handle (deletions, xattrs, NoValue, sids,
+        system events)."""
+        if op == ITEM_SYSTEM:
+            ev = event_of(Item(key, value, seqno, rev, cas, flags, expiry, dt, op))
+            k, v, version = ev.encode()
+            return w.system_event(vb, opq, seqno, ev.event, version, k, v, sid)
         val, dt2 = payload(value, dt, op, include_xattrs=self.include_xattrs,
                            no_value=self.no_value or self.keep_datatype,
                            keep_datatype=self.keep_datatype)

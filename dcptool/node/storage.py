@@ -7,8 +7,14 @@ Layout (`DIR/data.sqlite3`):
   primary key and a disk backfill is a range scan. `(vb, key)` is unique.
 * `vbucket_meta`: per vbucket its state, failover log (JSON, newest first), persisted
   seqno, purge seqno and the highest CAS given out.
-* `meta`: node-wide facts: format version, vbucket count, bucket name and the
-  clean-shutdown mark.
+* `meta`: node-wide facts: format version, vbucket count, bucket name, the
+  clean-shutdown mark, the collections manifest (`manifest`: the internal JSON with
+  `next_id`) and the dropped collections whose documents are not purged yet (`dropped`:
+  a JSON list of ids).
+* Format 2 (collections): every `key` is the collection-prefixed doc key (LEB128
+  collection id + key; the default collection is 0x00 + key). Opening a format-1
+  database prefixes 0x00 to every stored key once, in one transaction
+  (`Storage.migrate`). System events (op 3) are rows too, keys in the system namespace.
 * `hwt`: the high watermark table, one row per (client name, instance): per-vbucket
   seqnos (JSON), reported and expiry times, client meta (JSON) and, once the guard rail
   took it, when and why the row was lost.
@@ -45,7 +51,13 @@ from .item import Item
 
 log = logging.getLogger("dcptool.node.storage")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: formats `Storage.migrate` brings up to FORMAT_VERSION
+MIGRATABLE_FORMATS = (1,)
+#: `Item.op` of a collections system event (node/item.py ITEM_SYSTEM): never a tombstone
+OP_SYSTEM = 3
+#: the pseudo vbucket id of node-wide meta entries in the flusher's queue
+NODE_META = -1
 SEQNO_BITS = 48
 SEQNO_MASK = (1 << SEQNO_BITS) - 1
 _TWO63 = 1 << 63
@@ -178,6 +190,29 @@ class Storage:
 
     def _tx(self):
         return _write_tx(self._db)
+
+    def enqueue_node_meta(self, **values: Any) -> None:
+        """Persist node-wide meta (the manifest, the dropped ids) through the flusher, in
+        order with the items queued before and after it (usable while the flusher runs)."""
+        self.dirty.append((NODE_META, None, {k: str(v) for k, v in values.items()}))
+        self._wake.set()
+
+    def migrate(self, from_format: int) -> int:
+        """Bring a database of an older format to FORMAT_VERSION in one transaction;
+        returns how many item rows were rewritten. Format 1 -> 2: every key gets the
+        default collection's prefix 0x00. The unique (vb, key) index is rebuilt around the
+        rewrite so no intermediate state can collide."""
+        if from_format not in MIGRATABLE_FORMATS:
+            raise ValueError(f"storage format {from_format} cannot be migrated")
+        db = self._db
+        with self._tx():
+            db.execute("DROP INDEX IF EXISTS items_by_key")
+            cur = db.execute("UPDATE items SET key = X'00' || key")
+            n = cur.rowcount
+            db.execute("CREATE UNIQUE INDEX items_by_key ON items (vb, key)")
+            db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('format', ?)",
+                       (str(FORMAT_VERSION),))
+        return n
 
     # -- vbuckets ---------------------------------------------------------------------
 
@@ -326,7 +361,11 @@ class Storage:
                     if full < len(rows):
                         db.executemany(_UPSERT_ITEM, rows[full:])
                 for vbid, meta in metas.items():
-                    self._apply_meta(vbid, meta)
+                    if vbid == NODE_META:
+                        db.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
+                                       list(meta.items()))
+                    else:
+                        self._apply_meta(vbid, meta)
                 if persisted:
                     db.executemany(
                         "UPDATE vbucket_meta SET persisted_seqno = ? WHERE vb = ? AND persisted_seqno < ?",
@@ -561,8 +600,10 @@ def hwt_delete(db: sqlite3.Connection, keys: list[tuple[str, str]]) -> None:
         db.executemany("DELETE FROM hwt WHERE name = ? AND instance = ?", keys)
 
 
-_TOMBSTONES_IN = ("SELECT id, delete_time FROM items INDEXED BY items_tombstones "
-                  "WHERE op != 0 AND id > ? AND id <= ?")
+# Tombstones are the rows with op 1 (deletion) or 2 (expiration). The partial index
+# items_tombstones (op != 0) also holds the collections system events (op 3): every query
+# of it says `op != 0 AND op != 3`, so a system event is never counted or purged as a
+# tombstone (a collection's or scope's drop event stays, like the manifest history).
 
 
 def tombstone_holds(db: sqlite3.Connection, vbid: int, watermarks: list[int],
@@ -576,7 +617,7 @@ def tombstone_holds(db: sqlite3.Connection, vbid: int, watermarks: list[int],
         for w in sorted(set(watermarks)):
             row = db.execute(
                 "SELECT count(*), min(delete_time), max(id) FROM items INDEXED BY items_tombstones "
-                "WHERE op != 0 AND id > ? AND id <= ? AND delete_time <= ?",
+                "WHERE op != 0 AND op != 3 AND id > ? AND id <= ? AND delete_time <= ?",
                 (row_id(vbid, min(w, SEQNO_MASK)), row_id(vbid, SEQNO_MASK), before)).fetchone()
             n, oldest, top = row
             out[w] = (n, oldest, (top & SEQNO_MASK) if top is not None else 0)
@@ -594,7 +635,7 @@ def purgeable_tombstones(db: sqlite3.Connection, vbid: int, above: int, upto: in
     rows = db.execute(
         "SELECT i.id, i.key FROM items AS i WHERE i.id IN ("
         "SELECT id FROM items INDEXED BY items_tombstones "
-        "WHERE op != 0 AND id > ? AND id <= ? AND delete_time <= ? ORDER BY id LIMIT ?) "
+        "WHERE op != 0 AND op != 3 AND id > ? AND id <= ? AND delete_time <= ? ORDER BY id LIMIT ?) "
         "ORDER BY i.id",
         (row_id(vbid, above), row_id(vbid, min(upto, SEQNO_MASK)), before, limit)).fetchall()
     return [(rid & SEQNO_MASK, bytes(key)) for rid, key in rows]
@@ -606,9 +647,47 @@ def purge_tombstones(db: sqlite3.Connection, vbid: int, seqnos: list[int],
     alone) and raise the vbucket's purge seqno, in one transaction. Returns rows deleted."""
     with _write_tx(db):
         before = db.total_changes
-        db.executemany("DELETE FROM items WHERE id = ? AND op != 0",
+        db.executemany("DELETE FROM items WHERE id = ? AND op != 0 AND op != 3",
                        [(row_id(vbid, s),) for s in seqnos])
         deleted = db.total_changes - before
         db.execute("UPDATE vbucket_meta SET purge_seqno = max(purge_seqno, ?) WHERE vb = ?",
                    (purge_seqno, vbid))
     return deleted
+
+
+# ---------------------------------------------------------------------------
+# dropped collections: their documents are one key range per vbucket
+
+
+def collection_key_range(prefix: bytes) -> tuple[bytes, bytes]:
+    """[low, high) of the doc keys of the collection whose LEB128 prefix is `prefix`.
+
+    Canonical LEB128 encodings are prefix-free (the last byte is the only one below 0x80),
+    so the keys of one collection are exactly those from `prefix` up to the prefix with its
+    last byte plus one."""
+    return prefix, prefix[:-1] + bytes((prefix[-1] + 1,))
+
+
+def collection_counts(db: sqlite3.Connection, vbid: int, prefixes: list[bytes]
+                      ) -> tuple[int, int]:
+    """(rows, live documents) of `vbid` in the collections with these key prefixes."""
+    rows = live = 0
+    for p in prefixes:
+        lo, hi = collection_key_range(p)
+        n, lv = db.execute(
+            "SELECT count(*), coalesce(sum(op = 0), 0) FROM items INDEXED BY items_by_key "
+            "WHERE vb = ? AND key >= ? AND key < ?", (vbid, lo, hi)).fetchone()
+        rows += n
+        live += lv
+    return rows, live
+
+
+def purge_collections(db: sqlite3.Connection, vbid: int, prefixes: list[bytes]) -> int:
+    """Delete every row of `vbid` in the collections with these key prefixes (documents and
+    tombstones of dropped collections), in one transaction. Returns rows deleted."""
+    with _write_tx(db):
+        before = db.total_changes
+        for p in prefixes:
+            lo, hi = collection_key_range(p)
+            db.execute("DELETE FROM items WHERE vb = ? AND key >= ? AND key < ?", (vbid, lo, hi))
+        return db.total_changes - before

@@ -38,6 +38,7 @@ from dcptool.protocol.constants import (
 )
 
 from . import decisions as d
+from .dcpfilter import DcpFilter
 from .decisions import StreamPlan, first_marker_start
 from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, split_xattrs
 from .storage import SEQNO_MASK, BackfillReader
@@ -66,12 +67,30 @@ _REQ = w.REQ
 _OP_MUTATION = w.OP_DCP_MUTATION
 _MUT_EXTLEN = w.MUTATION_EXTLEN
 _HLEN = w.HEADER_LEN
+_FILTER_EMPTY = int(StreamEndReason.FILTER_EMPTY)
+#: end reasons a connection without collections never sees (kv_engine's
+#: DcpProducer::mapEndStreamStatus sends them as Ok)
+_LEGACY_AS_OK = (int(StreamEndReason.FILTER_EMPTY), int(StreamEndReason.LOST_PRIVILEGES))
+_NOTHING_DROPPED: frozenset = frozenset()
 
 
 class ProducerStream:
     def __init__(self, producer: "Producer", vb: "VBucket", opaque: int, sid: int | None,
-                 plan: StreamPlan) -> None:
+                 plan: StreamPlan, filt: DcpFilter | None = None) -> None:
         self.producer = producer
+        #: what this stream lets through (dcptool.node.dcpfilter); legacy streams strip the
+        #: 0x00 prefix of keys and never see system events or seqno-advanced
+        if filt is None:
+            filt = DcpFilter(legacy=not producer.conn.collections,
+                             cids={0} if not producer.conn.collections else None)
+        self.filt = filt
+        self.legacy = filt.legacy
+        if filt.legacy and not vb.coll_seqnos_built:
+            vb.ensure_collection_seqnos()  # `other_high` decides when snapshots need a filter
+        self._send_items = self._send_items_legacy if filt.legacy else self._send_items_doc
+        self._send_rows = self._send_rows_legacy if filt.legacy else self._send_rows_doc
+        #: the snapshot range the client asked with (the first snapshot's seqno-advanced)
+        self.req_snap_end = plan.snap_end
         self.vb = vb
         self.vbid = vb.id
         self.opaque = opaque
@@ -86,6 +105,14 @@ class ProducerStream:
         self.held: tuple | None = None
         self.snap_pos = 0
         self.snap_end = 0
+        #: how far the current memory snapshot read the checkpoint (its marker may end
+        #: before, at its last item the filter let through)
+        self.snap_read_end = 0
+        #: a DCP_SEQNO_ADVANCED to send after the current snapshot / before what follows
+        self.snap_adv: int | None = None
+        self.pending_adv: int | None = None
+        #: the seqno of the last row of the current disk snapshot this stream sends
+        self.disk_last = 0
         self.reader: BackfillReader | None = None
         self.rows: list | None = None
         self.row_pos = 0
@@ -190,18 +217,32 @@ class ProducerStream:
                 if self.snap_pos < len(self.snap):
                     return used
                 self.snap = None
-                self.last_sent = self.snap_end
-                self._check_end(self.snap_end)
+                self.last_sent = self.snap_read_end
+                if self.snap_adv is not None:
+                    self.pending_adv, self.snap_adv = self.snap_adv, None
+                self._check_end(self.snap_read_end)
+                if self.filt.empty and self.pending_end is None:
+                    self.pending_end = _FILTER_EMPTY
                 if single and n:
+                    return used
+                continue
+            if self.pending_adv is not None:
+                size = w.SEQNO_ADVANCED_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
+                if used + size > limit and (used or not first_ok):
+                    return used
+                out.append(w.seqno_advanced(self.vbid, self.opaque, self.pending_adv, self.sid))
+                self.pending_adv = None
+                used += size
+                if single:
                     return used
                 continue
             if self.held is not None:
                 size = w.MARKER_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
                 if used + size > limit and (used or not first_ok):
                     return used
-                items, end, chk = self.held
+                held = self.held
                 self.held = None
-                self._start_memory_snapshot(out, items, end, chk)
+                self._start_memory_snapshot(out, *held)
                 used += size
                 if single:
                     return used
@@ -212,6 +253,8 @@ class ProducerStream:
                 if self.row_pos < len(self.rows):
                     return used
                 self.rows = None
+                if self.filt.empty:
+                    self.end_stream(_FILTER_EMPTY)
                 if single and n:
                     return used
                 continue
@@ -219,7 +262,10 @@ class ProducerStream:
                 size = w.STREAM_END_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
                 if used + size > limit and (used or not first_ok):
                     return used
-                out.append(w.stream_end(self.vbid, self.opaque, self.pending_end, self.sid))
+                reason = self.pending_end
+                if self.legacy and reason in _LEGACY_AS_OK:
+                    reason = 0
+                out.append(w.stream_end(self.vbid, self.opaque, reason, self.sid))
                 self.state = DEAD
                 self._release()
                 self.producer.stream_finished(self)
@@ -255,12 +301,34 @@ class ProducerStream:
                     items = [i for i in items if i.seqno > floor]
                     if not items:
                         continue
+                read_end = snap.end
+                adv = None
+                sending = self._admitted(items)
+                if sending is not items:
+                    if sending:
+                        end = sending[-1].seqno
+                    elif (self.first_marker and not self.legacy
+                          and self.last_sent < self.req_snap_end <= read_end):
+                        # the client's first snapshot was filtered away entirely: a marker
+                        # and a seqno-advanced still move it past the snapshot it asked
+                        # to complete (kv_engine, MB-47009)
+                        end = adv = read_end
+                    else:
+                        # nothing here for this client: no marker (kv_engine)
+                        self.last_sent = read_end
+                        self._check_end(read_end)
+                        if self.filt.empty and self.pending_end is None:
+                            self.pending_end = _FILTER_EMPTY
+                        continue
+                else:
+                    end = read_end
                 size = w.MARKER_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
                 if used + size > limit and (used or not first_ok):
                     # keep the snapshot for the next call; its marker goes first
-                    self.held = (items, snap.end, snap.checkpoint_start)
+                    self.held = (sending, end, read_end, snap.checkpoint_start, adv)
                     return used
-                self._start_memory_snapshot(out, items, snap.end, snap.checkpoint_start)
+                self._start_memory_snapshot(out, sending, end, read_end, snap.checkpoint_start,
+                                            adv)
                 used += size
                 if single:
                     return used
@@ -284,6 +352,7 @@ class ProducerStream:
                     self._finish_backfill()
                     continue
                 self.backfill_end = end
+                self.disk_last = self.last_sent
                 self.state = BACKFILLING
                 start = self.start if self.first_marker else self.last_sent + 1
                 self.first_marker = False
@@ -302,10 +371,23 @@ class ProducerStream:
                     self.reader = None
                     self._release_slot()
                 if rows:
+                    filt = self.filt
+                    dropped = self._dropped()
+                    if dropped or not (filt.legacy or filt.cids is None):
+                        rows = filt.filter_rows(rows, dropped)
+                        if not rows:
+                            if filt.empty:
+                                self.end_stream(_FILTER_EMPTY)
+                            continue
+                    self.disk_last = rows[-1][0] & SEQNO_MASK
                     self.rows = rows
                     self.row_pos = 0
                     continue
-                # the disk snapshot is complete
+                # the disk snapshot is complete; when its last seqnos were not for this
+                # client, a seqno-advanced tells it the snapshot's end (collections
+                # connections only, kv_engine)
+                if not self.legacy and self.disk_last < self.backfill_end:
+                    self.pending_adv = self.backfill_end
                 self.last_sent = self.backfill_end
                 self._finish_backfill()
                 self._check_end(self.backfill_end)
@@ -366,8 +448,25 @@ class ProducerStream:
         if self.end != SEQNO_MAX and snapshot_end >= self.end and self.pending_end is None:
             self.pending_end = StreamEndReason.OK
 
-    def _start_memory_snapshot(self, out, items, end, chk) -> None:
-        first = items[0].seqno
+    def _dropped(self):
+        """The collections whose documents are dropped and not purged yet (usually none)."""
+        return getattr(self.producer.bucket, "dropped", None) or _NOTHING_DROPPED
+
+    def _admitted(self, items: list) -> list:
+        """The items of a memory snapshot this stream sends: `items` itself (no copy, no
+        per-item work) when nothing in it can be filtered out, else the filtered list."""
+        filt = self.filt
+        dropped = self._dropped()
+        if not dropped:
+            if filt.legacy:
+                if items[0].seqno > self.vb.other_high:
+                    return items  # the vbucket held nothing but default documents since
+            elif filt.cids is None:
+                return items
+        return filt.filter_items(items, dropped)
+
+    def _start_memory_snapshot(self, out, items, end, read_end, chk, adv=None) -> None:
+        first = items[0].seqno if items else self.start + 1
         if self.first_marker:
             start = first_marker_start(self.start, first)
             self.first_marker = False
@@ -378,11 +477,14 @@ class ProducerStream:
         self.snap = items
         self.snap_pos = 0
         self.snap_end = end
+        self.snap_read_end = read_end
+        self.snap_adv = adv
 
     # -- the hot loops ---------------------------------------------------------------------
 
-    def _send_items(self, out: list, limit: int, single: bool, first_ok: bool) -> int:
-        """Encode items of the current memory snapshot. Returns bytes appended."""
+    def _send_items_doc(self, out: list, limit: int, single: bool, first_ok: bool) -> int:
+        """Encode items of the current memory snapshot, keys as stored (collections
+        connections). Returns bytes appended."""
         items = self.snap
         i = self.snap_pos
         n = len(items)
@@ -424,8 +526,8 @@ class ProducerStream:
         self.snap_pos = i
         return used
 
-    def _send_rows(self, out: list, limit: int, single: bool, first_ok: bool) -> int:
-        """Encode rows of the disk snapshot. Returns bytes appended."""
+    def _send_rows_doc(self, out: list, limit: int, single: bool, first_ok: bool) -> int:
+        """Encode rows of the disk snapshot, keys as stored. Returns bytes appended."""
         rows = self.rows
         i = self.row_pos
         n = len(rows)
@@ -441,6 +543,104 @@ class ProducerStream:
         mask = SEQNO_MASK
         while i < n:
             rid, key, rev, cas, flags, expiry, dt, op, dtime, val = rows[i]
+            if cas < 0:
+                cas += _TWO64
+            if rev < 0:
+                rev += _TWO64
+            if simple and op == 0 and not dt & strip:
+                kl = len(key)
+                body = extlen + kl + len(val)
+                size = hlen + body
+                if used + size > limit and (used or not first_ok):
+                    break
+                append(pack(req, opcode, kl, extlen, dt, vb, body, opq, cas, rid & mask, rev, flags,
+                            expiry, 0, 0, 0))
+                append(key)
+                append(val)
+            else:
+                parts = prod.encode(vb, opq, self.sid, key, val, dt, cas, rid & mask, rev, flags,
+                                    expiry, op, dtime)
+                size = len(parts[0]) + len(parts[1]) + len(parts[2])
+                if used + size > limit and (used or not first_ok):
+                    break
+                out.extend(parts)
+            used += size
+            i += 1
+            if single:
+                break
+        self.items_sent += i - self.row_pos
+        self.row_pos = i
+        return used
+
+    def _send_items_legacy(self, out: list, limit: int, single: bool, first_ok: bool) -> int:
+        """`_send_items_doc` for a connection without collections: default-collection
+        documents only, keys without their 0x00 prefix."""
+        items = self.snap
+        i = self.snap_pos
+        n = len(items)
+        prod = self.producer
+        used = 0
+        vb = self.vbid
+        opq = self.opaque
+        append = out.append
+        strip = prod.strip_mask
+        simple = prod.simple and self.sid is None
+        pack = _MUT
+        req, opcode, extlen, hlen = _REQ, _OP_MUTATION, _MUT_EXTLEN, _HLEN
+        while i < n:
+            it = items[i]
+            key = it.key
+            if key[0]:
+                i += 1  # another collection, or a system event
+                continue
+            key = key[1:]
+            if simple and it.op == 0 and not it.datatype & strip:
+                val = it.value
+                kl = len(key)
+                body = extlen + kl + len(val)
+                size = hlen + body
+                if used + size > limit and (used or not first_ok):
+                    break
+                append(pack(req, opcode, kl, extlen, it.datatype, vb, body, opq, it.cas, it.seqno,
+                            it.rev, it.flags, it.expiry, 0, 0, 0))
+                append(key)
+                append(val)
+            else:
+                parts = prod.encode(vb, opq, self.sid, key, it.value, it.datatype, it.cas,
+                                    it.seqno, it.rev, it.flags, it.expiry, it.op, it.delete_time)
+                size = len(parts[0]) + len(parts[1]) + len(parts[2])
+                if used + size > limit and (used or not first_ok):
+                    break
+                out.extend(parts)
+            used += size
+            i += 1
+            if single:
+                break
+        self.items_sent += i - self.snap_pos
+        self.snap_pos = i
+        return used
+
+    def _send_rows_legacy(self, out: list, limit: int, single: bool, first_ok: bool) -> int:
+        """`_send_rows_doc` for a connection without collections (see `_send_items_legacy`)."""
+        rows = self.rows
+        i = self.row_pos
+        n = len(rows)
+        prod = self.producer
+        used = 0
+        vb = self.vbid
+        opq = self.opaque
+        append = out.append
+        strip = prod.strip_mask
+        simple = prod.simple and self.sid is None
+        pack = _MUT
+        req, opcode, extlen, hlen = _REQ, _OP_MUTATION, _MUT_EXTLEN, _HLEN
+        mask = SEQNO_MASK
+        while i < n:
+            rid, key, rev, cas, flags, expiry, dt, op, dtime, val = rows[i]
+            if key[0]:
+                i += 1  # another collection, or a system event
+                continue
+            key = key[1:]
             if cas < 0:
                 cas += _TWO64
             if rev < 0:

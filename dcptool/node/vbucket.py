@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import heapq
 import secrets
+import struct
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, Iterable
+
+from dcptool.protocol.collections import EVENT_END_COLLECTION, decode_leb128
 
 from dcptool.protocol.constants import Datatype, MetaOption, Status, VBucketState
 
 from . import decisions
 from .checkpoint import CheckpointManager, CheckpointMemory
 from .decisions import is_expired
-from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, Item
+from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, ITEM_SYSTEM, Item
 from .sysevent import system_item
 
 #: at most this many failover entries are kept (oldest dropped)
@@ -27,6 +30,9 @@ _HLC_MASK = ~0xFFFF
 _U64 = (1 << 64) - 1
 #: full eviction: items at the head of one vbucket's table an eviction pass looks at
 EVICTION_SCAN_LIMIT = 4096
+#: a collection system event's key: 0x01 b"c" and the collection id (node/sysevent.py)
+_COLLECTION_EVENT = 0x63  # b"c"
+_ID = struct.Struct(">I")
 
 
 def new_vbucket_uuid() -> int:
@@ -62,6 +68,13 @@ class VBucket:
     * `checkpoints`: the in-memory change queue read by DCP streams.
     * `waiters`: callbacks to run once when the next change is queued (idle streams).
     * `streams`: the live DCP streams of this vbucket, ended on a state change.
+    * `default_high`: the seqno of the newest change in the default collection;
+      `coll_high`: {collection id: seqno of its newest change (its creation event
+      included)} for the other live collections; `other_high`: the newest seqno of
+      anything outside the default collection (documents of other collections and system
+      events), 0 when the vbucket never had any (DCP streams of legacy connections skip
+      their per-item filter for snapshots above it). Kept by `note_seqno` on every commit,
+      rebuilt at warm-up by `rebuild_collection_seqnos`.
     """
 
     def __init__(
@@ -104,6 +117,12 @@ class VBucket:
         self.streams: set = set()
         self.state_listeners: list[Callable[["VBucket", int], None]] = []
         self.on_meta_change: Callable[["VBucket"], None] | None = None
+        self.default_high = 0
+        self.other_high = 0
+        self.coll_high: dict[int, int] = {}
+        #: the per-collection high seqnos cover what the vbucket held before this process
+        #: (a fresh vbucket holds nothing; else `ensure_collection_seqnos` rebuilds them)
+        self.coll_seqnos_built = high_seqno == 0
 
     #: full eviction (see dcptool.node.cache): `items` holds the resident documents only
     full = False
@@ -177,8 +196,119 @@ class VBucket:
         seqno = self.high_seqno + 1
         self.high_seqno = seqno
         item.seqno = seqno
+        if item.key[0]:
+            self._note_other(item.key, seqno, item.op, item.flags)
+        else:
+            self.default_high = seqno
         self.install(item)
         return self._queue(item)
+
+    # -- per-collection high seqnos ------------------------------------------------
+
+    def note_seqno(self, item: Item) -> None:
+        """Account a change that did not come through `_commit` (a replica applying what
+        its active sent) in the per-collection high seqnos."""
+        if item.key[0]:
+            self._note_other(item.key, item.seqno, item.op, item.flags)
+        elif item.seqno > self.default_high:
+            self.default_high = item.seqno
+
+    def _note_other(self, key: bytes, seqno: int, op: int, flags: int) -> None:
+        if seqno > self.other_high:
+            self.other_high = seqno
+        c = key[0]
+        if c == 1:
+            # the system namespace: a collection's creation starts its high seqno, its
+            # drop ends it (scope events belong to no collection)
+            if op == ITEM_SYSTEM and len(key) >= 6 and key[1] == _COLLECTION_EVENT:
+                cid = _ID.unpack_from(key, 2)[0]
+                if flags == EVENT_END_COLLECTION:
+                    self.coll_high.pop(cid, None)
+                else:
+                    self.coll_high[cid] = seqno
+            return
+        if c >= 0x80:
+            c = decode_leb128(key)[0]
+        if seqno > self.coll_high.get(c, 0):
+            self.coll_high[c] = seqno
+
+    def collection_high(self, cid: int) -> int | None:
+        """The high seqno of collection `cid` in this vbucket (None: the vbucket does not
+        know the collection)."""
+        if not self.coll_seqnos_built:
+            self.ensure_collection_seqnos()
+        if cid == 0:
+            return self.default_high
+        return self.coll_high.get(cid)
+
+    def legacy_high(self) -> int:
+        """The high seqno a client without collections is told (GET_ALL_VB_SEQNOS): the
+        default collection's (kv_engine), the vbucket's when it never held anything else."""
+        if not self.coll_seqnos_built:
+            self.ensure_collection_seqnos()
+        return self.default_high if self.other_high else self.high_seqno
+
+    def ensure_collection_seqnos(self) -> None:
+        """Rebuild the per-collection high seqnos once, if warm-up did not: from the hash
+        table (value eviction) or from the database and the resident items (full eviction).
+        What was committed since warm-up is kept."""
+        if self.coll_seqnos_built:
+            return
+        since = (self.default_high, self.other_high, dict(self.coll_high))
+        if self.full:
+            from .storage import SEQNO_MASK, row_id
+
+            rows = self.cache.query(
+                "SELECT key, id, op, flags FROM items WHERE id > ? AND id <= ?",
+                (row_id(self.id, 0), row_id(self.id, SEQNO_MASK)))
+            disk = [Item(k, b"", rid & SEQNO_MASK, 0, 0, flags, 0, 0, op)
+                    for k, rid, op, flags in rows]
+            self.rebuild_collection_seqnos(disk + list(self.items.values()))
+        else:
+            self.rebuild_collection_seqnos()
+        d, o, c = since
+        self.default_high = max(self.default_high, d)
+        self.other_high = max(self.other_high, o)
+        for cid, seqno in c.items():
+            if seqno > self.coll_high.get(cid, 0):
+                self.coll_high[cid] = seqno
+
+    def rebuild_collection_seqnos(self, items: Iterable[Item] | None = None) -> None:
+        """Warm-up: the per-collection high seqnos from the newest version of every key
+        (`items`, default the hash table; full eviction passes what the database holds).
+        Call after the vbucket's items are loaded, before it takes writes."""
+        default = other = 0
+        highs: dict[int, int] = {}
+        dropped: set[int] = set()
+        for it in (self.items.values() if items is None else items):
+            key = it.key
+            seqno = it.seqno
+            c = key[0]
+            if not c:
+                if seqno > default:
+                    default = seqno
+                continue
+            if seqno > other:
+                other = seqno
+            if c == 1:
+                if it.op == ITEM_SYSTEM and len(key) >= 6 and key[1] == _COLLECTION_EVENT:
+                    cid = _ID.unpack_from(key, 2)[0]
+                    if it.flags == EVENT_END_COLLECTION:
+                        dropped.add(cid)
+                    elif seqno > highs.get(cid, 0):
+                        highs[cid] = seqno
+                continue
+            if c >= 0x80:
+                c = decode_leb128(key)[0]
+            if seqno > highs.get(c, 0):
+                highs[c] = seqno
+        for cid in dropped:
+            highs.pop(cid, None)
+        highs.pop(0, None)
+        self.default_high = default
+        self.other_high = other
+        self.coll_high = highs
+        self.coll_seqnos_built = True
 
     def _queue(self, item: Item) -> Item:
         """The rest of a commit, in both eviction modes: the open checkpoint (streams read

@@ -11,8 +11,8 @@ what this module holds instead, and only this module:
   lookup and a slower comparison in a loop; a hot loop binds these to locals);
 * structs of a header and its extras in one precompiled format, built from the codec's own
   `HEADER` / `ALT_HEADER` and extras formats, so one `pack` or `unpack_from` covers both;
-* builders of the producer's DCP messages (`mutation`, `deletion`, ...), with and without
-  a stream id (flexible framing, magic 0x08), and `response` for a reply header;
+* builders of the producer's DCP messages (`mutation`, `deletion`, `system_event`,
+  `seqno_advanced`, ...), with and without a stream id (flexible framing, magic 0x08), and `response` for a reply header;
 * `vbuckets_of`, the vbucket of each key of a batch in one pass.
 
 Sizes are full wire sizes, which is also what DCP flow control counts.
@@ -33,6 +33,7 @@ from .messages import (
     MUTATION_SEQNO_EXTRAS,
     STORE_EXTRAS,
     U32,
+    U64,
     WITH_META_EXTRAS,
 )
 from .vbucket import vbuckets_of
@@ -61,6 +62,7 @@ OP_DCP_EXPIRATION = int(Opcode.DCP_EXPIRATION)
 OP_DCP_SET_VBUCKET_STATE = int(Opcode.DCP_SET_VBUCKET_STATE)
 OP_DCP_NOOP = int(Opcode.DCP_NOOP)
 OP_DCP_SEQNO_ADVANCED = int(Opcode.DCP_SEQNO_ADVANCED)
+OP_DCP_SYSTEM_EVENT = int(Opcode.DCP_SYSTEM_EVENT)
 
 DT_JSON = int(Datatype.JSON)        # 0x01
 DT_SNAPPY = int(Datatype.SNAPPY)    # 0x02
@@ -105,6 +107,8 @@ EXPIRATION = _joined(HEADER, EXPIRATION_EXTRAS)         # 24 + 20
 MARKER = _joined(HEADER, MARKER_V1)                     # 24 + 20
 STREAM_END = _joined(HEADER, U32)                       # 24 + 4
 SET_VBUCKET_STATE = _joined(HEADER, "B")                # 24 + 1
+SYSTEM_EVENT = _joined(HEADER, "QIB")                   # 24 + 13 (seqno, event, version)
+SEQNO_ADVANCED = _joined(HEADER, U64)                   # 24 + 8
 WITH_META = _joined(HEADER, WITH_META_EXTRAS)           # 24 + 24
 WITH_META_OPTIONS = _joined(HEADER, WITH_META_OPTIONS_EXTRAS)  # 24 + 28
 
@@ -117,6 +121,8 @@ SID_EXPIRATION = _joined(ALT_HEADER, "BH", EXPIRATION_EXTRAS)
 SID_MARKER = _joined(ALT_HEADER, "BH", MARKER_V1)
 SID_STREAM_END = _joined(ALT_HEADER, "BH", U32)
 SID_SET_VBUCKET_STATE = _joined(ALT_HEADER, "BH", "B")
+SID_SYSTEM_EVENT = _joined(ALT_HEADER, "BH", "QIB")
+SID_SEQNO_ADVANCED = _joined(ALT_HEADER, "BH", U64)
 
 MUTATION_BASE = MUTATION.size                   # 55: a mutation's bytes before its key
 DELETION_V1_BASE = DELETION_V1.size             # 42
@@ -125,6 +131,8 @@ EXPIRATION_BASE = EXPIRATION.size               # 44
 MARKER_SIZE = MARKER.size                       # 44
 STREAM_END_SIZE = STREAM_END.size               # 28
 SET_VBUCKET_STATE_SIZE = SET_VBUCKET_STATE.size  # 25
+SYSTEM_EVENT_BASE = SYSTEM_EVENT.size           # 37: a system event's bytes before its key
+SEQNO_ADVANCED_SIZE = SEQNO_ADVANCED.size       # 32
 
 # -- builders -----------------------------------------------------------------------------------
 
@@ -211,3 +219,26 @@ def expiration(vb: int, opaque: int, key: bytes, value: bytes, datatype: int, ca
                                    opaque, cas, SID_FRAME, sid, seqno, rev, delete_time)
     return [head, key, value]
 
+
+
+def system_event(vb: int, opaque: int, seqno: int, event: int, version: int, key: bytes,
+                 value: bytes, sid: int | None = None) -> list[bytes]:
+    """DCP_SYSTEM_EVENT (0x5f): extras by_seqno u64, event u32, version u8; key and value
+    as `SystemEvent.encode()` gives them."""
+    kl = len(key)
+    body = 13 + kl + len(value)
+    if sid is None:
+        head = SYSTEM_EVENT.pack(REQ, OP_DCP_SYSTEM_EVENT, kl, 13, 0, vb, body, opaque, 0, seqno,
+                                 event, version)
+    else:
+        head = SID_SYSTEM_EVENT.pack(ALT_REQ, OP_DCP_SYSTEM_EVENT, 3, kl, 13, 0, vb, body + 3,
+                                     opaque, 0, SID_FRAME, sid, seqno, event, version)
+    return [head, key, value]
+
+
+def seqno_advanced(vb: int, opaque: int, seqno: int, sid: int | None = None) -> bytes:
+    """DCP_SEQNO_ADVANCED (0x64): extras by_seqno u64, no key or value."""
+    if sid is None:
+        return SEQNO_ADVANCED.pack(REQ, OP_DCP_SEQNO_ADVANCED, 0, 8, 0, vb, 8, opaque, 0, seqno)
+    return SID_SEQNO_ADVANCED.pack(ALT_REQ, OP_DCP_SEQNO_ADVANCED, 3, 0, 8, 0, vb, 11, opaque, 0,
+                                   SID_FRAME, sid, seqno)

@@ -98,7 +98,7 @@ def test_hello_echoes_what_the_node_implements(shared_node):
         got = c.hello(*asked)
         assert got == sorted([Feature.TCP_NODELAY, Feature.MUTATION_SEQNO, Feature.XATTR,
                               Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON,
-                              Feature.SNAPPY])
+                              Feature.SNAPPY, Feature.COLLECTIONS])
         # ClustermapChangeNotification without Duplex is an invalid combination
         f = c.call(Opcode.HELLO, key=b"x", value=struct.pack(">H", 0x0D))
         assert f.status == Status.EINVAL

@@ -70,6 +70,6 @@ def test_non_dcp_frames_get_well_formed_answers(vector_node, vectors_dir, name):
                 elif f.opcode in (Opcode.GET_ERROR_MAP, Opcode.GET_CLUSTER_CONFIG):
                     assert isinstance(json.loads(rsp.value), dict)
                 elif f.opcode == Opcode.HELLO:
-                    assert set(msg.features) <= {3, 4, 6, 7, 8, 0x0A, 0x0B, 0x10}
+                    assert set(msg.features) <= {3, 4, 6, 7, 8, 0x0A, 0x0B, 0x10, 0x12}
                     assert 0x12 not in msg.features and 0x0C not in msg.features
     assert answered > 0

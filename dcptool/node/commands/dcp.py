@@ -12,11 +12,14 @@ import struct
 
 from dcptool.protocol.constants import DcpOpenFlag, Opcode, Status
 
+from dcptool.protocol.collections import StreamFilter
+
 from ..access import Privilege, has_privilege
+from ..dcpfilter import DcpFilter, FilterRefused, parse_request_value
 from ..decisions import VBucketView, evaluate_stream_request
 from ..producer import Producer
 from ..stream import ProducerStream
-from .common import CHECKED_IN_HANDLER, command
+from .common import CHECKED_IN_HANDLER, command, unknown_collection
 from .vbucket import failover_log_bytes, get_failover_log
 
 _U64 = struct.Struct(">Q")
@@ -93,20 +96,48 @@ def dcp_stream_req(conn, frame, msg) -> None:
         view = VBucketView(vb.state, vb.high_seqno, vb.persisted_seqno, vb.purge_seqno,
                            tuple(vb.failover_log))
     sid = msg.stream_id
+    value = msg.value
+    collections = conn.collections
+    manifest = getattr(conn.bucket, "manifest", None)
+    filt = None
+    filter_error = None
+    client_purge = 0
+    filtered_high = None
+    try:
+        if collections:
+            # the value: which collections, the stream id, the client's manifest uid
+            sf = parse_request_value(value) if value else StreamFilter()
+            if sf.sid is not None:
+                if sid is not None and sid != sf.sid:
+                    raise FilterRefused(Status.DCP_STREAM_ID_INVALID,
+                                        "the frame's stream id is not the value's sid")
+                sid = sf.sid
+            filt = DcpFilter.from_request(sf, manifest)
+            client_purge = sf.purge_seqno or 0
+            if filt.cids is not None and vb is not None:
+                filtered_high = max((vb.collection_high(c) or 0 for c in filt.cids), default=0)
+        elif not value:
+            filt = DcpFilter.legacy_filter(manifest)
+    except FilterRefused as exc:
+        filter_error = (exc.status, exc.reason)
     d = evaluate_stream_request(
         view, flags=msg.flags, start=msg.start_seqno, end=msg.end_seqno,
         vb_uuid=msg.vbucket_uuid, snap_start=msg.snap_start_seqno, snap_end=msg.snap_end_seqno,
-        has_value=bool(msg.value), noop_enabled=prod.noop_enabled,
+        has_value=bool(value) and not collections, noop_enabled=prod.noop_enabled,
         wants_xattrs=prod.include_xattrs, stream_ids_enabled=prod.stream_ids, stream_id=sid,
-        stream_exists=prod.has_stream(vbid, sid))
+        stream_exists=prod.has_stream(vbid, sid), client_purge_seqno=client_purge,
+        filter_error=filter_error, filtered_high=filtered_high)
     if d.status == Status.ROLLBACK:
         conn.reply(frame, Status.ROLLBACK, value=_U64.pack(d.rollback_seqno))
+        return
+    if d.status == Status.UNKNOWN_COLLECTION:
+        unknown_collection(conn, frame)  # with the manifest uid, as kv_engine answers
         return
     if d.status:
         conn.error(frame, d.status)
         return
     conn.reply(frame, value=failover_log_bytes(vb))
-    prod.add_stream(ProducerStream(prod, vb, frame.opaque, sid, d.plan))
+    prod.add_stream(ProducerStream(prod, vb, frame.opaque, sid, d.plan, filt))
 
 
 @command(Opcode.DCP_CLOSE_STREAM, dcp=True, privilege=Privilege.DCP_PRODUCER)

@@ -8,6 +8,11 @@ successful mutation answers with the vbucket uuid and the seqno it got.
 A value with the SNAPPY datatype bit (only from a connection that negotiated Snappy) is
 decompressed first (`inflated`) and then checked and stored like any other: the node
 keeps values decompressed, so reads never carry the bit (docs/snappy.md).
+
+Keys are doc keys inside the node (`common.request_doc_key`): a legacy connection's key
+gets the default collection's prefix, a collections connection's key is checked (EINVAL,
+UNKNOWN_COLLECTION). Answers that carry a key (GETK) echo the key as the client sent it.
+A collection's max TTL caps the expiry of SET/ADD/REPLACE (`common.cap_expiry`).
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from dcptool.protocol.snappy import SnappyTooLarge, decompress
 from .. import decisions
 from ..access import Privilege
 from ..item import split_xattrs, valid_xattr_blob
-from .common import command, not_my_vbucket
+from .common import cap_expiry, command, not_my_vbucket, request_doc_key
 
 # plain ints on the hot path (IntFlag arithmetic costs microseconds)
 _JSON = int(Datatype.JSON)
@@ -152,9 +157,11 @@ def answer_write(conn, frame, vb, res, quiet: bool) -> None:
          decode=False, privilege=Privilege.WRITE)
 def store(conn, frame) -> None:
     extras = frame.extras
-    key = frame.key
-    if len(extras) != 8 or not key or len(key) > MAX_KEY:
+    if len(extras) != 8:
         conn.reply(frame, Status.EINVAL)
+        return
+    key = request_doc_key(conn, frame, frame.key)
+    if key is None:
         return
     value = frame.value
     if len(value) > MAX_VALUE:
@@ -177,6 +184,8 @@ def store(conn, frame) -> None:
     now = time.time()
     if expiry:
         expiry = decisions.absolute_expiry(expiry, int(now))
+    if key[0]:
+        expiry = cap_expiry(conn.bucket, key, expiry, int(now))
     conn.wrote = True
     res = vb.store(key, value, flags, expiry, dt, cas=frame.cas, mode=_SET_MODE[frame.opcode],
                    now=now)
@@ -186,14 +195,17 @@ def store(conn, frame) -> None:
 
 @command(Opcode.DELETE, Opcode.DELETEQ, decode=False, privilege=Privilege.WRITE)
 def delete(conn, frame) -> None:
-    if frame.extras or frame.value or not frame.key or len(frame.key) > MAX_KEY:
+    if frame.extras or frame.value:
         conn.reply(frame, Status.EINVAL)
+        return
+    key = request_doc_key(conn, frame, frame.key)
+    if key is None:
         return
     vb = active_vbucket(conn, frame)
     if vb is None:
         return
     conn.wrote = True
-    res = vb.delete(frame.key, cas=frame.cas)
+    res = vb.delete(key, cas=frame.cas)
     answer_write(conn, frame, vb, res, frame.opcode in _QUIET)
 
 
@@ -207,9 +219,11 @@ def append_prepend(conn, frame) -> None:
     keeps the document's flags and expiry, and its xattrs stay in front of the body; the
     JSON bit follows from the resulting body.
     """
-    key = frame.key
-    if frame.extras or not key or len(key) > MAX_KEY:
+    if frame.extras:
         conn.reply(frame, Status.EINVAL)
+        return
+    key = request_doc_key(conn, frame, frame.key)
+    if key is None:
         return
     dt = frame.datatype
     if dt & ~_APPEND_DATATYPES or (dt & _JSON and not conn.json):
@@ -252,15 +266,18 @@ def append_prepend(conn, frame) -> None:
 @command(Opcode.GET, Opcode.GETQ, Opcode.GETK, Opcode.GETKQ, decode=False,
          privilege=Privilege.READ)
 def get(conn, frame) -> None:
-    if frame.extras or frame.value or not frame.key or len(frame.key) > MAX_KEY:
+    if frame.extras or frame.value:
         conn.reply(frame, Status.EINVAL)
+        return
+    key = request_doc_key(conn, frame, frame.key)
+    if key is None:
         return
     vb = active_vbucket(conn, frame)
     if vb is None:
         return
     op = frame.opcode
     with_key = op in (Opcode.GETK, Opcode.GETKQ)
-    item = vb.get(frame.key, time.time())
+    item = vb.get(key, time.time())
     if item is None:
         if op in _QUIET:
             return

@@ -8,6 +8,10 @@ SKIP_CONFLICT_RESOLUTION (0x08) store it regardless; REGENERATE_CAS (0x04, only 
 
 A Snappy-compressed value (SNAPPY bit, from a connection that negotiated Snappy) is
 inflated before anything else looks at it and stored decompressed (docs/snappy.md).
+
+Keys are doc keys (`common.request_doc_key`: legacy keys get the default collection's
+prefix; a collections connection's prefix is checked). A collection's max TTL does not
+apply here: a version written with its metadata keeps the expiry it brings.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from dcptool.protocol.messages import GetMeta, SetWithMeta
 
 from ..access import Privilege
 from ..item import ITEM_MUTATION
-from .common import command
+from .common import command, request_doc_key
 from .kv import active_vbucket, answer_write, datatype_allowed, inflated
 
 _GET_META = struct.Struct(">IIIQ")
@@ -32,6 +36,9 @@ def get_meta(conn, frame, msg) -> None:
     else:  # GETQ_META has no message type of its own: GET_META's layout (EINVAL if bad)
         fields = GetMeta.parse(frame)
         key, version = fields["key"], fields["version"]
+    key = request_doc_key(conn, frame, key)
+    if key is None:
+        return
     vb = active_vbucket(conn, frame)
     if vb is None:
         return
@@ -50,6 +57,9 @@ def get_meta(conn, frame, msg) -> None:
 
 
 def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
+    key = request_doc_key(conn, frame, msg.key)
+    if key is None:
+        return
     options = msg.options or 0
     if options & MetaOption.FORCE_ACCEPT_WITH_META_OPS:
         # only for last-write-wins buckets; this node resolves by revision seqno
@@ -88,13 +98,13 @@ def _with_meta(conn, frame, msg, *, deletion: bool, add: bool = False) -> None:
         return
     now = time.time()
     if add:
-        old = vb.get(msg.key, now)
+        old = vb.get(key, now)
         if old is not None:
             conn.reply(frame, Status.KEY_EEXISTS)
             return
     conn.wrote = True
     res = vb.store_with_meta(
-        msg.key, value, flags=msg.flags, expiry=msg.expiry, rev=msg.rev_seqno,
+        key, value, flags=msg.flags, expiry=msg.expiry, rev=msg.rev_seqno,
         meta_cas=msg.meta_cas, datatype=dt, options=options, cas=frame.cas,
         deletion=deletion, now=now)
     answer_write(conn, frame, vb, res, msg.quiet or frame.opcode in (Opcode.ADDQ_WITH_META,))

@@ -20,6 +20,7 @@ _U16 = struct.Struct(">H")
 SUPPORTED_FEATURES = frozenset({
     Feature.TCP_NODELAY, Feature.MUTATION_SEQNO, Feature.XATTR, Feature.XERROR,
     Feature.SELECT_BUCKET, Feature.JSON, Feature.ALT_REQUEST_SUPPORT, Feature.SNAPPY,
+    Feature.COLLECTIONS,
 })
 #: feature -> features it needs (asking for it without them is EINVAL)
 _REQUIRES = {
@@ -50,6 +51,8 @@ def hello(conn, frame, msg) -> None:
     conn.xattr = Feature.XATTR in conn.features
     conn.snappy = Feature.SNAPPY in conn.features
     conn.mutation_seqno = Feature.MUTATION_SEQNO in conn.features
+    # every key of this connection carries its collection id (LEB128) from now on
+    conn.collections = Feature.COLLECTIONS in conn.features
     conn.reply(frame, value=b"".join(_U16.pack(f) for f in enabled))
 
 

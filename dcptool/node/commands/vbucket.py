@@ -7,7 +7,7 @@ from dcptool.protocol.constants import Datatype, Opcode, Status, VBucketState
 
 from ..access import Privilege
 from ..bucketconfig import cluster_config_json
-from .common import command, not_my_vbucket
+from .common import command, not_my_vbucket, unknown_collection
 
 _VB_SEQNO = struct.Struct(">HQ")
 _FAILOVER = struct.Struct(">QQ")
@@ -22,18 +22,35 @@ def get_cluster_config(conn, frame, msg) -> None:
 
 @command(Opcode.GET_ALL_VB_SEQNOS, privilege=Privilege.META_READ)
 def get_all_vb_seqnos(conn, frame, msg) -> None:
-    if msg.collection is not None:
-        conn.reply(frame, Status.EINVAL)  # collection filters need HELLO Collections
-        return
+    """Each vbucket's high seqno (fact sheet 4.13): with a collection id (collections
+    connections only) that collection's; for a connection without collections the default
+    collection's (kv_engine); else the vbucket's."""
+    cid = msg.collection
+    if cid is not None:
+        if not conn.collections:
+            conn.reply(frame, Status.EINVAL)  # collection filters need HELLO Collections
+            return
+        manifest = getattr(conn.bucket, "manifest", None)
+        known = (cid == 0) if manifest is None else manifest.collection_by_id(cid) is not None
+        if not known:
+            unknown_collection(conn, frame)
+            return
     want = msg.state or 0
     if want > VBucketState.DEAD:
         conn.reply(frame, Status.EINVAL)
         return
     alive = (VBucketState.ACTIVE, VBucketState.REPLICA, VBucketState.PENDING)
     out = []
+    legacy = not conn.collections
     for vbid, vb in sorted(conn.bucket.vbuckets.items()):
         if (want == 0 and vb.state in alive) or vb.state == want:
-            out.append(_VB_SEQNO.pack(vbid, vb.high_seqno))
+            if cid is not None:
+                seqno = vb.collection_high(cid) or 0
+            elif legacy:
+                seqno = vb.legacy_high()
+            else:
+                seqno = vb.high_seqno
+            out.append(_VB_SEQNO.pack(vbid, seqno))
     conn.reply(frame, value=b"".join(out))
 
 
