@@ -39,7 +39,7 @@ function __dcptool_valued_options
         case 'doc set'
             echo --flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'examine'
-            echo --backup
+            echo --backup --collection
         case 'export'
             echo --format --backup --vbuckets --master --partitions
         case 'failover-log'
@@ -61,7 +61,7 @@ function __dcptool_valued_options
         case 'quickstart'
             echo --dir --docs --vbuckets --master
         case 'restore'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --master --partitions
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions
         case 'tail'
             echo --from --vbuckets --filter --state --until-idle --count --noop-interval --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'verify'
@@ -254,6 +254,7 @@ complete -c dcptool -n '__dcptool_at doc set' -l timeout -x -d 'Seconds to wait 
 complete -c dcptool -n '__dcptool_at doc set' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at doc set' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at examine' -l backup -x -d 'Only the chain of this backup (default: every backup)'
+complete -c dcptool -n '__dcptool_at examine' -l collection -x -d 'Only the versions in this collection (default: the key in every collection)'
 complete -c dcptool -n '__dcptool_at examine' -l values -d 'Show each version\'s value'
 complete -c dcptool -n '__dcptool_at examine' -l json -d 'Print the timeline as JSON'
 complete -c dcptool -n '__dcptool_at examine' -s h -l help -d 'Show this message and exit'
@@ -371,6 +372,10 @@ complete -c dcptool -n '__dcptool_at restore' -l vbuckets -x -d 'Only these vbuc
 complete -c dcptool -n '__dcptool_at restore' -l filter-keys -x -d 'Only keys matching this regex'
 complete -c dcptool -n '__dcptool_at restore' -l force-updates -d 'Overwrite newer versions on the node (skip conflict resolution)'
 complete -c dcptool -n '__dcptool_at restore' -l dry-run -d 'Report what would be written'
+complete -c dcptool -n '__dcptool_at restore' -l include-data -x -d 'Only these collections: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
+complete -c dcptool -n '__dcptool_at restore' -l exclude-data -x -d 'Leave these collections out: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
+complete -c dcptool -n '__dcptool_at restore' -l map-data -x -d 'Restore a collection or scope under other names: scope.collection=scope.collection or scope=scope, comma-separated, repeatable'
+complete -c dcptool -n '__dcptool_at restore' -l rest-port -x -d 'The target\'s REST port, for creating missing scopes and collections (default: the port its cluster config lists)'
 complete -c dcptool -n '__dcptool_at restore' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
 complete -c dcptool -n '__dcptool_at restore' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at restore' -l json -d 'Print the counts as JSON'
