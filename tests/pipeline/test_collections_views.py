@@ -167,3 +167,31 @@ def test_examine_cli_json_and_table(arc, capsys):
     rc, out, err = cli(capsys, "examine", a.path, "a0")
     assert rc == 0, err
     assert "collection dropped" in out and "s1" in out
+
+
+def test_data_names_and_mappings_parse():
+    from dcptool.pipeline.datafilter import parse_map
+
+    sel = selection(["b.s1,b.s2.c1", "b.s3"], ["b.s1.c9"], ["s1.c1=t.x,b.s2=u"], bucket="b")
+    assert sel.include == (("s1", None), ("s2", "c1"), ("s3", None))
+    assert sel.selects("s1", "c2") and not sel.selects("s1", "c9") and not sel.selects("s4", "c")
+    assert sel.target("s1", "c1") == ("t", "x") and sel.target("s1", "c2") == ("s1", "c2")
+    assert parse_map(["b.s2.c1=b.s3.c2"], "b", "b") == [(("s2", "c1"), ("s3", "c2"))]
+    for bad, msg in ((["s1=t.x"], "scope to a collection"), (["s1"], "not SRC=DST"),
+                     (["z.s.c=s.c"], "names bucket 'z'")):
+        with pytest.raises(UsageError, match=msg):
+            parse_map(bad, "b", "b")
+    with pytest.raises(UsageError, match="not bucket.scope"):
+        selection(["b"], bucket="b")
+
+
+def test_restore_dry_run_counts_what_the_selection_writes(arc, spark):
+    from dcptool.pipeline.restore import run_restore
+
+    a, ids, _w = arc
+    d = run_restore(str(a.path), None, dry_run=True, spark=spark,
+                    include_data=[f"{BUCKET}.s1"]).as_dict()
+    assert d["restored"]["mutation"] == sum(1 for c, _k in expected(True) if c != 0)
+    assert d["collections"]["restored"] == {"s1.c1": "s1.c1", "s1.c2": "s1.c2"}
+    old = run_restore(str(a.path), None, dry_run=True, spark=spark, backup=ids[0]).as_dict()
+    assert old["restored"]["mutation"] == len(DOCS1)
