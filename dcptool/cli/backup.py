@@ -80,6 +80,14 @@ def backup(
         "--watermark-ttl", metavar="DURATION",
         help="How long the registered watermark holds the node's tombstone purger back "
              "unless the next backup renews it.")] = "7d",
+    include_data: Annotated[Optional[list[str]], typer.Option(
+        "--include-data", metavar="NAMES", envvar="DCPTOOL_INCLUDE_DATA",
+        help="Only these collections: bucket.scope.collection or bucket.scope, "
+             "comma-separated, repeatable. Incremental backups keep the selection.")] = None,
+    exclude_data: Annotated[Optional[list[str]], typer.Option(
+        "--exclude-data", metavar="NAMES", envvar="DCPTOOL_EXCLUDE_DATA",
+        help="Leave these collections out: bucket.scope.collection or bucket.scope, "
+             "comma-separated, repeatable.")] = None,
 ) -> None:
     """Back up a bucket into an archive: full the first time, incremental afterwards.
 
@@ -91,7 +99,14 @@ def backup(
     watermark (see 'dcptool watermark'), so the node keeps the deletions the next
     incremental backup needs; back up more often than --watermark-ttl.
 
+    Every scope and collection is backed up (with the creations and drops between
+    backups) unless --include-data/--exclude-data select some: then the node streams only
+    those. Names must exist when the selection is given; a different selection needs
+    --full.
+
     Example: DCPTOOL_PASSWORD=... dcptool backup -c couchbase://127.0.0.1 /backups/default
+
+    Example: dcptool backup -c 127.0.0.1 -b travel /backups/travel --include-data travel.inventory
     """
     from dcptool.cli.watermark import parse_ttl
     from dcptool.pipeline.backup import run_backup
@@ -127,7 +142,8 @@ def backup(
         result = run_backup(opts, archive, full=full, partitions=partitions, master=master,
                             level=level, purge_partial=purge_partial, vbuckets=vbs,
                             progress=progress_cb, on_plan=on_plan, watermark=not no_watermark,
-                            watermark_ttl=ttl, notice=note)
+                            watermark_ttl=ttl, notice=note, include_data=include_data,
+                            exclude_data=exclude_data)
     finally:
         if bar is not None:
             bar.stop()
@@ -142,6 +158,12 @@ def backup(
     t = Table(title=f"backup {d['backup_id']}", show_header=False)
     for k in ("type", "resumed", "vbuckets", "mutations", "deletions", "expirations", "rollbacks"):
         t.add_row(k, str(d[k]))
+    if d["collections"] is not None:
+        t.add_row("collections", str(d["collections"]))
+        t.add_row("system events", str(d["system_events"]))
+    if d["data"] is not None:
+        t.add_row("data", "; ".join([f"include {n}" for n in d["data"]["include"]]
+                                    + [f"exclude {n}" for n in d["data"]["exclude"]]))
     t.add_row("size", human_bytes(d["bytes"]))
     t.add_row("seconds", f"{d['seconds']:.2f}")
     t.add_row("items/s", f"{d['items_per_second'] or 0:,.0f}")

@@ -398,8 +398,9 @@ def user_add(
     username: Annotated[str, typer.Argument(help="User name.")],
     data: Annotated[Path, typer.Option("--data", metavar="DIR", help="The node's directory.")],
     role: Annotated[list[str], typer.Option(
-        "--role", "-r", metavar="ROLE", help="Role: admin, backup, restore, reader or writer "
-                                             "(repeat for several).")],
+        "--role", "-r", metavar="ROLE", help="Role: admin, backup, restore, reader, writer or "
+                                             "scope_admin (create and drop scopes and "
+                                             "collections; repeat for several).")],
     password_file: Annotated[Optional[Path], typer.Option(
         "--password-file", metavar="FILE", help="Read the password from FILE's first "
                                                 "line (default: $DCPTOOL_PASSWORD or a prompt).")] = None,

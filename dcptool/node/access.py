@@ -45,6 +45,9 @@ class Privilege(str, enum.Enum):
     COMPACT = "Compact"
     #: change vbucket states and the cluster map, hold replication, read cluster status
     NODE_MANAGEMENT = "NodeManagement"
+    #: create and drop scopes and collections (the REST port's scopes endpoints; Couchbase's
+    #: bucket admin and "Manage Scopes" roles)
+    MANAGE_COLLECTIONS = "ManageCollections"
 
 
 #: what every role may do: find its way around the bucket
@@ -58,6 +61,7 @@ ROLES: dict[str, frozenset[Privilege]] = {
     "restore": _BASE | {Privilege.META_WRITE},
     "reader": _BASE | {Privilege.READ},
     "writer": _BASE | {Privilege.WRITE},
+    "scope_admin": _BASE | {Privilege.MANAGE_COLLECTIONS},
 }
 #: the roles of a user whose entry names none
 DEFAULT_ROLES = ("admin",)

@@ -458,21 +458,15 @@ class Bucket:
         return new
 
     def drop_scope(self, name: str) -> Manifest:
-        """Drop a scope: one drop event per collection in it, then the scope's (the last
-        event carries the new manifest's uid, the ones before it the uids in between)."""
-        m = self.manifest
+        """Drop a scope: one manifest change (uid + 1); one drop event per collection in
+        it, then the scope's, all carrying the new uid."""
         if name == DEFAULT_SCOPE:
             raise ManifestError("forbidden", "the _default scope cannot be dropped")
-        s = m.scope(name)
-        if s is None:
-            raise ManifestError("not-found", f"scope {name!r} does not exist")
-        events = []
-        for c in s.collections:
-            m, _s, _c = m.drop_collection(name, c.name)
-            events.append(SystemEvent(0, EVENT_END_COLLECTION, m.uid, s.uid, c.uid))
-        m, _s = m.drop_scope(name)
-        events.append(SystemEvent(0, EVENT_DROP_SCOPE, m.uid, s.uid))
-        return self._commit_manifest(m, events)
+        new, s = self.manifest.drop_scope(name)
+        events = [SystemEvent(0, EVENT_END_COLLECTION, new.uid, s.uid, c.uid)
+                  for c in s.collections]
+        events.append(SystemEvent(0, EVENT_DROP_SCOPE, new.uid, s.uid))
+        return self._commit_manifest(new, events)
 
     def set_manifest(self, new: Manifest) -> list[SystemEvent]:
         """Make `new` (a whole manifest, from another member of a cluster) the manifest:

@@ -71,6 +71,8 @@ class Purger:
         self.purged = 0
         self.last: dict[str, Any] = {}
         self._lock = asyncio.Lock()
+        #: dropped collection id -> vbuckets already purged of it (until all are)
+        self._dropped_done: dict[int, set[int]] = {}
 
     async def _maint(self, fn, *args):
         return await asyncio.wrap_future(self.bucket.storage.maintenance(fn, *args))
@@ -201,11 +203,16 @@ class Purger:
             if vb.full:
                 vb.nkeys -= n
             total += n
-        if set(vbs) >= set(bucket.vbuckets):
-            bucket.dropped.difference_update(cids)
+        done = self._dropped_done
+        for c in cids:
+            done.setdefault(c, set()).update(vbs)
+        finished = [c for c in cids if done[c] >= set(bucket.vbuckets)]
+        if finished:
+            for c in finished:
+                del done[c]
+            bucket.dropped.difference_update(finished)
             bucket._persist_manifest()
-            log.info("dropped collections %s purged: %d rows", [format(c, "x") for c in cids],
-                     total)
+            log.info("dropped collections %s purged", [format(c, "x") for c in finished])
         return total
 
     def _seqno_limit(self, vb, now: float, before: float, purge_before_seq: int) -> int | None:

@@ -9,7 +9,26 @@ that tools and SDKs read to find their way around a cluster (docs/rest.md).
     GET /pools/default/b/NAME                   the terse bucket config (GET_CLUSTER_CONFIG)
     GET /pools/default/buckets/NAME/ddocs       design documents: none ({"rows": []})
 
-Everything is read-only and JSON. The cluster the answers describe is the one
+Scopes and collections (Couchbase's endpoints and shapes; `dcptool.node.bucket`):
+
+    GET    /pools/default/buckets/NAME/scopes                        the manifest (hex uids)
+    POST   /pools/default/buckets/NAME/scopes             name=S     -> {"uid": "<hex>"}
+    POST   /pools/default/buckets/NAME/scopes/S/collections  name=C [maxTTL=N] -> {"uid":..}
+    DELETE /pools/default/buckets/NAME/scopes/S/collections/C          -> {"uid": ...}
+    DELETE /pools/default/buckets/NAME/scopes/S                        -> {"uid": ...}
+
+`uid` is the manifest uid after the change. Errors as Couchbase Server answers them:
+400 `{"errors": {"name": "..."}}` for a missing or invalid name (`maxTTL` likewise), 400
+`{"errors": {"_": "Scope with name \"S\" already exists"}}` (or the collection's), 404
+`{"errors": {"_": "Scope with name \"S\" is not found"}}` (or the collection's), 400 for
+dropping the _default scope (or, on this node, the _default collection), 429 when the
+bucket already has MAX_SCOPES scopes or MAX_COLLECTIONS collections. Changing them needs
+the ManageCollections privilege (roles admin, scope_admin); listing them MetaRead. In a
+cluster the member that took a change sends the whole manifest to every other member
+(SET_COLLECTIONS_MANIFEST, 0xb9, over the data port with the map's credentials); each
+member writes the system events into its active vbuckets, replicas get them over DCP.
+
+Everything else is read-only and JSON. The cluster the answers describe is the one
 GET_CLUSTER_CONFIG describes (`bucketconfig.cluster_members`, `bucket_config`): alone,
 this node; in a cluster, every member with its data and REST ports.
 
@@ -36,6 +55,8 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import BasicAuth, hdrs, web
 from aiohttp.abc import AbstractAccessLogger
+
+from dcptool.protocol.collections import MAX_NAME_LENGTH, ManifestError, hex_id, valid_name
 
 from .access import Privilege
 from .bucketconfig import bucket_config, cluster_members, host_of, host_port, member_hostname
@@ -129,9 +150,18 @@ class RestApp:
             ("/pools/default/buckets/{name}", Privilege.META_READ, self.bucket),
             ("/pools/default/b/{name}", Privilege.META_READ, self.terse_bucket),
             ("/pools/default/buckets/{name}/ddocs", Privilege.META_READ, self.ddocs),
+            ("/pools/default/buckets/{name}/scopes", Privilege.META_READ, self.scopes),
         ]
         for path, privilege, handler in routes:
             app.router.add_get(path, self._guard(handler, privilege))
+        base = "/pools/default/buckets/{name}/scopes"
+        manage = Privilege.MANAGE_COLLECTIONS
+        app.router.add_post(base, self._guard(self.create_scope, manage))
+        app.router.add_post(base + "/{scope}/collections",
+                            self._guard(self.create_collection, manage))
+        app.router.add_delete(base + "/{scope}/collections/{collection}",
+                              self._guard(self.drop_collection, manage))
+        app.router.add_delete(base + "/{scope}", self._guard(self.drop_scope, manage))
         app.on_response_prepare.append(self._headers)
         return app
 
@@ -144,6 +174,13 @@ class RestApp:
             allowed = bool(held) if privilege is ANY else privilege in held
             if not allowed:
                 need = "any role" if privilege is ANY else privilege.value
+                if privilege is Privilege.MANAGE_COLLECTIONS:
+                    # Couchbase names the permission a scope change needs like this
+                    bucket = request.match_info.get("name", "")
+                    scope = request.match_info.get("scope")
+                    need = (f"cluster.collection[{bucket}:{scope}:.].collections!write"
+                            if scope is not None
+                            else f"cluster.bucket[{bucket}].collections!write")
                 return _json({"message": "Forbidden. User needs the following permissions",
                               "permissions": [need]}, status=403)
             return await handler(request, name)
@@ -259,6 +296,160 @@ class RestApp:
         if not self._bucket_named(request):
             return _not_found()
         return _json({"rows": []})
+
+
+    # -- scopes and collections ---------------------------------------------------------
+
+    async def scopes(self, request: web.Request, user: str) -> web.Response:
+        if not self._bucket_named(request):
+            return _not_found()
+        return _json(self.node.bucket.manifest.to_json())
+
+    async def _change(self, request: web.Request, change) -> web.Response:
+        """Run `change(bucket)` (a Bucket method call), answer {"uid": ...} or the error
+        Couchbase answers, then send the new manifest to the other members."""
+        if not self._bucket_named(request):
+            return _not_found()
+        bucket = self.node.bucket
+        try:
+            change(bucket)
+        except ManifestError as exc:
+            return _manifest_error(exc)
+        except _FormError as exc:
+            return _json({"errors": {exc.field: exc.message}}, status=400)
+        await share_manifest(self.node)
+        return _json({"uid": hex_id(bucket.manifest.uid)})
+
+    async def create_scope(self, request: web.Request, user: str) -> web.Response:
+        form = await request.post()
+        name = _form_name(form)
+        return await self._change(request, lambda b: b.create_scope(name()))
+
+    async def create_collection(self, request: web.Request, user: str) -> web.Response:
+        form = await request.post()
+        name = _form_name(form)
+        scope = request.match_info["scope"]
+
+        def change(b) -> None:
+            ttl = _form_ttl(form)
+            b.create_collection(scope, name(), ttl)
+        return await self._change(request, change)
+
+    async def drop_collection(self, request: web.Request, user: str) -> web.Response:
+        scope, coll = request.match_info["scope"], request.match_info["collection"]
+        return await self._change(request, lambda b: b.drop_collection(scope, coll))
+
+    async def drop_scope(self, request: web.Request, user: str) -> web.Response:
+        scope = request.match_info["scope"]
+        return await self._change(request, lambda b: b.drop_scope(scope))
+
+
+class _FormError(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+_NAME_CHARS = "Can only contain characters A-Z, a-z, 0-9 and the following symbols _ - %"
+
+
+def _form_name(form):
+    """A function giving the form's valid `name` (raising _FormError as Couchbase words it)."""
+    def name() -> str:
+        value = form.get("name")
+        if value is None or value == "":
+            raise _FormError("name", "The value must be supplied")
+        value = str(value)
+        if len(value) > MAX_NAME_LENGTH:
+            raise _FormError("name", f"Length must be in range from 1 to {MAX_NAME_LENGTH}")
+        if value[0] in "_%":
+            raise _FormError("name", "First character must not be _ or %")
+        if not valid_name(value):
+            raise _FormError("name", _NAME_CHARS)
+        return value
+    return name
+
+
+def _form_ttl(form) -> int:
+    raw = form.get("maxTTL")
+    if raw is None or raw == "":
+        return 0
+    try:
+        ttl = int(str(raw))
+    except ValueError:
+        raise _FormError("maxTTL", "The value must be an integer") from None
+    if ttl == -1:  # "never expire" even under a bucket max TTL: this node has none
+        return 0
+    if not 0 <= ttl <= 0x7FFFFFFF:
+        raise _FormError("maxTTL", "The value must be in range from -1 to 2147483647")
+    return ttl
+
+
+def _manifest_error(exc: ManifestError) -> web.Response:
+    """The answer Couchbase Server gives for a change that cannot be made."""
+    text = str(exc)
+    if exc.kind == "limit":
+        what = "scopes" if "scopes" in text else "collections"
+        return _json({"errors": {"_": f"Maximum number of {what} has been reached for "
+                                      "the bucket"}}, status=429)
+    if exc.kind == "invalid":
+        field = "maxTTL" if "maxTTL" in text else "name"
+        return _json({"errors": {field: text}}, status=400)
+    msg = _couchbase_words(text)
+    return _json({"errors": {"_": msg}}, status=404 if exc.kind == "not-found" else 400)
+
+
+def _couchbase_words(text: str) -> str:
+    """ManifestError's text as Couchbase Server words it."""
+    import re
+
+    m = re.match(r"scope '(.*)' (already exists|does not exist)$", text)
+    if m:
+        verb = "already exists" if m.group(2) == "already exists" else "is not found"
+        return f'Scope with name "{m.group(1)}" {verb}'
+    m = re.match(r"collection (.*)\.(.*) (already exists|does not exist)$", text)
+    if m:
+        verb = "already exists" if m.group(3) == "already exists" else "is not found"
+        return f'Collection with name "{m.group(2)}" in scope "{m.group(1)}" {verb}'
+    if "_default scope" in text:
+        return "Deleting _default scope is not allowed"
+    if "_default collection" in text:
+        return "Deleting _default collection is not allowed"
+    return text
+
+
+async def share_manifest(node) -> None:
+    """Send the node's manifest to every other member of its cluster (0xb9 over the data
+    port with the map's credentials). A member that cannot be reached is logged; it gets
+    the whole manifest with the next change, and its replicas follow their actives."""
+    cmap = node.replication.map
+    if cmap is None or len(cmap.nodes) < 2:
+        return
+    doc = node.bucket.manifest.to_bytes(internal=True)
+    members = [cmap.address(i) for i in range(len(cmap.nodes)) if i != cmap.this]
+    loop = asyncio.get_running_loop()
+    results = await asyncio.gather(*(
+        loop.run_in_executor(None, _send_manifest, addr, cmap.auth, node.bucket.name, doc)
+        for addr in members), return_exceptions=True)
+    for addr, res in zip(members, results):
+        if isinstance(res, BaseException):
+            log.warning("collections manifest not sent to %s:%d: %s", addr[0], addr[1], res)
+
+
+def _send_manifest(address, auth, bucket: str, doc: bytes) -> None:
+    from dcptool.client.connection import Connection
+    from dcptool.client.topology import _call
+
+    from .commands.collections import SET_COLLECTIONS_MANIFEST
+
+    conn = Connection.open(address[0], address[1], username=auth.get("username", ""),
+                           password=auth.get("password", ""), bucket=bucket, timeout=5.0,
+                           agent="dcptool-node/manifest")
+    try:
+        _call(conn, SET_COLLECTIONS_MANIFEST, value=doc, what="SET_COLLECTIONS_MANIFEST")
+    finally:
+        conn.close()
 
 
 class _AccessLog(AbstractAccessLogger):

@@ -207,7 +207,8 @@ class Storage:
         db = self._db
         with self._tx():
             db.execute("DROP INDEX IF EXISTS items_by_key")
-            cur = db.execute("UPDATE items SET key = X'00' || key")
+            # || yields TEXT: cast back to the BLOB every key is
+            cur = db.execute("UPDATE items SET key = CAST(X'00' || key AS BLOB)")
             n = cur.rowcount
             db.execute("CREATE UNIQUE INDEX items_by_key ON items (vb, key)")
             db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('format', ?)",

@@ -37,6 +37,8 @@ class BackupTask:
     session: str
     #: the node is a member of a cluster: each vbucket streams from its active node
     cluster: bool = False
+    #: the stream filter of --include-data/--exclude-data (None: every collection)
+    stream_filter: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,8 @@ def compact_db(conn, frame, msg) -> None:
             drop_deletes=bool(msg.drop_deletes), reason=f"COMPACT_DB from {conn.peer}")
         vb = bucket.vbuckets[vbid]
         doc = {"vbucket": vbid, "purged": summary["purged"], "purge_seqno": vb.purge_seqno,
-               "expired_rows": summary["expired_rows"], "lost_rows": summary["lost_rows"]}
+               "expired_rows": summary["expired_rows"], "lost_rows": summary["lost_rows"],
+               "dropped_collection_items_purged": summary["dropped_collection_items_purged"]}
         conn.reply(frame, value=json.dumps(doc).encode(),
                    datatype=Datatype.JSON if conn.json else 0)
 
