@@ -173,7 +173,8 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
                 continue
             parts.setdefault(e["vbucket"], []).append((bid, e))
             last_entry[e["vbucket"]] = e
-    with opts.connect() as conn:
+    # a collections connection: a legacy one gets the default collection's high seqnos
+    with opts.connect(collections=True) as conn:
         count = vbucket_count(conn)
         highs = get_vbucket_seqnos(conn, state=1)
         logs = get_failover_logs(conn, sorted(v for v in parts if v in highs)) if parts else {}

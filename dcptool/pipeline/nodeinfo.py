@@ -57,7 +57,7 @@ def cluster_state(opts, vbuckets: list[int] | None = None):
     cluster: seqnos and failover logs come from each vbucket's active node (as the map
     says). Returns (vbucket count, {vb: high seqno}, {vb: failover log}, groups) where
     groups is {node address: [vbuckets]} on a cluster and None for a node alone."""
-    with opts.connect() as conn:
+    with opts.connect(collections=True) as conn:  # legacy: default-collection seqnos only
         found = active_nodes(opts, conn, vbuckets)
         if found is None:
             return (*node_state(conn, vbuckets), None)
@@ -66,7 +66,7 @@ def cluster_state(opts, vbuckets: list[int] | None = None):
     logs: dict = {}
     placed: dict[str, list[int]] = {}
     for address, vbs in groups.items():
-        with node_opts(opts, address).connect() as conn:
+        with node_opts(opts, address).connect(collections=True) as conn:
             actives = get_vbucket_seqnos(conn, state=1)
             mine = [vb for vb in vbs if vb in actives]
             if mine:

@@ -73,7 +73,7 @@ def state(node) -> dict[tuple[str, str, str], tuple]:
     {(scope, collection, key): (kind, value, cas, rev, flags, expiry)}."""
     names = rest(node).manifest().collection_ids()
     opts = opts_for(node)
-    with opts.connect() as conn:
+    with coll_conn(node) as conn:  # a legacy connection sees the default collection's seqnos
         seqnos = get_vbucket_seqnos(conn, state=1)
     out = {}
     consumer = opts.consumer(SessionConfig(name="test-state", consistent=True,
@@ -152,6 +152,7 @@ def test_restore_latest_into_a_fresh_node(source, spark, tmp_path):
         res = run_restore(str(archive), opts_for(dst), spark=spark).as_dict()
         assert sum(res["failed"].values()) == 0, res["errors"]
         got = state(dst)
+        assert res["restored"]["mutation"] == len(_live(s2)), res
         assert _live(got) == _live(s2)
         # the dropped s1.c1's documents are not resurrected; the re-created one's are there
         assert {k[2] for k in got if k[:2] == ("s1", "c1")} == {"new-0", "new-1"}
