@@ -16,7 +16,7 @@ _dcptool_subcommands() {
 _dcptool_options() {
     case "$1" in
         "") echo "--version -q --quiet -v --verbose -h --help" ;;
-        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --snappy --no-snappy --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl -h --help" ;;
+        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --snappy --no-snappy --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl --include-data --exclude-data -h --help" ;;
         "cluster") echo "-h --help" ;;
         "cluster create") echo "-c --cluster --replicas --topology --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "cluster failover") echo "-c --cluster --via --promote --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
@@ -53,7 +53,7 @@ _dcptool_options() {
 
 _dcptool_valued_options() {
     case "$1" in
-        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl" ;;
+        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data" ;;
         "cluster create") echo "-c --cluster --replicas --topology -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "cluster failover") echo "-c --cluster --via --promote -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "cluster move") echo "-c --cluster --vbuckets --to --vbucket-timeout -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;

@@ -21,7 +21,7 @@ end
 function __dcptool_valued_options
     switch "$argv"
         case 'backup'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data
         case 'cluster create'
             echo -c --cluster --replicas --topology -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'cluster failover'
@@ -144,6 +144,8 @@ complete -c dcptool -n '__dcptool_at backup' -l no-progress -d 'No progress bar 
 complete -c dcptool -n '__dcptool_at backup' -l json -d 'Print the summary as JSON'
 complete -c dcptool -n '__dcptool_at backup' -l no-watermark -d 'Do not register the archive\'s high watermark with the node'
 complete -c dcptool -n '__dcptool_at backup' -l watermark-ttl -x -d 'How long the registered watermark holds the node\'s tombstone purger back unless the next backup renews it'
+complete -c dcptool -n '__dcptool_at backup' -l include-data -x -d 'Only these collections: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
+complete -c dcptool -n '__dcptool_at backup' -l exclude-data -x -d 'Leave these collections out: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
 complete -c dcptool -n '__dcptool_at backup' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at backup' -F
 complete -c dcptool -n '__dcptool_at cluster' -a 'create' -d 'Make the nodes one cluster: actives spread evenly, replicas on other nodes'
@@ -344,7 +346,7 @@ complete -c dcptool -n '__dcptool_at node user' -a 'list' -d 'List the users and
 complete -c dcptool -n '__dcptool_at node user' -a 'remove' -d 'Remove a user'
 complete -c dcptool -n '__dcptool_at node user' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at node user add' -l data -r -F -d 'The node\'s directory'
-complete -c dcptool -n '__dcptool_at node user add' -s r -l role -x -d 'Role: admin, backup, restore, reader or writer (repeat for several)'
+complete -c dcptool -n '__dcptool_at node user add' -s r -l role -x -d 'Role: admin, backup, restore, reader, writer or scope_admin (create and drop scopes and collections'
 complete -c dcptool -n '__dcptool_at node user add' -l password-file -r -F -d 'Read the password from FILE\'s first line (default: $DCPTOOL_PASSWORD or a prompt)'
 complete -c dcptool -n '__dcptool_at node user add' -l json -d 'Print JSON'
 complete -c dcptool -n '__dcptool_at node user add' -s h -l help -d 'Show this message and exit'
