@@ -28,7 +28,7 @@ _dcptool_options() {
         "doc get") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --snappy --no-snappy --json -h --help" ;;
         "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
         "doc set") echo "--flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
-        "examine") echo "--backup --values --json -h --help" ;;
+        "examine") echo "--backup --collection --values --json -h --help" ;;
         "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --json -h --help" ;;
         "failover-log") echo "--vbuckets --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "info") echo "--json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
@@ -62,7 +62,7 @@ _dcptool_valued_options() {
         "doc get") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "doc set") echo "--flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
-        "examine") echo "--backup" ;;
+        "examine") echo "--backup --collection" ;;
         "export") echo "--format --backup --vbuckets --master --partitions" ;;
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "info") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;

@@ -39,7 +39,7 @@ function __dcptool_valued_options
         case 'doc set'
             echo --flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'examine'
-            echo --backup
+            echo --backup --collection
         case 'export'
             echo --format --backup --vbuckets --master --partitions
         case 'failover-log'
@@ -256,6 +256,7 @@ complete -c dcptool -n '__dcptool_at doc set' -l timeout -x -d 'Seconds to wait 
 complete -c dcptool -n '__dcptool_at doc set' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at doc set' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at examine' -l backup -x -d 'Only the chain of this backup (default: every backup)'
+complete -c dcptool -n '__dcptool_at examine' -l collection -x -d 'Only the versions in this collection (default: the key in every collection)'
 complete -c dcptool -n '__dcptool_at examine' -l values -d 'Show each version\'s value'
 complete -c dcptool -n '__dcptool_at examine' -l json -d 'Print the timeline as JSON'
 complete -c dcptool -n '__dcptool_at examine' -s h -l help -d 'Show this message and exit'

@@ -6,8 +6,9 @@ Names on the command line (comma-separated lists, options repeatable):
 * include/exclude: `bucket.scope.collection` or `bucket.scope`; the bucket must be the one
   the job works on.
 * map: `SRC=DST` with `scope.collection=scope.collection` or `scope=scope`, each side
-  optionally prefixed with the bucket (`bucket.scope.collection`; a two-part name is always
-  `scope.collection`). A collection mapping wins over its scope's mapping.
+  optionally prefixed with the bucket: `bucket.scope.collection`, and `bucket.scope` when
+  the other side is a bare scope (otherwise a two-part name is `scope.collection`). A
+  collection mapping wins over its scope's mapping.
 """
 from __future__ import annotations
 
@@ -58,8 +59,16 @@ def parse_map(values: Iterable[str] | str | None, src_bucket: str, dst_bucket: s
         src, sep, dst = text.partition("=")
         if not sep or not src.strip() or not dst.strip():
             raise UsageError(f"--map-data: {text!r} is not SRC=DST")
-        a = _map_name(src.strip(), src_bucket, text)
-        b = _map_name(dst.strip(), dst_bucket, text)
+        src, dst = src.strip(), dst.strip()
+        # `bucket.scope=scope` (or the other way round): a two-part side next to a one-part
+        # side is bucket.scope when it starts with the bucket
+        ns, nd = src.count("."), dst.count(".")
+        if ns == 1 and nd == 0 and src.split(".")[0] == src_bucket:
+            src = src.split(".", 1)[1]
+        elif nd == 1 and ns == 0 and dst.split(".")[0] == dst_bucket:
+            dst = dst.split(".", 1)[1]
+        a = _map_name(src, src_bucket, text)
+        b = _map_name(dst, dst_bucket, text)
         if (a[1] is None) != (b[1] is None):
             raise UsageError(f"--map-data: {text!r} maps a scope to a collection (map "
                              "scope=scope or scope.collection=scope.collection)")
