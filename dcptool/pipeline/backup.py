@@ -311,8 +311,6 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
             if kind == EV_SNAPSHOT:
                 writers[ev[EV_VBUCKET]].marker(ev[EV_SNAP_START], ev[EV_SNAP_END],
                                                ev[EV_SNAP_FLAGS])
-            elif kind == SYSTEM_EVENT:
-                writers[ev[EV_VBUCKET]].system_event(ev[EV_SYSTEM_EVENT])
             elif kind == DELETION:  # EV_EXPIRY holds the delete time
                 writers[ev[EV_VBUCKET]].deletion(ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
                                                  ev[EV_KEY], ev[EV_EXPIRY], ev[EV_DATATYPE],
@@ -321,6 +319,8 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
                 writers[ev[EV_VBUCKET]].expiration(ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
                                                    ev[EV_KEY], ev[EV_EXPIRY], ev[EV_DATATYPE],
                                                    ev[EV_VALUE])
+            elif kind == SYSTEM_EVENT:  # (after the records' kinds: rare)
+                writers[ev[EV_VBUCKET]].system_event(ev[EV_SYSTEM_EVENT])
             elif kind == STREAM_OPEN:
                 vb = ev[EV_VBUCKET]
                 r = run[vb]

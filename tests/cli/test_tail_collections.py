@@ -75,3 +75,11 @@ def test_tail_unknown_collection_is_a_one_line_error(cnode):
     r = run_cli("tail", "--from", "beginning", "--until-idle", "1", "--collection", "flat",
                 node=cnode)
     assert r.returncode == 2 and "is not scope.collection" in r.stderr
+
+
+def test_failover_log_on_a_bucket_with_collections(cnode):
+    r = run_cli("failover-log", "--json", node=cnode)
+    assert r.returncode == 0, r.stderr
+    logs = json_lines(r.stdout)[0]
+    assert sorted(logs) == ["0", "1"]
+    assert all(e["seqno"] == 0 and e["uuid"] > 0 for log in logs.values() for e in log)
