@@ -72,7 +72,13 @@ from dcptool.runlog import RunLog
 
 from dcptool.protocol.collections import Manifest
 
-from .backupdata import chain_selection, selection_json, stream_filter
+from .backupdata import (
+    chain_selection,
+    client_filter,
+    dropped_since,
+    selection_json,
+    stream_filter,
+)
 from .datafilter import selection
 from .nodeinfo import cluster_state, node_opts
 from .plans import BackupTask, VBucketPlan, VBucketSummary
@@ -260,7 +266,8 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
         consumer = ResumingConsumer(lambda: opts.consumer(config, on_rollback=on_rollback))
     try:
         consumer.add_streams({vb: (starts[vb], plan[vb].end) for vb in plan})
-        pending = write_events(consumer, writers, plan, opened, run, summaries, t_task)
+        pending = write_events(consumer, writers, plan, opened, run, summaries, t_task,
+                               admit=task.client_filter)
         if pending:
             raise DcptoolError(f"vbuckets {sorted(pending)[:8]} ended without a complete stream")
         # the data and done files of every vbucket of this task are durable before the driver
@@ -287,16 +294,19 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
 def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan],
                  opened: dict[int, Position], run: dict[int, dict[str, Any]],
                  summaries: list[VBucketSummary], t_task: float,
-                 tick: float = 1.0) -> set[int]:
+                 tick: float = 1.0, admit=None) -> set[int]:
     """Drain `consumer`'s events into the vbuckets' writers until every stream ended.
 
     The hot path of a backup task (and what `benchmarks/` measures on a replayed stream):
     records go to the writer of their vbucket; each vbucket that ends with OK is closed and
     its summary (with the run statistics) appended to `summaries`.
-    Returns the vbuckets of `plan` that did not end.
+    Returns the vbuckets of `plan` that did not end. `admit` (a backupdata.ClientFilter,
+    rare) keeps only the selected collections' records and events of each batch.
     """
     pending = set(plan)
     for events in consumer.batches(tick=tick):
+        if admit is not None:
+            events = admit.filter(events)
         n = len(events)
         fault_point("events", n)
         i = 0
@@ -471,16 +481,34 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         rl.warning("discarded partial backups %s (--purge-partial)", ", ".join(removed))
         partial = None
     resumed = partial is not None
+    parent_id = None
     if resumed:
         intent = partial.intent or {}
         sel = chain_selection(given, intent.get("data"), opts.bucket, full=False,
                               what=f"partial backup {partial.id}")
+        parent_id = partial.parent
     else:
         btype = FULL if (full or archive.latest_id() is None) else INCREMENTAL
-        recorded = None if btype == FULL else archive.manifest(archive.latest_id()).get("data")
+        parent_id = None if btype == FULL else archive.latest_id()
+        recorded = None if parent_id is None else archive.manifest(parent_id).get("data")
         sel = chain_selection(given, recorded, opts.bucket, full=btype == FULL)
-    # names given now must exist; a recorded selection's collections may have been dropped
-    sfilter = stream_filter(sel, node_man, opts.bucket, check_names=sel is given)
+    previous = archive.manifest(parent_id).get("collections") if parent_id else None
+    gone = dropped_since(sel, previous, node_man)
+    cfilter = None
+    if gone:
+        # a node refuses a filter naming a dropped collection: stream everything, keep the
+        # selection (and the drops) on this side, this once
+        sfilter = None
+        cfilter = client_filter(sel, previous, node_man, gone)
+        msg = (f"selected collections {', '.join(format(c, '#x') for c in sorted(gone))} "
+               "were dropped since the last backup: this backup streams every collection "
+               "and keeps the selected ones, to record the drops")
+        rl.warning("%s", msg)
+        if notice is not None:
+            notice(msg)
+    else:
+        # names given now must exist; a recorded selection's may have been dropped
+        sfilter = stream_filter(sel, node_man, opts.bucket, check_names=sel is given)
     if sfilter is not None:
         rl.info("data selection %s: stream filter %s", selection_json(sel),
                 sfilter.to_bytes().decode())
@@ -520,7 +548,8 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
                     len(groups), spark_seconds)
             tasks = [BackupTask(opts, archive_path, writer.id, writer.parent,
                                 tuple(plan[vb] for vb in g), f"dcptool-backup:{writer.id}:{i}",
-                                cluster=members is not None, stream_filter=sfilter)
+                                cluster=members is not None, stream_filter=sfilter,
+                                client_filter=cfilter)
                      for i, g in enumerate(groups)]
             stop = threading.Event()
             watcher = None

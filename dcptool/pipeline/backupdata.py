@@ -9,16 +9,28 @@ selection of exactly one whole scope becomes a scope filter, which also carries 
 of that scope's collections.
 
 An incremental backup keeps the selection of the backup it continues (the manifest's
-`"data"`); another selection needs a full backup. A collection the selection named that
-was dropped since is simply no longer streamed (its drop is in the node's manifest the
-next backup records; see docs/archive-format.md).
+`"data"`); another selection needs a full backup. A node refuses a stream filter naming a
+collection it no longer has, so when a collection the selection held in the previous
+backup was dropped since, that incremental streams every collection and keeps, on the
+client, the selected collections' records and the system events of the selected
+collections and their scopes (`ClientFilter`): the drops are recorded. Only that backup
+pays for it; the next one streams with a filter again.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from dcptool.errors import UsageError
-from dcptool.protocol.collections import DEFAULT_COLLECTION, DEFAULT_SCOPE, Manifest, StreamFilter
+from dcptool.client.events import RECORD_KINDS, SYSTEM_EVENT
+from dcptool.protocol.collections import (
+    DEFAULT_COLLECTION,
+    DEFAULT_SCOPE,
+    CollectionsError,
+    Manifest,
+    StreamFilter,
+    doc_key_cid,
+)
 
 from .datafilter import DataSelection, Name, selection, show
 
@@ -102,5 +114,72 @@ def stream_filter(sel: DataSelection, manifest: Manifest | None, bucket: str, *,
     return StreamFilter(collections=frozenset(ids))
 
 
-__all__ = ["INCLUDE_ENV", "EXCLUDE_ENV", "selection_json", "selection_from_json",
+def _manifest_of(doc: Any) -> Manifest | None:
+    if doc is None:
+        return None
+    try:
+        return Manifest.from_json(doc)
+    except CollectionsError:
+        return None
+
+
+def selected_ids(sel: DataSelection, manifest: Manifest | None) -> set[int]:
+    """The ids of the collections of `manifest` a selection selects (a node without
+    collections: the default collection, if selected)."""
+    m = manifest or Manifest()
+    return {c.uid for s in m.scopes for c in s.collections if sel.selects(s.name, c.name)}
+
+
+def dropped_since(sel: DataSelection, previous: Any, manifest: Manifest | None) -> set[int]:
+    """Collections the selection held in the previous backup (its recorded manifest,
+    `previous`, JSON) that the node's `manifest` no longer has: dropped since."""
+    prev = _manifest_of(previous)
+    if sel.everything or prev is None:
+        return set()
+    live = set((manifest or Manifest()).collection_ids())
+    return selected_ids(sel, prev) - live
+
+
+@dataclass(frozen=True)
+class ClientFilter:
+    """The selection applied by the backup task to an unfiltered stream: the records of
+    `collections` and the system events of those collections and of `scopes`."""
+
+    collections: frozenset[int]
+    scopes: frozenset[int]
+
+    def filter(self, events: list) -> list:
+        cols, scopes, kinds = self.collections, self.scopes, RECORD_KINDS
+        out = []
+        for e in events:
+            k = e[0]
+            if k in kinds:
+                if doc_key_cid(e[8]) in cols:
+                    out.append(e)
+            elif k == SYSTEM_EVENT:
+                ev = e[2]
+                if (ev.collection_id in cols) if ev.collection_id is not None \
+                        else ev.scope_id in scopes:
+                    out.append(e)
+            else:
+                out.append(e)
+        return out
+
+
+def client_filter(sel: DataSelection, previous: Any, manifest: Manifest | None,
+                  gone: set[int]) -> ClientFilter:
+    """The ClientFilter of a selection whose collections `gone` were dropped since the
+    previous backup: the selected collections of now and the dropped ones, and their scopes
+    (the scopes the selection names too)."""
+    cols = selected_ids(sel, manifest) | gone
+    scopes = set()
+    for m in (_manifest_of(previous), manifest):
+        for s in (m.scopes if m is not None else ()):
+            if any(c.uid in cols for c in s.collections) or any(
+                    n[0] == s.name and n[1] is None for n in sel.include):
+                scopes.add(s.uid)
+    return ClientFilter(frozenset(cols), frozenset(scopes))
+
+
+__all__ = ["ClientFilter", "client_filter", "dropped_since", "selected_ids", "INCLUDE_ENV", "EXCLUDE_ENV", "selection_json", "selection_from_json",
            "chain_selection", "stream_filter", "DEFAULT_SCOPE", "DEFAULT_COLLECTION"]

@@ -39,6 +39,9 @@ class BackupTask:
     cluster: bool = False
     #: the stream filter of --include-data/--exclude-data (None: every collection)
     stream_filter: Any = None
+    #: the selection applied by the task instead (backupdata.ClientFilter), when selected
+    #: collections were dropped since the previous backup
+    client_filter: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -195,3 +195,33 @@ def test_cli_include_data_from_the_environment_and_its_errors(cnode, tmp_path):
     assert bad.returncode == 2
     assert "scope default.nosuch does not exist" in bad.stderr
     assert len([ln for ln in bad.stderr.splitlines() if ln.strip()]) <= 2  # message (+ hint)
+
+
+def test_a_filtered_incremental_records_the_drop_of_a_selected_collection(cnode, spark,
+                                                                          tmp_path):
+    opts = opts_for(cnode)
+    ids = _ids(cnode)
+    b = opts.bucket
+    arc = tmp_path / "arc"
+    run_backup(opts, arc, spark=spark, watermark=False,
+               include_data=[f"{b}.s2.c3,{b}.s3.c5"])
+    rest = _rest(cnode)
+    rest.drop_collection("s2", "c3")
+    _load(cnode, ids["s1.c1"], [b"outside"], "v2")  # not selected
+    _load(cnode, ids["s3.c5"], [b"inside"], "v2")
+    notices: list[str] = []
+    inc = run_backup(opts, arc, spark=spark, watermark=False, notice=notices.append)
+    assert any("were dropped since the last backup" in n for n in notices)
+    assert inc.mutations == 1 and inc.data == {"include": ["s2.c3", "s3.c5"], "exclude": []}
+    for vb, evs in _events(arc, inc.backup_id).items():
+        assert [(e[2], e[5]) for e in evs] == [(EVENT_END_COLLECTION, ids["s2.c3"])]
+    keys = _archive_items(arc)
+    assert doc_key(ids["s3.c5"], b"inside") in keys
+    assert doc_key(ids["s1.c1"], b"outside") not in keys
+    assert set(_names(keys, ids)) == {"s2.c3", "s3.c5"}
+    assert verify_archive(arc).ok
+    # the next incremental streams with a filter again (the drop is behind it)
+    notices.clear()
+    _load(cnode, ids["s3.c5"], [b"again"], "v3")
+    nxt = run_backup(opts, arc, spark=spark, watermark=False, notice=notices.append)
+    assert nxt.mutations == 1 and not any("dropped since" in n for n in notices)
