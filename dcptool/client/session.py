@@ -312,6 +312,9 @@ class DcpSession:
                               vbucket=vbucket)
         if filter is None:
             filter = self.config.stream_filter
+        if filter is not None and filter.passthrough and filter.uid is None \
+                and filter.sid is None and filter.purge_seqno is None:
+            filter = None  # every collection: no value (a node refuses "{}")
         if filter is not None and not self.collections:
             if not (filter.passthrough or filter.collections == frozenset((0,))):
                 raise StreamError(f"{self.address} did not accept Collections (HELLO 0x12): "
