@@ -16,7 +16,7 @@ _dcptool_subcommands() {
 _dcptool_options() {
     case "$1" in
         "") echo "--version -q --quiet -v --verbose -h --help" ;;
-        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --snappy --no-snappy --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl -h --help" ;;
+        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --snappy --no-snappy --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl --include-data --exclude-data -h --help" ;;
         "cluster") echo "-h --help" ;;
         "cluster create") echo "-c --cluster --replicas --topology --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "cluster failover") echo "-c --cluster --via --promote --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
@@ -28,7 +28,7 @@ _dcptool_options() {
         "doc get") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --snappy --no-snappy --json -h --help" ;;
         "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
         "doc set") echo "--flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
-        "examine") echo "--backup --values --json -h --help" ;;
+        "examine") echo "--backup --collection --values --json -h --help" ;;
         "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --json -h --help" ;;
         "failover-log") echo "--vbuckets --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "info") echo "--json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
@@ -41,8 +41,8 @@ _dcptool_options() {
         "node user list") echo "--data --json -h --help" ;;
         "node user remove") echo "--data --json -h --help" ;;
         "quickstart") echo "--dir --docs --vbuckets --master --json -h --help" ;;
-        "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --backup --vbuckets --filter-keys --force-updates --dry-run --master --partitions --json -h --help" ;;
-        "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback --watermark --watermark-name --watermark-interval --watermark-ttl -v --verbose -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --snappy --no-snappy -h --help" ;;
+        "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --backup --vbuckets --filter-keys --force-updates --dry-run --include-data --exclude-data --map-data --rest-port --master --partitions --json -h --help" ;;
+        "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback --collection --watermark --watermark-name --watermark-interval --watermark-ttl -v --verbose -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --snappy --no-snappy -h --help" ;;
         "verify") echo "--json --checksums-only --against --backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --master --partitions -h --help" ;;
         "watermark") echo "-h --help" ;;
         "watermark list") echo "--name --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
@@ -53,7 +53,7 @@ _dcptool_options() {
 
 _dcptool_valued_options() {
     case "$1" in
-        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl" ;;
+        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data" ;;
         "cluster create") echo "-c --cluster --replicas --topology -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "cluster failover") echo "-c --cluster --via --promote -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "cluster move") echo "-c --cluster --vbuckets --to --vbucket-timeout -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
@@ -62,7 +62,7 @@ _dcptool_valued_options() {
         "doc get") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "doc set") echo "--flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
-        "examine") echo "--backup" ;;
+        "examine") echo "--backup --collection" ;;
         "export") echo "--format --backup --vbuckets --master --partitions" ;;
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "info") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
@@ -73,8 +73,8 @@ _dcptool_valued_options() {
         "node user list") echo "--data" ;;
         "node user remove") echo "--data" ;;
         "quickstart") echo "--dir --docs --vbuckets --master" ;;
-        "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --master --partitions" ;;
-        "tail") echo "--from --vbuckets --filter --state --until-idle --count --noop-interval --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions" ;;
+        "tail") echo "--from --vbuckets --filter --state --until-idle --count --noop-interval --collection --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "verify") echo "--backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --master --partitions" ;;
         "watermark list") echo "--name -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "watermark register") echo "--name --instance --seqnos --archive --ttl --meta -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;

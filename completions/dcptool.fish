@@ -21,7 +21,7 @@ end
 function __dcptool_valued_options
     switch "$argv"
         case 'backup'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data
         case 'cluster create'
             echo -c --cluster --replicas --topology -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'cluster failover'
@@ -39,7 +39,7 @@ function __dcptool_valued_options
         case 'doc set'
             echo --flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'examine'
-            echo --backup
+            echo --backup --collection
         case 'export'
             echo --format --backup --vbuckets --master --partitions
         case 'failover-log'
@@ -61,9 +61,9 @@ function __dcptool_valued_options
         case 'quickstart'
             echo --dir --docs --vbuckets --master
         case 'restore'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --master --partitions
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions
         case 'tail'
-            echo --from --vbuckets --filter --state --until-idle --count --noop-interval --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --from --vbuckets --filter --state --until-idle --count --noop-interval --collection --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'verify'
             echo --backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --master --partitions
         case 'watermark list'
@@ -144,6 +144,8 @@ complete -c dcptool -n '__dcptool_at backup' -l no-progress -d 'No progress bar 
 complete -c dcptool -n '__dcptool_at backup' -l json -d 'Print the summary as JSON'
 complete -c dcptool -n '__dcptool_at backup' -l no-watermark -d 'Do not register the archive\'s high watermark with the node'
 complete -c dcptool -n '__dcptool_at backup' -l watermark-ttl -x -d 'How long the registered watermark holds the node\'s tombstone purger back unless the next backup renews it'
+complete -c dcptool -n '__dcptool_at backup' -l include-data -x -d 'Only these collections: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
+complete -c dcptool -n '__dcptool_at backup' -l exclude-data -x -d 'Leave these collections out: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
 complete -c dcptool -n '__dcptool_at backup' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at backup' -F
 complete -c dcptool -n '__dcptool_at cluster' -a 'create' -d 'Make the nodes one cluster: actives spread evenly, replicas on other nodes'
@@ -254,6 +256,7 @@ complete -c dcptool -n '__dcptool_at doc set' -l timeout -x -d 'Seconds to wait 
 complete -c dcptool -n '__dcptool_at doc set' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at doc set' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at examine' -l backup -x -d 'Only the chain of this backup (default: every backup)'
+complete -c dcptool -n '__dcptool_at examine' -l collection -x -d 'Only the versions in this collection (default: the key in every collection)'
 complete -c dcptool -n '__dcptool_at examine' -l values -d 'Show each version\'s value'
 complete -c dcptool -n '__dcptool_at examine' -l json -d 'Print the timeline as JSON'
 complete -c dcptool -n '__dcptool_at examine' -s h -l help -d 'Show this message and exit'
@@ -343,7 +346,7 @@ complete -c dcptool -n '__dcptool_at node user' -a 'list' -d 'List the users and
 complete -c dcptool -n '__dcptool_at node user' -a 'remove' -d 'Remove a user'
 complete -c dcptool -n '__dcptool_at node user' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at node user add' -l data -r -F -d 'The node\'s directory'
-complete -c dcptool -n '__dcptool_at node user add' -s r -l role -x -d 'Role: admin, backup, restore, reader or writer (repeat for several)'
+complete -c dcptool -n '__dcptool_at node user add' -s r -l role -x -d 'Role: admin, backup, restore, reader, writer or scope_admin (create and drop scopes and collections'
 complete -c dcptool -n '__dcptool_at node user add' -l password-file -r -F -d 'Read the password from FILE\'s first line (default: $DCPTOOL_PASSWORD or a prompt)'
 complete -c dcptool -n '__dcptool_at node user add' -l json -d 'Print JSON'
 complete -c dcptool -n '__dcptool_at node user add' -s h -l help -d 'Show this message and exit'
@@ -371,6 +374,10 @@ complete -c dcptool -n '__dcptool_at restore' -l vbuckets -x -d 'Only these vbuc
 complete -c dcptool -n '__dcptool_at restore' -l filter-keys -x -d 'Only keys matching this regex'
 complete -c dcptool -n '__dcptool_at restore' -l force-updates -d 'Overwrite newer versions on the node (skip conflict resolution)'
 complete -c dcptool -n '__dcptool_at restore' -l dry-run -d 'Report what would be written'
+complete -c dcptool -n '__dcptool_at restore' -l include-data -x -d 'Only these collections: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
+complete -c dcptool -n '__dcptool_at restore' -l exclude-data -x -d 'Leave these collections out: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
+complete -c dcptool -n '__dcptool_at restore' -l map-data -x -d 'Restore a collection or scope under other names: scope.collection=scope.collection or scope=scope, comma-separated, repeatable'
+complete -c dcptool -n '__dcptool_at restore' -l rest-port -x -d 'The target\'s REST port, for creating missing scopes and collections (default: the port its cluster config lists)'
 complete -c dcptool -n '__dcptool_at restore' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
 complete -c dcptool -n '__dcptool_at restore' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at restore' -l json -d 'Print the counts as JSON'
@@ -386,6 +393,7 @@ complete -c dcptool -n '__dcptool_at tail' -l count -x -d 'Stop after printing N
 complete -c dcptool -n '__dcptool_at tail' -l json -d 'One JSON object per event'
 complete -c dcptool -n '__dcptool_at tail' -l noop-interval -x -d 'Ask the node for a NOOP this often when idle'
 complete -c dcptool -n '__dcptool_at tail' -l fail-on-rollback -d 'Stop with an error instead of rolling back'
+complete -c dcptool -n '__dcptool_at tail' -l collection -x -d 'Only this collection (repeatable'
 complete -c dcptool -n '__dcptool_at tail' -l watermark -d 'Register the positions saved in --state as a high watermark with the node, at most once per --watermark-interval, so its purger keeps the deletions not read yet (see \'dcptool watermark\')'
 complete -c dcptool -n '__dcptool_at tail' -l watermark-name -x -d 'Client name of the watermark (default dcptool-tail:STATE-FILE-NAME)'
 complete -c dcptool -n '__dcptool_at tail' -l watermark-interval -x -d 'Register at most this often'

@@ -40,6 +40,7 @@ from .format import (
     DONE_RE,
     FORMAT_NAME,
     FORMAT_VERSION,
+    COLLECTIONS_VERSION,
     FULL,
     MANIFEST_FORMAT,
     MANIFEST_JSON,
@@ -349,11 +350,18 @@ class Archive:
                      level: int = DEFAULT_LEVEL, block_size: int = DEFAULT_BLOCK_SIZE,
                      segment_bytes: int = DEFAULT_SEGMENT_BYTES,
                      extra: dict[str, Any] | None = None,
-                     version: int = FORMAT_VERSION) -> "BackupWriter":
+                     version: int = FORMAT_VERSION,
+                     collections: dict[str, Any] | None = None,
+                     data: dict[str, list[str]] | None = None) -> "BackupWriter":
         """Start a backup: take the archive lock, create the (partial) backup directory.
 
         `version` is the format version of the backup's files (1 writes the older record
         layout; kept for tests of the readers' compatibility).
+
+        Format 3: `collections` is the node's collections manifest (its JSON form) when the
+        backup begins, None for a node without collections; `data` the filter the backup
+        streams with ({"include": [...], "exclude": [...]}, names as given), None for all
+        data. Both go to backup.json (a resumed backup keeps them) and to the manifest.
 
         An incremental backup's parent defaults to the newest committed backup. Refuses to
         start while a partial backup exists (resume it or purge it first).
@@ -395,6 +403,10 @@ class Archive:
                                 "segment_bytes": int(segment_bytes)},
                 "extra": dict(extra or {}),
             }
+            if version >= COLLECTIONS_VERSION:
+                intent["collections"] = collections
+                if data is not None:
+                    intent["data"] = data
             atomic_write_json(bdir / BACKUP_JSON, intent)
         except BaseException:
             lock.release()
@@ -681,6 +693,10 @@ class BackupWriter:
             "vbuckets": entries,
             "extra": {**self.intent.get("extra", {}), **(extra or {})},
         }
+        if manifest["version"] >= COLLECTIONS_VERSION:
+            manifest["collections"] = self.intent.get("collections")
+            if self.intent.get("data") is not None:
+                manifest["data"] = self.intent["data"]
         problems = check_manifest(manifest, self.id, self.archive.meta)
         if problems:
             raise SummaryMismatchError(f"backup {self.id}: {problems[0]}")

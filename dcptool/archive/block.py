@@ -12,8 +12,8 @@ docs/archive-format.md, "Blocks"):
 
 * `head` is one msgpack array: `[kinds, others, seqno deltas, rev seqnos, a, b, datatypes,
   xattrs, len(keys)]`. `kinds` (bin) has one byte per record: its record type. `others`
-  holds the records that are not items (header, stream, snapshot, rollback, end) as plain
-  record arrays, in order. The per-item columns follow, in item order: the seqno as the
+  holds the records that are not items (header, stream, snapshot, rollback, end, and in
+  format 3 system events) as plain record arrays, in order. The per-item columns follow, in item order: the seqno as the
   difference to the previous item's seqno (the first to 0), the rev seqno, `a` (a mutation's
   flags, a tombstone's delete time), `b` (a mutation's expiry, 0 for tombstones), the
   datatype, and `xattrs`: nil when no mutation of the block has a separate xattr section,
@@ -45,8 +45,10 @@ BLOCK_MARK = 0xC1
 _MARK = b"\xc1"
 _U32 = struct.Struct("<I")
 _M64 = (1 << 64) - 1
-_ITEM = (False, False, False, True, True, True, False, False)
-_MASK = bytes([1, 1, 1, 0, 0, 0, 1, 1] + [2] * 248)
+_ITEM = (False, False, False, True, True, True, False, False, False)
+#: per record type: 0 an item (in the columns), 1 another record (in `others`; 8, the
+#: system event of format 3, too), 2 unknown
+_MASK = bytes([1, 1, 1, 0, 0, 0, 1, 1, 1] + [2] * 247)
 _FLUSH_BLOCK = zstandard.COMPRESSOBJ_FLUSH_BLOCK
 #: fields per item in BlockBuilder.rows
 ROW = 10

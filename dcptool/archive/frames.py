@@ -22,7 +22,10 @@ import zstandard
 from .block import BLOCK_MARK, BlockError, decode_block, encode_records
 from .errors import CorruptFileError
 from .format import (
+    COLLECTIONS_VERSION,
+    ITEM_TYPES,
     REC_DELETION,
+    REC_SYSTEM_EVENT,
     END,
     REC_EXPIRATION,
     HEADER,
@@ -53,7 +56,29 @@ _SHAPES = frozenset({
     (REC_EXPIRATION, int, int, int, int, bytes, int, int, bytes),
     (ROLLBACK, int, int, int),
     (END, int, int, int, int, int),
+    # format 3: (8, seqno, event, manifest_uid, scope_id, collection_id|nil, name, max_ttl)
+    (REC_SYSTEM_EVENT, int, int, int, int, int, int, str, int),
+    (REC_SYSTEM_EVENT, int, int, int, int, int, _N, str, int),
 })
+
+
+def legacy_doc_keys(records: list[tuple]) -> list[tuple]:
+    """The records of a format 1 or 2 data file with their item keys in the doc key form
+    of format 3: every key gets the default collection's prefix (0x00), as those formats
+    only ever held the default collection. Other records are kept as they are."""
+    out = []
+    app = out.append
+    items = ITEM_TYPES
+    for r in records:
+        t = r[0] if type(r) is tuple and r else None
+        if t in items:  # (a malformed record is left for the validation to report)
+            if t == 3:
+                if len(r) == 10 and type(r[7]) is bytes:
+                    r = (3, r[1], r[2], r[3], r[4], r[5], r[6], b"\x00" + r[7], r[8], r[9])
+            elif len(r) == 8 and type(r[4]) is bytes:
+                r = (t, r[1], r[2], r[3], b"\x00" + r[4], r[5], r[6], r[7])
+        app(r)
+    return out
 
 
 def record_ok(rec: object) -> bool:
@@ -286,9 +311,14 @@ def content_prefix(content: bytes, keep: int, path: str, offset: int) -> list[by
 
 
 def iter_frame_batches(path: str | os.PathLike[str], *, expect_size: int | None = None,
-                       expect_sha256: str | None = None,
-                       validate: bool = True) -> Iterator[list[tuple]]:
+                       expect_sha256: str | None = None, validate: bool = True,
+                       doc_keys: bool = True) -> Iterator[list[tuple]]:
     """Yield the records of a data file one frame (~1 MiB uncompressed) at a time.
+
+    Item keys come out as doc keys (collection-prefixed): a file whose header names format
+    1 or 2 (keys without prefix, all in the default collection) has the 0x00 prefix given
+    to each key as it is read (`doc_keys=False`: keys as stored). A format 3 file costs
+    nothing extra.
 
     A torn or corrupt frame raises CorruptFileError naming the file; nothing is silently
     skipped. Every frame carries a content checksum, so a changed byte is caught in the frame
@@ -314,10 +344,23 @@ def iter_frame_batches(path: str | os.PathLike[str], *, expect_size: int | None 
         if expect_sha256 is not None:
             hashing = _HashingReader(f)
             src = hashing  # type: ignore[assignment]
+        legacy = False
+        first = True
         try:
             for offset, frame in scan_frames(src, path):
-                yield frame_records(decompress_frame(frame, path, offset), path, offset,
-                                    validate=validate)
+                batch = frame_records(decompress_frame(frame, path, offset), path, offset,
+                                      validate=validate)
+                if first:
+                    first = False
+                    head = batch[0] if batch else None
+                    # the header names the file's format (a malformed one is the caller's
+                    # to report: the records are handed out as they are)
+                    legacy = doc_keys and type(head) is tuple and len(head) == 6 \
+                        and head[0] == HEADER and type(head[2]) is int \
+                        and head[2] < COLLECTIONS_VERSION
+                if legacy:
+                    batch = legacy_doc_keys(batch)
+                yield batch
         except TornFrame as torn:
             raise CorruptFileError(path, "file ends inside a zstd frame (truncated)",
                                    offset=torn.args[0]) from None
@@ -348,7 +391,9 @@ class _HashingReader:
         return self._h.hexdigest()
 
 
-def iter_file_records(path: str | os.PathLike[str], *, validate: bool = True) -> Iterator[tuple]:
-    """Yield every record of one data file in order (header record included)."""
-    for batch in iter_frame_batches(path, validate=validate):
+def iter_file_records(path: str | os.PathLike[str], *, validate: bool = True,
+                      doc_keys: bool = True) -> Iterator[tuple]:
+    """Yield every record of one data file in order (header record included); keys as
+    `iter_frame_batches` gives them."""
+    for batch in iter_frame_batches(path, validate=validate, doc_keys=doc_keys):
         yield from batch

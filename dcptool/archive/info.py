@@ -67,6 +67,14 @@ def _partial(archive: Archive, bid: str) -> dict[str, Any]:
     }
 
 
+def _collection_count(manifest: Any) -> int | None:
+    """How many collections a backup's recorded manifest names (None when it has none)."""
+    if not isinstance(manifest, dict):
+        return None
+    return sum(len(s.get("collections") or ()) for s in manifest.get("scopes") or ()
+               if isinstance(s, dict))
+
+
 def describe_archive(archive: Archive) -> dict[str, Any]:
     """The archive's metadata and one entry per backup, oldest first."""
     backups = []
@@ -87,6 +95,11 @@ def describe_archive(archive: Archive) -> dict[str, Any]:
             "started": m["started"], "finished": m["finished"],
             "vbuckets": t["vbuckets"], **{k: t[k] for k in _COUNTS},
             "value_bytes": t["value_bytes"], "file_bytes": t["file_bytes"], "files": t["files"],
+            # format 3: system events, the node's collections when the backup began (how
+            # many), the data filter (None: all)
+            "system_events": t.get("system_events", 0),
+            "collections": _collection_count(m.get("collections")),
+            "data": m.get("data"),
             "size_on_disk": _dir_size(bdir),
             "compression": m.get("compression"),
             "rollback_records": [{"vbucket": e["vbucket"], **r} for e in m["vbuckets"]

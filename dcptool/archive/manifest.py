@@ -5,6 +5,7 @@ from typing import Any
 
 from .format import (
     BACKUP_ID_RE,
+    COLLECTIONS_VERSION,
     BACKUP_TYPES,
     DATA_RE,
     FORMAT_VERSION,
@@ -132,6 +133,8 @@ def check_manifest(doc: Any, dir_name: str | None = None,
             if s["vbucket"] in seen:
                 out.append(f"vbucket {s['vbucket']} is listed twice")
             seen.add(s["vbucket"])
+    if doc["version"] >= COLLECTIONS_VERSION:
+        out.extend(check_collections_fields(doc))
     if not out:
         totals = doc.get("totals")
         expect = totals_of(vbs)
@@ -140,10 +143,37 @@ def check_manifest(doc: Any, dir_name: str | None = None,
     return out
 
 
+def check_collections_fields(doc: dict[str, Any]) -> list[str]:
+    """Problems with a format 3 manifest's `collections` (the node's manifest when the
+    backup began, or null) and `data` ({"include": [...], "exclude": [...]}, when filtered)."""
+    from dcptool.protocol.collections import CollectionsError, Manifest
+
+    out: list[str] = []
+    coll = doc.get("collections")
+    if coll is not None:
+        try:
+            Manifest.from_json(coll)
+        except CollectionsError as exc:
+            out.append(f"collections is not a collections manifest: {exc}")
+    data = doc.get("data")
+    if data is not None:
+        if not isinstance(data, dict) or set(data) - {"include", "exclude"} or any(
+                not isinstance(v, list) or not all(isinstance(x, str) for x in v)
+                for v in data.values()):
+            out.append("data is not {\"include\": [names], \"exclude\": [names]}")
+    return out
+
+
 def totals_of(summaries: list[dict[str, Any]]) -> dict[str, int]:
+    """The manifest's totals of its vbucket entries; `system_events` when the entries count
+    them (format 3)."""
     t = {k: 0 for k in _COUNT_KEYS}
     t.update(vbuckets=len(summaries), files=0, value_bytes=0, file_bytes=0)
+    if any("system_events" in s["counts"] for s in summaries):
+        t["system_events"] = 0
     for s in summaries:
+        if "system_events" in t:
+            t["system_events"] += s["counts"].get("system_events", 0)
         for k in _COUNT_KEYS:
             t[k] += s["counts"][k]
         t["files"] += len(s["files"])

@@ -6,6 +6,11 @@ snapshot markers, from the first backup's start position to the last backup's en
 position. So the chain through it restores exactly what the chain through the originals
 restored, and an incremental backup taken after it starts where the last original ended.
 
+System events (format 3: scopes and collections created and dropped) that survive the
+cuts are kept in seqno order among the items, and the merged manifest carries the first
+original's `"collections"` (the node's manifest when the range began) and `"data"`
+filter, so names, drops and point-in-time restores read the same through it.
+
 When the range does not start at a full backup and one of its backups recorded a rollback
 below where the chain before the range ended, the merged backup keeps that rollback record
 (the lowest one), so the older backups' records above it stay dead.
@@ -51,12 +56,14 @@ from .format import (
     BACKUP_ID_RE,
     BACKUP_JSON,
     BACKUPS_DIR,
+    COLLECTIONS_VERSION,
     FORMAT_VERSION,
     FULL,
     INCREMENTAL,
     REC_DELETION,
     REC_EXPIRATION,
     REC_MUTATION,
+    REC_SYSTEM_EVENT,
     SNAPSHOT,
     atomic_write_json,
     backup_id_for,
@@ -129,10 +136,11 @@ class MergePlan:
 def _resolve_with_markers(parts: Sequence[tuple[str, dict[str, Any]]]
                           ) -> tuple[list[tuple], list[tuple]]:
     """Over the range's parts of one vbucket (oldest first): the surviving snapshot markers
-    in order, and the resolved items sorted by seqno."""
+    in order, and the resolved items with the surviving system events, sorted by seqno."""
     cuts = part_cuts([[r["seqno"] for r in e["rollbacks"]] for _, e in parts])
     state: dict[bytes, tuple] = {}
     markers: list[tuple] = []
+    events: list[tuple] = []
     for (bdir, entry), cut in zip(parts, cuts):
         for batch in iter_vbucket_batches(Path(bdir), entry):
             for r in batch:
@@ -149,7 +157,10 @@ def _resolve_with_markers(parts: Sequence[tuple[str, dict[str, Any]]]
                     if cut is not None and r[2] > cut:
                         r = (SNAPSHOT, r[1], cut, r[3])
                     markers.append(r)
-    items = sorted(state.values(), key=lambda r: r[1])
+                elif t == REC_SYSTEM_EVENT:
+                    if cut is None or r[1] <= cut:
+                        events.append(r)
+    items = sorted([*state.values(), *events], key=lambda r: r[1])
     return markers, items
 
 
@@ -202,7 +213,8 @@ def merge_vbucket(target: MergeTarget, plan: VBucketMergePlan) -> dict[str, Any]
     del items
     got = _item_digest(r for batch in iter_vbucket_batches(target.backup_dir, summary,
                                                             check_sha256=True)
-                       for r in batch if REC_MUTATION <= r[0] <= REC_EXPIRATION)
+                       for r in batch
+                       if REC_MUTATION <= r[0] <= REC_EXPIRATION or r[0] == REC_SYSTEM_EVENT)
     if got != want:
         raise DcptoolError(f"vbucket {plan.vbucket}: the merged files do not read back as "
                            f"written ({got[0]} items read, {want[0]} written)")
@@ -342,6 +354,11 @@ class StagedMerge:
             "started": iso_time(utc_now()), "compression": plan.compression,
             "extra": {"merge": info},
         }
+        if FORMAT_VERSION >= COLLECTIONS_VERSION:
+            first = archive.manifest(plan.first)
+            intent["collections"] = first.get("collections")
+            if first.get("data") is not None:
+                intent["data"] = first["data"]
         atomic_write_json(bdir / BACKUP_JSON, intent)
         staged = Archive(root, archive.meta)
         writer = BackupWriter(staged, intent, ArchiveLock(root, "merge").acquire())

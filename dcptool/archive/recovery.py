@@ -31,6 +31,7 @@ from .format import (
     FILE_MODE,
     HEADER,
     REC_MUTATION,
+    REC_SYSTEM_EVENT,
     ROLLBACK,
     SNAPSHOT,
     STREAM,
@@ -137,6 +138,7 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
         files = vbucket_files(backup_dir).get(vbucket, [])
     scan = VBucketScan(vbucket=vbucket, files=list(files))
     counts = dict.fromkeys(_ZERO_COUNTS, 0)
+    counts["system_events"] = 0
     per_seg: list[int] = []
     rollbacks: list[dict[str, int]] = []
     vbytes = 0
@@ -216,6 +218,21 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
                                 else:
                                     counts["deletions" if rtype == REC_DELETION else "expirations"] += 1
                                     vbytes += len(rec[7])
+                                counts["records"] += 1
+                                per_seg[-1] += 1
+                                if seqno == snap[1]:
+                                    snap = None
+                                    boundary(here, seqno)
+                            elif rtype == REC_SYSTEM_EVENT:
+                                # a seqno of the stream like an item's (format 3)
+                                seqno = rec[1]
+                                if snap is None or not (snap[0] <= seqno <= snap[1]) \
+                                        or seqno <= last_seqno:
+                                    raise _Stop(f"{name}: system event seqno {seqno} outside "
+                                                "its snapshot")
+                                last_seqno = seqno
+                                max_seqno = seqno
+                                counts["system_events"] += 1
                                 counts["records"] += 1
                                 per_seg[-1] += 1
                                 if seqno == snap[1]:

@@ -13,13 +13,103 @@ The archive guarantees that inside one part a rollback record is preceded only b
 or below its seqno (the writer removes its own newer records before writing one). With that,
 surviving seqnos increase strictly in chain order, so "newest" is also "highest seqno". The
 functions here check the guarantee and raise ResolutionError when it is broken.
+
+Collections (format 3): keys are doc keys (the collection id as a LEB128 prefix; readers
+of format 1 and 2 files prefix 0x00). A system event record (REC_SYSTEM_EVENT) that
+survives the same cut and lies at or below the chosen seqno ends its collection: a
+collection's drop (EVENT_END_COLLECTION), or its scope's drop (EVENT_DROP_SCOPE), makes
+every version of that collection unrestorable as of that point, since ids are never reused.
+A point before the drop restores them. `CollectionNames` names collection ids through the
+manifests and the create events of an archive.
 """
 from __future__ import annotations
 
 from typing import Iterable, Iterator, Sequence
 
+from dcptool.protocol.collections import (
+    EVENT_BEGIN_COLLECTION,
+    EVENT_DROP_SCOPE,
+    EVENT_END_COLLECTION,
+    decode_leb128,
+)
+
 from .errors import ResolutionError
-from .format import REC_DELETION, END, REC_EXPIRATION, REC_MUTATION, ROLLBACK, SNAPSHOT, STREAM
+from .format import (
+    END,
+    REC_DELETION,
+    REC_EXPIRATION,
+    REC_MUTATION,
+    REC_SYSTEM_EVENT,
+    ROLLBACK,
+    SNAPSHOT,
+    STREAM,
+)
+
+
+def key_cid(key: bytes) -> int:
+    """The collection id of a doc key (0 for the default collection, one byte)."""
+    c = key[0] if key else 0
+    if c < 0x80:
+        return c
+    return decode_leb128(key)[0]
+
+
+class Drops:
+    """The collections ended by the system events of one vbucket's history up to a point:
+    dropped collection ids, dropped scope ids, and the scope of each collection the events
+    created (a scope drop ends them; `scope_of` may add what the manifests know)."""
+
+    __slots__ = ("collections", "scopes", "scope_of")
+
+    def __init__(self) -> None:
+        self.collections: set[int] = set()
+        self.scopes: set[int] = set()
+        self.scope_of: dict[int, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.collections or self.scopes)
+
+    def add(self, rec: tuple) -> None:
+        """Take one REC_SYSTEM_EVENT record (8, seqno, event, uid, sid, cid, name, max_ttl)."""
+        ev, sid, cid = rec[2], rec[4], rec[5]
+        if ev == EVENT_END_COLLECTION and cid is not None:
+            self.collections.add(cid)
+        elif ev == EVENT_DROP_SCOPE:
+            self.scopes.add(sid)
+        elif ev == EVENT_BEGIN_COLLECTION and cid is not None:
+            self.scope_of[cid] = sid
+
+    def dropped(self, cid: int, scope_of: dict[int, int] | None = None) -> bool:
+        if cid in self.collections:
+            return True
+        if self.scopes:
+            sid = self.scope_of.get(cid)
+            if sid is None and scope_of is not None:
+                sid = scope_of.get(cid)
+            return sid is not None and sid in self.scopes
+        return False
+
+    def dead_ids(self, cids, scope_of: dict[int, int] | None = None) -> set[int]:
+        return {c for c in cids if self.dropped(c, scope_of)}
+
+
+def drop_dropped(resolved: dict[bytes, tuple], drops: Drops,
+                 scope_of: dict[int, int] | None = None) -> dict[bytes, tuple]:
+    """`resolved` without the keys of collections `drops` ended (the same dict when none)."""
+    if not drops:
+        return resolved
+    dead: dict[int, bool] = {}
+    out: dict[bytes, tuple] = {}
+    for k, r in resolved.items():
+        c = k[0] if k else 0
+        if c >= 0x80:
+            c = key_cid(k)
+        d = dead.get(c)
+        if d is None:
+            d = dead[c] = drops.dropped(c, scope_of)
+        if not d:
+            out[k] = r
+    return out
 
 
 def part_cuts(rollbacks_per_part: Sequence[Iterable[int]]) -> list[int | None]:
@@ -40,14 +130,32 @@ def part_cuts(rollbacks_per_part: Sequence[Iterable[int]]) -> list[int | None]:
 
 
 def resolve(parts: Sequence[Iterable[tuple]], *, upto_seqno: int | None = None,
-            include_deletions: bool = True) -> dict[bytes, tuple]:
-    """{key: newest surviving record} of one vbucket over `parts` (oldest part first).
+            include_deletions: bool = True, keep_dropped: bool = False,
+            scope_of: dict[int, int] | None = None) -> dict[bytes, tuple]:
+    """{doc key: newest surviving record} of one vbucket over `parts` (oldest part first).
 
-    Each part is iterated once, newest part first. Records other than items and rollbacks
-    (headers, stream, snapshot and end records) are ignored. With `include_deletions=False`
-    keys whose resolved state is a deletion or expiration are left out.
+    Each part is iterated once, newest part first. Records other than items, rollbacks and
+    system events (headers, stream, snapshot and end records) are ignored. With
+    `include_deletions=False` keys whose resolved state is a deletion or expiration are
+    left out. Keys of a collection a surviving system event at or below `upto_seqno`
+    dropped are left out unless `keep_dropped`; `scope_of` ({collection id: scope id},
+    from the manifests) names the collections a scope drop ends that no create event of
+    these parts names.
     """
+    resolved, drops = resolve_with_drops(parts, upto_seqno=upto_seqno)
+    if not keep_dropped:
+        resolved = drop_dropped(resolved, drops, scope_of)
+    if not include_deletions:
+        return {k: r for k, r in resolved.items() if r[0] == REC_MUTATION}
+    return resolved
+
+
+def resolve_with_drops(parts: Sequence[Iterable[tuple]], *, upto_seqno: int | None = None
+                       ) -> tuple[dict[bytes, tuple], Drops]:
+    """({doc key: newest surviving record}, the surviving drops) of one vbucket: resolve()
+    before dropped collections are taken out."""
     resolved: dict[bytes, tuple] = {}
+    drops = Drops()
     cut: int | None = None  # lowest rollback seqno seen in the parts already processed
     limit = upto_seqno
     for part in reversed(parts):
@@ -70,6 +178,10 @@ def resolve(parts: Sequence[Iterable[tuple]], *, upto_seqno: int | None = None,
                 if part_low is None or s < part_low:
                     part_low = s
                 continue
+            elif t == REC_SYSTEM_EVENT:
+                if bound is None or rec[1] <= bound:
+                    drops.add(rec)
+                continue
             else:
                 continue
             seqno = rec[1]
@@ -84,9 +196,7 @@ def resolve(parts: Sequence[Iterable[tuple]], *, upto_seqno: int | None = None,
                 resolved[key] = rec
         if part_low is not None and (cut is None or part_low < cut):
             cut = part_low
-    if not include_deletions:
-        return {k: r for k, r in resolved.items() if r[0] == REC_MUTATION}
-    return resolved
+    return resolved, drops
 
 
 def resolved_in_seqno_order(parts: Sequence[Iterable[tuple]], *, upto_seqno: int | None = None,

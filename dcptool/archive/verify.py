@@ -31,6 +31,7 @@ from .format import (
     DONE_RE,
     END,
     REC_EXPIRATION,
+    COLLECTIONS_VERSION,
     FORMAT_NAME,
     FORMAT_VERSION,
     FULL,
@@ -38,6 +39,7 @@ from .format import (
     LOCK_FILE,
     MANIFEST_JSON,
     REC_MUTATION,
+    REC_SYSTEM_EVENT,
     RECORD_ARITY,
     RECORD_NAMES,
     ROLLBACK,
@@ -46,6 +48,8 @@ from .format import (
     ArchivePosition,
     read_json,
 )
+from dcptool.protocol.collections import EVENT_NAMES, CollectionsError, split_doc_key
+
 from .frames import iter_frame_batches
 from .lock import ArchiveLock
 from .manifest import check_manifest
@@ -124,6 +128,9 @@ def _shape_error(rec: Any) -> str | None:
         ok = _uint(rec[1]) and _uint(rec[2])
     elif t == END:
         ok = all(_uint(x) for x in rec[1:5])
+    elif t == REC_SYSTEM_EVENT:
+        ok = all(_uint(x) for x in rec[1:5]) and (rec[5] is None or _uint(rec[5])) \
+            and type(rec[6]) is str and _uint(rec[7])
     else:  # HEADER
         ok = type(rec[1]) is str and _uint(rec[2]) and _uint(rec[3]) and type(rec[4]) is str \
             and _uint(rec[5])
@@ -140,6 +147,10 @@ class _VBucketCheck:
         self.entry = entry
         self.counts = {"mutations": 0, "deletions": 0, "expirations": 0, "snapshots": 0,
                        "rollbacks": 0, "records": 0}
+        if version >= COLLECTIONS_VERSION:
+            self.counts["system_events"] = 0
+        #: format 3 keys carry their collection id: each must start with a valid prefix
+        self.doc_keys = version >= COLLECTIONS_VERSION
         self.value_bytes = 0
         self.rollbacks: list[dict[str, int]] = []
         self.first_stream: ArchivePosition | None = None
@@ -186,9 +197,32 @@ class _VBucketCheck:
             if t == REC_MUTATION:
                 self.counts["mutations"] += 1
                 self.value_bytes += len(rec[8])
+                key = rec[7]
             else:
                 self.counts["deletions" if t == REC_DELETION else "expirations"] += 1
                 self.value_bytes += len(rec[7])
+                key = rec[4]
+            if self.doc_keys and (len(key) < 2 or key[0] >= 0x80):  # else a 1-byte prefix + key
+                try:
+                    if len(split_doc_key(key)[1]) == 0:
+                        raise CollectionsError("nothing after the collection id")
+                except CollectionsError as exc:
+                    return f"item at seqno {seqno} has a key that is not a doc key: {exc}"
+        elif t == REC_SYSTEM_EVENT:
+            seqno = rec[1]
+            if not self.doc_keys:
+                return f"system event record in a format {self.version} file"
+            if self.snap is None:
+                return f"system event at seqno {seqno} outside any snapshot"
+            if not self.snap[0] <= seqno <= self.snap[1]:
+                return (f"system event seqno {seqno} lies outside its snapshot "
+                        f"{self.snap[0]}..{self.snap[1]}")
+            if seqno <= self.last:
+                return f"system event seqno {seqno} does not increase (after {self.last})"
+            if rec[2] not in EVENT_NAMES:
+                return f"system event at seqno {seqno} has unknown event id {rec[2]}"
+            self.last = self.top = seqno
+            self.counts["system_events"] += 1
         elif t == SNAPSHOT:
             start, end = rec[1], rec[2]
             if start > end:
@@ -261,7 +295,7 @@ def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
         n_before = check.counts["records"]
         first = True
         try:
-            for batch in iter_frame_batches(path, validate=False):
+            for batch in iter_frame_batches(path, validate=False, doc_keys=False):
                 for rec in batch:
                     why = check.record(rec, segment, first)
                     first = False

@@ -43,6 +43,7 @@ from .format import (
     MANIFEST_JSON,
     MIN_BLOCK_SIZE,
     REC_MUTATION,
+    REC_SYSTEM_EVENT,
     ROLLBACK,
     SNAPSHOT,
     STREAM,
@@ -161,8 +162,9 @@ class VBucketWriter:
         self._segment_bytes = int(segment_bytes or comp.get("segment_bytes", DEFAULT_SEGMENT_BYTES))
         self._cctx = shared_compressor(self.level)
         self._pack = msgpack.Packer(use_bin_type=True).pack
-        #: format version of this backup's files: 2 (columnar blocks) unless backup.json
-        #: says 1 (a partial backup begun by an older dcptool, resumed: same layout)
+        #: format version of this backup's files: 3 (columnar blocks, doc keys, system
+        #: events) unless backup.json says 1 (the record layout kept for tests of the
+        #: readers; keys are written as given)
         self.version = int(intent.get("version", FORMAT_VERSION))
         if self.version not in (1, FORMAT_VERSION):
             raise ArchiveError(f"backup {backup_id} has format version {self.version}; this "
@@ -170,8 +172,9 @@ class VBucketWriter:
         self._blk = BlockBuilder()
         self.start = ArchivePosition.coerce(start)
         self.failover_log = coerce_failover_log(failover_log)
-        # counters: records of each kind, value bytes; "other" = header/stream/rollback/end
-        self._nm = self._nd = self._ne = self._ns = self._no = 0
+        # counters: records of each kind, value bytes; "other" = header/stream/rollback/end;
+        # _nx: system events (format 3)
+        self._nm = self._nd = self._ne = self._ns = self._no = self._nx = 0
         self._nb = 0  # records packed by write() whose types are not counted yet
         self._vbytes = 0
         self._flushed = 0  # records already in written frames
@@ -272,6 +275,19 @@ class VBucketWriter:
         self._vbytes += len(value)
         self._grew(blk)
 
+    def system_event(self, event: Any) -> None:
+        """A DCP system event (a `dcptool.protocol.collections.SystemEvent`, or anything with
+        its fields): a scope or collection created or dropped, at its seqno inside the
+        current snapshot, in seqno order with the items."""
+        if self.version < 3:
+            raise ArchiveError(f"format version {self.version} has no system event records")
+        blk = self._blk
+        blk.others.append((8, event.seqno, event.event, event.manifest_uid, event.scope_id,
+                           event.collection_id, event.name or "", event.max_ttl or 0))
+        blk.kinds.append(8)  # REC_SYSTEM_EVENT
+        self._nx += 1
+        self._grew(blk)
+
     def mutation_events(self, events: Sequence[tuple], lo: int = 0, hi: int | None = None) -> None:
         """Append the DCP client's mutation events `events[lo:hi]` (all of this vbucket):
         `(kind, vbucket, seqno, rev_seqno, cas, flags, expiry, datatype, key, value)`, the
@@ -343,10 +359,11 @@ class VBucketWriter:
         if not isinstance(records, (list, tuple)):
             records = list(records)
         types = Counter(map(itemgetter(0), records))
-        bad = set(types) - {SNAPSHOT, REC_MUTATION, REC_DELETION, REC_EXPIRATION}
-        if bad:
-            raise ValueError(f"write() takes snapshot markers and items, not record types "
-                             f"{sorted(bad, key=repr)}")
+        bad = set(types) - {SNAPSHOT, REC_MUTATION, REC_DELETION, REC_EXPIRATION,
+                            REC_SYSTEM_EVENT}
+        if bad or (types[REC_SYSTEM_EVENT] and self.version < 3):
+            raise ValueError(f"write() takes snapshot markers, items and (format 3) system "
+                             f"events, not record types {sorted(bad, key=repr) or [8]}")
         block = self._block
         blk = self._blk
         add = blk.add
@@ -366,11 +383,13 @@ class VBucketWriter:
         self._nd += types[REC_DELETION]
         self._ne += types[REC_EXPIRATION]
         self._ns += types[SNAPSHOT]
+        self._nx += types[REC_SYSTEM_EVENT]
         if len(types) == 1 and REC_MUTATION in types:
             self._vbytes += sum(map(len, map(itemgetter(8), records)))
         else:
             self._vbytes += sum(len(r[8]) if r[0] == REC_MUTATION else len(r[7])
-                                for r in records if r[0] != SNAPSHOT)
+                                for r in records
+                                if r[0] != SNAPSHOT and r[0] != REC_SYSTEM_EVENT)
 
     def add_packed(self, data: bytes, *, mutations: int = 0, deletions: int = 0,
                    expirations: int = 0, snapshots: int = 0, value_bytes: int = 0) -> None:
@@ -392,7 +411,7 @@ class VBucketWriter:
     # -- frames and segments ----------------------------------------------------------------
 
     def _records(self) -> int:
-        return self._nm + self._nd + self._ne + self._ns + self._no + self._nb
+        return self._nm + self._nd + self._ne + self._ns + self._no + self._nx + self._nb
 
     def _flush(self) -> None:
         if self._roll:
@@ -456,7 +475,8 @@ class VBucketWriter:
         c = scan.counts
         self._nm, self._nd, self._ne, self._ns = (c["mutations"], c["deletions"],
                                                   c["expirations"], c["snapshots"])
-        self._no = c["records"] - self._nm - self._nd - self._ne - self._ns
+        self._nx = c.get("system_events", 0)
+        self._no = c["records"] - self._nm - self._nd - self._ne - self._ns - self._nx
         self._vbytes = scan.value_bytes
         self._flushed = c["records"]
         self._roll = False
@@ -479,7 +499,7 @@ class VBucketWriter:
     def _cut_back(self, seqno: int) -> None:
         """Make the data end on the boundary at `seqno` (dropping anything after it), or just
         after the stream start when `seqno` is below it; continue in a new segment."""
-        if self._nm + self._nd + self._ne + self._ns == 0:
+        if self._nm + self._nd + self._ne + self._ns + self._nx == 0:
             return  # nothing but headers and stream/rollback records so far
         self._flush()
         self._close_segment()
@@ -534,9 +554,12 @@ class VBucketWriter:
                                "is closed")
 
     def counts(self) -> dict[str, int]:
-        return {"mutations": self._nm, "deletions": self._nd, "expirations": self._ne,
-                "snapshots": self._ns, "rollbacks": len(self.rollbacks),
-                "records": self._records()}
+        out = {"mutations": self._nm, "deletions": self._nd, "expirations": self._ne,
+               "snapshots": self._ns, "rollbacks": len(self.rollbacks),
+               "records": self._records()}
+        if self.version >= 3:
+            out["system_events"] = self._nx
+        return out
 
     def close(self, end: Any) -> dict[str, Any]:
         """Finish the vbucket at `end` (a snapshot boundary): write the end record, fsync the

@@ -80,6 +80,14 @@ def backup(
         "--watermark-ttl", metavar="DURATION",
         help="How long the registered watermark holds the node's tombstone purger back "
              "unless the next backup renews it.")] = "7d",
+    include_data: Annotated[Optional[list[str]], typer.Option(
+        "--include-data", metavar="NAMES", envvar="DCPTOOL_INCLUDE_DATA",
+        help="Only these collections: bucket.scope.collection or bucket.scope, "
+             "comma-separated, repeatable. Incremental backups keep the selection.")] = None,
+    exclude_data: Annotated[Optional[list[str]], typer.Option(
+        "--exclude-data", metavar="NAMES", envvar="DCPTOOL_EXCLUDE_DATA",
+        help="Leave these collections out: bucket.scope.collection or bucket.scope, "
+             "comma-separated, repeatable.")] = None,
 ) -> None:
     """Back up a bucket into an archive: full the first time, incremental afterwards.
 
@@ -91,7 +99,14 @@ def backup(
     watermark (see 'dcptool watermark'), so the node keeps the deletions the next
     incremental backup needs; back up more often than --watermark-ttl.
 
+    Every scope and collection is backed up (with the creations and drops between
+    backups) unless --include-data/--exclude-data select some: then the node streams only
+    those. Names must exist when the selection is given; a different selection needs
+    --full.
+
     Example: DCPTOOL_PASSWORD=... dcptool backup -c couchbase://127.0.0.1 /backups/default
+
+    Example: dcptool backup -c 127.0.0.1 -b travel /backups/travel --include-data travel.inventory
     """
     from dcptool.cli.watermark import parse_ttl
     from dcptool.pipeline.backup import run_backup
@@ -127,7 +142,8 @@ def backup(
         result = run_backup(opts, archive, full=full, partitions=partitions, master=master,
                             level=level, purge_partial=purge_partial, vbuckets=vbs,
                             progress=progress_cb, on_plan=on_plan, watermark=not no_watermark,
-                            watermark_ttl=ttl, notice=note)
+                            watermark_ttl=ttl, notice=note, include_data=include_data,
+                            exclude_data=exclude_data)
     finally:
         if bar is not None:
             bar.stop()
@@ -142,6 +158,12 @@ def backup(
     t = Table(title=f"backup {d['backup_id']}", show_header=False)
     for k in ("type", "resumed", "vbuckets", "mutations", "deletions", "expirations", "rollbacks"):
         t.add_row(k, str(d[k]))
+    if d["collections"] is not None:
+        t.add_row("collections", str(d["collections"]))
+        t.add_row("system events", str(d["system_events"]))
+    if d["data"] is not None:
+        t.add_row("data", "; ".join([f"include {n}" for n in d["data"]["include"]]
+                                    + [f"exclude {n}" for n in d["data"]["exclude"]]))
     t.add_row("size", human_bytes(d["bytes"]))
     t.add_row("seconds", f"{d['seconds']:.2f}")
     t.add_row("items/s", f"{d['items_per_second'] or 0:,.0f}")
@@ -169,6 +191,22 @@ def restore(
                                 "resolution).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would be written; "
                                                             "write nothing.")] = False,
+    include_data: Annotated[Optional[list[str]], typer.Option(
+        "--include-data", metavar="NAMES", envvar="DCPTOOL_INCLUDE_DATA",
+        help="Only these collections: bucket.scope.collection or bucket.scope, "
+             "comma-separated, repeatable.")] = None,
+    exclude_data: Annotated[Optional[list[str]], typer.Option(
+        "--exclude-data", metavar="NAMES", envvar="DCPTOOL_EXCLUDE_DATA",
+        help="Leave these collections out: bucket.scope.collection or bucket.scope, "
+             "comma-separated, repeatable.")] = None,
+    map_data: Annotated[Optional[list[str]], typer.Option(
+        "--map-data", metavar="SRC=DST", envvar="DCPTOOL_MAP_DATA",
+        help="Restore a collection or scope under other names: scope.collection="
+             "scope.collection or scope=scope, comma-separated, repeatable.")] = None,
+    rest_port: Annotated[Optional[int], typer.Option(
+        "--rest-port", metavar="PORT", envvar="DCPTOOL_REST_PORT", min=1, max=65535,
+        help="The target's REST port, for creating missing scopes and collections "
+             "(default: the port its cluster config lists).")] = None,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
@@ -179,7 +217,17 @@ def restore(
     holds a newer version it wins and the write is counted as skipped. Exit status 1 if
     any write failed. Each run writes a log to ARCHIVE/logs/.
 
+    Each document goes into the target's collection of the same scope and collection
+    names (or those --map-data gives); missing scopes and collections are created
+    through the target's REST port first, with their max TTL. When they cannot be
+    created (the user may not, or no REST port is known), or the target has no
+    collections and the selection holds more than the default collection, the restore
+    stops before writing anything. Documents of a collection dropped as of the backup
+    restored are not written.
+
     Example: dcptool restore /backups/default -c 127.0.0.1:11210 --backup 20261122T101502.123456Z
+
+    Example: dcptool restore /backups/travel -c 127.0.0.1:11210 --include-data travel.inventory --map-data inventory=inventory2
     """
     from dcptool.archive import Archive
     from dcptool.pipeline.restore import run_restore
@@ -190,7 +238,9 @@ def restore(
         opts = conn_args.options()
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs, key_filter=filter_keys,
-                         force=force_updates, dry_run=dry_run, partitions=partitions, master=master)
+                         force=force_updates, dry_run=dry_run, partitions=partitions, master=master,
+                         include_data=include_data, exclude_data=exclude_data, map_data=map_data,
+                         rest_port=rest_port, notice=note)
     d = result.as_dict()
     if d["log"]:
         detail(f"log: {d['log']}")

@@ -29,20 +29,25 @@ def examine(
     backup_id: Annotated[Optional[str], typer.Option(
         "--backup", metavar="ID", help="Only the chain of this backup (default: every "
                                        "backup).")] = None,
+    collection: Annotated[Optional[str], typer.Option(
+        "--collection", metavar="SCOPE.COLLECTION",
+        help="Only the versions in this collection (default: the key in every "
+             "collection).")] = None,
     show_values: Annotated[bool, typer.Option("--values", help="Show each version's value.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the timeline as JSON.")] = False,
 ) -> None:
     """Show every version of one key across the archive's backups.
 
-    For each version: backup, vbucket, seqno, rev seqno, cas, type and size, oldest first.
-    Versions on a history branch a rollback cut off are marked
-    dead; the version a restore writes is marked restored. Needs no node.
+    For each version: backup, scope and collection, seqno, rev seqno, cas, type and size,
+    oldest first. Versions on a history branch a rollback cut off are marked dead;
+    versions of a collection that was later dropped are marked so; the version a restore
+    writes is marked restored. Needs no node.
 
     Example: dcptool examine /backups/default airline_10 --values
     """
     from dcptool.pipeline.examine import examine_key
 
-    d = examine_key(archive, key, backup=backup_id, values=show_values)
+    d = examine_key(archive, key, backup=backup_id, values=show_values, collection=collection)
     if json_out:
         print_json(d)
         if not d["versions"]:
@@ -57,12 +62,16 @@ def examine(
     if not con.is_terminal:
         con.width = max(con.width, 160)
     t = Table(title=f"{d['key']} (vbucket {d['vbucket']})")
-    for col in ("backup", "seqno", "rev", "cas", "type", "size", "flags", "expiry", "note"):
+    for col in ("backup", "scope", "collection", "seqno", "rev", "cas", "type", "size", "flags",
+                "expiry", "note"):
         t.add_column(col, justify="right" if col in ("seqno", "rev", "cas", "size", "flags",
                                                      "expiry") else "left", no_wrap=True)
     for v in d["versions"]:
-        note = "dead branch" if v["dead"] else ("restored" if v["restored"] else "")
-        t.add_row(v["backup"], str(v["seqno"]), str(v["rev_seqno"]), str(v["cas"]), v["type"],
+        notes = ["dead branch"] if v["dead"] else (["restored"] if v["restored"] else [])
+        if v["collection_dropped"]:
+            notes.append("collection dropped")
+        note = ", ".join(notes)
+        t.add_row(v["backup"], v["scope"] or "?", v["collection"], str(v["seqno"]), str(v["rev_seqno"]), str(v["cas"]), v["type"],
                   str(v["size"]), "-" if v["flags"] is None else str(v["flags"]),
                   "-" if v["expiry"] is None else str(v["expiry"]), note)
     con.print(t)

@@ -41,7 +41,7 @@ def failover_log(
     opts = conn_args.options()
     from dcptool.pipeline.nodeinfo import active_nodes, node_opts
 
-    with opts.connect() as conn:
+    with opts.connect(collections=True) as conn:  # the same answer with or without
         # a member of a cluster: each vbucket's log as its active node holds it
         found = active_nodes(opts, conn, vbs)
         if found is None:

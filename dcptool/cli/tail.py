@@ -36,11 +36,22 @@ from dcptool.client import (
 )
 from dcptool.client.events import (EV_ADVANCED_SEQNO, EV_END_REASON, EV_END_RETRYING, EV_KEY,
                                    EV_KIND, EV_ROLLBACK_INFO, EV_ROLLBACK_SEQNO, EV_SNAP_END,
-                                   EV_SNAP_FLAGS, EV_SNAP_START, EV_VBUCKET)
+                                   EV_SNAP_FLAGS, EV_SNAP_START, EV_SYSTEM_EVENT, EV_VBUCKET,
+                                   SYSTEM_EVENT)
 from dcptool.client.options import ConnOptions
 from dcptool.client.tracker import PositionTracker
 from dcptool.client.vbspec import parse_vbuckets
 from dcptool.errors import UsageError
+from dcptool.protocol.collections import (
+    EVENT_BEGIN_COLLECTION,
+    EVENT_CREATE_SCOPE,
+    CollectionsError,
+    Manifest,
+    StreamFilter,
+    SystemEvent,
+    hex_id,
+    split_doc_key,
+)
 from dcptool.protocol.constants import SnapshotFlag, StreamEndReason
 
 
@@ -70,20 +81,81 @@ def _text_field(out: dict, name: str, raw) -> None:
         out[f"{name}_encoding"] = "base64"
 
 
-def record_json(ev, keys_only: bool) -> dict:
+class Names:
+    """Scope and collection names by id: the node's manifest when tail started, then the
+    system events of the streams (a collection created later). An id neither names is
+    shown as its hex id."""
+
+    def __init__(self, manifest: Manifest | None) -> None:
+        self.scopes: dict[int, str] = {0: "_default"}
+        self.collections: dict[int, tuple[str, str]] = {0: ("_default", "_default")}
+        if manifest is not None:
+            for sc in manifest.scopes:
+                self.scopes[sc.uid] = sc.name
+                for c in sc.collections:
+                    self.collections[c.uid] = (sc.name, c.name)
+
+    def scope(self, sid: int) -> str:
+        return self.scopes.get(sid) or hex_id(sid)
+
+    def collection(self, cid: int) -> tuple[str, str]:
+        return self.collections.get(cid) or ("?", hex_id(cid))
+
+    def see(self, ev: SystemEvent) -> None:
+        if ev.event == EVENT_CREATE_SCOPE and ev.name:
+            self.scopes[ev.scope_id] = ev.name
+        elif ev.event == EVENT_BEGIN_COLLECTION and ev.name and ev.collection_id is not None:
+            self.collections[ev.collection_id] = (self.scope(ev.scope_id), ev.name)
+
+
+def split_key(key, names: Names | None) -> tuple[bytes, str | None, str | None, int | None]:
+    """(key without prefix, scope, collection, collection id) of a record's key; a key of a
+    session without collections (names None) is shown as it is."""
+    key = bytes(key)
+    if names is None:
+        return key, None, None, None
+    try:
+        cid, plain = split_doc_key(key)
+    except CollectionsError:
+        return key, None, None, None
+    scope, coll = names.collection(cid)
+    return plain, scope, coll, cid
+
+
+def record_json(ev, keys_only: bool, names: Names | None = None) -> dict:
+    """One record as --json prints it; with `names` (a collections session) the key is
+    shown without its collection prefix, with `scope`, `collection` and `collection_id`."""
     kind, vb, seqno, rev, cas, flags, expiry, datatype, key, value = ev
     out = {"type": _KIND[kind], "vbucket": vb, "seqno": seqno, "rev_seqno": rev, "cas": cas,
            "flags": flags, "expiry": expiry if kind == MUTATION else 0, "datatype": datatype}
     if kind != MUTATION:
         out["delete_time"] = expiry
+    key, scope, coll, cid = split_key(key, names)
+    if scope is not None:
+        out["scope"] = scope
+        out["collection"] = coll
+        out["collection_id"] = hex_id(cid)
     _text_field(out, "key", key)
     if not keys_only:
         _text_field(out, "value", value)
     return out
 
 
-def event_json(ev) -> dict | None:
+def system_event_json(vb: int, sev: SystemEvent, names: Names | None) -> dict:
+    """A system event as --json prints it: "event" says which (create-collection,
+    drop-collection, create-scope, drop-scope, modify-collection), with the names."""
+    out = {"type": "system_event", "vbucket": vb, **sev.to_json()}
+    if names is not None:
+        out["scope"] = names.scope(sev.scope_id)
+        if sev.collection_id is not None:
+            out["collection"] = sev.name or names.collection(sev.collection_id)[1]
+    return out
+
+
+def event_json(ev, names: Names | None = None) -> dict | None:
     kind = ev[EV_KIND]
+    if kind == SYSTEM_EVENT:
+        return system_event_json(ev[EV_VBUCKET], ev[EV_SYSTEM_EVENT], names)
     if kind == SNAPSHOT:
         return {"type": "snapshot", "vbucket": ev[EV_VBUCKET], "start": ev[EV_SNAP_START],
                 "end": ev[EV_SNAP_END], "flags": ev[EV_SNAP_FLAGS],
@@ -111,21 +183,25 @@ def _reason(code: int) -> str:
 
 
 class _Printer:
-    def __init__(self, as_json: bool, keys_only: bool) -> None:
+    def __init__(self, as_json: bool, keys_only: bool, names: Names | None = None) -> None:
         self.as_json = as_json
         self.keys_only = keys_only
+        self.names = names
         self.out = sys.stdout
         self.con = None if as_json else console()
 
     def record(self, ev) -> None:
         if self.as_json:
-            self.out.write(json.dumps(record_json(ev, self.keys_only)) + "\n")
+            self.out.write(json.dumps(record_json(ev, self.keys_only, self.names)) + "\n")
             return
         kind, vb, seqno, rev, cas, flags, expiry, datatype, key, value = ev
         name = _KIND[kind]
         style = {"mutation": "green", "deletion": "red", "expiration": "yellow"}[name]
+        key, scope, coll, _cid = split_key(key, self.names)
+        where = "" if scope is None else f"{scope}.{coll} "
         line = Text.assemble((f"vb {vb:<4} ", "dim"), (f"#{seqno:<8} ", "cyan"),
-                             (f"{name:<10} ", style), (bytes(key).decode("utf-8", "replace"), "bold"))
+                             (f"{name:<10} ", style), (where, "blue"),
+                             (key.decode("utf-8", "replace"), "bold"))
         details = f"  rev {rev} cas {cas}"
         if kind == MUTATION:
             details += f" flags 0x{flags:x}" + (f" expiry {expiry}" if expiry else "")
@@ -143,7 +219,9 @@ class _Printer:
         self.con.print(line, soft_wrap=True)
 
     def event(self, ev) -> None:
-        doc = event_json(ev)
+        if ev[EV_KIND] == SYSTEM_EVENT and self.names is not None:
+            self.names.see(ev[EV_SYSTEM_EVENT])
+        doc = event_json(ev, self.names)
         if doc is None:
             return
         if self.as_json:
@@ -162,6 +240,14 @@ class _Printer:
         elif kind == STREAM_END:
             again = ", asking again" if doc["retrying"] else ""
             text = Text(f"vb {vb:<4} stream ended: {doc['reason']}{again}", "yellow")
+        elif kind == SYSTEM_EVENT:
+            sev = ev[EV_SYSTEM_EVENT]
+            what = doc["scope"] if "collection" not in doc else f"{doc['scope']}.{doc['collection']}"
+            ident = (f"scope {doc['scope_id']}" if sev.collection_id is None
+                     else f"collection {doc['collection_id']}")
+            text = Text.assemble((f"vb {vb:<4} ", "dim"), (f"#{sev.seqno:<8} ", "cyan"),
+                                 (f"{sev.kind} ", "magenta"), (what, "bold"),
+                                 (f"  ({ident}, manifest uid {doc['manifest_uid']})", "dim"))
         else:
             text = Text(json.dumps(doc), "dim")
         self.con.print(text, soft_wrap=True)
@@ -171,6 +257,28 @@ class _Printer:
             self.out.flush()
         except BrokenPipeError:
             raise
+
+
+def collection_filter(names: list[str], manifest: Manifest | None,
+                      bucket: str) -> StreamFilter | None:
+    """The stream filter of `--collection scope.collection` options (None: all). Unknown
+    names are a UsageError; a node without collections has only _default._default."""
+    if not names:
+        return None
+    known = manifest or Manifest()
+    ids = set()
+    for text in names:
+        for name in (p.strip() for p in text.split(",") if p.strip()):
+            scope, dot, coll = name.partition(".")
+            if not dot or not scope or not coll or "." in coll:
+                raise UsageError(f"--collection: {name!r} is not scope.collection")
+            c = known.collection(scope, coll)
+            if c is None:
+                raise UsageError(f"--collection: collection {scope}.{coll} does not exist in "
+                                 f"bucket {bucket}"
+                                 + (" (the node has no collections)" if manifest is None else ""))
+            ids.add(c.uid)
+    return StreamFilter(collections=frozenset(ids))
 
 
 def _watermark_reporter(opts: ConnOptions, state: Path, name: Optional[str], interval: float,
@@ -220,6 +328,9 @@ def tail(
                                                    "when idle.")] = 60.0,
     fail_on_rollback: Annotated[bool, typer.Option(
         "--fail-on-rollback", help="Stop with an error instead of rolling back.")] = False,
+    collection: Annotated[Optional[list[str]], typer.Option(
+        "--collection", metavar="SCOPE.COLLECTION", help="Only this collection (repeatable; "
+                                                         "the node streams only those).")] = None,
     watermark: Annotated[bool, typer.Option(
         "--watermark", help="Register the positions saved in --state as a high "
                             "watermark with the node, at most once per --watermark-interval, so "
@@ -241,11 +352,16 @@ def tail(
     """Follow changes as they happen; Ctrl-C saves --state and exits 0.
 
     Prints one line (or, with --json, one JSON object) per mutation, deletion and
-    expiration, plus snapshot markers, rollbacks and stream ends. Values are shown
-    decompressed (a value the node sent snappy-compressed, e.g. with --snappy, too).
+    expiration, plus snapshot markers, rollbacks, stream ends and the creation and drop
+    of scopes and collections. Each document is shown with its scope and collection
+    (--json: "scope", "collection", "collection_id"); --filter matches the key alone.
+    Values are shown decompressed (a value the node sent snappy-compressed, e.g. with
+    --snappy, too).
 
     Example: dcptool tail -c couchbase://127.0.0.1 --from beginning --until-idle 2 --json
     Example: dcptool tail --state tail.state --keys-only
+
+    Example: dcptool tail -b travel --collection inventory.hotels --from beginning
     """
     vbs = parse_vbuckets(vbuckets)
     try:
@@ -279,8 +395,14 @@ def tail(
         raise UsageError(f"state file {start} holds positions of bucket '{saved.bucket}', "
                          f"not '{opts.bucket}'")
 
-    conn = opts.connect()
+    conn = opts.connect(collections=True)
     try:
+        manifest = None
+        if conn.collections:
+            from dcptool.client.ops import get_collections_manifest
+
+            manifest = get_collections_manifest(conn, missing_ok=True)
+        sfilter = collection_filter(collection or [], manifest, opts.bucket)
         if start == "beginning":
             from dcptool.client.topology import all_vbuckets
 
@@ -296,7 +418,8 @@ def tail(
             raise UsageError("no vbuckets to follow")
         config = SessionConfig(name=f"dcptool-tail:{os.getpid()}:{int(time.time())}",
                                no_value=keys_only, consistent=False, noop_interval=noop_interval,
-                               fail_on_rollback=fail_on_rollback)
+                               fail_on_rollback=fail_on_rollback, collections=True,
+                               stream_filter=sfilter)
         from dcptool.client.topology import cluster_consumer
 
         # a member of a cluster: each vbucket from its active node, following the map
@@ -309,7 +432,7 @@ def tail(
     if watermark:
         reporter = _watermark_reporter(opts, state, watermark_name, watermark_interval, wm_ttl)
     tracker = PositionTracker(positions)
-    printer = _Printer(as_json, keys_only)
+    printer = _Printer(as_json, keys_only, Names(manifest))
     printed = 0
     records = 0
     last_change = time.monotonic()
@@ -349,7 +472,8 @@ def tail(
                 if kind in _KIND:
                     records += 1
                     last_change = now
-                    if key_re is None or key_re.search(ev[EV_KEY]):
+                    # --filter matches the key without its collection prefix
+                    if key_re is None or key_re.search(split_key(ev[EV_KEY], printer.names)[0]):
                         printer.record(ev)
                         printed += 1
                     tracker.see(ev)

@@ -111,7 +111,9 @@ def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, 
                        f"{a['hash']}), node {n['count']} keys (hash {n['hash']}) up to seqno "
                        f"{v['end_seqno']}")
             for d in v["differences"]:
-                typer.echo(f"  {d['key']}: archive {_state(d['archive'])}, node "
+                where = "" if d.get("collection_id", "0") == "0" else \
+                    f" (collection {d['collection_id']})"
+                typer.echo(f"  {d['key']}{where}: archive {_state(d['archive'])}, node "
                            f"{_state(d['node'])}")
         for note in report.notes:
             typer.echo(f"note: {note}")

@@ -8,7 +8,8 @@
 - `DcpConsumer` (consumer.py): the blocking driver of a session over a connection.
 - `Position` (position.py): the resumable offset of a vbucket; `SessionState`
   (state.py): positions as an atomically written JSON file.
-- `get_failover_logs`, `get_vbucket_seqnos`, `latest_positions` (ops.py).
+- `get_failover_logs`, `get_vbucket_seqnos`, `latest_positions`,
+  `get_collections_manifest` (ops.py).
 """
 from .connection import (
     DEFAULT_FEATURES,
@@ -44,9 +45,10 @@ from .events import (
     SNAPSHOT,
     STREAM_END,
     STREAM_OPEN,
+    SYSTEM_EVENT,
     RollbackInfo,
 )
-from .ops import get_failover_logs, get_vbucket_seqnos, latest_positions
+from .ops import get_collections_manifest, get_failover_logs, get_vbucket_seqnos, latest_positions
 from .position import ZERO, Position
 from .session import DcpSession, SessionConfig
 from .state import SessionState, load_state, save_state
@@ -56,7 +58,8 @@ __all__ = [
     "DEFAULT_TLS_PORT", "DcpConsumer", "DcpSession", "SessionConfig", "Position", "ZERO",
     "SessionState", "load_state", "save_state", "get_failover_logs", "get_vbucket_seqnos",
     "latest_positions", "RollbackInfo", "MUTATION", "DELETION", "EXPIRATION", "SNAPSHOT",
-    "STREAM_END", "STREAM_OPEN", "ROLLBACK", "SEQNO_ADVANCED", "RECORD_KINDS", "EVENT_NAMES",
+    "STREAM_END", "STREAM_OPEN", "ROLLBACK", "SEQNO_ADVANCED", "SYSTEM_EVENT",
+    "get_collections_manifest", "RECORD_KINDS", "EVENT_NAMES",
     "AuthenticationError", "ClientError", "ClientTimeout", "ConnectError", "ConnectionClosed",
     "NotMyVbucketError", "ProtocolViolation", "RequestFailed", "RollbackError",
     "StateFileError", "StreamError", "UnknownBucketError",

@@ -23,6 +23,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from dcptool.protocol.constants import HEADER_LEN, SEQNO_MAX, Feature
+from dcptool.protocol.collections import StreamFilter
 from dcptool.protocol.frame import HEADER
 
 from .connection import DEFAULT_FEATURES, DEFAULT_PORT, Connection
@@ -31,6 +32,12 @@ from .position import ZERO, Position
 from .session import DcpSession, RollbackCallback, SessionConfig
 
 DEFAULT_RECV_BUFFER = 1024 * 1024
+
+
+def collections_features(features: Iterable[int]) -> tuple[int, ...]:
+    """`features` with HELLO Collections (0x12) added (once)."""
+    out = tuple(features)
+    return out if Feature.COLLECTIONS in out else out + (Feature.COLLECTIONS,)
 #: seconds before asking again for streams the node answered TMPFAIL/ENOMEM/EBUSY
 RETRY_DELAY = 0.5
 
@@ -45,8 +52,10 @@ class DcpConsumer:
         # a connection that negotiated Snappy may get compressed values (the session
         # decompresses them) and may ask for every value compressed
         snappy = Feature.SNAPPY in getattr(conn, "features", ())
+        # keys are doc keys when the node accepted Collections (HELLO 0x12)
+        collections = Feature.COLLECTIONS in getattr(conn, "features", ())
         self.session = session or DcpSession(config, on_rollback=on_rollback, address=conn.address,
-                                             snappy=snappy)
+                                             snappy=snappy, collections=collections)
         self.config = self.session.config
         self._buf = bytearray(max(recv_buffer, 64 * 1024))
         self._mv = memoryview(self._buf)
@@ -64,6 +73,10 @@ class DcpConsumer:
              config: SessionConfig | None = None, on_rollback: RollbackCallback | None = None,
              features: Iterable[int] = DEFAULT_FEATURES, agent: str | None = None,
              recv_buffer: int = DEFAULT_RECV_BUFFER) -> "DcpConsumer":
+        """Connect and start a session. A config with `collections` adds HELLO Collections
+        to `features`."""
+        if config is not None and config.collections:
+            features = collections_features(features)
         conn = Connection.open(host, port, username=username, password=password, bucket=bucket,
                                tls=tls, timeout=timeout, features=features, agent=agent)
         try:
@@ -85,18 +98,21 @@ class DcpConsumer:
         self.flush()
 
     def add_stream(self, vbucket: int, position: Position = ZERO, *, end_seqno: int = SEQNO_MAX,
-                   flags: int = 0) -> None:
-        self.session.add_stream(vbucket, position, end_seqno=end_seqno, flags=flags)
+                   flags: int = 0, filter: StreamFilter | None = None) -> None:
+        self.session.add_stream(vbucket, position, end_seqno=end_seqno, flags=flags,
+                                filter=filter)
         self.flush()
 
-    def add_streams(self, plan: dict[int, Position | tuple[Position, int]]) -> None:
-        """Request many vbuckets at once: {vb: position} or {vb: (position, end_seqno)}."""
+    def add_streams(self, plan: dict[int, Position | tuple[Position, int]], *,
+                    filter: StreamFilter | None = None) -> None:
+        """Request many vbuckets at once: {vb: position} or {vb: (position, end_seqno)};
+        `filter` (collections) for each, default the config's."""
         for vb, item in plan.items():
             if isinstance(item, tuple):
                 pos, end = item
             else:
                 pos, end = item, SEQNO_MAX
-            self.session.add_stream(vb, pos, end_seqno=end)
+            self.session.add_stream(vb, pos, end_seqno=end, filter=filter)
         self.flush()
 
     def close_stream(self, vbucket: int) -> None:

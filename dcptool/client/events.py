@@ -5,7 +5,10 @@ Records (the hot path, one per document change), 10 fields (their positions are 
 
     (kind, vbucket, seqno, rev_seqno, cas, flags, expiry, datatype, key, value)
 
-`kind` is MUTATION, DELETION or EXPIRATION (their DCP opcodes). For deletions and
+`kind` is MUTATION, DELETION or EXPIRATION (their DCP opcodes). With
+`SessionConfig(collections=True)` `key` is always the collection-prefixed doc key
+(`dcptool.protocol.collections.split_doc_key` takes it apart); otherwise it is the key as a
+legacy connection sees it (default collection only, no prefix). For deletions and
 expirations `flags` is 0 and `expiry` holds the delete time (0 when the node sent none).
 `key` is bytes; `value` is bytes, or a memoryview into the receive buffer when the
 session was created with `copy_values=False` (valid only until the next feed).
@@ -21,7 +24,10 @@ Other events:
                                                    # from `position`
     (STREAM_END, vbucket, reason, retrying)        # retrying: the session re-requested
     (ROLLBACK, vbucket, rollback_seqno, RollbackInfo)
-    (SEQNO_ADVANCED, vbucket, seqno)
+    (SEQNO_ADVANCED, vbucket, seqno)               # a snapshot end whose last items the
+                                                   # stream's filter hides (collections)
+    (SYSTEM_EVENT, vbucket, SystemEvent)           # a scope or collection created or dropped
+                                                   # (collections sessions only)
     (VBUCKET_STATE, vbucket, state, opaque)        # takeover streams: SET_VBUCKET_STATE
 """
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dcptool.protocol import wire
+from dcptool.protocol.constants import Opcode
 
 from .position import Position
 
@@ -40,6 +47,8 @@ STREAM_END = wire.OP_DCP_STREAM_END
 STREAM_OPEN = wire.OP_DCP_STREAM_REQ
 SEQNO_ADVANCED = wire.OP_DCP_SEQNO_ADVANCED
 VBUCKET_STATE = wire.OP_DCP_SET_VBUCKET_STATE
+#: DCP_SYSTEM_EVENT's opcode (0x5f; wire.py, node-dcp's, may name it OP_DCP_SYSTEM_EVENT)
+SYSTEM_EVENT = int(Opcode.DCP_SYSTEM_EVENT)
 ROLLBACK = 0x100
 
 # -- field positions: every reader of an event tuple indexes it with these ---------------------
@@ -76,6 +85,8 @@ EV_ROLLBACK_SEQNO = 2
 EV_ROLLBACK_INFO = 3
 #: SEQNO_ADVANCED
 EV_ADVANCED_SEQNO = 2
+#: SYSTEM_EVENT (a dcptool.protocol.collections.SystemEvent; its seqno is the event's)
+EV_SYSTEM_EVENT = 2
 #: VBUCKET_STATE (the opaque the answer must carry)
 EV_STATE = 2
 EV_STATE_OPAQUE = 3
@@ -93,6 +104,7 @@ EVENT_NAMES = {
     SEQNO_ADVANCED: "seqno_advanced",
     VBUCKET_STATE: "vbucket_state",
     ROLLBACK: "rollback",
+    SYSTEM_EVENT: "system_event",
 }
 
 

@@ -1,4 +1,5 @@
-"""Plain requests a DCP client needs besides streams: failover logs and vbucket seqnos.
+"""Plain requests a DCP client needs besides streams: failover logs, vbucket seqnos and the
+collections manifest.
 
 They run on an ordinary (non-DCP) connection and pipeline their requests, so asking
 1024 vbuckets costs one round trip, not 1024.
@@ -7,8 +8,14 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from dcptool.protocol.constants import Status
-from dcptool.protocol.messages import FailoverLogResponse, GetAllVbSeqnos, GetFailoverLog
+from dcptool.protocol.collections import CollectionsError, Manifest
+from dcptool.protocol.constants import Opcode, Status
+from dcptool.protocol.messages import (
+    FailoverLogResponse,
+    GenericRequest,
+    GetAllVbSeqnos,
+    GetFailoverLog,
+)
 
 from .connection import Connection, decode_response, raise_for_status
 from .errors import ProtocolViolation
@@ -69,4 +76,27 @@ def latest_positions(conn: Connection, vbuckets: Iterable[int] | None = None) ->
     return {vb: Position.latest(logs[vb], seqnos.get(vb, 0)) for vb in vbs}
 
 
-__all__ = ["get_failover_logs", "get_vbucket_seqnos", "latest_positions"]
+#: statuses of a node that has no collections (an older server, a node without the command)
+_NO_COLLECTIONS = frozenset({Status.UNKNOWN_COMMAND, Status.NOT_SUPPORTED})
+
+
+def get_collections_manifest(conn: Connection, *, missing_ok: bool = False) -> Manifest | None:
+    """The bucket's collections manifest (GET_COLLECTIONS_MANIFEST, 0xba).
+
+    `missing_ok`: None instead of an error when the node does not know the command (a
+    node without collections). Raises RequestFailed for other refusals and
+    ProtocolViolation for a manifest that does not parse.
+    """
+    rsp = conn.request(GenericRequest(op=Opcode.GET_COLLECTIONS_MANIFEST))
+    if missing_ok and rsp.status in _NO_COLLECTIONS:
+        return None
+    raise_for_status(rsp, "GET_COLLECTIONS_MANIFEST", address=conn.address)
+    try:
+        return Manifest.from_json(bytes(getattr(rsp, "value", b"") or b""))
+    except CollectionsError as exc:
+        raise ProtocolViolation(f"{conn.address} answered GET_COLLECTIONS_MANIFEST with a "
+                                f"manifest that does not parse: {exc}", host=conn.address) from None
+
+
+__all__ = ["get_failover_logs", "get_vbucket_seqnos", "latest_positions",
+           "get_collections_manifest"]

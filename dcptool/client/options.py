@@ -25,7 +25,7 @@ from dcptool.errors import UsageError
 from dcptool.protocol.constants import Feature
 
 from .connection import DEFAULT_FEATURES, Connection, parse_cluster_url
-from .consumer import DcpConsumer
+from .consumer import DcpConsumer, collections_features
 from .session import SessionConfig
 
 DEFAULT_USERNAME = "Administrator"
@@ -162,12 +162,16 @@ class ConnOptions:
             ctx.verify_mode = ssl.CERT_NONE
         return ctx
 
-    def connect(self, *, bucket: str | None = ...) -> Connection:
-        """An authenticated connection with the bucket selected."""
+    def connect(self, *, bucket: str | None = ..., collections: bool = False) -> Connection:
+        """An authenticated connection with the bucket selected; `collections` asks for
+        HELLO Collections too (`conn.collections` says whether the node accepted)."""
+        features = self.features
+        if collections:
+            features = collections_features(features)
         return Connection.open(self.host, self.port, username=self.username, password=self.password,
                                bucket=self.bucket if bucket is ... else bucket,
                                tls=self.ssl_context(), timeout=self.timeout,
-                               features=self.features)
+                               features=features)
 
     def consumer(self, config: SessionConfig | None = None, **kw) -> DcpConsumer:
         """A started DCP consumer session (see dcptool.client.DcpConsumer)."""

@@ -14,6 +14,16 @@ Values the node sent snappy-compressed (datatype bit 0x02; see `dcptool.protocol
 come out decompressed, with the bit cleared from the event's datatype, whatever the
 connection negotiated: every consumer of the session (backup, tail, streams) sees one
 form. An uncompressed value costs one comparison of its datatype.
+
+Collections (`SessionConfig(collections=True)`, the connection asks for HELLO Collections):
+every record's key is the collection-prefixed doc key (`dcptool.protocol.collections`). A
+node that did not accept Collections sends plain keys of the default collection; the
+session then gives them the 0x00 prefix itself (once per parsed chunk, after the hot loop),
+so callers see one form. When the node accepted, keys go out as they came: no per-item work.
+DCP_SYSTEM_EVENT becomes `(SYSTEM_EVENT, vb, SystemEvent)`; DCP_SEQNO_ADVANCED moves the
+stream's position (a snapshot end whose last items the filter hides); a stream request
+carries the stream's `StreamFilter` as its value; STREAM_END FilterEmpty ends a stream
+normally (every collection it asked for was dropped).
 """
 from __future__ import annotations
 
@@ -48,6 +58,7 @@ from dcptool.protocol.messages import (
     StreamReqOk,
     StreamReqRollback,
 )
+from dcptool.protocol.collections import CollectionsError, StreamFilter, SystemEvent
 from dcptool.protocol.snappy import SNAPPY, decompress
 
 from .errors import NotMyVbucketError, ProtocolViolation, RequestFailed, RollbackError, StreamError
@@ -55,11 +66,13 @@ from .events import (
     DELETION,
     EXPIRATION,
     MUTATION,
+    RECORD_KINDS,
     ROLLBACK,
     SEQNO_ADVANCED,
     SNAPSHOT,
     STREAM_END,
     STREAM_OPEN,
+    SYSTEM_EVENT,
     VBUCKET_STATE,
     RollbackInfo,
 )
@@ -104,6 +117,10 @@ class SessionConfig:
     `force_value_compression`: when the connection negotiated Snappy (HELLO 0x0a; the
     session is told so by its driver), ask the node to send every value compressed
     (DCP_CONTROL force_value_compression). Values arrive decompressed either way.
+    `collections`: the connection asks for HELLO Collections; record keys are doc keys
+    (prefixed by the session when the node refused), system events are handed out.
+    `stream_filter`: the StreamFilter every stream request carries unless `add_stream` is
+    given one (collections only; None: every collection).
     """
 
     name: str = "dcptool"
@@ -124,6 +141,8 @@ class SessionConfig:
     copy_values: bool = True
     ack_vbucket_state: bool = True
     force_value_compression: bool = True
+    collections: bool = False
+    stream_filter: StreamFilter | None = None
 
     def open_flags(self) -> int:
         flags = DcpOpenFlag.PRODUCER
@@ -149,10 +168,13 @@ class ConsumerStream:
 
     __slots__ = ("vbucket", "opaque", "state", "end_seqno", "flags", "base", "failover_log",
                  "marker_start", "marker_end", "complete_end", "ends", "rollbacks", "reason",
-                 "tmpfails")
+                 "tmpfails", "filter")
 
-    def __init__(self, vbucket: int, base: Position, end_seqno: int, flags: int) -> None:
+    def __init__(self, vbucket: int, base: Position, end_seqno: int, flags: int,
+                 filter: StreamFilter | None = None) -> None:
         self.vbucket = vbucket
+        #: the stream-request value (collections); None: none sent
+        self.filter = filter
         self.opaque = 0
         self.state = REQUESTED
         self.end_seqno = end_seqno
@@ -199,8 +221,12 @@ class DcpSession:
 
     def __init__(self, config: SessionConfig | None = None, *,
                  on_rollback: RollbackCallback | None = None, address: str = "node",
-                 snappy: bool = False) -> None:
+                 snappy: bool = False, collections: bool | None = None) -> None:
         self.config = config or SessionConfig()
+        #: the connection negotiated HELLO Collections (None: as the config asks)
+        self.collections = self.config.collections if collections is None else bool(collections)
+        #: the caller wants doc keys but the node sends plain ones: prefix them (0x00)
+        self._prefix_keys = self.config.collections and not self.collections
         self.on_rollback = on_rollback
         self.address = address
         #: the connection negotiated Snappy (HELLO 0x0a): the node may send compressed values
@@ -268,11 +294,15 @@ class DcpSession:
         self._queue(DcpControl(key=key, value=value.encode()), "control", key, required)
 
     def add_stream(self, vbucket: int, position: Position = ZERO, *, end_seqno: int = SEQNO_MAX,
-                   flags: int = 0) -> None:
+                   flags: int = 0, filter: StreamFilter | None = None) -> None:
         """Ask for vbucket `vbucket` from `position` up to `end_seqno` (default: forever).
 
         A position beyond `end_seqno` is still sent (with end = start) so the node can
         check its history and answer ROLLBACK if needed; otherwise the stream ends at once.
+        `filter` (default: the config's `stream_filter`) is sent as the request's value on a
+        collections connection. On a connection whose node refused Collections only the
+        default collection can be streamed: a filter that asks for anything else raises
+        StreamError.
         """
         if not self.started:
             self.start()
@@ -280,7 +310,18 @@ class DcpSession:
         if old is not None and not old.finished:
             raise StreamError(f"vbucket {vbucket} already has a stream in this session",
                               vbucket=vbucket)
-        st = ConsumerStream(vbucket, position, end_seqno, flags)
+        if filter is None:
+            filter = self.config.stream_filter
+        if filter is not None and filter.passthrough and filter.uid is None \
+                and filter.sid is None and filter.purge_seqno is None:
+            filter = None  # every collection: no value (a node refuses "{}")
+        if filter is not None and not self.collections:
+            if not (filter.passthrough or filter.collections == frozenset((0,))):
+                raise StreamError(f"{self.address} did not accept Collections (HELLO 0x12): "
+                                  "only the default collection can be streamed from it",
+                                  vbucket=vbucket)
+            filter = None  # a legacy stream is the default collection
+        st = ConsumerStream(vbucket, position, end_seqno, flags, filter)
         self.streams[vbucket] = st
         self._request(st)
 
@@ -294,7 +335,8 @@ class DcpSession:
         st.opaque = self._queue(
             DcpStreamReq(vbucket=st.vbucket, flags=st.flags, start_seqno=pos.seqno, end_seqno=end,
                          vbucket_uuid=pos.uuid, snap_start_seqno=pos.snap_start,
-                         snap_end_seqno=pos.snap_end),
+                         snap_end_seqno=pos.snap_end,
+                         value=st.filter.to_bytes() if st.filter is not None else b""),
             "stream", "DCP_STREAM_REQ")
         self._by_opaque[st.opaque] = st
 
@@ -392,6 +434,14 @@ class DcpSession:
         Returns the number of bytes consumed; the caller keeps the rest for later.
         This is the hot path.
         """
+        if self._prefix_keys:
+            first = len(out)
+            used = self._parse(buf, out)
+            _prefix_default(out, first, self.config.typed)
+            return used
+        return self._parse(buf, out)
+
+    def _parse(self, buf, out: list) -> int:
         if type(buf) is not bytes:
             # one copy of the chunk: a slice of bytes is a bytes object made in one step,
             # where bytes(memoryview[a:b]) builds a view first (2.5x the cost per key/value)
@@ -622,13 +672,32 @@ class DcpSession:
         elif op == Opcode.DCP_SEQNO_ADVANCED:
             st = self.streams.get(vb)
             if st is not None and st.opaque == frame.opaque:
+                seqno = msg.by_seqno
+                if st.marker_end is None or seqno > st.marker_end:
+                    # past the snapshot the stream is in (or outside any): the advance is
+                    # a snapshot of its own ending there, so a resume starts above it
+                    if st.marker_end is not None and self._last[vb] >= st.marker_end:
+                        st.snapshot_done()
+                    st.marker_start = st.marker_end = seqno
+                self._last[vb] = seqno
+                out.append((SEQNO_ADVANCED, vb, seqno))
+        elif op == Opcode.DCP_SYSTEM_EVENT:
+            st = self.streams.get(vb)
+            if st is not None and st.opaque == frame.opaque:
+                try:
+                    ev = SystemEvent.decode(msg.by_seqno, msg.event, msg.version, msg.key,
+                                            msg.value)
+                except CollectionsError as exc:
+                    raise ProtocolViolation(f"{self.address} sent vbucket {vb} a system event "
+                                            f"at seqno {msg.by_seqno} that does not decode: "
+                                            f"{exc}", host=self.address) from None
                 self._last[vb] = msg.by_seqno
-                out.append((SEQNO_ADVANCED, vb, msg.by_seqno))
+                out.append((SYSTEM_EVENT, vb, ev))
         elif op == Opcode.DCP_SET_VBUCKET_STATE:
             out.append((VBUCKET_STATE, vb, msg.state, frame.opaque))
             if self.config.ack_vbucket_state:
                 self.ack_vbucket_state(frame.opaque)
-        # other producer messages (system events, OSO markers, ...) are not negotiated
+        # other producer messages (OSO markers, sync writes, ...) are not negotiated
         # by this session; they are counted for flow control and otherwise ignored
 
     def _response(self, frame, msg, out: list) -> None:
@@ -763,6 +832,21 @@ class DcpSession:
             return
         st.state = ENDED
         out.append((STREAM_END, vb, int(reason), False))
+
+
+def _prefix_default(out: list, first: int, typed: bool) -> None:
+    """Give the keys of the records in `out[first:]` the default collection's prefix (0x00):
+    the events of a connection whose node refused Collections, for a caller that asked for
+    doc keys."""
+    kinds = RECORD_KINDS
+    for i in range(first, len(out)):
+        ev = out[i]
+        if ev[0] in kinds:
+            if typed:
+                msg = ev[2]
+                out[i] = (ev[0], ev[1], replace(msg, key=b"\x00" + bytes(msg.key)))
+            else:
+                out[i] = ev[:8] + (b"\x00" + ev[8], ev[9])
 
 
 __all__ = ["DcpSession", "SessionConfig", "ConsumerStream", "RETRY_REASONS", "VALUE_COUNTERS"]

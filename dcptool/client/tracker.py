@@ -11,12 +11,14 @@ from .events import (
     EV_SEQNO,
     EV_SNAP_END,
     EV_SNAP_START,
+    EV_SYSTEM_EVENT,
     EV_VBUCKET,
     EXPIRATION,
     MUTATION,
     ROLLBACK,
     SEQNO_ADVANCED,
     SNAPSHOT,
+    SYSTEM_EVENT,
 )
 from .position import Position
 
@@ -45,7 +47,14 @@ class PositionTracker:
         if kind in _ITEMS:
             t[0] = ev[EV_SEQNO]
         elif kind == SEQNO_ADVANCED:
-            t[0] = ev[EV_ADVANCED_SEQNO]
+            seqno = ev[EV_ADVANCED_SEQNO]
+            if seqno > t[2]:  # past the snapshot: a snapshot of its own ending there
+                if t[0] >= t[2]:
+                    t[3] = t[2]
+                t[1] = t[2] = seqno
+            t[0] = seqno
+        elif kind == SYSTEM_EVENT:
+            t[0] = ev[EV_SYSTEM_EVENT].seqno
         elif kind == SNAPSHOT:
             t[3] = t[2]
             t[1], t[2] = ev[EV_SNAP_START], ev[EV_SNAP_END]

@@ -16,6 +16,12 @@ on the node (name `dcptool-backup:ARCHIVE-DIR-NAME`, instance the archive's uuid
 node's tombstone purger keeps the deletions the next incremental backup still needs
 (on a cluster: on each active node, for its own vbuckets). A node without the extension (a real Couchbase Server) gets one notice; the backup is
 not failed for it.
+
+Collections: every task's connection negotiates Collections (keys are doc keys; a node
+without collections gets them prefixed 0x00 by the client), system events are recorded in
+seqno order, the node's manifest when the backup begins goes into the backup's manifest,
+and `--include-data` / `--exclude-data` become a stream filter (see backupdata.py) so only
+the data selected is streamed; incremental backups keep the selection of their chain.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ from typing import Any, Callable
 
 from dcptool.archive import Archive, FULL, INCREMENTAL
 from dcptool.archive.errors import NotAnArchiveError
-from dcptool.archive.format import sync_filesystem
+from dcptool.archive.format import COLLECTIONS_VERSION, FORMAT_VERSION, sync_filesystem
 from dcptool.client.events import (
     DELETION,
     EV_CAS,
@@ -46,6 +52,7 @@ from dcptool.client.events import (
     EV_SNAP_END,
     EV_SNAP_FLAGS,
     EV_SNAP_START,
+    EV_SYSTEM_EVENT,
     EV_VALUE,
     EV_VBUCKET,
     EXPIRATION,
@@ -54,6 +61,7 @@ from dcptool.client.events import (
     SNAPSHOT as EV_SNAPSHOT,
     STREAM_END,
     STREAM_OPEN,
+    SYSTEM_EVENT,
 )
 from dcptool.client.position import Position
 from dcptool.client.session import VALUE_COUNTERS, SessionConfig
@@ -62,6 +70,16 @@ from dcptool.faults import fault_point
 from dcptool.protocol.constants import StreamEndReason
 from dcptool.runlog import RunLog
 
+from dcptool.protocol.collections import Manifest
+
+from .backupdata import (
+    chain_selection,
+    client_filter,
+    dropped_since,
+    selection_json,
+    stream_filter,
+)
+from .datafilter import selection
 from .nodeinfo import cluster_state, node_opts
 from .plans import BackupTask, VBucketPlan, VBucketSummary
 from .runtime import default_parallelism, get_spark, plan_groups
@@ -83,6 +101,11 @@ class BackupResult:
     seconds: float = 0.0
     spark_seconds: float = 0.0
     kept_vbuckets: int = 0
+    system_events: int = 0
+    #: the data selection ({"include": [...], "exclude": [...]}, None: all) and how many
+    #: collections the node had when the backup began (None: no collections)
+    data: dict[str, list[str]] | None = None
+    collections: int | None = None
     rollback_details: list[dict] = field(default_factory=list)
     log: str | None = None
     #: the high watermark registration: name, instance, registered (bool), vbuckets,
@@ -101,7 +124,9 @@ class BackupResult:
             "value_bytes": self.value_bytes, "seconds": round(self.seconds, 3),
             "spark_startup_seconds": round(self.spark_seconds, 3),
             "items_per_second": round(self.items / self.seconds, 1) if self.seconds else None,
-            "kept_vbuckets": self.kept_vbuckets, "rollback_details": self.rollback_details,
+            "kept_vbuckets": self.kept_vbuckets, "system_events": self.system_events,
+            "data": self.data, "collections": self.collections,
+            "rollback_details": self.rollback_details,
             "log": self.log, "watermark": self.watermark,
         }
 
@@ -161,13 +186,25 @@ def register_archive_watermark(opts, archive: Archive, *, ttl: float = DEFAULT_W
             "note": "; ".join(notes) or None}
 
 
+def node_manifest(opts) -> Manifest | None:
+    """The bucket's collections manifest (None: the node has no collections: it refused
+    HELLO Collections or does not know GET_COLLECTIONS_MANIFEST)."""
+    from dcptool.client.ops import get_collections_manifest
+
+    with opts.connect(collections=True) as conn:
+        if not conn.collections:
+            return None
+        return get_collections_manifest(conn, missing_ok=True)
+
+
 def backup_consumer_config(name: str, **kw: Any) -> SessionConfig:
     """The DCP session a backup task opens (also used by `benchmarks/` for its replay)."""
     # copy_values=True: values as bytes slices of the received chunk are cheaper to keep
     # and pack than memoryviews: 674k against 467k items/s on the 1M replay of
     # docs/performance.md ("backup task" / "memoryview values" rows)
+    # collections: keys are doc keys whatever the node (see dcptool.client.session)
     return SessionConfig(name=name, **{"consistent": True, "max_rollbacks": 16,
-                                       "copy_values": True, **kw})
+                                       "copy_values": True, "collections": True, **kw})
 
 
 def backup_task(task: BackupTask) -> list[VBucketSummary]:
@@ -216,7 +253,7 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
                           "uuid": after.uuid})
         return after
 
-    config = backup_consumer_config(task.session)
+    config = backup_consumer_config(task.session, stream_filter=task.stream_filter)
     t_task = time.monotonic()
     if task.cluster:
         # a member of a cluster: each vbucket from its active node, following the map
@@ -229,7 +266,8 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
         consumer = ResumingConsumer(lambda: opts.consumer(config, on_rollback=on_rollback))
     try:
         consumer.add_streams({vb: (starts[vb], plan[vb].end) for vb in plan})
-        pending = write_events(consumer, writers, plan, opened, run, summaries, t_task)
+        pending = write_events(consumer, writers, plan, opened, run, summaries, t_task,
+                               admit=task.client_filter)
         if pending:
             raise DcptoolError(f"vbuckets {sorted(pending)[:8]} ended without a complete stream")
         # the data and done files of every vbucket of this task are durable before the driver
@@ -256,16 +294,19 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
 def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan],
                  opened: dict[int, Position], run: dict[int, dict[str, Any]],
                  summaries: list[VBucketSummary], t_task: float,
-                 tick: float = 1.0) -> set[int]:
+                 tick: float = 1.0, admit=None) -> set[int]:
     """Drain `consumer`'s events into the vbuckets' writers until every stream ended.
 
     The hot path of a backup task (and what `benchmarks/` measures on a replayed stream):
     records go to the writer of their vbucket; each vbucket that ends with OK is closed and
     its summary (with the run statistics) appended to `summaries`.
-    Returns the vbuckets of `plan` that did not end.
+    Returns the vbuckets of `plan` that did not end. `admit` (a backupdata.ClientFilter,
+    rare) keeps only the selected collections' records and events of each batch.
     """
     pending = set(plan)
     for events in consumer.batches(tick=tick):
+        if admit is not None:
+            events = admit.filter(events)
         n = len(events)
         fault_point("events", n)
         i = 0
@@ -288,6 +329,8 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
                 writers[ev[EV_VBUCKET]].expiration(ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
                                                    ev[EV_KEY], ev[EV_EXPIRY], ev[EV_DATATYPE],
                                                    ev[EV_VALUE])
+            elif kind == SYSTEM_EVENT:  # (after the records' kinds: rare)
+                writers[ev[EV_VBUCKET]].system_event(ev[EV_SYSTEM_EVENT])
             elif kind == STREAM_OPEN:
                 vb = ev[EV_VBUCKET]
                 r = run[vb]
@@ -298,8 +341,13 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
                                     else opened[vb]).to_archive(), ev[EV_OPEN_FAILOVER_LOG])
             elif kind == STREAM_END:
                 vb, reason, retrying = ev[EV_VBUCKET], ev[EV_END_REASON], ev[EV_END_RETRYING]
-                if reason == StreamEndReason.OK:
-                    entry = writers[vb].close(consumer.position(vb).to_archive())
+                if reason == StreamEndReason.OK or reason == StreamEndReason.FILTER_EMPTY:
+                    # FilterEmpty: every collection the filter asked for was dropped (the
+                    # drop events are written); the vbucket ends where the stream stood,
+                    # inside its snapshot if need be (a stream request may start there)
+                    pos = consumer.position(vb) if reason == StreamEndReason.OK else \
+                        consumer.position(vb, consistent=False)
+                    entry = writers[vb].close(pos.to_archive())
                     r = run[vb]
                     summaries.append(VBucketSummary(entry, {
                         "opens": r["opens"], "retries": r["retries"],
@@ -380,7 +428,8 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
                 on_plan: Callable[[dict], None] | None = None,
                 spark=None, watermark: bool = True,
                 watermark_ttl: float = DEFAULT_WATERMARK_TTL,
-                notice: Callable[[str], None] | None = None) -> BackupResult:
+                notice: Callable[[str], None] | None = None,
+                include_data=None, exclude_data=None) -> BackupResult:
     t0 = time.monotonic()
     archive_path = str(Path(archive_path).absolute())
     rl.info("backup of bucket %s on %s into %s (pid %d)", opts.bucket, opts.address,
@@ -392,6 +441,13 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
                 ", ".join(f"{n}: {len(v)}" for n, v in sorted(members.items())))
     if not seqnos:
         raise DcptoolError(f"{opts.address} holds no active vbuckets to back up")
+    # the data selection is checked before anything is written
+    given = selection(include_data, exclude_data, bucket=opts.bucket)
+    node_man = node_manifest(opts)
+    rl.info("collections: %s", "the node has none (keys of the default collection)"
+            if node_man is None else f"manifest uid {node_man.uid:#x}, "
+            f"{len(node_man.scopes)} scopes, {node_man.num_collections} collections")
+    stream_filter(given, node_man, opts.bucket)  # names given must exist: checked up front
 
     if Path(archive_path).exists() and any(Path(archive_path).iterdir()):
         try:
@@ -411,17 +467,58 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
     rl.attach(archive_path)
 
     partial = archive.partial_backup()
+    if partial is not None and not purge_partial and \
+            int((partial.intent or {}).get("version", FORMAT_VERSION)) < COLLECTIONS_VERSION:
+        # its files hold keys without collection ids, the streams now send doc keys
+        purge_partial = True
+        msg = (f"partial backup {partial.id} was begun by a dcptool without collections "
+               "(format version < 3) and cannot be continued: discarded, starting again")
+        rl.warning("%s", msg)
+        if notice is not None:
+            notice(msg)
     if partial is not None and purge_partial:
         removed = archive.purge_partial()
         rl.warning("discarded partial backups %s (--purge-partial)", ", ".join(removed))
         partial = None
     resumed = partial is not None
+    parent_id = None
+    if resumed:
+        intent = partial.intent or {}
+        sel = chain_selection(given, intent.get("data"), opts.bucket, full=False,
+                              what=f"partial backup {partial.id}")
+        parent_id = partial.parent
+    else:
+        btype = FULL if (full or archive.latest_id() is None) else INCREMENTAL
+        parent_id = None if btype == FULL else archive.latest_id()
+        recorded = None if parent_id is None else archive.manifest(parent_id).get("data")
+        sel = chain_selection(given, recorded, opts.bucket, full=btype == FULL)
+    previous = archive.manifest(parent_id).get("collections") if parent_id else None
+    gone = dropped_since(sel, previous, node_man)
+    cfilter = None
+    if gone:
+        # a node refuses a filter naming a dropped collection: stream everything, keep the
+        # selection (and the drops) on this side, this once
+        sfilter = None
+        cfilter = client_filter(sel, previous, node_man, gone)
+        msg = (f"selected collections {', '.join(format(c, '#x') for c in sorted(gone))} "
+               "were dropped since the last backup: this backup streams every collection "
+               "and keeps the selected ones, to record the drops")
+        rl.warning("%s", msg)
+        if notice is not None:
+            notice(msg)
+    else:
+        # names given now must exist; a recorded selection's may have been dropped
+        sfilter = stream_filter(sel, node_man, opts.bucket, check_names=sel is given)
+    if sfilter is not None:
+        rl.info("data selection %s: stream filter %s", selection_json(sel),
+                sfilter.to_bytes().decode())
     if resumed:
         writer = archive.resume_backup()
         btype = writer.type
     else:
-        btype = FULL if (full or archive.latest_id() is None) else INCREMENTAL
-        writer = archive.begin_backup(btype, level=level)
+        writer = archive.begin_backup(btype, level=level,
+                                      collections=node_man.to_json() if node_man else None,
+                                      data=selection_json(sel))
 
     try:
         # where each vbucket starts is the archive's decision; the node adds where it ends
@@ -451,7 +548,9 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
                     len(groups), spark_seconds)
             tasks = [BackupTask(opts, archive_path, writer.id, writer.parent,
                                 tuple(plan[vb] for vb in g), f"dcptool-backup:{writer.id}:{i}",
-                                cluster=members is not None) for i, g in enumerate(groups)]
+                                cluster=members is not None, stream_filter=sfilter,
+                                client_filter=cfilter)
+                     for i, g in enumerate(groups)]
             stop = threading.Event()
             watcher = None
             if progress is not None:
@@ -480,8 +579,12 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         writer.abort()
         raise
     result = BackupResult(writer.id, btype, resumed, len(manifest["vbuckets"]),
-                          kept_vbuckets=len(kept), spark_seconds=spark_seconds)
+                          kept_vbuckets=len(kept), spark_seconds=spark_seconds,
+                          data=manifest.get("data"),
+                          collections=None if manifest.get("collections") is None else
+                          Manifest.from_json(manifest["collections"]).num_collections)
     for e in manifest["vbuckets"]:
+        result.system_events += e["counts"].get("system_events", 0)
         c = e["counts"]
         result.mutations += c["mutations"]
         result.deletions += c["deletions"]

@@ -11,6 +11,12 @@ differing keys.
 
 One Spark task per group of vbuckets: it resolves the group from the archive files and
 reads the same vbuckets from the node over its own DCP connection.
+
+Collections: both sides are compared by doc key (collection id + key). The node is read
+over a collections connection (`SessionConfig(collections=True)`: every collection, doc
+keys; a node without collections gives its default collection's keys the 0x00 prefix),
+and the archive's resolution leaves out collections dropped as of its backup, as a restore
+does. Differences name the key without prefix and its collection id.
 """
 from __future__ import annotations
 
@@ -51,11 +57,20 @@ def _side(v: tuple[int, int, bool] | None) -> dict[str, Any] | None:
 
 
 def compare_states(a: dict[bytes, tuple], n: dict[bytes, tuple], limit: int) -> list[dict]:
-    """The first `limit` keys (in key order) whose state differs between the archive `a`
-    and the node `n`."""
+    """The first `limit` doc keys (in key order) whose state differs between the archive `a`
+    and the node `n`: key without prefix and collection id (hex)."""
+    from dcptool.protocol.collections import CollectionsError, hex_id, split_doc_key
+
     diff = sorted(k for k in a.keys() | n.keys() if a.get(k) != n.get(k))
-    return [{"key": k.decode("utf-8", "replace"), "archive": _side(a.get(k)),
-             "node": _side(n.get(k))} for k in diff[:limit]]
+    out = []
+    for k in diff[:limit]:
+        try:
+            cid, key = split_doc_key(k)
+        except CollectionsError:
+            cid, key = 0, k
+        out.append({"key": key.decode("utf-8", "replace"), "collection_id": hex_id(cid),
+                    "archive": _side(a.get(k)), "node": _side(n.get(k))})
+    return out
 
 
 def compare_task(task: CompareTask) -> list[dict[str, Any]]:
@@ -71,7 +86,8 @@ def compare_task(task: CompareTask) -> list[dict[str, Any]]:
     ends = {vb: p.stream_end for vb, p in plan.items()}
     streams = {vb: (ZERO, e) for vb, e in ends.items() if e > 0}
     if streams:
-        config = SessionConfig(name=task.name, no_value=True, consistent=True)
+        config = SessionConfig(name=task.name, no_value=True, consistent=True,
+                               collections=True)
         consumer = task.opts.consumer(config)
         try:
             consumer.add_streams(streams)
@@ -157,7 +173,8 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
                 continue
             parts.setdefault(e["vbucket"], []).append((bid, e))
             last_entry[e["vbucket"]] = e
-    with opts.connect() as conn:
+    # a collections connection: a legacy one gets the default collection's high seqnos
+    with opts.connect(collections=True) as conn:
         count = vbucket_count(conn)
         highs = get_vbucket_seqnos(conn, state=1)
         logs = get_failover_logs(conn, sorted(v for v in parts if v in highs)) if parts else {}

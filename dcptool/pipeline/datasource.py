@@ -17,7 +17,14 @@ time into Arrow columns, so Spark's per-row Python-to-Arrow conversion never run
 `resolved=true` resolves each vbucket over the chain of the chosen backup exactly as a
 restore does (docs/archive-format.md, "Rollbacks and resolution"): records of a backup
 above the lowest rollback seqno of any later backup of the chain are dead and skipped, and
-of the rest the newest version of each key wins (tombstones included).
+of the rest the newest version of each key wins (tombstones included); documents of a
+collection dropped as of that backup are left out.
+
+Collections: `key` is the document key without its collection prefix; `scope` and
+`collection` name the collection (through the archive's manifests and system events; an
+id none of them names shows as its hex id with a null scope) and `collection_id` is its
+id. A batch whose keys are all in the default collection gets these columns without any
+per-row Python work.
 """
 from __future__ import annotations
 
@@ -31,8 +38,11 @@ from typing import Any, Iterable, Iterator
 from dcptool.archive import Archive, backup_path
 from dcptool.archive.chain import descendant_cuts
 from dcptool.archive.reader import iter_vbucket_batches
-from dcptool.archive.resolve import part_cuts
+from dcptool.archive.resolve import Drops, drop_dropped, part_cuts
 from dcptool.errors import UsageError
+from dcptool.protocol.collections import DEFAULT_COLLECTION, DEFAULT_SCOPE, split_doc_key
+
+from .collnames import CollectionNames
 
 from .plans import ScanPartition
 
@@ -55,6 +65,9 @@ COLUMNS = (
     ("deleted", "boolean"),
     ("delete_time", "bigint"),
     ("dead", "boolean"),
+    ("scope", "string"),
+    ("collection", "string"),
+    ("collection_id", "bigint"),
 )
 SCHEMA_DDL = ", ".join(f"{n} {t}" for n, t in COLUMNS)
 
@@ -174,11 +187,36 @@ def _tomb(r: tuple) -> tuple:
     return (r[0], r[1], r[2], r[3], None, r[5], r[6], r[4], r[7], None)
 
 
+class ArchiveNames:
+    """The collection names a partition shows: the archive's manifests (read on first
+    need: a default-collection-only read never reads them) and the system events the
+    partition's records hold (`add_records`)."""
+
+    def __init__(self, root: str | os.PathLike[str] | None):
+        self.root = root
+        self.names = CollectionNames()
+        self._loaded = root is None
+
+    def add_records(self, records: Iterable[tuple]) -> None:
+        self.names.add_records(records)
+
+    def display(self, cid: int) -> tuple[str | None, str]:
+        if not self._loaded and cid not in self.names.collections:
+            self._loaded = True
+            for m in Archive.open(self.root).manifests().values():
+                self.names.add_manifest(m.get("collections"))
+        return self.names.display(cid)
+
+
+def _has_events(entry: dict[str, Any]) -> bool:
+    return bool(entry.get("counts", {}).get("system_events"))
+
+
 class _Batches:
     """Collects item records (as mutation-layout tuples) with their backup and vbucket and
     turns them into RecordBatches of about BATCH_ROWS rows."""
 
-    def __init__(self, values: bool = True):
+    def __init__(self, values: bool = True, names: ArchiveNames | None = None):
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -186,6 +224,8 @@ class _Batches:
         self.pc = pc
         self.schema = arrow_schema()
         self.values = values
+        self.names = names or ArchiveNames(None)
+        self._prefix0 = pa.scalar(b"\x00", pa.binary())
         self.rows: list[tuple] = []
         self.backups: list[str] = []
         self.vbs: list[int] = []
@@ -247,6 +287,32 @@ class _Batches:
                 pa.array(cols[6], pa.int32()), pa.array(cols[7], pa.binary()),
                 pa.array(cols[8], pa.binary()), pa.array(cols[9], pa.binary())]
 
+    def _collections(self, keys, rows: list[tuple], n: int):
+        """(key without prefix, scope, collection, collection id) columns of doc keys."""
+        pa, pc = self.pa, self.pc
+        if n and pc.all(pc.equal(pc.binary_slice(keys, 0, 1), self._prefix0)).as_py():
+            plain = pc.binary_slice(keys, 1)
+            scope = pa.repeat(pa.scalar(DEFAULT_SCOPE), n)
+            coll = pa.repeat(pa.scalar(DEFAULT_COLLECTION), n)
+            cid = pa.repeat(pa.scalar(0, pa.int64()), n)
+        else:
+            plain_l, cids = [], []
+            for k in map(_GET[7], rows):
+                c, kk = split_doc_key(k) if k else (0, k)
+                cids.append(c)
+                plain_l.append(kk)
+            shown = {c: self.names.display(c) for c in set(cids)}
+            plain = pa.array(plain_l, pa.binary())
+            scope = pa.array([shown[c][0] for c in cids], pa.string())
+            coll = pa.array([shown[c][1] for c in cids], pa.string())
+            cid = pa.array(cids, pa.int64())
+        try:
+            key = plain.cast(pa.string())
+        except pa.ArrowInvalid:
+            key = pa.array([k.decode("utf-8", "replace") for k in plain.to_pylist()],
+                           pa.string())
+        return key, scope, coll, cid
+
     def flush(self):
         """The collected rows as one RecordBatch (None when empty); starts a new batch."""
         if not self.rows:
@@ -256,11 +322,7 @@ class _Batches:
         n = len(rows)
         t, seqno, rev, cas, flags, slot, datatype, keys, value, xattrs = self._columns(rows)
         typ = self.types_dict.take(t)
-        try:
-            key = keys.cast(pa.string())
-        except pa.ArrowInvalid:
-            key = pa.array([k.decode("utf-8", "replace") for k in map(_GET[7], rows)],
-                           pa.string())
+        key, scope, coll, cid = self._collections(keys, rows, n)
         is_mut = pc.equal(t, 3)
         if not pc.all(is_mut).as_py():
             null64 = pa.nulls(n, pa.int64())
@@ -279,7 +341,7 @@ class _Batches:
             pa.array(self.backups, pa.string()),
             pa.array(self.vbs, pa.int32()),
             typ, seqno, rev, cas, flags, expiry, datatype, key, value, xattrs, deleted,
-            delete_time, dead,
+            delete_time, dead, scope, coll, cid,
         ]
         self.rows = []
         self.backups = []
@@ -289,18 +351,30 @@ class _Batches:
 
 
 def resolve_parts(parts: list[tuple[str, Path, dict[str, Any]]], *,
-                  validate: bool = False) -> tuple[list[tuple], list[str]]:
+                  validate: bool = False, names: ArchiveNames | CollectionNames | None = None,
+                  keep_dropped: bool = False) -> tuple[list[tuple], list[str]]:
     """Resolve one vbucket over the parts of a chain (oldest first, each (backup id,
     backup dir, manifest entry)): the newest surviving record of each key, and for each
     the id of the backup holding it. Same rule as `dcptool.archive.resolve` (which restore
-    uses): records above the lowest rollback seqno of any later part are dead."""
+    uses): records above the lowest rollback seqno of any later part are dead, and the
+    documents of a collection a surviving system event dropped are left out (unless
+    `keep_dropped`). The system events read are given to `names`."""
     cuts = part_cuts([[r["seqno"] for r in e["rollbacks"]] for _, _, e in parts])
     state: dict[bytes, tuple] = {}
     tops: list[int] = []
     owners: list[str] = []
+    drops = Drops()
     for (bid, bdir, entry), cut in zip(parts, cuts):
         top = -1
+        events = _has_events(entry)
         for batch in iter_vbucket_batches(bdir, entry, validate=validate):
+            if events:
+                evs = [r for r in batch if r[0] == 8]
+                if names is not None:
+                    names.add_records(evs)
+                for r in evs:
+                    if cut is None or r[1] <= cut:
+                        drops.add(r)
             if cut is None:
                 items = {r[7] if r[0] == 3 else r[4]: r for r in batch if 2 < r[0] < 6}
             else:
@@ -316,6 +390,8 @@ def resolve_parts(parts: list[tuple[str, Path, dict[str, Any]]], *,
                 owners.pop()
             tops.append(top)
             owners.append(bid)
+    if drops and not keep_dropped:
+        state = drop_dropped(state, drops)
     recs = list(state.values())
     if len(owners) == 1:
         return recs, [owners[0]] * len(recs)
@@ -338,12 +414,13 @@ def read_partition(part: ScanPartition) -> Iterator[Any]:
 
 def _read_partition(part: ScanPartition) -> Iterator[Any]:
     root = part.archive
-    out = _Batches(values=part.values)
+    names = ArchiveNames(root)
+    out = _Batches(values=part.values, names=names)
     validate = part.validate
     if part.resolved:
         for vb, parts in part.units:
             recs, owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in parts],
-                                         validate=validate)
+                                         validate=validate, names=names)
             for i in range(0, len(recs), BATCH_ROWS):
                 out.add(recs[i:i + BATCH_ROWS], owners[i:i + BATCH_ROWS], vb, None,
                         items_only=True)
@@ -352,7 +429,10 @@ def _read_partition(part: ScanPartition) -> Iterator[Any]:
     else:
         for bid, entry, cut in part.units:
             vb = entry["vbucket"]
+            events = _has_events(entry)
             for batch in iter_vbucket_batches(backup_path(root, bid), entry, validate=validate):
+                if events:
+                    names.add_records(batch)
                 out.add(batch, bid, vb, cut)
                 if len(out) >= BATCH_ROWS:
                     yield out.flush()

@@ -5,6 +5,12 @@ count), so only that vbucket's files are read: a small read that needs no Spark.
 version found is reported with its backup, seqno, rev seqno, cas, type and size; versions on
 a dead history branch (above a rollback recorded by a later backup of the same chain) are
 marked dead, and the version `restore` would write is marked as such.
+
+Collections: the key is matched in every collection (or only in `collection`,
+"scope.collection"); each version names its scope and collection (through the archive's
+manifests and system events; an id none names shows as its hex id) and says whether that
+collection was dropped (a drop event on the history read, not cut off by a rollback). A
+dropped collection's versions are not restored as of a point after the drop.
 """
 from __future__ import annotations
 
@@ -15,6 +21,9 @@ from typing import Any
 from dcptool.archive import Archive
 from dcptool.archive.chain import descendant_cuts
 from dcptool.archive.reader import iter_vbucket_batches
+from dcptool.archive.resolve import Drops
+from dcptool.errors import UsageError
+from dcptool.protocol.collections import hex_id, split_doc_key
 from dcptool.protocol.errors import ProtocolError
 from dcptool.protocol.snappy import SNAPPY, decompress
 from dcptool.protocol.vbucket import vbucket_of
@@ -39,17 +48,31 @@ def _value_text(value: bytes, datatype: int) -> dict[str, Any]:
 
 def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
                 backup: str | None = None, values: bool = False,
-                vbucket: int | None = None) -> dict[str, Any]:
+                vbucket: int | None = None, collection: str | None = None) -> dict[str, Any]:
     """{"key", "vbucket", "versions": [...]} oldest first. With `backup`, only the chain of
-    that backup; otherwise every committed backup."""
+    that backup; otherwise every committed backup. `collection` ("scope.collection"): only
+    the versions in collections of that name."""
+    from .collnames import CollectionNames
+
     archive = Archive.open(archive_path)
     k = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    want: tuple[str, str] | None = None
+    if collection is not None:
+        parts = collection.split(".")
+        if len(parts) != 2 or not all(parts):
+            raise UsageError(f"--collection: {collection!r} is not scope.collection")
+        want = (parts[0], parts[1])
     vb = vbucket_of(k, archive.vbucket_count) if vbucket is None else vbucket
     manifests = archive.manifests()
     ids = archive.chain_ids(manifests, backup) if backup else sorted(manifests)
     scope = {b: manifests[b] for b in ids}
     cuts = descendant_cuts(scope)
     live_chain = set(archive.chain_ids(manifests, backup)) if manifests else set()
+    names = CollectionNames()
+    for bid in ids:
+        names.add_manifest(scope[bid].get("collections"))
+    drops = Drops()  # on the chain restored
+    dropped_any = Drops()  # anywhere in what was read
     versions: list[dict[str, Any]] = []
     for bid in ids:
         entry = next((e for e in scope[bid]["vbuckets"] if e["vbucket"] == vb), None)
@@ -59,8 +82,18 @@ def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
         for batch in iter_vbucket_batches(archive.backup_dir(bid), entry):
             for r in batch:
                 t = r[0]
+                if t == 8:
+                    names.add_event(r)
+                    if cut is None or r[1] <= cut:
+                        dropped_any.add(r)
+                        if bid in live_chain:
+                            drops.add(r)
+                    continue
                 if t == 3:
-                    if r[7] != k:
+                    if not r[7].endswith(k):
+                        continue
+                    cid, kk = split_doc_key(r[7])
+                    if kk != k:
                         continue
                     v = {"backup": bid, "vbucket": vb, "seqno": r[1], "rev_seqno": r[2],
                          "cas": r[3], "type": "mutation", "size": len(r[8]), "flags": r[4],
@@ -68,7 +101,10 @@ def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
                          "xattrs_size": len(r[9]) if r[9] is not None else 0}
                     value, dt = r[8], r[6]
                 elif t == 4 or t == 5:
-                    if r[4] != k:
+                    if not r[4].endswith(k):
+                        continue
+                    cid, kk = split_doc_key(r[4])
+                    if kk != k:
                         continue
                     v = {"backup": bid, "vbucket": vb, "seqno": r[1], "rev_seqno": r[2],
                          "cas": r[3], "type": NAMES[t], "size": len(r[7]), "flags": None,
@@ -77,16 +113,32 @@ def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
                     value, dt = r[7], r[6]
                 else:
                     continue
+                v["collection_id"] = hex_id(cid)
                 v["dead"] = cut is not None and r[1] > cut
                 v["restored"] = False
                 if values:
                     v.update(_value_text(value, dt))
                 versions.append(v)
-    # the version restore writes: the last live one on the chain being restored
+    scope_of = names.scope_of()
+    kept = []
+    for v in versions:
+        cid = int(v["collection_id"], 16)
+        sc, co = names.display(cid)
+        v["scope"], v["collection"] = sc, co
+        v["collection_dropped"] = dropped_any.dropped(cid, scope_of)
+        if want is None or (sc, co) == want:
+            kept.append(v)
+    versions = kept
+    # the version restore writes, per collection: the last live one on the chain being
+    # restored, unless the chain dropped that collection
+    done: set[str] = set()
     for v in reversed(versions):
-        if v["backup"] in live_chain and not v["dead"]:
+        cid = v["collection_id"]
+        if cid in done or v["backup"] not in live_chain or v["dead"]:
+            continue
+        done.add(cid)
+        if not drops.dropped(int(cid, 16), scope_of):
             v["restored"] = True
-            break
     return {"archive": str(archive.path), "key": k.decode("utf-8", "replace"), "vbucket": vb,
             "backups_read": len([b for b in ids
                                  if any(e["vbucket"] == vb for e in scope[b]["vbuckets"])]),

@@ -19,6 +19,7 @@ from dcptool.client.connection import Connection
 from dcptool.client.errors import NotMyVbucketError, ProtocolViolation
 from dcptool.protocol import vbucket_of
 from dcptool.protocol import wire
+from dcptool.protocol.collections import split_doc_key
 from dcptool.protocol.constants import (
     REQUEST_MAGICS,
     MetaOption,
@@ -39,6 +40,17 @@ _SETQ_WITH_META = wire.OP_SETQ_WITH_META
 _DELQ_WITH_META = wire.OP_DELQ_WITH_META
 _IS_EXPIRATION = wire.META_IS_EXPIRATION
 _KEY = itemgetter(1)  # of a record
+
+
+def _logical_keys(batch: list[tuple]) -> list[bytes]:
+    """The keys of a batch of doc-key records without their collection prefixes (what a
+    key's vbucket is computed from): one slice per key, a LEB128 decode only for ids from
+    128 up."""
+    return [k[1:] if k[0] < 0x80 else split_doc_key(k)[1] for k in map(_KEY, batch)]
+
+
+def _vbucket_of_record(key: bytes, vbuckets: int, prefixed: bool) -> int:
+    return vbucket_of(split_doc_key(key)[1] if prefixed else key, vbuckets)
 
 
 def _zero_counts() -> dict[str, int]:
@@ -95,12 +107,15 @@ class MetaWriter:
     windows are in flight, so the node applies one window while the next is encoded and
     sent. A window's records count as written once its NOOP is answered; `write` returns
     when every window it sent is confirmed. `force` skips the node's conflict resolution
-    (our version always wins).
+    (our version always wins). `prefixed`: the keys are doc keys (the connection negotiated
+    Collections), so a key's vbucket is computed from the key without its prefix.
     """
 
     def __init__(self, conn: Connection, vbuckets: int, *, force: bool = False, window: int = 2000,
-                 max_retries: int = 8, backoff: float = 0.05, depth: int = 2) -> None:
+                 max_retries: int = 8, backoff: float = 0.05, depth: int = 2,
+                 prefixed: bool = False) -> None:
         self.conn = conn
+        self.prefixed = prefixed
         self.vbuckets = vbuckets
         self.options = int(MetaOption.SKIP_CONFLICT_RESOLUTION) if force else 0
         self.window = max(1, min(window, 0xFFFF))
@@ -145,7 +160,7 @@ class MetaWriter:
         opaque = base
         req, extlen, opts_extlen = wire.REQ, wire.WITH_META_EXTLEN, wire.WITH_META_OPTIONS_EXTLEN
         # the records' vbuckets in one pass (a call per record would cost)
-        vbs = wire.vbuckets_of(map(_KEY, batch), n)
+        vbs = wire.vbuckets_of(_logical_keys(batch) if self.prefixed else map(_KEY, batch), n)
         for (kind, key, value, flags, expiry, rev, cas, datatype), vb in zip(batch, vbs):
             klen = len(key)
             if kind == WRITE_MUTATION:
@@ -212,10 +227,10 @@ class MetaWriter:
             elif status in _RETRY and attempt < self.max_retries:
                 retry.append(rec)
             elif status == Status.NOT_MY_VBUCKET:
+                vb = _vbucket_of_record(rec[1], self.vbuckets, self.prefixed)
                 raise NotMyVbucketError(
-                    f"{self.conn.address} does not hold vbucket {vbucket_of(rec[1], self.vbuckets)} "
-                    f"(key {rec[1][:60]!r})", host=self.conn.address,
-                    vbucket=vbucket_of(rec[1], self.vbuckets))
+                    f"{self.conn.address} does not hold vbucket {vb} "
+                    f"(key {rec[1][:60]!r})", host=self.conn.address, vbucket=vb)
             else:
                 self.counts.failed[kind] += 1
                 if len(self.counts.errors) < 10:
@@ -231,7 +246,7 @@ class MetaWriter:
 def write_to_actives(opts, routes: dict[int, str], vbuckets: int,
                      per_vbucket: Iterable[tuple[int, Iterable[tuple]]], *,
                      force: bool = False, window: int = 2000,
-                     reroute_timeout: float = 60.0) -> WriteCounts:
+                     reroute_timeout: float = 60.0, prefixed: bool = False) -> WriteCounts:
     """Write each vbucket's records to its active node on a cluster.
 
     routes: {vbucket: HOST:PORT of its active node} (from the cluster map); per_vbucket:
@@ -271,7 +286,8 @@ def write_to_actives(opts, routes: dict[int, str], vbuckets: int,
                 w = writers.get(node)
                 if w is None:
                     w = writers[node] = MetaWriter(node_opts(opts, node).connect(), vbuckets,
-                                                   force=force, window=max(window, len(batch)))
+                                                   force=force, window=max(window, len(batch)),
+                                                   prefixed=prefixed)
                 w.write(batch)
                 return
             except (NotMyVbucketError, ClientError, OSError, DcptoolError) as exc:

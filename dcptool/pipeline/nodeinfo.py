@@ -56,8 +56,11 @@ def cluster_state(opts, vbuckets: list[int] | None = None):
     """node_state for the node `opts` or, when it is a member of a cluster, for the whole
     cluster: seqnos and failover logs come from each vbucket's active node (as the map
     says). Returns (vbucket count, {vb: high seqno}, {vb: failover log}, groups) where
-    groups is {node address: [vbuckets]} on a cluster and None for a node alone."""
-    with opts.connect() as conn:
+    groups is {node address: [vbuckets]} on a cluster and None for a node alone.
+
+    The connections negotiate Collections: GET_ALL_VB_SEQNOS then reports each vbucket's
+    high seqno (a connection without it gets the default collection's)."""
+    with opts.connect(collections=True) as conn:
         found = active_nodes(opts, conn, vbuckets)
         if found is None:
             return (*node_state(conn, vbuckets), None)
@@ -66,7 +69,7 @@ def cluster_state(opts, vbuckets: list[int] | None = None):
     logs: dict = {}
     placed: dict[str, list[int]] = {}
     for address, vbs in groups.items():
-        with node_opts(opts, address).connect() as conn:
+        with node_opts(opts, address).connect(collections=True) as conn:
             actives = get_vbucket_seqnos(conn, state=1)
             mine = [vb for vb in vbs if vb in actives]
             if mine:

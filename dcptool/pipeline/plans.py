@@ -37,6 +37,11 @@ class BackupTask:
     session: str
     #: the node is a member of a cluster: each vbucket streams from its active node
     cluster: bool = False
+    #: the stream filter of --include-data/--exclude-data (None: every collection)
+    stream_filter: Any = None
+    #: the selection applied by the task instead (backupdata.ClientFilter), when selected
+    #: collections were dropped since the previous backup
+    client_filter: Any = None
 
 
 @dataclass(frozen=True, slots=True)

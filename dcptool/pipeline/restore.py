@@ -5,6 +5,16 @@ history branches cut by rollback records are skipped) and written with SET_WITH_
 DEL_WITH_META, so cas, rev seqno, flags and expiry are kept. The node's conflict
 resolution decides: where it holds newer data the write is counted as skipped, unless
 `force` is set. One Spark task per group of vbuckets, each with its own connection.
+
+Collections: the archive's keys are doc keys (collection id prefix). Restore connects with
+HELLO Collections and writes each document into the TARGET's collection of the same names
+(or the names `--map-data` gives): source id -> (scope, collection) through the archive's
+manifests and system events (pipeline/collnames.py) -> target id through the target's
+manifest (GET_COLLECTIONS_MANIFEST). Missing scopes and collections are created over the
+target's REST port first; when that is not possible the restore stops before writing,
+naming what is missing. A target without collections takes the default collection only.
+When every id maps to itself and nothing is left out, keys are written as read: no
+per-item work (`CollectionPlan.per_item`).
 """
 from __future__ import annotations
 
@@ -15,8 +25,20 @@ from dataclasses import dataclass, field
 import itertools
 from typing import Any
 
-from dcptool.archive import REC_DELETION, REC_EXPIRATION, REC_MUTATION, Archive, VBucketHistory, resolve
-from dcptool.errors import DcptoolError
+from dcptool.archive import REC_DELETION, REC_EXPIRATION, REC_MUTATION, Archive, VBucketHistory
+from dcptool.archive.resolve import resolve
+from dcptool.client.options import ConnOptions
+from dcptool.errors import DcptoolError, UsageError
+from dcptool.protocol.collections import (
+    DEFAULT_COLLECTION,
+    DEFAULT_SCOPE,
+    Manifest,
+    decode_leb128,
+    doc_key,
+    encode_leb128,
+    hex_id,
+)
+from dcptool.protocol.constants import Feature
 from dcptool.protocol.errors import ProtocolError
 from dcptool.protocol.snappy import SNAPPY, plain
 
@@ -24,6 +46,8 @@ from dcptool.runlog import RunLog
 
 from . import metawriter as mw
 from .nodeinfo import active_nodes, vbucket_count
+from .collnames import CollectionNames, chain_collections
+from .datafilter import DataSelection, selection, show
 from .plans import RestoreTask, RestoreTaskResult
 from .runtime import default_parallelism, get_spark, plan_groups
 from .tasks import reporting_failures, task_failure
@@ -32,16 +56,106 @@ _KIND = {REC_MUTATION: mw.WRITE_MUTATION, REC_DELETION: mw.WRITE_DELETION,
          REC_EXPIRATION: mw.WRITE_EXPIRATION}
 
 
+@dataclass(frozen=True)
+class CollectionsConnOptions(ConnOptions):
+    """Connection options whose connections negotiate HELLO Collections (keys are doc keys
+    when the node accepts it)."""
+
+    @property
+    def features(self) -> tuple[int, ...]:
+        base = ConnOptions.features.fget(self)  # type: ignore[attr-defined]
+        return base if Feature.COLLECTIONS in base else base + (int(Feature.COLLECTIONS),)
+
+
+def with_collections(opts):
+    """`opts` (ConnOptions) whose connections negotiate Collections."""
+    if opts is None or isinstance(opts, CollectionsConnOptions):
+        return opts
+    import dataclasses
+
+    return CollectionsConnOptions(**{f.name: getattr(opts, f.name)
+                                     for f in dataclasses.fields(opts)})
+
+
+@dataclass(frozen=True)
+class CollectionPlan:
+    """How a task turns the archive's doc keys into the keys it sends (picklable).
+
+    `remap` {source collection id: target id} (None: every id as it is); ids in `skip` are
+    not restored (left out by --include-data/--exclude-data); an id in neither is unknown
+    to the archive's manifests and fails the restore. `strip`: the target has no
+    collections, keys go without prefix (everything maps to the default collection).
+    `scope_of` {collection id: scope id} lets resolution end collections a scope drop
+    ended."""
+
+    remap: dict[int, int] | None = None
+    skip: frozenset[int] = frozenset()
+    strip: bool = False
+    scope_of: dict[int, int] | None = None
+
+    @property
+    def per_item(self) -> bool:
+        return self.remap is not None or bool(self.skip) or self.strip
+
+
+_NO_COLLECTIONS = CollectionPlan()
+
+
+def _logical(key: bytes) -> bytes:
+    """A doc key without its collection prefix."""
+    if key and key[0] < 0x80:
+        return key[1:]
+    return key[decode_leb128(key)[1]:]
+
+
+def _key_mapper(plan: CollectionPlan, vbucket: int):
+    """key -> key to send, or None to leave the record out."""
+    remap, skip, strip = plan.remap, plan.skip, plan.strip
+    prefixes: dict[int, bytes | None] = {}
+
+    def new_prefix(cid: int) -> bytes | None:
+        if cid in skip:
+            return None
+        tgt = cid if remap is None else remap.get(cid)
+        if tgt is None:
+            raise DcptoolError(f"vbucket {vbucket} holds documents of collection id "
+                               f"{hex_id(cid)}, which no manifest or system event of the "
+                               "archive names", hint="verify the archive")
+        return b"" if strip else encode_leb128(tgt)
+
+    def mapkey(key: bytes) -> bytes | None:
+        c = key[0]
+        if c < 0x80:
+            pos = 1
+        else:
+            c, pos = decode_leb128(key)
+        p = prefixes.get(c, False)
+        if p is False:
+            p = prefixes[c] = new_prefix(c)
+        if p is None:
+            return None
+        return p + key[pos:]
+
+    return mapkey
+
+
 def resolved_records(archive_path: str, vbucket: int, backup: str | None,
-                     key_filter: str | None = None, *, chain=None):
+                     key_filter: str | None = None, *, chain=None,
+                     collections: CollectionPlan | None = None,
+                     upto_seqno: int | None = None):
     """(kind, key, value, flags, expiry, rev_seqno, cas, datatype) for each resolved key of the
     vbucket, in seqno order. `chain` (from Archive.chain) saves re-reading the manifests when
-    many vbuckets are resolved in a row."""
+    many vbuckets are resolved in a row. Keys are doc keys, turned into the target's by
+    `collections`; documents of collections dropped as of the point restored are left out.
+    `key_filter` (a regex) is matched against the key without its collection prefix."""
     if chain is None:
         chain = Archive.open(archive_path).chain(backup)
+    plan = collections or _NO_COLLECTIONS
     pattern = re.compile(key_filter.encode()) if key_filter else None
     parts = [VBucketHistory(b, vbucket) for b in chain if b.entry(vbucket) is not None]
-    recs = sorted(resolve(parts).values(), key=lambda r: r[1])
+    recs = sorted(resolve(parts, upto_seqno=upto_seqno, scope_of=plan.scope_of).values(),
+                  key=lambda r: r[1])
+    mapkey = _key_mapper(plan, vbucket) if plan.per_item else None
     for r in recs:
         t = r[0]
         if t == REC_MUTATION:
@@ -54,8 +168,13 @@ def resolved_records(archive_path: str, vbucket: int, backup: str | None,
             if datatype & SNAPPY:
                 value, datatype = _plain(value, datatype, vbucket, key)
             out = (_KIND[t], key, value or b"", 0, delete_time, rev, cas, datatype)
-        if pattern is not None and not pattern.search(out[1]):
+        if pattern is not None and not pattern.search(_logical(key)):
             continue
+        if mapkey is not None:
+            k = mapkey(key)
+            if k is None:
+                continue
+            out = (out[0], k, *out[2:])
         yield out
 
 
@@ -104,7 +223,13 @@ def check_chain_files(chain, vbuckets) -> tuple[int, int, float]:
     return len(files), sum(f["size"] for _p, f in files), time.monotonic() - t0
 
 
-def restore_task(task: RestoreTask) -> RestoreTaskResult:
+def restore_task(task: RestoreTask | tuple) -> RestoreTaskResult:
+    """One task: `task` is a RestoreTask, or (RestoreTask, CollectionPlan)."""
+    colls = None
+    if isinstance(task, tuple):
+        task, colls = task
+    colls = colls or _NO_COLLECTIONS
+    prefixed = not colls.strip
     t0 = time.monotonic()
     counts = mw.WriteCounts()
     chain = Archive.open(task.archive).chain(task.backup)
@@ -113,7 +238,7 @@ def restore_task(task: RestoreTask) -> RestoreTaskResult:
 
     def records_of(vb):
         recs = list(resolved_records(task.archive, vb, task.backup, task.key_filter,
-                                     chain=chain))
+                                     chain=chain, collections=colls))
         kinds = [r[0] for r in recs]
         per_vb[vb] = {k: kinds.count(k) for k in mw.WRITE_KINDS}
         return recs
@@ -128,14 +253,184 @@ def restore_task(task: RestoreTask) -> RestoreTaskResult:
     elif task.routes:  # a cluster: each vbucket to its active node
         out = mw.write_to_actives(task.opts, task.routes, task.node_vbuckets,
                                   ((vb, records_of(vb)) for vb in task.vbuckets),
-                                  force=task.force).as_dict()
+                                  force=task.force, prefixed=prefixed).as_dict()
     else:
         with task.opts.connect() as conn:
-            writer = mw.MetaWriter(conn, task.node_vbuckets, force=task.force)
+            _check_target_collections(conn, colls)
+            writer = mw.MetaWriter(conn, task.node_vbuckets, force=task.force,
+                                   prefixed=prefixed)
             writer.write(records())
         out = writer.counts.as_dict()
     return RestoreTaskResult(out, {"vbuckets": per_vb, "seconds": round(time.monotonic() - t0, 3),
                                    "pid": os.getpid()})
+
+
+def _check_target_collections(conn, plan: CollectionPlan) -> None:
+    """A task's connection must speak the key form the driver planned for."""
+    if conn.collections == plan.strip:
+        raise DcptoolError(f"{conn.address} {'now' if conn.collections else 'no longer'} "
+                           "accepts collections; the restore was planned otherwise",
+                           hint="run the restore again")
+
+
+# -- collections on the driver ------------------------------------------------------------------
+
+GET_COLLECTIONS_MANIFEST = 0xBA
+
+
+def target_manifest(conn) -> Manifest:
+    """The node's manifest (GET_COLLECTIONS_MANIFEST) over a collections connection."""
+    from dcptool.client.connection import raise_for_status
+    from dcptool.protocol.messages import GenericRequest
+
+    rsp = conn.request(GenericRequest(op=GET_COLLECTIONS_MANIFEST))
+    raise_for_status(rsp, "GET_COLLECTIONS_MANIFEST", address=conn.address)
+    try:
+        return Manifest.from_json(bytes(rsp.value))
+    except ValueError as exc:
+        raise DcptoolError(f"{conn.address} answered GET_COLLECTIONS_MANIFEST with a "
+                           f"malformed manifest: {exc}") from None
+
+
+def _listing(names: list[str], limit: int = 8) -> str:
+    if len(names) <= limit:
+        return ", ".join(names)
+    return ", ".join(names[:limit]) + f" and {len(names) - limit} more"
+
+
+@dataclass
+class CollectionsSetup:
+    """What the driver decided about collections (also in the result's JSON)."""
+
+    plan: CollectionPlan
+    #: {source "scope.collection": target "scope.collection"} of what is restored
+    restored: dict[str, str] = field(default_factory=dict)
+    excluded: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    target_collections: bool = True
+
+    def as_json(self) -> dict[str, Any]:
+        return {"restored": self.restored, "excluded": self.excluded, "created": self.created,
+                "target_collections": self.target_collections}
+
+
+def plan_collections(chain, held: list[int], sel: DataSelection, *, conn=None, opts=None,
+                     rest_port: int | None = None, notice=None) -> CollectionsSetup:
+    """Name the archive's collections, apply the selection and the mapping, and (with a
+    target connection) find or create the target's collections. Raises DcptoolError, one
+    line naming what is missing, before anything is written."""
+    names, live = chain_collections(chain, vbuckets=held)
+    for option, n in sel.names():
+        known = (any(sc == n[0] for sc in names.scopes.values()) if n[1] is None
+                 else bool(names.ids_named(n[0], n[1])))
+        if not known:
+            raise UsageError(f"{option}: {show(n)} is not in the archive (it holds "
+                             f"{_listing(_live_names(names, live)) or 'no collection'})")
+    selected: dict[int, tuple[str, str]] = {}
+    skip: set[int] = set()
+    for cid in names.collections:
+        nm = names.names(cid)
+        if cid in live and nm is not None and sel.selects(*nm):
+            selected[cid] = nm
+        else:
+            skip.add(cid)
+    targets = {cid: sel.target(*nm) for cid, nm in selected.items()}
+    setup = CollectionsSetup(CollectionPlan(), restored={
+        f"{nm[0]}.{nm[1]}": f"{targets[c][0]}.{targets[c][1]}" for c, nm in sorted(selected.items())},
+        excluded=sorted(f"{nm[0]}.{nm[1]}" for c in skip if c in live
+                        and (nm := names.names(c)) is not None))
+    scope_of = names.scope_of() if len(names.collections) > 1 else None
+    # left out by the selection (documents of dropped collections never survive resolution)
+    excluded = frozenset(c for c in skip if c in live)
+
+    def make_plan(remap: dict[int, int] | None, strip: bool) -> CollectionPlan:
+        if remap is not None and all(a == b for a, b in remap.items()) and not strip:
+            remap = None
+        if remap is None and not excluded and not strip:
+            return CollectionPlan(None, frozenset(), False, scope_of)
+        return CollectionPlan(remap, frozenset(skip), strip, scope_of)
+
+    if conn is None:  # a dry run: keys as they are, the excluded left out
+        setup.plan = make_plan(None, False)
+        return setup
+    default = (DEFAULT_SCOPE, DEFAULT_COLLECTION)
+    if not conn.collections:
+        setup.target_collections = False
+        outside = sorted({f"{t[0]}.{t[1]}" for t in targets.values() if t != default})
+        if outside:
+            raise DcptoolError(
+                f"the target {conn.address} has no collections: only the default collection "
+                f"can be restored there, and the selection holds {_listing(outside)}",
+                hint="leave them out with --exclude-data or map them to _default._default "
+                     "with --map-data")
+        setup.plan = make_plan({cid: 0 for cid in selected}, True)
+        return setup
+    tm = target_manifest(conn)
+    missing_scopes = sorted({t[0] for t in targets.values() if tm.scope(t[0]) is None})
+    missing = sorted({t for t in targets.values() if tm.collection(*t) is None})
+    if missing:
+        ttl: dict[tuple[str, str], int] = {}
+        for cid, t in targets.items():
+            ttl[t] = max(ttl.get(t, 0), names.max_ttl(cid))
+        tm = _create_collections(conn, opts, tm, missing_scopes, missing, ttl, rest_port)
+        setup.created = [f"{s} (scope)" for s in missing_scopes] + [f"{s}.{c}" for s, c in missing]
+        if notice is not None:
+            notice(f"created on the target: {_listing(setup.created, 20)}")
+    remap = {}
+    for cid, t in targets.items():
+        c = tm.collection(*t)
+        if c is None:
+            raise DcptoolError(f"the target {conn.address} still has no collection "
+                               f"{t[0]}.{t[1]} after creating it")
+        remap[cid] = c.uid
+    setup.plan = make_plan(remap, False)
+    return setup
+
+
+def _live_names(names: CollectionNames, live: set[int]) -> list[str]:
+    return sorted(f"{n[0]}.{n[1]}" for c in live if (n := names.names(c)) is not None)
+
+
+def _create_collections(conn, opts, tm: Manifest, scopes: list[str],
+                        colls: list[tuple[str, str]], ttl: dict, rest_port: int | None
+                        ) -> Manifest:
+    from dcptool.client.rest import RestClient, RestError, rest_port_of
+    from dcptool.client.topology import cluster_config
+
+    what = _listing([f"scope {s}" for s in scopes] + [f"{s}.{c}" for s, c in colls])
+    port = rest_port
+    if port is None:
+        try:
+            port = rest_port_of(cluster_config(conn), tls=bool(getattr(opts, "tls", False)))
+        except DcptoolError:
+            port = None
+    if port is None:
+        raise DcptoolError(f"the target {conn.address} lacks {what}, and its REST port is "
+                           "unknown to create them", hint="pass --rest-port, or create them "
+                                                          "on the target first")
+    rest = RestClient.for_options(opts, port)
+    try:
+        for s in scopes:
+            try:
+                rest.create_scope(s)
+            except RestError as exc:
+                if exc.status != 400 or "exist" not in str(exc):
+                    raise
+        for s, c in colls:
+            try:
+                rest.create_collection(s, c, ttl.get((s, c), 0))
+            except RestError as exc:
+                if exc.status != 400 or "exist" not in str(exc):
+                    raise
+    except RestError as exc:
+        if exc.forbidden:
+            raise DcptoolError(f"user {opts.username!r} may not create scopes and collections "
+                               f"on the target {conn.address}, which lacks {what}; nothing "
+                               "was written", hint="create them on the target first, or "
+                                                   "restore as a user who may") from None
+        raise DcptoolError(f"could not create {what} on the target {conn.address}: "
+                           f"{exc}; nothing was written") from None
+    return target_manifest(conn)
 
 
 @dataclass
@@ -146,6 +441,7 @@ class RestoreResult:
     counts: mw.WriteCounts = field(default_factory=mw.WriteCounts)
     seconds: float = 0.0
     log: str | None = None
+    collections: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = self.counts.as_dict()
@@ -153,14 +449,17 @@ class RestoreResult:
         return {"backup_id": self.backup_id, "vbuckets": self.vbuckets, "dry_run": self.dry_run,
                 **d, "seconds": round(self.seconds, 3),
                 "items_per_second": round(total / self.seconds, 1) if self.seconds else None,
-                "log": self.log}
+                "collections": self.collections, "log": self.log}
 
 
 def run_restore(archive_path: str, opts=None, **kwargs: Any) -> RestoreResult:
     """Restore the archive at `archive_path` into the node `opts` (None with dry_run).
 
     Keyword arguments: backup, vbuckets, key_filter, force, dry_run, partitions, master,
-    spark. The run is logged to `ARCHIVE/logs/restore-*.log`.
+    spark, include_data, exclude_data, map_data (lists of names, see pipeline/datafilter.py),
+    rest_port (the target's REST port for creating collections; default from its cluster
+    config), notice (a callable for one-line notes). The run is logged to
+    `ARCHIVE/logs/restore-*.log`.
     """
     with RunLog("restore") as rl:
         result = _run_restore(rl, archive_path, opts, **kwargs)
@@ -176,9 +475,12 @@ def _kinds(c: dict[str, int]) -> str:
 def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None = None,
                  vbuckets: list[int] | None = None, key_filter: str | None = None,
                  force: bool = False, dry_run: bool = False, partitions: int | None = None,
-                 master: str | None = None, spark=None) -> RestoreResult:
+                 master: str | None = None, spark=None, include_data=None, exclude_data=None,
+                 map_data=None, rest_port: int | None = None, notice=None) -> RestoreResult:
     t0 = time.monotonic()
     archive = Archive.open(os.path.abspath(archive_path))  # tasks may run elsewhere
+    sel = selection(include_data, exclude_data, map_data, bucket=archive.bucket,
+                    target_bucket=opts.bucket if opts is not None else None)
     rl.attach(os.path.abspath(archive.path))
     rl.info("restore%s of %s into %s (pid %d)", " dry run" if dry_run else "", archive.path,
             "nothing" if opts is None else f"bucket {opts.bucket} on {opts.address}", os.getpid())
@@ -198,15 +500,27 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
             raise UsageError(f"--filter-keys: bad regular expression: {exc}") from None
     node_vbuckets = archive.vbucket_count
     routes = None  # on a cluster: {vbucket: its active node}
-    if not dry_run:
-        with opts.connect() as conn:
-            node_vbuckets = vbucket_count(conn)
-            found = active_nodes(opts, conn)
-        if found is not None:
-            routes = {vb: node for node, vbs in found[1].items() for vb in vbs}
     checked = check_chain_files(chain, held)  # a damaged file: nothing is written
     rl.info("checked %d files (%d bytes) against the manifests in %.2f s", *checked)
-    result = RestoreResult(target, len(held), dry_run)
+    if not dry_run:
+        copts = with_collections(opts)
+        with copts.connect() as conn:
+            node_vbuckets = vbucket_count(conn)
+            found = active_nodes(copts, conn)
+            setup = plan_collections(chain, held, sel, conn=conn, opts=opts,
+                                     rest_port=rest_port, notice=notice)
+        # the tasks speak the key form planned: doc keys, or plain keys for a target
+        # without collections
+        opts = opts if setup.plan.strip else copts
+        if found is not None:
+            routes = {vb: node for node, vbs in found[1].items() for vb in vbs}
+    else:
+        setup = plan_collections(chain, held, sel)
+    colls = setup.plan
+    rl.info("collections: %s%s%s", ", ".join(f"{a} -> {b}" for a, b in setup.restored.items()),
+            "; keys as stored" if not colls.per_item else "; keys remapped per item",
+            f"; left out {', '.join(setup.excluded)}" if setup.excluded else "")
+    result = RestoreResult(target, len(held), dry_run, collections=setup.as_json())
     rl.info("state as of backup %s (chain %s), %d vbuckets%s%s%s", target,
             " <- ".join(b.id for b in reversed(chain)), len(held),
             f", keys matching {key_filter!r}" if key_filter else "",
@@ -216,8 +530,9 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
         ts = time.monotonic()
         spark = spark or get_spark(master)
         n = partitions or 2 * default_parallelism(spark)
-        tasks = [RestoreTask(opts, str(archive.path), target, tuple(g), node_vbuckets,
-                             key_filter=key_filter, force=force, dry_run=dry_run, routes=routes)
+        tasks = [(RestoreTask(opts, str(archive.path), target, tuple(g), node_vbuckets,
+                              key_filter=key_filter, force=force, dry_run=dry_run, routes=routes),
+                  colls)
                  for g in plan_groups(held, n)]
         rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master, len(tasks),
                 time.monotonic() - ts)

@@ -22,6 +22,12 @@ emits a row of type `rollback` whose `seqno` is the point the vbucket went back 
 re-reads from there. Rows of that vbucket emitted earlier with a higher seqno belong to
 the abandoned history; a sink drops them when it sees the rollback row.
 
+Collections: the tasks' connections negotiate Collections, so every collection of the bucket
+is streamed; `key` is the document key without its collection prefix, `scope` and
+`collection` name its collection (through the node's manifest when the task began and the
+system events of the stream; an id neither names shows as its hex id with a null scope) and
+`collection_id` is its id. Offsets are the vbuckets' high seqnos (all collections).
+
 `trigger(availableNow=True)` freezes the target offsets when the query starts, drains up
 to them and stops. `maxRecordsPerBatch` bounds a micro-batch by seqno ranges (an upper
 bound of the items in them). `commit()` does nothing: DCP keeps no consumer position on
@@ -54,6 +60,9 @@ COLUMNS = (
     ("value", "binary"),
     ("deleted", "boolean"),
     ("delete_time", "bigint"),
+    ("scope", "string"),
+    ("collection", "string"),
+    ("collection_id", "bigint"),
 )
 SCHEMA_DDL = ", ".join(f"{n} {t}" for n, t in COLUMNS)
 
@@ -104,7 +113,9 @@ def node_positions(opts, vbuckets: list[int] | None) -> dict[int, dict[str, int]
     """{vb: offset entry at the node's current high seqno} for the active vbuckets."""
     from dcptool.client.ops import latest_positions
 
-    with opts.connect() as conn:
+    # a collections connection: each vbucket's high seqno (a legacy one gets the default
+    # collection's)
+    with opts.connect(collections=True) as conn:
         positions = latest_positions(conn, vbuckets)
     return {vb: _entry(p.uuid, p.seqno) for vb, p in positions.items()}
 
@@ -154,15 +165,27 @@ def stream_task(part: StreamPartition) -> Iterator[Any]:
 
     from dcptool.client.events import (
         DELETION, EV_CAS, EV_DATATYPE, EV_EXPIRY, EV_FLAGS, EV_KEY, EV_KIND, EV_REV_SEQNO,
-        EV_ROLLBACK_INFO, EV_SEQNO, EV_VALUE, EV_VBUCKET, EXPIRATION, MUTATION, ROLLBACK)
-    from dcptool.client.ops import get_failover_logs
+        EV_ROLLBACK_INFO, EV_SEQNO, EV_SYSTEM_EVENT, EV_VALUE, EV_VBUCKET, EXPIRATION, MUTATION,
+        ROLLBACK, SYSTEM_EVENT)
+    from dcptool.client.ops import get_collections_manifest, get_failover_logs
+    from dcptool.protocol.collections import (EVENT_BEGIN_COLLECTION, EVENT_CREATE_SCOPE,
+                                              split_doc_key)
     from dcptool.client.position import Position
     from dcptool.client.session import SessionConfig
 
     opts = part.opts
     plan = {int(vb): (s, e) for vb, (s, e) in part.vbuckets.items()}
-    with opts.connect() as conn:
+    with opts.connect(collections=True) as conn:
         logs = get_failover_logs(conn, sorted(plan))
+        manifest = get_collections_manifest(conn, missing_ok=True) if conn.collections else None
+    # collection names: {cid: (scope, collection)}, scopes {sid: name}
+    scopes: dict[int, str] = {0: "_default"}
+    colls: dict[int, tuple[str | None, str]] = {0: ("_default", "_default")}
+    if manifest is not None:
+        for sc in manifest.scopes:
+            scopes[sc.uid] = sc.name
+            for c in sc.collections:
+                colls[c.uid] = (sc.name, c.name)
     ends = {vb: e["seq"] for vb, (s, e) in plan.items()}
     rows: list[tuple] = []
     schema = arrow_schema()
@@ -176,6 +199,16 @@ def stream_task(part: StreamPartition) -> Iterator[Any]:
     def batch():
         n = len(rows)
         cols = [list(map(itemgetter(i), rows)) for i in range(12)]
+        # the key's collection: split once per row here, not in the event loop
+        kcols = []
+        for k in cols[8]:
+            if k is None:
+                kcols.append((None, None, None, None))
+                continue
+            cid, plain = split_doc_key(k) if k[:1] != b"\x00" else (0, k[1:])
+            sc, co = colls.get(cid) or (None, format(cid, "x"))
+            kcols.append((plain, sc, co, cid))
+        cols[8] = [c[0] for c in kcols]
         out = pa.RecordBatch.from_arrays([
             pa.array(cols[0], pa.int32()), pa.array(cols[1], pa.string()),
             pa.array(cols[2], pa.int64()), pa.array(cols[3], pa.int64()),
@@ -187,13 +220,16 @@ def stream_task(part: StreamPartition) -> Iterator[Any]:
                      pa.string()),
             pa.array(cols[9], pa.binary()), pa.array(cols[10], pa.bool_()),
             pa.array(cols[11], pa.int64()),
+            pa.array([c[1] for c in kcols], pa.string()),
+            pa.array([c[2] for c in kcols], pa.string()),
+            pa.array([c[3] for c in kcols], pa.int64()),
         ], schema=schema)
         rows.clear()
         assert out.num_rows == n
         return out
 
     config = SessionConfig(name=part.name, no_value=not part.values,
-                           consistent=True, max_rollbacks=16)
+                           consistent=True, max_rollbacks=16, collections=True)
     consumer = opts.consumer(config, on_rollback=on_rollback)
     try:
         streams = {}
@@ -220,6 +256,12 @@ def stream_task(part: StreamPartition) -> Iterator[Any]:
                                      None, None, ev[EV_DATATYPE], bytes(ev[EV_KEY]),
                                      bytes(ev[EV_VALUE]) if values else None, True,
                                      ev[EV_EXPIRY]))
+                elif kind == SYSTEM_EVENT:  # a collection created later: its name
+                    sev = ev[EV_SYSTEM_EVENT]
+                    if sev.event == EVENT_CREATE_SCOPE and sev.name:
+                        scopes[sev.scope_id] = sev.name
+                    elif sev.event == EVENT_BEGIN_COLLECTION and sev.collection_id is not None:
+                        colls[sev.collection_id] = (scopes.get(sev.scope_id), sev.name)
                 elif kind == ROLLBACK:
                     info = ev[EV_ROLLBACK_INFO]
                     rows.append((ev[EV_VBUCKET], "rollback", info.after.seqno, None, None, None, None,

@@ -19,6 +19,7 @@ from dcptool.archive.format import FORMAT_VERSION, sync_filesystem
 from dcptool.archive.frames import decompress_frame, frame_records, scan_frames
 from dcptool.archive.verify import verify_archive
 from dcptool.archive.writer import buffered_bytes
+from dcptool.protocol.collections import EVENT_BEGIN_COLLECTION, SystemEvent
 
 FIXTURE = Path(__file__).parent / "fixtures" / "archive-v1"  # written by the version 1 writer
 MAX64 = (1 << 64) - 1
@@ -98,7 +99,7 @@ def test_version_2_is_smaller_than_version_1_and_near_zstd_of_the_values(tmp_pat
     rnd = random.Random(3)
     values = _order_values(rnd, 6000)
     sizes = {}
-    for version in (1, 2):
+    for version in (1, FORMAT_VERSION):  # 3 keeps the columnar blocks of 2
         a = Archive.create(tmp_path / f"v{version}", bucket="b", vbuckets=1)
         bw = a.begin_backup("full", version=version)
         w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
@@ -111,8 +112,8 @@ def test_version_2_is_smaller_than_version_1_and_near_zstd_of_the_values(tmp_pat
         sizes[version] = w.close(ArchivePosition.at(W, len(values)))["bytes"]["files"]
         bw.abort()
     zstd3 = len(zstandard.ZstdCompressor(level=3).compress(b"".join(values)))
-    assert sizes[2] < 0.93 * sizes[1], sizes
-    assert sizes[2] < 1.08 * zstd3, (sizes, zstd3)
+    assert sizes[FORMAT_VERSION] < 0.93 * sizes[1], sizes
+    assert sizes[FORMAT_VERSION] < 1.08 * zstd3, (sizes, zstd3)
 
 
 def _copy_fixture(tmp_path: Path) -> Path:
@@ -131,40 +132,44 @@ def test_version_1_fixture_reads_verifies_and_resolves(tmp_path):
     assert [a.manifest(b)["version"] for b in (full, inc)] == [1, 1]
     recs = list(a.backup(full).records(1))
     assert recs[0] == (0, "dcptool-archive", 1, 1, full, 0)
+    # the keys come out as doc keys of the default collection (the 0x00 prefix is given
+    # by the reader: a version 1 file stores them without)
     assert recs[2:] == [
         (2, 1, 6, 2),
-        *[(3, s, 1, 1000 + s, 7, 0, 1, b"key-1-%d" % s, b'{"n":%d}' % s, None)
+        *[(3, s, 1, 1000 + s, 7, 0, 1, b"\x00key-1-%d" % s, b'{"n":%d}' % s, None)
           for s in range(1, 5)],
-        (3, 5, 2, 1005, 0, 99, 5, b"key-1-1", b"body", b"\x00\x00\x00\x04xatt"),
-        (4, 6, 3, 1006, b"key-1-2", 1700000000, 0, b""),
+        (3, 5, 2, 1005, 0, 99, 5, b"\x00key-1-1", b"body", b"\x00\x00\x00\x04xatt"),
+        (4, 6, 3, 1006, b"\x00key-1-2", 1700000000, 0, b""),
         (7, 0x1111, 6, 6, 6),
     ]
     # vbucket 0 rolled back to 4 in the incremental: 5 and 6 of the full backup are dead
     state = a.resolve_vbucket(0)
-    assert state[b"key-0-3"][8] == b'{"n":"x"}'
-    assert state[b"key-0-4"][0] == 5  # expired
-    assert state[b"key-0-1"][8] == b'{"n":1}'  # the version at seqno 5 is dead
-    assert state[b"key-0-2"][0] == 3  # so is the deletion at 6
+    assert state[b"\x00key-0-3"][8] == b'{"n":"x"}'
+    assert state[b"\x00key-0-4"][0] == 5  # expired
+    assert state[b"\x00key-0-1"][8] == b'{"n":1}'  # the version at seqno 5 is dead
+    assert state[b"\x00key-0-2"][0] == 3  # so is the deletion at 6
 
 
-def test_new_backup_on_a_version_1_archive_writes_version_2(tmp_path):
+def test_new_backup_on_a_version_1_archive_writes_version_3(tmp_path):
     path = _copy_fixture(tmp_path)
     a = Archive.open(path)
     end = a.end_positions()[1]
     bw = a.begin_backup("incremental")
     w = bw.vbucket(1, end, [(0x1111, 0)])
     w.marker(7, 8)
-    w.mutation(7, 5, 3007, 0, 0, 1, b"key-1-3", b'{"n":7}')
-    w.mutation(8, 5, 3008, 0, 0, 1, b"key-1-9", b'{"n":8}')
+    w.mutation(7, 5, 3007, 0, 0, 1, b"\x00key-1-3", b'{"n":7}')
+    w.mutation(8, 5, 3008, 0, 0, 1, b"\x00key-1-9", b'{"n":8}')
     m = bw.commit([w.close(ArchivePosition.at(0x1111, 8))])
-    assert m["version"] == FORMAT_VERSION == 2
+    assert m["version"] == FORMAT_VERSION == 3
+    assert m["collections"] is None  # a node without collections (the default)
     assert json.loads((path / "archive.json").read_text())["version"] == 1  # never rewritten
     first = next(iter(a.backup(m["id"]).records(1)))
-    assert first[2] == 2
+    assert first[2] == 3
     assert verify_archive(path).ok
+    # one key form across the chain: the version 1 parent's keys read as doc keys too
     state = a.resolve_vbucket(1)
-    assert state[b"key-1-3"][8] == b'{"n":7}' and state[b"key-1-9"][8] == b'{"n":8}'
-    assert state[b"key-1-2"][0] == 4
+    assert state[b"\x00key-1-3"][8] == b'{"n":7}' and state[b"\x00key-1-9"][8] == b'{"n":8}'
+    assert state[b"\x00key-1-2"][0] == 4
 
 
 def test_resuming_a_version_1_partial_backup_keeps_version_1(tmp_path):
@@ -191,7 +196,7 @@ def test_resuming_a_version_1_partial_backup_keeps_version_1(tmp_path):
             for off, fr in scan_frames(f, name):
                 assert decompress_frame(fr, name, off)[:1] != b"\xc1"  # msgpack, not blocks
     keys = [r[7] for r in a.backup(m["id"]).records(0) if r[0] == 3]
-    assert keys[-1] == b"k-new" and len(keys) == at + 1
+    assert keys[-1] == b"\x00k-new" and len(keys) == at + 1  # read as doc keys
 
 
 def test_deferred_sync_writer_leaves_the_same_files(tmp_path):
@@ -212,13 +217,17 @@ def test_deferred_sync_writer_leaves_the_same_files(tmp_path):
     assert verify_archive(a.path).ok
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, FORMAT_VERSION])
 def test_add_packed_checks_the_counts_it_is_given(tmp_path, version):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=1)
     bw = a.begin_backup("full", version=version)
     w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
-    recs = [(2, 1, 2, 0), (3, 1, 1, 5, 0, 0, 1, b"a", b"xy", None),
-            (4, 2, 1, 6, b"b", 0, 0, b"")]
+    recs = [(2, 1, 2, 0), (3, 1, 1, 5, 0, 0, 1, b"\x00a", b"xy", None),
+            (4, 2, 1, 6, b"\x00b", 0, 0, b"")]
+    if version < 3:  # plain keys in the file; read back with the prefix
+        recs, read = [legacy_plain(r) for r in recs], recs
+    else:
+        read = recs
     data = b"".join(msgpack.packb(r) for r in recs)
     with pytest.raises(ValueError, match="not the counts"):
         w.add_packed(data, mutations=2, deletions=1, snapshots=1, value_bytes=2)
@@ -227,7 +236,16 @@ def test_add_packed_checks_the_counts_it_is_given(tmp_path, version):
     s = w2.close(ArchivePosition.at(W, 2))
     assert s["counts"]["mutations"] == 1 and s["counts"]["deletions"] == 1
     m = bw.commit([s])
-    assert [r for r in a.backup(m["id"]).records(0) if r[0] in (2, 3, 4)] == recs
+    assert [r for r in a.backup(m["id"]).records(0) if r[0] in (2, 3, 4)] == read
+
+
+def legacy_plain(r: tuple) -> tuple:
+    """An item record with its doc key of the default collection made plain (format 1/2)."""
+    if r[0] == 3:
+        return r[:7] + (r[7][1:],) + r[8:]
+    if r[0] in (4, 5):
+        return r[:4] + (r[4][1:],) + r[5:]
+    return r
 
 
 def test_open_writers_keep_to_the_block_budget_together(tmp_path):
@@ -292,12 +310,18 @@ def test_the_documented_reader_reads_both_versions(tmp_path):
     bw = a.begin_backup("full")
     w = bw.vbucket(0, ArchivePosition.at(W, 0), [(W, 0)])
     recs = _random_records(random.Random(2), 300)[2:-1]
+    # version 3 keys are doc keys (collection 0 and 9 here), with a system event
+    recs = [r[:7] + (b"\x09" + r[7],) + r[8:] if r[0] == 3 else
+            r[:4] + (b"\x00" + r[4],) + r[5:] if r[0] in (4, 5) else r for r in recs]
     w.write([r for r in recs if r[0] in (2, 3, 4, 5)])
-    bw.commit([w.close(ArchivePosition.at(W, 10_000))])
+    w.marker(20_000, 20_001)
+    w.system_event(SystemEvent(20_001, EVENT_BEGIN_COLLECTION, 4, 8, 9, "c9", 60))
+    bw.commit([w.close(ArchivePosition.at(W, 20_001))])
     for arc in (v1, a.path):
         ns: dict = {}
         exec(code.replace('"/backups/travel"', repr(str(arc))), ns)
         files = sorted(arc.glob("backups/*/vb-*.mpk.zst"))
         assert files
         for f in files:
-            assert list(ns["records"](f)) == list(iter_file_records(f))
+            # the records as stored (a version 1 file's keys without the prefix)
+            assert list(ns["records"](f)) == list(iter_file_records(f, doc_keys=False))

@@ -34,7 +34,7 @@ def test_create_layout_and_modes(tmp_path):
     path = tmp_path / "arc"
     a = Archive.create(path, bucket="travel", vbuckets=8)
     meta = json.loads((path / "archive.json").read_text())
-    assert meta["format"] == "dcptool-archive" and meta["version"] == 2
+    assert meta["format"] == "dcptool-archive" and meta["version"] == 3
     assert meta["bucket"] == "travel" and meta["vbuckets"] == 8
     assert len(meta["uuid"]) == 32 and meta["created"].endswith("Z")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
@@ -69,20 +69,24 @@ def test_open_errors(tmp_path):
         Archive.create(busy, bucket="b")
 
 
-@pytest.mark.parametrize("version", [2, 1])
+@pytest.mark.parametrize("version", [3, 1])
 def test_records_round_trip_every_field(tmp_path, version):
-    """Both layouts (2: columnar blocks, 1: the older msgpack records) read back the same."""
+    """Both layouts (3: columnar blocks with doc keys, 1: the older msgpack records with
+    plain keys) read back the same: a version 1 file's keys come out with the default
+    collection's prefix 0x00."""
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=4)
     bw = a.begin_backup("full", version=version)
     big = os.urandom(3 << 20)  # one record larger than a frame
+    pre = b"\x00" if version >= 3 else b""  # what the writer is given: the format's form
     w = bw.vbucket(2, ArchivePosition.at(W, 0), [(W, 0)])
     w.marker(1, 6, 1)
-    w.mutation(1, 7, MAX64, 0xFFFFFFFF, 0xFFFFFFFF, 7, b"k\x00\xff", b"", b"\x00\x00\x00\x10xattr")
-    w.mutation(2, 1, 5, 0, 0, 0, b"big", big)
-    w.deletion(3, 9, 6, b"gone", 1_700_000_000, 4, b"\x00\x00\x00\x04sys")
-    w.expiration(4, 9, 7, b"old", 1_700_000_001)
-    w.write([(2, 5, 6, 0), (3, 5, 1, 8, 0, 0, 1, b"w", b"1", None),
-             (4, 6, 2, 9, b"w", 3, 0, b"")])
+    w.mutation(1, 7, MAX64, 0xFFFFFFFF, 0xFFFFFFFF, 7, pre + b"k\x00\xff", b"",
+               b"\x00\x00\x00\x10xattr")
+    w.mutation(2, 1, 5, 0, 0, 0, pre + b"big", big)
+    w.deletion(3, 9, 6, pre + b"gone", 1_700_000_000, 4, b"\x00\x00\x00\x04sys")
+    w.expiration(4, 9, 7, pre + b"old", 1_700_000_001)
+    w.write([(2, 5, 6, 0), (3, 5, 1, 8, 0, 0, 1, pre + b"w", b"1", None),
+             (4, 6, 2, 9, pre + b"w", 3, 0, b"")])
     summary = w.close(ArchivePosition.at(W, 6))
     m = bw.commit([summary])
     recs = list(a.backup(m["id"]).records(2))
@@ -91,17 +95,21 @@ def test_records_round_trip_every_field(tmp_path, version):
     assert recs[1] == (1, W, 0, 0, 0, ((W, 0),))
     assert recs[2:] == [
         (2, 1, 6, 1),
-        (3, 1, 7, MAX64, 0xFFFFFFFF, 0xFFFFFFFF, 7, b"k\x00\xff", b"", b"\x00\x00\x00\x10xattr"),
-        (3, 2, 1, 5, 0, 0, 0, b"big", big, None),
-        (4, 3, 9, 6, b"gone", 1_700_000_000, 4, b"\x00\x00\x00\x04sys"),
-        (5, 4, 9, 7, b"old", 1_700_000_001, 0, b""),
+        (3, 1, 7, MAX64, 0xFFFFFFFF, 0xFFFFFFFF, 7, b"\x00k\x00\xff", b"",
+         b"\x00\x00\x00\x10xattr"),
+        (3, 2, 1, 5, 0, 0, 0, b"\x00big", big, None),
+        (4, 3, 9, 6, b"\x00gone", 1_700_000_000, 4, b"\x00\x00\x00\x04sys"),
+        (5, 4, 9, 7, b"\x00old", 1_700_000_001, 0, b""),
         (2, 5, 6, 0),
-        (3, 5, 1, 8, 0, 0, 1, b"w", b"1", None),
-        (4, 6, 2, 9, b"w", 3, 0, b""),
+        (3, 5, 1, 8, 0, 0, 1, b"\x00w", b"1", None),
+        (4, 6, 2, 9, b"\x00w", 3, 0, b""),
         (7, W, 6, 6, 6),
     ]
-    assert summary["counts"] == {"mutations": 3, "deletions": 2, "expirations": 1,
-                                 "snapshots": 2, "rollbacks": 0, "records": 11}
+    counts = {"mutations": 3, "deletions": 2, "expirations": 1, "snapshots": 2,
+              "rollbacks": 0, "records": 11}
+    if version >= 3:
+        counts["system_events"] = 0
+    assert summary["counts"] == counts
     assert summary["bytes"]["values"] == len(big) + 7 + 1  # values only, not xattrs
     assert verify_archive(a.path).ok
 
@@ -148,7 +156,7 @@ def test_segments_and_frames(tmp_path):
     assert seqnos == list(range(1, 3001))
     for i, n in enumerate(names):  # every segment starts with its own header
         first = next(iter_file_records(b.dir / n))
-        assert first == (0, "dcptool-archive", 2, 0, bw.id, i)
+        assert first == (0, "dcptool-archive", 3, 0, bw.id, i)
     assert sum(f["records"] for f in s["files"]) == s["counts"]["records"]
 
 

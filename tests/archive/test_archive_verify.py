@@ -178,9 +178,10 @@ def test_seqnos_out_of_order_or_outside_the_snapshot(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=2)
     m = backup(a, "full", {
         0: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 10),
-            "events": [("snap", 1, 10), ("mut", 1, b"a"), ("mut", 3, b"b"), ("mut", 2, b"c")]},
+            "events": [("snap", 1, 10), ("mut", 1, b"\x00a"), ("mut", 3, b"\x00b"),
+                       ("mut", 2, b"\x00c")]},
         1: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 10),
-            "events": [("snap", 1, 5), ("mut", 1, b"a"), ("mut", 7, b"b")]}})
+            "events": [("snap", 1, 5), ("mut", 1, b"\x00a"), ("mut", 7, b"\x00b")]}})
     _report, probs = problems(a.path)
     f0 = data_file(a.path, m["id"], 0)
     f1 = data_file(a.path, m["id"], 1)

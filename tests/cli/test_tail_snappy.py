@@ -56,7 +56,9 @@ def test_tail_table_shows_the_text_of_compressed_values(loaded):
     lines = [ln for ln in r.stdout.splitlines() if " tz::000" in ln]
     assert len(lines) == 3
     for ln in lines:
-        key = ln.split(" mutation ")[1].split()[0].encode()
+        where, key = ln.split(" mutation ")[1].split()[:2]  # scope.collection, then the key
+        assert where == "_default._default"
+        key = key.encode()
         assert docs[key].decode()[:60] in ln
         assert "binary" not in ln
 
