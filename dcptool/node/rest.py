@@ -317,6 +317,8 @@ class RestApp:
             return _manifest_error(exc)
         except _FormError as exc:
             return _json({"errors": {exc.field: exc.message}}, status=400)
+        from .manifestshare import share_manifest
+
         await share_manifest(self.node)
         return _json({"uid": hex_id(bucket.manifest.uid)})
 
@@ -417,39 +419,6 @@ def _couchbase_words(text: str) -> str:
     if "_default collection" in text:
         return "Deleting _default collection is not allowed"
     return text
-
-
-async def share_manifest(node) -> None:
-    """Send the node's manifest to every other member of its cluster (0xb9 over the data
-    port with the map's credentials). A member that cannot be reached is logged; it gets
-    the whole manifest with the next change, and its replicas follow their actives."""
-    cmap = node.replication.map
-    if cmap is None or len(cmap.nodes) < 2:
-        return
-    doc = node.bucket.manifest.to_bytes(internal=True)
-    members = [cmap.address(i) for i in range(len(cmap.nodes)) if i != cmap.this]
-    loop = asyncio.get_running_loop()
-    results = await asyncio.gather(*(
-        loop.run_in_executor(None, _send_manifest, addr, cmap.auth, node.bucket.name, doc)
-        for addr in members), return_exceptions=True)
-    for addr, res in zip(members, results):
-        if isinstance(res, BaseException):
-            log.warning("collections manifest not sent to %s:%d: %s", addr[0], addr[1], res)
-
-
-def _send_manifest(address, auth, bucket: str, doc: bytes) -> None:
-    from dcptool.client.connection import Connection
-    from dcptool.client.topology import _call
-
-    from .commands.collections import SET_COLLECTIONS_MANIFEST
-
-    conn = Connection.open(address[0], address[1], username=auth.get("username", ""),
-                           password=auth.get("password", ""), bucket=bucket, timeout=5.0,
-                           agent="dcptool-node/manifest")
-    try:
-        _call(conn, SET_COLLECTIONS_MANIFEST, value=doc, what="SET_COLLECTIONS_MANIFEST")
-    finally:
-        conn.close()
 
 
 class _AccessLog(AbstractAccessLogger):
