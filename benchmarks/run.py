@@ -1,6 +1,6 @@
 """Issue 11's measurements in one run on one machine: a table on stdout and a JSON file.
 
-    python -m benchmarks run [--quick] [--json FILE] [--only limit,task,node,ingest,e2e,rss,snappy]
+    python -m benchmarks run [--quick] [--json FILE] [--only limit,task,node,ingest,e2e,rss,snappy,collections]
 
 1. limit: a DCP stream recorded from a reference node (N mutations, 256-byte JSON values,
    16 vbuckets) replayed from a socket into (a) receive only, (b) header parsing only,
@@ -18,6 +18,10 @@
    same backup without it, in alternating rounds on one node (`benchmarks/snappy_backup.py`:
    the task loop alone and `run_backup` through Spark; 200,000 documents of ~0.9 KB JSON
    like the travel sample's, 100,000 with --quick), as a ratio to the one without.
+8. collections: the backup task loop on a default-collection-only bucket with Collections
+   negotiated, and on a bucket whose documents are spread over 100 collections, each as a
+   ratio to the same default-only bucket streamed without Collections (the old way), in
+   alternating rounds (`benchmarks/collections_backup.py`; the documents of item 7).
 
 N is 1,000,000 (200,000 with --quick). The existing benchmark modules do the work; this
 module only runs them and collects their figures.
@@ -43,13 +47,14 @@ sys.path.insert(0, str(REPO))
 from benchmarks import (  # noqa: E402
     backup_restore,
     client_replay as cr,
+    collections_backup,
     node_drain,
     node_ingest,
     snappy_backup,
 )
 
 VALUE_SIZE = 256
-SECTIONS = ("limit", "task", "node", "ingest", "e2e", "rss", "snappy")
+SECTIONS = ("limit", "task", "node", "ingest", "e2e", "rss", "snappy", "collections")
 
 
 def _best(fn, repeat: int) -> tuple:
@@ -247,6 +252,15 @@ def table(res: dict) -> str:
                 row(f"7 backup {name}, snappy / off", r["ratio_to_off"],
                     f"x; {r['best_items_per_s']} against {sn[way]['off']['best_items_per_s']} "
                     f"items/s (median ratio {r['median_ratio_to_off']})")
+    co = res.get("collections")
+    if co:
+        base = co["task"]["legacy"]["best_items_per_s"]
+        for m, name in (("default", "default collection only"),
+                        ("100-coll", f"{co['collections']} collections")):
+            r = co["task"][m]
+            row(f"8 backup task, {name} / without collections", r["ratio_to_legacy"],
+                f"x; {r['best_items_per_s']} against {base} items/s "
+                f"(median ratio {r['median_ratio_to_legacy']})")
     rs = res.get("rss")
     if rs:
         for k, v in rs.items():
@@ -304,6 +318,10 @@ def main(argv: list[str] | None = None) -> dict:
             print("backup with and without Snappy (item 7)", file=sys.stderr, flush=True)
             res["snappy"] = snappy_backup.run(min(n, 100_000 if a.quick else 200_000), 64,
                                               3 if a.quick else 5)
+        if "collections" in sections:
+            print("backup with collections (item 8)", file=sys.stderr, flush=True)
+            res["collections"] = collections_backup.run(min(n, 100_000 if a.quick else 200_000),
+                                                        64, 3 if a.quick else 5)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     res["seconds"] = round(time.perf_counter() - t0, 1)

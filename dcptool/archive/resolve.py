@@ -234,7 +234,8 @@ def snapshot_boundaries(records: Iterable[tuple]) -> list[int]:
 
     for rec in records:
         t = rec[0]
-        if t == REC_MUTATION or t == REC_DELETION or t == REC_EXPIRATION:
+        if (t == REC_MUTATION or t == REC_DELETION or t == REC_EXPIRATION
+                or t == REC_SYSTEM_EVENT):
             if open_end is not None and rec[1] == open_end:
                 add(open_end)
                 open_end = None

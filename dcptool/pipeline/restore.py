@@ -159,7 +159,10 @@ def resolved_records(archive_path: str, vbucket: int, backup: str | None,
     for r in recs:
         t = r[0]
         if t == REC_MUTATION:
-            _t, _s, rev, cas, flags, expiry, datatype, key, value, _x = r
+            _t, _s, rev, cas, flags, expiry, datatype, key, value, xattrs = r
+            if xattrs:
+                # a record that keeps the xattr section apart: the wire value is both
+                value = bytes(xattrs) + bytes(value)
             if datatype & SNAPPY:
                 value, datatype = _plain(value, datatype, vbucket, key)
             out = (mw.WRITE_MUTATION, key, value, flags, expiry, rev, cas, datatype)

@@ -25,16 +25,18 @@ def test_format_2_archive_restores(spark, node_factory, tmp_path):
     assert verify_archive(arc).ok
     node = node_factory(vbuckets=4)
     opts = opts_for(node)
-    # (key-1-1 is left out: its record keeps its xattr section apart from the value, a
-    # form dcptool's backups never write and restore does not join yet)
-    result = run_restore(str(arc), opts, spark=spark, key_filter="^key-(0-.|1-[234])$")
+    # key-1-1's record keeps its xattr section apart from the value (format 2 allows it):
+    # restore joins them, else the node would refuse the value with XATTR_EINVAL
+    result = run_restore(str(arc), opts, spark=spark, key_filter="^key-(0-.|1-.)$")
     assert sum(result.as_dict()["failed"].values()) == 0
     live = _live(opts)
     # vbucket 0 rolled back to seqno 4: the full backup's 5 and 6 are dead, then 5 and 6
     # of the new branch (an update of key-0-3, key-0-4 expired)
     assert {k: json.loads(v) for k, v in live.items() if k.startswith(b"key-0-")} == {
         b"key-0-1": {"n": 1}, b"key-0-2": {"n": 2}, b"key-0-3": {"n": "x"}}
-    assert {k for k in live if k.startswith(b"key-1-")} == {b"key-1-3", b"key-1-4"}  # 2 deleted
+    assert {k for k in live if k.startswith(b"key-1-")} == {b"key-1-1", b"key-1-3",
+                                                          b"key-1-4"}  # 2 deleted
+    assert live[b"key-1-1"] == b'{"body":1}'  # the body; the xattr section went in before it
     assert live[b"key-1-3"] == b'{"n":3}'
     # --filter-keys on the keys as written (no collection prefix to match)
     other = node_factory("other", vbuckets=4)
