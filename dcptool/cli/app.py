@@ -302,6 +302,7 @@ def _register() -> None:
     from dcptool.cli import decode  # noqa: F401  (registers its commands)
     from dcptool.cli import node  # noqa: F401
     from dcptool.cli import doc  # noqa: F401
+    from dcptool.cli import collection  # noqa: F401
     from dcptool.cli import failover_log  # noqa: F401
     from dcptool.cli import tail  # noqa: F401
     from dcptool.cli import info, verify  # noqa: F401

@@ -41,6 +41,37 @@ doc_app = typer.Typer(
 app.add_typer(doc_app, name="doc")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+CollectionOpt = Annotated[Optional[str], typer.Option(
+    "--collection", metavar="SCOPE.COLLECTION", envvar="DCPTOOL_COLLECTION",
+    help="The document's collection (default: the default collection, _default._default).")]
+
+
+def _open(opts, collection: Optional[str]):
+    """(connection, key prefix): a plain connection and b"" for the default collection,
+    else a collections connection and the collection id's LEB128 prefix."""
+    if collection is None:
+        return opts.connect(), b""
+    parts = collection.split(".")
+    if len(parts) != 2 or not all(parts):
+        raise UsageError(f"--collection '{collection}' is not SCOPE.COLLECTION")
+    from dcptool.client.ops import get_collections_manifest
+    from dcptool.protocol.collections import encode_leb128
+
+    conn = opts.connect(collections=True)
+    try:
+        if not conn.collections:
+            if tuple(parts) == ("_default", "_default"):
+                return conn, b""
+            raise DcptoolError(f"{conn.address} has no collections (it refused HELLO "
+                               f"Collections): only _default._default is there")
+        found = get_collections_manifest(conn).collection(*parts)
+        if found is None:
+            raise DcptoolError(f"no collection {collection} in bucket {opts.bucket} on "
+                               f"{conn.address}", hint="dcptool collection list shows them")
+    except BaseException:
+        conn.close()
+        raise
+    return conn, encode_leb128(found.uid)
 
 
 def _vbuckets(conn) -> int:
@@ -93,6 +124,7 @@ def set_doc(
                                        help="Client flags stored with the document.")] = 0,
     expiry: Annotated[int, typer.Option("--expiry", min=0, metavar="SECONDS",
                                         help="Expire after SECONDS (0: never).")] = 0,
+    collection: CollectionOpt = None,
     conn_args: ConnArgs = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -105,13 +137,14 @@ def set_doc(
     raw = _value_bytes(value, key)
     opts = conn_args.options()
     k = key.encode("utf-8")
-    with opts.connect() as conn:
+    conn, prefix = _open(opts, collection)
+    with conn:
         vb = vbucket_of(k, _vbuckets(conn))
-        rsp = conn.request(Set(key=k, value=raw, flags=flags, expiry=expiry, vbucket=vb,
+        rsp = conn.request(Set(key=prefix + k, value=raw, flags=flags, expiry=expiry, vbucket=vb,
                                datatype=1 if _is_json(raw) else 0))
         _check(rsp, "SET", key, conn)
     seqno = getattr(rsp, "mutation_seqno", None)
-    out = {"key": key, "vbucket": vb, "cas": rsp.cas,
+    out = {"key": key, "collection": collection or "_default._default", "vbucket": vb, "cas": rsp.cas,
            "seqno": seqno[1] if seqno else None, "bytes": len(raw)}
     if json_out:
         print_json(out)
@@ -124,6 +157,7 @@ def set_doc(
 @connection_options(timeout=True, snappy=True)
 def get_doc(
     key: Annotated[str, typer.Argument(help="Document key.", show_default=False)],
+    collection: CollectionOpt = None,
     conn_args: ConnArgs = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -138,9 +172,10 @@ def get_doc(
 
     opts = conn_args.options()
     k = key.encode("utf-8")
-    with opts.connect() as conn:
+    conn, prefix = _open(opts, collection)
+    with conn:
         vb = vbucket_of(k, _vbuckets(conn))
-        rsp = conn.request(Get(key=k, vbucket=vb))
+        rsp = conn.request(Get(key=prefix + k, vbucket=vb))
         _check(rsp, "GET", key, conn)
     try:
         value, datatype = plain(rsp.value, rsp.datatype)
@@ -152,7 +187,7 @@ def get_doc(
         sys.stdout.buffer.write(value + (b"" if value.endswith(b"\n") else b"\n"))
         sys.stdout.flush()
         return
-    out = {"key": key, "vbucket": vb, "cas": rsp.cas, "flags": rsp.flags,
+    out = {"key": key, "collection": collection or "_default._default", "vbucket": vb, "cas": rsp.cas, "flags": rsp.flags,
            "datatype": datatype}
     try:
         text = value.decode("utf-8")
@@ -167,6 +202,7 @@ def get_doc(
 @connection_options(timeout=True)
 def delete_doc(
     key: Annotated[str, typer.Argument(help="Document key.", show_default=False)],
+    collection: CollectionOpt = None,
     conn_args: ConnArgs = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -179,12 +215,13 @@ def delete_doc(
 
     opts = conn_args.options()
     k = key.encode("utf-8")
-    with opts.connect() as conn:
+    conn, prefix = _open(opts, collection)
+    with conn:
         vb = vbucket_of(k, _vbuckets(conn))
-        rsp = conn.request(Delete(key=k, vbucket=vb))
+        rsp = conn.request(Delete(key=prefix + k, vbucket=vb))
         _check(rsp, "DELETE", key, conn)
     seqno = getattr(rsp, "mutation_seqno", None)
-    out = {"key": key, "vbucket": vb, "cas": rsp.cas, "seqno": seqno[1] if seqno else None}
+    out = {"key": key, "collection": collection or "_default._default", "vbucket": vb, "cas": rsp.cas, "seqno": seqno[1] if seqno else None}
     if json_out:
         print_json(out)
     else:
@@ -203,6 +240,7 @@ def load_docs(
     prefix: Annotated[str, typer.Option("--prefix", help="Key prefix; keys are PREFIX0, "
                                                           "PREFIX1, ...")] = "doc::",
     start: Annotated[int, typer.Option("--start", min=0, help="Number of the first key.")] = 0,
+    collection: CollectionOpt = None,
     conn_args: ConnArgs = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -215,14 +253,15 @@ def load_docs(
 
     opts = conn_args.options()
     t0 = time.monotonic()
-    with opts.connect() as conn:
+    conn, pfx = _open(opts, collection)
+    with conn:
         nvb = _vbuckets(conn)
         for lo in range(start, start + count, 1000):
             hi = min(start + count, lo + 1000)
             buf = bytearray()
             for i in range(lo, hi):
                 k = f"{prefix}{i}".encode("utf-8")
-                f = Set(key=k, value=_sample(i, prefix), vbucket=vbucket_of(k, nvb),
+                f = Set(key=pfx + k, value=_sample(i, prefix), vbucket=vbucket_of(k, nvb),
                         datatype=1).to_frame()
                 f.opaque = i - lo
                 buf += f.encode()
