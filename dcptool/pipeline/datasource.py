@@ -180,6 +180,8 @@ def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
 
 
 _GET = [itemgetter(i) for i in range(10)]
+#: the end of a key slice: past any key (memcached keys are at most 250 bytes)
+_KEY_STOP = 2**31 - 1
 
 
 def _tomb(r: tuple) -> tuple:
@@ -291,7 +293,9 @@ class _Batches:
         """(key without prefix, scope, collection, collection id) columns of doc keys."""
         pa, pc = self.pa, self.pc
         if n and pc.all(pc.equal(pc.binary_slice(keys, 0, 1), self._prefix0)).as_py():
-            plain = pc.binary_slice(keys, 1)
+            # (an explicit stop: without one pyarrow 26 fails on a 1-byte key, an empty key
+            # in the default collection: "Negative buffer resize")
+            plain = pc.binary_slice(keys, 1, _KEY_STOP)
             scope = pa.repeat(pa.scalar(DEFAULT_SCOPE), n)
             coll = pa.repeat(pa.scalar(DEFAULT_COLLECTION), n)
             cid = pa.repeat(pa.scalar(0, pa.int64()), n)

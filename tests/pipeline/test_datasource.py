@@ -147,11 +147,14 @@ def test_rows_keep_edge_values(tmp_path):
     bw = a.begin_backup("full")
     w = bw.vbucket(2, {"uuid": 7, "seqno": 0, "snap_start": 0, "snap_end": 0}, [[7, 0]])
     big = (1 << 64) - 5
+    # keys are doc keys (format 3): 0x00 the default collection, 0x08 collection 8 (named
+    # by no manifest: its hex id, no scope)
     w.write([(2, 1, 4, 2),
-              (3, 1, 1, big, 0xFFFFFFFF, 1_900_000_000, 5, b"k\xff", b"{}", b"\x00\x00\x00\x04xa"),
-              (3, 2, 9, 12345, 0, 0, 1, b"plain", b"{\"a\":1}", None),
-              (4, 3, 3, 999, b"gone", 1_700_000_000, 0, b""),
-              (5, 4, 4, 1000, b"old", 1_700_000_001, 0, b"")])
+              (3, 1, 1, big, 0xFFFFFFFF, 1_900_000_000, 5, b"\x00k\xff", b"{}",
+               b"\x00\x00\x00\x04xa"),
+              (3, 2, 9, 12345, 0, 0, 1, b"\x08plain", b"{\"a\":1}", None),
+              (4, 3, 3, 999, b"\x00gone", 1_700_000_000, 0, b""),
+              (5, 4, 4, 1000, b"\x00old", 1_700_000_001, 0, b"")])
     bw.commit([w.close({"uuid": 7, "seqno": 4, "snap_start": 4, "snap_end": 4})])
     rows = {}
     for rb in read_all(tmp_path / "a"):
@@ -161,6 +164,10 @@ def test_rows_keep_edge_values(tmp_path):
     assert rows[1]["key"] == "k\ufffd" and rows[1]["flags"] == 0xFFFFFFFF
     assert rows[1]["xattrs"] == b"\x00\x00\x00\x04xa" and rows[1]["expiry"] == 1_900_000_000
     assert rows[2]["xattrs"] is None and rows[2]["rev_seqno"] == 9 and not rows[2]["deleted"]
+    assert (rows[1]["scope"], rows[1]["collection"], rows[1]["collection_id"]) == (
+        "_default", "_default", 0)
+    assert (rows[2]["key"], rows[2]["scope"], rows[2]["collection"], rows[2]["collection_id"]) == (
+        "plain", None, "8", 8)
     assert (rows[3]["type"], rows[3]["deleted"], rows[3]["delete_time"], rows[3]["flags"],
             rows[3]["expiry"]) == ("deletion", True, 1_700_000_000, None, None)
     assert rows[4]["type"] == "expiration" and rows[4]["delete_time"] == 1_700_000_001

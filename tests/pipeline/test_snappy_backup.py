@@ -175,20 +175,21 @@ def test_restore_and_examine_decompress_an_archive_value_stored_compressed(tmp_p
     bw = a.begin_backup("full")
     w = bw.vbucket(vb, ArchivePosition.at(uuid, 0), [(uuid, 0)])
     w.marker(1, 2, 0)
-    w.mutation(1, 3, 77, 5, 0, 0x03, key, compress(doc))
-    w.deletion(2, 4, 78, b"cz::tomb", 9, 0x02, compress(b""))
+    # format 3 records hold doc keys (0x00: the default collection)
+    w.mutation(1, 3, 77, 5, 0, 0x03, b"\x00" + key, compress(doc))
+    w.deletion(2, 4, 78, b"\x00cz::tomb", 9, 0x02, compress(b""))
     s = w.close(ArchivePosition.at(uuid, 2))
     bw.commit([s])
     recs = list(resolved_records(str(a.path), vb, None))
-    assert recs == [("mutation", key, doc, 5, 0, 3, 77, 0x01),
-                    ("deletion", b"cz::tomb", b"", 0, 9, 4, 78, 0x00)]
+    assert recs == [("mutation", b"\x00" + key, doc, 5, 0, 3, 77, 0x01),
+                    ("deletion", b"\x00cz::tomb", b"", 0, 9, 4, 78, 0x00)]
     v = examine_key(a.path, key, values=True, vbucket=vb)["versions"][0]
     assert v["value"] == doc.decode()
 
     bw = a.begin_backup("incremental")
     w = bw.vbucket(vb, ArchivePosition.at(uuid, 2), [(uuid, 0)])
     w.marker(3, 3, 0)
-    w.mutation(3, 1, 79, 0, 0, 0x03, bad, b"\xff\xff\xff\xff\x0fnot snappy")
+    w.mutation(3, 1, 79, 0, 0, 0x03, b"\x00" + bad, b"\xff\xff\xff\xff\x0fnot snappy")
     bw.commit([w.close(ArchivePosition.at(uuid, 3))])
     with pytest.raises(DcptoolError, match="cz::2.*does not decompress"):
         list(resolved_records(str(a.path), vb, None))
