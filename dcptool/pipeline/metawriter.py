@@ -17,6 +17,7 @@ from typing import Iterable
 
 from dcptool.client.connection import Connection
 from dcptool.client.errors import NotMyVbucketError, ProtocolViolation
+from dcptool.errors import DcptoolError
 from dcptool.protocol import vbucket_of
 from dcptool.protocol import wire
 from dcptool.protocol.collections import split_doc_key
@@ -114,6 +115,12 @@ class MetaWriter:
     def __init__(self, conn: Connection, vbuckets: int, *, force: bool = False, window: int = 2000,
                  max_retries: int = 8, backoff: float = 0.05, depth: int = 2,
                  prefixed: bool = False) -> None:
+        if prefixed and not getattr(conn, "collections", False):
+            # doc keys sent over a connection without Collections would be stored as
+            # literal keys in the default collection
+            conn.close()
+            raise DcptoolError(f"{conn.address} did not accept HELLO Collections: the "
+                               "collection-prefixed keys cannot be written to it")
         self.conn = conn
         self.prefixed = prefixed
         self.vbuckets = vbuckets

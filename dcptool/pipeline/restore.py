@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import dataclasses
 from dataclasses import dataclass, field
 import itertools
 from typing import Any
@@ -233,6 +234,8 @@ def restore_task(task: RestoreTask | tuple) -> RestoreTaskResult:
         task, colls = task
     colls = colls or _NO_COLLECTIONS
     prefixed = not colls.strip
+    if prefixed:  # doc keys: every connection must negotiate Collections
+        task = dataclasses.replace(task, opts=with_collections(task.opts))
     t0 = time.monotonic()
     counts = mw.WriteCounts()
     chain = Archive.open(task.archive).chain(task.backup)
