@@ -15,10 +15,11 @@ A drop event of a collection in the filter is sent and takes the collection out;
 no collection is left (for a scope filter: once the scope's drop passed) the filter is
 `empty` and the stream ends with STREAM_END FilterEmpty (Ok for a legacy connection).
 
-Documents of dropped collections (`Bucket.dropped`, waiting for compaction) are never
-sent. The per-item check is done only when the snapshot may hold something the filter
-rejects: a legacy stream whose vbucket never had anything outside the default collection
-and a pass-through stream while nothing is dropped send snapshots untouched.
+Documents of collections the manifest no longer has (dropped: on disk until compaction
+purges them, in memory until their checkpoint is freed) are never sent. The per-item check
+is done only when the snapshot may hold something the filter rejects: a legacy or
+pass-through stream sends a memory snapshot untouched when it holds default-collection
+documents only, and a pass-through stream also when no collection was ever dropped.
 
 The manifest uid a client gives is checked (a uid ahead of the node's manifest is refused
 with CollectionsManifestIsAhead) but does not hide events: current kv_engine documents it
@@ -30,6 +31,7 @@ from typing import Iterable
 
 from dcptool.protocol.collections import (
     DEFAULT_COLLECTION_ID,
+    FIRST_USER_ID,
     EVENT_BEGIN_COLLECTION,
     EVENT_CREATE_SCOPE,
     EVENT_DROP_SCOPE,
@@ -58,6 +60,13 @@ class FilterRefused(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+def ever_dropped(manifest: Manifest) -> bool:
+    """Was any scope or collection of this manifest's history dropped? Every user scope and
+    collection took one id, and ids are never reused."""
+    live = sum(len(s.collections) for s in manifest.scopes) - 1 + len(manifest.scopes) - 1
+    return manifest.next_id - FIRST_USER_ID > live
 
 
 class DcpFilter:
@@ -158,9 +167,10 @@ class DcpFilter:
             return False
         return False
 
-    def filter_items(self, items: Iterable[Item], dropped) -> list[Item]:
+    def filter_items(self, items: Iterable[Item], live) -> list[Item]:
         """The items of a memory snapshot this stream sends, in order (the filter updated
-        by the system events among them)."""
+        by the system events among them). `live`: the ids of the collections the manifest
+        has (documents of others are never sent)."""
         out = []
         cids = self.cids
         for it in items:
@@ -173,11 +183,11 @@ class DcpFilter:
                 continue
             if c >= 0x80:
                 c = decode_leb128(key)[0]
-            if (cids is None or c in cids) and c not in dropped:
+            if (cids is None or c in cids) and c in live:
                 out.append(it)
         return out
 
-    def filter_rows(self, rows: list[tuple], dropped) -> list[tuple]:
+    def filter_rows(self, rows: list[tuple], live) -> list[tuple]:
         """The same for rows of a disk snapshot."""
         out = []
         cids = self.cids
@@ -192,7 +202,7 @@ class DcpFilter:
                 continue
             if c >= 0x80:
                 c = decode_leb128(key)[0]
-            if (cids is None or c in cids) and c not in dropped:
+            if (cids is None or c in cids) and c in live:
                 out.append(row)
         return out
 

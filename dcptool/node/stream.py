@@ -47,7 +47,7 @@ from dcptool.protocol.constants import (
 )
 
 from . import decisions as d
-from .dcpfilter import DcpFilter
+from .dcpfilter import DcpFilter, ever_dropped
 from .decisions import StreamPlan, first_marker_start
 from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, split_xattrs
 from .storage import SEQNO_MASK, BackfillReader
@@ -388,9 +388,10 @@ class ProducerStream:
                         # collection (the legacy send loop trusts the rows are default)
                         need = dropped or self.vb.other_high
                     else:
+                        # a dropped collection's documents are on disk until purged
                         need = dropped or filt.cids is not None
                     if need:
-                        rows = filt.filter_rows(rows, dropped)
+                        rows = filt.filter_rows(rows, self.producer.bucket.collections)
                         if not rows:
                             if filt.empty:
                                 self.end_stream(_FILTER_EMPTY)
@@ -472,14 +473,13 @@ class ProducerStream:
         """The items of a memory snapshot this stream sends: `items` itself (no copy, no
         per-item work) when nothing in it can be filtered out, else the filtered list."""
         filt = self.filt
-        dropped = self._dropped()
-        if not dropped:
-            if filt.legacy:
-                if items[0].seqno > self.vb.other_high:
-                    return items  # the vbucket held nothing but default documents since
-            elif filt.cids is None:
+        bucket = self.producer.bucket
+        if filt.legacy or filt.cids is None:
+            if items[0].seqno > self.vb.other_high:
+                return items  # default-collection documents only
+            if filt.cids is None and not ever_dropped(bucket.manifest):
                 return items
-        return filt.filter_items(items, dropped)
+        return filt.filter_items(items, bucket.collections)
 
     def _start_memory_snapshot(self, out, items, end, read_end, chk, adv=None) -> None:
         first = items[0].seqno if items else self.start + 1
