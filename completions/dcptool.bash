@@ -4,8 +4,9 @@
 
 _dcptool_subcommands() {
     case "$1" in
-        "") echo "backup cluster decode doc examine export failover-log info merge node quickstart restore tail verify watermark" ;;
+        "") echo "backup cluster collection decode doc examine export failover-log info merge node quickstart restore tail verify watermark" ;;
         "cluster") echo "create failover move status" ;;
+        "collection") echo "create drop list" ;;
         "doc") echo "delete get load set" ;;
         "node") echo "start status user" ;;
         "node user") echo "add list remove" ;;
@@ -22,12 +23,16 @@ _dcptool_options() {
         "cluster failover") echo "-c --cluster --via --promote --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "cluster move") echo "-c --cluster --vbuckets --to --vbucket-timeout --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "cluster status") echo "-c --cluster --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "collection") echo "-h --help" ;;
+        "collection create") echo "--max-ttl --rest-port -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "collection drop") echo "--rest-port -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "collection list") echo "--rest-port -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
         "decode") echo "--raw --json --table -h --help" ;;
         "doc") echo "-h --help" ;;
-        "doc delete") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
-        "doc get") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --snappy --no-snappy --json -h --help" ;;
-        "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
-        "doc set") echo "--flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "doc delete") echo "--collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "doc get") echo "--collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --snappy --no-snappy --json -h --help" ;;
+        "doc load") echo "--count --prefix --start --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "doc set") echo "--flags --expiry --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
         "examine") echo "--backup --collection --values --json -h --help" ;;
         "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --json -h --help" ;;
         "failover-log") echo "--vbuckets --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
@@ -58,10 +63,13 @@ _dcptool_valued_options() {
         "cluster failover") echo "-c --cluster --via --promote -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "cluster move") echo "-c --cluster --vbuckets --to --vbucket-timeout -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "cluster status") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
-        "doc delete") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
-        "doc get") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
-        "doc load") echo "--count --prefix --start -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
-        "doc set") echo "--flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "collection create") echo "--max-ttl --rest-port -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "collection drop") echo "--rest-port -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "collection list") echo "--rest-port -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "doc delete") echo "--collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "doc get") echo "--collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "doc load") echo "--count --prefix --start --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "doc set") echo "--flags --expiry --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "examine") echo "--backup --collection" ;;
         "export") echo "--format --backup --vbuckets --master --partitions" ;;
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
@@ -108,6 +116,12 @@ _dcptool_option_files() {
         "cluster move|--cacert") echo "file" ;;
         "cluster status|--password-file") echo "file" ;;
         "cluster status|--cacert") echo "file" ;;
+        "collection create|--password-file") echo "file" ;;
+        "collection create|--cacert") echo "file" ;;
+        "collection drop|--password-file") echo "file" ;;
+        "collection drop|--cacert") echo "file" ;;
+        "collection list|--password-file") echo "file" ;;
+        "collection list|--cacert") echo "file" ;;
         "doc delete|--password-file") echo "file" ;;
         "doc delete|--cacert") echo "file" ;;
         "doc get|--password-file") echo "file" ;;

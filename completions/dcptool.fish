@@ -4,9 +4,11 @@
 function __dcptool_subcommands
     switch "$argv"
         case ''
-            echo 'backup' 'cluster' 'decode' 'doc' 'examine' 'export' 'failover-log' 'info' 'merge' 'node' 'quickstart' 'restore' 'tail' 'verify' 'watermark'
+            echo 'backup' 'cluster' 'collection' 'decode' 'doc' 'examine' 'export' 'failover-log' 'info' 'merge' 'node' 'quickstart' 'restore' 'tail' 'verify' 'watermark'
         case 'cluster'
             echo 'create' 'failover' 'move' 'status'
+        case 'collection'
+            echo 'create' 'drop' 'list'
         case 'doc'
             echo 'delete' 'get' 'load' 'set'
         case 'node'
@@ -30,14 +32,20 @@ function __dcptool_valued_options
             echo -c --cluster --vbuckets --to --vbucket-timeout -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'cluster status'
             echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+        case 'collection create'
+            echo --max-ttl --rest-port -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+        case 'collection drop'
+            echo --rest-port -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+        case 'collection list'
+            echo --rest-port -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'doc delete'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'doc get'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'doc load'
-            echo --count --prefix --start -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --count --prefix --start --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'doc set'
-            echo --flags --expiry -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --flags --expiry --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'examine'
             echo --backup --collection
         case 'export'
@@ -109,6 +117,7 @@ end
 complete -c dcptool -f
 complete -c dcptool -n '__dcptool_at' -a 'backup' -d 'Back up a bucket into an archive: full the first time, incremental afterwards'
 complete -c dcptool -n '__dcptool_at' -a 'cluster' -d 'Run several reference nodes as one cluster: replicas, failover'
+complete -c dcptool -n '__dcptool_at' -a 'collection' -d 'List, create and drop a bucket\'s scopes and collections (over its REST port)'
 complete -c dcptool -n '__dcptool_at' -a 'decode' -d 'Decode memcached/DCP frames and print each with its decoded fields'
 complete -c dcptool -n '__dcptool_at' -a 'doc' -d 'Write, read and delete documents on a node (set, get, delete, load)'
 complete -c dcptool -n '__dcptool_at' -a 'examine' -d 'Show every version of one key across the archive\'s backups'
@@ -200,6 +209,44 @@ complete -c dcptool -n '__dcptool_at cluster status' -l cacert -r -F -d 'CA cert
 complete -c dcptool -n '__dcptool_at cluster status' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at cluster status' -l timeout -x -d 'Seconds to wait for the node to answer'
 complete -c dcptool -n '__dcptool_at cluster status' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at collection' -a 'create' -d 'Create a scope, or a collection (SCOPE.COLLECTION) in an existing scope'
+complete -c dcptool -n '__dcptool_at collection' -a 'drop' -d 'Drop a collection (SCOPE.COLLECTION), or a scope with all its collections'
+complete -c dcptool -n '__dcptool_at collection' -a 'list' -d 'List the bucket\'s scopes and collections with their ids and max TTLs (--json: the manifest as the REST API returns it)'
+complete -c dcptool -n '__dcptool_at collection' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at collection create' -l max-ttl -x -d 'A collection\'s maximum TTL: documents expire at most this long after they are written (0: no limit)'
+complete -c dcptool -n '__dcptool_at collection create' -l rest-port -x -d 'The node\'s REST port (default: the management port its cluster config names)'
+complete -c dcptool -n '__dcptool_at collection create' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
+complete -c dcptool -n '__dcptool_at collection create' -s u -l username -x -d 'User name (default Administrator)'
+complete -c dcptool -n '__dcptool_at collection create' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at collection create' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at collection create' -s b -l bucket -x -d 'Bucket name'
+complete -c dcptool -n '__dcptool_at collection create' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
+complete -c dcptool -n '__dcptool_at collection create' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
+complete -c dcptool -n '__dcptool_at collection create' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at collection create' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at collection create' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at collection drop' -l rest-port -x -d 'The node\'s REST port (default: the management port its cluster config names)'
+complete -c dcptool -n '__dcptool_at collection drop' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
+complete -c dcptool -n '__dcptool_at collection drop' -s u -l username -x -d 'User name (default Administrator)'
+complete -c dcptool -n '__dcptool_at collection drop' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at collection drop' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at collection drop' -s b -l bucket -x -d 'Bucket name'
+complete -c dcptool -n '__dcptool_at collection drop' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
+complete -c dcptool -n '__dcptool_at collection drop' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
+complete -c dcptool -n '__dcptool_at collection drop' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at collection drop' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at collection drop' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at collection list' -l rest-port -x -d 'The node\'s REST port (default: the management port its cluster config names)'
+complete -c dcptool -n '__dcptool_at collection list' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
+complete -c dcptool -n '__dcptool_at collection list' -s u -l username -x -d 'User name (default Administrator)'
+complete -c dcptool -n '__dcptool_at collection list' -s p -l password -x -d 'Password'
+complete -c dcptool -n '__dcptool_at collection list' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at collection list' -s b -l bucket -x -d 'Bucket name'
+complete -c dcptool -n '__dcptool_at collection list' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
+complete -c dcptool -n '__dcptool_at collection list' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
+complete -c dcptool -n '__dcptool_at collection list' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at collection list' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at collection list' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at decode' -l raw -d 'Read a binary capture instead of hex lines'
 complete -c dcptool -n '__dcptool_at decode' -l json -l table -d 'One JSON object per frame (default when stdout is not a terminal), or a table'
 complete -c dcptool -n '__dcptool_at decode' -s h -l help -d 'Show this message and exit'
@@ -209,6 +256,7 @@ complete -c dcptool -n '__dcptool_at doc' -a 'get' -d 'Print one document\'s val
 complete -c dcptool -n '__dcptool_at doc' -a 'load' -d 'Write COUNT small JSON sample documents (pipelined, thousands per second)'
 complete -c dcptool -n '__dcptool_at doc' -a 'set' -d 'Create or replace one document'
 complete -c dcptool -n '__dcptool_at doc' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at doc delete' -l collection -x -d 'The document\'s collection (default: the default collection, _default._default)'
 complete -c dcptool -n '__dcptool_at doc delete' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at doc delete' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at doc delete' -s p -l password -x -d 'Password'
@@ -219,6 +267,7 @@ complete -c dcptool -n '__dcptool_at doc delete' -l no-verify -d 'Do not verify 
 complete -c dcptool -n '__dcptool_at doc delete' -l timeout -x -d 'Seconds to wait for the node to answer'
 complete -c dcptool -n '__dcptool_at doc delete' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at doc delete' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at doc get' -l collection -x -d 'The document\'s collection (default: the default collection, _default._default)'
 complete -c dcptool -n '__dcptool_at doc get' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at doc get' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at doc get' -s p -l password -x -d 'Password'
@@ -233,6 +282,7 @@ complete -c dcptool -n '__dcptool_at doc get' -s h -l help -d 'Show this message
 complete -c dcptool -n '__dcptool_at doc load' -l count -x -d 'How many documents'
 complete -c dcptool -n '__dcptool_at doc load' -l prefix -x -d 'Key prefix'
 complete -c dcptool -n '__dcptool_at doc load' -l start -x -d 'Number of the first key'
+complete -c dcptool -n '__dcptool_at doc load' -l collection -x -d 'The document\'s collection (default: the default collection, _default._default)'
 complete -c dcptool -n '__dcptool_at doc load' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at doc load' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at doc load' -s p -l password -x -d 'Password'
@@ -245,6 +295,7 @@ complete -c dcptool -n '__dcptool_at doc load' -l json -d 'Print the result as J
 complete -c dcptool -n '__dcptool_at doc load' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at doc set' -l flags -x -d 'Client flags stored with the document'
 complete -c dcptool -n '__dcptool_at doc set' -l expiry -x -d 'Expire after SECONDS (0: never)'
+complete -c dcptool -n '__dcptool_at doc set' -l collection -x -d 'The document\'s collection (default: the default collection, _default._default)'
 complete -c dcptool -n '__dcptool_at doc set' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at doc set' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at doc set' -s p -l password -x -d 'Password'
