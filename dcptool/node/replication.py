@@ -264,6 +264,14 @@ async def rollback(bucket, vb: "VBucket", seqno: int) -> int:
         finally:
             db.close()
     await loop.run_in_executor(None, on_disk)
+    # the per-collection high seqnos may name changes that are gone: rebuilt from what is
+    # left (value eviction: the hash table now; full eviction: the database, on first use)
+    if vb.full:
+        vb.default_high = vb.other_high = 0
+        vb.coll_high = {}
+        vb.coll_seqnos_built = False
+    else:
+        vb.rebuild_collection_seqnos()
     log.info("vbucket %d rolled back to %d (asked %d)", vb.id, target, seqno)
     return target
 
