@@ -328,10 +328,23 @@ def test_the_tour_does_what_it_says(tour):
     assert sum(c["type"] == "mutation" for c in changes) >= 1001
     resumed = _ran(tour, "tail --state tour/tail.state --until-idle 1")
     assert "airline_10" in resumed.stdout and "sample::" not in resumed.stdout
-    # two backups, then the Spark section merged them into one; every run left a log
+    # three backups (the third after scopes and collections were made), two restores into
+    # the second node; every run left a log
     logs = sorted(p.name for p in (root / "tour" / "archive" / "logs").iterdir())
-    assert sum(n.startswith("backup-") for n in logs) == 2
-    assert sum(n.startswith("restore-") for n in logs) == 1
+    assert sum(n.startswith("backup-") for n in logs) == 3
+    assert sum(n.startswith("restore-") for n in logs) == 2
+    # collections: tail --collection saw only inventory.airlines (its creation and the
+    # document); the restore created inventory.carriers on the second node and wrote the
+    # airline there; examine names the collection
+    lines = [json.loads(x) for x in _ran(tour, "tail --from beginning --collection "
+                                                "inventory.airlines").stdout.splitlines()]
+    assert {(x.get("scope"), x.get("collection")) for x in lines
+            if x["type"] in ("mutation", "system_event") and "collection_id" in x} == {
+        ("inventory", "airlines")}
+    assert any(x["type"] == "mutation" and x["key"] == "airline_10" for x in lines)
+    assert "40-Mile Air" in _ran(tour, "--collection inventory.carriers -c").stdout
+    assert "inventory.carriers" in _ran(tour, "--map-data inventory.airlines=").stdout
+    assert "airlines" in _ran(tour, "examine tour/archive airline_10 --collection").stdout
     assert "backup-" in _ran(tour, "ls tour/archive/logs").stdout
     # verify --against the restored node matched
     assert "OK" in _ran(tour, "verify tour/archive --against").stdout
@@ -405,6 +418,9 @@ def test_json_output_has_the_documented_fields(tour):
         "dcptool node user list": "dcptool node user list --data tour/node --json",
         "dcptool watermark list": f"dcptool watermark list -c {node} --json",
         "dcptool merge": "dcptool merge tour/archive --json",
+        "dcptool collection list": f"dcptool collection list -c {node2} --json",
+        "dcptool collection create": f"dcptool collection create jsonscope -c {node2} --json",
+        "dcptool collection drop": f"dcptool collection drop jsonscope -c {node2} --json",
     }
     missing = sorted(set(docs) - set(lines) - NOT_CHECKED_HERE)
     assert not missing, f"documented but not checked here: {missing}"

@@ -257,6 +257,13 @@ def restore(
             t.add_row("would write" if (dry_run and row == "restored") else row,
                       *(str(d[row][k]) for k in ("mutation", "deletion", "expiration")))
         console().print(t)
+        colls = d.get("collections") or {}
+        moved = [f"{a} -> {b}" for a, b in (colls.get("restored") or {}).items() if a != b]
+        for label, names in (("created on the target", colls.get("created")),
+                             ("restored under other names", moved),
+                             ("left out", colls.get("excluded"))):
+            if names:
+                console().print(f"{label}: {', '.join(names)}", markup=False)
         for e in d["errors"]:
             console(stderr=True).print(f"failed: {e}")
     if sum(d["failed"].values()):

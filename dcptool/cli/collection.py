@@ -115,7 +115,7 @@ def create(
 ) -> None:
     """Create a scope, or a collection (SCOPE.COLLECTION) in an existing scope.
 
-    Example: dcptool collection create inventory && dcptool collection create inventory.hotels
+    Example: dcptool collection create inventory.hotels
     """
     scope, coll = _split(path)
     if coll is None and max_ttl:

@@ -447,6 +447,10 @@ def test_manifest_and_dropped_ids_survive_restart(node):
             assert int(c.stats()["curr_items"]) == 1
     assert create_collection(node, "s", "e") == (200, {"uid": "5"})
     assert cid_of(node, "s", "e") == 0xB
+    # the manifest goes to disk with the flusher, in order with the change's system events
+    from .mcbputil import wait_persisted
+    with connect(node) as c:
+        wait_persisted(c)
     db = sqlite3.connect(f"file:{node.data_dir / 'data.sqlite3'}?mode=ro", uri=True)
     try:
         meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
