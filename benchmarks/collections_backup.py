@@ -41,7 +41,8 @@ from dcptool.protocol import HEADER, vbucket_of  # noqa: E402
 from dcptool.protocol.collections import doc_key  # noqa: E402
 from dcptool.protocol.constants import Magic, Opcode  # noqa: E402
 from benchmarks.backup_restore import SET_EXTRAS  # noqa: E402
-from benchmarks.snappy_backup import document, node_cpu_seconds  # noqa: E402
+from benchmarks.snappy_backup import document  # noqa: E402
+from benchmarks.snappy_backup import task_backup as snappy_task_backup  # noqa: E402
 
 MODES = ("legacy", "default", "100-coll")
 SCOPES = 10
@@ -96,47 +97,9 @@ def load(opts: ConnOptions, n: int, vbuckets: int, cids: list[int] | None,
 
 
 def task_backup(opts: ConnOptions, scratch: Path, node_pid: int, collections: bool) -> dict:
-    """The backup task's loop in this process, every vbucket from 0 to its high seqno."""
-    from dcptool.archive import FULL, Archive, VBucketWriter
-    from dcptool.archive.format import sync_filesystem
-    from dcptool.client.ops import get_vbucket_seqnos
-    from dcptool.client.position import ZERO
-    from dcptool.pipeline.backup import backup_consumer_config, write_events
-    from dcptool.pipeline.plans import VBucketPlan
-
-    shutil.rmtree(scratch, ignore_errors=True)
-    with opts.connect(collections=True) as conn:  # every collection's high seqno
-        seqnos = {vb: s for vb, s in get_vbucket_seqnos(conn, state=1).items() if s}
-    archive = Archive.create(scratch, bucket=opts.bucket, vbuckets=max(seqnos) + 1)
-    bw = archive.begin_backup(FULL)
-    zero = {"uuid": 0, "seqno": 0, "snap_start": 0, "snap_end": 0}
-    writers = {vb: VBucketWriter(str(scratch), bw.id, vb, zero, (), sync=False) for vb in seqnos}
-    run = {vb: {"opens": 0, "retries": 0, "first_open": None} for vb in seqnos}
-    summaries: list = []
-    cpu0 = node_cpu_seconds(node_pid)
-    t0 = time.perf_counter()
-    consumer = opts.consumer(backup_consumer_config("bench-collections",
-                                                    collections=collections))
-    try:
-        consumer.add_streams({vb: (ZERO, s) for vb, s in seqnos.items()})
-        pending = write_events(consumer, writers,
-                               {vb: VBucketPlan(vb, ZERO, s) for vb, s in seqnos.items()},
-                               {vb: ZERO for vb in seqnos}, run, summaries, time.monotonic())
-        sync_filesystem(scratch)
-        secs = time.perf_counter() - t0
-    finally:
-        consumer.close()
-    node_cpu = node_cpu_seconds(node_pid) - cpu0
-    if pending:
-        raise RuntimeError(f"vbuckets {sorted(pending)[:8]} did not end")
-    items = sum(x.entry["counts"]["mutations"] for x in summaries)
-    events = sum(x.entry["counts"].get("system_events", 0) for x in summaries)
-    size = sum(x.entry["bytes"]["files"] for x in summaries)
-    bw.abort()
-    shutil.rmtree(scratch, ignore_errors=True)
-    return {"items": items, "system_events": events, "seconds": secs,
-            "items_per_s": items / secs, "node_cpu_s": round(node_cpu, 2),
-            "archive_bytes": size}
+    """The backup task's loop (`benchmarks/snappy_backup.py`'s), with or without Collections."""
+    return snappy_task_backup(opts, scratch, node_pid, collections=collections,
+                              name="bench-collections")
 
 
 def _summary(rounds: list[dict]) -> dict:

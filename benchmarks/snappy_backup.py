@@ -177,8 +177,10 @@ def node_cpu_seconds(pid: int) -> float:
 
 # ------------------------------------------------------------------ one backup each way
 
-def task_backup(opts: ConnOptions, scratch: Path, node_pid: int) -> dict:
-    """The backup task's loop in this process, every vbucket from 0 to its high seqno."""
+def task_backup(opts: ConnOptions, scratch: Path, node_pid: int, *,
+                collections: bool = True, name: str = "bench-snappy") -> dict:
+    """The backup task's loop in this process, every vbucket from 0 to its high seqno
+    (`collections`: the session negotiates Collections, as `dcptool backup` does)."""
     from dcptool.archive import FULL, Archive, VBucketWriter
     from dcptool.archive.format import sync_filesystem
     from dcptool.client.ops import get_vbucket_seqnos
@@ -187,7 +189,7 @@ def task_backup(opts: ConnOptions, scratch: Path, node_pid: int) -> dict:
     from dcptool.pipeline.plans import VBucketPlan
 
     shutil.rmtree(scratch, ignore_errors=True)
-    with opts.connect() as conn:
+    with opts.connect(collections=True) as conn:  # every collection's high seqno
         seqnos = {vb: s for vb, s in get_vbucket_seqnos(conn, state=1).items() if s}
     archive = Archive.create(scratch, bucket=opts.bucket, vbuckets=max(seqnos) + 1)
     bw = archive.begin_backup(FULL)
@@ -197,7 +199,7 @@ def task_backup(opts: ConnOptions, scratch: Path, node_pid: int) -> dict:
     summaries: list = []
     cpu0 = node_cpu_seconds(node_pid)
     t0 = time.perf_counter()
-    consumer = opts.consumer(backup_consumer_config("bench-snappy"))
+    consumer = opts.consumer(backup_consumer_config(name, collections=collections))
     try:
         consumer.add_streams({vb: (ZERO, s) for vb, s in seqnos.items()})
         pending = write_events(consumer, writers, {vb: VBucketPlan(vb, ZERO, s) for vb, s in seqnos.items()},
@@ -215,11 +217,13 @@ def task_backup(opts: ConnOptions, scratch: Path, node_pid: int) -> dict:
     if pending:
         raise RuntimeError(f"vbuckets {sorted(pending)[:8]} did not end")
     items = sum(x.entry["counts"]["mutations"] for x in summaries)
+    events = sum(x.entry["counts"].get("system_events", 0) for x in summaries)
     size = sum(x.entry["bytes"]["files"] for x in summaries)
     bw.abort()
     shutil.rmtree(scratch, ignore_errors=True)
-    return {"items": items, "seconds": secs, "items_per_s": items / secs,
-            "node_cpu_s": round(node_cpu, 2), "archive_bytes": size, **wire}
+    return {"items": items, "system_events": events, "seconds": secs,
+            "items_per_s": items / secs, "node_cpu_s": round(node_cpu, 2),
+            "archive_bytes": size, **wire}
 
 
 def e2e_backup(opts: ConnOptions, scratch: Path, spark, partitions: int | None) -> dict:
