@@ -92,6 +92,10 @@ def start(
     no_hwt: Annotated[bool, typer.Option(
         "--no-hwt", hidden=True, help="Answer the HWT opcodes UNKNOWN_COMMAND, like a "
                                       "Couchbase Server (for tests).")] = False,
+    no_collections: Annotated[bool, typer.Option(
+        "--no-collections", hidden=True, help="Answer like a data node without collections "
+                                              "(Couchbase Server 6.x): only the default "
+                                              "collection is reachable (for tests).")] = False,
     tls_cert: Annotated[Optional[Path], typer.Option(
         "--tls-cert", metavar="FILE", help="PEM certificate chain: also serve TLS (1.2 "
                                            "or later) on --tls-port.")] = None,
@@ -169,7 +173,7 @@ def start(
         compaction_interval=parse_duration(compaction_interval, what="--compaction-interval",
                                            allow_off=True),
         hwt_max_hold=parse_duration(hwt_max_hold, what="--hwt-max-hold", allow_off=True),
-        hwt_enabled=not no_hwt, tls_cert=tls_cert, tls_key=tls_key, tls_port=tls_port,
+        hwt_enabled=not no_hwt, collections_enabled=not no_collections, tls_cert=tls_cert, tls_key=tls_key, tls_port=tls_port,
         rest_port=rest_port, rest_tls_port=rest_tls_port,
         max_connections=max_connections,
         max_body=parse_size(max_body, what="--max-body"),

@@ -108,6 +108,10 @@ class NodeConfig:
     #: False: answer the HWT opcodes UNKNOWN_COMMAND, as a Couchbase Server does (for
     #: testing clients against a node without dcptool's extension)
     hwt_enabled: bool = True
+    #: False: answer like a data node without collections (Couchbase Server 6.x): HELLO
+    #: Collections is not acknowledged and the collections commands are UNKNOWN_COMMAND, so
+    #: every connection sees the default collection only (for testing clients against one)
+    collections_enabled: bool = True
     #: TLS: certificate chain and private key (PEM); with both set, a second listener on
     #: `tls_port` (0 picks a free one) serves TLS 1.2 or later
     tls_cert: Path | None = None

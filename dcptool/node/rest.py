@@ -152,8 +152,14 @@ class RestApp:
             ("/pools/default/buckets/{name}/ddocs", Privilege.META_READ, self.ddocs),
             ("/pools/default/buckets/{name}/scopes", Privilege.META_READ, self.scopes),
         ]
+        config = getattr(self.node, "config", None)
+        if config is not None and not config.collections_enabled:
+            routes.pop()  # --no-collections: a server without them has no such endpoints
         for path, privilege, handler in routes:
             app.router.add_get(path, self._guard(handler, privilege))
+        if config is not None and not config.collections_enabled:
+            app.on_response_prepare.append(self._headers)
+            return app
         base = "/pools/default/buckets/{name}/scopes"
         manage = Privilege.MANAGE_COLLECTIONS
         app.router.add_post(base, self._guard(self.create_scope, manage))

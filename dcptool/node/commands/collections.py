@@ -76,8 +76,19 @@ def _path(conn, frame) -> str | None:
         return None
 
 
+def _disabled(conn, frame) -> bool:
+    """A node started with --no-collections answers like a server without collections."""
+    config = getattr(conn.node, "config", None)
+    if config is None or config.collections_enabled:
+        return False
+    conn.reply(frame, Status.UNKNOWN_COMMAND)
+    return True
+
+
 @command(Opcode.GET_COLLECTIONS_MANIFEST, decode=False, privilege=Privilege.META_READ)
 def get_collections_manifest(conn, frame) -> None:
+    if _disabled(conn, frame):
+        return
     if frame.extras or frame.key or frame.value:
         conn.reply(frame, Status.EINVAL)
         return
@@ -87,6 +98,8 @@ def get_collections_manifest(conn, frame) -> None:
 
 @command(Opcode.GET_COLLECTION_ID, decode=False, privilege=Privilege.META_READ)
 def get_collection_id(conn, frame) -> None:
+    if _disabled(conn, frame):
+        return
     path = _path(conn, frame)
     if path is None:
         return
@@ -113,6 +126,8 @@ def get_collection_id(conn, frame) -> None:
 
 @command(Opcode.GET_SCOPE_ID, decode=False, privilege=Privilege.META_READ)
 def get_scope_id(conn, frame) -> None:
+    if _disabled(conn, frame):
+        return
     path = _path(conn, frame)
     if path is None:
         return

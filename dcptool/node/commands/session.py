@@ -44,6 +44,9 @@ def hello(conn, frame, msg) -> None:
             conn.reply(frame, Status.EINVAL)
             return
     enabled = sorted(f for f in asked if f in SUPPORTED_FEATURES)
+    config = getattr(conn.node, "config", None)
+    if config is not None and not config.collections_enabled:
+        enabled = [f for f in enabled if f != Feature.COLLECTIONS]
     conn.features = frozenset(enabled)
     conn.agent = msg.user_agent
     conn.xerror = Feature.XERROR in conn.features
