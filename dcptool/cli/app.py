@@ -180,6 +180,7 @@ def polish(cmd: Any) -> None:
     from dcptool.cli.connopts import add_password_file
 
     add_password_file(cmd)  # every command with -p/--password also takes --password-file
+    add_trailing_verbosity(cmd)
     cmd.help = reflow(cmd.help)
     if getattr(cmd, "short_help", None):
         cmd.short_help = reflow(cmd.short_help)
@@ -202,6 +203,54 @@ def polish(cmd: Any) -> None:
         cmd.get_help_option = types.MethodType(_help_option_without_type, cmd)
     for sub in (getattr(cmd, "commands", None) or {}).values():
         polish(sub)
+
+
+def _trailing_quiet(ctx: Any, param: Any, value: Any) -> None:
+    if value and not ctx.resilient_parsing:
+        if output.is_verbose():
+            raise typer.BadParameter("--quiet and --verbose exclude each other", param_hint="-q/-v")
+        output.set_verbosity(output.QUIET)
+
+
+def _trailing_verbose(ctx: Any, param: Any, value: Any) -> None:
+    if value and not ctx.resilient_parsing:
+        if output.is_quiet():
+            raise typer.BadParameter("--quiet and --verbose exclude each other", param_hint="-q/-v")
+        output.set_verbosity(output.verbosity() + int(value))
+
+
+def _trailing_options() -> dict[str, Any]:
+    """Fresh click options -q/--quiet and -v/--verbose (hidden), built by typer."""
+    def proto(
+        quiet: Annotated[bool, typer.Option("-q", "--quiet", hidden=True, callback=_trailing_quiet,
+                                            help="As dcptool -q.")] = False,
+        verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, hidden=True,
+                                             callback=_trailing_verbose,
+                                             help="As dcptool -v.")] = 0,
+    ) -> None:  # pragma: no cover
+        pass
+
+    t = typer.Typer(add_completion=False)
+    t.command()(proto)
+    out = {}
+    for p in typer.main.get_command(t).params:
+        p.expose_value = False  # the command's own function never sees them
+        out[p.name] = p
+    return out
+
+
+def add_trailing_verbosity(cmd: Any) -> None:
+    """Let a command take the root's -q/--quiet and -v/--verbose after its name too
+    (`dcptool backup ARCHIVE -q`), as hidden options, where it has no such option itself
+    (tail's -v is its own)."""
+    if getattr(cmd, "commands", None) is not None or getattr(cmd, "callback", None) is None:
+        return
+    taken = {o for p in cmd.params for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))}
+    opts = _trailing_options()
+    if not {"-q", "--quiet"} & taken:
+        cmd.params.append(opts["quiet"])
+    if not {"-v", "--verbose"} & taken:
+        cmd.params.append(opts["verbose"])
 
 
 def suggest(name: str, choices: list[str]) -> list[str]:
@@ -288,7 +337,8 @@ def _root(
     """Back up, restore and inspect Couchbase-style data nodes through DCP.
 
     Results go to stdout (add --json to any command that prints results for a stable,
-    documented format); notes and progress go to stderr. Colour is used only on a
+    documented format; errors are then JSON too); notes and progress go to stderr; -q and
+    -v may also follow the command name. Colour is used only on a
     terminal and never when NO_COLOR is set. Each command has a man page, dcptool-COMMAND(1).
 
     Example: dcptool backup -c couchbase://127.0.0.1 /backups/default
@@ -328,11 +378,38 @@ def build_command():
 # -- errors ----------------------------------------------------------------------------------
 
 
-def error_line(message: str, hint: str | None = None) -> None:
-    line = f"dcptool: error: {' '.join(str(message).split())}"
-    if hint:
-        line += f" (hint: {' '.join(str(hint).split())})"
-    print(line, file=sys.stderr)
+def error_line(message: str, hint: str | None = None, exit_code: int = EXIT_FAILURE) -> None:
+    """The one line of an error on stderr; with --json, one JSON object
+    {"error": ..., "hint": ... or null, "exit_code": N} (see docs/json-output.md)."""
+    message = " ".join(str(message).split())
+    hint = " ".join(str(hint).split()) if hint else None
+    if output.json_errors():
+        import json
+
+        line = json.dumps({"error": message, "hint": hint, "exit_code": exit_code})
+    else:
+        line = f"dcptool: error: {message}"
+        if hint:
+            line += f" (hint: {hint})"
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _fail(message: str, hint: str | None, code: int) -> None:
+    error_line(message, hint, code)
+    sys.exit(code)
+
+
+def _wants_json(args: list[str]) -> bool:
+    """Whether the command line asks for --json (before a `--`)."""
+    for a in args:
+        if a == "--":
+            return False
+        if a == "--json":
+            return True
+    return False
 
 
 def exit_code_of(exc: DcptoolError) -> int:
@@ -384,6 +461,7 @@ def _silence_stdout() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every user error ends as one line on stderr and a meaningful exit code."""
     output.set_verbosity(output.NORMAL)
+    output.set_json_errors(_wants_json(list(sys.argv[1:] if argv is None else argv)))
     command = build_command()
     try:
         rc = command.main(args=argv, prog_name="dcptool", standalone_mode=False)
@@ -397,8 +475,7 @@ def main(argv: list[str] | None = None) -> None:
     except DcptoolError as exc:
         if output.verbosity() >= output.DEBUG:
             traceback.print_exc()
-        error_line(exc.message, exc.hint)
-        sys.exit(exit_code_of(exc))
+        _fail(exc.message, exc.hint, exit_code_of(exc))
     except _NO_ARGS_IS_HELP as exc:
         # click puts the help text in the message; typer's rich help printed it already
         text = getattr(exc, "message", "") or ""
@@ -407,19 +484,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_USAGE)
     except _USAGE_ERRORS as exc:
         message, hint = usage_message(exc)
-        error_line(message, hint)
-        sys.exit(EXIT_USAGE)
+        _fail(message, hint, EXIT_USAGE)
     except _EXITS as exc:
         sys.exit(exc.exit_code)
     except _ABORTS:
-        error_line("aborted")
-        sys.exit(EXIT_INTERRUPTED)
+        _fail("aborted", None, EXIT_INTERRUPTED)
     except _CLICK_EXCEPTIONS as exc:
-        error_line(_sentence(exc.format_message()))
-        sys.exit(getattr(exc, "exit_code", EXIT_FAILURE))
+        _fail(_sentence(exc.format_message()), None, getattr(exc, "exit_code", EXIT_FAILURE))
     except KeyboardInterrupt:
-        error_line("interrupted")
-        sys.exit(EXIT_INTERRUPTED)
+        _fail("interrupted", None, EXIT_INTERRUPTED)
     except BrokenPipeError:
         _silence_stdout()
         sys.exit(EXIT_BROKEN_PIPE)
@@ -427,9 +500,9 @@ def main(argv: list[str] | None = None) -> None:
         if output.verbosity() >= output.DEBUG:
             traceback.print_exc()
         where = f"{exc.filename}: " if exc.filename else ""
-        error_line(f"{where}{exc.strerror or exc}",
-                   "free some space and run it again" if exc.errno == errno.ENOSPC else None)
-        sys.exit(EXIT_FAILURE)
+        _fail(f"{where}{exc.strerror or exc}",
+              "free some space and run it again" if exc.errno == errno.ENOSPC else None,
+              EXIT_FAILURE)
     if rc == EXIT_INTERRUPTED:  # typer turns Ctrl-C into exit status 130 without a word
-        error_line("interrupted")
+        error_line("interrupted", None, EXIT_INTERRUPTED)
     sys.exit(rc if isinstance(rc, int) else EXIT_OK)

@@ -35,6 +35,23 @@ def set_verbosity(level: int) -> None:
     # run logs (backup, restore, merge) are echoed on stderr in verbose mode
     runlog.set_echo(None if _verbosity < VERBOSE else ("DEBUG" if _verbosity >= DEBUG else "INFO"),
                     quiet=_verbosity <= QUIET)
+    from dcptool.pipeline import runtime
+
+    # Spark's own output (JVM start-up and shutdown lines, its workers') only with -vv
+    runtime.set_jvm_output("terminal" if _verbosity >= DEBUG else "quiet")
+
+
+_json_errors = False
+
+
+def set_json_errors(on: bool) -> None:
+    """Errors as one JSON object on stderr (the command was given --json)."""
+    global _json_errors
+    _json_errors = bool(on)
+
+
+def json_errors() -> bool:
+    return _json_errors
 
 
 def verbosity() -> int:

@@ -82,7 +82,7 @@ from .backupdata import (
 from .datafilter import selection
 from .nodeinfo import cluster_state, node_opts
 from .plans import BackupTask, VBucketPlan, VBucketSummary
-from .runtime import default_parallelism, get_spark, plan_groups
+from .runtime import check_executors_see, check_master, default_parallelism, get_spark, plan_groups
 from .tasks import reporting_failures, task_failure
 
 
@@ -434,6 +434,8 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
     archive_path = str(Path(archive_path).absolute())
     rl.info("backup of bucket %s on %s into %s (pid %d)", opts.bucket, opts.address,
             archive_path, os.getpid())
+    if spark is None:
+        check_master(master)  # an unreachable master fails before any partial backup exists
     # on a cluster, seqnos and failover logs come from each vbucket's active node
     count, seqnos, logs, members = cluster_state(opts, vbuckets)
     if members is not None:
@@ -546,6 +548,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             groups = plan_groups(list(plan), n)
             rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master,
                     len(groups), spark_seconds)
+            check_executors_see(spark, archive_path, write=True)  # before streaming
             tasks = [BackupTask(opts, archive_path, writer.id, writer.parent,
                                 tuple(plan[vb] for vb in g), f"dcptool-backup:{writer.id}:{i}",
                                 cluster=members is not None, stream_filter=sfilter,

@@ -41,7 +41,7 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
                partitions: int | None = None, master: str | None = None,
                spark=None) -> ExportResult:
     from .dataframes import read_archive
-    from .runtime import get_spark
+    from .runtime import check_executors_see, get_spark
 
     t0 = time.monotonic()
     if fmt not in FORMATS:
@@ -59,6 +59,7 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
     if out == archive.path.absolute() or archive.path.absolute() in out.parents:
         raise UsageError("the output directory must not be inside the archive")
     spark = spark or get_spark(master)
+    check_executors_see(spark, archive.path, name="archive.json")
     df = read_archive(spark, archive.path.absolute(), backup=backup, resolved=resolved,
                       vbuckets=vbuckets, partitions=partitions)
     writer = df.write.mode("overwrite" if (overwrite or out.exists()) else "errorifexists")

@@ -50,7 +50,7 @@ from .nodeinfo import active_nodes, vbucket_count
 from .collnames import CollectionNames, chain_collections
 from .datafilter import DataSelection, selection, show
 from .plans import RestoreTask, RestoreTaskResult
-from .runtime import default_parallelism, get_spark, plan_groups
+from .runtime import check_executors_see, default_parallelism, get_spark, plan_groups
 from .tasks import reporting_failures, task_failure
 
 _KIND = {REC_MUTATION: mw.WRITE_MUTATION, REC_DELETION: mw.WRITE_DELETION,
@@ -535,6 +535,7 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
     if held:
         ts = time.monotonic()
         spark = spark or get_spark(master)
+        check_executors_see(spark, archive.path, name="archive.json")
         n = partitions or 2 * default_parallelism(spark)
         tasks = [(RestoreTask(opts, str(archive.path), target, tuple(g), node_vbuckets,
                               key_filter=key_filter, force=force, dry_run=dry_run, routes=routes),

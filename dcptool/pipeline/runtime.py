@@ -2,17 +2,50 @@
 
 Local mode is tuned for a small machine: no UI, no console progress, few shuffle
 partitions, and Python workers that run this interpreter (so they can import dcptool).
+
+Under the command line (`set_jvm_output`), Spark stays out of the terminal: the JVM is
+started in a process group of its own (Ctrl-C reaches only the driver, which then kills it) with
+its stdout and stderr sent to /dev/null or DCPTOOL_SPARK_LOG (the terminal with -vv), so
+neither its start-up and shutdown lines nor the Python workers' (they inherit its
+descriptors) can appear; a spark:// master is checked before anything is written.
 """
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
+import secrets
+import signal
+import socket
 import sys
 import threading
 from typing import Any
 
+from dcptool.errors import DcptoolError
+
 DEFAULT_MASTER = "local[*]"
 
 _lock = threading.Lock()
+
+#: where the JVM's own output goes: None (library use: as PySpark does it), "quiet" (the
+#: command line: DCPTOOL_SPARK_LOG or /dev/null), "terminal" (the command line with -vv)
+_jvm_output: str | None = None
+_jvm_proc: Any = None
+
+
+def set_jvm_output(mode: str | None) -> None:
+    """How a SparkSession started from now on treats the terminal (see the module doc)."""
+    global _jvm_output
+    if mode not in (None, "quiet", "terminal"):
+        raise ValueError(mode)
+    _jvm_output = mode
+    quiet = mode == "quiet"
+    # py4j logs its lost connections (a killed or stopped JVM) through `logging`, whose
+    # last-resort handler would print them on stderr
+    log = logging.getLogger("py4j")
+    log.propagate = not quiet
+    if quiet and not any(isinstance(h, logging.NullHandler) for h in log.handlers):
+        log.addHandler(logging.NullHandler())
 
 
 def _quiet_env() -> None:
@@ -21,6 +54,87 @@ def _quiet_env() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # Without this Spark binds the driver to a non-loopback interface and warns about it.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def master_addresses(master: str) -> list[tuple[str, int]]:
+    """The (host, port) pairs of a standalone master URL (spark://h1:p1,h2:p2); [] for
+    any other kind of master."""
+    if not master.startswith("spark://"):
+        return []
+    out = []
+    for part in master[len("spark://"):].split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise DcptoolError(f"bad Spark master URL {master!r}",
+                               hint="a standalone master is spark://HOST:PORT[,HOST:PORT]",
+                               exit_code=2)
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def check_master(master: str | None, timeout: float = 5.0) -> None:
+    """Fail in one line when no address of a spark:// master accepts a connection (Spark
+    itself would retry for a minute, then fail in a hundred lines)."""
+    master = master or os.environ.get("DCPTOOL_SPARK_MASTER") or DEFAULT_MASTER
+    addrs = master_addresses(master)
+    why = ""
+    for host, port in addrs:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            return
+        except OSError as exc:
+            why = exc.strerror or str(exc) or type(exc).__name__
+    if addrs:
+        raise DcptoolError(f"cannot reach the Spark master {master}: {why}",
+                           hint="check --master (or DCPTOOL_SPARK_MASTER) and that the master runs")
+
+
+def _kill_jvm() -> None:
+    proc = _jvm_proc
+    if proc is None or proc.poll() is not None:
+        return
+    try:  # the JVM leads a process group of its own
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except Exception:  # noqa: BLE001 - nothing more to do at this point
+        pass
+
+
+def _on_interrupt(signum, frame):  # noqa: ARG001 - a signal handler's signature
+    # the CLI's Ctrl-C: the JVM (and with it its tasks and Python workers) goes first, so no
+    # task writes on once the archive's lock is released; then the usual KeyboardInterrupt
+    _kill_jvm()
+    raise KeyboardInterrupt
+
+
+def _launch_quiet_gateway(settings: dict[str, str]) -> None:
+    """Start the JVM for the command line (see the module doc) and make it PySpark's."""
+    global _jvm_proc
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    conf = SparkConf(loadDefaults=False)
+    for k, v in settings.items():
+        conf.set(k, v)
+    # a process group of its own (not a session: the fault points' kill ends the session)
+    kwargs: dict[str, Any] = {"process_group": 0}
+    sink = None
+    if _jvm_output == "quiet":
+        target = os.environ.get("DCPTOOL_SPARK_LOG") or os.devnull
+        sink = open(target, "ab")  # noqa: SIM115 - the JVM holds it, we close our copy
+        kwargs.update(stdout=sink, stderr=sink)
+    try:
+        gateway = launch_gateway(conf, popen_kwargs=kwargs)
+    finally:
+        if sink is not None:
+            sink.close()
+    _jvm_proc = gateway.proc
+    SparkContext._ensure_initialized(gateway=gateway)
 
 
 def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[str, Any] | None = None):
@@ -33,23 +147,31 @@ def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[s
         if active is not None:
             return active
         master = master or os.environ.get("DCPTOOL_SPARK_MASTER") or DEFAULT_MASTER
-        builder = (
-            SparkSession.builder.master(master)
-            .appName(app_name)
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "8")
-            .config("spark.driver.bindAddress", "127.0.0.1" if master.startswith("local") else "0.0.0.0")
-            .config("spark.python.worker.reuse", "true")
-        )
+        check_master(master)
         log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
-        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{log4j}")
+        settings = {
+            "spark.master": master,
+            "spark.app.name": app_name,
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": "8",
+            "spark.driver.bindAddress": "127.0.0.1" if master.startswith("local") else "0.0.0.0",
+            "spark.python.worker.reuse": "true",
+            "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{log4j}",
+        }
         if master.startswith("local"):
-            builder = builder.config("spark.python.unix.domain.socket.enabled", "true")
-        for k, v in (conf or {}).items():
+            settings["spark.python.unix.domain.socket.enabled"] = "true"
+        settings.update(conf or {})
+        if _jvm_output is not None:
+            _launch_quiet_gateway({k: str(v).lower() if isinstance(v, bool) else str(v)
+                                   for k, v in settings.items()})
+        builder = SparkSession.builder
+        for k, v in settings.items():
             builder = builder.config(k, v)
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
+        if _jvm_output is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, _on_interrupt)
         return spark
 
 
@@ -65,3 +187,72 @@ def plan_groups(vbuckets: list[int], partitions: int) -> list[list[int]]:
     for i, vb in enumerate(sorted(vbuckets)):
         groups[i % partitions].append(vb)
     return [g for g in groups if g]
+
+
+# -- the archive as the executors see it ---------------------------------------------------------
+
+PROBE_PREFIX = ".dcptool-probe-"
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def probe_failures(spark, directory: str, name: str, digest: str, *, write: bool = False,
+                   tasks: int | None = None) -> list[str]:
+    """Run `tasks` small Spark tasks (default 2x the parallelism, so every executor gets
+    some) that each read DIRECTORY/NAME and compare its SHA-256 with `digest` and, with
+    `write`, create and remove a file of their own in DIRECTORY. Returns one
+    "HOST: what went wrong" per executor host that failed (sorted, no duplicates)."""
+    n = tasks or 2 * default_parallelism(spark)
+
+    def probe(index, _rows):
+        host = socket.gethostname()
+        path = os.path.join(directory, name)
+        try:
+            if _digest(path) != digest:
+                yield f"{host}: {path} differs from the driver's"
+                return
+            if write:
+                mine = os.path.join(directory, f"{PROBE_PREFIX}{secrets.token_hex(4)}-{index}")
+                with open(mine, "wb") as f:
+                    f.write(b"x")
+                os.unlink(mine)
+        except OSError as exc:
+            yield f"{host}: {exc.strerror or exc}{' ' + exc.filename if exc.filename else ''}"
+
+    found = spark.sparkContext.parallelize(range(n), n).mapPartitionsWithIndex(probe).collect()
+    return sorted(set(found))
+
+
+def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool = False,
+                        name: str | None = None, always: bool = False) -> None:
+    """Fail in one line unless Spark's executors see `directory` as the driver does: the
+    archive must be on a filesystem the driver and every executor share. Reads file `name`
+    of the directory (with `write`, or without `name`: a probe file the driver writes and
+    removes). Local masters share the driver's machine and are not checked unless `always`."""
+    if not always and spark.sparkContext.master.startswith("local"):
+        return
+    directory = os.path.abspath(os.fspath(directory))
+    own = None
+    if name is None or write:
+        name = f"{PROBE_PREFIX}{secrets.token_hex(8)}"
+        own = os.path.join(directory, name)
+        with open(own, "wb") as f:
+            f.write(secrets.token_bytes(16))
+    try:
+        failures = probe_failures(spark, directory, name, _digest(os.path.join(directory, name)),
+                                  write=write)
+    finally:
+        if own is not None:
+            try:
+                os.unlink(own)
+            except OSError:
+                pass
+    if failures:
+        raise DcptoolError(
+            f"the Spark executors do not see {directory} as the driver does ({failures[0]}"
+            f"{f', and {len(failures) - 1} more hosts' if len(failures) > 1 else ''}): "
+            "the archive must be on a filesystem shared by the driver and every executor",
+            hint="see 'Clusters' in docs/spark.md")
