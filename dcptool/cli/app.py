@@ -458,13 +458,28 @@ def _silence_stdout() -> None:
         pass
 
 
+def _run(command: Any, argv: list[str] | None) -> Any:
+    """Run the command; an error that follows Ctrl-C during a Spark job (py4j may replace
+    the KeyboardInterrupt with the lost connection's error) is the interruption."""
+    from dcptool.pipeline import runtime
+
+    try:
+        return command.main(args=argv, prog_name="dcptool", standalone_mode=False)
+    except Exception:
+        if runtime.interrupted():
+            if output.verbosity() >= output.DEBUG:
+                traceback.print_exc()
+            return EXIT_INTERRUPTED
+        raise
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every user error ends as one line on stderr and a meaningful exit code."""
     output.set_verbosity(output.NORMAL)
     output.set_json_errors(_wants_json(list(sys.argv[1:] if argv is None else argv)))
     command = build_command()
     try:
-        rc = command.main(args=argv, prog_name="dcptool", standalone_mode=False)
+        rc = _run(command, argv)
     except SystemExit:
         # typer ends a run whose stdout was closed (`dcptool ... | head`) with exit(1), after
         # wrapping stdout so later flushes stay quiet; scripts see the usual 141 instead

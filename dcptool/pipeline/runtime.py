@@ -31,6 +31,12 @@ _lock = threading.Lock()
 #: command line: DCPTOOL_SPARK_LOG or /dev/null), "terminal" (the command line with -vv)
 _jvm_output: str | None = None
 _jvm_proc: Any = None
+_interrupted = False
+
+
+def interrupted() -> bool:
+    """Whether Ctrl-C ended the CLI's JVM: whatever error follows is a consequence of it."""
+    return _interrupted
 
 
 def set_jvm_output(mode: str | None) -> None:
@@ -40,12 +46,20 @@ def set_jvm_output(mode: str | None) -> None:
         raise ValueError(mode)
     _jvm_output = mode
     quiet = mode == "quiet"
-    # py4j logs its lost connections (a killed or stopped JVM) through `logging`, whose
-    # last-resort handler would print them on stderr
-    log = logging.getLogger("py4j")
-    log.propagate = not quiet
-    if quiet and not any(isinstance(h, logging.NullHandler) for h in log.handlers):
-        log.addHandler(logging.NullHandler())
+    # py4j logs a lost connection (a killed or stopped JVM) and a Ctrl-C in the middle of a
+    # call, partly through the root logger (`logging.exception`, which would first give the
+    # root logger a stderr handler): a handler that drops them keeps both off the terminal
+    for name in ("py4j", ""):
+        log = logging.getLogger(name)
+        mine = [h for h in log.handlers if getattr(h, "_dcptool_quiet", False)]
+        if quiet and not mine:
+            h = logging.NullHandler()
+            h._dcptool_quiet = True  # type: ignore[attr-defined]
+            log.addHandler(h)
+        elif not quiet:
+            for h in mine:
+                log.removeHandler(h)
+    logging.getLogger("py4j").propagate = not quiet
 
 
 def _quiet_env() -> None:
@@ -106,6 +120,9 @@ def _kill_jvm() -> None:
 def _on_interrupt(signum, frame):  # noqa: ARG001 - a signal handler's signature
     # the CLI's Ctrl-C: the JVM (and with it its tasks and Python workers) goes first, so no
     # task writes on once the archive's lock is released; then the usual KeyboardInterrupt
+    # (py4j may turn it into a connection error on its way out: `interrupted()` says why)
+    global _interrupted
+    _interrupted = True
     _kill_jvm()
     raise KeyboardInterrupt
 
@@ -251,8 +268,13 @@ def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool
             except OSError:
                 pass
     if failures:
-        raise DcptoolError(
-            f"the Spark executors do not see {directory} as the driver does ({failures[0]}"
-            f"{f', and {len(failures) - 1} more hosts' if len(failures) > 1 else ''}): "
-            "the archive must be on a filesystem shared by the driver and every executor",
-            hint="see 'Clusters' in docs/spark.md")
+        raise not_shared(directory, failures)
+
+
+def not_shared(directory: str, failures: list[str]) -> DcptoolError:
+    """The one-line error for executors that do not see `directory` (see probe_failures)."""
+    more = f", and {len(failures) - 1} more hosts" if len(failures) > 1 else ""
+    return DcptoolError(
+        f"the Spark executors do not see {directory} as the driver does ({failures[0]}{more}): "
+        "the archive must be on a filesystem shared by the driver and every executor",
+        hint="see 'Clusters' in docs/spark.md")

@@ -1,0 +1,291 @@
+"""Spark stays out of the terminal (issue 20, section 2), each case run as a real command.
+
+Every case checks stdout and stderr for the noise the issue lists: no Python traceback, no
+Java stack frame, no py4j line, no line of Spark's own (its start-up and shutdown lines,
+log4j lines). Each Spark command costs seconds of JVM start-up, so the cases share runs:
+one slow test interrupts a backup under a pseudo-terminal, resumes it, and exports it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nodeprocutil import NodeProcess
+
+REPO = Path(__file__).resolve().parents[2]
+
+NOISE = [
+    re.compile(r"Traceback \(most recent call last\)"),
+    re.compile(r"^\s+at (org|java|scala|jdk|sun|py4j)\.", re.M),  # a Java stack frame
+    re.compile(r"py4j", re.I),
+    re.compile(r"WARNING: Using incubator modules"),
+    re.compile(r"Setting default log level"),
+    re.compile(r"To adjust logging level"),
+    re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR|FATAL) "),  # log4j
+    re.compile(r"org\.apache\.spark|SparkContext|daemon\.py|pyspark", re.I),
+]
+
+
+def assert_no_noise(*texts: str) -> None:
+    for text in texts:
+        for pat in NOISE:
+            m = pat.search(text)
+            assert m is None, f"{pat.pattern!r} matched in:\n{text}"
+
+
+def env_for(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["DCPTOOL_PASSWORD"] = "password"
+    for k in ("DCPTOOL_SPARK_MASTER", "DCPTOOL_SPARK_LOG", "DCPTOOL_FAULT", "NO_COLOR"):
+        env.pop(k, None)
+    env.update(extra)
+    return env
+
+
+class Run:
+    def __init__(self, rc: int, out: str, err: str, seconds: float, closed_at_exit: bool):
+        self.rc, self.out, self.err, self.seconds = rc, out, err, seconds
+        #: stdout and stderr reached end-of-file within moments of the command's exit: no
+        #: process it started (the JVM, Spark's Python workers) still holds them
+        self.closed_at_exit = closed_at_exit
+
+
+def run(args: list[str], *, timeout: float = 120, **extra: str) -> Run:
+    """`python -m dcptool ARGS` with pipes (not a terminal)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "dcptool", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env_for(**extra))
+    chunks: dict[str, list[bytes]] = {"out": [], "err": []}
+
+    def drain(name, f):
+        for block in iter(lambda: f.read1(65536), b""):
+            chunks[name].append(block)
+
+    readers = [threading.Thread(target=drain, args=("out", proc.stdout)),
+               threading.Thread(target=drain, args=("err", proc.stderr))]
+    for r in readers:
+        r.start()
+    rc = proc.wait(timeout=timeout)
+    seconds = time.monotonic() - t0
+    for r in readers:
+        r.join(timeout=3)
+    closed = not any(r.is_alive() for r in readers)
+    if not closed:  # let the holders go so the test does not hang
+        for r in readers:
+            r.join(timeout=60)
+    return Run(rc, b"".join(chunks["out"]).decode(errors="replace"),
+               b"".join(chunks["err"]).decode(errors="replace"), seconds, closed)
+
+
+def pty_run(args: list[str], interrupt_when, *, timeout: float = 120, **extra: str):
+    """Run `python -m dcptool ARGS` on a pseudo-terminal; once `interrupt_when()` is true,
+    type Ctrl-C. Returns (exit status, output before Ctrl-C, output after it). The output
+    is read until the terminal has no writer left, so whatever any process the command
+    started writes, even after the command exited, is in it."""
+    env = env_for(**extra)
+    pid, fd = os.forkpty()
+    if pid == 0:  # the child: a session leader on the pty, the foreground process group
+        try:
+            os.execve(sys.executable, [sys.executable, "-m", "dcptool", *args], env)
+        finally:
+            os._exit(127)
+    before, after = bytearray(), bytearray()
+    sent = False
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not sent and interrupt_when():
+                os.write(fd, b"\x03")  # the terminal turns it into SIGINT for the foreground
+                sent = True
+            r, _, _ = select.select([fd], [], [], 0.2)
+            if r:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:  # EIO: no process holds the terminal any more
+                    break
+                if not data:
+                    break
+                (after if sent else before).extend(data)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"dcptool {' '.join(args)} did not end; output: {bytes(before + after)!r}")
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    rc = os.waitstatus_to_exitcode(status)
+    text = after.decode(errors="replace").replace("\r\n", "\n")
+    if text.startswith("^C"):  # the terminal's own echo of the key (ECHOCTL)
+        text = text[2:]
+    return rc, before.decode(errors="replace"), text
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    n = NodeProcess(tmp_path_factory.mktemp("quiet-node") / "node", vbuckets=16)
+    n.start()
+    r = run(["doc", "load", "--count", "4000", "-c", f"{n.host}:{n.port}", "-q"])
+    assert r.rc == 0, r.err
+    yield n
+    n.stop(timeout=15)
+
+
+def partials(archive: Path) -> list[Path]:
+    d = archive / "backups"
+    if not d.is_dir():
+        return []
+    return [b for b in d.iterdir() if b.is_dir() and not (b / "manifest.json").exists()]
+
+
+# -- without Spark starting: fast ------------------------------------------------------------
+
+
+def test_unreachable_master_one_line_fast_no_partial_backup_json_too(node, tmp_path):
+    archive = tmp_path / "arch"
+    master = f"spark://127.0.0.1:{closed_port()}"
+    cluster = f"{node.host}:{node.port}"
+    r = run(["backup", "-c", cluster, str(archive), "--master", master, "--no-progress"])
+    assert r.rc == 1
+    assert r.seconds < 15
+    assert r.out == ""
+    lines = r.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dcptool: error: cannot reach the Spark master"), r.err
+    assert master in lines[0]
+    assert partials(archive) == []
+    assert_no_noise(r.out, r.err)
+    assert r.closed_at_exit
+
+    # the same with --json: the error is one JSON object on stderr, with the same status
+    r = run(["backup", "-c", cluster, str(archive), "--json"], DCPTOOL_SPARK_MASTER=master)
+    assert r.rc == 1 and r.out == ""
+    doc = json.loads(r.err)
+    assert set(doc) == {"error", "hint", "exit_code"}
+    assert doc["exit_code"] == 1 and doc["error"].startswith("cannot reach the Spark master")
+    assert partials(archive) == []
+    assert_no_noise(r.out, r.err)
+
+
+def test_json_errors_keep_the_exit_codes(tmp_path):
+    r = run(["info", str(tmp_path / "nothing"), "--json"])  # no such archive: usage, 2
+    assert r.rc == 2
+    doc = json.loads(r.err)
+    assert doc["exit_code"] == 2 and "no archive" in doc["error"] and doc["hint"] is None
+    r = run(["info", str(tmp_path), "--jsn", "--json"])  # a usage error of click's
+    assert r.rc == 2
+    doc = json.loads(r.err)
+    assert doc == {"error": "no such option: --jsn", "hint": "did you mean --json?", "exit_code": 2}
+    r = run(["info", str(tmp_path / "nothing")])  # without --json: the usual line
+    assert r.rc == 2 and r.err.startswith("dcptool: error: no archive")
+
+
+def test_quiet_and_verbose_after_the_command_name(tmp_path):
+    r = run(["info", str(tmp_path / "nothing"), "-q", "-v"])
+    assert r.rc == 2
+    assert "--quiet and --verbose exclude each other" in r.err
+    r = run(["-q", "info", str(tmp_path / "nothing"), "-v"])
+    assert r.rc == 2 and "exclude each other" in r.err
+    for flags in (["-q"], ["-v"], ["-vv"], ["--quiet"], ["--verbose"]):
+        r = run(["info", str(tmp_path / "nothing"), *flags])
+        assert r.rc == 2 and "no such option" not in r.err, (flags, r.err)
+    # not shown in the command's help (the root's help names them)
+    r = run(["info", "--help"])
+    assert "--quiet" not in r.out and "--verbose" not in r.out
+    r = run(["--help"])
+    assert "-q and -v may also follow the command name" in " ".join(r.out.split())
+
+
+# -- with Spark ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ctrl_c_resume_export_no_spark_noise(node, tmp_path):
+    archive = tmp_path / "arch"
+    cluster = f"{node.host}:{node.port}"
+
+    # 1. Ctrl-C while the JVM starts: one line, 130, nothing after the command ends
+    t0 = time.monotonic()
+    rc, before, after = pty_run(["backup", "-c", cluster, str(archive), "--no-progress"],
+                                lambda: time.monotonic() - t0 > 3)
+    assert rc == 130, (before, after)
+    assert after.strip().splitlines() == ["dcptool: error: interrupted"], after
+    assert_no_noise(before, after)
+
+    # 2. Ctrl-C while tasks stream (a task stalls after one vbucket, so some are done and
+    #    some are not): the same, and the partial backup is left to resume
+    def streaming() -> bool:
+        return any(p.name.endswith(".done.json") for b in partials(archive) for p in b.iterdir())
+
+    rc, before, after = pty_run(["backup", "-c", cluster, str(archive), "--no-progress",
+                                 "--partitions", "2"], streaming, DCPTOOL_FAULT="stall-after-vbuckets:1")
+    assert rc == 130, (before, after)
+    assert after.strip().splitlines() == ["dcptool: error: interrupted"], after
+    assert_no_noise(before, after)
+    assert len(partials(archive)) == 1
+    assert not (archive / "lock").exists()
+
+    # 3. the next backup resumes it; -q after the command name leaves stderr empty (no
+    #    note, no Spark line), and the command's output is closed when it exits (no
+    #    Spark worker can print after it)
+    r = run(["backup", "-c", cluster, str(archive), "-q"])
+    assert r.rc == 0, r.err
+    assert r.err == ""
+    assert re.search(r"resumed\s*\S\s*(True|yes)", r.out), r.out
+    assert_no_noise(r.out, r.err)
+    assert r.closed_at_exit
+    assert partials(archive) == []
+    info = json.loads(run(["info", str(archive), "--json"]).out)
+    backups = info["backups"]
+    assert len(backups) == 1 and backups[0]["mutations"] == 4000, info
+
+    # 4. export (another Spark command) in normal verbosity: its own output only
+    r = run(["export", str(archive), str(tmp_path / "out"), "--format", "jsonl"])
+    assert r.rc == 0, r.err
+    assert_no_noise(r.out, r.err)
+    assert r.closed_at_exit
+
+
+def test_executors_see_the_archive_check(spark, tmp_path):
+    from dcptool.pipeline.runtime import (PROBE_PREFIX, check_executors_see, not_shared,
+                                          probe_failures)
+
+    (tmp_path / "archive.json").write_text('{"x": 1}')
+    # the driver's view and the tasks' agree: nothing to say; the probe file is removed
+    check_executors_see(spark, tmp_path, write=True, always=True)
+    check_executors_see(spark, tmp_path, name="archive.json", always=True)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(PROBE_PREFIX)]
+    # tasks that find another file under the same name, or none (another machine's
+    # filesystem): one entry per host, the host named
+    import hashlib
+
+    other = hashlib.sha256(b"the driver's copy").hexdigest()
+    got = probe_failures(spark, str(tmp_path), "archive.json", other, tasks=4)
+    assert got == [f"{socket.gethostname()}: {tmp_path / 'archive.json'} differs from the driver's"]
+    got = probe_failures(spark, str(tmp_path / "elsewhere"), "archive.json", other, tasks=4)
+    assert len(got) == 1 and "No such file or directory" in got[0]
+    # a local master shares the driver's machine: not checked (no Spark job, so a directory
+    # the driver does not have either passes)
+    check_executors_see(spark, tmp_path / "elsewhere", name="archive.json")
+    # what the user reads: one line, naming the host and the requirement
+    err = not_shared("/backups/a", got + ["host2: Permission denied"])
+    assert "\n" not in err.message and socket.gethostname() in err.message
+    assert "and 1 more hosts" in err.message
+    assert "shared by the driver and every executor" in err.message
