@@ -805,8 +805,9 @@ def exit_codes_md(tree: Cmd | None = None) -> str:
              f"<!-- {GENERATED} -->", "",
              "Every dcptool command exits with one of these statuses, so scripts can tell "
              "what happened without reading the output. Errors are one line on stderr, "
-             "`dcptool: error: WHAT (hint: WHAT TO DO)`; add `-vv` (`dcptool -vv COMMAND`) "
-             "to see a traceback as well.", "",
+             "`dcptool: error: WHAT (hint: WHAT TO DO)`, or with `--json` one JSON object "
+             "`{\"error\": ..., \"hint\": ..., \"exit_code\": N}` (see json-output.md); add "
+             "`-vv` (`dcptool -vv COMMAND`) to see a traceback as well.", "",
              "| status | meaning |", "|---|---|"]
     for code, meaning in EXIT_STATUS:
         lines.append(f"| {code} | {meaning} |")

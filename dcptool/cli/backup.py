@@ -47,7 +47,9 @@ manual(
 SPARK = "Spark"
 MasterOpt = Annotated[Optional[str], typer.Option(
     "--master", envvar="DCPTOOL_SPARK_MASTER", rich_help_panel=SPARK, metavar="URL",
-    help="Spark master URL (default local[*], the embedded Spark).")]
+    help="Spark master URL (default local[*], the embedded Spark). With any other master the "
+         "archive must be on a filesystem the driver and every executor share (checked "
+         "before the run).")]
 PartitionsOpt = Annotated[Optional[int], typer.Option(
     "--partitions", rich_help_panel=SPARK, min=1,
     help="Spark tasks, each streaming a group of vbuckets (default 2x the cores).")]
@@ -103,6 +105,10 @@ def backup(
     backups) unless --include-data/--exclude-data select some: then the node streams only
     those. Names must exist when the selection is given; a different selection needs
     --full.
+
+    Spark tasks write the archive's files themselves: with a --master other than local,
+    ARCHIVE must be on a filesystem shared by this machine and every Spark executor, at
+    the same path (NFS, a cluster filesystem); the run checks that before it streams.
 
     Example: DCPTOOL_PASSWORD=... dcptool backup -c couchbase://127.0.0.1 /backups/default
 
