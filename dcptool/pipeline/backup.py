@@ -322,7 +322,8 @@ class TaskProgress:
     """How far one backup task is, for the driver's progress bar, per item.
 
     The task rewrites a small JSON file in the backup's directory (first after its first
-    batch of events, then at most every `interval` seconds, and once at its end); the
+    batch of events or vbucket end, then at most every `interval` seconds, and once at its
+    end); the
     driver polls those files (`poll_task_progress`). A file, not a Spark accumulator
     (whose updates reach the driver only when a task ends, so a bar would move per task)
     nor a socket to the driver (executors of a cluster may not reach it): the archive is
@@ -405,7 +406,7 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
     its summary (with the run statistics) appended to `summaries`.
     Returns the vbuckets of `plan` that did not end. `admit` (a backupdata.ClientFilter,
     rare) keeps only the selected collections' records and events of each batch.
-    `report` (a TaskProgress) is called after each batch.
+    `report` (a TaskProgress) is called after each batch and as each vbucket ends.
     """
     pending = set(plan)
     for events in consumer.batches(tick=tick):
@@ -461,6 +462,8 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
                         "resumed": plan[vb].resume,
                         "seconds": round(time.monotonic() - (r["first_open"] or t_task), 3)}))
                     pending.discard(vb)
+                    if report is not None:
+                        report()
                     fault_point("vbucket-closed", len(summaries))
                 elif retrying:
                     run[vb]["retries"] += 1
