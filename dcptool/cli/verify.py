@@ -54,7 +54,9 @@ def verify(
 
     With --against -c CLUSTER it instead compares, for each vbucket, the archive's resolved
     state with the node's current data up to the seqno the last backup reached (a keys-only
-    DCP pass), and names the vbuckets that differ with their first differing keys.
+    DCP pass), and names the vbuckets that differ with their first differing keys. A node
+    with a history of its own (one the archive was restored into) is compared document by
+    document, all it holds. Notes go to stderr (-q drops them).
 
     Example: dcptool verify /backups/default
     Example: dcptool verify /backups/default --against -c couchbase://127.0.0.1
