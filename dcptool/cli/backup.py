@@ -126,8 +126,7 @@ def backup(
         bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                        TaskProgressColumn(),
                        TextColumn("{task.fields[items]} items  {task.fields[vbs]} vbuckets"),
-                       TimeElapsedColumn(), console=err, redirect_stdout=False,
-                       redirect_stderr=False)
+                       TimeElapsedColumn(), console=err)
         task = bar.add_task("planning", total=None, items="0", vbs="0")
 
         def progress_cb(p: dict) -> None:
