@@ -15,7 +15,9 @@ from .lock import ArchiveLock
 _COUNTS = ("mutations", "deletions", "expirations", "snapshots", "rollbacks", "records")
 
 
-def _dir_size(path: Path) -> int:
+def dir_size(path: Path) -> int:
+    """Bytes of the files directly in `path`: a backup's size on disk, as `info` and
+    `backup` report it (data, done, backup.json and manifest files)."""
     total = 0
     try:
         with os.scandir(path) as it:
@@ -61,7 +63,9 @@ def _partial(archive: Archive, bid: str) -> dict[str, Any]:
         "id": bid, "parent": intent.get("parent"), "type": intent.get("type"),
         "state": "partial", "started": intent.get("started"), "finished": None,
         "vbuckets": done, "vbuckets_started": len(started),
-        **counts, "value_bytes": value_bytes, "size_on_disk": _dir_size(bdir),
+        # how many the backup will hold (recorded when it began; None: an older dcptool)
+        "vbuckets_planned": (intent.get("extra") or {}).get("vbuckets_planned"),
+        **counts, "value_bytes": value_bytes, "size_on_disk": dir_size(bdir),
         "rollback_records": rollbacks,
         "note": "counts cover the vbuckets that completed",
     }
@@ -87,7 +91,7 @@ def describe_archive(archive: Archive) -> dict[str, Any]:
             m = archive.manifest(bid)
         except ArchiveError as exc:
             backups.append({"id": bid, "state": "damaged", "error": exc.message,
-                            "size_on_disk": _dir_size(bdir)})
+                            "size_on_disk": dir_size(bdir)})
             continue
         t = m["totals"]
         backups.append({
@@ -100,7 +104,7 @@ def describe_archive(archive: Archive) -> dict[str, Any]:
             "system_events": t.get("system_events", 0),
             "collections": _collection_count(m.get("collections")),
             "data": m.get("data"),
-            "size_on_disk": _dir_size(bdir),
+            "size_on_disk": dir_size(bdir),
             "compression": m.get("compression"),
             "rollback_records": [{"vbucket": e["vbucket"], **r} for e in m["vbuckets"]
                                  for r in e["rollbacks"]],

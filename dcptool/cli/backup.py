@@ -125,22 +125,29 @@ def backup(
     progress_cb = None
     bar = None
     if show:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-        bar = Progress(TextColumn("[bold]backup"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("vbuckets  {task.fields[items]} items  {task.fields[size]}"),
+        # phases: "starting Spark", then the bar advances with each item streamed (over the
+        # vbuckets' seqnos, so it ends full), then "committing"
+        bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                       TaskProgressColumn(),
+                       TextColumn("{task.fields[items]} items  {task.fields[vbs]} vbuckets"),
                        TimeElapsedColumn(), console=err)
-        task = bar.add_task("backup", total=None, items=0, size="0 B")
+        task = bar.add_task("planning", total=None, items="0", vbs="0")
 
-        def progress_cb(done: int, items: int, nbytes: int) -> None:
-            bar.update(task, completed=done, items=items, size=human_bytes(nbytes))
+        def progress_cb(p: dict) -> None:
+            streaming = p["phase"] in ("streaming", "committing", "done")
+            bar.update(task, description="backup" if p["phase"] == "streaming" else p["phase"],
+                       total=(p["work_total"] or 1) if streaming else None,
+                       completed=(p["work"] if p["work_total"] else 1) if streaming else 0,
+                       items=f"{p['items']:,}", vbs=f"{p['vbuckets_done']}/{p['vbuckets']}")
 
     def on_plan(plan: dict) -> None:
         if plan["resumed"]:
             note(f"resuming partial backup {plan['backup_id']}: {plan['kept']} vbuckets "
                  f"kept, {plan['to_stream']} to stream")
         if bar is not None:
-            bar.update(task, total=plan["vbuckets"], completed=plan["kept"])
+            bar.update(task, vbs=f"{plan['kept']}/{plan['vbuckets']}")
 
     if bar is not None:
         bar.start()
@@ -163,15 +170,21 @@ def backup(
 
     t = Table(title=f"backup {d['backup_id']}", show_header=False)
     for k in ("type", "resumed", "vbuckets", "mutations", "deletions", "expirations", "rollbacks"):
-        t.add_row(k, str(d[k]))
+        v = d[k]
+        t.add_row(k, ("yes" if v else "no") if isinstance(v, bool) else str(v))
+    if d["resumed"]:
+        t.add_row("kept vbuckets", str(d["kept_vbuckets"]))
+        t.add_row("items streamed", f"{d['items_streamed']:,}")
     if d["collections"] is not None:
         t.add_row("collections", str(d["collections"]))
         t.add_row("system events", str(d["system_events"]))
     if d["data"] is not None:
         t.add_row("data", "; ".join([f"include {n}" for n in d["data"]["include"]]
                                     + [f"exclude {n}" for n in d["data"]["exclude"]]))
-    t.add_row("size", human_bytes(d["bytes"]))
+    # the same figure and name as `dcptool info`: the backup directory's files
+    t.add_row("size on disk", human_bytes(d["size_on_disk"]))
     t.add_row("seconds", f"{d['seconds']:.2f}")
+    # of what this run streamed (a resumed run: not the items it kept)
     t.add_row("items/s", f"{d['items_per_second'] or 0:,.0f}")
     wm = d.get("watermark")
     if wm is not None:

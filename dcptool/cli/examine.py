@@ -41,7 +41,7 @@ def examine(
     For each version: backup, scope and collection, seqno, rev seqno, cas, type and size,
     oldest first. Versions on a history branch a rollback cut off are marked dead;
     versions of a collection that was later dropped are marked so; the version a restore
-    writes is marked restored. Needs no node.
+    would write is marked "would restore". Needs no node.
 
     Example: dcptool examine /backups/default airline_10 --values
     """
@@ -67,7 +67,7 @@ def examine(
         t.add_column(col, justify="right" if col in ("seqno", "rev", "cas", "size", "flags",
                                                      "expiry") else "left", no_wrap=True)
     for v in d["versions"]:
-        notes = ["dead branch"] if v["dead"] else (["restored"] if v["restored"] else [])
+        notes = ["dead branch"] if v["dead"] else (["would restore"] if v["restored"] else [])
         if v["collection_dropped"]:
             notes.append("collection dropped")
         note = ", ".join(notes)

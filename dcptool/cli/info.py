@@ -94,10 +94,10 @@ def info(
         return
     table = Table(show_lines=False)
     for col in ("backup", "parent", "type", "state", "time", "vbuckets", "mutations",
-                "deletions", "expirations", "rollbacks", "size"):
+                "deletions", "expirations", "rollbacks", "size on disk"):
         table.add_column(col, no_wrap=col in ("backup", "parent"),
                          justify="right" if col in ("vbuckets", "mutations", "deletions",
-                                                    "expirations", "rollbacks", "size")
+                                                    "expirations", "rollbacks", "size on disk")
                          else "left")
     for b in backups:
         if b["state"] == "damaged":
@@ -106,7 +106,7 @@ def info(
             continue
         state = b["state"] if b["state"] == "complete" else "[yellow]partial[/yellow]"
         vbs = str(b["vbuckets"]) if b["state"] == "complete" else \
-            f"{b['vbuckets']}/{b['vbuckets_started']}"
+            f"{b['vbuckets']} of {_planned(b)}"
         table.add_row(b["id"], b["parent"] or "-", b["type"] or "?", state,
                       _short_time(b["started"]), vbs, f"{b['mutations']:,}", f"{b['deletions']:,}",
                       f"{b['expirations']:,}", str(b["rollbacks"]),
@@ -114,9 +114,9 @@ def info(
     con.print(table)
     for b in backups:
         if b["state"] == "partial":
-            con.print(f"[yellow]{b['id']} is partial[/yellow] ({b['vbuckets']} of "
-                      f"{b['vbuckets_started']} vbuckets started completed): the next backup "
-                      "resumes it; --purge-partial discards it")
+            con.print(f"[yellow]{b['id']} is partial[/yellow]: {b['vbuckets']} of "
+                      f"{_planned(b)} vbuckets complete; the next backup resumes it; "
+                      "--purge-partial discards it")
         elif b["state"] == "damaged":
             con.print(f"[red]{b['id']}: {b['error']}[/red]")
         if b.get("merged_from"):
@@ -127,6 +127,14 @@ def info(
                       f"(uuid {r['vbucket_uuid']})")
     if "node_check" in desc:
         _print_node_check(desc["node_check"], archive)
+
+
+def _planned(b: dict[str, Any]) -> str:
+    """Of how many vbuckets a partial backup's complete ones are: those it will hold, or
+    (begun by an older dcptool, which did not record them) those it started."""
+    if b.get("vbuckets_planned") is not None:
+        return str(b["vbuckets_planned"])
+    return f"{b['vbuckets_started']} started"
 
 
 def node_check(arch: Archive, opts) -> dict[str, Any]:

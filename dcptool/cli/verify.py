@@ -12,7 +12,7 @@ from dcptool.cli.app import app
 from dcptool.cli.backup import MasterOpt, PartitionsOpt
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
-from dcptool.cli.output import print_json
+from dcptool.cli.output import note, print_json
 
 
 manual(
@@ -54,7 +54,9 @@ def verify(
 
     With --against -c CLUSTER it instead compares, for each vbucket, the archive's resolved
     state with the node's current data up to the seqno the last backup reached (a keys-only
-    DCP pass), and names the vbuckets that differ with their first differing keys.
+    DCP pass), and names the vbuckets that differ with their first differing keys. A node
+    with a history of its own (one the archive was restored into) is compared document by
+    document, all it holds. Notes go to stderr (-q drops them).
 
     Example: dcptool verify /backups/default
     Example: dcptool verify /backups/default --against -c couchbase://127.0.0.1
@@ -101,22 +103,23 @@ def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, 
     if as_json:
         print_json(report.to_json(), pretty=True)
     else:
+        # notes go to stderr (-q silences them); results to stdout
         for v in report.vbuckets:
-            for note in v["notes"]:
-                typer.echo(f"vbucket {v['vbucket']}: note: {note}")
+            for text in v["notes"]:
+                note(f"vbucket {v['vbucket']}: note: {text}")
             if v["match"]:
                 continue
             a, n = v["archive"], v["node"]
             typer.echo(f"vbucket {v['vbucket']} differs: archive {a['count']} keys (hash "
                        f"{a['hash']}), node {n['count']} keys (hash {n['hash']}) up to seqno "
-                       f"{v['end_seqno']}")
+                       f"{v.get('compared_to_seqno', v['end_seqno'])}")
             for d in v["differences"]:
                 where = "" if d.get("collection_id", "0") == "0" else \
                     f" (collection {d['collection_id']})"
                 typer.echo(f"  {d['key']}{where}: archive {_state(d['archive'])}, node "
                            f"{_state(d['node'])}")
-        for note in report.notes:
-            typer.echo(f"note: {note}")
+        for text in report.notes:
+            note(f"note: {text}")
         total = len(report.vbuckets)
         keys = sum(v["archive"]["count"] for v in report.vbuckets)
         if report.ok:

@@ -25,6 +25,7 @@ the data selected is streamed; incremental backups keep the selection of their c
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -35,6 +36,7 @@ from typing import Any, Callable
 
 from dcptool.archive import Archive, FULL, INCREMENTAL
 from dcptool.archive.errors import NotAnArchiveError
+from dcptool.archive.info import dir_size
 from dcptool.archive.format import COLLECTIONS_VERSION, FORMAT_VERSION, sync_filesystem
 from dcptool.client.events import (
     DELETION,
@@ -100,6 +102,10 @@ class BackupResult:
     value_bytes: int = 0
     seconds: float = 0.0
     spark_seconds: float = 0.0
+    #: items this run streamed (a resumed run: not those of the partial backup it kept)
+    items_streamed: int = 0
+    #: bytes the committed backup's directory takes on disk (what `dcptool info` shows)
+    size_on_disk: int = 0
     kept_vbuckets: int = 0
     system_events: int = 0
     #: the data selection ({"include": [...], "exclude": [...]}, None: all) and how many
@@ -121,9 +127,12 @@ class BackupResult:
             "backup_id": self.backup_id, "type": self.type, "resumed": self.resumed,
             "vbuckets": self.vbuckets, "mutations": self.mutations, "deletions": self.deletions,
             "expirations": self.expirations, "rollbacks": self.rollbacks, "bytes": self.bytes,
-            "value_bytes": self.value_bytes, "seconds": round(self.seconds, 3),
+            "value_bytes": self.value_bytes, "size_on_disk": self.size_on_disk,
+            "seconds": round(self.seconds, 3),
             "spark_startup_seconds": round(self.spark_seconds, 3),
-            "items_per_second": round(self.items / self.seconds, 1) if self.seconds else None,
+            "items_streamed": self.items_streamed,
+            "items_per_second": (round(self.items_streamed / self.seconds, 1)
+                                 if self.seconds else None),
             "kept_vbuckets": self.kept_vbuckets, "system_events": self.system_events,
             "data": self.data, "collections": self.collections,
             "rollback_details": self.rollback_details,
@@ -234,9 +243,14 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
     rollbacks: list[dict[str, int]] = []
     opened: dict[int, Position] = dict(starts)  # the position each stream was last requested from
     # for the run log: when each vbucket's stream first opened, how often it (re)opened and
-    # how often the node ended it early and it was asked again
-    run: dict[int, dict[str, Any]] = {vb: {"opens": 0, "retries": 0, "first_open": None}
+    # how often the node ended it early and it was asked again; `base`: the items a resumed
+    # vbucket's files held already (what this run streams is counted apart from them)
+    run: dict[int, dict[str, Any]] = {vb: {"opens": 0, "retries": 0, "first_open": None,
+                                           "base": _items(writers[vb])}
                                       for vb in plan}
+    report = TaskProgress(writers[next(iter(plan))].dir, task.session.rsplit(":", 1)[-1],
+                          writers, plan, starts, {vb: r["base"] for vb, r in run.items()}) \
+        if plan else None
 
     def on_rollback(info):
         # roll back to the latest snapshot end at or below the node's seqno that the chain
@@ -267,7 +281,9 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
     try:
         consumer.add_streams({vb: (starts[vb], plan[vb].end) for vb in plan})
         pending = write_events(consumer, writers, plan, opened, run, summaries, t_task,
-                               admit=task.client_filter)
+                               admit=task.client_filter, report=report)
+        if report is not None:
+            report.write()
         if pending:
             raise DcptoolError(f"vbuckets {sorted(pending)[:8]} ended without a complete stream")
         # the data and done files of every vbucket of this task are durable before the driver
@@ -291,10 +307,98 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
 
 
 
+def _items(writer) -> int:
+    """Mutations, deletions and expirations a vbucket writer holds (its files' so far)."""
+    c = writer.counts()
+    return c["mutations"] + c["deletions"] + c["expirations"]
+
+
+#: a backup task's progress file in the backup's directory: `.progress-N.tmp` (the commit
+#: removes `.*.tmp` files, so a committed backup never lists it)
+PROGRESS_PREFIX = ".progress-"
+
+
+class TaskProgress:
+    """How far one backup task is, for the driver's progress bar, per item.
+
+    The task rewrites a small JSON file in the backup's directory (first after its first
+    batch of events or vbucket end, then at most every `interval` seconds, and once at its
+    end); the
+    driver polls those files (`poll_task_progress`). A file, not a Spark accumulator
+    (whose updates reach the driver only when a task ends, so a bar would move per task)
+    nor a socket to the driver (executors of a cluster may not reach it): the archive is
+    already on a filesystem the driver and every executor share, so this works the same
+    with local[*] and on a cluster. A failed write is ignored: progress never fails a
+    backup.
+
+    The file holds `items` (streamed by this run), `work` and `work_total`: per vbucket
+    the seqnos from its plan's start to its end, done as items arrive (capped at the
+    vbucket's span; all of it once the vbucket closes), so a bar over `work` advances with
+    every item and ends full although deduplication makes items fewer than seqnos.
+    """
+
+    def __init__(self, backup_dir, name: str, writers: dict[int, Any],
+                 plan: dict[int, VBucketPlan], starts: dict[int, Position],
+                 base: dict[int, int], interval: float = 0.25):
+        self.path = os.path.join(str(backup_dir), f"{PROGRESS_PREFIX}{name}.tmp")
+        self._tmp = os.path.join(str(backup_dir), f"{PROGRESS_PREFIX}{name}.new.tmp")
+        self.writers = writers
+        self.base = base
+        self.interval = interval
+        # (span of the plan, seqnos a resumed vbucket's files already covered)
+        self.spans = {vb: (max(0, int(p.end) - int(p.start.seqno)),
+                           max(0, int(starts[vb].seqno) - int(p.start.seqno)))
+                      for vb, p in plan.items()}
+        self._next = 0.0
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.interval
+            self.write()
+
+    def state(self) -> dict[str, int]:
+        items = work = total = 0
+        for vb, w in self.writers.items():
+            span, pre = self.spans[vb]
+            n = _items(w) - self.base[vb]
+            items += n
+            total += span
+            work += span if w.closed else min(span, pre + n)
+        return {"items": items, "work": work, "work_total": total}
+
+    def write(self) -> None:
+        try:
+            with open(self._tmp, "w") as f:
+                json.dump(self.state(), f)
+            os.replace(self._tmp, self.path)
+        except OSError:
+            pass
+
+
+def poll_task_progress(backup_dir) -> dict[str, int]:
+    """The sum of every task's progress file in `backup_dir` (see TaskProgress)."""
+    out = {"items": 0, "work": 0, "work_total": 0}
+    try:
+        names = [n for n in os.listdir(backup_dir)
+                 if n.startswith(PROGRESS_PREFIX) and not n.endswith(".new.tmp")]
+    except OSError:
+        return out
+    for n in names:
+        try:
+            with open(os.path.join(str(backup_dir), n)) as f:
+                d = json.load(f)
+            for k in out:
+                out[k] += int(d[k])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan],
                  opened: dict[int, Position], run: dict[int, dict[str, Any]],
                  summaries: list[VBucketSummary], t_task: float,
-                 tick: float = 1.0, admit=None) -> set[int]:
+                 tick: float = 1.0, admit=None, report=None) -> set[int]:
     """Drain `consumer`'s events into the vbuckets' writers until every stream ended.
 
     The hot path of a backup task (and what `benchmarks/` measures on a replayed stream):
@@ -302,6 +406,7 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
     its summary (with the run statistics) appended to `summaries`.
     Returns the vbuckets of `plan` that did not end. `admit` (a backupdata.ClientFilter,
     rare) keeps only the selected collections' records and events of each batch.
+    `report` (a TaskProgress) is called after each batch and as each vbucket ends.
     """
     pending = set(plan)
     for events in consumer.batches(tick=tick):
@@ -349,11 +454,16 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
                         consumer.position(vb, consistent=False)
                     entry = writers[vb].close(pos.to_archive())
                     r = run[vb]
+                    c = entry["counts"]
                     summaries.append(VBucketSummary(entry, {
                         "opens": r["opens"], "retries": r["retries"],
+                        "streamed": c["mutations"] + c["deletions"] + c["expirations"]
+                        - r.get("base", 0),
                         "resumed": plan[vb].resume,
                         "seconds": round(time.monotonic() - (r["first_open"] or t_task), 3)}))
                     pending.discard(vb)
+                    if report is not None:
+                        report()
                     fault_point("vbucket-closed", len(summaries))
                 elif retrying:
                     run[vb]["retries"] += 1
@@ -362,14 +472,21 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
                                        f"({StreamEndReason(reason).name if reason in StreamEndReason._value2member_map_ else reason})")
             elif kind == ROLLBACK:
                 pass  # recorded by on_rollback
+        if report is not None:
+            report()
     return pending
 
 
-def _progress_watch(progress, callback: Callable[[int, int, int], None],
-                    stop: threading.Event) -> None:
-    """Poll the archive's progress of the backup: (vbuckets done, items, bytes) to `callback`."""
-    while not stop.wait(0.5):
-        callback(*progress.poll())
+def _progress_watch(progress, backup_dir, base: dict[str, Any],
+                    callback: Callable[[dict[str, Any]], None], stop: threading.Event,
+                    interval: float = 0.25) -> None:
+    """Poll the backup's progress every `interval` seconds: vbuckets done from their done
+    files, items and work from the tasks' progress files (see TaskProgress)."""
+    while not stop.wait(interval):
+        done, _items_done, _bytes = progress.poll()
+        tasks = poll_task_progress(backup_dir)
+        callback({**base, "vbuckets_done": done, "items": tasks["items"],
+                  "work": min(tasks["work"], base["work_total"])})
 
 
 def run_backup(opts, archive_path: str | os.PathLike[str], **kwargs: Any) -> BackupResult:
@@ -424,7 +541,7 @@ def _log_compressed(rl: RunLog, opts, runs: dict[int, dict[str, Any] | None]) ->
 def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full: bool = False,
                 partitions: int | None = None, master: str | None = None, level: int = 3,
                 purge_partial: bool = False, vbuckets: list[int] | None = None,
-                progress: Callable[[int, int, int], None] | None = None,
+                progress: Callable[[dict[str, Any]], None] | None = None,
                 on_plan: Callable[[dict], None] | None = None,
                 spark=None, watermark: bool = True,
                 watermark_ttl: float = DEFAULT_WATERMARK_TTL,
@@ -518,9 +635,11 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         writer = archive.resume_backup()
         btype = writer.type
     else:
+        # vbuckets_planned: how many vbuckets the backup will hold, for `info` on a partial one
         writer = archive.begin_backup(btype, level=level,
                                       collections=node_man.to_json() if node_man else None,
-                                      data=selection_json(sel))
+                                      data=selection_json(sel),
+                                      extra={"vbuckets_planned": len(seqnos)})
 
     try:
         # where each vbucket starts is the archive's decision; the node adds where it ends
@@ -540,7 +659,15 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
 
         summaries: list[VBucketSummary] = [VBucketSummary(e) for e in kept.values()]
         spark_seconds = 0.0
+        # what progress reports: the phase, vbuckets (done), items streamed, and the work
+        # (seqnos) done out of work_total (see TaskProgress)
+        state: dict[str, Any] = {
+            "phase": "starting Spark", "vbuckets": len(seqnos), "vbuckets_done": len(kept),
+            "items": 0, "work": 0,
+            "work_total": sum(max(0, int(p.end) - int(p.start.seqno)) for p in plan.values())}
         if plan:
+            if progress is not None:
+                progress(dict(state))
             ts = time.monotonic()
             spark = spark or get_spark(master)
             spark_seconds = time.monotonic() - ts
@@ -557,8 +684,11 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             stop = threading.Event()
             watcher = None
             if progress is not None:
+                state["phase"] = "streaming"
+                progress(dict(state))
                 watcher = threading.Thread(target=_progress_watch,
-                                           args=(writer.progress(), progress, stop), daemon=True)
+                                           args=(writer.progress(), writer.dir,
+                                                 {**state}, progress, stop), daemon=True)
                 watcher.start()
             try:
                 results = spark.sparkContext.parallelize(tasks, len(tasks)) \
@@ -572,6 +702,11 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
                     watcher.join(timeout=2)
             for r in results:
                 summaries.extend(r)
+        streamed = sum((s.run or {}).get("streamed", 0) for s in summaries)
+        if progress is not None:
+            state.update(phase="committing", items=streamed, work=state["work_total"],
+                         vbuckets_done=len(seqnos))
+            progress(dict(state))
         runs = {s.vbucket: s.run for s in summaries}
         for s in sorted(summaries, key=lambda x: x.vbucket):
             _log_vbucket(rl, s.entry, s.run)
@@ -583,6 +718,8 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         raise
     result = BackupResult(writer.id, btype, resumed, len(manifest["vbuckets"]),
                           kept_vbuckets=len(kept), spark_seconds=spark_seconds,
+                          items_streamed=streamed,
+                          size_on_disk=dir_size(archive.backup_dir(writer.id)),
                           data=manifest.get("data"),
                           collections=None if manifest.get("collections") is None else
                           Manifest.from_json(manifest["collections"]).num_collections)
@@ -598,12 +735,16 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         for r in e.get("rollbacks", []):
             result.rollback_details.append({"vbucket": e["vbucket"], **r})
     if progress is not None:
-        progress(len(manifest["vbuckets"]), result.items, result.bytes)
+        state.update(phase="done", items=streamed, work=state["work_total"],
+                     vbuckets_done=len(manifest["vbuckets"]))
+        progress(dict(state))
     result.seconds = time.monotonic() - t0
     rl.info("committed %s backup %s: %d vbuckets, %d mutations, %d deletions, %d expirations, "
-            "%d rollbacks, %d bytes in %.2f s (%.0f items/s)", btype, writer.id, result.vbuckets,
+            "%d rollbacks, %d bytes of data files (%d bytes on disk) in %.2f s; %d items "
+            "streamed (%.0f items/s)", btype, writer.id, result.vbuckets,
             result.mutations, result.deletions, result.expirations, result.rollbacks,
-            result.bytes, result.seconds, result.items / result.seconds if result.seconds else 0)
+            result.bytes, result.size_on_disk, result.seconds, streamed,
+            streamed / result.seconds if result.seconds else 0)
     if watermark:
         def tell(msg: str) -> None:
             rl.warning("%s", msg)

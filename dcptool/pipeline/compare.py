@@ -2,7 +2,10 @@
 
 For each vbucket the archive holds, the archive's resolved state as of its last backup
 (what a restore would write) is compared with the node's current data up to the seqno that
-backup ended at. The node's side comes from a keys-only DCP pass (no values) from seqno 0
+backup ended at, when the node has the archive's history (the archive's vbucket uuid is in
+its failover log). A node with a history of its own (one the archive was restored into:
+its seqnos are its own) is compared document by document, all it holds; a note says
+"different history" only for such a vbucket that differs. The node's side comes from a keys-only DCP pass (no values) from seqno 0
 to that seqno: a document whose current version is above it (changed after the backup) is
 not in the pass, so it shows up as a difference, while documents created after the backup
 do not. Each side is summarised by a count and an order-independent hash of
@@ -183,23 +186,29 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
                          f"{archive.vbucket_count}")
     report = CompareReport(str(archive.path), opts.address, chain[-1])
     plan: dict[int, VBucketComparePlan] = {}
+    # vbuckets whose history on the node is not the archive's: the archive's vbucket uuid
+    # is not in the node's failover log (a node the archive was restored into, or another
+    # node). Their seqnos say nothing about the archive's, so all of the node's documents
+    # are compared, and only a vbucket that differs says so.
+    other: set[int] = set()
     for vb, ps in sorted(parts.items()):
         end = last_entry[vb]["end"]
         notes = []
         if vb not in highs:
             notes.append("the node does not hold this vbucket as active")
-            high = 0
+            high = upto = 0
         else:
             high = highs[vb]
-            if high < end["seqno"]:
-                notes.append(f"the node's high seqno {high} is below the archive's "
-                             f"{end['seqno']} (the node lost data, or rolled back)")
             log = logs.get(vb, ())
             if end["seqno"] and not any(u == end["uuid"] for u, _s in log):
-                notes.append(f"the node's failover log does not hold the archive's vbucket "
-                             f"uuid {end['uuid']} (different history)")
-        plan[vb] = VBucketComparePlan(vb, tuple(ps), end["seqno"], high,
-                                      min(end["seqno"], high), tuple(notes))
+                other.add(vb)
+                upto = high
+            else:
+                upto = min(end["seqno"], high)
+                if high < end["seqno"]:  # the same history, shorter: that means something
+                    notes.append(f"the node's high seqno {high} is below the archive's "
+                                 f"{end['seqno']} (the node lost data, or rolled back)")
+        plan[vb] = VBucketComparePlan(vb, tuple(ps), end["seqno"], high, upto, tuple(notes))
     if plan:
         spark = spark or get_spark(master)
         n = partitions or 2 * default_parallelism(spark)
@@ -215,6 +224,16 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
         for r in results:
             report.vbuckets.extend(r)
         report.vbuckets.sort(key=lambda v: v["vbucket"])
+        for v in report.vbuckets:
+            vb = v["vbucket"]
+            v["history"] = "different" if vb in other else "same"
+            v["compared_to_seqno"] = plan[vb].stream_end
+            if vb in other and not v["match"]:
+                v["notes"].append(
+                    f"different history: the node's failover log does not hold the archive's "
+                    f"vbucket uuid {last_entry[vb]['end']['uuid']} (a restored or another "
+                    f"node), so every document it holds now was compared, changes made "
+                    f"after the restore included")
     else:
         report.notes.append("the archive holds no vbucket to compare")
     report.seconds = time.monotonic() - t0

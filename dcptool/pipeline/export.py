@@ -1,7 +1,8 @@
 """The export job: an archive's records (or resolved documents) as Parquet or JSON lines.
 
 It is the `dcptool` data source written out by Spark, so the output has the columns of
-docs/spark.md. OUT is a directory of part files, as Spark writes them. In JSON lines the
+docs/spark.md. OUT is a directory of part files, as Spark writes them (JSON lines ones
+named `part-*.jsonl`). In JSON lines the
 binary columns (`value`, `xattrs`) are base64 strings, as Spark's JSON writer encodes them.
 """
 from __future__ import annotations
@@ -68,7 +69,9 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
     else:
         writer.json(str(out))
     rows = files = size = 0
-    suffix = ".parquet" if fmt == "parquet" else ".json"
+    suffix = ".parquet" if fmt == "parquet" else ".jsonl"
+    if fmt == "jsonl":
+        _jsonl_names(out)
     parts = sorted(f for f in out.iterdir() if f.name.startswith("part-") and f.name.endswith(suffix))
     for f in parts:
         files += 1
@@ -80,3 +83,14 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
         rows = spark.read.parquet(str(out)).count()  # from the footers
     return ExportResult(str(out), fmt, rows, backup, resolved, files, size,
                         time.monotonic() - t0)
+
+
+def _jsonl_names(out: Path) -> None:
+    """Spark's JSON writer names its part files `.json`; JSON lines are `.jsonl` (each part
+    file's checksum file, `.NAME.crc`, follows its file)."""
+    for f in list(out.iterdir()):
+        if f.name.startswith("part-") and f.name.endswith(".json"):
+            f.rename(f.with_name(f.name + "l"))
+            crc = out / f".{f.name}.crc"
+            if crc.exists():
+                crc.rename(out / f".{f.name}l.crc")

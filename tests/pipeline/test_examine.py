@@ -65,7 +65,7 @@ def test_examine_shows_every_version(archive, capsys):
     assert rc == 0
     for bid in ids:
         assert bid in out
-    assert "deletion" in out and "restored" in out
+    assert "deletion" in out and "would restore" in out
 
     # only the chain of the second backup
     rc, out, _ = cli(capsys, "examine", path, KEY, "--backup", ids[1], "--json")

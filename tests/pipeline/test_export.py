@@ -63,7 +63,9 @@ def test_export_jsonl(archive, spark, tmp_path, capsys):
     rc, text, err = cli(capsys, "export", archive, out, "--format", "jsonl", "--resolved", "--json")
     assert rc == 0, err
     assert json.loads(text)["rows"] == 820
-    lines = [json.loads(line) for f in sorted(out.glob("part-*.json"))
+    # JSON lines files are named so (Spark's writer names them .json)
+    assert not list(out.glob("part-*.json")) and list(out.glob("part-*.jsonl"))
+    lines = [json.loads(line) for f in sorted(out.glob("part-*.jsonl"))
              for line in f.read_text().splitlines()]
     assert len(lines) == 820
     by_key = {r["key"]: r for r in lines}
