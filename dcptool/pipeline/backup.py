@@ -406,7 +406,8 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
     its summary (with the run statistics) appended to `summaries`.
     Returns the vbuckets of `plan` that did not end. `admit` (a backupdata.ClientFilter,
     rare) keeps only the selected collections' records and events of each batch.
-    `report` (a TaskProgress) is called after each batch and as each vbucket ends.
+    `report` (a TaskProgress) is called after each batch (it writes at most every
+    interval) and writes as each vbucket ends.
     """
     pending = set(plan)
     for events in consumer.batches(tick=tick):
@@ -463,7 +464,7 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
                         "seconds": round(time.monotonic() - (r["first_open"] or t_task), 3)}))
                     pending.discard(vb)
                     if report is not None:
-                        report()
+                        report.write()  # a vbucket end is always shown (rare: not throttled)
                     fault_point("vbucket-closed", len(summaries))
                 elif retrying:
                     run[vb]["retries"] += 1

@@ -422,8 +422,17 @@ def test_dropped_collection_is_invisible_at_once_and_purged_by_compaction(node):
     # system events are never purged as tombstones
     with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
         assert db.execute("SELECT count(*) FROM items WHERE op = 3").fetchone()[0] > 0
-        meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
-    assert json.loads(meta["dropped"]) == []
+
+    # the purged id leaves the persisted `dropped` list (written by the flusher, after the
+    # compaction's answer: wait for it)
+    def dropped_on_disk():
+        with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
+            return json.loads(dict(db.execute("SELECT name, value FROM meta").fetchall())
+                              ["dropped"])
+    deadline = time.monotonic() + 10
+    while dropped_on_disk() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert dropped_on_disk() == []
 
 
 def test_manifest_and_dropped_ids_survive_restart(node):
