@@ -30,7 +30,7 @@ from dcptool.protocol.collections import (
     EVENT_BEGIN_COLLECTION,
     EVENT_DROP_SCOPE,
     EVENT_END_COLLECTION,
-    decode_leb128,
+    doc_key_cid,
 )
 
 from .errors import ResolutionError
@@ -48,10 +48,7 @@ from .format import (
 
 def key_cid(key: bytes) -> int:
     """The collection id of a doc key (0 for the default collection, one byte)."""
-    c = key[0] if key else 0
-    if c < 0x80:
-        return c
-    return decode_leb128(key)[0]
+    return doc_key_cid(key) if key else 0
 
 
 class Drops:

@@ -35,9 +35,9 @@ from dcptool.protocol.collections import (
     DEFAULT_SCOPE,
     Manifest,
     decode_leb128,
-    doc_key,
     encode_leb128,
     hex_id,
+    split_doc_key,
 )
 from dcptool.protocol.constants import Feature
 from dcptool.protocol.errors import ProtocolError
@@ -104,9 +104,7 @@ _NO_COLLECTIONS = CollectionPlan()
 
 def _logical(key: bytes) -> bytes:
     """A doc key without its collection prefix."""
-    if key and key[0] < 0x80:
-        return key[1:]
-    return key[decode_leb128(key)[1]:]
+    return split_doc_key(key)[1]
 
 
 def _key_mapper(plan: CollectionPlan, vbucket: int):
