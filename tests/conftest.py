@@ -12,6 +12,19 @@ SHARED = Path(os.environ.get("DCPTOOL_SHARED", REPO.parent / "shared"))
 VECTORS = SHARED / "protocol" / "vectors"
 
 
+def pytest_configure(config):
+    # a dcptool engine the developer runs must not serve the tests' commands (nor the
+    # in-process SparkSession): every test run has an engine directory of its own, empty
+    # unless a test starts an engine there
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="dcptool-test-engine-")
+    os.environ["DCPTOOL_ENGINE_DIR"] = d
+    os.environ.pop("DCPTOOL_ENGINE", None)
+    config.add_cleanup(lambda: shutil.rmtree(d, ignore_errors=True))
+
+
 @pytest.fixture(scope="session")
 def vectors_dir() -> Path:
     if not VECTORS.is_dir():

@@ -363,6 +363,7 @@ def _register() -> None:
     from dcptool.cli import examine  # noqa: F401
     from dcptool.cli import cluster  # noqa: F401
     from dcptool.cli import watermark  # noqa: F401
+    from dcptool.cli import engine  # noqa: F401
 
 
 _register()

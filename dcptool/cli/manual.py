@@ -20,6 +20,10 @@ ENV_DOCS = {
     "DCPTOOL_PASSWORD": "The password, so it never appears on a command line or in ps.",
     "DCPTOOL_LOG_KEEP": "How many run logs of each kind (backup, restore, merge) to keep in "
                         "ARCHIVE/logs (default 20).",
+    "DCPTOOL_ENGINE": "off: never attach to a running dcptool engine (every Spark command starts "
+                      "its own Spark).",
+    "DCPTOOL_ENGINE_DIR": "Where the dcptool engine keeps its socket, state and log (default "
+                          "$XDG_RUNTIME_DIR/dcptool-engine, else ~/.cache/dcptool/engine).",
     "NO_COLOR": "When set to anything but the empty string, output has no colour "
                 "(https://no-color.org). Output that is not a terminal never has colour.",
 }

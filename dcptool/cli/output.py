@@ -39,6 +39,8 @@ def set_verbosity(level: int) -> None:
 
     # Spark's own output (JVM start-up and shutdown lines, its workers') only with -vv
     runtime.set_jvm_output("terminal" if _verbosity >= DEBUG else "quiet")
+    # why a running dcptool engine was not used (notes: stderr, silenced by -q)
+    runtime.set_note_sink(note)
 
 
 _json_errors = False

@@ -84,7 +84,8 @@ from .backupdata import (
 from .datafilter import selection
 from .nodeinfo import cluster_state, node_opts
 from .plans import BackupTask, VBucketPlan, VBucketSummary
-from .runtime import check_executors_see, check_master, default_parallelism, get_spark, plan_groups
+from .runtime import (check_executors_see, check_master, default_parallelism, engine_available,
+                      get_spark, plan_groups, run_tasks)
 from .tasks import reporting_failures, task_failure
 
 
@@ -663,7 +664,9 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         # what progress reports: the phase, vbuckets (done), items streamed, and the work
         # (seqnos) done out of work_total (see TaskProgress)
         state: dict[str, Any] = {
-            "phase": "starting Spark", "vbuckets": len(seqnos), "vbuckets_done": len(kept),
+            "phase": "connecting to engine" if progress is not None and spark is None
+                     and engine_available(master) else "starting Spark",
+            "vbuckets": len(seqnos), "vbuckets_done": len(kept),
             "items": 0, "work": 0,
             "work_total": sum(max(0, int(p.end) - int(p.start.seqno)) for p in plan.values())}
         if plan:
@@ -692,8 +695,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
                                                  {**state}, progress, stop), daemon=True)
                 watcher.start()
             try:
-                results = spark.sparkContext.parallelize(tasks, len(tasks)) \
-                    .map(reporting_failures(backup_task)).collect()
+                results = run_tasks(spark, reporting_failures(backup_task), tasks)
             except Exception as exc:  # a task failed: keep the partial backup for a resume
                 raise task_failure(exc, "backup task", "the partial backup is kept; rerun the "
                                    "backup to resume it") from None

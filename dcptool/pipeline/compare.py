@@ -34,7 +34,7 @@ from dcptool.errors import UsageError
 
 from .datasource import resolve_parts
 from .plans import CompareTask, VBucketComparePlan
-from .runtime import default_parallelism, get_spark, plan_groups
+from .runtime import default_parallelism, get_spark, plan_groups, run_tasks
 from .tasks import reporting_failures, task_failure
 
 MASK = (1 << 64) - 1
@@ -217,8 +217,7 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
                              max_keys)
                  for i, g in enumerate(plan_groups(sorted(plan), n))]
         try:
-            results = spark.sparkContext.parallelize(tasks, len(tasks)) \
-                .map(reporting_failures(compare_task)).collect()
+            results = run_tasks(spark, reporting_failures(compare_task), tasks)
         except Exception as exc:
             raise task_failure(exc, "verify task", None) from None
         for r in results:

@@ -25,7 +25,7 @@ from dcptool.archive.merging import (
 )
 from dcptool.runlog import RunLog
 
-from .runtime import default_parallelism, get_spark, plan_groups
+from .runtime import default_parallelism, get_spark, plan_groups, run_tasks
 from .tasks import reporting_failures, task_failure
 
 
@@ -133,8 +133,7 @@ def _run_merge(rl: RunLog, archive_path: str | os.PathLike[str], *, first: str |
             tasks = [MergeTask(staged.target, tuple(plan.vbuckets[vb] for vb in g))
                      for g in plan_groups(sorted(plan.vbuckets), n)]
             try:
-                results = spark.sparkContext.parallelize(tasks, len(tasks)) \
-                    .map(reporting_failures(merge_task)).collect()
+                results = run_tasks(spark, reporting_failures(merge_task), tasks)
             except Exception as exc:
                 raise task_failure(exc, "merge task",
                                    "the archive is unchanged; the merge can be rerun") from None

@@ -50,7 +50,7 @@ from .nodeinfo import active_nodes, vbucket_count
 from .collnames import CollectionNames, chain_collections
 from .datafilter import DataSelection, selection, show
 from .plans import RestoreTask, RestoreTaskResult
-from .runtime import check_executors_see, default_parallelism, get_spark, plan_groups
+from .runtime import check_executors_see, default_parallelism, get_spark, plan_groups, run_tasks
 from .tasks import reporting_failures, task_failure
 
 _KIND = {REC_MUTATION: mw.WRITE_MUTATION, REC_DELETION: mw.WRITE_DELETION,
@@ -535,15 +535,15 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
         spark = spark or get_spark(master)
         check_executors_see(spark, archive.path, name="archive.json")
         n = partitions or 2 * default_parallelism(spark)
-        tasks = [(RestoreTask(opts, str(archive.path), target, tuple(g), node_vbuckets,
+        root = str(archive.path.absolute())  # the executors' working directory is not ours
+        tasks = [(RestoreTask(opts, root, target, tuple(g), node_vbuckets,
                               key_filter=key_filter, force=force, dry_run=dry_run, routes=routes),
                   colls)
                  for g in plan_groups(held, n)]
         rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master, len(tasks),
                 time.monotonic() - ts)
         try:
-            results = spark.sparkContext.parallelize(tasks, len(tasks)) \
-                .map(reporting_failures(restore_task)).collect()
+            results = run_tasks(spark, reporting_failures(restore_task), tasks)
         except Exception as exc:
             raise task_failure(exc, "restore task",
                                "the restore can be rerun: it is idempotent") from None

@@ -119,12 +119,67 @@ def _kill_jvm() -> None:
 
 def _on_interrupt(signum, frame):  # noqa: ARG001 - a signal handler's signature
     # the CLI's Ctrl-C: the JVM (and with it its tasks and Python workers) goes first, so no
-    # task writes on once the archive's lock is released; then the usual KeyboardInterrupt
-    # (py4j may turn it into a connection error on its way out: `interrupted()` says why)
+    # task writes on once the archive's lock is released; on an engine, this command's tasks
+    # (the engine waits until they have ended); then the usual KeyboardInterrupt (py4j may
+    # turn it into a connection error on its way out: `interrupted()` says why)
     global _interrupted
+    if _interrupted:  # a second Ctrl-C while the first is being dealt with
+        raise KeyboardInterrupt
     _interrupted = True
     _kill_jvm()
+    from .engine import attachment
+
+    a = attachment()
+    if a is not None:
+        a.cancel()
     raise KeyboardInterrupt
+
+
+#: where a note for the user goes (the CLI's notes; nothing for library use)
+_note_sink: Any = None
+
+
+def set_note_sink(fn: Any) -> None:
+    global _note_sink
+    _note_sink = fn
+
+
+def _engine_session(master: str | None):
+    """A running dcptool engine's session, attached, or None (see pipeline/engine.py)."""
+    from . import engine
+
+    if engine.disabled():
+        return None
+    return engine.attach(master, note=_note_sink)
+
+
+def engine_available(master: str | None = None) -> bool:
+    """Whether a Spark command would attach to a running engine (for the progress bar's
+    first phase); cheap when none runs."""
+    from . import engine
+
+    if engine.disabled() or _session_active():
+        return False
+    st = engine.request("status", timeout=2.0)
+    master = master or os.environ.get("DCPTOOL_SPARK_MASTER")
+    return bool(st) and not st.get("stopping") and (not master or st.get("master") == master)
+
+
+def _session_active() -> bool:
+    if "pyspark.sql" not in sys.modules:
+        return False
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession() is not None
+
+
+def run_tasks(spark, fn, tasks: list) -> list:
+    """Run `fn` on each of `tasks`, one Spark task each, and return their results in order
+    (a command attached to an engine runs them in its own job group)."""
+    from .engine import set_job_group
+
+    set_job_group(spark)
+    return spark.sparkContext.parallelize(tasks, len(tasks)).map(fn).collect()
 
 
 def _launch_quiet_gateway(settings: dict[str, str]) -> None:
@@ -163,6 +218,11 @@ def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[s
         active = SparkSession.getActiveSession()
         if active is not None:
             return active
+        attached = _engine_session(master or os.environ.get("DCPTOOL_SPARK_MASTER"))
+        if attached is not None:
+            if _jvm_output is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, _on_interrupt)
+            return attached
         master = master or os.environ.get("DCPTOOL_SPARK_MASTER") or DEFAULT_MASTER
         check_master(master)
         log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
@@ -239,6 +299,9 @@ def probe_failures(spark, directory: str, name: str, digest: str, *, write: bool
         except OSError as exc:
             yield f"{host}: {exc.strerror or exc}{' ' + exc.filename if exc.filename else ''}"
 
+    from .engine import set_job_group
+
+    set_job_group(spark)
     found = spark.sparkContext.parallelize(range(n), n).mapPartitionsWithIndex(probe).collect()
     return sorted(set(found))
 
