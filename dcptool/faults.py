@@ -55,7 +55,8 @@ def _kill() -> None:
 def fault_point(where: str, count: int = 0, **ctx: Any) -> None:
     """Fail here if DCPTOOL_FAULT asks for it. `where` is the point's name:
 
-    "vbucket-closed" (count: vbuckets a task closed), "events" (count: events just
+    "vbucket-closed" (count: vbuckets a task closed; ctx flush: writes the task's progress
+    before a stall), "events" (count: events just
     received; totalled per process), "frame" (ctx fd, data: a frame about to be written to
     a segment file), "rename" (ctx path: a file about to be renamed into place).
     """
@@ -63,6 +64,8 @@ def fault_point(where: str, count: int = 0, **ctx: Any) -> None:
         return
     for name, n in _specs():
         if name == "stall-after-vbuckets" and where == "vbucket-closed" and count >= n:
+            if ctx.get("flush") is not None:  # what the task did so far shows while it stalls
+                ctx["flush"]()
             time.sleep(600)
         elif name == "kill-mid-stream" and where == "events":
             total = _totals["events"] = _totals.get("events", 0) + count

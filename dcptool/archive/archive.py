@@ -79,6 +79,10 @@ class Archive:
     def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any]):
         self.path = Path(path)
         self.meta = meta
+        #: backup id -> the manifest file's identity (inode, size, mtime) when this object
+        #: last checked it: a manifest is immutable once committed, so one unchanged since
+        #: is parsed again (callers may change what they get) but not checked again
+        self._checked: dict[str, tuple[int, int, int]] = {}
 
     # -- opening and creating ---------------------------------------------------------------
 
@@ -200,7 +204,9 @@ class Archive:
         """The manifest of a committed backup, checked to be well-formed."""
         path = self.backup_dir(backup_id) / MANIFEST_JSON
         try:
-            doc = read_json(path)
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                doc = json.loads(f.read().decode("utf-8"))
         except FileNotFoundError:
             if self.backup_dir(backup_id).is_dir():
                 raise ArchiveError(f"backup {backup_id} is partial (it has no manifest)") from None
@@ -208,9 +214,12 @@ class Archive:
                                hint="see 'dcptool info' for the backups it holds") from None
         except (OSError, ValueError) as exc:
             raise CorruptFileError(path, f"unreadable: {exc}") from None
-        problems = check_manifest(doc, backup_id, self.meta)
-        if problems:
-            raise CorruptFileError(path, "; ".join(problems[:3]))
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._checked.get(backup_id) != ident:
+            problems = check_manifest(doc, backup_id, self.meta)
+            if problems:
+                raise CorruptFileError(path, "; ".join(problems[:3]))
+            self._checked[backup_id] = ident
         return doc
 
     def backup(self, backup_id: str) -> Backup:

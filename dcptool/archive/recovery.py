@@ -18,7 +18,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 
 from .block import block_compressor, compress_sections
@@ -68,13 +68,16 @@ def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-def vbucket_files(backup_dir: str | os.PathLike[str]) -> dict[int, list[tuple[int, str]]]:
-    """Data files in a backup directory: {vbucket: [(segment, name), ...] sorted by segment}."""
+def vbucket_files(backup_dir: str | os.PathLike[str],
+                  names: Iterable[str] | None = None) -> dict[int, list[tuple[int, str]]]:
+    """Data files in a backup directory: {vbucket: [(segment, name), ...] sorted by segment}
+    (of `names`, the directory's as listed earlier, when given)."""
     out: dict[int, list[tuple[int, str]]] = {}
-    try:
-        names = os.listdir(backup_dir)
-    except FileNotFoundError:
-        return out
+    if names is None:
+        try:
+            names = os.listdir(backup_dir)
+        except FileNotFoundError:
+            return out
     for name in names:
         m = DATA_RE.match(name)
         if m:

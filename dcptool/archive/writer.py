@@ -17,7 +17,7 @@ import weakref
 from collections import Counter
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Collection, Iterable, Sequence
 
 import msgpack
 import zstandard
@@ -138,7 +138,9 @@ class VBucketWriter:
                  start: Any, failover_log: Iterable[Any] | None = (), *,
                  resume: bool = False, level: int | None = None,
                  block_size: int | None = None, segment_bytes: int | None = None,
-                 sync: bool = True, block_budget: int | None = None):
+                 sync: bool = True, block_budget: int | None = None,
+                 intent: dict[str, Any] | None = None, listing: Collection[str] | None = None,
+                 files: list[tuple[int, str]] | None = None):
         self.archive_path = Path(archive_path)
         self.backup_id = backup_id
         #: fsync each segment and the done file as they close (False: the caller runs
@@ -146,7 +148,11 @@ class VBucketWriter:
         self._sync = bool(sync)
         self.vbucket = int(vbucket)
         self.dir = self.archive_path / BACKUPS_DIR / backup_id
-        intent = load_backup_intent(archive_path, backup_id)
+        # a task that opens hundreds of writers reads backup.json and lists the backup's
+        # directory once for all of them (`intent`; `listing`: the names in it at its start,
+        # `files`: this vbucket's data files among them, as vbucket_files finds them)
+        if intent is None:
+            intent = load_backup_intent(archive_path, backup_id)
         comp = intent.get("compression", {})
         self.level = int(level if level is not None else comp.get("level", DEFAULT_LEVEL))
         #: a block is written out once its content reaches this (BlockBuilder.size())
@@ -189,7 +195,8 @@ class VBucketWriter:
         self.closed = False
         self.summary: dict[str, Any] | None = None
 
-        files = vbucket_files(self.dir).get(self.vbucket, [])
+        if files is None:
+            files = vbucket_files(self.dir, listing).get(self.vbucket, [])
         done = self.dir / done_file_name(self.vbucket)
         if resume:
             summary, _why = check_done(self.dir, backup_id, self.vbucket, files)
@@ -211,7 +218,8 @@ class VBucketWriter:
                 self._open_segment(self._segment + 1)
                 self._stream_record(self.position, self.failover_log)
         else:
-            self._unlink(done)
+            if listing is None or done.name in listing:
+                self._unlink(done)
             self._unlink_all(files)
             self.position = self.start
             self._open_segment(0)

@@ -37,7 +37,8 @@ from typing import Any, Callable
 from dcptool.archive import Archive, FULL, INCREMENTAL
 from dcptool.archive.errors import NotAnArchiveError
 from dcptool.archive.info import dir_size
-from dcptool.archive.format import COLLECTIONS_VERSION, FORMAT_VERSION, sync_filesystem
+from dcptool.archive.format import (BACKUPS_DIR, COLLECTIONS_VERSION, FORMAT_VERSION,
+                                    sync_filesystem)
 from dcptool.client.events import (
     DELETION,
     EV_CAS,
@@ -223,6 +224,8 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
     Runs on a Spark executor (or in the driver for tests): it only needs the archive path.
     """
     from dcptool.archive import VBucketWriter
+    from dcptool.archive.recovery import vbucket_files
+    from dcptool.archive.writer import load_backup_intent
 
     opts = task.opts
     archive_path = task.archive
@@ -230,12 +233,19 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
     plan: dict[int, VBucketPlan] = {p.vbucket: p for p in task.plans}
     writers: dict[int, VBucketWriter] = {}
     starts: dict[int, Position] = {}
+    intent = load_backup_intent(archive_path, backup_id)
+    try:  # each vbucket's files are this task's alone: one listing serves every writer
+        listing = frozenset(os.listdir(os.path.join(archive_path, BACKUPS_DIR, backup_id)))
+        by_vb = vbucket_files("", listing)
+    except FileNotFoundError:
+        listing, by_vb = None, None
     for vb, p in plan.items():
         start = p.start
         # sync=False: no fsync per segment and done file (~3 per vbucket, 10-20 ms each on
         # the development machine); one sync_filesystem below before the summaries go back
         w = VBucketWriter(archive_path, backup_id, vb, start.to_archive(), p.failover_log,
-                          resume=p.resume, sync=False)
+                          resume=p.resume, sync=False, intent=intent, listing=listing,
+                          files=None if by_vb is None else by_vb.get(vb, []))
         if p.resume:  # the writer found where the killed attempt's files end
             start = Position.from_archive(w.position, w.failover_log)
         writers[vb] = w
@@ -407,8 +417,8 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
     its summary (with the run statistics) appended to `summaries`.
     Returns the vbuckets of `plan` that did not end. `admit` (a backupdata.ClientFilter,
     rare) keeps only the selected collections' records and events of each batch.
-    `report` (a TaskProgress) is called after each batch (it writes at most every
-    interval) and writes as each vbucket ends.
+    `report` (a TaskProgress) is called after each batch and as each vbucket ends (it
+    writes at most every interval; the task writes it once more at its end).
     """
     pending = set(plan)
     for events in consumer.batches(tick=tick):
@@ -465,8 +475,9 @@ def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan]
                         "seconds": round(time.monotonic() - (r["first_open"] or t_task), 3)}))
                     pending.discard(vb)
                     if report is not None:
-                        report.write()  # a vbucket end is always shown (rare: not throttled)
-                    fault_point("vbucket-closed", len(summaries))
+                        report()  # throttled: a task may end hundreds of vbuckets a second
+                    fault_point("vbucket-closed", len(summaries),
+                                flush=report.write if report is not None else None)
                 elif retrying:
                     run[vb]["retries"] += 1
                 else:
