@@ -4,10 +4,11 @@
 
 _dcptool_subcommands() {
     case "$1" in
-        "") echo "backup cluster collection decode doc examine export failover-log info merge node quickstart restore tail verify watermark" ;;
+        "") echo "backup cluster collection decode doc engine examine export failover-log info merge node quickstart restore tail verify watermark" ;;
         "cluster") echo "create failover move status" ;;
         "collection") echo "create drop list" ;;
         "doc") echo "delete get load set" ;;
+        "engine") echo "start status stop" ;;
         "node") echo "start status user" ;;
         "node user") echo "add list remove" ;;
         "watermark") echo "list register remove" ;;
@@ -33,6 +34,10 @@ _dcptool_options() {
         "doc get") echo "--collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --snappy --no-snappy --json -h --help" ;;
         "doc load") echo "--count --prefix --start --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
         "doc set") echo "--flags --expiry --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --json -h --help" ;;
+        "engine") echo "-h --help" ;;
+        "engine start") echo "--master --foreground --timeout --json -h --help" ;;
+        "engine status") echo "--json -h --help" ;;
+        "engine stop") echo "--now --timeout --json -h --help" ;;
         "examine") echo "--backup --collection --values --json -h --help" ;;
         "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --json -h --help" ;;
         "failover-log") echo "--vbuckets --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
@@ -70,6 +75,8 @@ _dcptool_valued_options() {
         "doc get") echo "--collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "doc load") echo "--count --prefix --start --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "doc set") echo "--flags --expiry --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "engine start") echo "--master --timeout" ;;
+        "engine stop") echo "--timeout" ;;
         "examine") echo "--backup --collection" ;;
         "export") echo "--format --backup --vbuckets --master --partitions" ;;
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;

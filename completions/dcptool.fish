@@ -4,13 +4,15 @@
 function __dcptool_subcommands
     switch "$argv"
         case ''
-            echo 'backup' 'cluster' 'collection' 'decode' 'doc' 'examine' 'export' 'failover-log' 'info' 'merge' 'node' 'quickstart' 'restore' 'tail' 'verify' 'watermark'
+            echo 'backup' 'cluster' 'collection' 'decode' 'doc' 'engine' 'examine' 'export' 'failover-log' 'info' 'merge' 'node' 'quickstart' 'restore' 'tail' 'verify' 'watermark'
         case 'cluster'
             echo 'create' 'failover' 'move' 'status'
         case 'collection'
             echo 'create' 'drop' 'list'
         case 'doc'
             echo 'delete' 'get' 'load' 'set'
+        case 'engine'
+            echo 'start' 'status' 'stop'
         case 'node'
             echo 'start' 'status' 'user'
         case 'node user'
@@ -46,6 +48,10 @@ function __dcptool_valued_options
             echo --count --prefix --start --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'doc set'
             echo --flags --expiry --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+        case 'engine start'
+            echo --master --timeout
+        case 'engine stop'
+            echo --timeout
         case 'examine'
             echo --backup --collection
         case 'export'
@@ -120,6 +126,7 @@ complete -c dcptool -n '__dcptool_at' -a 'cluster' -d 'Run several reference nod
 complete -c dcptool -n '__dcptool_at' -a 'collection' -d 'List, create and drop a bucket\'s scopes and collections (over its REST port)'
 complete -c dcptool -n '__dcptool_at' -a 'decode' -d 'Decode memcached/DCP frames and print each with its decoded fields'
 complete -c dcptool -n '__dcptool_at' -a 'doc' -d 'Write, read and delete documents on a node (set, get, delete, load)'
+complete -c dcptool -n '__dcptool_at' -a 'engine' -d 'Keep Spark running between commands, so they skip its start-up'
 complete -c dcptool -n '__dcptool_at' -a 'examine' -d 'Show every version of one key across the archive\'s backups'
 complete -c dcptool -n '__dcptool_at' -a 'export' -d 'Write an archive\'s records (or resolved documents) as Parquet or JSON lines'
 complete -c dcptool -n '__dcptool_at' -a 'failover-log' -d 'Print each vbucket\'s failover log, newest entry first'
@@ -306,6 +313,21 @@ complete -c dcptool -n '__dcptool_at doc set' -l no-verify -d 'Do not verify the
 complete -c dcptool -n '__dcptool_at doc set' -l timeout -x -d 'Seconds to wait for the node to answer'
 complete -c dcptool -n '__dcptool_at doc set' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at doc set' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at engine' -a 'start' -d 'Start a Spark engine in the background and wait until it is ready'
+complete -c dcptool -n '__dcptool_at engine' -a 'status' -d 'Whether an engine runs, with its pid, master, uptime and the commands it served'
+complete -c dcptool -n '__dcptool_at engine' -a 'stop' -d 'Stop the engine: once the commands running on it have ended (--now: cancel them)'
+complete -c dcptool -n '__dcptool_at engine' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at engine start' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
+complete -c dcptool -n '__dcptool_at engine start' -l foreground -d 'Run the engine in this process until Ctrl-C or SIGTERM (for a service manager), instead of in the background'
+complete -c dcptool -n '__dcptool_at engine start' -l timeout -x -d 'How long to wait for the engine to be ready'
+complete -c dcptool -n '__dcptool_at engine start' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at engine start' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at engine status' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at engine status' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at engine stop' -l now -d 'Cancel the commands running on the engine (their archives stay resumable) instead of waiting for them to end'
+complete -c dcptool -n '__dcptool_at engine stop' -l timeout -x -d 'How long to wait for the engine to end'
+complete -c dcptool -n '__dcptool_at engine stop' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at engine stop' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at examine' -l backup -x -d 'Only the chain of this backup (default: every backup)'
 complete -c dcptool -n '__dcptool_at examine' -l collection -x -d 'Only the versions in this collection (default: the key in every collection)'
 complete -c dcptool -n '__dcptool_at examine' -l values -d 'Show each version\'s value'

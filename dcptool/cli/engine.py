@@ -82,7 +82,8 @@ def start(
         "--foreground", help="Run the engine in this process until Ctrl-C or SIGTERM (for a "
                              "service manager), instead of in the background.")] = False,
     timeout: Annotated[float, typer.Option(
-        "--timeout", min=1, help="How long to wait for the engine to be ready, in seconds.")] = 180,
+        "--timeout", min=1, metavar="SECONDS",
+        help="How long to wait for the engine to be ready.")] = 180,
     json_out: JsonOpt = False,
 ) -> None:
     """Start a Spark engine in the background and wait until it is ready.
@@ -163,8 +164,8 @@ def stop(
         "--now", help="Cancel the commands running on the engine (their archives stay "
                       "resumable) instead of waiting for them to end.")] = False,
     timeout: Annotated[float, typer.Option(
-        "--timeout", min=1, help="How long to wait for the engine to end, in seconds; then it "
-                                 "is killed.")] = 600,
+        "--timeout", min=1, metavar="SECONDS",
+        help="How long to wait for the engine to end; then it is killed.")] = 600,
     json_out: JsonOpt = False,
 ) -> None:
     """Stop the engine: once the commands running on it have ended (--now: cancel them).

@@ -148,7 +148,9 @@ def _engine_session(master: str | None):
     """A running dcptool engine's session, attached, or None (see pipeline/engine.py)."""
     from . import engine
 
-    if engine.disabled():
+    # the command line's Spark only: a program of the user's (dcptool.spark.get_spark) gets
+    # a SparkSession of its own, as PySpark gives it
+    if _jvm_output is None or engine.disabled():
         return None
     return engine.attach(master, note=_note_sink)
 
@@ -158,7 +160,7 @@ def engine_available(master: str | None = None) -> bool:
     first phase); cheap when none runs."""
     from . import engine
 
-    if engine.disabled() or _session_active():
+    if _jvm_output is None or engine.disabled() or _session_active():
         return False
     st = engine.request("status", timeout=2.0)
     master = master or os.environ.get("DCPTOOL_SPARK_MASTER")
