@@ -328,10 +328,12 @@ def test_the_tour_does_what_it_says(tour):
     assert sum(c["type"] == "mutation" for c in changes) >= 1001
     resumed = _ran(tour, "tail --state tour/tail.state --until-idle 1")
     assert "airline_10" in resumed.stdout and "sample::" not in resumed.stdout
-    # three backups (the third after scopes and collections were made), two restores into
-    # the second node; every run left a log
+    # four backups (the third after scopes and collections were made, the fourth on the
+    # engine), two restores into the second node; every run left a log
     logs = sorted(p.name for p in (root / "tour" / "archive" / "logs").iterdir())
-    assert sum(n.startswith("backup-") for n in logs) == 3
+    assert sum(n.startswith("backup-") for n in logs) == 4
+    on_engine = _ran(tour, "engine status")
+    assert "1 command served" in on_engine.stdout, on_engine.stdout
     assert sum(n.startswith("restore-") for n in logs) == 2
     # collections: tail --collection saw only inventory.airlines (its creation and the
     # document); the restore created inventory.carriers on the second node and wrote the
@@ -421,6 +423,9 @@ def test_json_output_has_the_documented_fields(tour):
         "dcptool collection list": f"dcptool collection list -c {node2} --json",
         "dcptool collection create": f"dcptool collection create jsonscope -c {node2} --json",
         "dcptool collection drop": f"dcptool collection drop jsonscope -c {node2} --json",
+        "dcptool engine start": "dcptool engine start --json",
+        "dcptool engine status": "dcptool engine status --json",
+        "dcptool engine stop": "dcptool engine stop --json",
     }
     missing = sorted(set(docs) - set(lines) - NOT_CHECKED_HERE)
     assert not missing, f"documented but not checked here: {missing}"

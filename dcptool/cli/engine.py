@@ -61,9 +61,10 @@ def _dir() -> Path:
 
 
 def _status_line(st: dict) -> str:
+    served = st["commands_served"]
     return (f"engine running: pid {st['pid']}, master {st['master']} ({st['parallelism']} "
-            f"cores), up {_ago(st['uptime_s'])}, {st['commands_served']} commands served, "
-            f"{st['commands_running']} running")
+            f"cores), up {_ago(st['uptime_s'])}, {served} command{'s' * (served != 1)} "
+            f"served, {st['commands_running']} running")
 
 
 def _ago(seconds: float) -> str:
@@ -100,7 +101,7 @@ def start(
     st = engine.request("status", directory, timeout=5.0)
     if st is not None:
         if json_out:
-            output.print_json({**st, "already_running": True})
+            output.print_json({**st, "already_running": True, "start_s": 0.0})
         else:
             output.note(_status_line(st) + " (already running)")
         return
@@ -109,7 +110,8 @@ def start(
     if foreground:
         def ready(status: dict) -> None:
             if json_out:
-                output.print_json(status)
+                output.print_json({**status, "already_running": False,
+                                   "start_s": status["ready_s"]})
             else:
                 output.note(_status_line(status) + f" (ready in {status['ready_s']:.1f} s; "
                             "Ctrl-C stops it)")
@@ -143,7 +145,7 @@ def start(
                 raise DcptoolError(f"the engine was not ready after {timeout:.0f} s",
                                    hint=f"see {log}")
             time.sleep(0.1)
-    st["start_s"] = round(time.monotonic() - t0, 2)
+    st.update(already_running=False, start_s=round(time.monotonic() - t0, 2))
     if json_out:
         output.print_json(st)
     else:
