@@ -22,7 +22,18 @@ def pytest_configure(config):
     d = tempfile.mkdtemp(prefix="dcptool-test-engine-")
     os.environ["DCPTOOL_ENGINE_DIR"] = d
     os.environ.pop("DCPTOOL_ENGINE", None)
-    config.add_cleanup(lambda: shutil.rmtree(d, ignore_errors=True))
+
+    def cleanup() -> None:
+        if os.path.exists(os.path.join(d, "engine.sock")):  # a test's engine left running
+            import subprocess
+            import sys
+
+            subprocess.run([sys.executable, "-m", "dcptool", "engine", "stop", "--now",
+                            "--timeout", "30"], env=dict(os.environ, DCPTOOL_ENGINE_DIR=d),
+                           capture_output=True, timeout=60)
+        shutil.rmtree(d, ignore_errors=True)
+
+    config.add_cleanup(cleanup)
 
 
 @pytest.fixture(scope="session")
