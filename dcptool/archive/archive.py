@@ -73,16 +73,16 @@ def backup_path(archive_root: str | os.PathLike[str], backup_id: str) -> Path:
     return Path(archive_root) / BACKUPS_DIR / backup_id
 
 
+#: manifests this process checked (see Archive.manifest)
+_CHECKED: set[tuple[Any, ...]] = set()
+
+
 class Archive:
     """An archive directory. Open with `Archive.open(path)` or make one with `Archive.create`."""
 
     def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any]):
         self.path = Path(path)
         self.meta = meta
-        #: backup id -> the manifest file's identity (inode, size, mtime) when this object
-        #: last checked it: a manifest is immutable once committed, so one unchanged since
-        #: is parsed again (callers may change what they get) but not checked again
-        self._checked: dict[str, tuple[int, int, int]] = {}
 
     # -- opening and creating ---------------------------------------------------------------
 
@@ -214,12 +214,18 @@ class Archive:
                                hint="see 'dcptool info' for the backups it holds") from None
         except (OSError, ValueError) as exc:
             raise CorruptFileError(path, f"unreadable: {exc}") from None
-        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if self._checked.get(backup_id) != ident:
+        # a manifest is immutable once committed: one this process checked and that has not
+        # changed since (same file, size and mtime) is parsed again (callers may change
+        # what they get) but not checked again (a backup reads its chain's several times)
+        ident = (str(path.absolute()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                 json.dumps(self.meta, sort_keys=True))
+        if ident not in _CHECKED:
             problems = check_manifest(doc, backup_id, self.meta)
             if problems:
                 raise CorruptFileError(path, "; ".join(problems[:3]))
-            self._checked[backup_id] = ident
+            if len(_CHECKED) > 4096:
+                _CHECKED.clear()
+            _CHECKED.add(ident)
         return doc
 
     def backup(self, backup_id: str) -> Backup:
