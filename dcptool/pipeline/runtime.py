@@ -66,8 +66,6 @@ def _quiet_env() -> None:
     # Workers must run the interpreter dcptool is installed in, not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    # Without this Spark binds the driver to a non-loopback interface and warns about it.
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def master_addresses(master: str) -> list[tuple[str, int]]:
@@ -234,12 +232,16 @@ def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[s
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
             "spark.sql.shuffle.partitions": "8",
-            "spark.driver.bindAddress": "127.0.0.1" if master.startswith("local") else "0.0.0.0",
             "spark.python.worker.reuse": "true",
             "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{log4j}",
         }
         if master.startswith("local"):
             settings["spark.python.unix.domain.socket.enabled"] = "true"
+            settings["spark.driver.bindAddress"] = "127.0.0.1"
+            # else Spark binds the driver to a non-loopback interface and warns about it; on
+            # a cluster the executors connect to the driver's address, Spark's choice (the
+            # host name's) unless SPARK_LOCAL_IP or spark.driver.host say otherwise
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         settings.update(conf or {})
         if _jvm_output is not None:
             _launch_quiet_gateway({k: str(v).lower() if isinstance(v, bool) else str(v)

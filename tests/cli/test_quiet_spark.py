@@ -22,27 +22,9 @@ from pathlib import Path
 import pytest
 
 from nodeprocutil import NodeProcess
+from noiseutil import assert_no_noise
 
 REPO = Path(__file__).resolve().parents[2]
-
-NOISE = [
-    re.compile(r"Traceback \(most recent call last\)"),
-    re.compile(r"^\s+at (org|java|scala|jdk|sun|py4j)\.", re.M),  # a Java stack frame
-    re.compile(r"py4j", re.I),
-    re.compile(r"WARNING: Using incubator modules"),
-    re.compile(r"Setting default log level"),
-    re.compile(r"To adjust logging level"),
-    re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR|FATAL) "),  # log4j
-    re.compile(r"org\.apache\.spark|SparkContext|daemon\.py|pyspark", re.I),
-]
-
-
-def assert_no_noise(*texts: str) -> None:
-    for text in texts:
-        for pat in NOISE:
-            m = pat.search(text)
-            assert m is None, f"{pat.pattern!r} matched in:\n{text}"
-
 
 def env_for(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
