@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from nodeprocutil import NodeProcess
-from test_quiet_spark import assert_no_noise, env_for, partials, pty_run
+from noiseutil import assert_no_noise
+from test_quiet_spark import env_for, partials, pty_run
 
 DOCS = 600
 
