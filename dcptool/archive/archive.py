@@ -73,8 +73,8 @@ def backup_path(archive_root: str | os.PathLike[str], backup_id: str) -> Path:
     return Path(archive_root) / BACKUPS_DIR / backup_id
 
 
-#: manifests this process checked (see Archive.manifest)
-_CHECKED: set[tuple[Any, ...]] = set()
+#: manifests this process read and checked, by file identity (see Archive.manifest)
+_MANIFESTS: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 class Archive:
@@ -206,6 +206,14 @@ class Archive:
         try:
             with open(path, "rb") as f:
                 st = os.fstat(f.fileno())
+                # a manifest is immutable once committed: one this process read and checked
+                # and that has not changed since (same file, size and mtime) is served from
+                # memory (a backup walks its chain several times); callers only read it
+                ident = (str(path.absolute()), st.st_dev, st.st_ino, st.st_size,
+                         st.st_mtime_ns, json.dumps(self.meta, sort_keys=True))
+                doc = _MANIFESTS.get(ident)
+                if doc is not None:
+                    return doc
                 doc = json.loads(f.read().decode("utf-8"))
         except FileNotFoundError:
             if self.backup_dir(backup_id).is_dir():
@@ -214,18 +222,12 @@ class Archive:
                                hint="see 'dcptool info' for the backups it holds") from None
         except (OSError, ValueError) as exc:
             raise CorruptFileError(path, f"unreadable: {exc}") from None
-        # a manifest is immutable once committed: one this process checked and that has not
-        # changed since (same file, size and mtime) is parsed again (callers may change
-        # what they get) but not checked again (a backup reads its chain's several times)
-        ident = (str(path.absolute()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                 json.dumps(self.meta, sort_keys=True))
-        if ident not in _CHECKED:
-            problems = check_manifest(doc, backup_id, self.meta)
-            if problems:
-                raise CorruptFileError(path, "; ".join(problems[:3]))
-            if len(_CHECKED) > 4096:
-                _CHECKED.clear()
-            _CHECKED.add(ident)
+        problems = check_manifest(doc, backup_id, self.meta)
+        if problems:
+            raise CorruptFileError(path, "; ".join(problems[:3]))
+        if len(_MANIFESTS) >= 512:
+            _MANIFESTS.clear()
+        _MANIFESTS[ident] = doc
         return doc
 
     def backup(self, backup_id: str) -> Backup:

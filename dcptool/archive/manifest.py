@@ -19,8 +19,11 @@ _POS_KEYS = ("uuid", "seqno", "snap_start", "snap_end")
 _SHA_HEX = set("0123456789abcdef")
 
 
+_U64 = 1 << 64
+
+
 def _is_uint(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
+    return type(v) is int and 0 <= v < _U64  # not a bool, nor another int subclass
 
 
 def _check_position(p: Any, what: str, out: list[str]) -> None:
