@@ -246,9 +246,26 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bo
         fsync_dir(path.parent)
 
 
+def json_lines(obj: Any) -> str:
+    """`obj` as JSON that reads well and writes fast: an object has one member per line, and
+    a list member of objects one element per line; everything below that is compact (the C
+    encoder: `indent` would switch json to its pure-Python encoder, several times slower on
+    a manifest of 1024 vbuckets)."""
+    if not isinstance(obj, dict) or not obj:
+        return json.dumps(obj)
+    dumps = json.dumps
+    lines = []
+    for k, v in obj.items():
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            body = "[\n    " + ",\n    ".join(dumps(x) for x in v) + "\n  ]"
+        else:
+            body = dumps(v)
+        lines.append(f"  {dumps(str(k))}: {body}")
+    return "{\n" + ",\n".join(lines) + "\n}"
+
+
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, durable: bool = True) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8"),
-                       durable=durable)
+    atomic_write_bytes(path, (json_lines(obj) + "\n").encode("utf-8"), durable=durable)
 
 
 def sync_filesystem(path: str | os.PathLike[str]) -> None:
