@@ -14,7 +14,7 @@ them alike), and each figure is the median over N rounds.
 2. "backup": `dcptool backup` of DOCS documents (default 200,000, ~256 bytes) from a local
    node, as a command, per variant: "pyspark" (no prestart, no shortcut), "prestart"
    (prestart with its warm-up job, no JVM shortcut), "jvm_flags+cds"
-   (no prestart) and "all". Seconds: "wall" (the command,
+   (no prestart), "all-no-warm-up" (prestart without its warm-up job) and "all". Seconds: "wall" (the command,
    from exec to exit) and, measured in the same round, "warm" (the same backup in a process
    whose Spark already runs and has run a job: the backup's own work). Spark's share of the
    cold command is (wall - warm) / wall.
@@ -47,8 +47,10 @@ BACKUP_VARIANTS = {
     "pyspark": ({"jvm_flags": False, "cds": False, "warm_up": False}, False),
     "prestart": ({"jvm_flags": False, "cds": False, "warm_up": True}, True),
     "jvm_flags+cds": ({"jvm_flags": True, "cds": True, "warm_up": False}, False),
+    "all-no-warm-up": ({"jvm_flags": True, "cds": True, "warm_up": False}, True),
     "all": ({"jvm_flags": True, "cds": True, "warm_up": True}, True),
 }
+#: (--variants picks some of them; the first is the ratios' baseline)
 
 
 def _env() -> dict[str, str]:
@@ -159,7 +161,7 @@ def measure_startup(repeat: int) -> dict:
     return out
 
 
-def measure_backup(repeat: int, docs: int) -> dict:
+def measure_backup(repeat: int, docs: int, only: list[str] | None = None) -> dict:
     sys.path.insert(0, str(REPO))
     from benchmarks.backup_restore import load
     from dcptool.client.options import ConnOptions
@@ -167,8 +169,9 @@ def measure_backup(repeat: int, docs: int) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="dcptool-spark-startup-"))
     password = secrets.token_urlsafe(10)
+    variants = {v: BACKUP_VARIANTS[v] for v in only} if only else BACKUP_VARIANTS
     samples: dict[str, dict[str, list[float]]] = {
-        v: {"wall": [], "warm": [], "share": []} for v in BACKUP_VARIANTS}
+        v: {"wall": [], "warm": [], "share": []} for v in variants}
     try:
         with LocalNode(work / "node", password=password, vbuckets=1024) as node:
             load(ConnOptions(node.host, node.port, "Administrator", password), docs, 256, 1024)
@@ -176,7 +179,7 @@ def measure_backup(repeat: int, docs: int) -> dict:
             env["DCPTOOL_PASSWORD"] = password
             i = 0
             for _ in range(repeat):
-                for name, (fast, prestart) in BACKUP_VARIANTS.items():
+                for name, (fast, prestart) in variants.items():
                     i += 1
                     warm = _run_child(["--child-warm", node.host, str(node.port), password,
                                        str(work / f"warm{i}")])["warm"]
@@ -222,6 +225,7 @@ def main() -> None:
     p.add_argument("--docs", type=int, default=200_000)
     p.add_argument("--skip-backup", action="store_true")
     p.add_argument("--skip-startup", action="store_true")
+    p.add_argument("--variants", help="the backup's variants, comma-separated (default all)")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -230,7 +234,8 @@ def main() -> None:
     if not args.skip_startup:
         res["startup"] = measure_startup(args.repeat)
     if not args.skip_backup:
-        res["backup"] = {"docs": args.docs, **measure_backup(args.repeat, args.docs)}
+        res["backup"] = {"docs": args.docs, **measure_backup(args.repeat, args.docs,
+                                                          args.variants and args.variants.split(","))}
     res["load_average_after"] = os.getloadavg()[0]
     text = json.dumps(res, indent=1)
     print(text)
