@@ -84,8 +84,7 @@ from .backupdata import (
 from .datafilter import selection
 from .nodeinfo import cluster_state, node_opts
 from .plans import BackupTask, VBucketPlan, VBucketSummary
-from .runtime import (check_executors_see, check_master, default_parallelism, get_spark, plan_groups,
-                      prestart)
+from .runtime import check_executors_see, check_master, default_parallelism, get_spark, plan_groups
 from .tasks import reporting_failures, task_failure
 
 
@@ -555,7 +554,6 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             archive_path, os.getpid())
     if spark is None:
         check_master(master)  # an unreachable master fails before any partial backup exists
-        prestart(master)  # Spark starts while the node's state is read and the backup planned
     # on a cluster, seqnos and failover logs come from each vbucket's active node
     count, seqnos, logs, members = cluster_state(opts, vbuckets)
     if members is not None:

@@ -34,7 +34,7 @@ from dcptool.errors import UsageError
 
 from .datasource import resolve_parts
 from .plans import CompareTask, VBucketComparePlan
-from .runtime import default_parallelism, get_spark, plan_groups, prestart
+from .runtime import default_parallelism, get_spark, plan_groups
 from .tasks import reporting_failures, task_failure
 
 MASK = (1 << 64) - 1
@@ -163,8 +163,6 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
     from .nodeinfo import vbucket_count
 
     t0 = time.monotonic()
-    if spark is None:
-        prestart(master)  # Spark starts while the archive and the node are read
     archive = Archive.open(archive_path)
     manifests = archive.manifests()
     if not manifests:

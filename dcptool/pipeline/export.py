@@ -42,13 +42,11 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
                partitions: int | None = None, master: str | None = None,
                spark=None) -> ExportResult:
     from .dataframes import read_archive
-    from .runtime import check_executors_see, get_spark, prestart
+    from .runtime import check_executors_see, get_spark
 
     t0 = time.monotonic()
     if fmt not in FORMATS:
         raise UsageError(f"--format must be parquet or jsonl, not {fmt!r}")
-    if spark is None:
-        prestart(master)  # Spark starts while the archive and the output are checked
     archive = Archive.open(archive_path)
     if backup is not None:
         archive.manifest(backup)  # a clear error before Spark starts

@@ -25,7 +25,7 @@ from dcptool.archive.merging import (
 )
 from dcptool.runlog import RunLog
 
-from .runtime import default_parallelism, get_spark, plan_groups, prestart
+from .runtime import default_parallelism, get_spark, plan_groups
 from .tasks import reporting_failures, task_failure
 
 
@@ -112,8 +112,6 @@ def _run_merge(rl: RunLog, archive_path: str | os.PathLike[str], *, first: str |
                last: str | None = None, partitions: int | None = None,
                master: str | None = None, level: int | None = None, spark=None) -> MergeResult:
     t0 = time.monotonic()
-    if spark is None:
-        prestart(master)  # Spark starts while the merge is planned
     archive = Archive.open(archive_path)
     rl.attach(os.path.abspath(archive.path))
     rl.info("merge of %s (range %s..%s) (pid %d)", archive.path, first or "start of chain",

@@ -50,7 +50,7 @@ from .nodeinfo import active_nodes, vbucket_count
 from .collnames import CollectionNames, chain_collections
 from .datafilter import DataSelection, selection, show
 from .plans import RestoreTask, RestoreTaskResult
-from .runtime import check_executors_see, default_parallelism, get_spark, plan_groups, prestart
+from .runtime import check_executors_see, default_parallelism, get_spark, plan_groups
 from .tasks import reporting_failures, task_failure
 
 _KIND = {REC_MUTATION: mw.WRITE_MUTATION, REC_DELETION: mw.WRITE_DELETION,
@@ -482,8 +482,6 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
                  master: str | None = None, spark=None, include_data=None, exclude_data=None,
                  map_data=None, rest_port: int | None = None, notice=None) -> RestoreResult:
     t0 = time.monotonic()
-    if spark is None:
-        prestart(master)  # Spark starts while the archive is read and the restore planned
     archive = Archive.open(os.path.abspath(archive_path))  # tasks may run elsewhere
     sel = selection(include_data, exclude_data, map_data, bucket=archive.bucket,
                     target_bucket=opts.bucket if opts is not None else None)
