@@ -12,12 +12,10 @@ them alike), and each figure is the median over N rounds.
    "cds" (the class-data archive; the script writes it first), "jvm_flags+cds". Seconds:
    "session" (get_spark) and "first_job".
 2. "backup": `dcptool backup` of DOCS documents (default 200,000, ~256 bytes) from a local
-   node, as a command, per variant: "pyspark" (no prestart, no shortcut), "prestart"
-   (prestart with its warm-up job, no JVM shortcut), "jvm_flags+cds"
-   (no prestart), "all-no-warm-up" (prestart without its warm-up job) and "all". Seconds: "wall" (the command,
-   from exec to exit) and, measured in the same round, "warm" (the same backup in a process
-   whose Spark already runs and has run a job: the backup's own work). Spark's share of the
-   cold command is (wall - warm) / wall.
+   node, as a command, per variant (those of 1). Seconds: "wall" (the command, from exec to
+   exit) and, measured in the same round, "warm" (the same backup in a process whose Spark
+   already runs and has run a backup: the backup's own work). Spark's share of the cold
+   command is (wall - warm) / wall.
 
 The ratios are against "pyspark" of the same run.
 """
@@ -37,18 +35,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-STARTUP_VARIANTS = {
-    "pyspark": {"jvm_flags": False, "cds": False, "warm_up": False},
-    "jvm_flags": {"jvm_flags": True, "cds": False, "warm_up": False},
-    "cds": {"jvm_flags": False, "cds": True, "warm_up": False},
-    "jvm_flags+cds": {"jvm_flags": True, "cds": True, "warm_up": False},
-}
-BACKUP_VARIANTS = {
-    "pyspark": ({"jvm_flags": False, "cds": False, "warm_up": False}, False),
-    "prestart": ({"jvm_flags": False, "cds": False, "warm_up": True}, True),
-    "jvm_flags+cds": ({"jvm_flags": True, "cds": True, "warm_up": False}, False),
-    "all-no-warm-up": ({"jvm_flags": True, "cds": True, "warm_up": False}, True),
-    "all": ({"jvm_flags": True, "cds": True, "warm_up": True}, True),
+VARIANTS = {
+    "pyspark": {"jvm_flags": False, "cds": False},
+    "jvm_flags": {"jvm_flags": True, "cds": False},
+    "cds": {"jvm_flags": False, "cds": True},
+    "jvm_flags+cds": {"jvm_flags": True, "cds": True},
 }
 #: (--variants picks some of them; the first is the ratios' baseline)
 
@@ -81,12 +72,10 @@ def _child_startup(fast: dict) -> None:
     print(json.dumps({"session": t1 - t0, "first_job": t2 - t1}))
 
 
-def _child_command(fast: dict, prestart: bool, argv: list[str]) -> None:
+def _child_command(fast: dict, argv: list[str]) -> None:
     from dcptool.pipeline import runtime
 
     runtime._fast.update(fast)
-    if not prestart:
-        runtime.prestart = lambda master=None: None  # before the pipeline imports it
     from dcptool.cli.app import main
 
     main(argv)
@@ -122,7 +111,7 @@ def _prime_cds() -> None:
     from dcptool.pipeline import runtime
 
     for flags in ([], runtime._JVM_FLAGS):
-        fast = {"jvm_flags": bool(flags), "cds": True, "warm_up": False}
+        fast = {"jvm_flags": bool(flags), "cds": True}
         key = runtime._cds_key(flags)
         final = runtime._cache_dir() / "spark-cds" / f"{key}.jsa"
         for _ in range(3):
@@ -140,12 +129,13 @@ def _median(xs: list[float]) -> float:
     return round(statistics.median(xs), 3)
 
 
-def measure_startup(repeat: int) -> dict:
+def measure_startup(repeat: int, only: list[str] | None = None) -> dict:
     _prime_cds()
+    variants = {v: VARIANTS[v] for v in only} if only else VARIANTS
     samples: dict[str, dict[str, list[float]]] = {
-        v: {"session": [], "first_job": []} for v in STARTUP_VARIANTS}
+        v: {"session": [], "first_job": []} for v in variants}
     for _ in range(repeat):
-        for name, fast in STARTUP_VARIANTS.items():
+        for name, fast in variants.items():
             r = _run_child(["--child-startup", json.dumps(fast)])
             for k in ("session", "first_job"):
                 samples[name][k].append(r[k])
@@ -169,7 +159,7 @@ def measure_backup(repeat: int, docs: int, only: list[str] | None = None) -> dic
 
     work = Path(tempfile.mkdtemp(prefix="dcptool-spark-startup-"))
     password = secrets.token_urlsafe(10)
-    variants = {v: BACKUP_VARIANTS[v] for v in only} if only else BACKUP_VARIANTS
+    variants = {v: VARIANTS[v] for v in only} if only else VARIANTS
     samples: dict[str, dict[str, list[float]]] = {
         v: {"wall": [], "warm": [], "share": []} for v in variants}
     try:
@@ -179,7 +169,7 @@ def measure_backup(repeat: int, docs: int, only: list[str] | None = None) -> dic
             env["DCPTOOL_PASSWORD"] = password
             i = 0
             for _ in range(repeat):
-                for name, (fast, prestart) in variants.items():
+                for name, fast in variants.items():
                     i += 1
                     warm = _run_child(["--child-warm", node.host, str(node.port), password,
                                        str(work / f"warm{i}")])["warm"]
@@ -188,7 +178,7 @@ def measure_backup(repeat: int, docs: int, only: list[str] | None = None) -> dic
                             "-q", "--no-progress"]
                     t = time.monotonic()
                     subprocess.run([sys.executable, __file__, "--child-command",
-                                    json.dumps(fast), json.dumps(prestart), *argv],
+                                    json.dumps(fast), *argv],
                                    env=env, check=True, timeout=600, stdout=subprocess.DEVNULL)
                     wall = time.monotonic() - t
                     samples[name]["wall"].append(wall)
@@ -216,7 +206,7 @@ def main() -> None:
         if what == "--child-startup":
             _child_startup(json.loads(rest[0]))
         elif what == "--child-command":
-            _child_command(json.loads(rest[0]), json.loads(rest[1]), rest[2:])
+            _child_command(json.loads(rest[0]), rest[1:])
         elif what == "--child-warm":
             _child_warm(rest[0], int(rest[1]), rest[2], rest[3])
         return
@@ -225,14 +215,14 @@ def main() -> None:
     p.add_argument("--docs", type=int, default=200_000)
     p.add_argument("--skip-backup", action="store_true")
     p.add_argument("--skip-startup", action="store_true")
-    p.add_argument("--variants", help="the backup's variants, comma-separated (default all)")
+    p.add_argument("--variants", help="the variants, comma-separated (default all)")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
     res: dict = {"repeat": args.repeat, "cpus": os.cpu_count(),
                  "load_average_before": os.getloadavg()[0]}
     if not args.skip_startup:
-        res["startup"] = measure_startup(args.repeat)
+        res["startup"] = measure_startup(args.repeat, args.variants and args.variants.split(","))
     if not args.skip_backup:
         res["backup"] = {"docs": args.docs, **measure_backup(args.repeat, args.docs,
                                                           args.variants and args.variants.split(","))}

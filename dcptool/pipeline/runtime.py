@@ -9,10 +9,9 @@ its stdout and stderr sent to /dev/null or DCPTOOL_SPARK_LOG (the terminal with 
 neither its start-up and shutdown lines nor the Python workers' (they inherit its
 descriptors) can appear; a spark:// master is checked before anything is written.
 
-The command line also starts faster: `prestart` builds the session in the background while
-the driver does its own work (connecting, planning) and then runs a small job that starts
-the Python workers; the driver JVM loads its classes from a class-data archive that the first
-run writes (at its exit) into ~/.cache/dcptool, and compiles with C1 only.
+The command line's driver JVM also starts faster: it compiles with C1 only, and loads its
+classes from a class-data archive that the first run writes (at its exit) into
+~/.cache/dcptool (benchmarks/spark_startup.py measures both).
 """
 from __future__ import annotations
 
@@ -41,10 +40,10 @@ _jvm_output: str | None = None
 _jvm_proc: Any = None
 _interrupted = False
 
-#: the command line's start-up shortcuts (library use has none of them): driver JVM flags,
-#: the class-data archive, the background warm-up job; switched off one by one to measure them
+#: the command line's start-up shortcuts (library use has none of them): the driver JVM's
+#: flags and its class-data archive; switched off one by one to measure them
 #: (benchmarks/spark_startup.py)
-_fast = {"jvm_flags": True, "cds": True, "warm_up": True}
+_fast = {"jvm_flags": True, "cds": True}
 #: C1 only: Spark's start-up runs a lot of code once, which C2 would compile on the same two
 #: cores; a serial collector suits the driver's small heap and starts faster
 _JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
@@ -52,9 +51,6 @@ _JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 _CDS_QUIET = "-Xlog:cds=off,cds+dynamic=off"
 _CDS_MAGIC = 0xF00BABA8  # the first four bytes (little-endian) of a complete dynamic archive
 _CDS_STALE = 600.0  # seconds after which an unfinished archive's lock is someone's lost run
-
-#: the session `prestart` builds: the thread, the master, and then the session or the error
-_pre: dict[str, Any] = {}
 
 
 def interrupted() -> bool:
@@ -217,7 +213,7 @@ def _cds_options(flags: list[str]) -> list[str]:
         # the JVM dumps its loaded classes when it exits (after the command's last word), and
         # the next run adopts the file once it is complete
         return [f"-XX:ArchiveClassesAtExit={d / f'{key}.{secrets.token_hex(4)}.tmp'}", _CDS_QUIET]
-    except (OSError, ValueError, ImportError):
+    except (OSError, ValueError, ImportError, RuntimeError):  # RuntimeError: no home
         return []
 
 
@@ -245,136 +241,53 @@ def _launch_quiet_gateway(settings: dict[str, str]) -> None:
         if sink is not None:
             sink.close()
     _jvm_proc = gateway.proc
-    if _interrupted:  # Ctrl-C while a prestart launched it: it goes at once
-        _kill_jvm()
-        raise KeyboardInterrupt
     SparkContext._ensure_initialized(gateway=gateway)
 
 
-def _master(master: str | None) -> str:
-    return master or os.environ.get("DCPTOOL_SPARK_MASTER") or DEFAULT_MASTER
-
-
 def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[str, Any] | None = None):
-    """Return the active SparkSession (or the one `prestart` built) or build one for `master`
-    (default local[*])."""
+    """Return the active SparkSession or build one for `master` (default local[*])."""
     _quiet_env()
     from pyspark.sql import SparkSession
 
-    pre = _pre.get("thread")
-    if pre is not None and pre is not threading.current_thread():
-        pre_done = _pre["ready"]
-        while not pre_done.wait(0.2):  # short waits: Ctrl-C still reaches this thread
-            pass
     with _lock:
         active = SparkSession.getActiveSession()
-        if active is None and _pre.get("session") is not None:
-            # built in the prestart's thread: active there, not here (unless since stopped)
-            active = _pre["session"] if _pre["session"].sparkContext._jsc is not None else None
         if active is not None:
             return active
-        master = _master(master)
+        master = master or os.environ.get("DCPTOOL_SPARK_MASTER") or DEFAULT_MASTER
         s = _engine_session(master)
         if s is not None:
             return s
-        error = _pre.pop("error", None)
-        _pre.clear()
-        if error is not None:
-            raise error
-        return _build(master, app_name, conf)
-
-
-def _build(master: str, app_name: str, conf: dict[str, Any] | None):
-    from pyspark.sql import SparkSession
-
-    check_master(master)
-    log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
-    settings = {
-        "spark.master": master,
-        "spark.app.name": app_name,
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "8",
-        "spark.driver.bindAddress": "127.0.0.1" if master.startswith("local") else "0.0.0.0",
-        "spark.python.worker.reuse": "true",
-        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{log4j}",
-    }
-    if master.startswith("local"):
-        settings["spark.python.unix.domain.socket.enabled"] = "true"
-    if _jvm_output is not None:
-        flags = _JVM_FLAGS if _fast["jvm_flags"] else []
-        cds = _cds_options(flags) if _fast["cds"] else []
-        settings["spark.driver.extraJavaOptions"] = " ".join(
-            [settings["spark.driver.extraJavaOptions"], *flags, *cds])
-    settings.update(conf or {})
-    if _jvm_output is not None:
-        _launch_quiet_gateway({k: str(v).lower() if isinstance(v, bool) else str(v)
-                               for k, v in settings.items()})
-    builder = SparkSession.builder
-    for k, v in settings.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    if _jvm_output is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _on_interrupt)
-    return spark
-
-
-def prestart(master: str | None = None) -> None:
-    """Start building the command line's SparkSession for `master` in the background, then
-    start its Python workers with a small job; `get_spark` takes the session over (or raises
-    what went wrong, as it would have). Does nothing for library use or once a session is
-    being built."""
-    if _jvm_output is None:
-        return
-    _quiet_env()
-    master = _master(master)
-    if _engine_session(master) is not None:
-        return
-    from pyspark import SparkContext
-
-    if _pre:  # (the prestart's thread holds the lock while it builds)
-        return
-    with _lock:
-        if _pre or SparkContext._active_spark_context is not None:
-            return
-        ready = threading.Event()
-        t = threading.Thread(target=_prestart_run, args=(master, ready),
-                             name="dcptool-spark-prestart", daemon=True)
-        _pre.update(thread=t, master=master, ready=ready)
-    if threading.current_thread() is threading.main_thread():
-        # Ctrl-C from now on kills the JVM (this one or the one about to be launched)
-        signal.signal(signal.SIGINT, _on_interrupt)
-    t.start()
-
-
-def _prestart_run(master: str, ready: threading.Event) -> None:
-    try:
-        with _lock:
-            spark = _build(master, "dcptool", None)
-            _pre["session"] = spark
-    except BaseException as exc:  # noqa: BLE001 - get_spark raises it in the caller's thread
-        _pre["error"] = exc
-        return
-    finally:
-        ready.set()
-    if _fast["warm_up"]:
-        try:
-            n = default_parallelism(spark)
-            spark.sparkContext.parallelize(range(n), n).foreach(_warm_worker)
-        except Exception:  # noqa: BLE001 - only a head start: the real job reports for itself
-            pass
-
-
-def _warm_worker(_item: Any) -> None:
-    # a Python worker that has imported the tasks' modules is the one the first job reuses
-    try:
-        import dcptool.pipeline.backup  # noqa: F401
-        import dcptool.pipeline.compare  # noqa: F401
-        import dcptool.pipeline.merge  # noqa: F401
-        import dcptool.pipeline.restore  # noqa: F401
-    except Exception:  # noqa: BLE001 - an executor without dcptool fails the real job instead
-        pass
+        check_master(master)
+        log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+        settings = {
+            "spark.master": master,
+            "spark.app.name": app_name,
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": "8",
+            "spark.driver.bindAddress": "127.0.0.1" if master.startswith("local") else "0.0.0.0",
+            "spark.python.worker.reuse": "true",
+            "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{log4j}",
+        }
+        if master.startswith("local"):
+            settings["spark.python.unix.domain.socket.enabled"] = "true"
+        if _jvm_output is not None:
+            flags = _JVM_FLAGS if _fast["jvm_flags"] else []
+            cds = _cds_options(flags) if _fast["cds"] else []
+            settings["spark.driver.extraJavaOptions"] = " ".join(
+                [settings["spark.driver.extraJavaOptions"], *flags, *cds])
+        settings.update(conf or {})
+        if _jvm_output is not None:
+            _launch_quiet_gateway({k: str(v).lower() if isinstance(v, bool) else str(v)
+                                   for k, v in settings.items()})
+        builder = SparkSession.builder
+        for k, v in settings.items():
+            builder = builder.config(k, v)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        if _jvm_output is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, _on_interrupt)
+        return spark
 
 
 def default_parallelism(spark) -> int:
