@@ -263,6 +263,9 @@ class Engine:
         from . import runtime
 
         os.environ["DCPTOOL_ENGINE"] = "off"  # the engine itself never attaches to one
+        # a long-lived JVM: the full JIT (the command line's C1-only flag trades its
+        # throughput for a faster start); the class-data archive still helps
+        runtime._fast["jvm_flags"] = False
         self.spark = runtime.get_spark(self.requested_master, app_name="dcptool-engine")
         self.master = self.spark.sparkContext.master
         self._warm()

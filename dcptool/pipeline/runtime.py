@@ -8,6 +8,10 @@ started in a process group of its own (Ctrl-C reaches only the driver, which the
 its stdout and stderr sent to /dev/null or DCPTOOL_SPARK_LOG (the terminal with -vv), so
 neither its start-up and shutdown lines nor the Python workers' (they inherit its
 descriptors) can appear; a spark:// master is checked before anything is written.
+
+The command line's driver JVM also starts faster: it compiles with C1 only, and loads its
+classes from a class-data archive that the first run writes (at its exit) into
+~/.cache/dcptool (benchmarks/spark_startup.py measures both).
 """
 from __future__ import annotations
 
@@ -15,10 +19,13 @@ import hashlib
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from dcptool.errors import DcptoolError
@@ -32,6 +39,18 @@ _lock = threading.Lock()
 _jvm_output: str | None = None
 _jvm_proc: Any = None
 _interrupted = False
+
+#: the command line's start-up shortcuts (library use has none of them): the driver JVM's
+#: flags and its class-data archive; switched off one by one to measure them
+#: (benchmarks/spark_startup.py)
+_fast = {"jvm_flags": True, "cds": True}
+#: C1 only: Spark's start-up runs a lot of code once, which C2 would compile on the same two
+#: cores; a serial collector suits the driver's small heap and starts faster
+_JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+#: an archive the JVM cannot use (another JDK, another class path) is skipped without a word
+_CDS_QUIET = "-Xlog:cds=off,cds+dynamic=off"
+_CDS_MAGIC = 0xF00BABA8  # the first four bytes (little-endian) of a complete dynamic archive
+_CDS_STALE = 600.0  # seconds after which an unfinished archive's lock is someone's lost run
 
 
 def interrupted() -> bool:
@@ -182,6 +201,72 @@ def run_tasks(spark, fn, tasks: list) -> list:
     return spark.sparkContext.parallelize(tasks, len(tasks)).map(fn).collect()
 
 
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dcptool"
+
+
+def _cds_key(flags: list[str]) -> str:
+    """What a class-data archive depends on: the java binary, Spark's jars, the JVM flags."""
+    from pyspark import __version__
+    from pyspark.find_spark_home import _find_spark_home
+
+    h = hashlib.sha256(f"{__version__}\0{' '.join(flags)}".encode())
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java:
+        raise OSError("no java")
+    jars = Path(_find_spark_home()) / "jars"
+    for f in [Path(os.path.realpath(java))] + sorted(jars.iterdir()):
+        st = f.stat()
+        h.update(f"\0{f}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    for k in ("SPARK_CONF_DIR", "SPARK_HOME", "SPARK_DIST_CLASSPATH", "HADOOP_CONF_DIR"):
+        h.update(f"\0{os.environ.get(k, '')}".encode())
+    return h.hexdigest()[:20]
+
+
+def _complete_archive(path: Path) -> bool:
+    # the JVM writes the header (and its magic) last, once the archive is whole
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        return (int.from_bytes(head, "little") == _CDS_MAGIC
+                and time.time() - path.stat().st_mtime > 2)
+    except OSError:
+        return False
+
+
+def _cds_options(flags: list[str]) -> list[str]:
+    """The driver JVM's class-data sharing options: use the archive of an earlier run; if
+    there is none, have this JVM write one at its exit (one run at a time); [] on any doubt."""
+    try:
+        d = _cache_dir() / "spark-cds"
+        key = _cds_key(flags)
+        final = d / f"{key}.jsa"
+        if not final.is_file():
+            for tmp in d.glob(f"{key}.*.tmp"):
+                if _complete_archive(tmp):
+                    os.replace(tmp, final)
+                    break
+        if final.is_file():
+            for f in d.glob(f"{key}.*"):  # a lock, unfinished archives: done with
+                if f != final:
+                    f.unlink(missing_ok=True)
+            return [f"-XX:SharedArchiveFile={final}", _CDS_QUIET]
+        d.mkdir(parents=True, exist_ok=True)
+        lock = d / f"{key}.lock"
+        try:
+            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:  # another run writes it (or died doing so: retry later)
+            if time.time() - lock.stat().st_mtime > _CDS_STALE:
+                lock.unlink(missing_ok=True)
+            return []
+        # the JVM dumps its loaded classes when it exits (after the command's last word), and
+        # the next run adopts the file once it is complete
+        return [f"-XX:ArchiveClassesAtExit={d / f'{key}.{secrets.token_hex(4)}.tmp'}", _CDS_QUIET]
+    except (OSError, ValueError, ImportError, RuntimeError):  # RuntimeError: no home
+        return []
+
+
 def _launch_quiet_gateway(settings: dict[str, str]) -> None:
     """Start the JVM for the command line (see the module doc) and make it PySpark's."""
     global _jvm_proc
@@ -242,6 +327,11 @@ def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[s
             # a cluster the executors connect to the driver's address, Spark's choice (the
             # host name's) unless SPARK_LOCAL_IP or spark.driver.host say otherwise
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        if _jvm_output is not None:
+            flags = _JVM_FLAGS if _fast["jvm_flags"] else []
+            cds = _cds_options(flags) if _fast["cds"] else []
+            settings["spark.driver.extraJavaOptions"] = " ".join(
+                [settings["spark.driver.extraJavaOptions"], *flags, *cds])
         settings.update(conf or {})
         if _jvm_output is not None:
             _launch_quiet_gateway({k: str(v).lower() if isinstance(v, bool) else str(v)
