@@ -17,9 +17,9 @@ removes (JVM, SparkContext, Python workers); and the share that the command itse
 the driver's wait for Spark (`spark_startup_seconds` / wall).
 
 The documents are a product catalogue's JSON (names, brands, categories, descriptions from a
-Zipf-weighted vocabulary, prices, stock, ratings), compact, cut to S bytes at a field boundary
-and padded with spaces inside the JSON: they compress like real documents (the zstd -3 ratio of
-the concatenated values is reported, about 3-4), not like repeated padding.
+vocabulary, prices, stock, ratings, EAN codes), compact, with the description cut or filled with
+text to make exactly S bytes: they compress like real documents (the zstd -3 ratio of the
+concatenated values is reported: about 5.1), not like repeated padding.
 """
 from __future__ import annotations
 
@@ -65,6 +65,11 @@ def _text(r: random.Random, n: int) -> str:
     return " ".join(r.choices(_WORDS, cum_weights=_CUM, k=n))
 
 
+def _words(r: random.Random, n: int) -> str:
+    """Words of the vocabulary, any equally often (a product text's rarer words)."""
+    return " ".join(r.choices(_WORDS, k=n))
+
+
 def make_value(i: int, size: int, r: random.Random) -> bytes:
     """Product `i` of a catalogue as compact JSON of exactly `size` bytes."""
     doc = {"type": "product", "sku": f"SKU-{i:08d}", "brand": r.choice(_BRANDS),
@@ -72,12 +77,21 @@ def make_value(i: int, size: int, r: random.Random) -> bytes:
            "price": round(r.uniform(2, 500), 2), "currency": "EUR",
            "stock": r.randint(0, 500), "colour": r.choice(_COLOURS),
            "rating": round(r.uniform(1, 5), 1), "reviews": r.randint(0, 2000),
-           "description": _text(r, 40)}
+           "ean": f"{r.randrange(10 ** 13):013d}",
+           "description": _words(r, 40)}
     raw = json.dumps(doc, separators=(",", ":"))
-    while len(raw) > size:  # shorten the description a word at a time
-        doc["description"] = doc["description"].rsplit(" ", 1)[0]
+    while len(raw) > size and doc["description"]:  # shorten the description word by word
+        doc["description"] = doc["description"].rpartition(" ")[0]
         raw = json.dumps(doc, separators=(",", ":"))
-    return (raw[:-1] + " " * (size - len(raw)) + "}").encode()
+    if len(raw) > size:
+        raise ValueError(f"a product document needs more than {size} bytes")
+    # fill the last bytes with text, not padding: the start of one more word, then letters
+    gap = size - len(raw)
+    tail = (" " + _words(r, 3))[:gap] if gap else ""
+    tail += "".join(r.choices("etaoinshrdlu", k=gap - len(tail)))
+    doc["description"] += tail
+    raw = json.dumps(doc, separators=(",", ":"))
+    return raw.encode()
 
 
 def docs(n: int, size: int, seed: int = 42, prefix: str = "product"):

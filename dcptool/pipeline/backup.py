@@ -85,8 +85,8 @@ from .backupdata import (
 from .datafilter import selection
 from .nodeinfo import cluster_state, node_opts
 from .plans import BackupTask, VBucketPlan, VBucketSummary
-from .runtime import (check_executors_see, check_master, default_parallelism, engine_available,
-                      get_spark, plan_groups, run_tasks)
+from .runtime import (check_executors_see, check_master, context_of, default_parallelism,
+                      engine_available, get_context, plan_groups, run_tasks)
 from .tasks import reporting_failures, task_failure
 
 
@@ -684,11 +684,11 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             if progress is not None:
                 progress(dict(state))
             ts = time.monotonic()
-            spark = spark or get_spark(master)
+            spark = spark or get_context(master)  # RDD jobs: no session needed
             spark_seconds = time.monotonic() - ts
             n = partitions or 2 * default_parallelism(spark)
             groups = plan_groups(list(plan), n)
-            rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master,
+            rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master,
                     len(groups), spark_seconds)
             check_executors_see(spark, archive_path, write=True)  # before streaming
             tasks = [BackupTask(opts, archive_path, writer.id, writer.parent,

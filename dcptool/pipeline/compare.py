@@ -34,7 +34,7 @@ from dcptool.errors import UsageError
 
 from .datasource import resolve_parts
 from .plans import CompareTask, VBucketComparePlan
-from .runtime import default_parallelism, get_spark, plan_groups, run_tasks
+from .runtime import default_parallelism, get_context, plan_groups, run_tasks
 from .tasks import reporting_failures, task_failure
 
 MASK = (1 << 64) - 1
@@ -210,7 +210,7 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
                                  f"{end['seqno']} (the node lost data, or rolled back)")
         plan[vb] = VBucketComparePlan(vb, tuple(ps), end["seqno"], high, upto, tuple(notes))
     if plan:
-        spark = spark or get_spark(master)
+        spark = spark or get_context(master)  # RDD jobs: no session needed
         n = partitions or 2 * default_parallelism(spark)
         tasks = [CompareTask(opts, str(archive.path.absolute()),
                              f"dcptool-verify:{os.getpid()}:{i}", tuple(plan[vb] for vb in g),

@@ -236,7 +236,8 @@ def set_job_group(spark) -> None:
     thread); nothing without an attachment."""
     a = _attachment
     if a is not None:
-        spark.sparkContext.setJobGroup(a.group, "dcptool command", interruptOnCancel=True)
+        sc = getattr(spark, "sparkContext", spark)  # a SparkSession or a SparkContext
+        sc.setJobGroup(a.group, "dcptool command", interruptOnCancel=True)
 
 
 # -- the engine's side -----------------------------------------------------------------------
@@ -285,7 +286,11 @@ class Engine:
             import dcptool.pipeline.restore  # noqa: F401
             yield os.getpid()
 
-        self.spark.sparkContext.parallelize(range(n), n).mapPartitions(imports).collect()
+        # a few rounds of tasks shaped like a command's (a task spec in, summaries out), so
+        # the JVM has compiled its task path before the first command comes
+        for _ in range(4):
+            self.spark.sparkContext.parallelize(range(4 * n), 4 * n).mapPartitions(imports) \
+                .collect()
 
     def cancel(self, group: str) -> None:
         """Cancel `group`'s jobs and wait (at most CANCEL_WAIT) until none of its tasks runs."""

@@ -25,7 +25,7 @@ from dcptool.archive.merging import (
 )
 from dcptool.runlog import RunLog
 
-from .runtime import default_parallelism, get_spark, plan_groups, run_tasks
+from .runtime import default_parallelism, get_context, plan_groups, run_tasks
 from .tasks import reporting_failures, task_failure
 
 
@@ -128,7 +128,7 @@ def _run_merge(rl: RunLog, archive_path: str | os.PathLike[str], *, first: str |
 
         summaries: list[dict[str, Any]] = []
         if plan.vbuckets:
-            spark = spark or get_spark(master)
+            spark = spark or get_context(master)  # RDD jobs: no session needed
             n = partitions or 2 * default_parallelism(spark)
             tasks = [MergeTask(staged.target, tuple(plan.vbuckets[vb] for vb in g))
                      for g in plan_groups(sorted(plan.vbuckets), n)]

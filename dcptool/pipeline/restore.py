@@ -50,7 +50,8 @@ from .nodeinfo import active_nodes, vbucket_count
 from .collnames import CollectionNames, chain_collections
 from .datafilter import DataSelection, selection, show
 from .plans import RestoreTask, RestoreTaskResult
-from .runtime import check_executors_see, default_parallelism, get_spark, plan_groups, run_tasks
+from .runtime import (check_executors_see, context_of, default_parallelism, get_context,
+                      plan_groups, run_tasks)
 from .tasks import reporting_failures, task_failure
 
 _KIND = {REC_MUTATION: mw.WRITE_MUTATION, REC_DELETION: mw.WRITE_DELETION,
@@ -532,7 +533,7 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
             if not dry_run else "")
     if held:
         ts = time.monotonic()
-        spark = spark or get_spark(master)
+        spark = spark or get_context(master)  # RDD jobs: no session needed
         check_executors_see(spark, archive.path, name="archive.json")
         n = partitions or 2 * default_parallelism(spark)
         root = str(archive.path.absolute())  # the executors' working directory is not ours
@@ -540,7 +541,7 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
                               key_filter=key_filter, force=force, dry_run=dry_run, routes=routes),
                   colls)
                  for g in plan_groups(held, n)]
-        rl.info("spark %s: %d tasks (started in %.1f s)", spark.sparkContext.master, len(tasks),
+        rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master, len(tasks),
                 time.monotonic() - ts)
         try:
             results = run_tasks(spark, reporting_failures(restore_task), tasks)

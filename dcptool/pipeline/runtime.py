@@ -185,11 +185,12 @@ def engine_available(master: str | None = None) -> bool:
 
 
 def _session_active() -> bool:
-    if "pyspark.sql" not in sys.modules:
+    """Whether this process has a SparkContext already (its own or an engine's)."""
+    if "pyspark" not in sys.modules:
         return False
-    from pyspark.sql import SparkSession
+    from pyspark import SparkContext
 
-    return SparkSession.getActiveSession() is not None
+    return SparkContext._active_spark_context is not None
 
 
 def run_tasks(spark, fn, tasks: list) -> list:
@@ -197,8 +198,9 @@ def run_tasks(spark, fn, tasks: list) -> list:
     (a command attached to an engine runs them in its own job group)."""
     from .engine import set_job_group
 
-    set_job_group(spark)
-    return spark.sparkContext.parallelize(tasks, len(tasks)).map(fn).collect()
+    sc = context_of(spark)
+    set_job_group(sc)
+    return sc.parallelize(tasks, len(tasks)).map(fn).collect()
 
 
 def _cache_dir() -> Path:
@@ -294,20 +296,27 @@ def _launch_quiet_gateway(settings: dict[str, str]) -> None:
     SparkContext._ensure_initialized(gateway=gateway)
 
 
-def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[str, Any] | None = None):
-    """Return the active SparkSession or build one for `master` (default local[*])."""
+def get_context(master: str | None = None, app_name: str = "dcptool",
+                conf: dict[str, Any] | None = None):
+    """The SparkContext of the active session (or of a running engine, on the command line),
+    or a new one for `master` (default local[*]), without a SparkSession: the pipeline's
+    own jobs (backup, restore, merge, verify --against) are RDD jobs, and building a session
+    costs most of a second more (`get_spark` builds one on this context when asked)."""
     _quiet_env()
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     with _lock:
+        if SparkContext._active_spark_context is not None:
+            return SparkContext._active_spark_context
         active = SparkSession.getActiveSession()
         if active is not None:
-            return active
+            return active.sparkContext
         attached = _engine_session(master or os.environ.get("DCPTOOL_SPARK_MASTER"))
         if attached is not None:
             if _jvm_output is not None and threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGINT, _on_interrupt)
-            return attached
+            return attached.sparkContext
         master = master or os.environ.get("DCPTOOL_SPARK_MASTER") or DEFAULT_MASTER
         check_master(master)
         log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
@@ -322,6 +331,8 @@ def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[s
         }
         if master.startswith("local"):
             settings["spark.python.unix.domain.socket.enabled"] = "true"
+            # workers that import PySpark compiled, and dcptool's task modules before the fork
+            settings["spark.python.daemon.module"] = "dcptool.pipeline.sparkdaemon"
             settings["spark.driver.bindAddress"] = "127.0.0.1"
             # else Spark binds the driver to a non-loopback interface and warns about it; on
             # a cluster the executors connect to the driver's address, Spark's choice (the
@@ -333,21 +344,38 @@ def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[s
             settings["spark.driver.extraJavaOptions"] = " ".join(
                 [settings["spark.driver.extraJavaOptions"], *flags, *cds])
         settings.update(conf or {})
+        settings = {k: str(v).lower() if isinstance(v, bool) else str(v)
+                    for k, v in settings.items()}
         if _jvm_output is not None:
-            _launch_quiet_gateway({k: str(v).lower() if isinstance(v, bool) else str(v)
-                                   for k, v in settings.items()})
-        builder = SparkSession.builder
-        for k, v in settings.items():
-            builder = builder.config(k, v)
-        spark = builder.getOrCreate()
-        spark.sparkContext.setLogLevel("ERROR")
+            _launch_quiet_gateway(settings)
+        sc = SparkContext.getOrCreate(SparkConf().setAll(list(settings.items())))
+        sc.setLogLevel("ERROR")
         if _jvm_output is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, _on_interrupt)
-        return spark
+        return sc
+
+
+def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[str, Any] | None = None):
+    """Return the active SparkSession or build one for `master` (default local[*]), on
+    `get_context`'s SparkContext."""
+    from pyspark.sql import SparkSession
+
+    get_context(master, app_name, conf)
+    with _lock:
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            return active
+        return SparkSession.builder.getOrCreate()  # on the SparkContext there is
+
+
+def context_of(spark):
+    """The SparkContext of a SparkSession, or the SparkContext itself."""
+    return getattr(spark, "sparkContext", spark)
 
 
 def default_parallelism(spark) -> int:
-    return max(1, spark.sparkContext.defaultParallelism)
+    """The default parallelism of a SparkSession's or SparkContext's cluster."""
+    return max(1, context_of(spark).defaultParallelism)
 
 
 def plan_groups(vbuckets: list[int], partitions: int) -> list[list[int]]:
@@ -395,8 +423,9 @@ def probe_failures(spark, directory: str, name: str, digest: str, *, write: bool
 
     from .engine import set_job_group
 
-    set_job_group(spark)
-    found = spark.sparkContext.parallelize(range(n), n).mapPartitionsWithIndex(probe).collect()
+    sc = context_of(spark)
+    set_job_group(sc)
+    found = sc.parallelize(range(n), n).mapPartitionsWithIndex(probe).collect()
     return sorted(set(found))
 
 
@@ -406,7 +435,7 @@ def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool
     archive must be on a filesystem the driver and every executor share. Reads file `name`
     of the directory (with `write`, or without `name`: a probe file the driver writes and
     removes). Local masters share the driver's machine and are not checked unless `always`."""
-    if not always and spark.sparkContext.master.startswith("local"):
+    if not always and context_of(spark).master.startswith("local"):
         return
     directory = os.path.abspath(os.fspath(directory))
     own = None
