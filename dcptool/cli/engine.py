@@ -45,7 +45,7 @@ engine_app = typer.Typer(
     every command with DCPTOOL_ENGINE=off. An engine runs the dcptool it was started with: after
     an upgrade, commands start their own Spark (and say so) until the engine is restarted.
 
-    Example: dcptool engine start && dcptool backup -c couchbase://127.0.0.1 /backups/default
+    Example: dcptool engine start
     """,
     no_args_is_help=True,
 )
