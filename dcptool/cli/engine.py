@@ -173,6 +173,8 @@ def stop(
     """Stop the engine: once the commands running on it have ended (--now: cancel them).
 
     Stopping when no engine runs does nothing.
+
+    Example: dcptool engine stop --now
     """
     import signal
 
@@ -223,6 +225,8 @@ def status(json_out: JsonOpt = False) -> None:
     """Whether an engine runs, with its pid, master, uptime and the commands it served.
 
     Exit status 1 when no engine runs.
+
+    Example: dcptool engine status --json
     """
     from dcptool.pipeline import engine
 
