@@ -20,6 +20,7 @@ from dcptool.cli.app import app
 from dcptool.cli.backup import MasterOpt
 from dcptool.cli.manual import manual
 from dcptool.errors import DcptoolError
+from dcptool.procs import pid_alive
 
 manual(
     "engine",
@@ -63,17 +64,8 @@ def _dir() -> Path:
 def _status_line(st: dict) -> str:
     served = st["commands_served"]
     return (f"engine running: pid {st['pid']}, master {st['master']} ({st['parallelism']} "
-            f"cores), up {_ago(st['uptime_s'])}, {served} command{'s' * (served != 1)} "
+            f"cores), up {output.rough_duration(st['uptime_s'])}, {served} command{'s' * (served != 1)} "
             f"served, {st['commands_running']} running")
-
-
-def _ago(seconds: float) -> str:
-    s = int(seconds)
-    if s < 120:
-        return f"{s} s"
-    if s < 7200:
-        return f"{s // 60} min"
-    return f"{s // 3600} h {s % 3600 // 60} min"
 
 
 @engine_app.command("start")
@@ -116,8 +108,10 @@ def start(
                 output.note(_status_line(status) + f" (ready in {status['ready_s']:.1f} s; "
                             "Ctrl-C stops it)")
 
+        from dcptool.pipeline.enginehost import serve
+
         try:
-            engine.serve(directory, master, ready=ready)
+            serve(directory, master, ready=ready)
         except KeyboardInterrupt:
             pass
         return
@@ -194,7 +188,7 @@ def stop(
                     "(--now cancels them)")
     engine.request("stop", directory, timeout=60.0, now=now)
     t0 = time.monotonic()
-    while _alive(pid):
+    while pid_alive(pid):
         if time.monotonic() - t0 > timeout:
             os.kill(pid, signal.SIGKILL)
             break
@@ -203,21 +197,6 @@ def stop(
         output.print_json({"running": False, "stopped": True, "pid": pid})
     else:
         output.note(f"engine stopped (pid {pid})")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (our own child in --foreground tests) counts as gone
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 @engine_app.command("status")

@@ -136,3 +136,17 @@ def human_bytes(n: float | None) -> str:
             return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"
+
+
+def rough_duration(seconds: float) -> str:
+    """A duration as a person reads it at a glance: 45s, 12m, 5h, 3d."""
+    from dcptool.node.config import format_duration
+
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 2 * 86400:
+        return f"{s // 3600}h"
+    return format_duration(86400 * (s // 86400))

@@ -19,7 +19,7 @@ import typer
 from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, print_json
+from dcptool.cli.output import console, print_json, rough_duration
 from dcptool.errors import DcptoolError, UsageError
 
 
@@ -99,19 +99,6 @@ def _when(t: float | None) -> str:
     if not t:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))
-
-
-def _ago(seconds: float) -> str:
-    from dcptool.node.config import format_duration
-
-    s = int(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m"
-    if s < 2 * 86400:
-        return f"{s // 3600}h"
-    return format_duration(86400 * (s // 86400))
 
 
 @watermark_app.command("register")
@@ -231,7 +218,7 @@ def list_(
         if holding:
             n = sum(h["tombstones"] for h in holding.values())
             longest = max(h["seconds"] for h in holding.values())
-            held = f"{n} tombstones in {len(holding)} vbuckets, up to {_ago(longest)}"
+            held = f"{n} tombstones in {len(holding)} vbuckets, up to {rough_duration(longest)}"
         else:
             held = "-"
         t.add_row(e["name"], e["instance"], states.get(e["state"], e["state"]),
@@ -254,7 +241,7 @@ def list_(
                 continue
             d.add_row(e["name"], e["instance"], vb, str(e["vbuckets"][vb]),
                       str(purge.get(vb, "")), str(h["tombstones"]), str(h["up_to_seqno"]),
-                      _ago(h["seconds"]))
+                      rough_duration(h["seconds"]))
         con.print(d)
         for (n, i), count in shown.items():
             if count > 20:
