@@ -6,6 +6,7 @@ SparkContext and warm Python workers); `backup`, `restore`, `merge`, `verify --a
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -125,8 +126,10 @@ def start(
     with open(log, "ab") as sink:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
                                 env=env, start_new_session=True, cwd="/")
-    with output.console(stderr=True).status("starting the engine (Spark, Python workers)",
-                                            spinner="dots") if output.show_progress() else _Null():
+    spinner = output.console(stderr=True).status(
+        "starting the engine (Spark, Python workers)", spinner="dots") \
+        if output.show_progress() else contextlib.nullcontext()
+    with spinner:
         while True:
             st = engine.request("status", directory, timeout=5.0)
             if st is not None:
@@ -144,14 +147,6 @@ def start(
         output.print_json(st)
     else:
         output.note(_status_line(st) + f" (started in {st['start_s']:.1f} s)")
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @engine_app.command("stop")

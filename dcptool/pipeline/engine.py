@@ -132,12 +132,6 @@ def request(op: str, directory: Path | None = None, timeout: float = 10.0,
             return None
 
 
-def running(directory: Path | None = None) -> bool:
-    """Whether an engine answers in `directory` (a socket file alone is not enough)."""
-    return (directory or engine_dir()).joinpath(SOCKET).exists() and \
-        request("status", directory, timeout=2.0) is not None
-
-
 # -- a command's side ------------------------------------------------------------------------
 
 class Attachment:

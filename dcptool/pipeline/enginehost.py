@@ -54,19 +54,16 @@ class Engine:
     def _warm(self) -> None:
         """Start the Python workers and have them import the task modules, so a command's
         first task does not pay for it."""
-        from .runtime import default_parallelism
-
-        n = 2 * default_parallelism(self.spark)
+        n = 2 * runtime.default_parallelism(self.spark)
 
         def imports(_rows):
-            import dcptool.pipeline.backup  # noqa: F401
-            import dcptool.pipeline.compare  # noqa: F401
-            import dcptool.pipeline.merge  # noqa: F401
-            import dcptool.pipeline.restore  # noqa: F401
+            from dcptool.pipeline.sparkdaemon import import_task_modules
+
+            import_task_modules()
             yield os.getpid()
 
-        # a few rounds of tasks shaped like a command's (a task spec in, summaries out), so
-        # the JVM has compiled its task path before the first command comes
+        # a few rounds of Python tasks, so the JVM has compiled its task path before the
+        # first command comes
         for _ in range(4):
             self.spark.sparkContext.parallelize(range(4 * n), 4 * n).mapPartitions(imports) \
                 .collect()
@@ -92,12 +89,10 @@ class Engine:
             time.sleep(0.1)
 
     def status(self) -> dict[str, Any]:
-        from .runtime import default_parallelism
-
         with self.lock:
             running_now = len(self.attached)
         return {"running": True, "pid": os.getpid(), "master": self.master,
-                "parallelism": default_parallelism(self.spark),
+                "parallelism": runtime.default_parallelism(self.spark),
                 "version": __version__, "started_at": self.started,
                 "uptime_s": round(time.time() - self.started, 1),
                 "ready_s": round(self.ready_seconds, 2),

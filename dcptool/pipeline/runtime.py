@@ -304,14 +304,10 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
     costs most of a second more (`get_spark` builds one on this context when asked)."""
     _quiet_env()
     from pyspark import SparkConf, SparkContext
-    from pyspark.sql import SparkSession
 
     with _lock:
-        if SparkContext._active_spark_context is not None:
+        if SparkContext._active_spark_context is not None:  # an active session's too
             return SparkContext._active_spark_context
-        active = SparkSession.getActiveSession()
-        if active is not None:
-            return active.sparkContext
         attached = _engine_session(master or os.environ.get("DCPTOOL_SPARK_MASTER"))
         if attached is not None:
             if _jvm_output is not None and threading.current_thread() is threading.main_thread():

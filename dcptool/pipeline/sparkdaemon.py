@@ -33,12 +33,17 @@ def prefer_installed_pyspark() -> None:
             del sys.modules[name]
 
 
+def import_task_modules() -> None:
+    """Import the modules whose functions Spark tasks run (backup, restore, merge, verify)."""
+    import dcptool.pipeline.backup  # noqa: F401
+    import dcptool.pipeline.compare  # noqa: F401
+    import dcptool.pipeline.merge  # noqa: F401
+    import dcptool.pipeline.restore  # noqa: F401
+
+
 def warm_imports() -> None:
     try:
-        import dcptool.pipeline.backup  # noqa: F401
-        import dcptool.pipeline.compare  # noqa: F401
-        import dcptool.pipeline.merge  # noqa: F401
-        import dcptool.pipeline.restore  # noqa: F401
+        import_task_modules()
     except Exception:  # noqa: BLE001 - the task imports it again and says what is wrong
         pass
 
