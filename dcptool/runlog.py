@@ -201,7 +201,14 @@ class RunLog:
         Returns the path, or None when the log cannot be written (a note says why)."""
         if self._file is not None or self._closed:
             return self.path
-        directory = Path(archive_dir) / LOG_DIR
+        text = str(archive_dir)
+        if text.startswith("s3://"):
+            # an archive on object storage: the log stays on this machine, under the
+            # cache directory, by bucket and prefix
+            cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+            directory = Path(cache, "dcptool", "logs", "s3", *text[5:].strip("/").split("/"))
+        else:
+            directory = Path(archive_dir) / LOG_DIR
         try:
             private_dir(directory)
             path = self._new_file(directory)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid as uuidlib
 from dataclasses import dataclass
 from datetime import timedelta
@@ -57,6 +56,7 @@ from .format import (
     uuid_for_seqno,
 )
 from . import chain as chains
+from . import storage
 from .lock import ArchiveLock
 from .manifest import check_manifest, check_summary, totals_of
 from .reader import Backup, VBucketHistory
@@ -70,7 +70,7 @@ LATEST = "latest"
 def backup_path(archive_root: str | os.PathLike[str], backup_id: str) -> Path:
     """The directory of backup `backup_id` in the archive at `archive_root` (for tasks that
     carry only the archive's path; `Archive.backup_dir` is the same)."""
-    return Path(archive_root) / BACKUPS_DIR / backup_id
+    return storage.location(archive_root) / BACKUPS_DIR / backup_id
 
 
 #: manifests this process read and checked, by file identity (see Archive.manifest)
@@ -80,8 +80,8 @@ _MANIFESTS: dict[tuple[Any, ...], dict[str, Any]] = {}
 class Archive:
     """An archive directory. Open with `Archive.open(path)` or make one with `Archive.create`."""
 
-    def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any]):
-        self.path = Path(path)
+    def __init__(self, path: Any, meta: dict[str, Any]):
+        self.path = storage.location(path)
         self.meta = meta
 
     # -- opening and creating ---------------------------------------------------------------
@@ -93,7 +93,7 @@ class Archive:
 
         With `exist_ok`, an existing archive is opened instead (its bucket must match).
         """
-        path = Path(path)
+        path = storage.location(path)
         if (path / ARCHIVE_JSON).exists():
             if not exist_ok:
                 raise ArchiveError(f"{path} already holds an archive")
@@ -104,7 +104,11 @@ class Archive:
             return archive
         if not isinstance(vbuckets, int) or not 1 <= vbuckets <= 65536:
             raise ArchiveError(f"vbucket count {vbuckets!r} is out of range")
-        if path.exists():
+        if storage.is_remote(path):
+            if storage.listdir(path):
+                raise ArchiveError(f"{path} is not empty and is not an archive",
+                                   hint="choose a new or empty prefix")
+        elif path.exists():
             if not path.is_dir():
                 raise ArchiveError(f"{path} exists and is not a directory")
             if any(path.iterdir()):
@@ -128,11 +132,14 @@ class Archive:
         return cls(path, meta)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> "Archive":
-        path = Path(path)
-        if not path.exists():
+    def open(cls, path: Any) -> "Archive":
+        path = storage.location(path)
+        if storage.is_remote(path):
+            if not path.is_dir():
+                raise NotAnArchiveError(f"no archive at {path}: no objects under that prefix")
+        elif not path.exists():
             raise NotAnArchiveError(f"no archive at {path}: no such directory")
-        if not path.is_dir():
+        elif not path.is_dir():
             raise NotAnArchiveError(f"{path} is not an archive: not a directory")
         meta_path = path / ARCHIVE_JSON
         try:
@@ -170,10 +177,10 @@ class Archive:
         return self.meta["vbuckets"]
 
     @property
-    def backups_dir(self) -> Path:
+    def backups_dir(self) -> Any:
         return self.path / BACKUPS_DIR
 
-    def backup_dir(self, backup_id: str) -> Path:
+    def backup_dir(self, backup_id: str) -> Any:
         return backup_path(self.path, backup_id)
 
     def __repr__(self) -> str:
@@ -184,12 +191,11 @@ class Archive:
     def backup_ids(self) -> list[str]:
         """Ids of all backup directories, committed or partial, oldest first."""
         try:
-            names = os.listdir(self.backups_dir)
+            names = storage.list_sizes(self.backups_dir, dirs=True)
         except FileNotFoundError:
             raise NotAnArchiveError(f"{self.path} is not a dcptool archive "
                                     f"({BACKUPS_DIR}/ is missing)") from None
-        return sorted(n for n in names if BACKUP_ID_RE.match(n)
-                      and (self.backups_dir / n).is_dir())
+        return sorted(n for n, size in names.items() if size < 0 and BACKUP_ID_RE.match(n))
 
     def is_committed(self, backup_id: str) -> bool:
         return (self.backup_dir(backup_id) / MANIFEST_JSON).is_file()
@@ -204,17 +210,27 @@ class Archive:
         """The manifest of a committed backup, checked to be well-formed."""
         path = self.backup_dir(backup_id) / MANIFEST_JSON
         try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                # a manifest is immutable once committed: one this process read and checked
-                # and that has not changed since (same file, size and mtime) is served from
-                # memory (a backup walks its chain several times); callers only read it
-                ident = (str(path.absolute()), st.st_dev, st.st_ino, st.st_size,
-                         st.st_mtime_ns, json.dumps(self.meta, sort_keys=True))
+            # a manifest is immutable once committed: one this process read and checked
+            # and that has not changed since (same file, size and mtime; same bytes of an
+            # object) is served from memory (a backup walks its chain several times);
+            # callers only read it
+            if storage.is_remote(path):
+                data = storage.read_bytes(path)
+                ident: tuple[Any, ...] = (str(path), len(data), hash(data),
+                                          json.dumps(self.meta, sort_keys=True))
                 doc = _MANIFESTS.get(ident)
                 if doc is not None:
                     return doc
-                doc = json.loads(f.read().decode("utf-8"))
+                doc = json.loads(data.decode("utf-8"))
+            else:
+                with open(path, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    ident = (str(path.absolute()), st.st_dev, st.st_ino, st.st_size,
+                             st.st_mtime_ns, json.dumps(self.meta, sort_keys=True))
+                    doc = _MANIFESTS.get(ident)
+                    if doc is not None:
+                        return doc
+                    doc = json.loads(f.read().decode("utf-8"))
         except FileNotFoundError:
             if self.backup_dir(backup_id).is_dir():
                 raise ArchiveError(f"backup {backup_id} is partial (it has no manifest)") from None
@@ -444,6 +460,7 @@ class Archive:
             partial = self.partial_backup()
             if partial is None:
                 raise ArchiveError(f"archive {self.path} holds no partial backup to resume")
+            storage.abort_uploads(partial.dir)  # parts a killed writer left open
             intent = partial.intent
             if intent is None:
                 raise ArchiveError(f"partial backup {partial.id} has no readable {BACKUP_JSON}; "
@@ -458,7 +475,7 @@ class Archive:
         with self.lock("purge partial backups"):
             removed = []
             for bid in self.partial_ids():
-                shutil.rmtree(self.backup_dir(bid))
+                storage.remove_tree(self.backup_dir(bid))
                 removed.append(bid)
             if removed:
                 fsync_dir(self.backups_dir)
@@ -526,25 +543,25 @@ class BackupPlan:
 class BackupProgress:
     """How far a running backup is, from its vbuckets' done files (each read once)."""
 
-    def __init__(self, backup_dir: Path):
+    def __init__(self, backup_dir: Any):
         self.dir = backup_dir
         self._seen: dict[str, tuple[int, int]] = {}
 
     def poll(self) -> tuple[int, int, int]:
         """(vbuckets done, items, bytes) so far; a file not readable yet is counted later."""
         try:
-            names = [n for n in os.listdir(self.dir) if DONE_RE.match(n)]
-        except OSError:
+            names = [n for n in storage.listdir(self.dir) if DONE_RE.match(n)]
+        except (OSError, ArchiveError):
             names = []
         for n in names:
             if n in self._seen:
                 continue
             try:
-                d = json.loads((self.dir / n).read_text())
+                d = json.loads(storage.read_bytes(self.dir / n))
                 c = d["counts"]
                 self._seen[n] = (c["mutations"] + c["deletions"] + c["expirations"],
                                  d["bytes"]["files"])
-            except (OSError, ValueError, KeyError):
+            except (OSError, ValueError, KeyError, ArchiveError):
                 continue
         seen = self._seen.values()
         return len(self._seen), sum(i for i, _ in seen), sum(b for _, b in seen)
@@ -624,7 +641,7 @@ class BackupWriter:
 
     def _load_done(self) -> list[dict[str, Any]]:
         out = []
-        for name in sorted(os.listdir(self.dir)):
+        for name in sorted(storage.listdir(self.dir)):
             if DONE_RE.match(name):
                 try:
                     out.append(read_json(self.dir / name))
@@ -655,12 +672,16 @@ class BackupWriter:
             by_vb[s["vbucket"]] = s
         listed = {f["name"] for s in by_vb.values() for f in s["files"]}
 
+        sizes = storage.list_sizes(self.dir)
+
         def measure(f: dict[str, Any]) -> tuple[int, str] | None:
             path = self.dir / f["name"]
+            if f["name"] not in sizes:
+                return None
             try:
                 if rehash:
                     return file_digest(path)
-                return os.stat(path).st_size, f["sha256"]
+                return sizes[f["name"]], f["sha256"]
             except FileNotFoundError:
                 return None
 
@@ -685,12 +706,12 @@ class BackupWriter:
                     f"{s['vbucket']}'s summary describes ({f['size']} bytes, sha256 "
                     f"{f['sha256'][:12]}...)", hint="rerun the task for this vbucket")
         removed = False
-        for name in os.listdir(self.dir):
+        for name in sizes:
             parsed = parse_data_name(name)
             stale = (parsed is not None and name not in listed) or (
                 DONE_RE.match(name) is not None and int(name[3:-10]) not in by_vb)
             if stale or (name.startswith(".") and name.endswith(".tmp")):
-                os.unlink(self.dir / name)
+                storage.unlink(self.dir / name)
                 removed = True
         if removed:
             fsync_dir(self.dir)

@@ -10,12 +10,11 @@ import json
 import os
 import re
 import sys
-import tempfile
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
-from dcptool.faults import fault_point
+
+from . import storage
 
 #: archive.json "format" value and the format version this code writes and reads.
 FORMAT_NAME = "dcptool-archive"
@@ -199,51 +198,23 @@ def parse_backup_id(backup_id: str) -> datetime:
 # Durable file operations.
 
 
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def fsync_dir(path: Any) -> None:
+    storage.sync_dir(storage.location(path))
 
 
-def make_dir(path: str | os.PathLike[str]) -> None:
+def make_dir(path: Any) -> None:
     """Create a directory 0700 (and fsync its parent so the entry survives a crash)."""
-    os.mkdir(path, DIR_MODE)
-    os.chmod(path, DIR_MODE)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    storage.make_dir(storage.location(path), DIR_MODE)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
+def atomic_write_bytes(path: Any, data: bytes, *, durable: bool = True) -> None:
     """Write a file so that it is either absent or complete: write a temporary file in the
-    same directory, fsync it, rename it over the target, fsync the directory.
+    same directory, fsync it, rename it over the target, fsync the directory (one PUT on
+    object storage).
 
     `durable=False` leaves out both fsyncs: the caller makes the file durable later (with
     `sync_filesystem`), and until then a crash may lose it or leave it empty."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, FILE_MODE)
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        if durable:
-            os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        fault_point("rename", path=path)  # DCPTOOL_FAULT: kill-before-manifest-rename
-        os.replace(tmp, path)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    if durable:
-        fsync_dir(path.parent)
+    storage.atomic_write_bytes(storage.location(path), data, durable=durable, mode=FILE_MODE)
 
 
 def json_lines(obj: Any) -> str:
@@ -268,9 +239,12 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, durable: bool =
     atomic_write_bytes(path, (json_lines(obj) + "\n").encode("utf-8"), durable=durable)
 
 
-def sync_filesystem(path: str | os.PathLike[str]) -> None:
+def sync_filesystem(path: Any) -> None:
     """Make everything written to the filesystem holding `path` durable: one syncfs(2)
-    on Linux (os.sync() elsewhere), instead of an fsync per file and directory."""
+    on Linux (os.sync() elsewhere), instead of an fsync per file and directory (objects
+    are durable once written)."""
+    if storage.is_remote(path):
+        return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         if _syncfs is not None and _syncfs(fd) == 0:
@@ -295,8 +269,6 @@ def _find_syncfs():
 _syncfs = _find_syncfs() if sys.platform.startswith("linux") else None
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
+def read_json(path: Any) -> Any:
     """Parse a JSON file; raises OSError or ValueError (bad JSON or bad UTF-8)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    return json.loads(data.decode("utf-8"))
+    return json.loads(storage.read_bytes(storage.location(path)).decode("utf-8"))

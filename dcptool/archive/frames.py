@@ -19,6 +19,7 @@ from typing import BinaryIO, Iterator
 import msgpack
 import zstandard
 
+from . import storage
 from .block import BLOCK_MARK, BlockError, decode_block, encode_records
 from .errors import CorruptFileError
 from .format import (
@@ -326,16 +327,17 @@ def iter_frame_batches(path: str | os.PathLike[str], *, expect_size: int | None 
     checked once the whole file was read (after the last batch). `validate` checks every
     record's field types (~0.7 us a record); turn it off only for files already verified.
     """
-    path = os.fspath(path)
+    where = storage.location(path)
+    path = str(where)
     try:
-        f = open(path, "rb", buffering=0)
+        f = storage.open_read(where)
     except FileNotFoundError:
         raise CorruptFileError(path, "file is missing") from None
     except OSError as exc:
         raise CorruptFileError(path, f"cannot read: {exc.strerror}") from None
     with f:
         if expect_size is not None:
-            size = os.fstat(f.fileno()).st_size
+            size = storage.file_size(f)
             if size != expect_size:
                 raise CorruptFileError(path, f"size is {size} bytes, the manifest says "
                                              f"{expect_size}")

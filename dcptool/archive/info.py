@@ -2,11 +2,10 @@
 metadata files and directory listings: no data file is decompressed."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 from .archive import Archive
+from . import storage
 from .chain import merged_from
 from .errors import ArchiveError
 from .format import BACKUP_JSON, DONE_RE, MANIFEST_JSON, parse_data_name, read_json
@@ -15,21 +14,13 @@ from .lock import ArchiveLock
 _COUNTS = ("mutations", "deletions", "expirations", "snapshots", "rollbacks", "records")
 
 
-def dir_size(path: Path) -> int:
+def dir_size(path: Any) -> int:
     """Bytes of the files directly in `path`: a backup's size on disk, as `info` and
     `backup` report it (data, done, backup.json and manifest files)."""
-    total = 0
     try:
-        with os.scandir(path) as it:
-            for e in it:
-                try:
-                    if e.is_file(follow_symlinks=False):
-                        total += e.stat(follow_symlinks=False).st_size
-                except OSError:
-                    pass
-    except OSError:
-        pass
-    return total
+        return sum(storage.list_sizes(storage.location(path)).values())
+    except (OSError, ArchiveError):
+        return 0
 
 
 def _partial(archive: Archive, bid: str) -> dict[str, Any]:
@@ -45,7 +36,7 @@ def _partial(archive: Archive, bid: str) -> dict[str, Any]:
     started: set[int] = set()
     value_bytes = 0
     rollbacks: list[dict[str, Any]] = []
-    for name in sorted(os.listdir(bdir)):
+    for name in sorted(storage.listdir(bdir)):
         parsed = parse_data_name(name)
         if parsed:
             started.add(parsed[0])

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -49,10 +48,12 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from dcptool.errors import DcptoolError, UsageError
 
+from . import storage
 from .archive import Archive, BackupWriter, backup_path
 from .chain import effective_parents, merged_from
 from .errors import ArchiveError
 from .format import (
+    MANIFEST_JSON,
     BACKUP_ID_RE,
     BACKUP_JSON,
     BACKUPS_DIR,
@@ -142,7 +143,7 @@ def _resolve_with_markers(parts: Sequence[tuple[str, dict[str, Any]]]
     markers: list[tuple] = []
     events: list[tuple] = []
     for (bdir, entry), cut in zip(parts, cuts):
-        for batch in iter_vbucket_batches(Path(bdir), entry):
+        for batch in iter_vbucket_batches(storage.location(bdir), entry):
             for r in batch:
                 t = r[0]
                 if t == REC_MUTATION:
@@ -340,8 +341,7 @@ class StagedMerge:
     def begin(cls, archive: Archive, plan: MergePlan) -> "StagedMerge":
         """Make the staging directory (emptied first) with the merged backup's intent."""
         root = archive.path / STAGING
-        if root.exists():
-            shutil.rmtree(root)
+        storage.remove_tree(root)
         make_dir(root)
         make_dir(root / BACKUPS_DIR)
         bdir = backup_path(root, plan.merged_id)
@@ -382,7 +382,8 @@ class StagedMerge:
         originals and the staging directory."""
         if self.manifest is None:
             raise ArchiveError(f"merged backup {self.plan.merged_id} is not committed")
-        os.rename(self.target.backup_dir, self.archive.backup_dir(self.plan.merged_id))
+        storage.rename_dir(self.target.backup_dir, self.archive.backup_dir(self.plan.merged_id),
+                           last=MANIFEST_JSON)
         fsync_dir(self.archive.backups_dir)
         remove_backups(self.archive, self.plan.replaced)
         self.discard()
@@ -394,12 +395,20 @@ class StagedMerge:
 
 def discard_staging(archive: Archive) -> None:
     """Delete the merge staging directory, if any (nothing in backups/ is touched)."""
-    shutil.rmtree(archive.path / STAGING, ignore_errors=True)
+    storage.remove_tree(archive.path / STAGING)
 
 
 def remove_backups(archive: Archive, ids: Iterable[str]) -> None:
     """Take backups out of backups/ (one rename each), then delete them. The caller holds
     the archive lock."""
+    if storage.is_remote(archive.path):
+        # no rename on object storage: the manifest goes first (the backup is partial
+        # from then on, and finish_interrupted_merges removes what a kill left)
+        for bid in ids:
+            src = archive.backup_dir(bid)
+            storage.unlink(src / MANIFEST_JSON)
+            storage.remove_tree(src)
+        return
     trash = archive.path / STAGING / "removed"
     trash.mkdir(parents=True, exist_ok=True)
     for bid in ids:
@@ -407,7 +416,7 @@ def remove_backups(archive: Archive, ids: Iterable[str]) -> None:
         if src.is_dir():
             os.rename(src, trash / bid)
     fsync_dir(archive.backups_dir)
-    shutil.rmtree(trash, ignore_errors=True)
+    storage.remove_tree(trash)
 
 
 def finish_interrupted_merges(archive: Archive) -> list[str]:

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from . import storage
 from .errors import CorruptFileError
 from .format import BACKUPS_DIR, FORMAT_NAME, HEADER, ITEM_TYPES
 from .frames import iter_frame_batches
@@ -21,7 +22,7 @@ def iter_vbucket_batches(backup_dir: str | os.PathLike[str], entry: dict[str, An
     SHA-256 is compared once each file is read. `validate` (default) checks that every
     record has its type's field layout, so consumers can index fields without guarding.
     """
-    backup_dir = Path(backup_dir)
+    backup_dir = storage.location(backup_dir)
     vb = entry["vbucket"]
     backup_id = entry["backup"]
     for segment, f in enumerate(entry["files"]):
@@ -57,7 +58,7 @@ class Backup:
     """A committed backup: its manifest and a way to read each vbucket's records."""
 
     def __init__(self, archive_path: str | os.PathLike[str], manifest: dict[str, Any]):
-        self.archive_path = Path(archive_path)
+        self.archive_path = storage.location(archive_path)
         self.manifest = manifest
         self.id: str = manifest["id"]
         self.parent: str | None = manifest.get("parent")

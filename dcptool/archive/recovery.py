@@ -17,10 +17,10 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
 
 
+from . import storage
 from .block import block_compressor, compress_sections
 from .errors import CorruptFileError
 from .format import (
@@ -28,7 +28,6 @@ from .format import (
     REC_DELETION,
     END,
     REC_EXPIRATION,
-    FILE_MODE,
     HEADER,
     REC_MUTATION,
     REC_SYSTEM_EVENT,
@@ -52,11 +51,11 @@ from .frames import (
 )
 
 
-def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
+def file_digest(path: Any) -> tuple[int, str]:
     """(size, SHA-256 hex) of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb", buffering=0) as f:
+    with storage.open_read(storage.location(path)) as f:
         buf = bytearray(1 << 20)
         view = memoryview(buf)
         while True:
@@ -75,7 +74,7 @@ def vbucket_files(backup_dir: str | os.PathLike[str],
     out: dict[int, list[tuple[int, str]]] = {}
     if names is None:
         try:
-            names = os.listdir(backup_dir)
+            names = storage.listdir(storage.location(backup_dir))
         except FileNotFoundError:
             return out
     for name in names:
@@ -136,7 +135,7 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
     the first stream record when S is below where this backup's stream started); a ValueError
     says when S is not a snapshot boundary of the data.
     """
-    backup_dir = Path(backup_dir)
+    backup_dir = storage.location(backup_dir)
     if files is None:
         files = vbucket_files(backup_dir).get(vbucket, [])
     scan = VBucketScan(vbucket=vbucket, files=list(files))
@@ -182,7 +181,7 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
             per_seg.append(0)
             first = True
             try:
-                f = open(path, "rb", buffering=0)
+                f = storage.open_read(backup_dir / name)
             except OSError as exc:
                 raise _Stop(f"{name}: cannot read: {exc.strerror}") from None
             with f:
@@ -314,15 +313,12 @@ def truncate_to_cut(backup_dir: str | os.PathLike[str], scan: VBucketScan, *,
     Returns the file entries ({name, size, sha256, records}) of the segments kept, in order.
     With no cut at all, every data file of the vbucket is deleted.
     """
-    backup_dir = Path(backup_dir)
+    backup_dir = storage.location(backup_dir)
     cut = scan.cut
     keep_upto = -1 if cut is None else cut.seg_pos
     for seg_pos, (_segment, name) in enumerate(scan.files):
         if seg_pos > keep_upto:
-            try:
-                os.unlink(backup_dir / name)
-            except FileNotFoundError:
-                pass
+            storage.unlink(backup_dir / name)
     entries: list[dict[str, Any]] = []
     if cut is None:
         fsync_dir(backup_dir)
@@ -330,25 +326,15 @@ def truncate_to_cut(backup_dir: str | os.PathLike[str], scan: VBucketScan, *,
     name = scan.files[cut.seg_pos][1]
     path = backup_dir / name
     if cut.keep_bytes == cut.content_len:
-        os.truncate(path, cut.frame_offset + cut.frame_len)
+        if storage.stat_size(path) != cut.frame_offset + cut.frame_len:
+            storage.replace_prefix_bytes(path, cut.frame_offset + cut.frame_len, b"")
     else:
-        with open(path, "rb") as f:
-            f.seek(cut.frame_offset)
-            frame = f.read(cut.frame_len)
+        frame = storage.read_range(path, cut.frame_offset, cut.frame_len)
         content = decompress_frame(frame, str(path), cut.frame_offset)
         tail = compress_sections(block_compressor(level),
                                  content_prefix(content, cut.keep_bytes, str(path),
                                                 cut.frame_offset))
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC, FILE_MODE)
-        try:
-            os.ftruncate(fd, cut.frame_offset)
-            os.lseek(fd, cut.frame_offset, os.SEEK_SET)
-            view = memoryview(tail)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        storage.replace_prefix_bytes(path, cut.frame_offset, tail)
     fsync_dir(backup_dir)
     for seg_pos in range(cut.seg_pos + 1):
         seg_name = scan.files[seg_pos][1]
@@ -393,7 +379,7 @@ def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
                rehash: bool = True) -> tuple[dict[str, Any] | None, str | None]:
     """(summary, None) when the vbucket's done file exists and matches its files on disk,
     else (None, reason) — reason None when there simply is no done file."""
-    backup_dir = Path(backup_dir)
+    backup_dir = storage.location(backup_dir)
     done = backup_dir / done_file_name(vbucket)
     if not done.exists():
         return None, None
@@ -416,7 +402,7 @@ def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
             if rehash:
                 size, digest = file_digest(path)
             else:
-                size, digest = os.stat(path).st_size, entry["sha256"]
+                size, digest = storage.stat_size(path), entry["sha256"]
         except OSError as exc:
             return None, f"{entry['name']}: cannot read: {exc.strerror}"
         if size != entry["size"]:
@@ -458,10 +444,11 @@ def recover_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket:
 def recover_backup(backup_dir: str | os.PathLike[str], backup_id: str, *, scan: bool = True,
                    rehash: bool = True) -> dict[int, VBucketRecovery]:
     """recover_vbucket for every vbucket that has data files or a done file in the directory."""
-    backup_dir = Path(backup_dir)
-    files = vbucket_files(backup_dir)
+    backup_dir = storage.location(backup_dir)
+    names = storage.listdir(backup_dir)
+    files = vbucket_files(backup_dir, names)
     vbs = set(files)
-    for name in os.listdir(backup_dir):
+    for name in names:
         if name.startswith("vb-") and name.endswith(".done.json"):
             try:
                 vbs.add(int(name[3:-10]))

@@ -21,6 +21,7 @@ from typing import Any
 
 from .archive import Archive
 from .chain import effective_parents
+from . import storage
 from .errors import CorruptFileError
 from .format import (
     ARCHIVE_JSON,
@@ -355,7 +356,7 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
             else:
                 good.add(f["name"])
     try:
-        names = sorted(os.listdir(bdir))
+        names = sorted(storage.listdir(bdir))
     except OSError:
         names = []
     known = {MANIFEST_JSON, BACKUP_JSON}
@@ -434,7 +435,7 @@ def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> Ver
         report.problems.append(Problem(str(archive.path / ARCHIVE_JSON),
                                        "vbucket count is invalid"))
     try:
-        entries = sorted(os.listdir(archive.backups_dir))
+        entries = sorted(storage.listdir(archive.backups_dir))
     except OSError as exc:
         report.problems.append(Problem(str(archive.backups_dir), f"cannot list: {exc.strerror}"))
         return report
@@ -480,7 +481,7 @@ def verify_backup_dir(bdir: str | os.PathLike[str], manifest: dict[str, Any], *,
     SHA-256, no unlisted data file, and (with `records`) every record, the invariants and
     the counts against `manifest`. No chain checks (parent, continuity). Used to prove a
     backup sound before it is put into an archive (merge)."""
-    bdir = Path(bdir)
+    bdir = storage.location(bdir)
     report = VerifyReport(str(bdir))
     report.backups_checked = 1
     name = manifest["id"]

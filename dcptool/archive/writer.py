@@ -16,7 +16,7 @@ import threading
 import weakref
 from collections import Counter
 from operator import itemgetter
-from pathlib import Path
+from . import storage
 from typing import Any, Collection, Iterable, Sequence
 
 import msgpack
@@ -98,15 +98,9 @@ def shared_compressor(level: int) -> zstandard.ZstdCompressor:
     return cctx
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def load_backup_intent(archive_path: str | os.PathLike[str], backup_id: str) -> dict[str, Any]:
     """The backup.json of a backup that is still being written (raises if it is committed)."""
-    bdir = Path(archive_path) / BACKUPS_DIR / backup_id
+    bdir = storage.location(archive_path) / BACKUPS_DIR / backup_id
     if (bdir / MANIFEST_JSON).exists():
         raise ArchiveError(f"backup {backup_id} in {archive_path} is committed; its files are "
                            "immutable")
@@ -141,7 +135,7 @@ class VBucketWriter:
                  sync: bool = True, block_budget: int | None = None,
                  intent: dict[str, Any] | None = None, listing: Collection[str] | None = None,
                  files: list[tuple[int, str]] | None = None):
-        self.archive_path = Path(archive_path)
+        self.archive_path = storage.location(archive_path)
         self.backup_id = backup_id
         #: fsync each segment and the done file as they close (False: the caller runs
         #: sync_filesystem once, after closing all its writers, before it reports them done)
@@ -187,7 +181,7 @@ class VBucketWriter:
         self._seg_records = 0  # records in the current segment's written frames
         self._roll = False  # the current segment is full: the next frame starts a new one
         self._files: list[dict[str, Any]] = []  # closed segments
-        self._fd = -1
+        self._out: storage.NewFile | None = None
         self._segment = -1
         self._fsize = 0
         self._sha = hashlib.sha256()
@@ -438,8 +432,8 @@ class VBucketWriter:
             frame = self._cctx.compress(b"".join(
                 [pack(r) for r in decode_block(b"".join(blk.sections()))]))
         self._blk = BlockBuilder()
-        fault_point("frame", fd=self._fd, data=frame)  # DCPTOOL_FAULT: kill-mid-file, enospc
-        _write_all(self._fd, frame)
+        fault_point("frame", fd=self._out.fd, data=frame)  # DCPTOOL_FAULT: kill-mid-file, enospc
+        self._out.write(frame)
         self._sha.update(frame)
         self._fsize += len(frame)
         total = self._records()
@@ -452,7 +446,7 @@ class VBucketWriter:
         """Create the next data file; its header record goes first in the buffer."""
         self._segment = segment
         path = self.dir / data_file_name(self.vbucket, segment)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        self._out = storage.write_new(path, FILE_MODE)
         self._fsize = 0
         self._sha = hashlib.sha256()
         self._seg_records = 0
@@ -462,12 +456,10 @@ class VBucketWriter:
 
     def _close_segment(self, sync: bool = True) -> None:
         """Finish the current segment (its frames must already be flushed)."""
-        if self._fd < 0:
+        if self._out is None:
             return
-        if sync:
-            os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = -1
+        out, self._out = self._out, None
+        out.close(sync)
         self._files.append({"name": data_file_name(self.vbucket, self._segment),
                             "size": self._fsize, "sha256": self._sha.hexdigest(),
                             "records": self._seg_records})
@@ -492,11 +484,8 @@ class VBucketWriter:
         self.position = scan.position
         self._segment = scan.files[scan.cut.seg_pos][0]
 
-    def _unlink(self, path: Path) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+    def _unlink(self, path: Any) -> None:
+        storage.unlink(path)
 
     def _unlink_all(self, files: list[tuple[int, str]]) -> None:
         for _seg, name in files:
@@ -607,12 +596,18 @@ class VBucketWriter:
             return
         self.closed = True
         self._uncount()
-        if self._fd >= 0:
+        if self._out is not None:
             try:
                 self._flush()
-            except OSError:
+            except (OSError, ArchiveError):
                 pass
-            self._close_segment(sync=False)
+            if storage.is_remote(self.dir):
+                # an object is complete or absent: a segment cut short is not uploaded
+                # (its vbucket restarts after the last segment that was)
+                out, self._out = self._out, None
+                out.abort()
+            else:
+                self._close_segment(sync=False)
 
     def __enter__(self) -> "VBucketWriter":
         return self

@@ -31,14 +31,13 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
-from dcptool.archive import Archive, FULL, INCREMENTAL
+from dcptool.archive import Archive, FULL, INCREMENTAL, storage
 from dcptool.archive.errors import NotAnArchiveError
 from dcptool.archive.info import dir_size
-from dcptool.archive.format import (BACKUPS_DIR, COLLECTIONS_VERSION, FORMAT_VERSION,
-                                    sync_filesystem)
+from dcptool.archive.format import (ARCHIVE_JSON, BACKUPS_DIR, COLLECTIONS_VERSION,
+                                    FORMAT_VERSION, sync_filesystem)
 from dcptool.client.events import (
     DELETION,
     EV_CAS,
@@ -235,7 +234,8 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
     starts: dict[int, Position] = {}
     intent = load_backup_intent(archive_path, backup_id)
     try:  # each vbucket's files are this task's alone: one listing serves every writer
-        listing = frozenset(os.listdir(os.path.join(archive_path, BACKUPS_DIR, backup_id)))
+        listing = frozenset(storage.listdir(storage.location(archive_path) / BACKUPS_DIR
+                                            / backup_id))
         by_vb = vbucket_files("", listing)
     except FileNotFoundError:
         listing, by_vb = None, None
@@ -351,8 +351,7 @@ class TaskProgress:
     def __init__(self, backup_dir, name: str, writers: dict[int, Any],
                  plan: dict[int, VBucketPlan], starts: dict[int, Position],
                  base: dict[int, int], interval: float = 0.25):
-        self.path = os.path.join(str(backup_dir), f"{PROGRESS_PREFIX}{name}.tmp")
-        self._tmp = os.path.join(str(backup_dir), f"{PROGRESS_PREFIX}{name}.new.tmp")
+        self.path = storage.location(backup_dir) / f"{PROGRESS_PREFIX}{name}.tmp"
         self.writers = writers
         self.base = base
         self.interval = interval
@@ -380,28 +379,26 @@ class TaskProgress:
 
     def write(self) -> None:
         try:
-            with open(self._tmp, "w") as f:
-                json.dump(self.state(), f)
-            os.replace(self._tmp, self.path)
-        except OSError:
+            storage.atomic_write_bytes(self.path, json.dumps(self.state()).encode(),
+                                       durable=False)
+        except (OSError, DcptoolError):
             pass
 
 
 def poll_task_progress(backup_dir) -> dict[str, int]:
     """The sum of every task's progress file in `backup_dir` (see TaskProgress)."""
     out = {"items": 0, "work": 0, "work_total": 0}
+    where = storage.location(backup_dir)
     try:
-        names = [n for n in os.listdir(backup_dir)
-                 if n.startswith(PROGRESS_PREFIX) and not n.endswith(".new.tmp")]
-    except OSError:
+        names = [n for n in storage.listdir(where) if n.startswith(PROGRESS_PREFIX)]
+    except (OSError, DcptoolError):
         return out
     for n in names:
         try:
-            with open(os.path.join(str(backup_dir), n)) as f:
-                d = json.load(f)
+            d = json.loads(storage.read_bytes(where / n))
             for k in out:
                 out[k] += int(d[k])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, DcptoolError):
             continue
     return out
 
@@ -561,7 +558,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
                 notice: Callable[[str], None] | None = None,
                 include_data=None, exclude_data=None) -> BackupResult:
     t0 = time.monotonic()
-    archive_path = str(Path(archive_path).absolute())
+    archive_path = str(storage.location(archive_path).absolute())
     rl.info("backup of bucket %s on %s into %s (pid %d)", opts.bucket, opts.address,
             archive_path, os.getpid())
     if spark is None:
@@ -581,7 +578,9 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             f"{len(node_man.scopes)} scopes, {node_man.num_collections} collections")
     stream_filter(given, node_man, opts.bucket)  # names given must exist: checked up front
 
-    if Path(archive_path).exists() and any(Path(archive_path).iterdir()):
+    where = storage.location(archive_path)
+    if (where / ARCHIVE_JSON).exists() or (not storage.is_remote(where) and where.exists()
+                                           and any(where.iterdir())):
         try:
             archive = Archive.open(archive_path)
         except NotAnArchiveError:

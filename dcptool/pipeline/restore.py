@@ -486,7 +486,7 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
     archive = Archive.open(os.path.abspath(archive_path))  # tasks may run elsewhere
     sel = selection(include_data, exclude_data, map_data, bucket=archive.bucket,
                     target_bucket=opts.bucket if opts is not None else None)
-    rl.attach(os.path.abspath(archive.path))
+    rl.attach(archive.path.absolute())
     rl.info("restore%s of %s into %s (pid %d)", " dry run" if dry_run else "", archive.path,
             "nothing" if opts is None else f"bucket {opts.bucket} on {opts.address}", os.getpid())
     chain = archive.chain(backup)

@@ -389,9 +389,10 @@ def plan_groups(vbuckets: list[int], partitions: int) -> list[list[int]]:
 PROBE_PREFIX = ".dcptool-probe-"
 
 
-def _digest(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+def _digest(path: Any) -> str:
+    from dcptool.archive import storage
+
+    return hashlib.sha256(storage.read_bytes(storage.location(path))).hexdigest()
 
 
 def probe_failures(spark, directory: str, name: str, digest: str, *, write: bool = False,
@@ -403,19 +404,26 @@ def probe_failures(spark, directory: str, name: str, digest: str, *, write: bool
     n = tasks or 2 * default_parallelism(spark)
 
     def probe(index, _rows):
+        from dcptool.archive import storage
+        from dcptool.errors import DcptoolError
+
         host = socket.gethostname()
-        path = os.path.join(directory, name)
+        root = storage.location(directory)
+        path = root / name
         try:
             if _digest(path) != digest:
                 yield f"{host}: {path} differs from the driver's"
                 return
             if write:
-                mine = os.path.join(directory, f"{PROBE_PREFIX}{secrets.token_hex(4)}-{index}")
-                with open(mine, "wb") as f:
-                    f.write(b"x")
-                os.unlink(mine)
+                mine = root / f"{PROBE_PREFIX}{secrets.token_hex(4)}-{index}"
+                storage.atomic_write_bytes(mine, b"x", durable=False)
+                storage.unlink(mine)
+        except FileNotFoundError as exc:
+            yield f"{host}: no such file {exc.filename or exc}"
         except OSError as exc:
             yield f"{host}: {exc.strerror or exc}{' ' + exc.filename if exc.filename else ''}"
+        except DcptoolError as exc:
+            yield f"{host}: {exc.message}"
 
     from .engine import set_job_group
 
@@ -431,31 +439,38 @@ def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool
     archive must be on a filesystem the driver and every executor share. Reads file `name`
     of the directory (with `write`, or without `name`: a probe file the driver writes and
     removes). Local masters share the driver's machine and are not checked unless `always`."""
+    from dcptool.archive import storage
+
     if not always and context_of(spark).master.startswith("local"):
         return
-    directory = os.path.abspath(os.fspath(directory))
+    root = storage.location(directory)
+    if not storage.is_remote(root):
+        root = storage.location(os.path.abspath(os.fspath(root)))
     own = None
     if name is None or write:
         name = f"{PROBE_PREFIX}{secrets.token_hex(8)}"
-        own = os.path.join(directory, name)
-        with open(own, "wb") as f:
-            f.write(secrets.token_bytes(16))
+        own = root / name
+        storage.atomic_write_bytes(own, secrets.token_bytes(16), durable=False)
     try:
-        failures = probe_failures(spark, directory, name, _digest(os.path.join(directory, name)),
-                                  write=write)
+        failures = probe_failures(spark, str(root), name, _digest(root / name), write=write)
     finally:
         if own is not None:
             try:
-                os.unlink(own)
-            except OSError:
+                storage.unlink(own)
+            except (OSError, DcptoolError):
                 pass
     if failures:
-        raise not_shared(directory, failures)
+        raise not_shared(str(root), failures)
 
 
 def not_shared(directory: str, failures: list[str]) -> DcptoolError:
     """The one-line error for executors that do not see `directory` (see probe_failures)."""
     more = f", and {len(failures) - 1} more hosts" if len(failures) > 1 else ""
+    if directory.startswith("s3://"):
+        return DcptoolError(
+            f"the Spark executors cannot reach {directory} ({failures[0]}{more}): every "
+            "executor needs the object store's endpoint and credentials",
+            hint="see 'Archives on S3' in docs/spark.md")
     return DcptoolError(
         f"the Spark executors do not see {directory} as the driver does ({failures[0]}{more}): "
         "the archive must be on a filesystem shared by the driver and every executor",
