@@ -89,22 +89,28 @@ class PrivilegeError(ClientError):
     """The user lacks a privilege the command needs (exit status 1)."""
 
     def __init__(self, message: str, *, host: str | None = None, username: str | None = None,
-                 privilege: str | None = None) -> None:
+                 privileges: Iterable[str] = ()) -> None:
         super().__init__(message, host=host)
         self.username = username
-        self.privilege = privilege
+        #: the privileges missing, the command's main one first
+        self.privileges = tuple(privileges)
+        self.privilege = self.privileges[0] if self.privileges else None
 
     def __reduce__(self):  # Spark ships errors between processes
-        return (_rebuild, (self.message, self.host, self.username, self.privilege))
+        return (_rebuild, (self.message, self.host, self.username, self.privileges))
 
 
-def _rebuild(message, host, username, privilege) -> "PrivilegeError":
-    return PrivilegeError(message, host=host, username=username, privilege=privilege)
+def _rebuild(message, host, username, privileges) -> "PrivilegeError":
+    return PrivilegeError(message, host=host, username=username, privileges=privileges)
+
+
+def _join(names: Iterable[str], word: str) -> str:
+    names = list(names)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" {word} " + names[-1]
 
 
 def _or(names: Iterable[str]) -> str:
-    names = list(names)
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    return _join(names, "or")
 
 
 def granted_by(*privileges: str) -> str:
@@ -113,8 +119,10 @@ def granted_by(*privileges: str) -> str:
     node = [r for r in NODE_ROLES.get(privileges[0], ("admin",))
             if all(r in NODE_ROLES.get(p, ("admin",)) for p in privileges)] or ["admin"]
     text = f"the {_or(node)} role"
-    server = [r for r in SERVER_ROLES.get(privileges[0], ())
-              if all(r in SERVER_ROLES.get(p, ()) for p in privileges)]
+    # Couchbase Server has no HWT or cluster privileges: the others decide
+    on_server = [p for p in privileges if p in SERVER_ROLES]
+    server = [r for r in SERVER_ROLES[on_server[0]]
+              if all(r in SERVER_ROLES[p] for p in on_server)] if on_server else []
     if server:
         text += f" (Couchbase Server: {_or(server)})"
     return text
@@ -129,9 +137,9 @@ def privilege_error(username: str, privileges: str | Iterable[str], what: str, a
     how = "lost" if lost else "lacks"
     them = "privilege" if len(names) == 1 else "privileges"
     grant = "grants it" if len(names) == 1 else "grants them"
-    return PrivilegeError(f"user '{username}' {how} the {' and '.join(names)} {them} needed to "
-                          f"{what} {where}; {granted_by(*names)} {grant}",
-                          host=address, username=username, privilege=names[0])
+    return PrivilegeError(f"user '{username}' {how} the {_join(names, 'and')} {them} needed "
+                          f"to {what} {where}; {granted_by(*names)} {grant}",
+                          host=address, username=username, privileges=names)
 
 
 def privilege_lost(opts: "ConnOptions", privilege: str, what: str) -> PrivilegeError:
