@@ -29,7 +29,7 @@ DOCS = 40
 #: user -> role; each user's password is f"{user}-pw-4711"
 USERS = {"bk": "backup", "rd": "reader", "rs": "restore", "wr": "writer", "sa": "scope_admin",
          # users whose role a test changes while its command runs
-         "rs2": "restore", "bk2": "backup"}
+         "rs2": "restore", "bk2": "backup", "wr2": "writer"}
 
 
 def pw(user: str) -> str:
@@ -299,3 +299,28 @@ def test_tail_losing_its_role_ends_in_one_line(node, tmp_path):
     assert len(lines) == 1, err
     assert "user 'bk2' lost the DcpProducer privilege" in lines[0]
     assert "backup or admin role" in lines[0]
+
+
+def test_open_connection_gets_the_changed_role(node):
+    """The node applies a changed users file to connections already open."""
+    from dcptool.client import Connection
+    from dcptool.protocol.constants import Status
+    from dcptool.protocol.messages import Set
+    from dcptool.protocol.vbucket import vbucket_of
+
+    key = b"wr2-key"
+    with Connection.open(node.host, node.port, username="wr2", password=pw("wr2"),
+                         bucket=node.bucket) as c:
+        def write() -> int:
+            return c.request(Set(key=key, value=b"x", vbucket=vbucket_of(key, VBS))).status
+
+        assert write() == Status.SUCCESS
+        _set_role(node, "wr2", "reader")
+        deadline = time.monotonic() + 10
+        while write() != Status.EACCESS:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        _set_role(node, "wr2", "writer")
+        while write() != Status.SUCCESS:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
