@@ -376,7 +376,7 @@ complete -c dcptool -n '__dcptool_at merge' -s h -l help -d 'Show this message a
 complete -c dcptool -n '__dcptool_at merge' -F
 complete -c dcptool -n '__dcptool_at node' -a 'start' -d 'Run a node in the foreground until SIGTERM or SIGINT'
 complete -c dcptool -n '__dcptool_at node' -a 'status' -d 'Whether the node runs, its port, and per-vbucket seqnos and failover log heads'
-complete -c dcptool -n '__dcptool_at node' -a 'user' -d 'Manage the node\'s users offline (in DIR/users.json'
+complete -c dcptool -n '__dcptool_at node' -a 'user' -d 'Manage the node\'s users (in DIR/users.json)'
 complete -c dcptool -n '__dcptool_at node' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at node start' -l data -r -F -d 'Directory for the node\'s database, users, node.json and logs'
 complete -c dcptool -n '__dcptool_at node start' -l host -x -d 'Address to listen on'

@@ -74,7 +74,10 @@ EXIT_BROKEN_PIPE = 141
 EXIT_STATUS = (
     (EXIT_OK, "Success."),
     (EXIT_FAILURE, "Failure: the work could not be done (the node could not be reached, a "
-                   "task failed, ...), or a check found problems (verify, decode, examine)."),
+                   "task failed, the user lacks a privilege the command needs, ...), or a "
+                   "check found problems (verify, decode, examine). A missing privilege is "
+                   "found before any work starts: one line names the user, the privilege and "
+                   "the roles that grant it."),
     (EXIT_USAGE, "Usage error: bad options or arguments, no such archive, no password given."),
     (EXIT_LOCKED, "The archive is locked by another backup or merge, or (node start) a "
                   "running node holds the data directory; try again later."),

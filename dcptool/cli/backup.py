@@ -10,13 +10,18 @@ from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
 from dcptool.cli.output import console, detail, human_bytes, note, print_json, show_progress
+from dcptool.client.privileges import (
+    DCP_PRODUCER, META_WRITE, WATERMARK_WRITE, check_privileges,
+)
 from dcptool.client.vbspec import parse_vbuckets
 
 
 manual(
     "backup",
     exit_codes=(3,),
-    exit_note="A failed run (1) keeps its partial backup; the next run resumes it.",
+    exit_note="A failed run (1) keeps its partial backup; the next run resumes it. A user "
+              "without the DcpProducer privilege (or WatermarkWrite, unless --no-watermark) "
+              "is refused (1) before Spark starts and before the archive is touched.",
     files=(
         ("ARCHIVE/archive.json", "What the archive is (bucket, vbuckets); written once."),
         ("ARCHIVE/backups/ID/", "One directory per backup; manifest.json is written last, so a "
@@ -32,7 +37,10 @@ manual(
 
 manual(
     "restore",
-    exit_note="1 when any document could not be written (the counts and the run log name them).",
+    exit_note="1 when any document could not be written (the counts and the run log name "
+              "them), or when the user lacks the MetaWrite privilege: refused before anything "
+              "is written, or, when the privilege is lost during the run, stopped at the first "
+              "refused write, with one line.",
     files=(
         ("ARCHIVE/backups/ID/", "The backups read (never changed)."),
         ("ARCHIVE/logs/restore-TIME.log", "The log of each run (mode 0600): per vbucket what was "
@@ -120,6 +128,10 @@ def backup(
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
     opts = conn_args.options()
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
+    # before Spark starts and before the archive is touched: a user who may not stream
+    # (or register the watermark) is told so in one line and nothing is left behind
+    check_privileges(opts, "back up", DCP_PRODUCER,
+                     *([] if no_watermark else [WATERMARK_WRITE]))
     show = show_progress(no_progress or json_out)
     err = console(stderr=True)
     progress_cb = None
@@ -255,6 +267,7 @@ def restore(
     opts = None
     if not dry_run:
         opts = conn_args.options()
+        check_privileges(opts, "restore into", META_WRITE)  # before anything is written
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs, key_filter=filter_keys,
                          force=force_updates, dry_run=dry_run, partitions=partitions, master=master,

@@ -14,6 +14,7 @@ from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json
+from dcptool.client.privileges import NODE_MANAGEMENT, PrivilegeError, check_privileges
 from dcptool.client.vbmove import (
     STATE_NAMES,
     gather,
@@ -27,6 +28,7 @@ from dcptool.errors import DcptoolError, UsageError
 
 manual(
     "cluster",
+    exit_note="1 when the user lacks the NodeManagement privilege (the admin role).",
     see_also=("node", "failover-log", "backup"),
 )
 
@@ -43,6 +45,25 @@ app.add_typer(cluster_app, name="cluster")
 
 NodesOpt = Annotated[List[str], typer.Option(
     "-c", "--cluster", metavar="URL", help="A node (repeat for every member).")]
+
+
+#: what the cluster commands do, for the error of a user who may not
+MANAGE = "manage the cluster at"
+
+
+def _check_first(conn_args: ConnArgs, urls) -> None:
+    """Check NodeManagement on the first of `urls` that answers (a member may be down:
+    the command says so itself when none answers)."""
+    from dcptool.client.errors import ClientError
+
+    for url in urls:
+        try:
+            check_privileges(conn_args.options(url), MANAGE, NODE_MANAGEMENT, bucket=False)
+            return
+        except PrivilegeError:
+            raise
+        except ClientError:
+            continue
 
 
 @cluster_app.command("create")
@@ -77,6 +98,8 @@ def create(
     if topology not in ("star", "chain"):
         raise UsageError("--topology must be star or chain")
     opts = [conn_args.options(c) for c in cluster]
+    for o in opts:
+        check_privileges(o, MANAGE, NODE_MANAGEMENT, bucket=False)
     counts, revs, statuses = set(), [0], {}
     for i, o in enumerate(opts):
         with o.connect() as conn:
@@ -118,6 +141,7 @@ def status(
     Example: dcptool cluster status -c 127.0.0.1:11210 --json
     """
     opts = conn_args.options(cluster)
+    check_privileges(opts, MANAGE, NODE_MANAGEMENT, bucket=False)
     view, statuses = gather(opts, conn_args.options)
     high: dict[int, dict[int, int]] = {}
     for i, st in statuses.items():
@@ -184,6 +208,7 @@ def failover(
     failed = node_address(cluster)
     view = statuses = None
     tried = [via] if via else []
+    _check_first(conn_args, tried + [failed])
     for candidate in tried + [failed]:
         try:
             o = conn_args.options(candidate)
@@ -256,6 +281,7 @@ def move(
 
     Example: dcptool cluster move -c 127.0.0.1:11210 --vbuckets 0-3 --to 127.0.0.1:11211
     """
+    _check_first(conn_args, cluster)
     out = console()
 
     def before(vb: int, src: str, dest: str) -> None:

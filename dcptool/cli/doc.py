@@ -20,12 +20,14 @@ from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json
+from dcptool.client.privileges import READ, WRITE, check_privileges
 from dcptool.errors import DcptoolError, UsageError
 
 
 manual(
     "doc",
-    exit_note="1 when get or delete finds no such document.",
+    exit_note="1 when get or delete finds no such document, or the user lacks the privilege "
+              "(Read to get, Write to set, delete and load).",
     see_also=("node", "tail"),
 )
 
@@ -136,6 +138,7 @@ def set_doc(
 
     raw = _value_bytes(value, key)
     opts = conn_args.options()
+    check_privileges(opts, "write documents in", WRITE)
     k = key.encode("utf-8")
     conn, prefix = _open(opts, collection)
     with conn:
@@ -171,6 +174,7 @@ def get_doc(
     from dcptool.protocol.snappy import plain
 
     opts = conn_args.options()
+    check_privileges(opts, "read documents in", READ)
     k = key.encode("utf-8")
     conn, prefix = _open(opts, collection)
     with conn:
@@ -214,6 +218,7 @@ def delete_doc(
     from dcptool.protocol import Delete, vbucket_of
 
     opts = conn_args.options()
+    check_privileges(opts, "delete documents in", WRITE)
     k = key.encode("utf-8")
     conn, prefix = _open(opts, collection)
     with conn:
@@ -252,6 +257,7 @@ def load_docs(
     from dcptool.protocol.constants import Status
 
     opts = conn_args.options()
+    check_privileges(opts, "write documents in", WRITE)
     t0 = time.monotonic()
     conn, pfx = _open(opts, collection)
     with conn:

@@ -11,11 +11,13 @@ from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json
 from dcptool.client import get_failover_logs, get_vbucket_seqnos
+from dcptool.client.privileges import META_READ, check_privileges
 from dcptool.client.vbspec import parse_vbuckets
 
 
 manual(
     "failover-log",
+    exit_note="1 when the user lacks the MetaRead privilege (every role holds it).",
     see_also=("tail", "node", "cluster"),
 )
 
@@ -39,6 +41,7 @@ def failover_log(
     """
     vbs = parse_vbuckets(vbuckets)
     opts = conn_args.options()
+    check_privileges(opts, "read the failover logs of", META_READ)
     from dcptool.pipeline.nodeinfo import active_nodes, node_opts
 
     with opts.connect(collections=True) as conn:  # the same answer with or without

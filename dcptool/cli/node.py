@@ -339,7 +339,9 @@ def status(
 
 user_app = typer.Typer(
     name="user",
-    help="""Manage the node's users offline (in DIR/users.json; restart the node to apply).
+    help="""Manage the node's users (in DIR/users.json). A running node applies a change
+    within a second, to connections already open too (the DCP streams of a user who lost
+    the backup role end), as Couchbase Server applies a role change.
 
     Roles: admin (everything), backup (DCP streams, failover logs, watermarks), restore
     (the *_WITH_META writes), reader (GET), writer (SET, DELETE). Every role may also read

@@ -39,6 +39,7 @@ from dcptool.client.events import (EV_ADVANCED_SEQNO, EV_END_REASON, EV_END_RETR
                                    EV_SNAP_FLAGS, EV_SNAP_START, EV_SYSTEM_EVENT, EV_VBUCKET,
                                    SYSTEM_EVENT)
 from dcptool.client.options import ConnOptions
+from dcptool.client.privileges import DCP_PRODUCER, WATERMARK_WRITE, check_privileges
 from dcptool.client.tracker import PositionTracker
 from dcptool.client.vbspec import parse_vbuckets
 from dcptool.errors import UsageError
@@ -59,7 +60,9 @@ manual(
     "tail",
     exit_codes=(4,),
     exit_note="0 on Ctrl-C or SIGTERM, after --state is saved. 4 with --fail-on-rollback when the "
-              "node asks for a rollback.",
+              "node asks for a rollback. 1 when the user lacks the DcpProducer privilege (or "
+              "WatermarkWrite with --watermark), before anything streams, or loses it while "
+              "streaming.",
     files=(
         ("STATEFILE", "Positions saved by --state (JSON), read back by --from or --state on the "
                       "next run."),
@@ -394,6 +397,8 @@ def tail(
     if saved is not None and saved.bucket and saved.bucket != opts.bucket:
         raise UsageError(f"state file {start} holds positions of bucket '{saved.bucket}', "
                          f"not '{opts.bucket}'")
+    check_privileges(opts, "stream from", DCP_PRODUCER,
+                     *([WATERMARK_WRITE] if watermark else []))
 
     conn = opts.connect(collections=True)
     try:

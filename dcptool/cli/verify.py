@@ -13,12 +13,14 @@ from dcptool.cli.backup import MasterOpt, PartitionsOpt
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
 from dcptool.cli.output import note, print_json
+from dcptool.client.privileges import DCP_PRODUCER, check_privileges
 
 
 manual(
     "verify",
     exit_note="1 when the archive has a problem (or, with --against, when the node's data "
-              "differs); each problem is printed, naming the file or vbucket.",
+              "differs); each problem is printed, naming the file or vbucket. With --against, "
+              "1 when the user lacks the DcpProducer privilege (before Spark starts).",
     files=(
         ("ARCHIVE/", "The archive (read only); see docs/archive-format.md."),
     ),
@@ -97,6 +99,7 @@ def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, 
 
     Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
     opts = conn_args.options()
+    check_privileges(opts, "verify an archive against", DCP_PRODUCER)  # before Spark starts
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     report = run_verify_against(archive, opts, backup=backup_id, vbuckets=vbs,
                                 partitions=partitions, master=master)

@@ -20,11 +20,14 @@ from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
 from dcptool.cli.output import console, print_json, rough_duration
+from dcptool.client.privileges import WATERMARK_READ, WATERMARK_WRITE, check_privileges
 from dcptool.errors import DcptoolError, UsageError
 
 
 manual(
     "watermark",
+    exit_note="1 when the user lacks the privilege: WatermarkRead to list, WatermarkWrite to "
+              "register or remove.",
     see_also=("backup", "tail", "node"),
 )
 
@@ -155,6 +158,7 @@ def register(
     if not vbs:
         raise UsageError(f"archive {archive} holds no backed-up vbucket yet")
     opts = conn_args.options()
+    check_privileges(opts, "register a high watermark in", WATERMARK_WRITE)
     with opts.connect() as conn:
         answer = register_watermark(conn, name, instance, vbs, ttl=ttl_s, meta=meta_doc or None)
     if json_out:
@@ -189,6 +193,7 @@ def list_(
     from dcptool.client.watermark import list_watermarks
 
     opts = conn_args.options()
+    check_privileges(opts, "list the high watermarks of", WATERMARK_READ)
     with opts.connect() as conn:
         table = list_watermarks(conn, name)
     if json_out:
@@ -277,6 +282,7 @@ def remove(
     if not name:
         raise UsageError("--name is required")
     opts = conn_args.options()
+    check_privileges(opts, "remove a high watermark from", WATERMARK_WRITE)
     with opts.connect() as conn:
         try:
             removed = remove_watermark(conn, name, instance)

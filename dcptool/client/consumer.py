@@ -55,7 +55,9 @@ class DcpConsumer:
         # keys are doc keys when the node accepted Collections (HELLO 0x12)
         collections = Feature.COLLECTIONS in getattr(conn, "features", ())
         self.session = session or DcpSession(config, on_rollback=on_rollback, address=conn.address,
-                                             snappy=snappy, collections=collections)
+                                             snappy=snappy, collections=collections,
+                                             username=getattr(conn, "username", None),
+                                             bucket=getattr(conn, "bucket", None))
         self.config = self.session.config
         self._buf = bytearray(max(recv_buffer, 64 * 1024))
         self._mv = memoryview(self._buf)

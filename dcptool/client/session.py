@@ -221,8 +221,12 @@ class DcpSession:
 
     def __init__(self, config: SessionConfig | None = None, *,
                  on_rollback: RollbackCallback | None = None, address: str = "node",
-                 snappy: bool = False, collections: bool | None = None) -> None:
+                 snappy: bool = False, collections: bool | None = None,
+                 username: str | None = None, bucket: str | None = None) -> None:
         self.config = config or SessionConfig()
+        #: who streams what (for the error when the node refuses the DCP connection)
+        self.username = username
+        self.bucket = bucket
         #: the connection negotiated HELLO Collections (None: as the config asks)
         self.collections = self.config.collections if collections is None else bool(collections)
         #: the caller wants doc keys but the node sends plain ones: prefix them (0x00)
@@ -714,7 +718,12 @@ class DcpSession:
         if kind == "stream":
             self._stream_response(self._by_opaque.get(opaque), msg, out)
         elif kind == "open":
-            if status != Status.SUCCESS:
+            if status == Status.EACCESS and self.username is not None:
+                from .privileges import DCP_PRODUCER, privilege_error
+
+                self._fail(None, privilege_error(self.username, DCP_PRODUCER, "stream from",
+                                                 self.address, self.bucket))
+            elif status != Status.SUCCESS:
                 self._fail(None, RequestFailed(
                     f"{self.address} refused to open a DCP connection: {status_name(status)}",
                     host=self.address, status=status, opcode=frame.opcode))
@@ -825,6 +834,16 @@ class DcpSession:
                                             and self._last[vb] >= st.marker_end):
             st.snapshot_done()
         st.reason = reason
+        if reason == StreamEndReason.LOST_PRIVILEGES and self.username is not None:
+            # the user's roles changed: every stream of the connection ends the same way,
+            # and the run with one error
+            from .privileges import DCP_PRODUCER, privilege_error
+
+            st.state = ENDED
+            if not any(getattr(e, "privilege", None) == DCP_PRODUCER for e in self.errors):
+                self._fail(st, privilege_error(self.username, DCP_PRODUCER, "stream from",
+                                               self.address, self.bucket, lost=True))
+            return
         if reason in RETRY_REASONS and st.state != CLOSING:
             out.append((STREAM_END, vb, int(reason), True))
             st.reset(self.position(vb, consistent=False))

@@ -9,7 +9,10 @@ everything, marks a clean shutdown and returns.
 Shared state, and why it exists:
 
 * `bucket`: the one bucket this node serves (vbuckets, storage, checkpoints).
-* `users`: credentials for SASL.
+* `users`: credentials and roles for SASL and REST, read again when `DIR/users.json`
+  changes (`dcptool node user add` on a running node): open connections get their
+  user's new privileges, and the streams of a DCP producer whose user lost DcpProducer
+  end (LostPrivileges), as Couchbase Server applies a role change to open connections.
 * `connections`: live client connections (closed at shutdown; counted in stats).
 * `backfills`: admission control for disk backfills (read transactions).
 * `config_rev`: revision of the cluster map; bumped when a vbucket changes state.
@@ -203,6 +206,7 @@ class Node:
             self.rest_port, self.rest_tls_port = self.rest.port, self.rest.tls_port
             self._tasks.append(loop.create_task(self._expiry_pager()))
             self._tasks.append(loop.create_task(bucket.purger.run_scheduled()))
+            self._tasks.append(loop.create_task(self._users_watcher()))
             self._write_node_file()
             announce(f"listening on {self.config.host}:{self.port}")
             if self.tls_port is not None:
@@ -266,6 +270,53 @@ class Node:
                 self.bucket.run_expiry_pager()
             except Exception:  # pragma: no cover - keep paging
                 log.exception("expiry pager failed")
+
+    async def _users_watcher(self, interval: float = 0.25) -> None:
+        """Read the users file again when it changes and apply it to open connections."""
+        path = self.users.path
+
+        def stamp():
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+        seen = stamp()
+        while True:
+            await asyncio.sleep(interval)
+            now = stamp()
+            if now == seen or now is None:
+                continue
+            seen = now
+            try:
+                users = Users.load(path.parent)
+            except Exception as exc:  # a half-written or broken file: keep the users we have
+                log.warning("users file changed but cannot be read; keeping the users: %s", exc)
+                continue
+            self.users = users
+            self.apply_users()
+            log.info("users file changed: %d users", len(users.users))
+
+    def apply_users(self) -> None:
+        """Give every authenticated connection its user's privileges as the users now say;
+        end the streams of a DCP producer whose user may no longer stream (StreamEnd
+        LostPrivileges, as kv_engine does; its further requests get EACCESS)."""
+        from dcptool.protocol.constants import StreamEndReason
+
+        from .access import Privilege
+
+        for conn in list(self.connections):
+            if not getattr(conn, "authenticated", False) or conn.user is None:
+                continue
+            conn.privileges = self.users.privileges(conn.user)
+            producer = conn.producer
+            if producer is not None and Privilege.DCP_PRODUCER not in conn.privileges:
+                streams = list(producer.streams.values())
+                log.info("%s: user %r lost DcpProducer: ending its %d DCP streams",
+                         conn.peer, conn.user, len(streams))
+                for s in streams:
+                    s.end_stream(StreamEndReason.LOST_PRIVILEGES)
 
     def _write_node_file(self) -> None:
         doc = {

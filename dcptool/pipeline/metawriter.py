@@ -233,6 +233,13 @@ class MetaWriter:
                 self.counts.skipped[kind] += 1
             elif status in _RETRY and attempt < self.max_retries:
                 retry.append(rec)
+            elif status == Status.EACCESS:
+                # the user's roles changed during the run: every further write would be
+                # refused too, so the run ends here with one error
+                from dcptool.client.privileges import META_WRITE, privilege_error
+
+                raise privilege_error(self.conn.username or "?", META_WRITE, "restore into",
+                                      self.conn.address, self.conn.bucket, lost=True)
             elif status == Status.NOT_MY_VBUCKET:
                 vb = _vbucket_of_record(rec[1], self.vbuckets, self.prefixed)
                 raise NotMyVbucketError(

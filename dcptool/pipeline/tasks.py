@@ -12,8 +12,11 @@ import functools
 import json
 from typing import Any, Callable, TypeVar
 
+from dcptool.client.privileges import PrivilegeError
 from dcptool.errors import DcptoolError
 
+#: PrivilegeError's name as a TaskError carries it
+_PRIVILEGE_ERROR = f"{PrivilegeError.__module__}.{PrivilegeError.__qualname__}"
 #: the start of a TaskError's text; what follows on the line is its JSON
 MARK = "dcptool-task-error "
 
@@ -86,6 +89,9 @@ def task_failure(exc: BaseException, what: str, hint: str) -> TaskFailed:
     if doc is not None:
         msg = str(doc.get("message") or "").splitlines()
         cause = msg[0] if msg else str(doc.get("type"))
+        if doc.get("type") == _PRIVILEGE_ERROR:
+            # a missing privilege is the whole story: rerunning does not help
+            return TaskFailed(cause, hint=None, cause_type=doc.get("type"), cause_message=cause)
         return TaskFailed(f"{what} failed: {cause}", hint=hint, cause_type=doc.get("type"),
                           cause_message=cause)
     lines = [line for line in str(exc).splitlines() if line.strip()]
