@@ -301,7 +301,7 @@ def load_docs(
         raise DcptoolError(failure_text(done.failed, name))
     seconds = time.monotonic() - t0
     out = {"count": count, "first": f"{prefix}{start}", "last": f"{prefix}{start + count - 1}",
-           "seconds": round(seconds, 3)}
+           "seconds": round(seconds, 3), "members": members, "resent": done.resent}
     if json_out:
         print_json(out)
     else:
