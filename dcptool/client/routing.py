@@ -102,6 +102,10 @@ class Router:
     `collections`: every connection negotiates HELLO Collections (keys carry their
     collection id)."""
 
+    #: `write` hands each member up to DEPTH windows at a time (two in flight)
+    DEPTH = 4
+    _window = 1000
+
     def __init__(self, opts, conn: Connection, *, collections: bool = False,
                  reroute_seconds: float = REROUTE_SECONDS, view: ClusterView | None = None) -> None:
         self.opts = opts
@@ -239,19 +243,20 @@ class Router:
     def write(self, items: Iterable[tuple[int, int, bytes]], *, window: int = 1000,
               name: Callable[[int], str] = str, stop_on_failure: bool = True) -> WriteOutcome:
         """Send `items` (index, vbucket, encoded request whose opaque is index mod 2**32):
-        each to its vbucket's active, up to `window` requests per member at a time, the
-        members in parallel. A request answered NOT_MY_VBUCKET, TMPFAIL, or unanswered when
+        each to its vbucket's active, in windows of `window` requests, two in flight per
+        member, the members in parallel. A request answered NOT_MY_VBUCKET, TMPFAIL, or unanswered when
         its member's connection broke, is sent again (so requests must be idempotent, as
         SET is); one answered SUCCESS counts as written and is never sent again.
         `stop_on_failure`: return after the first window with a failure. `name(index)`
         names an item in a RoutingError."""
         out = WriteOutcome()
+        self._window = max(1, window)
         it = iter(items)
         pool = (ThreadPoolExecutor(max_workers=len(self.members), thread_name_prefix="dcptool-write")
                 if self.clustered else None)
         try:
             while True:
-                chunk = list(islice(it, window * max(1, len(self.members))))
+                chunk = list(islice(it, window * self.DEPTH * max(1, len(self.members))))
                 if not chunk:
                     break
                 self._write_chunk(chunk, out, name, pool)
@@ -318,10 +323,18 @@ class Router:
         """Send `batch` to `node` and read every answer (runs in a worker thread)."""
         res = _Window()
         waiting = {item[0] & 0xFFFFFFFF: item for item in batch}
+        step = self._window
         try:
             conn = self.connection(node)
-            conn.send_bytes(b"".join(item[2] for item in batch))
+            # up to two windows in flight: the node applies one while the next arrives
+            sent = min(len(batch), 2 * step)
+            conn.send_bytes(b"".join(item[2] for item in batch[:sent]))
+            answered = 0
             while waiting:
+                if sent < len(batch) and answered >= sent - step:
+                    nxt = min(len(batch), sent + step)
+                    conn.send_bytes(b"".join(item[2] for item in batch[sent:nxt]))
+                    sent = nxt
                 frame = conn.recv_frame()
                 if frame.magic in REQUEST_MAGICS:
                     continue  # a server-initiated request (a config push): not an answer
@@ -329,6 +342,7 @@ class Router:
                 if item is None:
                     raise ProtocolViolation(f"{node} answered an unknown request (opaque "
                                             f"{frame.opaque})", host=node)
+                answered += 1
                 st = frame.status
                 if st == Status.SUCCESS:
                     res.ok += 1
