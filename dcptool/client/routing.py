@@ -244,15 +244,17 @@ class Router:
               name: Callable[[int], str] = str, stop_on_failure: bool = True) -> WriteOutcome:
         """Send `items` (index, vbucket, encoded request whose opaque is index mod 2**32):
         each to its vbucket's active, in windows of `window` requests, two in flight per
-        member, the members in parallel. A request answered NOT_MY_VBUCKET, TMPFAIL, or unanswered when
-        its member's connection broke, is sent again (so requests must be idempotent, as
-        SET is); one answered SUCCESS counts as written and is never sent again.
+        member, the members in parallel. A request answered NOT_MY_VBUCKET or TMPFAIL, or
+        unanswered when its member's connection broke, is sent again (so requests must be
+        idempotent, as SET is); one answered SUCCESS counts as written and is never sent
+        again.
         `stop_on_failure`: return after the first window with a failure. `name(index)`
         names an item in a RoutingError."""
         out = WriteOutcome()
         self._window = max(1, window)
         it = iter(items)
-        pool = (ThreadPoolExecutor(max_workers=len(self.members), thread_name_prefix="dcptool-write")
+        pool = (ThreadPoolExecutor(max_workers=len(self.members),
+                                   thread_name_prefix="dcptool-write")
                 if self.clustered else None)
         try:
             while True:
