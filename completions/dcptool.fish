@@ -125,7 +125,7 @@ complete -c dcptool -n '__dcptool_at' -a 'backup' -d 'Back up a bucket into an a
 complete -c dcptool -n '__dcptool_at' -a 'cluster' -d 'Run several reference nodes as one cluster: replicas, failover'
 complete -c dcptool -n '__dcptool_at' -a 'collection' -d 'List, create and drop a bucket\'s scopes and collections (over its REST port)'
 complete -c dcptool -n '__dcptool_at' -a 'decode' -d 'Decode memcached/DCP frames and print each with its decoded fields'
-complete -c dcptool -n '__dcptool_at' -a 'doc' -d 'Write, read and delete documents on a node (set, get, delete, load)'
+complete -c dcptool -n '__dcptool_at' -a 'doc' -d 'Write, read and delete documents on a node or a cluster (set, get, delete, load)'
 complete -c dcptool -n '__dcptool_at' -a 'engine' -d 'Keep Spark running between commands, so they skip its start-up'
 complete -c dcptool -n '__dcptool_at' -a 'examine' -d 'Show every version of one key across the archive\'s backups'
 complete -c dcptool -n '__dcptool_at' -a 'export' -d 'Write an archive\'s records (or resolved documents) as Parquet or JSON lines'

@@ -2,9 +2,11 @@
 
 Handy for trying dcptool out (the README tour writes its documents with it) and for
 checking what a restore wrote. The key's vbucket is computed the way Couchbase clients do
-(CRC32 of the key, modulo the node's vbucket count), so the node given with -c must hold
-that vbucket: use it with a single node (dcptool's reference node, or a one-node Couchbase
-Server); a multi-node Couchbase cluster answers NOT_MY_VBUCKET for keys it holds elsewhere.
+(CRC32 of the key, modulo the bucket's vbucket count). -c may name a node alone or any
+member of a cluster: the cluster map is read from it and each key goes to the member where
+its vbucket is active (`dcptool.client.routing.Router`); a request answered NOT_MY_VBUCKET
+(a move), or whose member cannot be reached (a failover under way), goes again to the
+active the new map names. `doc load` writes pipelined, to every member in parallel.
 """
 from __future__ import annotations
 
@@ -34,7 +36,11 @@ manual(
 
 doc_app = typer.Typer(
     name="doc",
-    help="""Write, read and delete documents on a node (set, get, delete, load).
+    help="""Write, read and delete documents on a node or a cluster (set, get, delete, load).
+
+    -c names a node alone or any member of a cluster: each key goes to the member that
+    holds its vbucket active, and again to the new one after a move or a failover (for up
+    to --timeout seconds without a write getting through).
 
     Example: dcptool doc set airline_10 '{"name": "40-Mile Air"}' -c 127.0.0.1:11210
     """,
@@ -85,13 +91,32 @@ def _vbuckets(conn) -> int:
     return n
 
 
-def _check(rsp, what: str, key: str, conn) -> None:
+def _route(opts, collection: Optional[str]):
+    """(router, key prefix, vbucket count): the routes of the bucket as the cluster map of
+    the node given says, over the connection `_open` made."""
+    from dcptool.client.routing import Router
+
+    conn, prefix = _open(opts, collection)
+    try:
+        router = Router(opts, conn, collections=collection is not None,
+                        reroute_seconds=opts.timeout)
+        nvb = router.vbuckets or _vbuckets(conn)
+    except BaseException:
+        conn.close()
+        raise
+    if nvb <= 0:
+        router.close()
+        raise DcptoolError(f"{conn.address} reports no vbuckets")
+    return router, prefix, nvb
+
+
+def _check(rsp, what: str, key: str, address: str) -> None:
     from dcptool.client.connection import raise_for_status
     from dcptool.protocol.constants import Status
 
     if rsp.status == Status.KEY_ENOENT:
-        raise DcptoolError(f"no document '{key}' on {conn.address}")
-    raise_for_status(rsp, what, address=conn.address)
+        raise DcptoolError(f"no document '{key}' on {address}")
+    raise_for_status(rsp, what, address=address)
 
 
 def _value_bytes(value: Optional[str], key: str) -> bytes:
@@ -140,12 +165,13 @@ def set_doc(
     opts = conn_args.options()
     check_privileges(opts, "write documents in", WRITE)
     k = key.encode("utf-8")
-    conn, prefix = _open(opts, collection)
-    with conn:
-        vb = vbucket_of(k, _vbuckets(conn))
-        rsp = conn.request(Set(key=prefix + k, value=raw, flags=flags, expiry=expiry, vbucket=vb,
-                               datatype=1 if _is_json(raw) else 0))
-        _check(rsp, "SET", key, conn)
+    router, prefix, nvb = _route(opts, collection)
+    with router:
+        vb = vbucket_of(k, nvb)
+        rsp, node = router.request(vb, Set(key=prefix + k, value=raw, flags=flags, expiry=expiry,
+                                           vbucket=vb, datatype=1 if _is_json(raw) else 0),
+                                   what="SET")
+        _check(rsp, "SET", key, node)
     seqno = getattr(rsp, "mutation_seqno", None)
     out = {"key": key, "collection": collection or "_default._default", "vbucket": vb, "cas": rsp.cas,
            "seqno": seqno[1] if seqno else None, "bytes": len(raw)}
@@ -176,15 +202,15 @@ def get_doc(
     opts = conn_args.options()
     check_privileges(opts, "read documents in", READ)
     k = key.encode("utf-8")
-    conn, prefix = _open(opts, collection)
-    with conn:
-        vb = vbucket_of(k, _vbuckets(conn))
-        rsp = conn.request(Get(key=prefix + k, vbucket=vb))
-        _check(rsp, "GET", key, conn)
+    router, prefix, nvb = _route(opts, collection)
+    with router:
+        vb = vbucket_of(k, nvb)
+        rsp, node = router.request(vb, Get(key=prefix + k, vbucket=vb), what="GET")
+        _check(rsp, "GET", key, node)
     try:
         value, datatype = plain(rsp.value, rsp.datatype)
     except ProtocolError as exc:
-        raise DcptoolError(f"{opts.address} sent '{key}' snappy-compressed, but the value "
+        raise DcptoolError(f"{node} sent '{key}' snappy-compressed, but the value "
                            f"does not decompress: {exc.reason}") from None
     value = bytes(value)
     if not json_out:
@@ -220,11 +246,11 @@ def delete_doc(
     opts = conn_args.options()
     check_privileges(opts, "delete documents in", WRITE)
     k = key.encode("utf-8")
-    conn, prefix = _open(opts, collection)
-    with conn:
-        vb = vbucket_of(k, _vbuckets(conn))
-        rsp = conn.request(Delete(key=prefix + k, vbucket=vb))
-        _check(rsp, "DELETE", key, conn)
+    router, prefix, nvb = _route(opts, collection)
+    with router:
+        vb = vbucket_of(k, nvb)
+        rsp, node = router.request(vb, Delete(key=prefix + k, vbucket=vb), what="DELETE")
+        _check(rsp, "DELETE", key, node)
     seqno = getattr(rsp, "mutation_seqno", None)
     out = {"key": key, "collection": collection or "_default._default", "vbucket": vb, "cas": rsp.cas, "seqno": seqno[1] if seqno else None}
     if json_out:
@@ -249,45 +275,42 @@ def load_docs(
     conn_args: ConnArgs = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write COUNT small JSON sample documents (pipelined, thousands per second).
+    """Write COUNT small JSON sample documents (pipelined, thousands per second). On a
+    cluster every member is written in parallel, each key to the member where its vbucket
+    is active.
 
     Example: dcptool doc load --count 1000 --prefix user::
     """
+    from dcptool.client.routing import failure_text
     from dcptool.protocol import Set, vbucket_of
-    from dcptool.protocol.constants import Status
 
     opts = conn_args.options()
     check_privileges(opts, "write documents in", WRITE)
     t0 = time.monotonic()
-    conn, pfx = _open(opts, collection)
-    with conn:
-        nvb = _vbuckets(conn)
-        for lo in range(start, start + count, 1000):
-            hi = min(start + count, lo + 1000)
-            buf = bytearray()
-            for i in range(lo, hi):
-                k = f"{prefix}{i}".encode("utf-8")
-                f = Set(key=pfx + k, value=_sample(i, prefix), vbucket=vbucket_of(k, nvb),
-                        datatype=1).to_frame()
-                f.opaque = i - lo
-                buf += f.encode()
-            conn.send_bytes(buf)
-            bad = []
-            for _ in range(hi - lo):
-                frame = conn.recv_frame()
-                if frame.specific != Status.SUCCESS:
-                    bad.append((lo + frame.opaque, frame.specific))
-            if bad:
-                from dcptool.protocol.constants import status_name
+    router, pfx, nvb = _route(opts, collection)
 
-                i, st = bad[0]
-                raise DcptoolError(f"{len(bad)} writes failed on {conn.address}, first "
-                                   f"{prefix}{i}: {status_name(st)}")
+    def items():
+        for i in range(start, start + count):
+            k = f"{prefix}{i}".encode("utf-8")
+            vb = vbucket_of(k, nvb)
+            f = Set(key=pfx + k, value=_sample(i, prefix), vbucket=vb, datatype=1).to_frame()
+            f.opaque = i & 0xFFFFFFFF
+            yield i, vb, f.encode()
+
+    def name(i: int) -> str:
+        return f"{prefix}{i}"
+
+    with router:
+        done = router.write(items(), window=1000, name=name)
+        members = len(router.members)
+    if done.failed:
+        raise DcptoolError(failure_text(done.failed, name))
     seconds = time.monotonic() - t0
     out = {"count": count, "first": f"{prefix}{start}", "last": f"{prefix}{start + count - 1}",
-           "seconds": round(seconds, 3)}
+           "seconds": round(seconds, 3), "members": members, "resent": done.resent}
     if json_out:
         print_json(out)
     else:
+        where = opts.address if members == 1 else f"{members} members through {opts.address}"
         console().print(f"loaded {count} documents ({out['first']} .. {out['last']}) into "
-                        f"{opts.address} in {seconds:.1f} s", markup=False)
+                        f"{where} in {seconds:.1f} s", markup=False)

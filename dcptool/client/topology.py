@@ -7,6 +7,8 @@
 * `plan_map(n_nodes, n_vbuckets, replicas)`: actives spread evenly, replicas on other
   nodes (the map `dcptool cluster create` sends).
 * `failover_map`, `move_map`: the maps after a failover or a move.
+* `newest_view(opts, members)`: the newest map any member answers with; `member_opts`:
+  connection options pointed at a member.
 * `ClusterConsumer`: each vbucket streamed from its active node; on NOT_MY_VBUCKET, a
   stream ended by a state change (a failover, a move) or a closed connection, the map is
   read again (the newest one any member holds) and the vbucket resumes from its stored
@@ -186,7 +188,8 @@ def move_map(vbmap: list[list[int]], vbuckets: Iterable[int], to: int) -> list[l
 
 
 __all__ = ["ClusterView", "cluster_config", "cluster_map", "set_map", "hold_replication",
-           "node_status", "take_over", "plan_map", "failover_map", "move_map", "ClientError"]
+           "node_status", "take_over", "plan_map", "failover_map", "move_map", "ClientError",
+           "member_opts", "newest_view"]
 
 
 # ---------------------------------------------------------------------------
@@ -342,20 +345,7 @@ class ClusterConsumer:
     def _refresh(self) -> None:
         """Read the map from every member that answers and keep the newest: during a move
         or a failover the members get the new map one after the other."""
-        from .errors import ClientError
-
-        seen = list(dict.fromkeys(list(self.view.nodes) + [self.opts.address]))
-        best = None
-        for addr in seen:
-            try:
-                host, _, port = addr.rpartition(":")
-                o = replace_address(self.opts, host.strip("[]"), int(port))
-                with o.connect() as conn:
-                    view = cluster_map(conn)
-            except (ClientError, OSError, ValueError):
-                continue
-            if best is None or view.newer_than(best):
-                best = view
+        best = newest_view(self.opts, [*self.view.nodes, self.opts.address])
         if best is not None and (not self.view.vbmap or best.newer_than(self.view)):
             self.view = best
 
@@ -385,8 +375,7 @@ class ClusterConsumer:
 
         c = self.consumers.get(node)
         if c is None:
-            host, _, port = node.rpartition(":")
-            o = replace_address(self.opts, host.strip("[]"), int(port))
+            o = member_opts(self.opts, node)
             c = DcpConsumer.open(o.host, o.port, username=o.username, password=o.password,
                                  bucket=o.bucket, tls=o.ssl_context(), timeout=o.timeout,
                                  config=self.config, on_rollback=self.on_rollback,
@@ -399,6 +388,43 @@ def replace_address(opts, host: str, port: int):
     from dataclasses import replace
 
     return replace(opts, host=host, port=port)
+
+
+def member_opts(opts, address: str):
+    """`opts` pointed at another member (HOST:PORT as the cluster map names it)."""
+    host, _, port = address.rpartition(":")
+    return replace_address(opts, host.strip("[]"), int(port))
+
+
+def newest_view(opts, members: Iterable[str], *, last: str | None = None) -> ClusterView | None:
+    """The newest map (ClusterView.newer_than) of a cluster of several nodes that any of
+    `members` (HOST:PORT) answers with; members the maps name are asked too. `last` (a
+    member that just failed) is asked only when no other answers. None: no member
+    answered with a cluster's map."""
+    queue = [m for m in dict.fromkeys(members) if m != last]
+    asked: set[str] = set()
+    best: ClusterView | None = None
+    i = 0
+    while True:
+        if i == len(queue):
+            if best is not None or last is None or last in asked:
+                return best
+            queue.append(last)
+        address = queue[i]
+        i += 1
+        if address in asked:
+            continue
+        asked.add(address)
+        try:
+            with member_opts(opts, address).connect() as conn:
+                view = cluster_map(conn)
+        except (ClientError, OSError, ValueError):
+            continue
+        if not view.clustered:
+            continue
+        if best is None or view.newer_than(best):
+            best = view
+        queue.extend(n for n in view.nodes if n not in asked and n not in queue and n != last)
 
 
 def cluster_consumer(opts, conn: Connection, config, *, on_rollback=None):

@@ -346,25 +346,9 @@ def _unreachable(exc: Exception) -> bool:
 def _refresh_routes(opts, routes: dict[int, str], failed: str | None) -> dict[int, str]:
     """{vbucket: active node} from the newest cluster map any member answers with (the
     members named in `routes` and `opts`' node; `failed` is asked last)."""
-    from dcptool.client.topology import cluster_map
-    from dcptool.client.errors import ClientError
+    from dcptool.client.topology import newest_view
 
-    from .nodeinfo import node_opts
-
-    members = list(dict.fromkeys([*sorted(set(routes.values())), opts.address]))
-    if failed in members:
-        members.remove(failed)
-        members.append(failed)
-    best = None
-    for address in members:
-        try:
-            with node_opts(opts, address).connect() as conn:
-                view = cluster_map(conn)
-        except (ClientError, OSError, ValueError):
-            continue
-        if view.clustered and (best is None or view.rev > best.rev):
-            best = view
-            members.extend(n for n in view.nodes if n not in members)
+    best = newest_view(opts, [*sorted(set(routes.values())), opts.address], last=failed)
     if best is None:
         return {}
     return {vb: node for vb in range(len(best.vbmap))

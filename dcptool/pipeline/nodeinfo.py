@@ -46,10 +46,9 @@ def active_nodes(opts, conn: Connection, vbuckets: list[int] | None = None):
 
 def node_opts(opts, address: str):
     """`opts` pointed at another member (HOST:PORT as the cluster map names it)."""
-    from dcptool.client.topology import replace_address
+    from dcptool.client.topology import member_opts
 
-    host, _, port = address.rpartition(":")
-    return replace_address(opts, host.strip("[]"), int(port))
+    return member_opts(opts, address)
 
 
 def cluster_state(opts, vbuckets: list[int] | None = None):
