@@ -88,3 +88,34 @@ def shared_node(tmp_path_factory):
     n.start()
     yield n
     n.stop(timeout=15)
+
+
+# -- object storage ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """One S3-compatible server process (SeaweedFS) for the test run, started when a test
+    first asks for it; see tests/s3util.py."""
+    from s3util import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """This process set up for `s3_server` (endpoint and credentials in the environment, no
+    S3 client cached from before) and a new empty bucket: (server, bucket)."""
+    from dcptool.archive import storage
+
+    for k in list(os.environ):
+        if k.startswith("AWS_") or k.startswith("DCPTOOL_S3_"):
+            monkeypatch.delenv(k)
+    for k, v in s3_server.env().items():
+        if k.startswith("AWS_"):
+            monkeypatch.setenv(k, v)
+    storage._clients.clear()
+    yield s3_server, s3_server.new_bucket()
+    storage._clients.clear()

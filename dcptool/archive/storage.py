@@ -484,17 +484,24 @@ def abort_uploads(prefix: Path | S3Path) -> int:
     if not isinstance(prefix, S3Path):
         return 0
     client = s3_client(prefix.settings)
+    want = f"{prefix.key}/"
     n = 0
-    r = _call(prefix, client.list_multipart_uploads, Bucket=prefix.bucket,
-              Prefix=f"{prefix.key}/")
-    for u in r.get("Uploads", ()):
-        try:
-            client.abort_multipart_upload(Bucket=prefix.bucket, Key=u["Key"],
-                                          UploadId=u["UploadId"])
-            n += 1
-        except Exception:
-            pass
-    return n
+    kwargs: dict[str, Any] = {"Bucket": prefix.bucket}
+    while True:  # (listed whole and filtered here: some servers sign a Prefix differently)
+        r = _call(prefix, client.list_multipart_uploads, **kwargs)
+        for u in r.get("Uploads", ()):
+            if not u["Key"].startswith(want):
+                continue
+            try:
+                client.abort_multipart_upload(Bucket=prefix.bucket, Key=u["Key"],
+                                              UploadId=u["UploadId"])
+                n += 1
+            except Exception:
+                pass
+        if not r.get("IsTruncated"):
+            return n
+        kwargs["KeyMarker"] = r.get("NextKeyMarker", "")
+        kwargs["UploadIdMarker"] = r.get("NextUploadIdMarker", "")
 
 
 def put_bytes(path: S3Path, data: bytes, *, if_none_match: bool = False) -> None:

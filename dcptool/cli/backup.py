@@ -1,7 +1,6 @@
 """`dcptool backup` and `dcptool restore`: the main job, run on Spark."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -66,8 +65,9 @@ PartitionsOpt = Annotated[Optional[int], typer.Option(
 @app.command()
 @connection_options(snappy=True)
 def backup(
-    archive: Annotated[Path, typer.Argument(help="Archive directory (created when missing).",
-                                            show_default=False)],
+    archive: Annotated[str, typer.Argument(
+        metavar="ARCHIVE", help="Archive directory (created when missing), or s3://BUCKET/PREFIX.",
+        show_default=False)],
     conn_args: ConnArgs = None,
     full: Annotated[bool, typer.Option("--full", help="Take a full backup even if the archive "
                                                        "has backups.")] = False,
@@ -208,7 +208,9 @@ def backup(
 @app.command()
 @connection_options()
 def restore(
-    archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
+    archive: Annotated[str, typer.Argument(
+        metavar="ARCHIVE", help="Archive directory, or s3://BUCKET/PREFIX.",
+        show_default=False)],
     conn_args: ConnArgs = None,
     backup_id: Annotated[Optional[str], typer.Option("--backup", metavar="ID",
                                                      help="Restore the state as of this backup "

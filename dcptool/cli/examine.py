@@ -1,7 +1,6 @@
 """`dcptool examine ARCHIVE KEY`: every version of one key across the backups."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -24,7 +23,9 @@ manual(
 
 @app.command()
 def examine(
-    archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
+    archive: Annotated[str, typer.Argument(
+        metavar="ARCHIVE", help="Archive directory, or s3://BUCKET/PREFIX.",
+        show_default=False)],
     key: Annotated[str, typer.Argument(help="Document key.", show_default=False)],
     backup_id: Annotated[Optional[str], typer.Option(
         "--backup", metavar="ID", help="Only the chain of this backup (default: every "

@@ -25,7 +25,9 @@ manual(
 
 @app.command()
 def export(
-    archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
+    archive: Annotated[str, typer.Argument(
+        metavar="ARCHIVE", help="Archive directory, or s3://BUCKET/PREFIX.",
+        show_default=False)],
     out: Annotated[Path, typer.Argument(help="Output directory (Spark writes part files "
                                              "into it).", show_default=False)],
     fmt: Annotated[str, typer.Option("--format", metavar="parquet|jsonl",

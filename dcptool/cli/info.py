@@ -52,7 +52,9 @@ def _short_time(iso: str | None) -> str:
 @connection_options(cluster=InfoClusterOpt, bucket=InfoBucketOpt, bucket_default=None,
                     timeout=True)
 def info(
-    archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
+    archive: Annotated[str, typer.Argument(
+        metavar="ARCHIVE", help="Archive directory, or s3://BUCKET/PREFIX.",
+        show_default=False)],
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the description as JSON.")] = False,
     conn_args: ConnArgs = None,

@@ -1,7 +1,6 @@
 """`dcptool merge ARCHIVE`: fold a range of backups into one, as a Spark job."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -29,7 +28,9 @@ manual(
 
 @app.command()
 def merge(
-    archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
+    archive: Annotated[str, typer.Argument(
+        metavar="ARCHIVE", help="Archive directory, or s3://BUCKET/PREFIX.",
+        show_default=False)],
     first: Annotated[Optional[str], typer.Option(
         "--from", metavar="ID", help="First backup of the range (default: the full backup "
                                      "the chain starts with).")] = None,

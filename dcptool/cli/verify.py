@@ -2,7 +2,6 @@
 `--against`, compare the archive's state with the live node it came from."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -31,7 +30,9 @@ manual(
 @app.command()
 @connection_options()
 def verify(
-    archive: Annotated[Path, typer.Argument(help="Archive directory.", show_default=False)],
+    archive: Annotated[str, typer.Argument(
+        metavar="ARCHIVE", help="Archive directory, or s3://BUCKET/PREFIX.",
+        show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     checksums_only: Annotated[bool, typer.Option(
         "--checksums-only", help="Check manifests, sizes and SHA-256 only; do not "
