@@ -7,6 +7,7 @@ fault point returns at once. The points (see docs/reliability.md):
     kill-mid-stream:N             SIGKILL the process group once a process received N events
     kill-mid-file:N               at the Nth zstd frame a process writes to a segment file,
                                   write only its first half, fsync, then SIGKILL the group
+                                  (an object being uploaded: SIGKILL the group before it)
     kill-before-manifest-rename   SIGKILL the group after manifest.json's temporary file is
                                   written and fsynced, before the rename commits it
     enospc-after-bytes:N          a segment write fails with OSError(ENOSPC) once a process
@@ -75,8 +76,10 @@ def fault_point(where: str, count: int = 0, **ctx: Any) -> None:
             total = _totals["frames"] = _totals.get("frames", 0) + 1
             if total >= n:
                 data = ctx["data"]
-                os.write(ctx["fd"], data[:max(1, len(data) // 2)])
-                os.fsync(ctx["fd"])
+                if ctx.get("fd", -1) >= 0:  # a local file gets half the frame; an object
+                    # being uploaded is cut where it stands (its upload stays open)
+                    os.write(ctx["fd"], data[:max(1, len(data) // 2)])
+                    os.fsync(ctx["fd"])
                 _kill()
         elif name == "kill-before-manifest-rename" and where == "rename" \
                 and os.path.basename(str(ctx.get("path"))) == "manifest.json":

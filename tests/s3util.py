@@ -60,8 +60,8 @@ class S3Server:
         self.endpoint = f"http://127.0.0.1:{sp}"
         cmd = [weed_binary(), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                f"-master.port={mp}", f"-master.port.grpc={mg}", "-master.telemetry=false",
-               "-master.volumeSizeLimitMB=256", f"-volume.port={vp}", f"-volume.port.grpc={vg}",
-               "-volume.max=40", "-volume.preStopSeconds=0", "-filer", f"-filer.port={fp}",
+               "-master.volumeSizeLimitMB=64", f"-volume.port={vp}", f"-volume.port.grpc={vg}",
+               "-volume.max=0", "-volume.preStopSeconds=0", "-filer", f"-filer.port={fp}",
                f"-filer.port.grpc={fg}", "-s3", f"-s3.port={sp}", f"-s3.port.grpc={sg}",
                f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0"]
         self.log = self.base / "weed.log"

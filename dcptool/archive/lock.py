@@ -10,7 +10,8 @@ On object storage the lock is the object ARCHIVE/lock, created with a conditiona
 `expires` time that the holder renews (a thread rewrites the object every third of the
 lease) while it works. A lock whose lease ran out is stale, from whatever host, and is
 broken; a holder that was killed therefore blocks the archive for one lease at most
-(DCPTOOL_S3_LOCK_LEASE seconds, 120 by default).
+(DCPTOOL_S3_LOCK_LEASE seconds, 120 by default), and not at all for the next run on its
+own host, which sees that the holder's pid is gone (as with a local lock).
 """
 from __future__ import annotations
 
@@ -77,10 +78,9 @@ class ArchiveLock:
     def _is_stale(self, info: dict[str, Any]) -> bool:
         if self.remote:
             expires = info.get("expires")
-            if isinstance(expires, (int, float)):
-                return expires < time.time()
-            return not info  # an unreadable lock object: nobody can renew it
-        if not info:
+            if not isinstance(expires, (int, float)) or expires < time.time():
+                return True  # the lease ran out (or the object is unreadable: none to renew)
+        elif not info:
             try:
                 age = time.time() - os.stat(self.path).st_mtime
             except FileNotFoundError:

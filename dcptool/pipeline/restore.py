@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import itertools
 from typing import Any
 
-from dcptool.archive import REC_DELETION, REC_EXPIRATION, REC_MUTATION, Archive, VBucketHistory
+from dcptool.archive import (REC_DELETION, REC_EXPIRATION, REC_MUTATION, Archive, VBucketHistory,
+                             storage)
 from dcptool.archive.resolve import resolve
 from dcptool.client.options import ConnOptions
 from dcptool.errors import DcptoolError, UsageError
@@ -483,7 +484,7 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
                  master: str | None = None, spark=None, include_data=None, exclude_data=None,
                  map_data=None, rest_port: int | None = None, notice=None) -> RestoreResult:
     t0 = time.monotonic()
-    archive = Archive.open(os.path.abspath(archive_path))  # tasks may run elsewhere
+    archive = Archive.open(storage.location(archive_path).absolute())  # tasks may run elsewhere
     sel = selection(include_data, exclude_data, map_data, bucket=archive.bucket,
                     target_bucket=opts.bucket if opts is not None else None)
     rl.attach(archive.path.absolute())
