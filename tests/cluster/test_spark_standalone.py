@@ -7,6 +7,11 @@ subprocesses with `--master spark://...` (the test process has its own local Spa
 and a process holds one JVM); their executors run on the worker, so every task reads and
 writes the archive as a cluster's executors do. The archive is on the one machine's
 filesystem: shared by the driver and the executor, as docs/spark.md requires.
+
+The last tests put the archive on object storage instead (a SeaweedFS server process, see
+tests/s3util.py): the driver runs in a directory of its own, the executors in the worker's
+work directory, and no file of the archive is on either: backup, restore and read_archive
+go through S3 alone, with the credentials each side has in its environment.
 """
 from __future__ import annotations
 
@@ -89,7 +94,7 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, s3_server):
     base = tmp_path_factory.mktemp("spark-standalone")
     for d in ("conf", "logs", "pids", "local", "work"):
         (base / d).mkdir()
@@ -107,6 +112,8 @@ def cluster(tmp_path_factory):
         # it on a real worker machine would let them
         "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     })
+    # the executors' own credentials for the object store, as a real cluster's machines have
+    env.update({k: v for k, v in s3_server.env().items() if k.startswith("AWS_")})
     master = Daemon("org.apache.spark.deploy.master.Master",
                     ["--host", "127.0.0.1", "--port", "0", "--webui-port", "0"],
                     base / "logs" / "master.log", env)
@@ -127,8 +134,9 @@ def cluster(tmp_path_factory):
                 d.stop()
 
 
-def run(args: list[str], *, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+def run(args: list[str], *, timeout: float = 180, env: dict[str, str] | None = None,
+        cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(env if env is not None else os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["DCPTOOL_PASSWORD"] = "password"
     # the driver's address, which the executors connect to: loopback (a real cluster's
@@ -137,11 +145,12 @@ def run(args: list[str], *, timeout: float = 180) -> subprocess.CompletedProcess
     for k in ("DCPTOOL_SPARK_MASTER", "DCPTOOL_SPARK_LOG", "DCPTOOL_FAULT", "NO_COLOR"):
         env.pop(k, None)
     return subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          env=env, timeout=timeout)
+                          env=env, timeout=timeout, cwd=cwd)
 
 
-def dcptool(*args: str) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "dcptool", *args])
+def dcptool(*args: str, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "dcptool", *args], env=env, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +235,48 @@ def test_read_archive(cluster, source, archive):
     assert got["live"] == sorted(k.decode() for k, v in state.items() if v[0] == "live")
     assert got["deleted"] == sorted(DELETED)
     assert cluster.driver_hosts() <= {"127.0.0.1", "localhost"}, cluster.driver_hosts()
+
+
+# -- the archive on object storage: no shared filesystem ----------------------------------------
+
+
+def _files_under(d: Path) -> set[str]:
+    return {p.name for p in d.rglob("*") if p.is_file()}
+
+
+def test_backup_restore_and_read_archive_through_s3(cluster, source, s3_server, tmp_path):
+    node, state = source
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/cluster-archive"
+    env = s3_server.env()
+    driver = tmp_path / "driver"  # the driver's working directory, not the worker's
+    driver.mkdir()
+    before = _files_under(cluster.work)
+    r = dcptool("backup", "-c", f"{node.host}:{node.port}", url, "--master", cluster.master,
+                "--json", env=env, cwd=driver)
+    assert r.returncode == 0, r.stderr
+    assert_no_noise(r.stdout, r.stderr)
+    summary = json.loads(r.stdout)
+    assert (summary["mutations"], summary["deletions"]) == (N - len(DELETED), len(DELETED))
+    # nothing of the archive landed on a filesystem: not beside the driver, not in the
+    # worker's work directory (which holds only the executors' own files)
+    assert list(driver.iterdir()) == []
+    new = _files_under(cluster.work) - before
+    assert not [n for n in new if n.endswith((".mpk.zst", ".done.json", "manifest.json"))], new
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(
+        Bucket=bucket, Prefix="cluster-archive/backups/")["Contents"]]
+    assert sum(k.endswith(".mpk.zst") for k in keys) == VBS
+    assert not [k for k in keys if ".dcptool-probe-" in k]  # the reachability probe cleaned up
+
+    with NodeProcess(tmp_path / "dst", vbuckets=VBS) as dst:
+        r = dcptool("restore", url, "-c", f"{dst.host}:{dst.port}", "--master", cluster.master,
+                    "--json", env=env, cwd=driver)
+        assert r.returncode == 0, r.stderr
+        assert_no_noise(r.stdout, r.stderr)
+        assert node_documents(opts_for(dst)) == state
+
+    r = run([sys.executable, "-c", READ, cluster.master, url], env=env, cwd=driver)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["live"] == sorted(k.decode() for k, v in state.items() if v[0] == "live")
+    assert got["deleted"] == sorted(DELETED)
