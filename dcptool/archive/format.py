@@ -244,6 +244,7 @@ def sync_filesystem(path: Any) -> None:
     on Linux (os.sync() elsewhere), instead of an fsync per file and directory (objects
     are durable once written)."""
     if storage.is_remote(path):
+        storage.wait_uploads()  # objects are durable once written: wait for the writes
         return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

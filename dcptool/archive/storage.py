@@ -45,6 +45,10 @@ from .errors import ArchiveError
 PART_BYTES = 8 << 20
 #: what a reader of an object fetches with one ranged GET
 READ_AHEAD = 8 << 20
+#: uploads a process runs at once in the background (writes with sync=False)
+UPLOAD_THREADS = 16
+#: bytes those background uploads may hold in memory, together, before a writer waits
+UPLOAD_BUFFER_BYTES = 128 << 20
 
 SCHEME = "s3://"
 
@@ -276,7 +280,9 @@ def list_sizes(path: Path | S3Path, *, dirs: bool = False) -> dict[str, int]:
             kwargs["ContinuationToken"] = token
         r = _call(path, client.list_objects_v2, **kwargs)
         for o in r.get("Contents", ()):
-            out[o["Key"][len(prefix):]] = int(o["Size"])
+            name = o["Key"][len(prefix):]
+            if name:  # (not the prefix's own folder marker)
+                out[name] = int(o["Size"])
         if dirs:
             for p in r.get("CommonPrefixes", ()):
                 out[p["Prefix"][len(prefix):].rstrip("/")] = -1
@@ -382,6 +388,62 @@ def file_size(f: Any) -> int:
 # -- writing -------------------------------------------------------------------------------------
 
 
+class _Uploads:
+    """Background PUTs of one process: writers that need no durability at once (a backup
+    task's segments and done files, which it makes durable together before it reports its
+    vbuckets done) hand their last request here and go on streaming; `wait()` ends them
+    all and raises the first failure. Memory is bounded: a writer waits while the queued
+    uploads hold UPLOAD_BUFFER_BYTES."""
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+        self._cond = threading.Condition()
+        self._held = 0
+        self._futures: list[Any] = []
+
+    def submit(self, fn: Any, nbytes: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self._cond:
+            while self._held and self._held + nbytes > UPLOAD_BUFFER_BYTES:
+                self._cond.wait()
+            self._held += nbytes
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="dcptool-s3")
+
+        def run() -> None:
+            try:
+                fn()
+            finally:
+                with self._cond:
+                    self._held -= nbytes
+                    self._cond.notify_all()
+
+        fut = self._pool.submit(run)
+        with self._cond:
+            self._futures = [f for f in self._futures if not f.done() or f.exception()]
+            self._futures.append(fut)
+
+    def wait(self) -> None:
+        with self._cond:
+            futures, self._futures = self._futures, []
+        first: BaseException | None = None
+        for f in futures:
+            exc = f.exception()
+            if exc is not None and first is None:
+                first = exc
+        if first is not None:
+            raise first
+
+
+_uploads = _Uploads()
+
+
+def wait_uploads() -> None:
+    """Wait for this process's background uploads; raise the first that failed."""
+    _uploads.wait()
+
+
 class NewFile:
     """A file being written once (`write_new`): write(), then close(sync) or abort()."""
 
@@ -448,16 +510,28 @@ class _ObjectUpload(NewFile):
         self._buf = bytearray()
 
     def close(self, sync: bool = True) -> None:
-        p = self._path
+        """Complete the object (sync=False: in the background, see wait_uploads)."""
         if self._upload_id is None:
-            _call(p, self._client.put_object, Bucket=p.bucket, Key=p.key, Body=bytes(self._buf))
-        else:
-            if self._buf:
-                self._send_part()
+            data = bytes(self._buf)
+            self._buf = bytearray()
+            if sync:
+                put_bytes(self._path, data)
+            else:
+                _uploads.submit(lambda: put_bytes(self._path, data), len(data))
+            return
+        if self._buf:
+            self._send_part()
+        upload_id, self._upload_id = self._upload_id, None
+        p = self._path
+
+        def complete() -> None:
             _call(p, self._client.complete_multipart_upload, Bucket=p.bucket, Key=p.key,
-                  UploadId=self._upload_id, MultipartUpload={"Parts": self._parts})
-        self._buf = bytearray()
-        self._upload_id = None
+                  UploadId=upload_id, MultipartUpload={"Parts": self._parts})
+
+        if sync:
+            complete()
+        else:
+            _uploads.submit(complete, 0)
 
     def abort(self) -> None:
         if self._upload_id is not None:
@@ -542,8 +616,11 @@ def remove_tree(path: Path | S3Path) -> None:
             _call(path, client.delete_objects, Bucket=path.bucket,
                   Delete={"Objects": keys[i:i + 1000], "Quiet": True})
         if not r.get("IsTruncated"):
-            return
+            break
         token = r["NextContinuationToken"]
+    # a store with folders (or a console that made a folder marker) keeps "PREFIX/": it
+    # goes too, so the prefix is not listed as an empty directory
+    _call(path, client.delete_object, Bucket=path.bucket, Key=f"{path.key}/")
 
 
 def sync_dir(path: Path | S3Path) -> None:
@@ -572,7 +649,10 @@ def atomic_write_bytes(path: Path | S3Path, data: bytes, *, durable: bool = True
     temporary file renamed over it, fsynced unless durable=False; one PUT on S3)."""
     if isinstance(path, S3Path):
         fault_point("rename", path=path)  # DCPTOOL_FAULT: kill-before-manifest-rename
-        put_bytes(path, data)
+        if durable:
+            put_bytes(path, data)
+        else:
+            _uploads.submit(lambda: put_bytes(path, data), len(data))
         return
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

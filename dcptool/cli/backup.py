@@ -55,8 +55,8 @@ SPARK = "Spark"
 MasterOpt = Annotated[Optional[str], typer.Option(
     "--master", envvar="DCPTOOL_SPARK_MASTER", rich_help_panel=SPARK, metavar="URL",
     help="Spark master URL (default local[*], the embedded Spark). With any other master the "
-         "archive must be on a filesystem the driver and every executor share (checked "
-         "before the run).")]
+         "archive must be on a filesystem the driver and every executor share, or on S3 "
+         "(checked before the run).")]
 PartitionsOpt = Annotated[Optional[int], typer.Option(
     "--partitions", rich_help_panel=SPARK, min=1,
     help="Spark tasks, each streaming a group of vbuckets (default 2x the cores).")]
@@ -114,9 +114,13 @@ def backup(
     those. Names must exist when the selection is given; a different selection needs
     --full.
 
-    Spark tasks write the archive's files themselves: with a --master other than local,
-    ARCHIVE must be on a filesystem shared by this machine and every Spark executor, at
-    the same path (NFS, a cluster filesystem); the run checks that before it streams.
+    ARCHIVE is a directory or s3://BUCKET/PREFIX (S3 or any S3-compatible store; endpoint
+    and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or
+    AWS_PROFILE, and DCPTOOL_S3_*). Spark tasks write the archive's files themselves: with
+    a --master other than local, a directory must be on a filesystem shared by this
+    machine and every Spark executor, at the same path (NFS, a cluster filesystem), and
+    an S3 archive must be reachable from every executor; the run checks that before it
+    streams.
 
     Example: DCPTOOL_PASSWORD=... dcptool backup -c couchbase://127.0.0.1 /backups/default
 

@@ -98,6 +98,43 @@ def test_full_incremental_verify_restore_on_s3(s3, env, tmp_path):
         assert_no_noise(r.stdout, r.stderr)
         assert node_documents(opts_for(dst)) == expected
 
+    # the other readers and writers of an archive, on the same objects
+    r = run(env, "examine", url, "doc::00201", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["versions"]) == 2  # written, then deleted
+    r = run(env, "export", url, str(tmp_path / "out"), "--format", "jsonl", "--resolved")
+    assert r.returncode == 0, r.stderr
+    exported = [json.loads(line) for f in (tmp_path / "out").glob("*.jsonl")
+                for line in f.read_text().splitlines()]
+    assert len([d for d in exported if not d.get("deleted")]) == N - 20
+    r = run(env, "merge", url, "--json")
+    assert r.returncode == 0, r.stderr
+    r = run(env, "info", url, "--json")
+    assert [b["type"] for b in json.loads(r.stdout)["backups"]] == ["full"]
+    assert not [o["Key"] for o in server.client().list_objects_v2(
+        Bucket=bucket, Prefix="backups/travel/.merge-staging/").get("Contents", [])]
+    assert run(env, "verify", url).returncode == 0
+    with NodeProcess(tmp_path / "dst2", vbuckets=VBS) as dst:
+        r = run(env, "restore", url, "-c", f"{dst.host}:{dst.port}", "--json")
+        assert r.returncode == 0, r.stderr
+        assert node_documents(opts_for(dst)) == expected
+
+
+def test_executors_that_cannot_reach_the_archive_are_told_in_one_line(spark, s3):
+    """This test process's Spark started before the S3 credentials were in its environment:
+    its executors have none, as on a cluster whose machines were not given any."""
+    from dcptool.archive import Archive
+    from dcptool.errors import DcptoolError
+    from dcptool.pipeline.runtime import check_executors_see
+
+    _server, bucket = s3
+    Archive.create(f"s3://{bucket}/p", bucket="default", vbuckets=2)
+    with pytest.raises(DcptoolError) as exc:
+        check_executors_see(spark, f"s3://{bucket}/p", name="archive.json", always=True)
+    msg = exc.value.message
+    assert msg.startswith(f"the Spark executors cannot reach s3://{bucket}/p ("), msg
+    assert "credentials" in msg and "\n" not in msg
+
 
 def test_backup_killed_mid_upload_resumes_with_nothing_lost(s3, env, tmp_path):
     server, bucket = s3
