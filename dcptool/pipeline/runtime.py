@@ -419,7 +419,10 @@ def probe_failures(spark, directory: str, name: str, digest: str, *, write: bool
                 storage.atomic_write_bytes(mine, b"x", durable=False)
                 storage.unlink(mine)
         except FileNotFoundError as exc:
-            yield f"{host}: no such file {exc.filename or exc}"
+            if exc.strerror:
+                yield f"{host}: {exc.strerror}{' ' + exc.filename if exc.filename else ''}"
+            else:  # a missing object
+                yield f"{host}: no such object {exc}"
         except OSError as exc:
             yield f"{host}: {exc.strerror or exc}{' ' + exc.filename if exc.filename else ''}"
         except DcptoolError as exc:
