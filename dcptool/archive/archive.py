@@ -104,20 +104,16 @@ class Archive:
             return archive
         if not isinstance(vbuckets, int) or not 1 <= vbuckets <= 65536:
             raise ArchiveError(f"vbucket count {vbuckets!r} is out of range")
-        if storage.is_remote(path):
-            if storage.listdir(path):
-                raise ArchiveError(f"{path} is not empty and is not an archive",
-                                   hint="choose a new or empty prefix")
-        elif path.exists():
-            if not path.is_dir():
-                raise ArchiveError(f"{path} exists and is not a directory")
-            if any(path.iterdir()):
-                raise ArchiveError(f"{path} is not empty and is not an archive",
-                                   hint="choose a new or empty directory")
-            os.chmod(path, DIR_MODE)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            make_dir(path)
+        try:
+            names = storage.listdir(path)
+        except FileNotFoundError:
+            names = []
+        except NotADirectoryError:
+            raise ArchiveError(f"{path} exists and is not a directory") from None
+        if names:
+            raise ArchiveError(f"{path} is not empty and is not an archive",
+                               hint="choose a new or empty directory (or prefix)")
+        storage.prepare_dir(path, DIR_MODE)
         make_dir(path / BACKUPS_DIR)
         meta = {
             "format": FORMAT_NAME,
@@ -214,23 +210,11 @@ class Archive:
             # and that has not changed since (same file, size and mtime; same bytes of an
             # object) is served from memory (a backup walks its chain several times);
             # callers only read it
-            if storage.is_remote(path):
-                data = storage.read_bytes(path)
-                ident: tuple[Any, ...] = (str(path), len(data), hash(data),
-                                          json.dumps(self.meta, sort_keys=True))
-                doc = _MANIFESTS.get(ident)
-                if doc is not None:
-                    return doc
-                doc = json.loads(data.decode("utf-8"))
-            else:
-                with open(path, "rb") as f:
-                    st = os.fstat(f.fileno())
-                    ident = (str(path.absolute()), st.st_dev, st.st_ino, st.st_size,
-                             st.st_mtime_ns, json.dumps(self.meta, sort_keys=True))
-                    doc = _MANIFESTS.get(ident)
-                    if doc is not None:
-                        return doc
-                    doc = json.loads(f.read().decode("utf-8"))
+            ident = (*storage.identity(path), json.dumps(self.meta, sort_keys=True))
+            doc = _MANIFESTS.get(ident)
+            if doc is not None:
+                return doc
+            doc = json.loads(storage.read_bytes(path).decode("utf-8"))
         except FileNotFoundError:
             if self.backup_dir(backup_id).is_dir():
                 raise ArchiveError(f"backup {backup_id} is partial (it has no manifest)") from None

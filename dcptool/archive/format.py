@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from datetime import datetime, timezone
 from typing import Any, Iterable, NamedTuple
 
@@ -241,33 +240,9 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, durable: bool =
 
 def sync_filesystem(path: Any) -> None:
     """Make everything written to the filesystem holding `path` durable: one syncfs(2)
-    on Linux (os.sync() elsewhere), instead of an fsync per file and directory (objects
-    are durable once written)."""
-    if storage.is_remote(path):
-        storage.wait_uploads()  # objects are durable once written: wait for the writes
-        return
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if _syncfs is not None and _syncfs(fd) == 0:
-            return
-        os.sync()
-    finally:
-        os.close(fd)
-
-
-def _find_syncfs():
-    try:
-        import ctypes
-
-        fn = ctypes.CDLL(None, use_errno=True).syncfs
-        fn.argtypes = [ctypes.c_int]
-        fn.restype = ctypes.c_int
-        return fn
-    except (OSError, AttributeError):
-        return None
-
-
-_syncfs = _find_syncfs() if sys.platform.startswith("linux") else None
+    on Linux (os.sync() elsewhere), instead of an fsync per file and directory; on object
+    storage, wait for this process's background uploads."""
+    storage.sync_filesystem(storage.location(path))
 
 
 def read_json(path: Any) -> Any:

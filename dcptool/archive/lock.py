@@ -27,7 +27,7 @@ from dcptool.procs import pid_alive
 
 from .errors import ArchiveLockedError
 from . import storage
-from .format import FILE_MODE, LOCK_FILE, fsync_dir, iso_time, utc_now
+from .format import FILE_MODE, LOCK_FILE, iso_time, utc_now
 
 #: an unreadable lock file (a holder killed between create and write) older than this is stale
 UNREADABLE_STALE_SECONDS = 60.0
@@ -82,37 +82,41 @@ class ArchiveLock:
                 return True  # the lease ran out (or the object is unreadable: none to renew)
         elif not info:
             try:
-                age = time.time() - os.stat(self.path).st_mtime
+                return storage.age_seconds(self.path) > UNREADABLE_STALE_SECONDS
             except FileNotFoundError:
                 return True
-            return age > UNREADABLE_STALE_SECONDS
         if info.get("host") != socket.gethostname():
             return False
         pid = info.get("pid")
         return isinstance(pid, int) and not pid_alive(pid)
 
-    def _acquire_remote(self) -> "ArchiveLock":
+    def acquire(self) -> "ArchiveLock":
         for _attempt in range(3):
             try:
-                storage.create_exclusive(self.path, self._content())
+                # O_EXCL locally (the file removed again if its content cannot be written,
+                # e.g. on a full disk: an empty lock would shut the next run out);
+                # If-None-Match: * on S3
+                storage.create_exclusive(self.path, self._content(), FILE_MODE)
             except FileExistsError:
                 info = self.holder()
                 if info is None:
                     continue  # released meanwhile
                 if self._is_stale(info):
-                    storage.unlink(self.path)
+                    storage.break_file(self.path)
                     continue
                 who = (f"pid {info.get('pid')} on {info.get('host')} since {info.get('time')} "
                        f"({info.get('purpose')})") if info else "an unknown process"
-                raise ArchiveLockedError(
-                    f"archive {self.archive_path} is locked by {who}",
-                    hint="wait for it to finish; a lock its holder stops renewing expires "
-                         f"after {lease_seconds():.0f} s")
+                hint = ("wait for it to finish; a lock its holder stops renewing expires "
+                        f"after {lease_seconds():.0f} s") if self.remote else \
+                    f"wait for it to finish; if that process is gone, delete {self.path}"
+                raise ArchiveLockedError(f"archive {self.archive_path} is locked by {who}",
+                                         hint=hint)
             self.held = True
-            self._stop.clear()
-            self._renewer = threading.Thread(target=self._renew, name="dcptool-lock-lease",
-                                             daemon=True)
-            self._renewer.start()
+            if self.remote:
+                self._stop.clear()
+                self._renewer = threading.Thread(target=self._renew,
+                                                 name="dcptool-lock-lease", daemon=True)
+                self._renewer.start()
             return self
         raise ArchiveLockedError(f"archive {self.archive_path}: could not take the lock")
 
@@ -126,54 +130,6 @@ class ArchiveLock:
                 storage.atomic_write_bytes(self.path, self._content())
             except Exception:  # a failed renewal is retried at the next tick
                 continue
-
-    def acquire(self) -> "ArchiveLock":
-        if self.remote:
-            return self._acquire_remote()
-        for _attempt in range(3):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                             FILE_MODE)
-            except FileExistsError:
-                info = self.holder()
-                if info is None:
-                    continue  # released meanwhile
-                if self._is_stale(info):
-                    # break it by renaming first, so two breakers cannot both win
-                    aside = self.path.with_name(f"{LOCK_FILE}.stale-{secrets.token_hex(4)}")
-                    try:
-                        os.rename(self.path, aside)
-                        os.unlink(aside)
-                    except FileNotFoundError:
-                        pass
-                    continue
-                who = (f"pid {info.get('pid')} on {info.get('host')} since {info.get('time')} "
-                       f"({info.get('purpose')})") if info else "an unknown process"
-                raise ArchiveLockedError(
-                    f"archive {self.archive_path} is locked by {who}",
-                    hint=f"wait for it to finish; if that process is gone, delete {self.path}")
-            try:
-                data = self._content()
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            except BaseException:
-                # e.g. a full disk: the empty file we created would lock the next run out
-                os.close(fd)
-                fd = -1
-                try:
-                    os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
-                raise
-            finally:
-                if fd >= 0:
-                    os.close(fd)
-            fsync_dir(self.archive_path)
-            self.held = True
-            return self
-        raise ArchiveLockedError(f"archive {self.archive_path}: could not take the lock")
 
     def release(self) -> None:
         if not self.held:

@@ -40,7 +40,6 @@ side by side, restores unchanged); `finish_interrupted_merges` removes the origi
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -410,11 +409,11 @@ def remove_backups(archive: Archive, ids: Iterable[str]) -> None:
             storage.remove_tree(src)
         return
     trash = archive.path / STAGING / "removed"
-    trash.mkdir(parents=True, exist_ok=True)
+    storage.prepare_dir(trash)
     for bid in ids:
         src = archive.backup_dir(bid)
         if src.is_dir():
-            os.rename(src, trash / bid)
+            storage.rename_dir(src, trash / bid)
     fsync_dir(archive.backups_dir)
     storage.remove_tree(trash)
 

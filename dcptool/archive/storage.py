@@ -31,6 +31,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -623,6 +624,36 @@ def remove_tree(path: Path | S3Path) -> None:
     _call(path, client.delete_object, Bucket=path.bucket, Key=f"{path.key}/")
 
 
+def sync_filesystem(path: Path | S3Path) -> None:
+    """Make everything this process wrote durable: syncfs(2) of the filesystem holding a
+    local path (os.sync() where there is none); the background uploads of object storage."""
+    if isinstance(path, S3Path):
+        wait_uploads()
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _syncfs is not None and _syncfs(fd) == 0:
+            return
+        os.sync()
+    finally:
+        os.close(fd)
+
+
+def _find_syncfs():
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+        fn.argtypes = [ctypes.c_int]
+        fn.restype = ctypes.c_int
+        return fn
+    except (OSError, AttributeError):
+        return None
+
+
+_syncfs = _find_syncfs() if sys.platform.startswith("linux") else None
+
+
 def sync_dir(path: Path | S3Path) -> None:
     """Make a directory's entries durable (fsync); object storage needs nothing."""
     if isinstance(path, S3Path):
@@ -632,6 +663,56 @@ def sync_dir(path: Path | S3Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def prepare_dir(path: Path | S3Path, mode: int = 0o700) -> None:
+    """Make a directory (and its parents) exist with `mode`; a prefix needs nothing."""
+    if isinstance(path, S3Path):
+        return
+    if path.is_dir():
+        os.chmod(path, mode)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path, mode)
+
+
+def identity(path: Path | S3Path) -> tuple[Any, ...]:
+    """What tells one version of a file from another without reading it: device, inode,
+    size and mtime of a file; size and ETag of an object (FileNotFoundError when missing)."""
+    if not isinstance(path, S3Path):
+        st = os.stat(path)
+        return (str(path.absolute()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    client = s3_client(path.settings)
+    head = _call(path, client.head_object, Bucket=path.bucket, Key=path.key)
+    return (str(path), int(head["ContentLength"]), head.get("ETag"))
+
+
+def age_seconds(path: Path | S3Path) -> float:
+    """Seconds since the file was last written (FileNotFoundError when missing)."""
+    import time
+
+    if not isinstance(path, S3Path):
+        return time.time() - os.stat(path).st_mtime
+    client = s3_client(path.settings)
+    head = _call(path, client.head_object, Bucket=path.bucket, Key=path.key)
+    return time.time() - head["LastModified"].timestamp()
+
+
+def break_file(path: Path | S3Path) -> None:
+    """Remove a file another process may remove at the same moment (a stale lock): locally
+    renamed aside first, so of two such processes one removes it and the other finds it
+    gone; an object is deleted."""
+    if isinstance(path, S3Path):
+        unlink(path)
+        return
+    import secrets
+
+    aside = path.with_name(f"{path.name}.stale-{secrets.token_hex(4)}")
+    try:
+        os.rename(path, aside)
+        os.unlink(aside)
+    except FileNotFoundError:
+        pass
 
 
 def make_dir(path: Path | S3Path, mode: int = 0o700) -> None:
