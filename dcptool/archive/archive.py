@@ -56,7 +56,7 @@ from .format import (
     uuid_for_seqno,
 )
 from . import chain as chains
-from . import storage
+from . import crypto, storage
 from .lock import ArchiveLock
 from .manifest import check_manifest, check_summary, totals_of
 from .reader import Backup, VBucketHistory
@@ -65,6 +65,8 @@ from .resolve import part_cuts, resolve, snapshot_boundaries
 from .writer import VBucketWriter
 
 LATEST = "latest"
+#: archive.json's version of an encrypted archive (its backups are format FORMAT_VERSION)
+ENCRYPTED_VERSION = 4
 
 
 def backup_path(archive_root: str | os.PathLike[str], backup_id: str) -> Path:
@@ -88,12 +90,17 @@ class Archive:
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, bucket: str, vbuckets: int = 1024,
-               exist_ok: bool = False, extra: dict[str, Any] | None = None) -> "Archive":
+               exist_ok: bool = False, extra: dict[str, Any] | None = None,
+               passphrase: str | None = None) -> "Archive":
         """Create a new archive (the directory may exist if it is empty).
 
         With `exist_ok`, an existing archive is opened instead (its bucket must match).
+        With `passphrase` (or one `crypto.request_encryption` left for this location), the
+        archive is encrypted: a new data key, wrapped under the passphrase in keys/.
         """
         path = storage.location(path)
+        if passphrase is None:
+            passphrase = crypto.take_request(path)
         if (path / ARCHIVE_JSON).exists():
             if not exist_ok:
                 raise ArchiveError(f"{path} already holds an archive")
@@ -124,6 +131,16 @@ class Archive:
             "created": iso_time(utc_now()),
             "extra": dict(extra or {}),
         }
+        if passphrase is not None:
+            # version 4 keeps dcptool without encryption from reading or writing it
+            meta["version"] = ENCRYPTED_VERSION
+            enc, dk, keydoc = crypto.new_encryption(meta["uuid"], passphrase, meta["created"])
+            meta["encryption"] = enc
+            meta["encryption"]["mac"] = crypto.archive_mac(dk, meta)
+            make_dir(crypto.keys_dir(path))
+            crypto.write_key_file(path, keydoc)
+            crypto.register(meta["uuid"], dk._key, path)
+        crypto.note_archive(path, meta)
         atomic_write_json(path / ARCHIVE_JSON, meta)
         return cls(path, meta)
 
@@ -148,7 +165,10 @@ class Archive:
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
             raise NotAnArchiveError(f"{meta_path} does not describe a dcptool archive")
         version = meta.get("version")
-        if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        encrypted = crypto.is_encrypted(meta)
+        if encrypted and version == ENCRYPTED_VERSION:
+            pass
+        elif not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
             raise NotAnArchiveError(f"{meta_path}: format version {version!r} is not supported "
                                     f"(this dcptool reads version {FORMAT_VERSION})",
                                     hint="use a newer dcptool")
@@ -156,7 +176,15 @@ class Archive:
             if not isinstance(meta.get(key), typ):
                 raise NotAnArchiveError(f"{meta_path}: field {key!r} is missing or not a "
                                         f"{typ.__name__}")
+        if encrypted:
+            crypto.unlock(path, meta)  # the key, before any work (a wrong passphrase stops here)
+        else:
+            crypto.note_archive(path, meta)
         return cls(path, meta)
+
+    @property
+    def encrypted(self) -> bool:
+        return crypto.is_encrypted(self.meta)
 
     # -- properties -------------------------------------------------------------------------
 
@@ -214,7 +242,7 @@ class Archive:
             doc = _MANIFESTS.get(ident)
             if doc is not None:
                 return doc
-            doc = json.loads(storage.read_bytes(path).decode("utf-8"))
+            doc = json.loads(crypto.read_file(path).decode("utf-8"))
         except FileNotFoundError:
             if self.backup_dir(backup_id).is_dir():
                 raise ArchiveError(f"backup {backup_id} is partial (it has no manifest)") from None
@@ -541,7 +569,7 @@ class BackupProgress:
             if n in self._seen:
                 continue
             try:
-                d = json.loads(storage.read_bytes(self.dir / n))
+                d = json.loads(crypto.read_file(self.dir / n))
                 c = d["counts"]
                 self._seen[n] = (c["mutations"] + c["deletions"] + c["expirations"],
                                  d["bytes"]["files"])

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, NamedTuple
 
 
-from . import storage
+from . import crypto, storage
 
 #: archive.json "format" value and the format version this code writes and reads.
 FORMAT_NAME = "dcptool-archive"
@@ -235,7 +235,10 @@ def json_lines(obj: Any) -> str:
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, durable: bool = True) -> None:
-    atomic_write_bytes(path, (json_lines(obj) + "\n").encode("utf-8"), durable=durable)
+    """Write a metadata file (sealed in an encrypted archive: see crypto.seal_file)."""
+    where = storage.location(path)
+    atomic_write_bytes(where, crypto.seal_file(where, (json_lines(obj) + "\n").encode("utf-8")),
+                       durable=durable)
 
 
 def sync_filesystem(path: Any) -> None:
@@ -246,5 +249,6 @@ def sync_filesystem(path: Any) -> None:
 
 
 def read_json(path: Any) -> Any:
-    """Parse a JSON file; raises OSError or ValueError (bad JSON or bad UTF-8)."""
-    return json.loads(storage.read_bytes(storage.location(path)).decode("utf-8"))
+    """Parse a JSON file (opened in an encrypted archive); raises OSError or ValueError (bad
+    JSON or bad UTF-8, or crypto.TamperedError)."""
+    return json.loads(crypto.read_file(path).decode("utf-8"))

@@ -19,7 +19,7 @@ from typing import BinaryIO, Iterator
 import msgpack
 import zstandard
 
-from . import storage
+from . import crypto, storage
 from .block import BLOCK_MARK, BlockError, decode_block, encode_records
 from .errors import CorruptFileError
 from .format import (
@@ -43,6 +43,8 @@ _SKIPPABLE_LOW = 0x184D2A50
 _READ_CHUNK = 1 << 20
 _BLOCK_MARK = bytes((BLOCK_MARK,))
 _MAX_BLOCK = 128 << 10
+#: the most a sealed frame's body may claim (a zstd frame of MAX_FRAME_CONTENT and change)
+_MAX_SEALED = MAX_FRAME_CONTENT + (1 << 20)
 
 
 _N = type(None)
@@ -183,8 +185,19 @@ def scan_frames(f: BinaryIO, path: str, *, start: int = 0) -> Iterator[tuple[int
     """Yield (file offset, compressed frame bytes) for every complete frame.
 
     Raises TornFrame(offset) when the file ends inside a frame and CorruptFileError when
-    the bytes at a frame boundary are not a frame. Skippable frames are passed over.
+    the bytes at a frame boundary are not a frame. Skippable frames are passed over. In an
+    encrypted archive every frame is sealed (see crypto.py): each is opened and checked as
+    it is read, and the zstd frame inside is yielded.
     """
+    for offset, _stored, frame in scan_stored_frames(f, path, start=start):
+        yield offset, frame
+
+
+def scan_stored_frames(f: BinaryIO, path: str, *,
+                       start: int = 0) -> Iterator[tuple[int, int, bytes]]:
+    """Like scan_frames, yielding (file offset, bytes the frame takes in the file, zstd
+    frame)."""
+    opener = crypto.frame_opener(path)
     f.seek(start)
     buf = bytearray()
     base = start  # file offset of buf[0]
@@ -200,6 +213,11 @@ def scan_frames(f: BinaryIO, path: str, *, start: int = 0) -> Iterator[tuple[int
         if end is None:
             if eof:
                 raise TornFrame(base + pos)
+            if opener is not None and len(buf) - pos >= 8 \
+                    and int.from_bytes(buf[pos + 4:pos + 8], "little") > _MAX_SEALED:
+                raise CorruptFileError(path, "sealed frame claims more bytes than a frame "
+                                             "holds: the file was tampered with",
+                                       offset=base + pos)
             if pos:
                 del buf[:pos]
                 base += pos
@@ -210,8 +228,22 @@ def scan_frames(f: BinaryIO, path: str, *, start: int = 0) -> Iterator[tuple[int
             else:
                 buf += chunk
             continue
-        if bytes(buf[pos:pos + 4]) == ZSTD_MAGIC:
-            yield base + pos, bytes(buf[pos:end])
+        magic = bytes(buf[pos:pos + 4])
+        if opener is None:
+            if magic == ZSTD_MAGIC:
+                yield base + pos, end - pos, bytes(buf[pos:end])
+            elif magic == crypto.ENVELOPE_MAGIC:
+                raise CorruptFileError(path, "sealed (encrypted) frame in an archive that is "
+                                             "not encrypted", offset=base + pos)
+        elif magic == crypto.ENVELOPE_MAGIC:
+            try:
+                frame = opener.open(memoryview(buf)[pos + 8:end], base + pos)
+            except crypto.TamperedError as exc:
+                raise CorruptFileError(path, f"frame {exc}", offset=base + pos) from None
+            yield base + pos, end - pos, frame
+        else:
+            raise CorruptFileError(path, "frame is not encrypted in an encrypted archive: the "
+                                         "file was tampered with", offset=base + pos)
         pos = end
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 
-from . import storage
+from . import crypto, storage
 from .block import block_compressor, compress_sections
 from .errors import CorruptFileError
 from .format import (
@@ -47,7 +47,7 @@ from .frames import (
     decompress_frame,
     frame_records_with_ends,
     record_ok,
-    scan_frames,
+    scan_stored_frames,
 )
 
 
@@ -186,12 +186,12 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
                 raise _Stop(f"{name}: cannot read: {exc.strerror}") from None
             with f:
                 try:
-                    for offset, frame in scan_frames(f, path):
+                    for offset, stored, frame in scan_stored_frames(f, path):
                         content = decompress_frame(frame, path, offset)
                         recs = frame_records_with_ends(content, path, offset)
                         clen = recs[-1][1] if recs else 0
                         for rec, end in recs:
-                            here = Cut(seg_pos, offset, len(frame), end, clen)
+                            here = Cut(seg_pos, offset, stored, end, clen)
                             before = prev_end
                             prev_end = here
                             scan.records_scanned += 1
@@ -330,10 +330,15 @@ def truncate_to_cut(backup_dir: str | os.PathLike[str], scan: VBucketScan, *,
             storage.replace_prefix_bytes(path, cut.frame_offset + cut.frame_len, b"")
     else:
         frame = storage.read_range(path, cut.frame_offset, cut.frame_len)
+        sealer = crypto.frame_sealer(path)
+        if sealer is not None:  # the frame was opened by the scan: it is genuine
+            frame = crypto.frame_opener(path).open(frame[8:], cut.frame_offset)
         content = decompress_frame(frame, str(path), cut.frame_offset)
         tail = compress_sections(block_compressor(level),
                                  content_prefix(content, cut.keep_bytes, str(path),
                                                 cut.frame_offset))
+        if sealer is not None:  # sealed anew under a fresh subkey of its own
+            tail = sealer.seal(tail, cut.frame_offset)
         storage.replace_prefix_bytes(path, cut.frame_offset, tail)
     fsync_dir(backup_dir)
     for seg_pos in range(cut.seg_pos + 1):

@@ -21,7 +21,7 @@ from typing import Any
 
 from .archive import Archive
 from .chain import effective_parents
-from . import storage
+from . import crypto, storage
 from .errors import CorruptFileError
 from .format import (
     ARCHIVE_JSON,
@@ -329,6 +329,7 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
     """Size and SHA-256 of every listed file; returns the names that passed."""
     good: set[str] = set()
     listed: set[str] = set()
+    sealed = crypto.file_key(bdir / MANIFEST_JSON) is not None
     for entry in manifest["vbuckets"]:
         vb = entry["vbucket"]
         for f in entry["files"]:
@@ -351,8 +352,9 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
                     str(path), f"size is {size} bytes, the manifest says {f['size']} "
                                f"({'truncated' if size < f['size'] else 'grown'})", backup_id, vb))
             elif digest != f["sha256"]:
+                why = "the file was tampered with" if sealed else "the file's content changed"
                 report.problems.append(Problem(str(path), "SHA-256 does not match the manifest "
-                                               "(the file's content changed)", backup_id, vb))
+                                               f"({why})", backup_id, vb))
             else:
                 good.add(f["name"])
     try:
@@ -431,6 +433,11 @@ def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> Ver
         report.notes.append(f"{archive.path / LOCK_FILE}: archive is locked by pid "
                             f"{holder.get('pid')} on {holder.get('host')} "
                             f"({holder.get('purpose')}); a backup may be running")
+    if archive.encrypted:
+        dk = crypto.key_of(archive.uuid)
+        assert dk is not None  # Archive.open unlocked it
+        for kpath, why in crypto.check_key_files(archive.path, dk):
+            report.problems.append(Problem(kpath, why))
     if not isinstance(archive.meta.get("vbuckets"), int) or archive.meta["vbuckets"] < 1:
         report.problems.append(Problem(str(archive.path / ARCHIVE_JSON),
                                        "vbucket count is invalid"))

@@ -16,7 +16,7 @@ import threading
 import weakref
 from collections import Counter
 from operator import itemgetter
-from . import storage
+from . import crypto, storage
 from typing import Any, Collection, Iterable, Sequence
 
 import msgpack
@@ -182,6 +182,7 @@ class VBucketWriter:
         self._roll = False  # the current segment is full: the next frame starts a new one
         self._files: list[dict[str, Any]] = []  # closed segments
         self._out: storage.NewFile | None = None
+        self._sealer: crypto.FrameSealer | None = None
         self._segment = -1
         self._fsize = 0
         self._sha = hashlib.sha256()
@@ -432,6 +433,8 @@ class VBucketWriter:
             frame = self._cctx.compress(b"".join(
                 [pack(r) for r in decode_block(b"".join(blk.sections()))]))
         self._blk = BlockBuilder()
+        if self._sealer is not None:
+            frame = self._sealer.seal(frame, self._fsize)
         fault_point("frame", fd=self._out.fd, data=frame)  # DCPTOOL_FAULT: kill-mid-file, enospc
         self._out.write(frame)
         self._sha.update(frame)
@@ -446,6 +449,7 @@ class VBucketWriter:
         """Create the next data file; its header record goes first in the buffer."""
         self._segment = segment
         path = self.dir / data_file_name(self.vbucket, segment)
+        self._sealer = crypto.frame_sealer(path)  # None in a plain archive
         self._out = storage.write_new(path, FILE_MODE)
         self._fsize = 0
         self._sha = hashlib.sha256()

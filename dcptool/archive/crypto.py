@@ -1,0 +1,657 @@
+"""Encryption at rest (see docs/archive-format.md, "Encrypted archives").
+
+An encrypted archive has one random 256-bit *data key*. It never reaches a file in the
+clear: each `ARCHIVE/keys/KEYID.json` holds it wrapped (AES-256-GCM) under a key derived
+from one passphrase with scrypt, so a passphrase is added, changed or removed by writing or
+deleting one small file, never by rewriting data (restic's model).
+
+Everything under `backups/` is sealed with AES-256-GCM under *subkeys* of the data key:
+
+- a subkey is HKDF-SHA256(data key, salt=16 random bytes, info="dcptool-archive subkey 1");
+  every write session picks a fresh salt: one per data file written (and one for the frame
+  that recovery rewrites when it cuts a partial file), one per metadata file written;
+- the nonce of a sealed piece is 4 zero bytes and a 64-bit big-endian counter that starts
+  at 0 for each salt and counts the pieces sealed under it. A subkey belongs to one writer
+  object, which counts up and never reuses a counter: nonces never repeat under one key.
+- the additional authenticated data binds each piece to where it belongs: the backup id
+  and file name (``ID/NAME``) and, for a frame of a data file, its byte offset in the file.
+  A frame moved, swapped, or copied into another file, or a manifest copied to another
+  backup, fails to open.
+
+A sealed piece is stored as a zstd *skippable frame* (magic 0x184D2A5E), so a data file
+stays a valid zstd stream:
+
+    5E 2A 4D 18 | u32-le body length | 01 | salt (16) | counter (u64-be) | ciphertext + tag (16)
+
+A data file is a run of such envelopes, one per zstd frame; a metadata file (backup.json,
+done files, manifest.json) is one envelope around its JSON. `archive.json` and the key
+files stay in the clear; `archive.json` carries an HMAC-SHA256 under a subkey of the data
+key, and so does each key file, so `verify` reports a changed byte in either.
+
+The data key of an archive this process opened is kept in a registry by archive uuid;
+Spark tasks receive it from the driver (`carrying_keys`, `export_keys`/`install_keys`),
+never a passphrase. No function here prints or logs a key or a passphrase.
+"""
+from __future__ import annotations
+
+import base64
+import getpass
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from . import storage
+from .errors import ArchiveError, CorruptFileError
+
+#: environment variables a passphrase comes from (the file's first line is the passphrase)
+PASSPHRASE_ENV = "DCPTOOL_ARCHIVE_PASSPHRASE"
+PASSPHRASE_FILE_ENV = "DCPTOOL_ARCHIVE_PASSPHRASE_FILE"
+
+CIPHER = "AES-256-GCM"
+KEYS_DIR = "keys"
+KEY_FORMAT = "dcptool-key"
+#: scrypt parameters of new key files: 32 MiB of memory, ~0.1 s on a current CPU
+SCRYPT_N = 1 << 15
+SCRYPT_R = 8
+SCRYPT_P = 1
+#: the most a key file may ask for (a changed key file must not make us allocate gigabytes)
+_MAX_N, _MAX_R, _MAX_P = 1 << 20, 32, 16
+
+#: a skippable zstd frame's magic number (little-endian 0x184D2A5E)
+ENVELOPE_MAGIC = (0x184D2A5E).to_bytes(4, "little")
+ENVELOPE_VERSION = 1
+_HEAD = 1 + 16 + 8  # version, salt, counter
+_TAG = 16
+#: bytes an envelope adds to what it holds
+OVERHEAD = 8 + _HEAD + _TAG
+_INFO = b"dcptool-archive subkey 1"
+
+_ARCHIVE_JSON = "archive.json"
+_BACKUPS = "backups"
+_STAGING = ".merge-staging"
+_BACKUP_ID_RE = re.compile(r"^\d{8}T\d{6}\.\d{6}Z$")
+
+
+class WrongPassphraseError(ArchiveError):
+    """No key of the archive opens with the passphrase given."""
+
+
+class PassphraseMissingError(ArchiveError):
+    """The archive is encrypted and no passphrase was given."""
+
+
+class TamperedError(ValueError):
+    """A sealed piece fails authentication (raised by open_file; callers name the file)."""
+
+
+# -- keys held by this process ------------------------------------------------------------------
+
+
+class DataKey:
+    """An archive's data key, with its subkeys cached. Its repr never shows the key."""
+
+    __slots__ = ("uuid", "_key", "_subkeys", "_lock")
+
+    def __init__(self, uuid: str, key: bytes):
+        if len(key) != 32:
+            raise ValueError("a data key has 32 bytes")
+        self.uuid = uuid
+        self._key = bytes(key)
+        self._subkeys: dict[bytes, Any] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"DataKey({self.uuid!r}, <secret>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self):  # pickled only inside export_keys' token
+        raise TypeError("a DataKey is not pickled; use export_keys")
+
+    def aead(self, salt: bytes) -> Any:
+        """The AES-256-GCM object of the subkey for `salt`."""
+        a = self._subkeys.get(salt)
+        if a is None:
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+            a = AESGCM(_hkdf(self._key, salt, _INFO))
+            with self._lock:
+                if len(self._subkeys) > 4096:
+                    self._subkeys.clear()
+                self._subkeys[salt] = a
+        return a
+
+    def mac(self, what: bytes, data: bytes) -> str:
+        k = _hkdf(self._key, b"", b"dcptool-archive mac 1 " + what)
+        return hmac.new(k, data, hashlib.sha256).hexdigest()
+
+
+def _hkdf(key: bytes, salt: bytes, info: bytes) -> bytes:
+    # HKDF-SHA256 (RFC 5869) with a 32-byte output: one extract, one expand block
+    prk = hmac.new(salt or b"\0" * 32, key, hashlib.sha256).digest()
+    return hmac.new(prk, info + b"\x01", hashlib.sha256).digest()
+
+
+_KEYS: dict[str, DataKey] = {}
+#: archive root (as a string) -> its uuid when encrypted, None when plain or no archive
+_ROOTS: dict[str, str | None] = {}
+_REG_LOCK = threading.Lock()
+
+
+def _root_str(root: Any) -> str:
+    if storage.is_remote(root):
+        return str(root)
+    return os.path.abspath(os.fspath(root))
+
+
+def register(uuid: str, key: bytes, root: Any | None = None) -> DataKey:
+    with _REG_LOCK:
+        dk = _KEYS.get(uuid)
+        if dk is None or dk._key != key:
+            dk = _KEYS[uuid] = DataKey(uuid, key)
+        if root is not None:
+            _ROOTS[_root_str(root)] = uuid
+    return dk
+
+
+def key_of(uuid: str) -> DataKey | None:
+    return _KEYS.get(uuid)
+
+
+def note_archive(root: Any, meta: dict[str, Any]) -> None:
+    """Remember whether the archive at `root` is encrypted (Archive.open and create)."""
+    _ROOTS[_root_str(root)] = meta["uuid"] if is_encrypted(meta) else None
+
+
+def is_encrypted(meta: dict[str, Any]) -> bool:
+    return isinstance(meta, dict) and isinstance(meta.get("encryption"), dict)
+
+
+def export_keys() -> str:
+    """The data keys this process holds, as one opaque string for Spark tasks (a secret:
+    never print or log it)."""
+    return base64.b64encode(json.dumps(
+        {u: base64.b64encode(k._key).decode() for u, k in _KEYS.items()}).encode()).decode()
+
+
+def install_keys(token: str | None) -> None:
+    if not token:
+        return
+    for u, k in json.loads(base64.b64decode(token)).items():
+        if u not in _KEYS:
+            register(u, base64.b64decode(k))
+
+
+class carrying_keys:
+    """A task function that brings the driver's data keys into the executor running it."""
+
+    def __init__(self, fn: Callable[[Any], Any]):
+        self.fn = fn
+        self.token = export_keys() if _KEYS else None
+
+    def __repr__(self) -> str:
+        return f"carrying_keys({self.fn!r})"
+
+    def __call__(self, task: Any) -> Any:
+        install_keys(self.token)
+        return self.fn(task)
+
+
+_REQUESTS: dict[str, str] = {}
+
+
+def request_encryption(root: Any, passphrase: str) -> None:
+    """Make the next `Archive.create` at `root` in this process create it encrypted under
+    `passphrase` (backup --encrypt asks for the passphrase before it connects)."""
+    _REQUESTS[_root_str(storage.location(root))] = passphrase
+
+
+def take_request(root: Any) -> str | None:
+    return _REQUESTS.pop(_root_str(root), None)
+
+
+def forget_keys() -> None:
+    """Drop every key and root this process knows (tests)."""
+    with _REG_LOCK:
+        _KEYS.clear()
+        _ROOTS.clear()
+
+
+# -- which key a file is sealed under ---------------------------------------------------------------
+
+
+def _where(path: Any) -> tuple[Any, str] | None:
+    """(archive root, "ID/NAME") for a file under backups/ (or the merge staging
+    directory's backups/), None for any other file."""
+    p = storage.location(path)
+    bdir = p.parent
+    if bdir.parent.name != _BACKUPS or not _BACKUP_ID_RE.match(bdir.name):
+        return None
+    root = bdir.parent.parent
+    if root.name == _STAGING:
+        root = root.parent
+    return root, f"{bdir.name}/{p.name}"
+
+
+def _uuid_of_root(root: Any) -> str | None:
+    rs = _root_str(root)
+    try:
+        return _ROOTS[rs]
+    except KeyError:
+        pass
+    try:
+        meta = json.loads(storage.read_bytes(storage.location(root) / _ARCHIVE_JSON))
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # not in an archive (yet): plain files, not remembered
+    except (OSError, ValueError):
+        return None
+    uuid = meta.get("uuid") if is_encrypted(meta) else None
+    _ROOTS[rs] = uuid
+    return uuid
+
+
+def file_key(path: Any) -> tuple[DataKey, str] | None:
+    """(data key, the file's name for authentication) when `path` is a file of an
+    encrypted archive's backups, None for a plain archive's. Raises
+    PassphraseMissingError when the archive is encrypted and its key is not loaded."""
+    w = _where(path)
+    if w is None:
+        return None
+    root, rel = w
+    uuid = _uuid_of_root(root)
+    if uuid is None:
+        return None
+    dk = _KEYS.get(uuid)
+    if dk is None:
+        raise PassphraseMissingError(f"archive {root} is encrypted and its key is not loaded",
+                                     hint=f"give the passphrase ({PASSPHRASE_ENV}, "
+                                          "--passphrase-file or the prompt)")
+    return dk, rel
+
+
+# -- sealing ------------------------------------------------------------------------------------------
+
+
+def _envelope(dk: DataKey, salt: bytes, counter: int, data: bytes, aad: bytes) -> bytes:
+    ct = dk.aead(salt).encrypt(b"\0\0\0\0" + counter.to_bytes(8, "big"), data, aad)
+    body_len = _HEAD + len(ct)
+    return b"".join((ENVELOPE_MAGIC, body_len.to_bytes(4, "little"), bytes((ENVELOPE_VERSION,)),
+                     salt, counter.to_bytes(8, "big"), ct))
+
+
+def _open(dk: DataKey, body: bytes | memoryview, aad: bytes) -> bytes:
+    """The plaintext of an envelope's body (after magic and length); TamperedError."""
+    from cryptography.exceptions import InvalidTag
+
+    if len(body) < _HEAD + _TAG or body[0] != ENVELOPE_VERSION:
+        raise TamperedError("not a sealed piece of this format")
+    salt = bytes(body[1:17])
+    nonce = b"\0\0\0\0" + bytes(body[17:25])
+    try:
+        return dk.aead(salt).decrypt(nonce, body[_HEAD:], aad)
+    except InvalidTag:
+        raise TamperedError("fails authentication: the file was tampered with "
+                            "(or written under another key)") from None
+
+
+def _frame_aad(rel: str, offset: int) -> bytes:
+    return b"dcptool-frame\0" + rel.encode() + b"\0" + offset.to_bytes(8, "big")
+
+
+def _file_aad(rel: str) -> bytes:
+    return b"dcptool-file\0" + rel.encode()
+
+
+class FrameSealer:
+    """Seals the frames of one data file as one writer writes them: a fresh subkey (salt)
+    for this writer, the counter counts its frames."""
+
+    __slots__ = ("_dk", "_rel", "_salt", "_n")
+
+    def __init__(self, dk: DataKey, rel: str):
+        self._dk = dk
+        self._rel = rel
+        self._salt = secrets.token_bytes(16)
+        self._n = 0
+
+    def seal(self, frame: bytes, offset: int) -> bytes:
+        n = self._n
+        self._n = n + 1
+        return _envelope(self._dk, self._salt, n, frame, _frame_aad(self._rel, offset))
+
+
+def frame_sealer(path: Any) -> FrameSealer | None:
+    """A sealer for a data file being written, None in a plain archive."""
+    fk = file_key(path)
+    return None if fk is None else FrameSealer(*fk)
+
+
+class FrameOpener:
+    __slots__ = ("_dk", "_rel")
+
+    def __init__(self, dk: DataKey, rel: str):
+        self._dk = dk
+        self._rel = rel
+
+    def open(self, body: bytes | memoryview, offset: int) -> bytes:
+        return _open(self._dk, body, _frame_aad(self._rel, offset))
+
+
+def frame_opener(path: Any) -> FrameOpener | None:
+    fk = file_key(path)
+    return None if fk is None else FrameOpener(*fk)
+
+
+def envelope_body(data: bytes) -> bytes | None:
+    """The body of `data` when it is exactly one envelope, None when it does not start
+    with the envelope magic."""
+    if data[:4] != ENVELOPE_MAGIC:
+        return None
+    n = int.from_bytes(data[4:8], "little")
+    if len(data) != 8 + n:
+        raise TamperedError("sealed file has the wrong length (truncated or grown)")
+    return data[8:]
+
+
+def seal_file(path: Any, data: bytes) -> bytes:
+    """What to store for a metadata file's content (as is in a plain archive)."""
+    fk = file_key(path)
+    if fk is None:
+        return data
+    dk, rel = fk
+    return _envelope(dk, secrets.token_bytes(16), 0, data, _file_aad(rel))
+
+
+def open_file(path: Any, data: bytes) -> bytes:
+    """A metadata file's content from what is stored; TamperedError (a ValueError) when it
+    fails authentication or is in the clear in an encrypted archive."""
+    fk = file_key(path)
+    if fk is None:
+        if data[:4] == ENVELOPE_MAGIC:
+            raise TamperedError("is encrypted but the archive is not")
+        return data
+    body = envelope_body(data)
+    if body is None:
+        raise TamperedError("is not encrypted in an encrypted archive: the file was tampered "
+                            "with")
+    dk, rel = fk
+    return _open(dk, body, _file_aad(rel))
+
+
+def read_file(path: Any) -> bytes:
+    """A metadata file's content (storage.read_bytes, opened)."""
+    where = storage.location(path)
+    return open_file(where, storage.read_bytes(where))
+
+
+# -- passphrases -------------------------------------------------------------------------------------
+
+_PASSPHRASE_FILE: list[str | None] = [None]
+
+
+def set_passphrase_file(path: str | os.PathLike[str] | None) -> None:
+    """Where this process reads passphrases from (the CLI's --passphrase-file)."""
+    _PASSPHRASE_FILE[0] = None if path is None else os.fspath(path)
+
+
+def _read_passphrase_file(path: str, label: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ArchiveError(f"{label} {path}: cannot read: {exc.strerror}") from None
+    line = text.splitlines()[0] if text else ""
+    if not line:
+        raise ArchiveError(f"{label} {path} is empty")
+    return line
+
+
+def get_passphrase(purpose: str, *, confirm: bool = False) -> str:
+    """A passphrase: --passphrase-file, DCPTOOL_ARCHIVE_PASSPHRASE, its _FILE variant, or a
+    prompt on the terminal (asked twice with `confirm`)."""
+    if _PASSPHRASE_FILE[0]:
+        return _read_passphrase_file(_PASSPHRASE_FILE[0], "--passphrase-file")
+    env = os.environ.get(PASSPHRASE_ENV)
+    if env:
+        return env
+    fenv = os.environ.get(PASSPHRASE_FILE_ENV)
+    if fenv:
+        return _read_passphrase_file(fenv, PASSPHRASE_FILE_ENV)
+    return prompt_passphrase(purpose, confirm=confirm)
+
+
+def prompt_passphrase(purpose: str, *, confirm: bool = False) -> str:
+    if not sys.stdin.isatty():
+        raise PassphraseMissingError(f"{purpose}: a passphrase is needed and none was given",
+                                     hint=f"set {PASSPHRASE_ENV} or use --passphrase-file")
+    p = getpass.getpass(f"passphrase for {purpose}: ")
+    if not p:
+        raise ArchiveError("empty passphrase")
+    if confirm and getpass.getpass("the same passphrase again: ") != p:
+        raise ArchiveError("the passphrases differ")
+    return p
+
+
+# -- key files -----------------------------------------------------------------------------------------
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode()
+
+
+def _canonical(doc: dict[str, Any], *, drop: tuple[str, ...] = ()) -> bytes:
+    return json.dumps({k: v for k, v in doc.items() if k not in drop}, sort_keys=True,
+                      separators=(",", ":")).encode()
+
+
+def _kek(passphrase: str, kdf: dict[str, Any]) -> bytes:
+    n, r, p = kdf["n"], kdf["r"], kdf["p"]
+    return hashlib.scrypt(passphrase.encode("utf-8"), salt=base64.b64decode(kdf["salt"]),
+                          n=n, r=r, p=p, dklen=32, maxmem=128 * r * n + (64 << 20))
+
+
+def make_key_file(uuid: str, data_key: DataKey, passphrase: str, *,
+                  n: int = SCRYPT_N, r: int = SCRYPT_R, p: int = SCRYPT_P,
+                  created: str = "") -> dict[str, Any]:
+    """A new key file's document: the data key wrapped under the passphrase."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    doc: dict[str, Any] = {
+        "format": KEY_FORMAT, "id": secrets.token_hex(8), "archive": uuid, "created": created,
+        "kdf": {"name": "scrypt", "n": n, "r": r, "p": p, "salt": _b64(secrets.token_bytes(16))},
+        "cipher": CIPHER,
+    }
+    nonce = secrets.token_bytes(12)  # one message under this key file's KEK (fresh salt)
+    doc["nonce"] = _b64(nonce)
+    doc["wrapped"] = _b64(AESGCM(_kek(passphrase, doc["kdf"])).encrypt(
+        nonce, data_key._key, _canonical(doc, drop=("nonce",))))
+    doc["mac"] = data_key.mac(b"key", _canonical(doc, drop=("mac",)))
+    return doc
+
+
+def check_key_doc(doc: Any, uuid: str) -> str | None:
+    """Why a key file's document is malformed (None when it is well-formed)."""
+    if not isinstance(doc, dict) or doc.get("format") != KEY_FORMAT:
+        return "is not a dcptool key file"
+    if doc.get("archive") != uuid:
+        return "belongs to another archive"
+    kdf = doc.get("kdf")
+    if not isinstance(kdf, dict) or kdf.get("name") != "scrypt":
+        return "names an unknown key derivation"
+    for k, hi in (("n", _MAX_N), ("r", _MAX_R), ("p", _MAX_P)):
+        v = kdf.get(k)
+        if not isinstance(v, int) or not 1 <= v <= hi:
+            return f"has a scrypt {k} out of range"
+    if kdf["n"] & (kdf["n"] - 1) or kdf["n"] < 2:
+        return "has a scrypt n that is not a power of two"
+    if doc.get("cipher") != CIPHER:
+        return "names an unknown cipher"
+    for k in ("id", "nonce", "wrapped", "mac", "created"):
+        if not isinstance(doc.get(k), str):
+            return f"has no {k}"
+    try:
+        base64.b64decode(kdf["salt"], validate=True)
+        base64.b64decode(doc["nonce"], validate=True)
+        base64.b64decode(doc["wrapped"], validate=True)
+    except (ValueError, TypeError):
+        return "holds malformed base64"
+    return None
+
+
+def unwrap(doc: dict[str, Any], passphrase: str) -> bytes | None:
+    """The data key when `passphrase` opens this key file, else None."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    try:
+        key = AESGCM(_kek(passphrase, doc["kdf"])).decrypt(
+            base64.b64decode(doc["nonce"]), base64.b64decode(doc["wrapped"]),
+            _canonical(doc, drop=("nonce", "wrapped", "mac")))
+    except (InvalidTag, ValueError):
+        return None
+    return key if len(key) == 32 else None
+
+
+def keys_dir(root: Any) -> Any:
+    return storage.location(root) / KEYS_DIR
+
+
+def read_key_files(root: Any) -> dict[str, Any]:
+    """{file name: parsed document, or the exception text when unreadable} of keys/."""
+    kdir = keys_dir(root)
+    try:
+        names = sorted(n for n in storage.listdir(kdir) if n.endswith(".json"))
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    out: dict[str, Any] = {}
+    for name in names:
+        try:
+            out[name] = json.loads(storage.read_bytes(kdir / name).decode("utf-8"))
+        except (OSError, ValueError) as exc:
+            out[name] = f"unreadable: {exc}"
+    return out
+
+
+def write_key_file(root: Any, doc: dict[str, Any]) -> Any:
+    path = keys_dir(root) / f"{doc['id']}.json"
+    storage.create_exclusive(path, (json.dumps(doc, indent=2) + "\n").encode(), 0o600)
+    return path
+
+
+def archive_mac(dk: DataKey, meta: dict[str, Any]) -> str:
+    enc = {k: v for k, v in meta["encryption"].items() if k != "mac"}
+    return dk.mac(b"archive.json", _canonical({**meta, "encryption": enc}))
+
+
+def new_encryption(uuid: str, passphrase: str, created: str,
+                   **kdf: int) -> tuple[dict[str, Any], DataKey, dict[str, Any]]:
+    """(archive.json's "encryption" member without its mac, the new data key, the first
+    key file's document)."""
+    dk = DataKey(uuid, secrets.token_bytes(32))
+    doc = make_key_file(uuid, dk, passphrase, created=created, **kdf)
+    return {"cipher": CIPHER, "kdf": "scrypt", "keys": KEYS_DIR + "/"}, dk, doc
+
+
+def unlock(root: Any, meta: dict[str, Any], passphrase: str | None = None) -> DataKey:
+    """The data key of the encrypted archive at `root` (registered for this process):
+    already loaded, or unwrapped from a key file with the passphrase (given, or from
+    `get_passphrase`). Raises WrongPassphraseError, and CorruptFileError when archive.json
+    fails its check."""
+    uuid = meta["uuid"]
+    dk = _KEYS.get(uuid)
+    if dk is None:
+        docs = read_key_files(root)
+        good = {n: d for n, d in docs.items() if isinstance(d, dict)
+                and check_key_doc(d, uuid) is None}
+        if not good:
+            raise ArchiveError(f"archive {root} is encrypted but has no usable key file in "
+                               f"{keys_dir(root)}")
+        if passphrase is None:
+            passphrase = get_passphrase(f"archive {root}")
+        key = None
+        for d in good.values():
+            key = unwrap(d, passphrase)
+            if key is not None:
+                break
+        if key is None:
+            raise WrongPassphraseError(f"wrong passphrase for archive {root}: no key of it "
+                                       "opens with it")
+        dk = register(uuid, key)
+    _ROOTS[_root_str(root)] = uuid
+    mac = meta["encryption"].get("mac")
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, archive_mac(dk, meta)):
+        raise CorruptFileError(storage.location(root) / _ARCHIVE_JSON,
+                               "fails authentication: the file was tampered with")
+    return dk
+
+
+def check_key_files(root: Any, dk: DataKey) -> list[tuple[str, str]]:
+    """[(key file path, what is wrong)] for key files that are malformed or fail their
+    MAC under the data key (tampered)."""
+    out = []
+    kdir = keys_dir(root)
+    for name, doc in read_key_files(root).items():
+        path = str(kdir / name)
+        if not isinstance(doc, dict):
+            out.append((path, f"{doc} (tampered?)"))
+            continue
+        why = check_key_doc(doc, dk.uuid)
+        if why:
+            out.append((path, f"{why} (tampered?)"))
+        elif not hmac.compare_digest(doc["mac"], dk.mac(b"key", _canonical(doc, drop=("mac",)))):
+            out.append((path, "fails authentication: the key file was tampered with"))
+    return out
+
+
+# -- key management (dcptool key add|remove|list) ---------------------------------------------------
+
+
+def list_keys(root: Any, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """[{id, created, kdf: {name, n, r, p}, file}] of the archive's key files (well-formed
+    ones; verify reports the others)."""
+    out = []
+    for name, doc in read_key_files(root).items():
+        if isinstance(doc, dict) and check_key_doc(doc, meta["uuid"]) is None:
+            kdf = doc["kdf"]
+            out.append({"id": doc["id"], "created": doc["created"], "file": f"{KEYS_DIR}/{name}",
+                        "kdf": {"name": kdf["name"], "n": kdf["n"], "r": kdf["r"], "p": kdf["p"]}})
+    return sorted(out, key=lambda d: (d["created"], d["id"]))
+
+
+def add_key(root: Any, meta: dict[str, Any], new_passphrase: str, created: str) -> dict[str, Any]:
+    """Wrap the (unlocked) data key under one more passphrase; returns the list entry of
+    the new key file."""
+    dk = unlock(root, meta)
+    doc = make_key_file(meta["uuid"], dk, new_passphrase, created=created)
+    write_key_file(root, doc)
+    return next(k for k in list_keys(root, meta) if k["id"] == doc["id"])
+
+
+def remove_key(root: Any, meta: dict[str, Any], key_id: str) -> dict[str, Any]:
+    """Delete a key file; refuses the last one (the data would be lost for good)."""
+    unlock(root, meta)
+    keys = list_keys(root, meta)
+    match = [k for k in keys if k["id"] == key_id]
+    if not match:
+        raise ArchiveError(f"archive {root} has no key {key_id}",
+                           hint="see 'dcptool key list' for its keys")
+    if len(keys) == 1:
+        raise ArchiveError(f"key {key_id} is the last key of archive {root}: without it the "
+                           "archive cannot be read", hint="add another key first")
+    storage.unlink(storage.location(root) / match[0]["file"])
+    return match[0]
+
+
+def which_key(root: Any, meta: dict[str, Any], passphrase: str) -> str | None:
+    """The id of the key file `passphrase` opens, None when none does."""
+    for doc in read_key_files(root).values():
+        if isinstance(doc, dict) and check_key_doc(doc, meta["uuid"]) is None \
+                and unwrap(doc, passphrase) is not None:
+            return doc["id"]
+    return None
