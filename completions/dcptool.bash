@@ -4,11 +4,12 @@
 
 _dcptool_subcommands() {
     case "$1" in
-        "") echo "backup cluster collection decode doc engine examine export failover-log info merge node quickstart restore tail verify watermark" ;;
+        "") echo "backup cluster collection decode doc engine examine export failover-log info key merge node quickstart restore tail verify watermark" ;;
         "cluster") echo "create failover move status" ;;
         "collection") echo "create drop list" ;;
         "doc") echo "delete get load set" ;;
         "engine") echo "start status stop" ;;
+        "key") echo "add list remove" ;;
         "node") echo "start status user" ;;
         "node user") echo "add list remove" ;;
         "watermark") echo "list register remove" ;;
@@ -18,7 +19,7 @@ _dcptool_subcommands() {
 _dcptool_options() {
     case "$1" in
         "") echo "--version -q --quiet -v --verbose -h --help" ;;
-        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --snappy --no-snappy --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl --include-data --exclude-data -h --help" ;;
+        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --snappy --no-snappy --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl --include-data --exclude-data --encrypt --passphrase-file -h --help" ;;
         "cluster") echo "-h --help" ;;
         "cluster create") echo "-c --cluster --replicas --topology --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "cluster failover") echo "-c --cluster --via --promote --json -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
@@ -38,11 +39,15 @@ _dcptool_options() {
         "engine start") echo "--master --foreground --timeout --json -h --help" ;;
         "engine status") echo "--json -h --help" ;;
         "engine stop") echo "--now --timeout --json -h --help" ;;
-        "examine") echo "--backup --collection --values --json -h --help" ;;
-        "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --json -h --help" ;;
+        "examine") echo "--backup --collection --values --json --passphrase-file -h --help" ;;
+        "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --json --passphrase-file -h --help" ;;
         "failover-log") echo "--vbuckets --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
-        "info") echo "--json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
-        "merge") echo "--from --to --level --master --partitions --json -h --help" ;;
+        "info") echo "--json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --passphrase-file -h --help" ;;
+        "key") echo "-h --help" ;;
+        "key add") echo "--new-passphrase-file --json --passphrase-file -h --help" ;;
+        "key list") echo "--json --passphrase-file -h --help" ;;
+        "key remove") echo "--json --passphrase-file -h --help" ;;
+        "merge") echo "--from --to --level --master --partitions --json --passphrase-file -h --help" ;;
         "node") echo "-h --help" ;;
         "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level -h --help" ;;
         "node status") echo "--data --json --username --password --password-file -h --help" ;;
@@ -51,9 +56,9 @@ _dcptool_options() {
         "node user list") echo "--data --json -h --help" ;;
         "node user remove") echo "--data --json -h --help" ;;
         "quickstart") echo "--dir --docs --vbuckets --master --json -h --help" ;;
-        "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --backup --vbuckets --filter-keys --force-updates --dry-run --include-data --exclude-data --map-data --rest-port --master --partitions --json -h --help" ;;
+        "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --backup --vbuckets --filter-keys --force-updates --dry-run --include-data --exclude-data --map-data --rest-port --master --partitions --json --passphrase-file -h --help" ;;
         "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback --collection --watermark --watermark-name --watermark-interval --watermark-ttl -v --verbose -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --snappy --no-snappy -h --help" ;;
-        "verify") echo "--json --checksums-only --against --backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --master --partitions -h --help" ;;
+        "verify") echo "--json --checksums-only --against --backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --master --partitions --passphrase-file -h --help" ;;
         "watermark") echo "-h --help" ;;
         "watermark list") echo "--name --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "watermark register") echo "--name --instance --seqnos --archive --ttl --meta --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
@@ -63,7 +68,7 @@ _dcptool_options() {
 
 _dcptool_valued_options() {
     case "$1" in
-        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data" ;;
+        "backup") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data --passphrase-file" ;;
         "cluster create") echo "-c --cluster --replicas --topology -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "cluster failover") echo "-c --cluster --via --promote -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "cluster move") echo "-c --cluster --vbuckets --to --vbucket-timeout -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
@@ -77,20 +82,23 @@ _dcptool_valued_options() {
         "doc set") echo "--flags --expiry --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "engine start") echo "--master --timeout" ;;
         "engine stop") echo "--timeout" ;;
-        "examine") echo "--backup --collection" ;;
-        "export") echo "--format --backup --vbuckets --master --partitions" ;;
+        "examine") echo "--backup --collection --passphrase-file" ;;
+        "export") echo "--format --backup --vbuckets --master --partitions --passphrase-file" ;;
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
-        "info") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
-        "merge") echo "--from --to --level --master --partitions" ;;
+        "info") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout --passphrase-file" ;;
+        "key add") echo "--new-passphrase-file --passphrase-file" ;;
+        "key list") echo "--passphrase-file" ;;
+        "key remove") echo "--passphrase-file" ;;
+        "merge") echo "--from --to --level --master --partitions --passphrase-file" ;;
         "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level" ;;
         "node status") echo "--data --username --password --password-file" ;;
         "node user add") echo "--data -r --role --password-file" ;;
         "node user list") echo "--data" ;;
         "node user remove") echo "--data" ;;
         "quickstart") echo "--dir --docs --vbuckets --master" ;;
-        "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions" ;;
+        "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions --passphrase-file" ;;
         "tail") echo "--from --vbuckets --filter --state --until-idle --count --noop-interval --collection --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
-        "verify") echo "--backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --master --partitions" ;;
+        "verify") echo "--backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --master --partitions --passphrase-file" ;;
         "watermark list") echo "--name -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "watermark register") echo "--name --instance --seqnos --archive --ttl --meta -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "watermark remove") echo "--name --instance --archive -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
@@ -115,6 +123,7 @@ _dcptool_option_files() {
     case "$1" in
         "backup|--password-file") echo "file" ;;
         "backup|--cacert") echo "file" ;;
+        "backup|--passphrase-file") echo "file" ;;
         "cluster create|--password-file") echo "file" ;;
         "cluster create|--cacert") echo "file" ;;
         "cluster failover|--password-file") echo "file" ;;
@@ -137,10 +146,18 @@ _dcptool_option_files() {
         "doc load|--cacert") echo "file" ;;
         "doc set|--password-file") echo "file" ;;
         "doc set|--cacert") echo "file" ;;
+        "examine|--passphrase-file") echo "file" ;;
+        "export|--passphrase-file") echo "file" ;;
         "failover-log|--password-file") echo "file" ;;
         "failover-log|--cacert") echo "file" ;;
         "info|--password-file") echo "file" ;;
         "info|--cacert") echo "file" ;;
+        "info|--passphrase-file") echo "file" ;;
+        "key add|--new-passphrase-file") echo "file" ;;
+        "key add|--passphrase-file") echo "file" ;;
+        "key list|--passphrase-file") echo "file" ;;
+        "key remove|--passphrase-file") echo "file" ;;
+        "merge|--passphrase-file") echo "file" ;;
         "node start|--data") echo "file" ;;
         "node start|--password-file") echo "file" ;;
         "node start|--tls-cert") echo "file" ;;
@@ -154,12 +171,14 @@ _dcptool_option_files() {
         "quickstart|--dir") echo "file" ;;
         "restore|--password-file") echo "file" ;;
         "restore|--cacert") echo "file" ;;
+        "restore|--passphrase-file") echo "file" ;;
         "tail|--from") echo "file" ;;
         "tail|--state") echo "file" ;;
         "tail|--password-file") echo "file" ;;
         "tail|--cacert") echo "file" ;;
         "verify|--password-file") echo "file" ;;
         "verify|--cacert") echo "file" ;;
+        "verify|--passphrase-file") echo "file" ;;
         "watermark list|--password-file") echo "file" ;;
         "watermark list|--cacert") echo "file" ;;
         "watermark register|--seqnos") echo "file" ;;

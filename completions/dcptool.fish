@@ -4,7 +4,7 @@
 function __dcptool_subcommands
     switch "$argv"
         case ''
-            echo 'backup' 'cluster' 'collection' 'decode' 'doc' 'engine' 'examine' 'export' 'failover-log' 'info' 'merge' 'node' 'quickstart' 'restore' 'tail' 'verify' 'watermark'
+            echo 'backup' 'cluster' 'collection' 'decode' 'doc' 'engine' 'examine' 'export' 'failover-log' 'info' 'key' 'merge' 'node' 'quickstart' 'restore' 'tail' 'verify' 'watermark'
         case 'cluster'
             echo 'create' 'failover' 'move' 'status'
         case 'collection'
@@ -13,6 +13,8 @@ function __dcptool_subcommands
             echo 'delete' 'get' 'load' 'set'
         case 'engine'
             echo 'start' 'status' 'stop'
+        case 'key'
+            echo 'add' 'list' 'remove'
         case 'node'
             echo 'start' 'status' 'user'
         case 'node user'
@@ -25,7 +27,7 @@ end
 function __dcptool_valued_options
     switch "$argv"
         case 'backup'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data --passphrase-file
         case 'cluster create'
             echo -c --cluster --replicas --topology -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'cluster failover'
@@ -53,15 +55,21 @@ function __dcptool_valued_options
         case 'engine stop'
             echo --timeout
         case 'examine'
-            echo --backup --collection
+            echo --backup --collection --passphrase-file
         case 'export'
-            echo --format --backup --vbuckets --master --partitions
+            echo --format --backup --vbuckets --master --partitions --passphrase-file
         case 'failover-log'
             echo --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'info'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout --passphrase-file
+        case 'key add'
+            echo --new-passphrase-file --passphrase-file
+        case 'key list'
+            echo --passphrase-file
+        case 'key remove'
+            echo --passphrase-file
         case 'merge'
-            echo --from --to --level --master --partitions
+            echo --from --to --level --master --partitions --passphrase-file
         case 'node start'
             echo --data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level
         case 'node status'
@@ -75,11 +83,11 @@ function __dcptool_valued_options
         case 'quickstart'
             echo --dir --docs --vbuckets --master
         case 'restore'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions
+            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions --passphrase-file
         case 'tail'
             echo --from --vbuckets --filter --state --until-idle --count --noop-interval --collection --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'verify'
-            echo --backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --master --partitions
+            echo --backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --master --partitions --passphrase-file
         case 'watermark list'
             echo --name -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'watermark register'
@@ -131,6 +139,7 @@ complete -c dcptool -n '__dcptool_at' -a 'examine' -d 'Show every version of one
 complete -c dcptool -n '__dcptool_at' -a 'export' -d 'Write an archive\'s records (or resolved documents) as Parquet or JSON lines'
 complete -c dcptool -n '__dcptool_at' -a 'failover-log' -d 'Print each vbucket\'s failover log, newest entry first'
 complete -c dcptool -n '__dcptool_at' -a 'info' -d 'Show the backups an archive holds: id, parent, type, complete or partial, time, vbuckets, counts, size on disk and rollbacks'
+complete -c dcptool -n '__dcptool_at' -a 'key' -d 'Add, remove and list the passphrases of an encrypted archive (one key file each in ARCHIVE/keys/)'
 complete -c dcptool -n '__dcptool_at' -a 'merge' -d 'Merge a range of backups of one chain into a single backup'
 complete -c dcptool -n '__dcptool_at' -a 'node' -d 'Run dcptool\'s reference node: a memcached-protocol server that speaks DCP'
 complete -c dcptool -n '__dcptool_at' -a 'quickstart' -d 'Try dcptool end to end: start a local node, load sample documents, back up, change data, back up incrementally, restore into a second node and show the archive'
@@ -162,6 +171,8 @@ complete -c dcptool -n '__dcptool_at backup' -l no-watermark -d 'Do not register
 complete -c dcptool -n '__dcptool_at backup' -l watermark-ttl -x -d 'How long the registered watermark holds the node\'s tombstone purger back unless the next backup renews it'
 complete -c dcptool -n '__dcptool_at backup' -l include-data -x -d 'Only these collections: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
 complete -c dcptool -n '__dcptool_at backup' -l exclude-data -x -d 'Leave these collections out: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
+complete -c dcptool -n '__dcptool_at backup' -l encrypt -d 'Create the new archive encrypted (AES-256-GCM) under a passphrase (DCPTOOL_ARCHIVE_PASSPHRASE, --passphrase-file or a prompt, asked twice)'
+complete -c dcptool -n '__dcptool_at backup' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at backup' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at cluster' -a 'create' -d 'Make the nodes one cluster: actives spread evenly, replicas on other nodes'
 complete -c dcptool -n '__dcptool_at cluster' -a 'failover' -d 'Take a node out of the cluster and promote replicas of the vbuckets active there'
@@ -331,6 +342,7 @@ complete -c dcptool -n '__dcptool_at examine' -l backup -x -d 'Only the chain of
 complete -c dcptool -n '__dcptool_at examine' -l collection -x -d 'Only the versions in this collection (default: the key in every collection)'
 complete -c dcptool -n '__dcptool_at examine' -l values -d 'Show each version\'s value'
 complete -c dcptool -n '__dcptool_at examine' -l json -d 'Print the timeline as JSON'
+complete -c dcptool -n '__dcptool_at examine' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at examine' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at export' -l format -x -a 'parquet jsonl' -d 'Output format'
 complete -c dcptool -n '__dcptool_at export' -l backup -x -d 'Only this backup\'s records'
@@ -340,6 +352,7 @@ complete -c dcptool -n '__dcptool_at export' -l overwrite -d 'Replace OUT if it 
 complete -c dcptool -n '__dcptool_at export' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
 complete -c dcptool -n '__dcptool_at export' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at export' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at export' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at export' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at export' -F
 complete -c dcptool -n '__dcptool_at failover-log' -l vbuckets -x -d 'vbuckets, e.g'
@@ -362,13 +375,29 @@ complete -c dcptool -n '__dcptool_at info' -s b -l bucket -x -d 'Bucket on the n
 complete -c dcptool -n '__dcptool_at info' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at info' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at info' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at info' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at info' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at key' -a 'add' -d 'Add a passphrase: a new key file wrapping the archive\'s data key under it'
+complete -c dcptool -n '__dcptool_at key' -a 'list' -d 'List the keys of an encrypted archive: id, creation time and scrypt parameters'
+complete -c dcptool -n '__dcptool_at key' -a 'remove' -d 'Remove a key file: its passphrase no longer opens the archive'
+complete -c dcptool -n '__dcptool_at key' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at key add' -l new-passphrase-file -r -F -d 'Read the new passphrase from the first line of this file (else DCPTOOL_ARCHIVE_NEW_PASSPHRASE, else a prompt, asked twice)'
+complete -c dcptool -n '__dcptool_at key add' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at key add' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at key add' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at key list' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at key list' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at key list' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at key remove' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at key remove' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at key remove' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at merge' -l from -x -d 'First backup of the range (default: the full backup the chain starts with)'
 complete -c dcptool -n '__dcptool_at merge' -l to -x -d 'Last backup of the range (default: the newest)'
 complete -c dcptool -n '__dcptool_at merge' -l level -x -d 'zstd level of the merged backup (default: the last backup\'s)'
 complete -c dcptool -n '__dcptool_at merge' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
 complete -c dcptool -n '__dcptool_at merge' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at merge' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at merge' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at merge' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at node' -a 'start' -d 'Run a node in the foreground until SIGTERM or SIGINT'
 complete -c dcptool -n '__dcptool_at node' -a 'status' -d 'Whether the node runs, its port, and per-vbucket seqnos and failover log heads'
@@ -450,6 +479,7 @@ complete -c dcptool -n '__dcptool_at restore' -l rest-port -x -d 'The target\'s 
 complete -c dcptool -n '__dcptool_at restore' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
 complete -c dcptool -n '__dcptool_at restore' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at restore' -l json -d 'Print the counts as JSON'
+complete -c dcptool -n '__dcptool_at restore' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at restore' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at tail' -l from -r -F -a 'beginning now' -d 'Where to start: \'beginning\', \'now\' (default), or a state file saved by --state'
 complete -c dcptool -n '__dcptool_at tail' -l vbuckets -x -d 'vbuckets to follow, e.g'
@@ -491,6 +521,7 @@ complete -c dcptool -n '__dcptool_at verify' -l cacert -r -F -d 'CA certificate 
 complete -c dcptool -n '__dcptool_at verify' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at verify' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
 complete -c dcptool -n '__dcptool_at verify' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
+complete -c dcptool -n '__dcptool_at verify' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at verify' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at watermark' -a 'list' -d 'List the node\'s high watermarks: client, instance, vbuckets, lowest and highest seqno, reported, expires, state (ok, expired or lost) and, per vbucket, how far each holds the purger back (old-enough tombstones it keeps, up to which seqno, how long)'
 complete -c dcptool -n '__dcptool_at watermark' -a 'register' -d 'Register (or renew) a high watermark: the purger keeps every deletion above it'

@@ -140,6 +140,8 @@ def _hkdf(key: bytes, salt: bytes, info: bytes) -> bytes:
 
 
 _KEYS: dict[str, DataKey] = {}
+#: archive uuid -> the id of the key file this process's passphrase opened
+_OPENED_WITH: dict[str, str] = {}
 #: archive root (as a string) -> its uuid when encrypted, None when plain or no archive
 _ROOTS: dict[str, str | None] = {}
 _REG_LOCK = threading.Lock()
@@ -174,11 +176,12 @@ def is_encrypted(meta: dict[str, Any]) -> bool:
     return isinstance(meta, dict) and isinstance(meta.get("encryption"), dict)
 
 
-def export_keys() -> str:
-    """The data keys this process holds, as one opaque string for Spark tasks (a secret:
-    never print or log it)."""
+def export_keys(uuids: Any = None) -> str:
+    """The data keys this process holds (of the archives `uuids`, default all), as one
+    opaque string for Spark tasks (a secret: never print or log it)."""
     return base64.b64encode(json.dumps(
-        {u: base64.b64encode(k._key).decode() for u, k in _KEYS.items()}).encode()).decode()
+        {u: base64.b64encode(k._key).decode() for u, k in list(_KEYS.items())
+         if uuids is None or u in uuids}).encode()).decode()
 
 
 def install_keys(token: str | None) -> None:
@@ -217,10 +220,17 @@ def take_request(root: Any) -> str | None:
     return _REQUESTS.pop(_root_str(root), None)
 
 
+def opened_with(uuid: str) -> str | None:
+    """The id of the key file the passphrase of this process opened (None: the key came
+    otherwise, e.g. with a Spark task)."""
+    return _OPENED_WITH.get(uuid)
+
+
 def forget_keys() -> None:
     """Drop every key and root this process knows (tests)."""
     with _REG_LOCK:
         _KEYS.clear()
+        _OPENED_WITH.clear()
         _ROOTS.clear()
 
 
@@ -578,6 +588,7 @@ def unlock(root: Any, meta: dict[str, Any], passphrase: str | None = None) -> Da
         for d in good.values():
             key = unwrap(d, passphrase)
             if key is not None:
+                _OPENED_WITH[uuid] = d["id"]
                 break
         if key is None:
             raise WrongPassphraseError(f"wrong passphrase for archive {root}: no key of it "

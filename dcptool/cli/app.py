@@ -181,8 +181,10 @@ def polish(cmd: Any) -> None:
         return
     cmd._dcptool_polished = True
     from dcptool.cli.connopts import add_password_file
+    from dcptool.cli.passphrase import add_passphrase_file
 
     add_password_file(cmd)  # every command with -p/--password also takes --password-file
+    add_passphrase_file(cmd)  # every command with an ARCHIVE takes --passphrase-file
     add_trailing_verbosity(cmd)
     cmd.help = reflow(cmd.help)
     if getattr(cmd, "short_help", None):
@@ -367,6 +369,7 @@ def _register() -> None:
     from dcptool.cli import cluster  # noqa: F401
     from dcptool.cli import watermark  # noqa: F401
     from dcptool.cli import engine  # noqa: F401
+    from dcptool.cli import key  # noqa: F401
 
 
 _register()

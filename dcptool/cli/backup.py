@@ -26,12 +26,14 @@ manual(
         ("ARCHIVE/backups/ID/", "One directory per backup; manifest.json is written last, so a "
                                 "directory without it is a partial backup."),
         ("ARCHIVE/lock", "Present while a backup or merge writes the archive."),
+        ("ARCHIVE/keys/", "The key files of an encrypted archive (--encrypt), one per "
+                          "passphrase."),
         ("ARCHIVE/logs/backup-TIME.log", "The log of each run (mode 0600): the plan, one line per "
                                          "vbucket, rollbacks, retries and timings. The newest 20 "
                                          "are kept (DCPTOOL_LOG_KEEP)."),
     ),
-    env=("DCPTOOL_LOG_KEEP",),
-    see_also=("restore", "info", "verify", "merge", "examine"),
+    env=("DCPTOOL_LOG_KEEP", "DCPTOOL_ARCHIVE_PASSPHRASE"),
+    see_also=("restore", "info", "verify", "merge", "examine", "key"),
 )
 
 manual(
@@ -98,6 +100,10 @@ def backup(
         "--exclude-data", metavar="NAMES", envvar="DCPTOOL_EXCLUDE_DATA",
         help="Leave these collections out: bucket.scope.collection or bucket.scope, "
              "comma-separated, repeatable.")] = None,
+    encrypt: Annotated[bool, typer.Option(
+        "--encrypt", help="Create the new archive encrypted (AES-256-GCM) under a passphrase "
+                          "(DCPTOOL_ARCHIVE_PASSPHRASE, --passphrase-file or a prompt, asked "
+                          "twice). An encrypted archive needs no --encrypt afterwards.")] = False,
 ) -> None:
     """Back up a bucket into an archive: full the first time, incremental afterwards.
 
@@ -125,11 +131,19 @@ def backup(
     Example: DCPTOOL_PASSWORD=... dcptool backup -c couchbase://127.0.0.1 /backups/default
 
     Example: dcptool backup -c 127.0.0.1 -b travel /backups/travel --include-data travel.inventory
+
+    With --encrypt a new archive is encrypted: every data file, backup.json, done file
+    and manifest is sealed under a random data key, which key files in ARCHIVE/keys/ hold
+    wrapped under passphrases ('dcptool key' adds, removes and lists them). Every command
+    that reads or writes an encrypted archive asks for its passphrase first.
+
+    Example: DCPTOOL_ARCHIVE_PASSPHRASE_FILE=~/.dcptool-pass dcptool backup -c 127.0.0.1 /backups/secret --encrypt
     """
     from dcptool.cli.watermark import parse_ttl
     from dcptool.pipeline.backup import run_backup
 
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
+    _open_or_plan_encrypted(archive, encrypt)  # a wrong passphrase stops here, before work
     opts = conn_args.options()
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     # before Spark starts and before the archive is touched: a user who may not stream
@@ -207,6 +221,23 @@ def backup(
         t.add_row("watermark", f"{wm['name']} ({wm['vbuckets']} vbuckets)" if wm["registered"]
                   else "not registered")
     console().print(t)
+
+
+def _open_or_plan_encrypted(archive: str, encrypt: bool) -> None:
+    """Unlock an existing encrypted archive now; with --encrypt and no archive yet, take
+    the new passphrase now (the archive is created once the node's vbuckets are known)."""
+    from dcptool.archive import Archive, crypto, storage
+    from dcptool.errors import UsageError
+
+    where = storage.location(archive)
+    if (where / "archive.json").exists():
+        a = Archive.open(archive)
+        if encrypt and not a.encrypted:
+            raise UsageError(f"--encrypt: archive {archive} exists and is not encrypted",
+                             hint="back up into a new archive to encrypt")
+    elif encrypt:
+        crypto.request_encryption(archive, crypto.get_passphrase(f"new archive {archive}",
+                                                                 confirm=True))
 
 
 @app.command()

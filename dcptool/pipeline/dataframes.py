@@ -71,6 +71,11 @@ def read_archive(spark, path: str | os.PathLike[str], *, backup: str | None = No
         "partitions": str(partitions or 2 * default_parallelism(spark)),
         "values": "true" if values else "false",
     }
+    if archive.encrypted:  # the data key, for the Python workers (never the passphrase)
+        from dcptool.archive import crypto
+        from .datasource import SECRET_OPTION
+
+        opts[SECRET_OPTION] = crypto.export_keys([archive.uuid])
     for k, v in opts.items():
         if v is not None:
             reader = reader.option(k, v)

@@ -35,7 +35,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from dcptool.archive import Archive, backup_path
+from dcptool.archive import Archive, backup_path, crypto
 from dcptool.archive.chain import descendant_cuts
 from dcptool.archive.reader import iter_vbucket_batches
 from dcptool.archive.resolve import Drops, drop_dropped, part_cuts
@@ -486,16 +486,31 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
     }
 
 
+#: the option that carries an encrypted archive's data key to the Python workers
+#: (`read_archive` sets it; Spark's default spark.redaction.regex hides options named
+#: *secret* in plans and the UI). Without it a worker unlocks the archive with
+#: DCPTOOL_ARCHIVE_PASSPHRASE.
+SECRET_OPTION = "dcptool.secret"
+
+
 class ArchiveReader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, options: dict[str, str]):
-        self.kw = parse_options(dict(options))
+        options = dict(options)
+        self._secret = {str(k).lower(): v for k, v in options.items()}.pop(SECRET_OPTION, None)
+        self.kw = parse_options({k: v for k, v in options.items()
+                                 if str(k).lower() != SECRET_OPTION})
+
+    def __repr__(self) -> str:
+        return f"ArchiveReader({self.kw!r})"
 
     def partitions(self):
+        crypto.install_keys(self._secret)
         kw = dict(self.kw)
         path = kw.pop("path")
         return [InputPartition(part) for part in plan_scan(path, **kw)]
 
     def read(self, partition):
+        crypto.install_keys(self._secret)
         return read_partition(partition.value)
 
 

@@ -198,9 +198,12 @@ def run_tasks(spark, fn, tasks: list) -> list:
     (a command attached to an engine runs them in its own job group)."""
     from .engine import set_job_group
 
+    from dcptool.archive.crypto import carrying_keys
+
     sc = context_of(spark)
     set_job_group(sc)
-    return sc.parallelize(tasks, len(tasks)).map(fn).collect()
+    # the data keys of the encrypted archives this driver opened go with the tasks
+    return sc.parallelize(tasks, len(tasks)).map(carrying_keys(fn)).collect()
 
 
 def _cache_dir() -> Path:
