@@ -195,6 +195,12 @@ def _plain(value: bytes, datatype: int, vbucket: int, key: bytes) -> tuple[bytes
                            f"decompress ({exc.reason})") from None
 
 
+def _without_key(error: str) -> str:
+    """A write error ("KIND KEY: STATUS") with the document key left out."""
+    kind, _, rest = error.partition(" ")
+    return f"{kind} (key not logged: encrypted archive): {rest.rpartition(': ')[2]}"
+
+
 def check_chain_files(chain, vbuckets) -> tuple[int, int, float]:
     """Check the size and SHA-256 of every data file a restore of `vbuckets` along `chain`
     reads against its manifest, before anything is written: a damaged or swapped file
@@ -202,6 +208,7 @@ def check_chain_files(chain, vbuckets) -> tuple[int, int, float]:
     bytes, seconds); raises CorruptFileError naming the first bad file."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from dcptool.archive import crypto
     from dcptool.archive.errors import CorruptFileError
     from dcptool.archive.recovery import file_digest
 
@@ -221,9 +228,12 @@ def check_chain_files(chain, vbuckets) -> tuple[int, int, float]:
             if isinstance(got, OSError):
                 raise CorruptFileError(path, f"cannot read: {got.strerror or got}")
             if got != (f["size"], f["sha256"]):
+                # (in an encrypted archive the manifest is authenticated: the file was changed)
+                sealed = "; the file was tampered with" if crypto.file_key(path) else ""
                 raise CorruptFileError(path, f"is not the file the manifest lists ({got[0]} "
                                              f"bytes, sha256 {got[1][:12]}...; expected "
-                                             f"{f['size']} bytes, sha256 {f['sha256'][:12]}...)")
+                                             f"{f['size']} bytes, sha256 {f['sha256'][:12]}...)"
+                                             f"{sealed}")
     return len(files), sum(f["size"] for _p, f in files), time.monotonic() - t0
 
 
@@ -559,7 +569,8 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
                     _kinds(r["restored"]), _kinds(r["skipped"]), _kinds(r["failed"]),
                     r["retries"], run.get("seconds", 0.0))
             for e in r["errors"]:
-                rl.error("task %d: %s", i, e)
+                # the run log stays in the clear beside an encrypted archive: no keys in it
+                rl.error("task %d: %s", i, _without_key(e) if archive.encrypted else e)
             part = mw.WriteCounts(restored=r["restored"], skipped=r["skipped"], failed=r["failed"],
                                   retries=r["retries"], errors=r["errors"])
             result.counts.add(part)

@@ -1,0 +1,162 @@
+"""Encrypted archives as a user runs them: `dcptool backup --encrypt`, an incremental, the
+readers (info, verify, examine, export), merge, restore into a fresh node, `key`; a wrong
+passphrase, a changed passphrase and changed bytes. Each command is a process of its own,
+against a real node process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from docutil import delete, load, node_documents, opts_for
+from noiseutil import assert_no_noise
+from nodeprocutil import NodeProcess
+
+VBS = 8
+N = 600
+PASS = "pass phrase of the encrypted archive"
+
+
+def run(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dcptool", *args], env=env, text=True,
+                          capture_output=True, stdin=subprocess.DEVNULL, timeout=timeout)
+
+
+def one_line(r) -> str:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("dcptool: error: "), lines[0]
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def env():
+    e = dict(os.environ, DCPTOOL_PASSWORD="password", DCPTOOL_ARCHIVE_PASSPHRASE=PASS)
+    for k in ("DCPTOOL_SPARK_MASTER", "DCPTOOL_FAULT", "NO_COLOR",
+              "DCPTOOL_ARCHIVE_PASSPHRASE_FILE"):
+        e.pop(k, None)
+    return e
+
+
+def docs(n: int, tag: str) -> dict[str, dict]:
+    return {f"doc::{i:05d}": {"i": i, "tag": tag, "name": f"secret hotel {i}", "city": "Lyon"}
+            for i in range(n)}
+
+
+def files_of(root) -> dict[str, bytes]:
+    out = {}
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = f.read()
+    return out
+
+
+def test_encrypted_full_incremental_merge_restore_and_tampering(env, tmp_path):
+    archive = str(tmp_path / "secret")
+    pfile = tmp_path / "pass.txt"
+    pfile.write_text(PASS + "\n")
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, docs(N, "one"), VBS)
+        r = run(env, "backup", "-c", f"{node.host}:{node.port}", archive, "--encrypt", "--json")
+        assert r.returncode == 0, r.stderr
+        assert_no_noise(r.stdout, r.stderr)
+        assert json.loads(r.stdout)["mutations"] == N
+        with opts.connect() as conn:
+            load(conn, dict(list(docs(N, "two").items())[:100]), VBS)
+            delete(conn, [f"doc::{i:05d}" for i in range(200, 220)], VBS)
+        # the passphrase from a file this time; no --encrypt needed for an encrypted archive
+        penv = {k: v for k, v in env.items() if k != "DCPTOOL_ARCHIVE_PASSPHRASE"}
+        r = run(penv, "backup", "-c", f"{node.host}:{node.port}", archive, "--json",
+                "--passphrase-file", str(pfile))
+        assert r.returncode == 0, r.stderr
+        inc = json.loads(r.stdout)
+        assert inc["type"] == "incremental" and (inc["mutations"], inc["deletions"]) == (100, 20)
+        expected = node_documents(opts)
+        # a wrong passphrase: one line, exit 1, before connecting or writing anything
+        before = files_of(archive)
+        bad = dict(env, DCPTOOL_ARCHIVE_PASSPHRASE="not the passphrase")
+        r = run(bad, "backup", "-c", f"{node.host}:{node.port}", archive)
+        assert r.returncode == 1 and "wrong passphrase" in one_line(r)
+        assert PASS not in r.stderr and "not the passphrase" not in r.stderr
+        assert files_of(archive) == before
+
+    # nothing of the documents in the clear, in any file of the archive (the run logs in
+    # logs/ hold counts and times, as docs/archive-format.md says)
+    for name, data in files_of(archive).items():
+        for needle in (b"doc::", b"secret hotel", b"Lyon") + \
+                (() if name.startswith("logs/") else (b"mutations",)):
+            assert needle not in data, (name, needle)
+        assert PASS.encode() not in data, name
+
+    r = run(env, "info", archive, "--json")
+    assert r.returncode == 0, r.stderr
+    assert [b["type"] for b in json.loads(r.stdout)["backups"]] == ["full", "incremental"]
+    r = run(env, "verify", archive)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run(env, "examine", archive, "doc::00201", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["versions"]) == 2
+    r = run(env, "export", archive, str(tmp_path / "out"), "--format", "jsonl", "--resolved")
+    assert r.returncode == 0, r.stderr
+    exported = [json.loads(line) for f in (tmp_path / "out").glob("*.jsonl")
+                for line in f.read_text().splitlines()]
+    assert len([d for d in exported if not d.get("deleted")]) == N - 20
+    r = run(env, "merge", archive, "--json")
+    assert r.returncode == 0, r.stderr
+    r = run(env, "info", archive, "--json")
+    assert [b["type"] for b in json.loads(r.stdout)["backups"]] == ["full"]
+
+    # the passphrase changed: a new key, the old one removed; the data untouched
+    data_before = {n: d for n, d in files_of(archive).items() if n.startswith("backups/")}
+    nenv = dict(env, DCPTOOL_ARCHIVE_NEW_PASSPHRASE="the new one")
+    r = run(nenv, "key", "add", archive, "--json")
+    assert r.returncode == 0, r.stderr
+    added = json.loads(r.stdout)["added"]["id"]
+    r = run(env, "key", "list", archive, "--json")
+    keys = json.loads(r.stdout)["keys"]
+    old = next(k["id"] for k in keys if k["current"])
+    assert {k["id"] for k in keys} == {old, added}
+    r = run(env, "key", "remove", archive, old, "--json")
+    assert r.returncode == 0, r.stderr
+    r = run(env, "key", "remove", archive, added)
+    assert r.returncode == 1 and "wrong passphrase" in one_line(r)
+    env = dict(env, DCPTOOL_ARCHIVE_PASSPHRASE="the new one")
+    r = run(env, "key", "remove", archive, added)
+    assert r.returncode == 1 and "last key" in one_line(r)
+    assert {n: d for n, d in files_of(archive).items() if n.startswith("backups/")} == data_before
+
+    with NodeProcess(tmp_path / "dst", vbuckets=VBS) as dst:
+        r = run(bad, "restore", archive, "-c", f"{dst.host}:{dst.port}")
+        assert r.returncode == 1 and "wrong passphrase" in one_line(r)
+        assert node_documents(opts_for(dst)) == {}
+        r = run(env, "restore", archive, "-c", f"{dst.host}:{dst.port}", "--json")
+        assert r.returncode == 0, r.stderr
+        assert_no_noise(r.stdout, r.stderr)
+        assert node_documents(opts_for(dst)) == expected
+
+    # one changed byte in a data file: verify names the file, restore writes nothing
+    [bid] = os.listdir(os.path.join(archive, "backups"))
+    victim = os.path.join(archive, "backups", bid, "vb-0003-000.mpk.zst")
+    with open(victim, "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0x40]))
+    r = run(env, "verify", archive, "--json")
+    assert r.returncode == 1
+    problems = json.loads(r.stdout)["problems"]
+    assert problems and {p["path"] for p in problems} == {victim}
+    assert all("tampered" in p["message"] for p in problems)
+    with NodeProcess(tmp_path / "dst2", vbuckets=VBS) as dst:
+        r = run(env, "restore", archive, "-c", f"{dst.host}:{dst.port}")
+        assert r.returncode == 1
+        line = one_line(r)
+        assert victim in line and "tampered" in line
+        assert node_documents(opts_for(dst)) == {}
