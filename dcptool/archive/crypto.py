@@ -256,12 +256,15 @@ def _uuid_of_root(root: Any) -> str | None:
         return _ROOTS[rs]
     except KeyError:
         pass
+    where = storage.location(root) / _ARCHIVE_JSON
     try:
-        meta = json.loads(storage.read_bytes(storage.location(root) / _ARCHIVE_JSON))
+        meta = json.loads(storage.read_bytes(where))
     except (FileNotFoundError, NotADirectoryError):
         return None  # not in an archive (yet): plain files, not remembered
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError) as exc:
+        # fail closed: never write or read a file as plain on a guess
+        raise ArchiveError(f"{where}: unreadable ({exc}): cannot tell whether the archive "
+                           "is encrypted") from None
     uuid = meta.get("uuid") if is_encrypted(meta) else None
     _ROOTS[rs] = uuid
     return uuid

@@ -107,7 +107,7 @@ def describe_archive(archive: Archive) -> dict[str, Any]:
             "path": str(archive.path), "format": archive.meta["format"],
             "version": archive.meta["version"], "uuid": archive.uuid, "bucket": archive.bucket,
             "vbuckets": archive.vbucket_count, "created": archive.meta["created"],
-            "locked_by": holder,
+            "locked_by": holder, "encrypted": archive.encrypted,
             "size_on_disk": sum(b["size_on_disk"] for b in backups),
         },
         "backups": backups,

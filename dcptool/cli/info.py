@@ -85,7 +85,8 @@ def info(
         con.width = max(con.width, 200)
     con.print(f"archive [bold]{a['path']}[/bold]  bucket {a['bucket']}  "
               f"{a['vbuckets']} vbuckets  created {a['created']}  format {a['format']} "
-              f"v{a['version']}  {human_bytes(a['size_on_disk'])}")
+              f"v{a['version']}{'  encrypted' if a.get('encrypted') else ''}  "
+              f"{human_bytes(a['size_on_disk'])}")
     if a["locked_by"] is not None:
         who = a["locked_by"] or {}
         con.print(f"[yellow]locked by pid {who.get('pid')} on {who.get('host')} since "
