@@ -115,13 +115,16 @@ class DataKey:
     def __reduce__(self):  # pickled only inside export_keys' token
         raise TypeError("a DataKey is not pickled; use export_keys")
 
-    def aead(self, salt: bytes) -> Any:
-        """The AES-256-GCM object of the subkey for `salt`."""
+    def aead(self, salt: bytes, *, cache: bool = True) -> Any:
+        """The AES-256-GCM object of the subkey for `salt` (kept for the next call with
+        `cache`: a data file's frames share one salt, a metadata file's salt is its own)."""
         a = self._subkeys.get(salt)
         if a is None:
             from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
             a = AESGCM(_hkdf(self._key, salt, _INFO))
+            if not cache:
+                return a
             with self._lock:
                 if len(self._subkeys) > 4096:
                     self._subkeys.clear()
@@ -292,14 +295,16 @@ def file_key(path: Any) -> tuple[DataKey, str] | None:
 # -- sealing ------------------------------------------------------------------------------------------
 
 
-def _envelope(dk: DataKey, salt: bytes, counter: int, data: bytes, aad: bytes) -> bytes:
-    ct = dk.aead(salt).encrypt(b"\0\0\0\0" + counter.to_bytes(8, "big"), data, aad)
+def _envelope(dk: DataKey, salt: bytes, counter: int, data: bytes, aad: bytes, *,
+              cache: bool = True) -> bytes:
+    ct = dk.aead(salt, cache=cache).encrypt(b"\0\0\0\0" + counter.to_bytes(8, "big"), data,
+                                            aad)
     body_len = _HEAD + len(ct)
     return b"".join((ENVELOPE_MAGIC, body_len.to_bytes(4, "little"), bytes((ENVELOPE_VERSION,)),
                      salt, counter.to_bytes(8, "big"), ct))
 
 
-def _open(dk: DataKey, body: bytes | memoryview, aad: bytes) -> bytes:
+def _open(dk: DataKey, body: bytes | memoryview, aad: bytes, *, cache: bool = True) -> bytes:
     """The plaintext of an envelope's body (after magic and length); TamperedError."""
     from cryptography.exceptions import InvalidTag
 
@@ -308,7 +313,7 @@ def _open(dk: DataKey, body: bytes | memoryview, aad: bytes) -> bytes:
     salt = bytes(body[1:17])
     nonce = b"\0\0\0\0" + bytes(body[17:25])
     try:
-        return dk.aead(salt).decrypt(nonce, body[_HEAD:], aad)
+        return dk.aead(salt, cache=cache).decrypt(nonce, body[_HEAD:], aad)
     except InvalidTag:
         raise TamperedError("fails authentication: the file was tampered with "
                             "(or written under another key)") from None
@@ -379,7 +384,7 @@ def seal_file(path: Any, data: bytes) -> bytes:
     if fk is None:
         return data
     dk, rel = fk
-    return _envelope(dk, secrets.token_bytes(16), 0, data, _file_aad(rel))
+    return _envelope(dk, secrets.token_bytes(16), 0, data, _file_aad(rel), cache=False)
 
 
 def open_file(path: Any, data: bytes) -> bytes:
@@ -395,7 +400,7 @@ def open_file(path: Any, data: bytes) -> bytes:
         raise TamperedError("is not encrypted in an encrypted archive: the file was tampered "
                             "with")
     dk, rel = fk
-    return _open(dk, body, _file_aad(rel))
+    return _open(dk, body, _file_aad(rel), cache=False)
 
 
 def read_file(path: Any) -> bytes:

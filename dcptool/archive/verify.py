@@ -363,6 +363,15 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
         names = []
     known = {MANIFEST_JSON, BACKUP_JSON}
     for name in names:
+        if sealed and (name == BACKUP_JSON or DONE_RE.match(name)):
+            # read by no reader of a committed backup, but sealed like the rest: checked
+            try:
+                crypto.read_file(bdir / name)
+            except crypto.TamperedError as exc:
+                report.problems.append(Problem(str(bdir / name), str(exc), backup_id))
+            except OSError as exc:
+                report.problems.append(Problem(str(bdir / name), f"cannot read: {exc}",
+                                               backup_id))
         if name in listed or name in known or DONE_RE.match(name):
             continue
         if DATA_RE.match(name):

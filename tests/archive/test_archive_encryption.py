@@ -161,6 +161,14 @@ def test_a_tampered_frame_manifest_key_file_and_archive_json_are_each_detected(t
         Archive.open(root).manifest(ids[1])
     _flip(manifest, manifest.stat().st_size - 5)
 
+    # a done file and backup.json (no reader of a committed backup needs them)
+    for victim in (bdir / "vb-0002.done.json", bdir / "backup.json"):
+        _flip(victim, 40)
+        report = verify_archive(root)
+        assert [p.path for p in report.problems] == [str(victim)]
+        assert "tampered" in report.problems[0].message
+        _flip(victim, 40)
+
     # a key file (not the one that opened the archive)
     other = sorted((root / "keys").iterdir())
     first_id = crypto.which_key(root, a.meta, PASS)
