@@ -160,3 +160,41 @@ def test_encrypted_full_incremental_merge_restore_and_tampering(env, tmp_path):
         line = one_line(r)
         assert victim in line and "tampered" in line
         assert node_documents(opts_for(dst)) == {}
+
+
+def test_encrypted_archive_on_s3_backup_incremental_restore(s3, tmp_path):
+    server, bucket = s3
+    env = server.env(DCPTOOL_PASSWORD="password", DCPTOOL_ARCHIVE_PASSPHRASE=PASS)
+    for k in ("DCPTOOL_SPARK_MASTER", "DCPTOOL_FAULT", "NO_COLOR",
+              "DCPTOOL_ARCHIVE_PASSPHRASE_FILE"):
+        env.pop(k, None)
+    url = f"s3://{bucket}/secret"
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, docs(N, "one"), VBS)
+        r = run(env, "backup", "-c", f"{node.host}:{node.port}", url, "--encrypt", "--json")
+        assert r.returncode == 0, r.stderr
+        with opts.connect() as conn:
+            load(conn, dict(list(docs(N, "two").items())[:50]), VBS)
+            delete(conn, [f"doc::{i:05d}" for i in range(10, 15)], VBS)
+        r = run(env, "backup", "-c", f"{node.host}:{node.port}", url, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["type"] == "incremental"
+        expected = node_documents(opts)
+    client = server.client()
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="secret/")["Contents"]]
+    assert any(k.startswith("secret/keys/") for k in keys)
+    for k in keys:
+        body = client.get_object(Bucket=bucket, Key=k)["Body"].read()
+        assert b"doc::" not in body and b"secret hotel" not in body, k
+    r = run(env, "verify", url)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with NodeProcess(tmp_path / "dst", vbuckets=VBS) as dst:
+        bad = dict(env, DCPTOOL_ARCHIVE_PASSPHRASE="wrong")
+        r = run(bad, "restore", url, "-c", f"{dst.host}:{dst.port}")
+        assert r.returncode == 1 and "wrong passphrase" in one_line(r)
+        assert node_documents(opts_for(dst)) == {}
+        r = run(env, "restore", url, "-c", f"{dst.host}:{dst.port}", "--json")
+        assert r.returncode == 0, r.stderr
+        assert node_documents(opts_for(dst)) == expected
