@@ -19,9 +19,11 @@ from dcptool.errors import UsageError
 
 manual(
     "key",
+    exit_codes=(3,),
     exit_note="1 when the passphrase opens no key of the archive (one line, before anything "
               "is changed), when the archive is not encrypted, or when remove would delete "
-              "the last key.",
+              "the last key. 3 when another writer (a backup, a merge) holds the archive "
+              "lock: add and remove take it.",
     files=(
         ("ARCHIVE/keys/KEYID.json", "One key file per passphrase: scrypt parameters and salt, "
                                     "the data key wrapped with AES-256-GCM (mode 0600)."),
