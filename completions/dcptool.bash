@@ -174,8 +174,14 @@ _dcptool_option_files() {
 
 _dcptool_argument_files() {
     case "$1" in
+        "backup") echo "file" ;;
         "decode") echo "file" ;;
+        "examine") echo "file" ;;
         "export") echo "file" ;;
+        "info") echo "file" ;;
+        "merge") echo "file" ;;
+        "restore") echo "file" ;;
+        "verify") echo "file" ;;
     esac
 }
 

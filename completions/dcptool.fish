@@ -163,6 +163,7 @@ complete -c dcptool -n '__dcptool_at backup' -l watermark-ttl -x -d 'How long th
 complete -c dcptool -n '__dcptool_at backup' -l include-data -x -d 'Only these collections: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
 complete -c dcptool -n '__dcptool_at backup' -l exclude-data -x -d 'Leave these collections out: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
 complete -c dcptool -n '__dcptool_at backup' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at backup' -F
 complete -c dcptool -n '__dcptool_at cluster' -a 'create' -d 'Make the nodes one cluster: actives spread evenly, replicas on other nodes'
 complete -c dcptool -n '__dcptool_at cluster' -a 'failover' -d 'Take a node out of the cluster and promote replicas of the vbuckets active there'
 complete -c dcptool -n '__dcptool_at cluster' -a 'move' -d 'Move the active copy of vbuckets to another member, without a history branch'
@@ -332,6 +333,7 @@ complete -c dcptool -n '__dcptool_at examine' -l collection -x -d 'Only the vers
 complete -c dcptool -n '__dcptool_at examine' -l values -d 'Show each version\'s value'
 complete -c dcptool -n '__dcptool_at examine' -l json -d 'Print the timeline as JSON'
 complete -c dcptool -n '__dcptool_at examine' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at examine' -F
 complete -c dcptool -n '__dcptool_at export' -l format -x -a 'parquet jsonl' -d 'Output format'
 complete -c dcptool -n '__dcptool_at export' -l backup -x -d 'Only this backup\'s records'
 complete -c dcptool -n '__dcptool_at export' -l resolved -d 'The newest version of each key (what restore writes) instead of every record'
@@ -363,6 +365,7 @@ complete -c dcptool -n '__dcptool_at info' -l cacert -r -F -d 'CA certificate (P
 complete -c dcptool -n '__dcptool_at info' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at info' -l timeout -x -d 'Seconds to wait for the node to answer'
 complete -c dcptool -n '__dcptool_at info' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at info' -F
 complete -c dcptool -n '__dcptool_at merge' -l from -x -d 'First backup of the range (default: the full backup the chain starts with)'
 complete -c dcptool -n '__dcptool_at merge' -l to -x -d 'Last backup of the range (default: the newest)'
 complete -c dcptool -n '__dcptool_at merge' -l level -x -d 'zstd level of the merged backup (default: the last backup\'s)'
@@ -370,6 +373,7 @@ complete -c dcptool -n '__dcptool_at merge' -l master -x -d 'Spark master URL (d
 complete -c dcptool -n '__dcptool_at merge' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at merge' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at merge' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at merge' -F
 complete -c dcptool -n '__dcptool_at node' -a 'start' -d 'Run a node in the foreground until SIGTERM or SIGINT'
 complete -c dcptool -n '__dcptool_at node' -a 'status' -d 'Whether the node runs, its port, and per-vbucket seqnos and failover log heads'
 complete -c dcptool -n '__dcptool_at node' -a 'user' -d 'Manage the node\'s users (in DIR/users.json)'
@@ -451,6 +455,7 @@ complete -c dcptool -n '__dcptool_at restore' -l master -x -d 'Spark master URL 
 complete -c dcptool -n '__dcptool_at restore' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at restore' -l json -d 'Print the counts as JSON'
 complete -c dcptool -n '__dcptool_at restore' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at restore' -F
 complete -c dcptool -n '__dcptool_at tail' -l from -r -F -a 'beginning now' -d 'Where to start: \'beginning\', \'now\' (default), or a state file saved by --state'
 complete -c dcptool -n '__dcptool_at tail' -l vbuckets -x -d 'vbuckets to follow, e.g'
 complete -c dcptool -n '__dcptool_at tail' -l keys-only -d 'Do not fetch document values'
@@ -492,6 +497,7 @@ complete -c dcptool -n '__dcptool_at verify' -l no-verify -d 'Do not verify the 
 complete -c dcptool -n '__dcptool_at verify' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
 complete -c dcptool -n '__dcptool_at verify' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at verify' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at verify' -F
 complete -c dcptool -n '__dcptool_at watermark' -a 'list' -d 'List the node\'s high watermarks: client, instance, vbuckets, lowest and highest seqno, reported, expires, state (ok, expired or lost) and, per vbucket, how far each holds the purger back (old-enough tombstones it keeps, up to which seqno, how long)'
 complete -c dcptool -n '__dcptool_at watermark' -a 'register' -d 'Register (or renew) a high watermark: the purger keeps every deletion above it'
 complete -c dcptool -n '__dcptool_at watermark' -a 'remove' -d 'Remove a client\'s high watermarks, so the purger no longer waits for it'
