@@ -415,9 +415,11 @@ def remove_backups(archive: Archive, ids: Iterable[str]) -> None:
                 storage.atomic_write_bytes(src / REMOVING, b"")
         for bid in ids:
             src = archive.backup_dir(bid)
+            committed = (src / MANIFEST_JSON).is_file()
             storage.unlink(src / MANIFEST_JSON)
+            if committed:
+                fault_point("removal-step")  # DCPTOOL_FAULT: kill-after-removal-step
             storage.remove_tree(src)
-            fault_point("removal-step")  # DCPTOOL_FAULT: kill-after-removal-step
         return
     trash = archive.path / STAGING / "removed"
     storage.prepare_dir(trash)
