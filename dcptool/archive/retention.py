@@ -165,8 +165,9 @@ class RemovalPlan:
         return "delete" if bid in self.delete else "keep"
 
     def merged_into(self, bid: str) -> str | None:
+        """The kept backup a removed one is merged into (None for any other)."""
         for _, last, rng in self.merges:
-            if bid in rng:
+            if bid in rng[:-1]:
                 return last
         return None
 

@@ -25,12 +25,14 @@ from .merge import spark_merger
 def _result(archive: Archive, res: RemovalResult, dry_run: bool, seconds: float,
             log: str | None, **selection: Any) -> dict[str, Any]:
     plan = res.plan
+    types = {r["id"]: r["type"] for r in res.rows}
     return {
         "archive": str(archive.path), "dry_run": dry_run, **selection,
         "backups": res.rows, "kept": plan.keep, "removed": plan.remove,
         "deleted": plan.delete if dry_run else res.deleted,
         "merges": [{"replaced": rng, "kept": kept, "merged_id": None,
-                    "type": None} for _, kept, rng in plan.merges] if dry_run else res.merges,
+                    "type": types[rng[0]] if types[rng[0]] == "full" else "incremental"}
+                   for _, kept, rng in plan.merges] if dry_run else res.merges,
         "renamed": res.renamed, "finished_earlier": res.finished_earlier,
         "seconds": round(seconds, 3), "log": log,
     }
