@@ -207,7 +207,9 @@ def test_prune_of_40_backups_keeps_the_policy_and_every_kept_backup_restores(tmp
     assert [(ids.index(f), ids.index(k)) for f, k, _ in dry.plan.merges] == \
         [(0, 6), (7, 11), (20, 24), (25, 26), (27, 35), (37, 38)]
 
+    ends = archive.end_positions()
     res = prune(archive, policy)
+    assert archive.end_positions() == ends  # where the next backup starts: the watermark
     assert res.deleted == [ids[i] for i in range(19, 11, -1)]
     assert [m["type"] for m in res.merges] == ["full", "incremental", "full", "incremental",
                                                "incremental", "incremental"]
@@ -347,7 +349,9 @@ def test_prune_on_object_storage(s3):
     policy = Policy(last=1, monthly=3)
     want = sorted(b for b, why in apply_policy(ids, policy).items() if why)
     assert [ids.index(b) for b in want] == [5, 6, 7]
+    ends = archive.end_positions()
     res = prune(archive, policy)
+    assert archive.end_positions() == ends
     assert res.deleted == [ids[2], ids[1], ids[0]]
     assert [(m["replaced"], m["type"]) for m in res.merges] == [(ids[3:6], "full")]
     check_kept(archive, model, want, res.renamed)
