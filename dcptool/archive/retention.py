@@ -252,8 +252,8 @@ def remove_archive_backups(archive: Archive, remove: Iterable[str], *,
                            dry_run: bool = False, strict: bool = False,
                            run_vbuckets: VBucketRunner = merge_here,
                            level: int | None = None, log: Any = None) -> RemovalResult:
-    """Remove backups (see the module doc). The caller holds the archive lock (even for a
-    dry run: the plan must not change under it). `strict`: refuse (UsageError) instead of
+    """Remove backups (see the module doc). The caller holds the archive lock (a dry run
+    changes nothing and needs none). `strict`: refuse (UsageError) instead of
     keeping a backup that two kept branches depend on (an explicit `remove --backup`)."""
     finished = [] if dry_run else finish_interrupted_merges(archive)
     if not dry_run:

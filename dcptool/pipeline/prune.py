@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from typing import Any, Iterable
 
 from dcptool.archive import Archive
@@ -48,7 +49,8 @@ def _run(command: str, archive_path: Any, select, *, dry_run: bool, strict: bool
             rl.attach(archive.path.absolute())
         rl.info("%s of %s%s (pid %d): %s", command, archive.path, " (dry run)" if dry_run else "",
                 os.getpid(), selection)
-        with archive.lock(command):
+        # a dry run only reads, as info does: it takes no lock
+        with nullcontext() if dry_run else archive.lock(command):
             remove, reasons = select(archive)
             res = remove_archive_backups(
                 archive, remove, reasons=reasons, dry_run=dry_run, strict=strict,

@@ -123,3 +123,20 @@ def test_remove_older_than_merges_forward_as_spark_tasks(chain, capsys, spark, m
         assert restored(archive, now) == model.states[orig]
     rc, out, err = cli(capsys, "verify", archive.path, "--json")
     assert rc == 0 and json.loads(out)["ok"], out + err
+
+
+def test_remove_and_info_on_object_storage(s3, capsys):
+    server, bucket = s3
+    loc = f"s3://{bucket}/arch"
+    archive, ids, model = make_chain(loc, times40()[:5], fulls={0, 2})
+    rc, out, err = cli(capsys, "info", loc, "--keep-last", 2, "--json")
+    assert rc == 0, err
+    assert [r["action"] for r in json.loads(out)["retention"]["backups"]] == \
+        ["delete", "delete", "merge", "merge-into", "keep"]
+    rc, out, err = cli(capsys, "remove", loc, "--backup", ids[0], "--backup", ids[1], "--json")
+    assert rc == 0, err
+    assert json.loads(out)["deleted"] == [ids[1], ids[0]]
+    assert archive.committed_ids() == ids[2:] and archive.backup_ids() == ids[2:]
+    assert restored(archive, ids[4]) == model.states[ids[4]]
+    rc, out, err = cli(capsys, "verify", loc)
+    assert rc == 0, out + err
