@@ -87,7 +87,7 @@ def apply_policy(ids: Iterable[str], policy: Policy) -> dict[str, list[str]]:
     e.g. ["last", "daily 2026-11-22", "newest"]."""
     ordered = sorted(set(ids), reverse=True)
     reasons: dict[str, list[str]] = {b: [] for b in ordered}
-    for i, bid in enumerate(ordered[:policy.last]):
+    for bid in ordered[:policy.last]:
         reasons[bid].append("last")
     for name, bucket in BUCKETS:
         n = getattr(policy, name)
@@ -286,5 +286,5 @@ def remove_archive_backups(archive: Archive, remove: Iterable[str], *,
     return result
 
 
-__all__ = ["Policy", "BUCKETS", "backup_time", "apply_policy", "select_prune", "parse_duration", "older_than",
-           "RemovalPlan", "plan_removal", "preview", "RemovalResult", "remove_archive_backups"]
+__all__ = ["Policy", "BUCKETS", "backup_time", "apply_policy", "select_prune", "parse_duration",
+           "older_than", "RemovalPlan", "plan_removal", "preview", "RemovalResult", "remove_archive_backups"]

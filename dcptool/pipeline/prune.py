@@ -73,9 +73,9 @@ def run_prune(archive_path: Any, policy: Policy, *, dry_run: bool = False,
         raise UsageError("prune needs a policy: give at least one --keep-* option",
                          hint="e.g. --keep-last 3 --keep-daily 7")
 
-    return _run("prune", archive_path, lambda archive: select_prune(archive, policy), dry_run=dry_run, strict=False,
-                partitions=partitions, master=master, level=level, spark=spark,
-                selection={"policy": policy.as_dict()})
+    return _run("prune", archive_path, lambda archive: select_prune(archive, policy),
+                dry_run=dry_run, strict=False, partitions=partitions, master=master,
+                level=level, spark=spark, selection={"policy": policy.as_dict()})
 
 
 def run_remove(archive_path: Any, backups: Iterable[str] = (), *, older: str | None = None,

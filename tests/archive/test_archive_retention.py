@@ -3,7 +3,6 @@ timestamps, removals that merge forward what kept backups depend on, every kept 
 restoring to its own state, a prune killed at each step, and the object-storage backend."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
