@@ -4,7 +4,7 @@
 
 _dcptool_subcommands() {
     case "$1" in
-        "") echo "backup cluster collection decode doc engine examine export failover-log info merge node quickstart restore tail verify watermark" ;;
+        "") echo "backup cluster collection decode doc engine examine export failover-log info merge node prune quickstart remove restore tail verify watermark" ;;
         "cluster") echo "create failover move status" ;;
         "collection") echo "create drop list" ;;
         "doc") echo "delete get load set" ;;
@@ -41,7 +41,7 @@ _dcptool_options() {
         "examine") echo "--backup --collection --values --json -h --help" ;;
         "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --json -h --help" ;;
         "failover-log") echo "--vbuckets --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
-        "info") echo "--json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
+        "info") echo "--json --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
         "merge") echo "--from --to --level --master --partitions --json -h --help" ;;
         "node") echo "-h --help" ;;
         "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level -h --help" ;;
@@ -50,7 +50,9 @@ _dcptool_options() {
         "node user add") echo "--data -r --role --password-file --json -h --help" ;;
         "node user list") echo "--data --json -h --help" ;;
         "node user remove") echo "--data --json -h --help" ;;
+        "prune") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --dry-run --level --master --partitions --json -h --help" ;;
         "quickstart") echo "--dir --docs --vbuckets --master --json -h --help" ;;
+        "remove") echo "--backup --older-than --dry-run --level --master --partitions --json -h --help" ;;
         "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --backup --vbuckets --filter-keys --force-updates --dry-run --include-data --exclude-data --map-data --rest-port --master --partitions --json -h --help" ;;
         "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback --collection --watermark --watermark-name --watermark-interval --watermark-ttl -v --verbose -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --snappy --no-snappy -h --help" ;;
         "verify") echo "--json --checksums-only --against --backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --master --partitions -h --help" ;;
@@ -80,14 +82,16 @@ _dcptool_valued_options() {
         "examine") echo "--backup --collection" ;;
         "export") echo "--format --backup --vbuckets --master --partitions" ;;
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
-        "info") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
+        "info") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "merge") echo "--from --to --level --master --partitions" ;;
         "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level" ;;
         "node status") echo "--data --username --password --password-file" ;;
         "node user add") echo "--data -r --role --password-file" ;;
         "node user list") echo "--data" ;;
         "node user remove") echo "--data" ;;
+        "prune") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --level --master --partitions" ;;
         "quickstart") echo "--dir --docs --vbuckets --master" ;;
+        "remove") echo "--backup --older-than --level --master --partitions" ;;
         "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions" ;;
         "tail") echo "--from --vbuckets --filter --state --until-idle --count --noop-interval --collection --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "verify") echo "--backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --master --partitions" ;;

@@ -4,7 +4,7 @@
 function __dcptool_subcommands
     switch "$argv"
         case ''
-            echo 'backup' 'cluster' 'collection' 'decode' 'doc' 'engine' 'examine' 'export' 'failover-log' 'info' 'merge' 'node' 'quickstart' 'restore' 'tail' 'verify' 'watermark'
+            echo 'backup' 'cluster' 'collection' 'decode' 'doc' 'engine' 'examine' 'export' 'failover-log' 'info' 'merge' 'node' 'prune' 'quickstart' 'remove' 'restore' 'tail' 'verify' 'watermark'
         case 'cluster'
             echo 'create' 'failover' 'move' 'status'
         case 'collection'
@@ -59,7 +59,7 @@ function __dcptool_valued_options
         case 'failover-log'
             echo --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'info'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'merge'
             echo --from --to --level --master --partitions
         case 'node start'
@@ -72,8 +72,12 @@ function __dcptool_valued_options
             echo --data
         case 'node user remove'
             echo --data
+        case 'prune'
+            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --level --master --partitions
         case 'quickstart'
             echo --dir --docs --vbuckets --master
+        case 'remove'
+            echo --backup --older-than --level --master --partitions
         case 'restore'
             echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions
         case 'tail'
@@ -133,7 +137,9 @@ complete -c dcptool -n '__dcptool_at' -a 'failover-log' -d 'Print each vbucket\'
 complete -c dcptool -n '__dcptool_at' -a 'info' -d 'Show the backups an archive holds: id, parent, type, complete or partial, time, vbuckets, counts, size on disk and rollbacks'
 complete -c dcptool -n '__dcptool_at' -a 'merge' -d 'Merge a range of backups of one chain into a single backup'
 complete -c dcptool -n '__dcptool_at' -a 'node' -d 'Run dcptool\'s reference node: a memcached-protocol server that speaks DCP'
+complete -c dcptool -n '__dcptool_at' -a 'prune' -d 'Remove the backups a retention policy does not keep (as restic\'s forget decides)'
 complete -c dcptool -n '__dcptool_at' -a 'quickstart' -d 'Try dcptool end to end: start a local node, load sample documents, back up, change data, back up incrementally, restore into a second node and show the archive'
+complete -c dcptool -n '__dcptool_at' -a 'remove' -d 'Remove backups from an archive, keeping every other backup restorable'
 complete -c dcptool -n '__dcptool_at' -a 'restore' -d 'Restore an archive (or the state as of one backup) into a node, keeping metadata'
 complete -c dcptool -n '__dcptool_at' -a 'tail' -d 'Follow changes as they happen'
 complete -c dcptool -n '__dcptool_at' -a 'verify' -d 'Check every backup of an archive: manifests, each file\'s size and SHA-256, every record, seqno order inside snapshots, and that each backup starts where its parent ended'
@@ -356,6 +362,11 @@ complete -c dcptool -n '__dcptool_at failover-log' -l no-verify -d 'Do not verif
 complete -c dcptool -n '__dcptool_at failover-log' -l timeout -x -d 'Seconds to wait for the node to answer'
 complete -c dcptool -n '__dcptool_at failover-log' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at info' -l json -d 'Print the description as JSON'
+complete -c dcptool -n '__dcptool_at info' -l keep-last -x -d 'Keep the N newest backups'
+complete -c dcptool -n '__dcptool_at info' -l keep-hourly -x -d 'Keep the newest backup of each of the N newest hours that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at info' -l keep-daily -x -d 'Keep the newest backup of each of the N newest days that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at info' -l keep-weekly -x -d 'Keep the newest backup of each of the N newest ISO weeks that have backups'
+complete -c dcptool -n '__dcptool_at info' -l keep-monthly -x -d 'Keep the newest backup of each of the N newest months that have backups (UTC)'
 complete -c dcptool -n '__dcptool_at info' -s c -l cluster -x -d 'Also check this node: warn when its purge seqno is above a vbucket\'s last backed-up seqno, and show the archive\'s high watermark there'
 complete -c dcptool -n '__dcptool_at info' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at info' -s p -l password -x -d 'Password'
@@ -429,12 +440,31 @@ complete -c dcptool -n '__dcptool_at node user list' -s h -l help -d 'Show this 
 complete -c dcptool -n '__dcptool_at node user remove' -l data -r -F -d 'The node\'s directory'
 complete -c dcptool -n '__dcptool_at node user remove' -l json -d 'Print JSON'
 complete -c dcptool -n '__dcptool_at node user remove' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at prune' -l keep-last -x -d 'Keep the N newest backups'
+complete -c dcptool -n '__dcptool_at prune' -l keep-hourly -x -d 'Keep the newest backup of each of the N newest hours that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at prune' -l keep-daily -x -d 'Keep the newest backup of each of the N newest days that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at prune' -l keep-weekly -x -d 'Keep the newest backup of each of the N newest ISO weeks that have backups'
+complete -c dcptool -n '__dcptool_at prune' -l keep-monthly -x -d 'Keep the newest backup of each of the N newest months that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at prune' -l dry-run -d 'Only show what would be kept, deleted and merged'
+complete -c dcptool -n '__dcptool_at prune' -l level -x -d 'zstd level of merged backups (default: the kept backup\'s)'
+complete -c dcptool -n '__dcptool_at prune' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
+complete -c dcptool -n '__dcptool_at prune' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
+complete -c dcptool -n '__dcptool_at prune' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at prune' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at quickstart' -l dir -r -F -d 'Working directory for the nodes and the archive'
 complete -c dcptool -n '__dcptool_at quickstart' -l docs -x -d 'Sample documents to load'
 complete -c dcptool -n '__dcptool_at quickstart' -l vbuckets -x -d 'vbuckets of the local nodes'
 complete -c dcptool -n '__dcptool_at quickstart' -l master -x -d 'Spark master URL'
 complete -c dcptool -n '__dcptool_at quickstart' -l json -d 'Print what each step did as one JSON object (no progress lines)'
 complete -c dcptool -n '__dcptool_at quickstart' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at remove' -l backup -x -d 'A backup to remove (repeat for more)'
+complete -c dcptool -n '__dcptool_at remove' -l older-than -x -d 'Remove the backups older than this (s, m, h, d, w: 30d, 12h, 1d12h), by the time in their ids'
+complete -c dcptool -n '__dcptool_at remove' -l dry-run -d 'Only show what would be kept, deleted and merged'
+complete -c dcptool -n '__dcptool_at remove' -l level -x -d 'zstd level of merged backups (default: the kept backup\'s)'
+complete -c dcptool -n '__dcptool_at remove' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
+complete -c dcptool -n '__dcptool_at remove' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
+complete -c dcptool -n '__dcptool_at remove' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at remove' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at restore' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at restore' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at restore' -s p -l password -x -d 'Password'
