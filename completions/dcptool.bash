@@ -184,6 +184,8 @@ _dcptool_argument_files() {
         "export") echo "file" ;;
         "info") echo "file" ;;
         "merge") echo "file" ;;
+        "prune") echo "file" ;;
+        "remove") echo "file" ;;
         "restore") echo "file" ;;
         "verify") echo "file" ;;
     esac

@@ -451,6 +451,7 @@ complete -c dcptool -n '__dcptool_at prune' -l master -x -d 'Spark master URL (d
 complete -c dcptool -n '__dcptool_at prune' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at prune' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at prune' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at prune' -F
 complete -c dcptool -n '__dcptool_at quickstart' -l dir -r -F -d 'Working directory for the nodes and the archive'
 complete -c dcptool -n '__dcptool_at quickstart' -l docs -x -d 'Sample documents to load'
 complete -c dcptool -n '__dcptool_at quickstart' -l vbuckets -x -d 'vbuckets of the local nodes'
@@ -465,6 +466,7 @@ complete -c dcptool -n '__dcptool_at remove' -l master -x -d 'Spark master URL (
 complete -c dcptool -n '__dcptool_at remove' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at remove' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at remove' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at remove' -F
 complete -c dcptool -n '__dcptool_at restore' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at restore' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at restore' -s p -l password -x -d 'Password'
