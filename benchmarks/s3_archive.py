@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,24 +31,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from benchmarks.backup_restore import set_documents  # noqa: E402
-from benchmarks.engine_backup import docs  # noqa: E402
+from benchmarks.engine_backup import _med, cli, docs  # noqa: E402
 from dcptool.client.options import ConnOptions  # noqa: E402
 from dcptool.node.launcher import LocalNode  # noqa: E402
 from s3util import S3Server  # noqa: E402
-
-
-def cli(args: list[str], env: dict[str, str]) -> tuple[float, dict]:
-    t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "dcptool", *args], env=env,
-                       capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    if p.returncode != 0:
-        raise RuntimeError(f"dcptool {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}")
-    return wall, (json.loads(p.stdout) if p.stdout.strip().startswith("{") else {})
-
-
-def _med(xs: list[float]) -> float:
-    return round(statistics.median(xs), 2)
 
 
 def run(n: int = 200_000, size: int = 256, vbuckets: int = 1024, rounds: int = 3) -> dict:

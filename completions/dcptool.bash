@@ -4,7 +4,7 @@
 
 _dcptool_subcommands() {
     case "$1" in
-        "") echo "backup cluster collection decode doc engine examine export failover-log info key merge node quickstart restore tail verify watermark" ;;
+        "") echo "backup cluster collection decode doc engine examine export failover-log info key merge node prune quickstart remove restore tail verify watermark" ;;
         "cluster") echo "create failover move status" ;;
         "collection") echo "create drop list" ;;
         "doc") echo "delete get load set" ;;
@@ -42,7 +42,7 @@ _dcptool_options() {
         "examine") echo "--backup --collection --values --json --passphrase-file -h --help" ;;
         "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --json --passphrase-file -h --help" ;;
         "failover-log") echo "--vbuckets --json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout -h --help" ;;
-        "info") echo "--json -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --passphrase-file -h --help" ;;
+        "info") echo "--json --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --passphrase-file -h --help" ;;
         "key") echo "-h --help" ;;
         "key add") echo "--new-passphrase-file --json --passphrase-file -h --help" ;;
         "key list") echo "--json --passphrase-file -h --help" ;;
@@ -55,7 +55,9 @@ _dcptool_options() {
         "node user add") echo "--data -r --role --password-file --json -h --help" ;;
         "node user list") echo "--data --json -h --help" ;;
         "node user remove") echo "--data --json -h --help" ;;
+        "prune") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --dry-run --level --master --partitions --json --passphrase-file -h --help" ;;
         "quickstart") echo "--dir --docs --vbuckets --master --json -h --help" ;;
+        "remove") echo "--backup --older-than --dry-run --level --master --partitions --json --passphrase-file -h --help" ;;
         "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --backup --vbuckets --filter-keys --force-updates --dry-run --include-data --exclude-data --map-data --rest-port --master --partitions --json --passphrase-file -h --help" ;;
         "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback --collection --watermark --watermark-name --watermark-interval --watermark-ttl -v --verbose -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --timeout --snappy --no-snappy -h --help" ;;
         "verify") echo "--json --checksums-only --against --backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --no-verify --master --partitions --passphrase-file -h --help" ;;
@@ -85,7 +87,7 @@ _dcptool_valued_options() {
         "examine") echo "--backup --collection --passphrase-file" ;;
         "export") echo "--format --backup --vbuckets --master --partitions --passphrase-file" ;;
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
-        "info") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout --passphrase-file" ;;
+        "info") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout --passphrase-file" ;;
         "key add") echo "--new-passphrase-file --passphrase-file" ;;
         "key list") echo "--passphrase-file" ;;
         "key remove") echo "--passphrase-file" ;;
@@ -95,7 +97,9 @@ _dcptool_valued_options() {
         "node user add") echo "--data -r --role --password-file" ;;
         "node user list") echo "--data" ;;
         "node user remove") echo "--data" ;;
+        "prune") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --level --master --partitions --passphrase-file" ;;
         "quickstart") echo "--dir --docs --vbuckets --master" ;;
+        "remove") echo "--backup --older-than --level --master --partitions --passphrase-file" ;;
         "restore") echo "-c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions --passphrase-file" ;;
         "tail") echo "--from --vbuckets --filter --state --until-idle --count --noop-interval --collection --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout" ;;
         "verify") echo "--backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --master --partitions --passphrase-file" ;;
@@ -168,7 +172,9 @@ _dcptool_option_files() {
         "node user add|--password-file") echo "file" ;;
         "node user list|--data") echo "file" ;;
         "node user remove|--data") echo "file" ;;
+        "prune|--passphrase-file") echo "file" ;;
         "quickstart|--dir") echo "file" ;;
+        "remove|--passphrase-file") echo "file" ;;
         "restore|--password-file") echo "file" ;;
         "restore|--cacert") echo "file" ;;
         "restore|--passphrase-file") echo "file" ;;
@@ -193,8 +199,19 @@ _dcptool_option_files() {
 
 _dcptool_argument_files() {
     case "$1" in
+        "backup") echo "file" ;;
         "decode") echo "file" ;;
+        "examine") echo "file" ;;
         "export") echo "file" ;;
+        "info") echo "file" ;;
+        "key add") echo "file" ;;
+        "key list") echo "file" ;;
+        "key remove") echo "file" ;;
+        "merge") echo "file" ;;
+        "prune") echo "file" ;;
+        "remove") echo "file" ;;
+        "restore") echo "file" ;;
+        "verify") echo "file" ;;
     esac
 }
 

@@ -4,7 +4,7 @@
 function __dcptool_subcommands
     switch "$argv"
         case ''
-            echo 'backup' 'cluster' 'collection' 'decode' 'doc' 'engine' 'examine' 'export' 'failover-log' 'info' 'key' 'merge' 'node' 'quickstart' 'restore' 'tail' 'verify' 'watermark'
+            echo 'backup' 'cluster' 'collection' 'decode' 'doc' 'engine' 'examine' 'export' 'failover-log' 'info' 'key' 'merge' 'node' 'prune' 'quickstart' 'remove' 'restore' 'tail' 'verify' 'watermark'
         case 'cluster'
             echo 'create' 'failover' 'move' 'status'
         case 'collection'
@@ -61,7 +61,7 @@ function __dcptool_valued_options
         case 'failover-log'
             echo --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
         case 'info'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout --passphrase-file
+            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout --passphrase-file
         case 'key add'
             echo --new-passphrase-file --passphrase-file
         case 'key list'
@@ -80,8 +80,12 @@ function __dcptool_valued_options
             echo --data
         case 'node user remove'
             echo --data
+        case 'prune'
+            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --level --master --partitions --passphrase-file
         case 'quickstart'
             echo --dir --docs --vbuckets --master
+        case 'remove'
+            echo --backup --older-than --level --master --partitions --passphrase-file
         case 'restore'
             echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions --passphrase-file
         case 'tail'
@@ -142,7 +146,9 @@ complete -c dcptool -n '__dcptool_at' -a 'info' -d 'Show the backups an archive 
 complete -c dcptool -n '__dcptool_at' -a 'key' -d 'Add, remove and list the passphrases of an encrypted archive (one key file each in ARCHIVE/keys/)'
 complete -c dcptool -n '__dcptool_at' -a 'merge' -d 'Merge a range of backups of one chain into a single backup'
 complete -c dcptool -n '__dcptool_at' -a 'node' -d 'Run dcptool\'s reference node: a memcached-protocol server that speaks DCP'
+complete -c dcptool -n '__dcptool_at' -a 'prune' -d 'Remove the backups a retention policy does not keep (as restic\'s forget decides)'
 complete -c dcptool -n '__dcptool_at' -a 'quickstart' -d 'Try dcptool end to end: start a local node, load sample documents, back up, change data, back up incrementally, restore into a second node and show the archive'
+complete -c dcptool -n '__dcptool_at' -a 'remove' -d 'Remove backups from an archive, keeping every other backup restorable'
 complete -c dcptool -n '__dcptool_at' -a 'restore' -d 'Restore an archive (or the state as of one backup) into a node, keeping metadata'
 complete -c dcptool -n '__dcptool_at' -a 'tail' -d 'Follow changes as they happen'
 complete -c dcptool -n '__dcptool_at' -a 'verify' -d 'Check every backup of an archive: manifests, each file\'s size and SHA-256, every record, seqno order inside snapshots, and that each backup starts where its parent ended'
@@ -174,6 +180,7 @@ complete -c dcptool -n '__dcptool_at backup' -l exclude-data -x -d 'Leave these 
 complete -c dcptool -n '__dcptool_at backup' -l encrypt -d 'Create the new archive encrypted (AES-256-GCM) under a passphrase (DCPTOOL_ARCHIVE_PASSPHRASE, --passphrase-file or a prompt, asked twice)'
 complete -c dcptool -n '__dcptool_at backup' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at backup' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at backup' -F
 complete -c dcptool -n '__dcptool_at cluster' -a 'create' -d 'Make the nodes one cluster: actives spread evenly, replicas on other nodes'
 complete -c dcptool -n '__dcptool_at cluster' -a 'failover' -d 'Take a node out of the cluster and promote replicas of the vbuckets active there'
 complete -c dcptool -n '__dcptool_at cluster' -a 'move' -d 'Move the active copy of vbuckets to another member, without a history branch'
@@ -344,6 +351,7 @@ complete -c dcptool -n '__dcptool_at examine' -l values -d 'Show each version\'s
 complete -c dcptool -n '__dcptool_at examine' -l json -d 'Print the timeline as JSON'
 complete -c dcptool -n '__dcptool_at examine' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at examine' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at examine' -F
 complete -c dcptool -n '__dcptool_at export' -l format -x -a 'parquet jsonl' -d 'Output format'
 complete -c dcptool -n '__dcptool_at export' -l backup -x -d 'Only this backup\'s records'
 complete -c dcptool -n '__dcptool_at export' -l resolved -d 'The newest version of each key (what restore writes) instead of every record'
@@ -367,6 +375,11 @@ complete -c dcptool -n '__dcptool_at failover-log' -l no-verify -d 'Do not verif
 complete -c dcptool -n '__dcptool_at failover-log' -l timeout -x -d 'Seconds to wait for the node to answer'
 complete -c dcptool -n '__dcptool_at failover-log' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at info' -l json -d 'Print the description as JSON'
+complete -c dcptool -n '__dcptool_at info' -l keep-last -x -d 'Keep the N newest backups'
+complete -c dcptool -n '__dcptool_at info' -l keep-hourly -x -d 'Keep the newest backup of each of the N newest hours that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at info' -l keep-daily -x -d 'Keep the newest backup of each of the N newest days that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at info' -l keep-weekly -x -d 'Keep the newest backup of each of the N newest ISO weeks that have backups'
+complete -c dcptool -n '__dcptool_at info' -l keep-monthly -x -d 'Keep the newest backup of each of the N newest months that have backups (UTC)'
 complete -c dcptool -n '__dcptool_at info' -s c -l cluster -x -d 'Also check this node: warn when its purge seqno is above a vbucket\'s last backed-up seqno, and show the archive\'s high watermark there'
 complete -c dcptool -n '__dcptool_at info' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at info' -s p -l password -x -d 'Password'
@@ -377,6 +390,7 @@ complete -c dcptool -n '__dcptool_at info' -l no-verify -d 'Do not verify the no
 complete -c dcptool -n '__dcptool_at info' -l timeout -x -d 'Seconds to wait for the node to answer'
 complete -c dcptool -n '__dcptool_at info' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at info' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at info' -F
 complete -c dcptool -n '__dcptool_at key' -a 'add' -d 'Add a passphrase: a new key file wrapping the archive\'s data key under it'
 complete -c dcptool -n '__dcptool_at key' -a 'list' -d 'List the keys of an encrypted archive: id, creation time and scrypt parameters'
 complete -c dcptool -n '__dcptool_at key' -a 'remove' -d 'Remove a key file: its passphrase no longer opens the archive'
@@ -385,12 +399,15 @@ complete -c dcptool -n '__dcptool_at key add' -l new-passphrase-file -r -F -d 'R
 complete -c dcptool -n '__dcptool_at key add' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at key add' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at key add' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at key add' -F
 complete -c dcptool -n '__dcptool_at key list' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at key list' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at key list' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at key list' -F
 complete -c dcptool -n '__dcptool_at key remove' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at key remove' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at key remove' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at key remove' -F
 complete -c dcptool -n '__dcptool_at merge' -l from -x -d 'First backup of the range (default: the full backup the chain starts with)'
 complete -c dcptool -n '__dcptool_at merge' -l to -x -d 'Last backup of the range (default: the newest)'
 complete -c dcptool -n '__dcptool_at merge' -l level -x -d 'zstd level of the merged backup (default: the last backup\'s)'
@@ -399,6 +416,7 @@ complete -c dcptool -n '__dcptool_at merge' -l partitions -x -d 'Spark tasks, ea
 complete -c dcptool -n '__dcptool_at merge' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at merge' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at merge' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at merge' -F
 complete -c dcptool -n '__dcptool_at node' -a 'start' -d 'Run a node in the foreground until SIGTERM or SIGINT'
 complete -c dcptool -n '__dcptool_at node' -a 'status' -d 'Whether the node runs, its port, and per-vbucket seqnos and failover log heads'
 complete -c dcptool -n '__dcptool_at node' -a 'user' -d 'Manage the node\'s users (in DIR/users.json)'
@@ -454,12 +472,35 @@ complete -c dcptool -n '__dcptool_at node user list' -s h -l help -d 'Show this 
 complete -c dcptool -n '__dcptool_at node user remove' -l data -r -F -d 'The node\'s directory'
 complete -c dcptool -n '__dcptool_at node user remove' -l json -d 'Print JSON'
 complete -c dcptool -n '__dcptool_at node user remove' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at prune' -l keep-last -x -d 'Keep the N newest backups'
+complete -c dcptool -n '__dcptool_at prune' -l keep-hourly -x -d 'Keep the newest backup of each of the N newest hours that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at prune' -l keep-daily -x -d 'Keep the newest backup of each of the N newest days that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at prune' -l keep-weekly -x -d 'Keep the newest backup of each of the N newest ISO weeks that have backups'
+complete -c dcptool -n '__dcptool_at prune' -l keep-monthly -x -d 'Keep the newest backup of each of the N newest months that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at prune' -l dry-run -d 'Only show what would be kept, deleted and merged'
+complete -c dcptool -n '__dcptool_at prune' -l level -x -d 'zstd level of merged backups (default: the kept backup\'s)'
+complete -c dcptool -n '__dcptool_at prune' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
+complete -c dcptool -n '__dcptool_at prune' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
+complete -c dcptool -n '__dcptool_at prune' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at prune' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at prune' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at prune' -F
 complete -c dcptool -n '__dcptool_at quickstart' -l dir -r -F -d 'Working directory for the nodes and the archive'
 complete -c dcptool -n '__dcptool_at quickstart' -l docs -x -d 'Sample documents to load'
 complete -c dcptool -n '__dcptool_at quickstart' -l vbuckets -x -d 'vbuckets of the local nodes'
 complete -c dcptool -n '__dcptool_at quickstart' -l master -x -d 'Spark master URL'
 complete -c dcptool -n '__dcptool_at quickstart' -l json -d 'Print what each step did as one JSON object (no progress lines)'
 complete -c dcptool -n '__dcptool_at quickstart' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at remove' -l backup -x -d 'A backup to remove (repeat for more)'
+complete -c dcptool -n '__dcptool_at remove' -l older-than -x -d 'Remove the backups older than this (s, m, h, d, w: 30d, 12h, 1d12h), by the time in their ids'
+complete -c dcptool -n '__dcptool_at remove' -l dry-run -d 'Only show what would be kept, deleted and merged'
+complete -c dcptool -n '__dcptool_at remove' -l level -x -d 'zstd level of merged backups (default: the kept backup\'s)'
+complete -c dcptool -n '__dcptool_at remove' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
+complete -c dcptool -n '__dcptool_at remove' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
+complete -c dcptool -n '__dcptool_at remove' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at remove' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at remove' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at remove' -F
 complete -c dcptool -n '__dcptool_at restore' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at restore' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at restore' -s p -l password -x -d 'Password'
@@ -481,6 +522,7 @@ complete -c dcptool -n '__dcptool_at restore' -l partitions -x -d 'Spark tasks, 
 complete -c dcptool -n '__dcptool_at restore' -l json -d 'Print the counts as JSON'
 complete -c dcptool -n '__dcptool_at restore' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at restore' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at restore' -F
 complete -c dcptool -n '__dcptool_at tail' -l from -r -F -a 'beginning now' -d 'Where to start: \'beginning\', \'now\' (default), or a state file saved by --state'
 complete -c dcptool -n '__dcptool_at tail' -l vbuckets -x -d 'vbuckets to follow, e.g'
 complete -c dcptool -n '__dcptool_at tail' -l keys-only -d 'Do not fetch document values'
@@ -523,6 +565,7 @@ complete -c dcptool -n '__dcptool_at verify' -l master -x -d 'Spark master URL (
 complete -c dcptool -n '__dcptool_at verify' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at verify' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at verify' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at verify' -F
 complete -c dcptool -n '__dcptool_at watermark' -a 'list' -d 'List the node\'s high watermarks: client, instance, vbuckets, lowest and highest seqno, reported, expires, state (ok, expired or lost) and, per vbucket, how far each holds the purger back (old-enough tombstones it keeps, up to which seqno, how long)'
 complete -c dcptool -n '__dcptool_at watermark' -a 'register' -d 'Register (or renew) a high watermark: the purger keeps every deletion above it'
 complete -c dcptool -n '__dcptool_at watermark' -a 'remove' -d 'Remove a client\'s high watermarks, so the purger no longer waits for it'

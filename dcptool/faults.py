@@ -10,6 +10,9 @@ fault point returns at once. The points (see docs/reliability.md):
                                   (an object being uploaded: SIGKILL the group before it)
     kill-before-manifest-rename   SIGKILL the group after manifest.json's temporary file is
                                   written and fsynced, before the rename commits it
+    kill-after-removal-step:N     SIGKILL the group after the Nth step of a removal (merge,
+                                  remove, prune): a merged backup published, or one
+                                  backup taken out of backups/
     enospc-after-bytes:N          a segment write fails with OSError(ENOSPC) once a process
                                   has written N bytes of frames
 
@@ -59,7 +62,8 @@ def fault_point(where: str, count: int = 0, **ctx: Any) -> None:
     "vbucket-closed" (count: vbuckets a task closed; ctx flush: writes the task's progress
     before a stall), "events" (count: events just
     received; totalled per process), "frame" (ctx fd, data: a frame about to be written to
-    a segment file), "rename" (ctx path: a file about to be renamed into place).
+    a segment file), "rename" (ctx path: a file about to be renamed into place),
+    "removal-step" (a merged backup was published, or one backup was taken out of backups/).
     """
     if "DCPTOOL_FAULT" not in os.environ:
         return
@@ -84,6 +88,10 @@ def fault_point(where: str, count: int = 0, **ctx: Any) -> None:
         elif name == "kill-before-manifest-rename" and where == "rename" \
                 and os.path.basename(str(ctx.get("path"))) == "manifest.json":
             _kill()
+        elif name == "kill-after-removal-step" and where == "removal-step":
+            total = _totals["removal-steps"] = _totals.get("removal-steps", 0) + 1
+            if total >= n:
+                _kill()
         elif name == "enospc-after-bytes" and where == "frame":
             total = _totals["bytes"] = _totals.get("bytes", 0) + len(ctx["data"])
             if total > n:

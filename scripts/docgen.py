@@ -81,7 +81,7 @@ class Param:
         if self.kind in ("file", "path"):
             return "file"
         words = self.metavar.split("|")
-        if any(w in ("FILE", "STATEFILE", "PATH") for w in words):
+        if any(w in ("FILE", "STATEFILE", "PATH", "ARCHIVE") for w in words):
             return "file"
         if any(w in ("DIR", "DIRECTORY") for w in words):
             return "dir"

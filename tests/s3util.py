@@ -62,6 +62,7 @@ class S3Server:
                f"-master.port={mp}", f"-master.port.grpc={mg}", "-master.telemetry=false",
                "-master.volumeSizeLimitMB=64", f"-volume.port={vp}", f"-volume.port.grpc={vg}",
                "-volume.max=0", "-volume.preStopSeconds=0", "-filer", f"-filer.port={fp}",
+               "-filer.saveToFilerLimit=262144",
                f"-filer.port.grpc={fg}", "-s3", f"-s3.port={sp}", f"-s3.port.grpc={sg}",
                f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0"]
         self.log = self.base / "weed.log"

@@ -421,6 +421,8 @@ def test_json_output_has_the_documented_fields(tour):
         "dcptool node user list": "dcptool node user list --data tour/node --json",
         "dcptool watermark list": f"dcptool watermark list -c {node} --json",
         "dcptool merge": "dcptool merge tour/archive --json",
+        "dcptool prune": "dcptool prune tour/archive --keep-last 1 --dry-run --json",
+        "dcptool remove": "dcptool remove tour/archive --older-than 1000d --dry-run --json",
         "dcptool collection list": f"dcptool collection list -c {node2} --json",
         "dcptool collection create": f"dcptool collection create jsonscope -c {node2} --json",
         "dcptool collection drop": f"dcptool collection drop jsonscope -c {node2} --json",

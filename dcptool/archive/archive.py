@@ -67,6 +67,10 @@ from .writer import VBucketWriter
 LATEST = "latest"
 #: archive.json's version of an encrypted archive (its backups are format FORMAT_VERSION)
 ENCRYPTED_VERSION = 4
+#: a backup directory holding this file is being removed (object storage, where a
+#: directory cannot be renamed away at once): it is neither committed nor partial
+#: (never resumed); the next merge, remove or prune finishes its removal
+REMOVING = "removing"
 
 
 def backup_path(archive_root: str | os.PathLike[str], backup_id: str) -> Path:
@@ -228,7 +232,12 @@ class Archive:
         return [b for b in self.backup_ids() if self.is_committed(b)]
 
     def partial_ids(self) -> list[str]:
-        return [b for b in self.backup_ids() if not self.is_committed(b)]
+        return [b for b in self.backup_ids() if not self.is_committed(b)
+                and not self.is_being_removed(b)]
+
+    def is_being_removed(self, backup_id: str) -> bool:
+        """A removal (merge, remove, prune) that was interrupted left this backup behind."""
+        return (self.backup_dir(backup_id) / REMOVING).is_file()
 
     def manifest(self, backup_id: str) -> dict[str, Any]:
         """The manifest of a committed backup, checked to be well-formed."""

@@ -76,6 +76,8 @@ def describe_archive(archive: Archive) -> dict[str, Any]:
     for bid in archive.backup_ids():
         bdir = archive.backup_dir(bid)
         if not (bdir / MANIFEST_JSON).exists():
+            if archive.is_being_removed(bid):
+                continue  # an interrupted removal's leftover: the next merge or prune ends it
             backups.append(_partial(archive, bid))
             continue
         try:

@@ -43,12 +43,13 @@ import hashlib
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from dcptool.errors import DcptoolError, UsageError
+from dcptool.faults import fault_point
 
 from . import storage
-from .archive import Archive, BackupWriter, backup_path
+from .archive import REMOVING, Archive, BackupWriter, backup_path
 from .chain import effective_parents, merged_from
 from .errors import ArchiveError
 from .format import (
@@ -384,6 +385,7 @@ class StagedMerge:
         storage.rename_dir(self.target.backup_dir, self.archive.backup_dir(self.plan.merged_id),
                            last=MANIFEST_JSON)
         fsync_dir(self.archive.backups_dir)
+        fault_point("removal-step")  # DCPTOOL_FAULT: kill-after-removal-step (published)
         remove_backups(self.archive, self.plan.replaced)
         self.discard()
 
@@ -398,14 +400,25 @@ def discard_staging(archive: Archive) -> None:
 
 
 def remove_backups(archive: Archive, ids: Iterable[str]) -> None:
-    """Take backups out of backups/ (one rename each), then delete them. The caller holds
-    the archive lock."""
+    """Take backups out of backups/ (one rename each), then delete them, newest first (a
+    backup goes before the one it continues from, so a kill in between never leaves a
+    committed backup whose parent is gone). The caller holds the archive lock.
+
+    On object storage a directory cannot be renamed away at once: each backup is marked
+    first (`REMOVING`: it is then never taken for a partial backup to resume), then its
+    manifest goes, then the rest; `finish_interrupted_merges` removes what a kill left."""
+    ids = sorted(set(ids), reverse=True)
     if storage.is_remote(archive.path):
-        # no rename on object storage: the manifest goes first (the backup is partial
-        # from then on, and finish_interrupted_merges removes what a kill left)
         for bid in ids:
             src = archive.backup_dir(bid)
+            if src.is_dir():
+                storage.atomic_write_bytes(src / REMOVING, b"")
+        for bid in ids:
+            src = archive.backup_dir(bid)
+            committed = (src / MANIFEST_JSON).is_file()
             storage.unlink(src / MANIFEST_JSON)
+            if committed:
+                fault_point("removal-step")  # DCPTOOL_FAULT: kill-after-removal-step
             storage.remove_tree(src)
         return
     trash = archive.path / STAGING / "removed"
@@ -413,8 +426,10 @@ def remove_backups(archive: Archive, ids: Iterable[str]) -> None:
     for bid in ids:
         src = archive.backup_dir(bid)
         if src.is_dir():
+            storage.remove_tree(trash / bid)
             storage.rename_dir(src, trash / bid)
-    fsync_dir(archive.backups_dir)
+            fsync_dir(archive.backups_dir)
+            fault_point("removal-step")  # DCPTOOL_FAULT: kill-after-removal-step
     storage.remove_tree(trash)
 
 
@@ -434,10 +449,55 @@ def finish_interrupted_merges(archive: Archive) -> list[str]:
             continue
         remove_backups(archive, left)
         removed.extend(left)
+    # removals (of merged originals, or by remove and prune) killed after marking
+    marked = [b for b in archive.backup_ids() if archive.is_being_removed(b)]
+    if marked:
+        remove_backups(archive, marked)
+        removed.extend(marked)
     discard_staging(archive)
-    return removed
+    return sorted(set(removed))
+
+
+#: runs `merge_vbucket` for each plan (in this process, or as Spark tasks) and returns the
+#: summaries
+VBucketRunner = Callable[[MergeTarget, list[VBucketMergePlan]], list[dict[str, Any]]]
+
+
+def merge_here(target: MergeTarget, plans: list[VBucketMergePlan]) -> list[dict[str, Any]]:
+    """A `VBucketRunner` that merges the vbuckets one after the other in this process."""
+    return [merge_vbucket(target, p) for p in plans]
+
+
+def merge_range(archive: Archive, first: str | None = None, last: str | None = None, *,
+                level: int | None = None, run_vbuckets: VBucketRunner = merge_here,
+                expect: Sequence[str] | None = None,
+                on_plan: Callable[[MergePlan], None] | None = None
+                ) -> tuple[MergePlan, dict[str, Any]]:
+    """The whole merge of `first`..`last` with the archive lock held (the caller's): plan,
+    stage, write the vbuckets with `run_vbuckets`, commit and verify, publish, remove the
+    originals. `expect`: the ids the range must be (a caller that planned it already).
+    Nothing in backups/ changes unless the merged backup was committed and verified."""
+    plan = plan_merge(archive, first, last, level=level)
+    if expect is not None and list(plan.replaced) != list(expect):
+        raise ArchiveError(f"the chain changed: merging {plan.first}..{plan.last} would replace "
+                           f"{', '.join(plan.replaced)}, not {', '.join(expect)}",
+                           hint="the archive is unchanged; run the command again")
+    if on_plan is not None:
+        on_plan(plan)
+    staged = StagedMerge.begin(archive, plan)
+    try:
+        plans = [plan.vbuckets[vb] for vb in sorted(plan.vbuckets)]
+        summaries = list(run_vbuckets(staged.target, plans)) if plans else []
+        manifest = staged.commit(summaries)
+        staged.publish()
+    except BaseException:
+        # nothing in backups/ was touched before the rename; after it, what staging holds
+        # (originals being removed) was meant to go
+        discard_staging(archive)
+        raise
+    return plan, manifest
 
 
 __all__ = ["STAGING", "VBucketMergePlan", "MergeTarget", "MergePlan", "StagedMerge",
            "plan_merge", "merge_vbucket", "remove_backups", "finish_interrupted_merges",
-           "discard_staging"]
+           "discard_staging", "merge_range", "merge_here", "VBucketRunner"]

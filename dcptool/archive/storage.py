@@ -323,12 +323,26 @@ def read_range(path: Path | S3Path, offset: int, length: int) -> bytes:
 class _ObjectReader(io.RawIOBase):
     """A seekable, read-only file over one object: ranged GETs of READ_AHEAD bytes."""
 
-    def __init__(self, path: S3Path, size: int):
+    def __init__(self, path: S3Path):
+        """Opens with the first ranged GET (FileNotFoundError when the object is missing):
+        it tells the object's size, so opening costs no request of its own."""
         self._path = path
-        self._size = size
         self._pos = 0
-        self._buf = b""
         self._buf_at = 0
+        client = s3_client(path.settings)
+        try:
+            r = _call(path, client.get_object, Bucket=path.bucket, Key=path.key,
+                      Range=f"bytes=0-{READ_AHEAD - 1}")
+        except StorageError:
+            # an empty object has no byte 0 to range over (416): ask for its size
+            self._size = stat_size(path)
+            self._buf = b""
+            if self._size:
+                raise
+            return
+        self._buf = r["Body"].read()
+        total = str(r.get("ContentRange") or "").rpartition("/")[2]
+        self._size = int(total) if total.isdigit() else len(self._buf)
 
     def readable(self) -> bool:
         return True
@@ -376,7 +390,7 @@ def open_read(path: Path | S3Path) -> BinaryIO:
     """A binary file to read (and seek) from; FileNotFoundError when it is missing."""
     if not isinstance(path, S3Path):
         return open(path, "rb", buffering=0)
-    return _ObjectReader(path, stat_size(path))  # type: ignore[return-value]
+    return _ObjectReader(path)  # type: ignore[return-value]
 
 
 def file_size(f: Any) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .archive import Archive
+from .archive import REMOVING, Archive
 from .chain import effective_parents
 from . import crypto, storage
 from .errors import CorruptFileError
@@ -464,6 +464,10 @@ def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> Ver
             continue
         mpath = bdir / MANIFEST_JSON
         if not mpath.exists():
+            if (bdir / REMOVING).is_file():
+                report.notes.append(f"{bdir}: left by an interrupted removal; the next merge, "
+                                    "remove or prune deletes it")
+                continue
             report.partial_backups += 1
             report.notes.append(f"{bdir}: partial backup (no manifest); resume it with the next "
                                 "backup or discard it with --purge-partial")

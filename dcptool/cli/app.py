@@ -364,6 +364,7 @@ def _register() -> None:
     from dcptool.cli import backup  # noqa: F401  (backup, restore)
     from dcptool.cli import quickstart  # noqa: F401
     from dcptool.cli import merge  # noqa: F401
+    from dcptool.cli import prune  # noqa: F401  (remove, prune)
     from dcptool.cli import export  # noqa: F401
     from dcptool.cli import examine  # noqa: F401
     from dcptool.cli import cluster  # noqa: F401

@@ -17,6 +17,14 @@ from dcptool.cli.app import app
 from dcptool.cli.connopts import PANEL, ConnArgs, connection_options
 from dcptool.cli.manual import manual
 from dcptool.cli.output import console, human_bytes, print_json
+from dcptool.cli.prune import (
+    KeepDailyOpt,
+    KeepHourlyOpt,
+    KeepLastOpt,
+    KeepMonthlyOpt,
+    KeepWeeklyOpt,
+    print_rows,
+)
 
 
 manual(
@@ -24,7 +32,7 @@ manual(
     files=(
         ("ARCHIVE/", "The archive (read only); see docs/archive-format.md."),
     ),
-    see_also=("backup", "verify", "examine", "merge"),
+    see_also=("backup", "verify", "examine", "merge", "prune"),
 )
 
 
@@ -57,6 +65,11 @@ def info(
         show_default=False)],
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the description as JSON.")] = False,
+    keep_last: KeepLastOpt = 0,
+    keep_hourly: KeepHourlyOpt = 0,
+    keep_daily: KeepDailyOpt = 0,
+    keep_weekly: KeepWeeklyOpt = 0,
+    keep_monthly: KeepMonthlyOpt = 0,
     conn_args: ConnArgs = None,
 ) -> None:
     """Show the backups an archive holds: id, parent, type, complete or partial, time,
@@ -66,11 +79,24 @@ def info(
     backed-up seqnos: where the node already purged deletions the archive has not seen,
     the next incremental backup of that vbucket starts again from seqno 0.
 
+    With --keep-* options (a retention policy, as prune takes) it also shows what prune
+    with that policy would do to each backup: keep it (and why), delete it, or merge it
+    into the kept backup that depends on it. Nothing is changed.
+
     Example: dcptool info /backups/default
+    Example: dcptool info /backups/default --keep-daily 7 --keep-weekly 4
     Example: dcptool info /backups/default -c couchbase://127.0.0.1
     """
+    from dcptool.archive.retention import Policy, preview, select_prune
+
     arch = Archive.open(archive)
     desc = describe_archive(arch)
+    policy = Policy(last=keep_last, hourly=keep_hourly, daily=keep_daily, weekly=keep_weekly,
+                    monthly=keep_monthly)
+    if not policy.empty:
+        remove, reasons = select_prune(arch, policy)
+        _plan, rows = preview(arch, remove, reasons)
+        desc["retention"] = {"policy": policy.as_dict(), "backups": rows}
     if conn_args.cluster is not None:
         opts = conn_args.options(bucket=conn_args.bucket or arch.bucket)
         desc["node_check"] = node_check(arch, opts)
@@ -128,6 +154,10 @@ def info(
         for r in b.get("rollback_records", []):
             con.print(f"{b['id']}: vbucket {r['vbucket']} rolled back to seqno {r['seqno']} "
                       f"(uuid {r['vbucket_uuid']})")
+    if "retention" in desc:
+        pol = " ".join(f"--keep-{k} {v}" for k, v in desc["retention"]["policy"].items() if v)
+        con.print(f"prune {pol} would:")
+        print_rows(desc["retention"]["backups"])
     if "node_check" in desc:
         _print_node_check(desc["node_check"], archive)
 

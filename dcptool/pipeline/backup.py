@@ -368,14 +368,15 @@ class TaskProgress:
             self.write()
 
     def state(self) -> dict[str, int]:
-        items = work = total = 0
+        items = work = total = closed = 0
         for vb, w in self.writers.items():
             span, pre = self.spans[vb]
             n = _items(w) - self.base[vb]
             items += n
             total += span
             work += span if w.closed else min(span, pre + n)
-        return {"items": items, "work": work, "work_total": total}
+            closed += w.closed
+        return {"items": items, "work": work, "work_total": total, "vbuckets_closed": closed}
 
     def write(self) -> None:
         try:
@@ -387,7 +388,7 @@ class TaskProgress:
 
 def poll_task_progress(backup_dir) -> dict[str, int]:
     """The sum of every task's progress file in `backup_dir` (see TaskProgress)."""
-    out = {"items": 0, "work": 0, "work_total": 0}
+    out = {"items": 0, "work": 0, "work_total": 0, "vbuckets_closed": 0}
     where = storage.location(backup_dir)
     try:
         names = [n for n in storage.listdir(where) if n.startswith(PROGRESS_PREFIX)]
@@ -397,7 +398,7 @@ def poll_task_progress(backup_dir) -> dict[str, int]:
         try:
             d = json.loads(storage.read_bytes(where / n))
             for k in out:
-                out[k] += int(d[k])
+                out[k] += int(d.get(k, 0))
         except (OSError, ValueError, KeyError, TypeError, DcptoolError):
             continue
     return out
@@ -492,9 +493,13 @@ def _progress_watch(progress, backup_dir, base: dict[str, Any],
                     interval: float = 0.25) -> None:
     """Poll the backup's progress every `interval` seconds: vbuckets done from their done
     files, items and work from the tasks' progress files (see TaskProgress)."""
+    remote = storage.is_remote(backup_dir)
     while not stop.wait(interval):
-        done, _items_done, _bytes = progress.poll()
         tasks = poll_task_progress(backup_dir)
+        if remote:  # one listing and a file per task, not a read of every done file
+            done = base["vbuckets_done"] + tasks["vbuckets_closed"]
+        else:
+            done, _items_done, _bytes = progress.poll()
         callback({**base, "vbuckets_done": done, "items": tasks["items"],
                   "work": min(tasks["work"], base["work_total"])})
 

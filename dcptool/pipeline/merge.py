@@ -16,12 +16,11 @@ from typing import Any
 from dcptool.archive import Archive
 from dcptool.archive.merging import (
     MergeTarget,
-    StagedMerge,
     VBucketMergePlan,
-    discard_staging,
+    VBucketRunner,
     finish_interrupted_merges,
+    merge_range,
     merge_vbucket,
-    plan_merge,
 )
 from dcptool.runlog import RunLog
 
@@ -89,6 +88,35 @@ def merge_task(task: MergeTask) -> list[dict[str, Any]]:
 # -- the driver ----------------------------------------------------------------------------------
 
 
+def spark_merger(rl: RunLog, spark=None, master: str | None = None,
+                 partitions: int | None = None) -> VBucketRunner:
+    """A `VBucketRunner` that writes the merged vbuckets as Spark tasks (the context is
+    made on first use: a merge with no vbucket needs none)."""
+
+    def run(target: MergeTarget, plans: list[VBucketMergePlan]) -> list[dict[str, Any]]:
+        sc = spark or get_context(master)  # RDD jobs: no session needed
+        n = partitions or 2 * default_parallelism(sc)
+        by_vb = {p.vbucket: p for p in plans}
+        tasks = [MergeTask(target, tuple(by_vb[vb] for vb in g))
+                 for g in plan_groups(sorted(by_vb), n)]
+        try:
+            results = run_tasks(sc, reporting_failures(merge_task), tasks)
+        except Exception as exc:
+            raise task_failure(exc, "merge task",
+                               "the archive is unchanged; the merge can be rerun") from None
+        summaries: list[dict[str, Any]] = []
+        for r in results:
+            summaries.extend(r)
+        for sm in summaries:
+            c = sm["counts"]
+            rl.info("vbucket %s: %d mutations, %d deletions, %d expirations, %d rollback "
+                    "records, %d bytes", sm["vbucket"], c["mutations"], c["deletions"],
+                    c["expirations"], c["rollbacks"], sm["bytes"]["files"])
+        return summaries
+
+    return run
+
+
 def run_merge(archive_path: str | os.PathLike[str], **kwargs: Any) -> MergeResult:
     """Merge the backups `first`..`last` (default: the whole chain of the newest backup).
 
@@ -119,33 +147,12 @@ def _run_merge(rl: RunLog, archive_path: str | os.PathLike[str], *, first: str |
     lock = archive.lock("merge").acquire()
     try:
         done_before = finish_interrupted_merges(archive)
-        plan = plan_merge(archive, first, last, level=level)
+        plan, manifest = merge_range(archive, first, last, level=level,
+                                     run_vbuckets=spark_merger(rl, spark, master, partitions))
         result = MergeResult(plan.merged_id, plan.type, plan.parent, list(plan.replaced), [],
                              len(plan.vbuckets), records_before=plan.records_before,
                              items_before=plan.items_before, bytes_before=plan.bytes_before,
                              finished_earlier=done_before)
-        staged = StagedMerge.begin(archive, plan)
-
-        summaries: list[dict[str, Any]] = []
-        if plan.vbuckets:
-            spark = spark or get_context(master)  # RDD jobs: no session needed
-            n = partitions or 2 * default_parallelism(spark)
-            tasks = [MergeTask(staged.target, tuple(plan.vbuckets[vb] for vb in g))
-                     for g in plan_groups(sorted(plan.vbuckets), n)]
-            try:
-                results = run_tasks(spark, reporting_failures(merge_task), tasks)
-            except Exception as exc:
-                raise task_failure(exc, "merge task",
-                                   "the archive is unchanged; the merge can be rerun") from None
-            for r in results:
-                summaries.extend(r)
-            for sm in summaries:
-                c = sm["counts"]
-                rl.info("vbucket %s: %d mutations, %d deletions, %d expirations, %d rollback "
-                        "records, %d bytes", sm["vbucket"], c["mutations"], c["deletions"],
-                        c["expirations"], c["rollbacks"], sm["bytes"]["files"])
-        manifest = staged.commit(summaries)
-        staged.publish()
         # the backups that named the last original as parent now continue from the merged
         # one (their manifests are unchanged: the merged manifest names what it replaces)
         result.relinked.extend(plan.children)
@@ -153,11 +160,6 @@ def _run_merge(rl: RunLog, archive_path: str | os.PathLike[str], *, first: str |
         result.mutations, result.deletions = t["mutations"], t["deletions"]
         result.expirations, result.rollbacks = t["expirations"], t["rollbacks"]
         result.bytes_after = t["file_bytes"]
-    except BaseException:
-        # nothing in backups/ was touched before the rename; after it, what staging holds
-        # (originals being removed) was meant to go
-        discard_staging(archive)
-        raise
     finally:
         lock.release()
     result.seconds = time.monotonic() - t0

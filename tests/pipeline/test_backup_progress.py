@@ -25,14 +25,16 @@ def test_task_progress_advances_with_each_item_before_its_vbucket_ends(tmp_path)
             writers[0].mutation(seqno, 1, seqno, 0, 0, 0, b"\0k%d" % seqno, b"v")
         report.write()
         # 30 items of vbucket 0, none of its vbuckets complete: 30 of 200 seqnos
-        assert poll_task_progress(writer.dir) == {"items": 30, "work": 30, "work_total": 200}
+        assert poll_task_progress(writer.dir) == {"items": 30, "work": 30, "work_total": 200,
+                                                  "vbuckets_closed": 0}
         writers[0].mutation(31, 1, 31, 0, 0, 0, b"\0k31", b"v")
         report.write()
         assert poll_task_progress(writer.dir)["items"] == 31
         # a vbucket that ends counts all its seqnos (deduplication leaves fewer items)
         writers[0].close(ZERO.moved_to(100).to_archive())
         report.write()
-        assert poll_task_progress(writer.dir) == {"items": 31, "work": 100, "work_total": 200}
+        assert poll_task_progress(writer.dir) == {"items": 31, "work": 100, "work_total": 200,
+                                                  "vbuckets_closed": 1}
         for w in writers.values():
             if not w.closed:
                 w.abort()

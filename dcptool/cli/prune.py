@@ -1,0 +1,178 @@
+"""`dcptool remove ARCHIVE` and `dcptool prune ARCHIVE`: take backups out of an archive
+(what later backups depend on is merged forward, as `merge` does; see
+dcptool.archive.retention)."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from dcptool.cli.app import app
+from dcptool.cli.backup import MasterOpt, PartitionsOpt
+from dcptool.cli.manual import manual
+from dcptool.cli.output import console, print_json
+
+POLICY = "Retention policy"
+
+_FILES = (
+    ("ARCHIVE/backups/ID/", "The backups removed, and the merged backups that take the place "
+                            "of kept ones."),
+    ("ARCHIVE/logs/KIND-TIME.log", "The log of each run that changes the archive (mode 0600). "
+                                   "The newest 20 are kept (DCPTOOL_LOG_KEEP)."),
+)
+_EXIT_NOTE = ("A failed or interrupted run leaves a restorable archive; the next remove, prune "
+              "or merge finishes what it left.")
+
+manual("remove", exit_codes=(3,), exit_note=_EXIT_NOTE, files=_FILES, env=("DCPTOOL_LOG_KEEP",),
+       see_also=("prune", "merge", "info", "verify"))
+manual("prune", exit_codes=(3,), exit_note=_EXIT_NOTE, files=_FILES, env=("DCPTOOL_LOG_KEEP",),
+       see_also=("remove", "merge", "info", "verify"))
+
+KeepLastOpt = Annotated[int, typer.Option(
+    "--keep-last", metavar="N", min=0, rich_help_panel=POLICY,
+    help="Keep the N newest backups.")]
+KeepHourlyOpt = Annotated[int, typer.Option(
+    "--keep-hourly", metavar="N", min=0, rich_help_panel=POLICY,
+    help="Keep the newest backup of each of the N newest hours that have backups (UTC).")]
+KeepDailyOpt = Annotated[int, typer.Option(
+    "--keep-daily", metavar="N", min=0, rich_help_panel=POLICY,
+    help="Keep the newest backup of each of the N newest days that have backups (UTC).")]
+KeepWeeklyOpt = Annotated[int, typer.Option(
+    "--keep-weekly", metavar="N", min=0, rich_help_panel=POLICY,
+    help="Keep the newest backup of each of the N newest ISO weeks that have backups.")]
+KeepMonthlyOpt = Annotated[int, typer.Option(
+    "--keep-monthly", metavar="N", min=0, rich_help_panel=POLICY,
+    help="Keep the newest backup of each of the N newest months that have backups (UTC).")]
+
+ArchiveArg = Annotated[str, typer.Argument(
+    metavar="ARCHIVE", help="Archive directory, or s3://BUCKET/PREFIX.", show_default=False)]
+DryRunOpt = Annotated[bool, typer.Option(
+    "--dry-run", help="Only show what would be kept, deleted and merged; change nothing.")]
+LevelOpt = Annotated[Optional[int], typer.Option(
+    "--level", min=1, max=22, help="zstd level of merged backups (default: the kept backup's).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+
+_ACTION = {"keep": "keep", "delete": "[red]delete[/red]", "merge": "[yellow]merge[/yellow]",
+           "merge-into": "keep (merged)"}
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    """The backups and what happens to each (prune --dry-run, remove, info --keep-*)."""
+    from rich.table import Table
+
+    con = console()
+    if not con.is_terminal:
+        con.width = max(con.width, 160)
+    table = Table(show_lines=False)
+    for col in ("backup", "type", "action", "why"):
+        table.add_column(col, no_wrap=col != "why")
+    for r in rows:
+        why = "; ".join(r["reasons"])
+        if r["action"] == "merge":
+            why = f"merged into {r['merged_into']}" + (f"; {why}" if why else "")
+        elif r["action"] == "merge-into":
+            why = (why + "; " if why else "") + "the removed backups it depends on are merged " \
+                                                "into it"
+        table.add_row(r["id"], r["type"], _ACTION[r["action"]], why)
+    con.print(table)
+
+
+def _report(d: dict[str, Any], json_out: bool) -> None:
+    if json_out:
+        print_json(d)
+        return
+    con = console()
+    print_rows(d["backups"])
+    if d["finished_earlier"]:
+        con.print(f"finished an interrupted run first: removed {len(d['finished_earlier'])} "
+                  "backups it had taken out")
+    verb = "would" if d["dry_run"] else "did"
+    n_merged = sum(len(m["replaced"]) - 1 for m in d["merges"])
+    con.print(f"{'dry run: ' if d['dry_run'] else ''}keep {len(d['kept'])} backups, remove "
+              f"{len(d['removed'])} ({len(d['deleted'])} deleted, {n_merged} merged into "
+              f"{len(d['merges'])} kept backups)" + ("" if d["dry_run"] else
+                                                     f" in {d['seconds']:.1f} s"))
+    for old, new in d["renamed"].items():
+        con.print(f"  backup {old} is now {new} (merged)")
+    if d["dry_run"] and not d["removed"]:
+        con.print(f"nothing {verb} change")
+
+
+@app.command()
+def remove(
+    archive: ArchiveArg,
+    backups: Annotated[Optional[list[str]], typer.Option(
+        "--backup", metavar="ID", help="A backup to remove (repeat for more).")] = None,
+    older: Annotated[Optional[str], typer.Option(
+        "--older-than", metavar="DURATION",
+        help="Remove the backups older than this (s, m, h, d, w: 30d, 12h, 1d12h), by the "
+             "time in their ids.")] = None,
+    dry_run: DryRunOpt = False,
+    level: LevelOpt = None,
+    master: MasterOpt = None,
+    partitions: PartitionsOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Remove backups from an archive, keeping every other backup restorable.
+
+    A backup no remaining backup depends on is deleted. The backups a remaining later
+    backup depends on are merged into it (as merge does: the newest version of each key,
+    deletions kept), and the merged backup takes its place: same data, same restore, its id
+    a microsecond later; a removed full backup makes the next remaining one full. Each
+    merge is committed and verified before anything is deleted, and a run killed midway
+    leaves a restorable archive that the next remove, prune or merge tidies.
+
+    The newest backup is never removed: the next incremental backup and the archive's high
+    watermark on the node go by its end, which so never moves backwards. --older-than
+    leaves it out; naming it with --backup is an error. A backup that two remaining
+    backups on separate branches depend on cannot be removed.
+
+    Example: dcptool remove /backups/default --older-than 90d --dry-run
+    Example: dcptool remove /backups/default --backup 20261122T101502.123456Z
+    """
+    from dcptool.pipeline.prune import run_remove
+
+    d = run_remove(archive, backups or (), older=older, dry_run=dry_run, level=level,
+                   partitions=partitions, master=master)
+    _report(d, json_out)
+
+
+@app.command()
+def prune(
+    archive: ArchiveArg,
+    keep_last: KeepLastOpt = 0,
+    keep_hourly: KeepHourlyOpt = 0,
+    keep_daily: KeepDailyOpt = 0,
+    keep_weekly: KeepWeeklyOpt = 0,
+    keep_monthly: KeepMonthlyOpt = 0,
+    dry_run: DryRunOpt = False,
+    level: LevelOpt = None,
+    master: MasterOpt = None,
+    partitions: PartitionsOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Remove the backups a retention policy does not keep (as restic's forget decides).
+
+    Backups are placed in time by the UTC timestamp in their ids (when they began; a merged
+    backup keeps its original's). --keep-last N keeps the N newest; --keep-hourly, -daily,
+    -weekly and -monthly N keep, going back from the newest, the newest backup of each hour
+    (day, ISO week, month) that has backups, for N such hours (days, weeks, months). A
+    backup any rule keeps is kept, and the newest backup always is. At least one rule is
+    needed.
+
+    The others are removed as remove removes them: what a kept backup depends on is merged
+    into it, the rest is deleted; a run killed midway leaves a restorable archive. 'dcptool
+    info ARCHIVE --keep-daily 7 ...' shows what a policy would keep without changing
+    anything.
+
+    Example: dcptool prune /backups/default --keep-last 3 --keep-daily 7 --keep-weekly 4 --keep-monthly 12
+    Example: dcptool prune /backups/default --keep-hourly 24 --dry-run
+    """
+    from dcptool.archive.retention import Policy
+    from dcptool.pipeline.prune import run_prune
+
+    policy = Policy(last=keep_last, hourly=keep_hourly, daily=keep_daily, weekly=keep_weekly,
+                    monthly=keep_monthly)
+    d = run_prune(archive, policy, dry_run=dry_run, level=level, partitions=partitions,
+                  master=master)
+    _report(d, json_out)
