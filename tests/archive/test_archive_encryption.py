@@ -307,3 +307,28 @@ def test_encrypted_archive_on_s3(s3, monkeypatch):
     report = verify_archive(url)
     assert {p.path for p in report.problems} == {f"s3://{bucket}/{key}"}
     assert all("tampered" in p.message for p in report.problems)
+
+
+def test_remove_and_prune_on_an_encrypted_archive(tmp_path):
+    from test_archive_retention import check_kept, make_chain, times40
+
+    from dcptool.archive.retention import Policy, remove_archive_backups, select_prune
+
+    root = tmp_path / "enc"
+    crypto.request_encryption(root, PASS)
+    archive, ids, model = make_chain(root, times40()[:8], fulls={0, 5})
+    assert archive.encrypted
+    with archive.lock("remove"):
+        res = remove_archive_backups(archive, [ids[0], ids[3]])
+    kept = [ids[i] for i in (1, 2, 4, 5, 6, 7)]
+    check_kept(archive, model, kept, res.renamed)
+    drop, reasons = select_prune(archive, Policy(last=2))
+    assert drop
+    with archive.lock("prune"):
+        remove_archive_backups(archive, drop, reasons=reasons)
+    assert verify_archive(root).ok
+    for name, data in all_files(root).items():
+        assert b"k0-" not in data and b'"new"' not in data, name
+    # a new process (no key loaded) reads what is left only with the passphrase
+    crypto.forget_keys()
+    assert len(Archive.open(root).committed_ids()) >= 2

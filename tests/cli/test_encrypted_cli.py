@@ -198,3 +198,35 @@ def test_encrypted_archive_on_s3_backup_incremental_restore(s3, tmp_path):
         r = run(env, "restore", url, "-c", f"{dst.host}:{dst.port}", "--json")
         assert r.returncode == 0, r.stderr
         assert node_documents(opts_for(dst)) == expected
+
+
+def test_prune_and_remove_of_an_encrypted_archive(env, tmp_path):
+    """The retention commands run their merges in Spark tasks: the data key goes with them."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "archive"))
+    from test_archive_retention import make_chain, times40
+
+    from dcptool.archive import Archive, crypto
+    from dcptool.archive.verify import verify_archive
+
+    root = tmp_path / "enc"
+    crypto.forget_keys()
+    crypto.request_encryption(root, PASS)
+    try:
+        _archive, ids, _model = make_chain(root, times40()[:8], fulls={0, 5})
+        r = run(dict(env, DCPTOOL_ARCHIVE_PASSPHRASE="nope"), "prune", str(root),
+                "--keep-last", "2")
+        assert r.returncode == 1 and "wrong passphrase" in one_line(r)
+        r = run(env, "remove", str(root), "--backup", ids[3], "--json")
+        assert r.returncode == 0, r.stderr
+        r = run(env, "prune", str(root), "--keep-last", "2", "--json")
+        assert r.returncode == 0, r.stderr
+        assert len(json.loads(r.stdout)["kept"]) == 2
+        crypto.forget_keys()
+        os.environ[crypto.PASSPHRASE_ENV] = PASS
+        try:
+            assert verify_archive(root).ok
+            assert len(Archive.open(root).committed_ids()) == 2
+        finally:
+            del os.environ[crypto.PASSPHRASE_ENV]
+    finally:
+        crypto.forget_keys()
