@@ -12,3 +12,23 @@ def cli(capsys, *args) -> tuple[int, str, str]:
         main([str(a) for a in args])
     out = capsys.readouterr()
     return exc.value.code, out.out, out.err
+
+
+def run_dcptool(env: dict[str, str], *args, timeout: float = 240):
+    """`dcptool ARGS` as a process of its own with `env` (its own Spark): CompletedProcess
+    with text output."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "dcptool", *map(str, args)], env=env,
+                          text=True, capture_output=True, stdin=subprocess.DEVNULL,
+                          timeout=timeout)
+
+
+def one_error_line(res) -> str:
+    """The one line a failed command printed on stderr (no traceback, nothing else)."""
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("dcptool: error: "), lines[0]
+    assert "Traceback" not in res.stderr
+    return lines[0]

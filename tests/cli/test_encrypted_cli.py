@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+from cliutil import one_error_line as one_line
+from cliutil import run_dcptool as run
 from docutil import delete, load, node_documents, opts_for
 from noiseutil import assert_no_noise
 from nodeprocutil import NodeProcess
@@ -19,17 +20,6 @@ N = 600
 PASS = "pass phrase of the encrypted archive"
 
 
-def run(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dcptool", *args], env=env, text=True,
-                          capture_output=True, stdin=subprocess.DEVNULL, timeout=timeout)
-
-
-def one_line(r) -> str:
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("dcptool: error: "), lines[0]
-    assert "Traceback" not in r.stderr
-    return lines[0]
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ import sys
 import time
 
 import pytest
+from cliutil import one_error_line as one_line
+from cliutil import run_dcptool as run
 from docutil import delete, load, node_documents, opts_for, wait_persisted
 from noiseutil import assert_no_noise
 from nodeprocutil import NodeProcess
@@ -28,17 +30,6 @@ def start(env: dict[str, str], *args: str) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def run(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dcptool", *args], env=env, text=True,
-                          capture_output=True, stdin=subprocess.DEVNULL, timeout=timeout)
-
-
-def one_line(r) -> str:
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("dcptool: error: "), lines[0]
-    assert "Traceback" not in r.stderr
-    return lines[0]
 
 
 @pytest.fixture
