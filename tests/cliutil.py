@@ -32,3 +32,21 @@ def one_error_line(res) -> str:
     assert lines[0].startswith("dcptool: error: "), lines[0]
     assert "Traceback" not in res.stderr
     return lines[0]
+
+
+def documented_examples(json_doc) -> dict[str, dict]:
+    """docs/json-output.md: section title (`dcptool backup`) -> the first JSON example of
+    the section."""
+    import json
+    import re
+    from pathlib import Path
+
+    out: dict[str, dict] = {}
+    title = None
+    text = Path(json_doc).read_text()
+    for m in re.finditer(r"^## (dcptool [a-z -]+)$|^```json\n(.*?)^```", text, re.S | re.M):
+        if m.group(1):
+            title = m.group(1).strip()
+        elif title and title not in out:
+            out[title] = json.loads(m.group(2))
+    return out

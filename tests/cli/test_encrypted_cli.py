@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
+from cliutil import documented_examples
 from cliutil import one_error_line as one_line
 from cliutil import run_dcptool as run
 from docutil import delete, load, node_documents, opts_for
@@ -106,15 +108,20 @@ def test_encrypted_full_incremental_merge_restore_and_tampering(env, tmp_path):
     # the passphrase changed: a new key, the old one removed; the data untouched
     data_before = {n: d for n, d in files_of(archive).items() if n.startswith("backups/")}
     nenv = dict(env, DCPTOOL_ARCHIVE_NEW_PASSPHRASE="the new one")
+    documented = documented_examples(Path(__file__).resolve().parents[2] / "docs"
+                                     / "json-output.md")
     r = run(nenv, "key", "add", archive, "--json")
     assert r.returncode == 0, r.stderr
+    assert set(json.loads(r.stdout)) == set(documented["dcptool key add"])
     added = json.loads(r.stdout)["added"]["id"]
     r = run(env, "key", "list", archive, "--json")
+    assert set(json.loads(r.stdout)) == set(documented["dcptool key list"])
     keys = json.loads(r.stdout)["keys"]
     old = next(k["id"] for k in keys if k["current"])
     assert {k["id"] for k in keys} == {old, added}
     r = run(env, "key", "remove", archive, old, "--json")
     assert r.returncode == 0, r.stderr
+    assert set(json.loads(r.stdout)) == set(documented["dcptool key remove"])
     r = run(env, "key", "remove", archive, added)
     assert r.returncode == 1 and "wrong passphrase" in one_line(r)
     env = dict(env, DCPTOOL_ARCHIVE_PASSPHRASE="the new one")
