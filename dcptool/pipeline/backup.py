@@ -85,7 +85,7 @@ from .datafilter import selection
 from .nodeinfo import cluster_state, node_opts
 from .plans import BackupTask, VBucketPlan, VBucketSummary
 from .runtime import (check_executors_see, check_master, context_of, default_parallelism,
-                      engine_available, get_context, plan_groups, run_tasks, warm_up)
+                      engine_available, get_context, plan_groups, run_tasks)
 from .tasks import reporting_failures, task_failure
 
 
@@ -568,7 +568,6 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             archive_path, os.getpid())
     if spark is None:
         check_master(master)  # an unreachable master fails before any partial backup exists
-        warm_up(master)  # Spark starts while the node's state is read and the backup planned
     # on a cluster, seqnos and failover logs come from each vbucket's active node
     count, seqnos, logs, members = cluster_state(opts, vbuckets)
     if members is not None:

@@ -310,8 +310,6 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
 
     with _lock:
         if SparkContext._active_spark_context is not None:  # an active session's too
-            if _jvm_proc is not None and threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGINT, _on_interrupt)  # (warm_up's thread started it)
             return SparkContext._active_spark_context
         attached = _engine_session(master or os.environ.get("DCPTOOL_SPARK_MASTER"))
         if attached is not None:
@@ -354,32 +352,6 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
         if _jvm_output is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, _on_interrupt)
         return sc
-
-
-_warming: threading.Thread | None = None
-
-
-def warm_up(master: str | None = None) -> None:
-    """Start the command's own Spark in the background, so that it starts while the driver
-    does its first steps (connecting to the node, reading its state, planning, opening the
-    archive); `get_context` then waits for it instead of starting it. Only on the command
-    line, for a local master, and when neither an engine runs nor Spark is active already.
-    A failure is left to the command's own `get_context`, which reports it."""
-    global _warming
-    if _jvm_output is None or _warming is not None or _session_active():
-        return
-    m = master or os.environ.get("DCPTOOL_SPARK_MASTER") or DEFAULT_MASTER
-    if not m.startswith("local") or engine_available(master):
-        return
-
-    def start() -> None:
-        try:
-            get_context(master)
-        except BaseException:  # noqa: BLE001 - get_context in the command says what failed
-            pass
-
-    _warming = threading.Thread(target=start, name="dcptool-spark-start", daemon=True)
-    _warming.start()
 
 
 def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[str, Any] | None = None):
