@@ -197,9 +197,6 @@ class S3Path:
         return read_bytes(self).decode(encoding)
 
 
-Location = "Path | S3Path"
-
-
 def location(path: Any) -> Path | S3Path:
     """A location for what a user or a task names: s3://BUCKET/PREFIX or a local path."""
     if isinstance(path, (Path, S3Path)):
@@ -271,15 +268,9 @@ def list_sizes(path: Path | S3Path, *, dirs: bool = False) -> dict[str, int]:
                 elif dirs and e.is_dir():
                     out[e.name] = -1
         return out
-    client = s3_client(path.settings)
     prefix = f"{path.key}/" if path.key else ""
     out = {}
-    token = None
-    while True:
-        kwargs: dict[str, Any] = {"Bucket": path.bucket, "Prefix": prefix, "Delimiter": "/"}
-        if token:
-            kwargs["ContinuationToken"] = token
-        r = _call(path, client.list_objects_v2, **kwargs)
+    for r in _list_pages(path, prefix, Delimiter="/"):
         for o in r.get("Contents", ()):
             name = o["Key"][len(prefix):]
             if name:  # (not the prefix's own folder marker)
@@ -287,17 +278,33 @@ def list_sizes(path: Path | S3Path, *, dirs: bool = False) -> dict[str, int]:
         if dirs:
             for p in r.get("CommonPrefixes", ()):
                 out[p["Prefix"][len(prefix):].rstrip("/")] = -1
+    return out
+
+
+def _list_pages(path: S3Path, prefix: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """The pages of a ListObjectsV2 of `prefix` in the path's bucket."""
+    client = s3_client(path.settings)
+    token = None
+    while True:
+        page = dict(kwargs, Bucket=path.bucket, Prefix=prefix)
+        if token:
+            page["ContinuationToken"] = token
+        r = _call(path, client.list_objects_v2, **page)
+        yield r
         if not r.get("IsTruncated"):
-            return out
+            return
         token = r["NextContinuationToken"]
+
+
+def _head(path: S3Path) -> dict[str, Any]:
+    """The object's HEAD (FileNotFoundError when it is missing)."""
+    return _call(path, s3_client(path.settings).head_object, Bucket=path.bucket, Key=path.key)
 
 
 def stat_size(path: Path | S3Path) -> int:
     if not isinstance(path, S3Path):
         return os.stat(path).st_size
-    client = s3_client(path.settings)
-    return int(_call(path, client.head_object, Bucket=path.bucket, Key=path.key)
-               ["ContentLength"])
+    return int(_head(path)["ContentLength"])
 
 
 def read_bytes(path: Path | S3Path) -> bytes:
@@ -459,6 +466,12 @@ def wait_uploads() -> None:
     _uploads.wait()
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 class NewFile:
     """A file being written once (`write_new`): write(), then close(sync) or abort()."""
 
@@ -479,9 +492,7 @@ class _LocalNewFile(NewFile):
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
 
     def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view):]
+        _write_all(self.fd, data)
 
     def close(self, sync: bool = True) -> None:
         if self.fd < 0:
@@ -620,19 +631,11 @@ def remove_tree(path: Path | S3Path) -> None:
         return
     abort_uploads(path)
     client = s3_client(path.settings)
-    token = None
-    while True:
-        kwargs: dict[str, Any] = {"Bucket": path.bucket, "Prefix": f"{path.key}/"}
-        if token:
-            kwargs["ContinuationToken"] = token
-        r = _call(path, client.list_objects_v2, **kwargs)
+    for r in _list_pages(path, f"{path.key}/"):
         keys = [{"Key": o["Key"]} for o in r.get("Contents", ())]
-        for i in range(0, len(keys), 1000):
+        if keys:  # (a page holds 1,000 keys at most, as many as one request deletes)
             _call(path, client.delete_objects, Bucket=path.bucket,
-                  Delete={"Objects": keys[i:i + 1000], "Quiet": True})
-        if not r.get("IsTruncated"):
-            break
-        token = r["NextContinuationToken"]
+                  Delete={"Objects": keys, "Quiet": True})
     # a store with folders (or a console that made a folder marker) keeps "PREFIX/": it
     # goes too, so the prefix is not listed as an empty directory
     _call(path, client.delete_object, Bucket=path.bucket, Key=f"{path.key}/")
@@ -696,8 +699,7 @@ def identity(path: Path | S3Path) -> tuple[Any, ...]:
     if not isinstance(path, S3Path):
         st = os.stat(path)
         return (str(path.absolute()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    client = s3_client(path.settings)
-    head = _call(path, client.head_object, Bucket=path.bucket, Key=path.key)
+    head = _head(path)
     return (str(path), int(head["ContentLength"]), head.get("ETag"))
 
 
@@ -707,9 +709,7 @@ def age_seconds(path: Path | S3Path) -> float:
 
     if not isinstance(path, S3Path):
         return time.time() - os.stat(path).st_mtime
-    client = s3_client(path.settings)
-    head = _call(path, client.head_object, Bucket=path.bucket, Key=path.key)
-    return time.time() - head["LastModified"].timestamp()
+    return time.time() - _head(path)["LastModified"].timestamp()
 
 
 def break_file(path: Path | S3Path) -> None:
@@ -752,9 +752,7 @@ def atomic_write_bytes(path: Path | S3Path, data: bytes, *, durable: bool = True
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, mode)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, data)
         if durable:
             os.fsync(fd)
         os.close(fd)
@@ -802,9 +800,7 @@ def replace_prefix_bytes(path: Path | S3Path, keep: int, tail: bytes) -> None:
         try:
             os.ftruncate(fd, keep)
             os.lseek(fd, keep, os.SEEK_SET)
-            view = memoryview(tail)
-            while view:
-                view = view[os.write(fd, view):]
+            _write_all(fd, tail)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -828,11 +824,6 @@ def rename_dir(src: Path | S3Path, dst: Path | S3Path, *, last: str | None = Non
         _call(s, client.copy_object, Bucket=d.bucket, Key=d.key,
               CopySource={"Bucket": s.bucket, "Key": s.key})
     remove_tree(src)
-
-
-def describe(path: Any) -> str:
-    """The location as a user would type it."""
-    return str(path)
 
 
 __all__ = ["S3Path", "S3Settings", "StorageError", "NewFile", "location", "is_remote",
