@@ -166,6 +166,15 @@ def run(n: int, size: int, vbuckets: int = 1024, *, master: str = "local[*]",
     return res
 
 
+def report(res: dict, json_out: str | None) -> None:
+    """Print a benchmark's figures one a line, aligned; write them as JSON to `json_out`."""
+    width = max(len(k) for k in res)
+    for k, v in res.items():
+        print(f"{k:<{width}}  {v}")
+    if json_out:
+        Path(json_out).write_text(json.dumps(res, indent=2) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=1_000_000)
@@ -196,11 +205,7 @@ def main() -> None:
         return
     res = run(args.n, args.s, args.vbuckets, master=args.master, partitions=args.partitions,
               work_dir=args.dir)
-    width = max(len(k) for k in res)
-    for k, v in res.items():
-        print(f"{k:<{width}}  {v}")
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res, indent=2))
+    report(res, args.json_out)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ archive (no node, no Spark). Reported: the rounds, the medians, and encrypted/pl
 from __future__ import annotations
 
 import argparse
-import json
 import secrets
 import shutil
 import statistics
@@ -34,20 +33,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from benchmarks.backup_restore import set_documents  # noqa: E402
-from benchmarks.engine_backup import docs  # noqa: E402
+from benchmarks.backup_restore import report, set_documents  # noqa: E402
+from benchmarks.engine_backup import cli, docs  # noqa: E402
 from dcptool.client.options import ConnOptions  # noqa: E402
 from dcptool.node.launcher import LocalNode  # noqa: E402
-
-
-def cli(args: list[str], env: dict[str, str]) -> tuple[float, dict]:
-    t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "dcptool", *args], env=env,
-                       capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    wall = time.perf_counter() - t
-    if p.returncode != 0:
-        raise RuntimeError(f"dcptool {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}")
-    return wall, (json.loads(p.stdout) if p.stdout.strip().startswith("{") else {})
 
 
 def _med(xs: list[float]) -> float:
@@ -168,11 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", dest="json_out", default=None)
     a = ap.parse_args(argv)
     res = run(a.n, a.s, a.vbuckets, a.rounds, layer=not a.no_layer)
-    width = max(len(k) for k in res)
-    for k, v in res.items():
-        print(f"{k:<{width}}  {v}")
-    if a.json_out:
-        Path(a.json_out).write_text(json.dumps(res, indent=2) + "\n")
+    report(res, a.json_out)
     return res
 
 

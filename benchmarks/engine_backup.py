@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 import zstandard  # noqa: E402
 
-from benchmarks.backup_restore import set_documents  # noqa: E402
+from benchmarks.backup_restore import report, set_documents  # noqa: E402
 from dcptool.client.options import ConnOptions  # noqa: E402
 from dcptool.node.launcher import LocalNode  # noqa: E402
 
@@ -103,7 +103,7 @@ def docs(n: int, size: int, seed: int = 42, prefix: str = "product"):
 def cli(args: list[str], env: dict[str, str]) -> tuple[float, dict]:
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "dcptool", *args], env=env,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL)
     wall = time.perf_counter() - t
     if p.returncode != 0:
         raise RuntimeError(f"dcptool {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}")
@@ -208,11 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", dest="json_out", default=None)
     a = ap.parse_args(argv)
     res = run(a.n, a.s, a.vbuckets, a.changes, a.rounds)
-    width = max(len(k) for k in res)
-    for k, v in res.items():
-        print(f"{k:<{width}}  {v}")
-    if a.json_out:
-        Path(a.json_out).write_text(json.dumps(res, indent=2) + "\n")
+    report(res, a.json_out)
     return res
 
 

@@ -18,7 +18,6 @@ the rounds, the medians, and s3/local for backup and restore.
 from __future__ import annotations
 
 import argparse
-import json
 import secrets
 import shutil
 import subprocess
@@ -30,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from benchmarks.backup_restore import set_documents  # noqa: E402
+from benchmarks.backup_restore import report, set_documents  # noqa: E402
 from benchmarks.engine_backup import _med, cli, docs  # noqa: E402
 from dcptool.client.options import ConnOptions  # noqa: E402
 from dcptool.node.launcher import LocalNode  # noqa: E402
@@ -92,11 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", dest="json_out", default=None)
     a = ap.parse_args(argv)
     res = run(a.n, a.s, a.vbuckets, a.rounds)
-    width = max(len(k) for k in res)
-    for k, v in res.items():
-        print(f"{k:<{width}}  {v}")
-    if a.json_out:
-        Path(a.json_out).write_text(json.dumps(res, indent=2) + "\n")
+    report(res, a.json_out)
     return res
 
 
