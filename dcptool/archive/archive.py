@@ -36,7 +36,10 @@ from .format import (
     DEFAULT_LEVEL,
     DEFAULT_SEGMENT_BYTES,
     DIR_MODE,
+    BATCH_RE,
     DONE_RE,
+    PACK_RE,
+    entry_location,
     FORMAT_NAME,
     FORMAT_VERSION,
     COLLECTIONS_VERSION,
@@ -60,7 +63,13 @@ from . import crypto, storage
 from .lock import ArchiveLock
 from .manifest import check_manifest, check_summary, totals_of
 from .reader import Backup, VBucketHistory
-from .recovery import VBucketRecovery, file_digest, recover_backup
+from .recovery import (
+    VBucketRecovery,
+    batch_summaries,
+    done_summaries,
+    file_digest,
+    recover_backup,
+)
 from .resolve import part_cuts, resolve, snapshot_boundaries
 from .writer import VBucketWriter
 
@@ -561,29 +570,45 @@ class BackupPlan:
     starts: dict[int, VBucketStart]
 
 
+def _stale_batch(path: Any, by_vb: dict[int, dict[str, Any]]) -> bool:
+    """A done batch any of whose summaries is not the one committed (a failed attempt's)."""
+    def plain(s: Any) -> str:
+        if not isinstance(s, dict):
+            return ""
+        return json.dumps([s.get("files"), s.get("end"), s.get("counts")], sort_keys=True)
+
+    summaries = batch_summaries(path)
+    return not summaries or any(plain(s) != plain(by_vb.get(s["vbucket"])) for s in summaries)
+
+
 class BackupProgress:
     """How far a running backup is, from its vbuckets' done files (each read once)."""
 
     def __init__(self, backup_dir: Any):
         self.dir = backup_dir
-        self._seen: dict[str, tuple[int, int]] = {}
+        self._read: set[str] = set()
+        self._seen: dict[int, tuple[int, int]] = {}  # vbucket: (items, bytes)
 
     def poll(self) -> tuple[int, int, int]:
         """(vbuckets done, items, bytes) so far; a file not readable yet is counted later."""
         try:
-            names = [n for n in storage.listdir(self.dir) if DONE_RE.match(n)]
+            names = [n for n in storage.listdir(self.dir) if DONE_RE.match(n)
+                     or BATCH_RE.match(n)]
         except (OSError, ArchiveError):
             names = []
-        for n in names:
-            if n in self._seen:
+        for n in sorted(names):
+            if n in self._read:
                 continue
             try:
-                d = json.loads(crypto.read_file(self.dir / n))
-                c = d["counts"]
-                self._seen[n] = (c["mutations"] + c["deletions"] + c["expirations"],
-                                 d["bytes"]["files"])
-            except (OSError, ValueError, KeyError, ArchiveError):
+                doc = json.loads(crypto.read_file(self.dir / n))
+                summaries = doc["vbuckets"] if BATCH_RE.match(n) else [doc]
+                got = {d["vbucket"]: (d["counts"]["mutations"] + d["counts"]["deletions"]
+                                      + d["counts"]["expirations"], d["bytes"]["files"])
+                       for d in summaries}
+            except (OSError, ValueError, KeyError, TypeError, ArchiveError):
                 continue
+            self._read.add(n)
+            self._seen.update(got)
         seen = self._seen.values()
         return len(self._seen), sum(i for i, _ in seen), sum(b for _, b in seen)
 
@@ -662,13 +687,15 @@ class BackupWriter:
 
     def _load_done(self) -> list[dict[str, Any]]:
         out = []
-        for name in sorted(storage.listdir(self.dir)):
+        names = sorted(storage.listdir(self.dir))
+        for name in names:
             if DONE_RE.match(name):
                 try:
                     out.append(read_json(self.dir / name))
                 except (OSError, ValueError) as exc:
                     raise CorruptFileError(self.dir / name, f"unreadable: {exc}") from None
-        return out
+        batched = done_summaries(self.dir, [n for n in names if BATCH_RE.match(n)])
+        return [s for s in out if s.get("vbucket") not in batched] + list(batched.values())
 
     def commit(self, summaries: Sequence[dict[str, Any]] | None = None, *,
                extra: dict[str, Any] | None = None, rehash: bool = True) -> dict[str, Any]:
@@ -691,18 +718,25 @@ class BackupWriter:
                 raise SummaryMismatchError(f"backup {self.id}: two summaries for vbucket "
                                            f"{s['vbucket']}")
             by_vb[s["vbucket"]] = s
-        listed = {f["name"] for s in by_vb.values() for f in s["files"]}
+        listed = {f["name"] for s in by_vb.values() for f in s["files"] if "pack" not in f}
+        packs = {f["pack"] for s in by_vb.values() for f in s["files"] if "pack" in f}
 
         sizes = storage.list_sizes(self.dir)
 
         def measure(f: dict[str, Any]) -> tuple[int, str] | None:
-            path = self.dir / f["name"]
-            if f["name"] not in sizes:
+            path = entry_location(self.dir, f)
+            if "pack" in f:
+                if f["pack"] not in sizes:
+                    return None
+                held = min(f["size"], sizes[f["pack"]] - f["offset"])
+            elif f["name"] not in sizes:
                 return None
+            else:
+                held = sizes[f["name"]]
             try:
                 if rehash:
                     return file_digest(path)
-                return sizes[f["name"]], f["sha256"]
+                return held, f["sha256"]
             except FileNotFoundError:
                 return None
 
@@ -711,12 +745,13 @@ class BackupWriter:
             # hashlib releases the GIL on large buffers: the files hash in parallel
             from concurrent.futures import ThreadPoolExecutor
 
-            with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+            with storage.pack_cache(), \
+                    ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
                 measured = list(pool.map(measure, [f for _s, f in pairs]))
         else:
             measured = [measure(f) for _s, f in pairs]
         for (s, f), got in zip(pairs, measured):
-            path = self.dir / f["name"]
+            path = entry_location(self.dir, f)
             if got is None:
                 raise SummaryMismatchError(f"{path}: listed for vbucket {s['vbucket']} but "
                                            "missing")
@@ -730,7 +765,9 @@ class BackupWriter:
         for name in sizes:
             parsed = parse_data_name(name)
             stale = (parsed is not None and name not in listed) or (
-                DONE_RE.match(name) is not None and int(name[3:-10]) not in by_vb)
+                DONE_RE.match(name) is not None and int(name[3:-10]) not in by_vb) or (
+                PACK_RE.match(name) is not None and name not in packs) or (
+                BATCH_RE.match(name) is not None and _stale_batch(self.dir / name, by_vb))
             if stale or (name.startswith(".") and name.endswith(".tmp")):
                 storage.unlink(self.dir / name)
                 removed = True

@@ -85,6 +85,10 @@ KEY_INDEX = {REC_MUTATION: 7, REC_DELETION: 4, REC_EXPIRATION: 4}
 DATA_RE = re.compile(r"^vb-(\d{4,5})-(\d{3,})\.mpk\.zst$")
 DONE_RE = re.compile(r"^vb-(\d{4,5})\.done\.json$")
 BACKUP_ID_RE = re.compile(r"^\d{8}T\d{6}\.\d{6}Z$")
+#: a pack: small data files of several vbuckets stored one after another (see packing.py)
+PACK_RE = re.compile(r"^pack-([0-9a-f]{16})\.mpk\.zst$")
+#: a done batch: the summaries of the vbuckets a backup task finished with one pack
+BATCH_RE = re.compile(r"^done-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-f]{16})\.json$")
 
 
 def data_file_name(vbucket: int, segment: int) -> str:
@@ -93,6 +97,24 @@ def data_file_name(vbucket: int, segment: int) -> str:
 
 def done_file_name(vbucket: int) -> str:
     return f"vb-{vbucket:04d}.done.json"
+
+
+def pack_name(token: str) -> str:
+    return f"pack-{token}.mpk.zst"
+
+
+def batch_name(stamp: str, token: str) -> str:
+    return f"done-{stamp}-{token}.json"
+
+
+def entry_location(backup_dir: Any, entry: dict[str, Any]) -> Any:
+    """Where the data file a summary's file entry names lies: the file of that name in the
+    backup directory, or its byte range of a pack (entries with "pack" and "offset")."""
+    where = storage.location(backup_dir)
+    pack = entry.get("pack")
+    if pack is None:
+        return where / entry["name"]
+    return storage.Member(where / pack, entry["offset"], entry["size"], entry["name"])
 
 
 def parse_data_name(name: str) -> tuple[int, int] | None:

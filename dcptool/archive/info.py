@@ -8,7 +8,8 @@ from .archive import Archive
 from . import storage
 from .chain import merged_from
 from .errors import ArchiveError
-from .format import BACKUP_JSON, DONE_RE, MANIFEST_JSON, parse_data_name, read_json
+from .format import BACKUP_JSON, MANIFEST_JSON, parse_data_name, read_json
+from .recovery import done_summaries
 from .lock import ArchiveLock
 
 _COUNTS = ("mutations", "deletions", "expirations", "snapshots", "rollbacks", "records")
@@ -36,20 +37,22 @@ def _partial(archive: Archive, bid: str) -> dict[str, Any]:
     started: set[int] = set()
     value_bytes = 0
     rollbacks: list[dict[str, Any]] = []
-    for name in sorted(storage.listdir(bdir)):
+    names = sorted(storage.listdir(bdir))
+    for name in names:
         parsed = parse_data_name(name)
         if parsed:
             started.add(parsed[0])
-        elif DONE_RE.match(name):
-            try:
-                s = read_json(bdir / name)
-                for k in _COUNTS:
-                    counts[k] += int(s["counts"][k])
-                value_bytes += int(s["bytes"]["values"])
-                rollbacks += [{"vbucket": s["vbucket"], **r} for r in s["rollbacks"]]
-                done += 1
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
+    # (the done summaries: done files, and done batches of a packed backup)
+    for s in done_summaries(bdir, names).values():
+        try:
+            for k in _COUNTS:
+                counts[k] += int(s["counts"][k])
+            value_bytes += int(s["bytes"]["values"])
+            rollbacks += [{"vbucket": s["vbucket"], **r} for r in s["rollbacks"]]
+            done += 1
+            started.add(s["vbucket"])
+        except (KeyError, TypeError, ValueError):
+            pass
     return {
         "id": bid, "parent": intent.get("parent"), "type": intent.get("type"),
         "state": "partial", "started": intent.get("started"), "finished": None,

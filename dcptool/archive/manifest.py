@@ -8,6 +8,7 @@ from .format import (
     COLLECTIONS_VERSION,
     BACKUP_TYPES,
     DATA_RE,
+    PACK_RE,
     FORMAT_VERSION,
     FULL,
     INCREMENTAL,
@@ -70,6 +71,9 @@ def check_summary(s: Any, backup_id: str | None, vbucket_count: int | None) -> l
             if not m or int(m.group(1)) != vb or int(m.group(2)) != i:
                 out.append(f"{what}: file entry {i} has name {name!r}, expected segment {i:03d} "
                            f"of vbucket {vb}")
+            if "pack" in f and (not isinstance(f["pack"], str) or not PACK_RE.match(f["pack"])
+                                or not _is_uint(f.get("offset"))):
+                out.append(f"{what}: file {name}: pack or offset is malformed")
             if not _is_uint(f.get("size")) or not _is_uint(f.get("records")):
                 out.append(f"{what}: file {name}: size or records missing")
             sha = f.get("sha256")

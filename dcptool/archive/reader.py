@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 from . import storage
 from .errors import CorruptFileError
-from .format import BACKUPS_DIR, FORMAT_NAME, HEADER, ITEM_TYPES
+from .format import BACKUPS_DIR, FORMAT_NAME, HEADER, ITEM_TYPES, entry_location
 from .frames import iter_frame_batches
 
 
@@ -26,7 +26,7 @@ def iter_vbucket_batches(backup_dir: str | os.PathLike[str], entry: dict[str, An
     vb = entry["vbucket"]
     backup_id = entry["backup"]
     for segment, f in enumerate(entry["files"]):
-        path = backup_dir / f["name"]
+        path = entry_location(backup_dir, f)
         first = True
         for batch in iter_frame_batches(path, expect_size=f["size"],
                                         expect_sha256=f["sha256"] if check_sha256 else None,
@@ -80,7 +80,7 @@ class Backup:
     def files(self, vbucket: int | None = None) -> list[tuple[int, Path]]:
         """(vbucket, path) of every data file (of one vbucket), in reading order."""
         vbs = self.vbuckets if vbucket is None else [vbucket]
-        return [(vb, self.dir / f["name"]) for vb in vbs if vb in self._entries
+        return [(vb, entry_location(self.dir, f)) for vb in vbs if vb in self._entries
                 for f in self._entries[vb]["files"]]
 
     def records(self, vbucket: int, *, check_sha256: bool = False,

@@ -1,7 +1,8 @@
 """Partial backups: which vbuckets finished, and where the others can restart.
 
-A vbucket of a partial backup is *complete* when its `vb-NNNN.done.json` exists and every file
-it lists still has the recorded size and SHA-256. Otherwise its data files are scanned frame
+A vbucket of a partial backup is *complete* when its summary exists (`vb-NNNN.done.json`, or
+the newest done batch of a packed backup that names it: see packing.py) and every file it
+lists still has the recorded size and SHA-256. Otherwise its data files are scanned frame
 by frame: every complete zstd frame is read, a torn or corrupt frame ends the scan, and the
 *valid prefix* is everything up to the last snapshot boundary seen (a stream start, a rollback
 record, or a snapshot whose last item or successor marker was read). The restart position is
@@ -22,9 +23,11 @@ from typing import Any, Iterable
 
 from . import crypto, storage
 from .block import block_compressor, compress_sections
-from .errors import CorruptFileError
+from .errors import ArchiveError, CorruptFileError
 from .format import (
+    BATCH_RE,
     DATA_RE,
+    DONE_RE,
     REC_DELETION,
     END,
     REC_EXPIRATION,
@@ -37,6 +40,7 @@ from .format import (
     FORMAT_NAME,
     ArchivePosition,
     done_file_name,
+    entry_location,
     fsync_dir,
     read_json,
     uuid_for_seqno,
@@ -49,6 +53,49 @@ from .frames import (
     record_ok,
     scan_stored_frames,
 )
+
+
+#: check_done's default: look for the vbucket's summary in the directory
+_LOOK = object()
+
+
+def done_summaries(backup_dir: Any, names: Iterable[str] | None = None
+                   ) -> dict[int, dict[str, Any]]:
+    """The done summaries in a backup directory, {vbucket: summary}: the vbuckets' done
+    files, then the done batches oldest first (a newer batch's summary of a vbucket replaces
+    an older one). Unreadable files are passed over (their vbuckets are then not complete)."""
+    backup_dir = storage.location(backup_dir)
+    if names is None:
+        try:
+            names = storage.listdir(backup_dir)
+        except FileNotFoundError:
+            return {}
+    out: dict[int, dict[str, Any]] = {}
+    ordered = sorted(names)
+    for name in ordered:
+        m = DONE_RE.match(name)
+        if m:
+            try:
+                s = read_json(backup_dir / name)
+                if isinstance(s, dict) and s.get("vbucket") == int(m.group(1)):
+                    out[s["vbucket"]] = s
+            except (OSError, ValueError, KeyError, TypeError, ArchiveError):
+                pass
+    for name in ordered:
+        if BATCH_RE.match(name):
+            for s in batch_summaries(backup_dir / name):
+                out[s["vbucket"]] = s
+    return out
+
+
+def batch_summaries(path: Any) -> list[dict[str, Any]]:
+    """The summaries of one done batch ([] when it is unreadable or malformed)."""
+    try:
+        doc = read_json(path)
+        return [s for s in doc["vbuckets"] if isinstance(s, dict)
+                and isinstance(s.get("vbucket"), int)]
+    except (OSError, ValueError, KeyError, TypeError, ArchiveError):
+        return []
 
 
 def file_digest(path: Any) -> tuple[int, str]:
@@ -380,36 +427,59 @@ class VBucketRecovery:
 
 
 def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
-               files: list[tuple[int, str]] | None = None, *,
-               rehash: bool = True) -> tuple[dict[str, Any] | None, str | None]:
-    """(summary, None) when the vbucket's done file exists and matches its files on disk,
-    else (None, reason) — reason None when there simply is no done file."""
+               files: list[tuple[int, str]] | None = None, *, rehash: bool = True,
+               summary: Any = _LOOK, sizes: dict[str, int] | None = None
+               ) -> tuple[dict[str, Any] | None, str | None]:
+    """(summary, None) when the vbucket's summary exists and matches its files on disk,
+    else (None, reason) — reason None when there simply is no summary. `summary`: the one
+    done_summaries found (None: there is none), else it is looked for; `sizes`: the
+    directory's {name: size}, for sizes without a request each (rehash=False)."""
     backup_dir = storage.location(backup_dir)
     done = backup_dir / done_file_name(vbucket)
-    if not done.exists():
+    label = done.name
+    if summary is _LOOK:
+        if done.exists():
+            try:
+                summary = read_json(done)
+            except (OSError, ValueError) as exc:
+                return None, f"{done.name} is unreadable: {exc}"
+        else:
+            summary = done_summaries(backup_dir).get(vbucket)
+            label = f"vbucket {vbucket}'s summary"
+    else:
+        label = f"vbucket {vbucket}'s summary"
+    if summary is None:
         return None, None
     try:
-        summary = read_json(done)
         listed = summary["files"]
         if summary["vbucket"] != vbucket or summary["backup"] != backup_id:
-            return None, f"{done.name} belongs to another vbucket or backup"
-        names = [e["name"] for e in listed]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return None, f"{done.name} is unreadable: {exc}"
+            return None, f"{label} belongs to another vbucket or backup"
+        names = [e["name"] for e in listed if "pack" not in e]
+    except (KeyError, TypeError) as exc:
+        return None, f"{label} is unreadable: {exc}"
     if files is None:
         files = vbucket_files(backup_dir).get(vbucket, [])
     on_disk = [name for _seg, name in files]
     if on_disk != names:
-        return None, f"{done.name} lists {names} but the directory holds {on_disk}"
+        return None, f"{label} lists {names} but the directory holds {on_disk}"
     for entry in listed:
-        path = backup_dir / entry["name"]
         try:
+            path = entry_location(backup_dir, entry)
             if rehash:
                 size, digest = file_digest(path)
+            elif sizes is not None:
+                got = sizes.get(entry.get("pack") or entry["name"], 0)
+                size = min(entry["size"], got - entry.get("offset", 0)) if "pack" in entry \
+                    else got
+                digest = entry["sha256"]
             else:
                 size, digest = storage.stat_size(path), entry["sha256"]
+        except FileNotFoundError:
+            return None, f"{entry.get('name')}: missing"
         except OSError as exc:
-            return None, f"{entry['name']}: cannot read: {exc.strerror}"
+            return None, f"{entry.get('name')}: cannot read: {exc.strerror}"
+        except (KeyError, TypeError, ValueError) as exc:
+            return None, f"{label} is malformed: {exc}"
         if size != entry["size"]:
             return None, f"{entry['name']}: size {size} but {entry['size']} was recorded"
         if digest != entry["sha256"]:
@@ -419,14 +489,16 @@ def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
 
 def recover_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
                     files: list[tuple[int, str]] | None = None, *, scan: bool = True,
-                    rehash: bool = True) -> VBucketRecovery:
+                    rehash: bool = True, summary: Any = _LOOK,
+                    sizes: dict[str, int] | None = None) -> VBucketRecovery:
     """Tell whether a vbucket of a partial backup completed and, if not, where it restarts.
 
     Read-only: nothing is changed on disk (a resuming VBucketWriter keeps the prefix).
     """
     if files is None:
         files = vbucket_files(backup_dir).get(vbucket, [])
-    summary, problem = check_done(backup_dir, backup_id, vbucket, files, rehash=rehash)
+    summary, problem = check_done(backup_dir, backup_id, vbucket, files, rehash=rehash,
+                                  summary=summary, sizes=sizes)
     if summary is not None:
         return VBucketRecovery(vbucket, True, summary=summary,
                                position=ArchivePosition.coerce(summary["end"]),
@@ -450,15 +522,17 @@ def recover_backup(backup_dir: str | os.PathLike[str], backup_id: str, *, scan: 
                    rehash: bool = True) -> dict[int, VBucketRecovery]:
     """recover_vbucket for every vbucket that has data files or a done file in the directory."""
     backup_dir = storage.location(backup_dir)
-    names = storage.listdir(backup_dir)
-    files = vbucket_files(backup_dir, names)
-    vbs = set(files)
-    for name in names:
-        if name.startswith("vb-") and name.endswith(".done.json"):
-            try:
-                vbs.add(int(name[3:-10]))
-            except ValueError:
-                pass
-    return {vb: recover_vbucket(backup_dir, backup_id, vb, files.get(vb, []), scan=scan,
-                                rehash=rehash)
-            for vb in sorted(vbs)}
+    sizes = storage.list_sizes(backup_dir)
+    files = vbucket_files(backup_dir, sizes)
+    dones = done_summaries(backup_dir, sizes)
+    vbs = set(files) | set(dones)
+    for name in sizes:
+        if DONE_RE.match(name):
+            vbs.add(int(name[3:-10]))
+    with storage.pack_cache():  # one read of each pack, not one per member
+        # (a done file that did not read is looked at again, to say why)
+        return {vb: recover_vbucket(backup_dir, backup_id, vb, files.get(vb, []), scan=scan,
+                                    rehash=rehash, sizes=sizes,
+                                    summary=dones[vb] if vb in dones else
+                                    _LOOK if done_file_name(vb) in sizes else None)
+                for vb in sorted(vbs)}

@@ -197,9 +197,58 @@ class S3Path:
         return read_bytes(self).decode(encoding)
 
 
+class Member:
+    """One data file stored as a byte range of a pack (see `packing`): `pack` is the pack's
+    location, the file its `size` bytes from `offset`. `name` and `parent` are the file's
+    own (its name in the manifest, and the backup directory), so the file is read, checked
+    and opened (in an encrypted archive) as if it lay there alone. Picklable."""
+
+    __slots__ = ("pack", "offset", "size", "name")
+
+    def __init__(self, pack: Path | S3Path, offset: int, size: int, name: str):
+        self.pack = pack
+        self.offset = int(offset)
+        self.size = int(size)
+        self.name = name
+
+    def __getstate__(self) -> tuple:
+        return (self.pack, self.offset, self.size, self.name)
+
+    def __setstate__(self, state: tuple) -> None:
+        self.pack, self.offset, self.size, self.name = state
+
+    @property
+    def parent(self) -> Path | S3Path:
+        return self.pack.parent
+
+    def __str__(self) -> str:
+        return f"{self.pack.parent / self.name} (in {self.pack.name})"
+
+    def __repr__(self) -> str:
+        return f"Member({str(self.pack)!r}, {self.offset}, {self.size}, {self.name!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Member) and (self.pack, self.offset, self.size, self.name) \
+            == (other.pack, other.offset, other.size, other.name)
+
+    def __hash__(self) -> int:
+        return hash((self.pack, self.offset, self.name))
+
+    def exists(self) -> bool:
+        try:
+            return stat_size(self) == self.size
+        except FileNotFoundError:
+            return False
+
+    is_file = exists
+
+    def read_bytes(self) -> bytes:
+        return read_bytes(self)
+
+
 def location(path: Any) -> Path | S3Path:
     """A location for what a user or a task names: s3://BUCKET/PREFIX or a local path."""
-    if isinstance(path, (Path, S3Path)):
+    if isinstance(path, (Path, S3Path, Member)):
         return path
     text = os.fspath(path)
     if isinstance(text, str) and text.startswith(SCHEME):
@@ -302,12 +351,17 @@ def _head(path: S3Path) -> dict[str, Any]:
 
 
 def stat_size(path: Path | S3Path) -> int:
+    if isinstance(path, Member):
+        # the member's size when its pack holds it whole, else what of it the pack holds
+        return max(0, min(path.size, stat_size(path.pack) - path.offset))
     if not isinstance(path, S3Path):
         return os.stat(path).st_size
     return int(_head(path)["ContentLength"])
 
 
 def read_bytes(path: Path | S3Path) -> bytes:
+    if isinstance(path, Member):
+        return read_range(path, 0, path.size)
     if not isinstance(path, S3Path):
         with open(path, "rb") as f:
             return f.read()
@@ -316,6 +370,13 @@ def read_bytes(path: Path | S3Path) -> bytes:
 
 
 def read_range(path: Path | S3Path, offset: int, length: int) -> bytes:
+    if isinstance(path, Member):
+        length = max(0, min(length, path.size - offset))
+        cached = _packs.get(path.pack)
+        if cached is not None:
+            start = path.offset + offset
+            return bytes(cached[start:start + length])
+        return read_range(path.pack, path.offset + offset, length)
     if not isinstance(path, S3Path):
         with open(path, "rb") as f:
             f.seek(offset)
@@ -395,6 +456,8 @@ class _ObjectReader(io.RawIOBase):
 
 def open_read(path: Path | S3Path) -> BinaryIO:
     """A binary file to read (and seek) from; FileNotFoundError when it is missing."""
+    if isinstance(path, Member):
+        return _MemberReader(path)  # type: ignore[return-value]
     if not isinstance(path, S3Path):
         return open(path, "rb", buffering=0)
     return _ObjectReader(path)  # type: ignore[return-value]
@@ -402,9 +465,185 @@ def open_read(path: Path | S3Path) -> BinaryIO:
 
 def file_size(f: Any) -> int:
     """The size of a file `open_read` returned."""
-    if isinstance(f, _ObjectReader):
+    if isinstance(f, (_ObjectReader, _MemberReader)):
         return f.size()
     return os.fstat(f.fileno()).st_size
+
+
+class _MemberReader(io.RawIOBase):
+    """A seekable, read-only file over a member of a pack. It reads from the pack cache when
+    a `pack_cache()` scope holds the pack, else ranged reads of the pack (READ_AHEAD at a
+    time on S3). Opening checks that the pack exists and holds the member whole; a member
+    cut short reads as a file of the bytes the pack holds."""
+
+    def __init__(self, member: Member):
+        self._m = member
+        self._pos = 0
+        self._buf = b""
+        self._buf_at = 0
+        data = _packs.load(member.pack)
+        if data is not None:
+            self._data: Any = memoryview(data)[member.offset:member.offset + member.size]
+            self._size = len(self._data)
+            return
+        self._data = None
+        if isinstance(member.pack, S3Path):
+            want = min(member.size, READ_AHEAD)
+            self._buf = read_range(member.pack, member.offset, want) if want else b""
+            if len(self._buf) < want or (want == 0 and not member.pack.is_file()):
+                self._size = stat_size(member)
+            else:
+                self._size = member.size
+        else:
+            self._size = stat_size(member)  # FileNotFoundError when the pack is missing
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def size(self) -> int:
+        return self._size
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        if whence == 1:
+            pos += self._pos
+        elif whence == 2:
+            pos += self._size
+        self._pos = max(0, pos)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self._size - self._pos
+        n = min(n, self._size - self._pos)
+        if n <= 0:
+            return b""
+        pos = self._pos
+        if self._data is not None:
+            out = bytes(self._data[pos:pos + n])
+        else:
+            start = pos - self._buf_at
+            if not (0 <= start and start + n <= len(self._buf)):
+                want = max(n, READ_AHEAD) if isinstance(self._m.pack, S3Path) else n
+                self._buf = read_range(self._m.pack, self._m.offset + pos,
+                                       min(want, self._size - pos))
+                self._buf_at = pos
+                start = 0
+            out = self._buf[start:start + n]
+        self._pos += len(out)
+        return out
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+
+#: the largest pack the pack cache loads whole (a pack written by dcptool holds about
+#: packing.PACK_BYTES and at most twice that)
+PACK_CACHE_ONE = 32 << 20
+#: bytes of packs one process caches at most (while a `pack_cache()` scope is open)
+PACK_CACHE_BYTES = 96 << 20
+
+
+class _PackCache:
+    """Whole packs of object storage, read once while a `pack_cache()` scope is open: a
+    reader of a pack's members (a restore task, verify, restore's checks) then costs one GET
+    per pack instead of one per member. Nothing is evicted: once PACK_CACHE_BYTES are held,
+    further packs are read by ranges. Emptied when the last scope closes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._scopes = 0
+        self._held = 0
+        self._data: dict[tuple, bytes | None] = {}  # None: not cached (too large, no room)
+        self._loading: dict[tuple, threading.Event] = {}
+
+    @staticmethod
+    def _key(pack: Any) -> tuple | None:
+        if not isinstance(pack, S3Path):
+            return None  # (a local pack is read through the page cache)
+        return (pack.settings.endpoint_url, pack.bucket, pack.key)
+
+    def open(self) -> None:
+        with self._lock:
+            self._scopes += 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._scopes -= 1
+            if self._scopes <= 0:
+                self._scopes = 0
+                self._data.clear()
+                self._held = 0
+
+    def get(self, pack: Any) -> bytes | None:
+        key = self._key(pack)
+        if key is None:
+            return None
+        with self._lock:
+            return self._data.get(key)
+
+    def load(self, pack: Any) -> bytes | None:
+        """The pack's bytes when a scope is open and they fit (read now if not yet);
+        None: read the member by ranges. FileNotFoundError when the pack is missing."""
+        key = self._key(pack)
+        if key is None:
+            return None
+        while True:
+            with self._lock:
+                if not self._scopes:
+                    return None
+                if key in self._data:
+                    return self._data[key]
+                if self._held >= PACK_CACHE_BYTES:
+                    return None
+                ev = self._loading.get(key)
+                if ev is None:
+                    ev = self._loading[key] = threading.Event()
+                    break
+            ev.wait()
+        data: bytes | None = None
+        try:
+            client = s3_client(pack.settings)
+            r = _call(pack, client.get_object, Bucket=pack.bucket, Key=pack.key,
+                      Range=f"bytes=0-{PACK_CACHE_ONE - 1}")
+            total = str(r.get("ContentRange") or "").rpartition("/")[2]
+            body = r["Body"].read()
+            if not total.isdigit() or int(total) == len(body):
+                data = body
+        except StorageError:
+            if stat_size(pack):  # (an empty object has no range: 416)
+                raise
+            data = b""
+        finally:
+            with self._lock:
+                del self._loading[key]
+                if self._scopes and (data is None or self._held + len(data) <= PACK_CACHE_BYTES):
+                    self._data[key] = data
+                    self._held += len(data or b"")
+                ev.set()
+        return data
+
+
+_packs = _PackCache()
+
+
+class pack_cache:
+    """A scope in which the members of packs on object storage are read from whole packs
+    fetched once (see _PackCache); nestable, for every thread of the process."""
+
+    def __enter__(self) -> "pack_cache":
+        _packs.open()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _packs.close()
 
 
 # -- writing -------------------------------------------------------------------------------------
@@ -486,6 +725,12 @@ class NewFile:
     def abort(self) -> None:
         raise NotImplementedError
 
+    def take(self) -> bytes | None:
+        """Everything written, when none of it has left the process yet: the file is then
+        not written at all (the caller stores the bytes elsewhere, as a pack member); None
+        when the file is already on its way (close() it as usual)."""
+        return None
+
 
 class _LocalNewFile(NewFile):
     def __init__(self, path: Path, mode: int):
@@ -559,6 +804,12 @@ class _ObjectUpload(NewFile):
         else:
             _uploads.submit(complete, 0)
 
+    def take(self) -> bytes | None:
+        if self._upload_id is not None:
+            return None
+        data, self._buf = bytes(self._buf), bytearray()
+        return data
+
     def abort(self) -> None:
         if self._upload_id is not None:
             try:
@@ -571,10 +822,55 @@ class _ObjectUpload(NewFile):
         self._upload_id = None
 
 
-def write_new(path: Path | S3Path, mode: int = 0o600) -> NewFile:
-    """Start writing a new file (FileExistsError locally when it exists)."""
+class _HeldLocalFile(NewFile):
+    """A local file kept in memory until it passes PART_BYTES (as an object upload keeps
+    its first part), so a small one can still be taken (`take`) instead of written."""
+
+    def __init__(self, path: Path, mode: int):
+        self._path = path
+        self._mode = mode
+        self._buf: bytearray | None = bytearray()
+        self._file: _LocalNewFile | None = None
+
+    def _spill(self) -> _LocalNewFile:
+        if self._file is None:
+            self._file = _LocalNewFile(self._path, self._mode)
+            self.fd = self._file.fd
+            buf, self._buf = self._buf, None
+            if buf:
+                self._file.write(bytes(buf))
+        return self._file
+
+    def write(self, data: bytes) -> None:
+        if self._file is not None:
+            self._file.write(data)
+            return
+        self._buf += data  # type: ignore[operator]
+        if len(self._buf) >= PART_BYTES:  # type: ignore[arg-type]
+            self._spill()
+
+    def close(self, sync: bool = True) -> None:
+        self._spill().close(sync)
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.abort()
+        self._buf = None
+
+    def take(self) -> bytes | None:
+        if self._file is not None or self._buf is None:
+            return None
+        data, self._buf = bytes(self._buf), None
+        return data
+
+
+def write_new(path: Path | S3Path, mode: int = 0o600, *, hold: bool = False) -> NewFile:
+    """Start writing a new file (FileExistsError locally when it exists). `hold`: a local
+    file stays in memory while it is small, so that `take` can still have it."""
     if isinstance(path, S3Path):
         return _ObjectUpload(path)
+    if hold:
+        return _HeldLocalFile(path, mode)
     return _LocalNewFile(path, mode)
 
 
@@ -826,7 +1122,7 @@ def rename_dir(src: Path | S3Path, dst: Path | S3Path, *, last: str | None = Non
     remove_tree(src)
 
 
-__all__ = ["S3Path", "S3Settings", "StorageError", "NewFile", "location", "is_remote",
+__all__ = ["S3Path", "S3Settings", "Member", "pack_cache", "StorageError", "NewFile", "location", "is_remote",
            "listdir", "list_sizes", "stat_size", "read_bytes", "read_range", "open_read",
            "file_size", "write_new", "abort_uploads", "unlink", "remove_tree", "sync_dir",
            "make_dir", "atomic_write_bytes", "create_exclusive", "replace_prefix_bytes",

@@ -27,7 +27,9 @@ from .format import (
     ARCHIVE_JSON,
     BACKUP_ID_RE,
     BACKUP_JSON,
+    BATCH_RE,
     DATA_RE,
+    PACK_RE,
     REC_DELETION,
     DONE_RE,
     END,
@@ -47,6 +49,7 @@ from .format import (
     SNAPSHOT,
     STREAM,
     ArchivePosition,
+    entry_location,
     read_json,
 )
 from dcptool.protocol.collections import EVENT_NAMES, CollectionsError, split_doc_key
@@ -286,12 +289,13 @@ class _VBucketCheck:
 
 
 def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
-                           report: VerifyReport, version: int = FORMAT_VERSION) -> None:
+                           report: VerifyReport, version: int = FORMAT_VERSION,
+                           missing: set[str] = frozenset()) -> None:  # type: ignore[assignment]
     vb = entry["vbucket"]
     check = _VBucketCheck(backup_id, entry, version)
     for segment, f in enumerate(entry["files"]):
-        path = bdir / f["name"]
-        if not path.is_file():
+        path = entry_location(bdir, f)
+        if f["name"] in missing:
             return  # already reported by the file check
         n_before = check.counts["records"]
         first = True
@@ -320,26 +324,28 @@ def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
             report.problems.append(Problem(str(path), f"holds {got} records but the manifest "
                                            f"says {f['records']}", backup_id, vb))
     for why in check.finish():
-        report.problems.append(Problem(str(bdir / entry["files"][-1]["name"]),
+        report.problems.append(Problem(str(entry_location(bdir, entry["files"][-1])),
                                        f"vbucket {vb}: {why}", backup_id, vb))
 
 
 def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
                  report: VerifyReport) -> set[str]:
-    """Size and SHA-256 of every listed file; returns the names that passed."""
-    good: set[str] = set()
+    """Size and SHA-256 of every listed file (members of packs too); returns the names of
+    the files that are missing."""
+    missing: set[str] = set()
     listed: set[str] = set()
     sealed = crypto.file_key(bdir / MANIFEST_JSON) is not None
     for entry in manifest["vbuckets"]:
         vb = entry["vbucket"]
         for f in entry["files"]:
-            listed.add(f["name"])
-            path = bdir / f["name"]
+            listed.add(f.get("pack") or f["name"])
+            path = entry_location(bdir, f)
             try:
                 size, digest = file_digest(path)
             except FileNotFoundError:
                 report.problems.append(Problem(str(path), "listed in the manifest but missing",
                                                backup_id, vb))
+                missing.add(f["name"])
                 continue
             except OSError as exc:
                 report.problems.append(Problem(str(path), f"cannot read: {exc.strerror}",
@@ -355,15 +361,13 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
                 why = "the file was tampered with" if sealed else "the file's content changed"
                 report.problems.append(Problem(str(path), "SHA-256 does not match the manifest "
                                                f"({why})", backup_id, vb))
-            else:
-                good.add(f["name"])
     try:
         names = sorted(storage.listdir(bdir))
     except OSError:
         names = []
     known = {MANIFEST_JSON, BACKUP_JSON}
     for name in names:
-        if sealed and (name == BACKUP_JSON or DONE_RE.match(name)):
+        if sealed and (name == BACKUP_JSON or DONE_RE.match(name) or BATCH_RE.match(name)):
             # read by no reader of a committed backup, but sealed like the rest: checked
             try:
                 crypto.read_file(bdir / name)
@@ -372,14 +376,14 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
             except OSError as exc:
                 report.problems.append(Problem(str(bdir / name), f"cannot read: {exc}",
                                                backup_id))
-        if name in listed or name in known or DONE_RE.match(name):
+        if name in listed or name in known or DONE_RE.match(name) or BATCH_RE.match(name):
             continue
-        if DATA_RE.match(name):
+        if DATA_RE.match(name) or PACK_RE.match(name):
             report.problems.append(Problem(str(bdir / name), "data file not listed in the "
                                            "manifest", backup_id))
         else:
             report.notes.append(f"{bdir / name}: unexpected file (ignored)")
-    return good
+    return missing
 
 
 def _continuity(archive: Archive, manifests: dict[str, dict[str, Any]],
@@ -486,11 +490,13 @@ def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> Ver
             broken.add(name)
             continue
         manifests[name] = doc
-        _check_files(bdir, name, doc, report)
-        if records:
-            # files that failed the checksum are decoded too: it tells where they went bad
-            for entry in doc["vbuckets"]:
-                _check_vbucket_records(bdir, name, entry, report, doc["version"])
+        with storage.pack_cache():  # a pack is read once for its members (on S3)
+            missing = _check_files(bdir, name, doc, report)
+            if records:
+                # files that failed the checksum are decoded too: it tells where they went bad
+                for entry in doc["vbuckets"]:
+                    _check_vbucket_records(bdir, name, entry, report, doc["version"],
+                                           missing)
     _continuity(archive, manifests, broken, report)
     return report
 
@@ -505,9 +511,10 @@ def verify_backup_dir(bdir: str | os.PathLike[str], manifest: dict[str, Any], *,
     report = VerifyReport(str(bdir))
     report.backups_checked = 1
     name = manifest["id"]
-    _check_files(bdir, name, manifest, report)
-    if records:
-        for entry in manifest["vbuckets"]:
-            _check_vbucket_records(bdir, name, entry, report,
-                                   manifest.get("version", FORMAT_VERSION))
+    with storage.pack_cache():
+        missing = _check_files(bdir, name, manifest, report)
+        if records:
+            for entry in manifest["vbuckets"]:
+                _check_vbucket_records(bdir, name, entry, report,
+                                       manifest.get("version", FORMAT_VERSION), missing)
     return report

@@ -55,7 +55,7 @@ from .format import (
     fsync_dir,
     read_json,
 )
-from .recovery import check_done, scan_vbucket, truncate_to_cut, vbucket_files
+from .recovery import _LOOK, check_done, scan_vbucket, truncate_to_cut, vbucket_files
 
 SUMMARY_VERSION = 1
 _MUTATIONS = b"\x03" * 256  # record type bytes of a run of mutations
@@ -134,7 +134,8 @@ class VBucketWriter:
                  block_size: int | None = None, segment_bytes: int | None = None,
                  sync: bool = True, block_budget: int | None = None,
                  intent: dict[str, Any] | None = None, listing: Collection[str] | None = None,
-                 files: list[tuple[int, str]] | None = None):
+                 files: list[tuple[int, str]] | None = None, packer: Any = None,
+                 known_summary: Any = _LOOK):
         self.archive_path = storage.location(archive_path)
         self.backup_id = backup_id
         #: fsync each segment and the done file as they close (False: the caller runs
@@ -189,12 +190,16 @@ class VBucketWriter:
         self.rollbacks: list[dict[str, int]] = []
         self.closed = False
         self.summary: dict[str, Any] | None = None
+        #: a packing.Packer: the last segment goes into its pack (when small) and the
+        #: summary into its next done batch, instead of a file each
+        self._packer = packer
 
         if files is None:
             files = vbucket_files(self.dir, listing).get(self.vbucket, [])
         done = self.dir / done_file_name(self.vbucket)
         if resume:
-            summary, _why = check_done(self.dir, backup_id, self.vbucket, files)
+            summary, _why = check_done(self.dir, backup_id, self.vbucket, files,
+                                       summary=known_summary)
             if summary is not None:
                 raise ArchiveError(f"vbucket {self.vbucket} of backup {backup_id} is already "
                                    "complete", hint="use its summary from the recovery instead")
@@ -450,7 +455,7 @@ class VBucketWriter:
         self._segment = segment
         path = self.dir / data_file_name(self.vbucket, segment)
         self._sealer = crypto.frame_sealer(path)  # None in a plain archive
-        self._out = storage.write_new(path, FILE_MODE)
+        self._out = storage.write_new(path, FILE_MODE, hold=self._packer is not None)
         self._fsize = 0
         self._sha = hashlib.sha256()
         self._seg_records = 0
@@ -458,15 +463,21 @@ class VBucketWriter:
                                 self.backup_id, segment))
         self._no += 1
 
-    def _close_segment(self, sync: bool = True) -> None:
-        """Finish the current segment (its frames must already be flushed)."""
+    def _close_segment(self, sync: bool = True, last: bool = False) -> None:
+        """Finish the current segment (its frames must already be flushed); the `last` one
+        goes into the packer's pack when it is still small enough to be held."""
         if self._out is None:
             return
         out, self._out = self._out, None
-        out.close(sync)
-        self._files.append({"name": data_file_name(self.vbucket, self._segment),
-                            "size": self._fsize, "sha256": self._sha.hexdigest(),
-                            "records": self._seg_records})
+        entry = {"name": data_file_name(self.vbucket, self._segment),
+                 "size": self._fsize, "sha256": self._sha.hexdigest(),
+                 "records": self._seg_records}
+        data = out.take() if last and self._packer is not None else None
+        if data is not None:
+            self._packer.add(entry, data)
+        else:
+            out.close(sync)
+        self._files.append(entry)
 
     def _stream_record(self, pos: ArchivePosition, failover_log: list[list[int]]) -> None:
         self._blk.add((STREAM, pos.uuid, pos.seqno, pos.snap_start, pos.snap_end,
@@ -573,7 +584,7 @@ class VBucketWriter:
                        end_pos.snap_end))
         self._no += 1
         self._flush()
-        self._close_segment(self._sync)
+        self._close_segment(self._sync, last=True)
         self.closed = True
         self._uncount()
         files = self._files
@@ -589,7 +600,11 @@ class VBucketWriter:
             "files": files,
             "rollbacks": self.rollbacks,
         }
-        atomic_write_json(self.dir / done_file_name(self.vbucket), summary, durable=self._sync)
+        if self._packer is not None:
+            self._packer.done(summary)
+        else:
+            atomic_write_json(self.dir / done_file_name(self.vbucket), summary,
+                              durable=self._sync)
         self.summary = summary
         self.position = end_pos
         return summary

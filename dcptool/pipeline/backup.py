@@ -223,7 +223,8 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
     Runs on a Spark executor (or in the driver for tests): it only needs the archive path.
     """
     from dcptool.archive import VBucketWriter
-    from dcptool.archive.recovery import vbucket_files
+    from dcptool.archive.packing import Packer
+    from dcptool.archive.recovery import done_summaries, vbucket_files
     from dcptool.archive.writer import load_backup_intent
 
     opts = task.opts
@@ -239,13 +240,23 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
         by_vb = vbucket_files("", listing)
     except FileNotFoundError:
         listing, by_vb = None, None
+    # on object storage the vbuckets' small last segments go into shared packs and their
+    # summaries into done batches: a few objects instead of two per vbucket (packing.py)
+    packer = None
+    dones: dict[int, Any] = {}
+    if storage.is_remote(archive_path):
+        bdir = storage.location(archive_path) / BACKUPS_DIR / backup_id
+        packer = Packer(bdir)
+        if listing is not None and any(p.resume for p in plan.values()):
+            dones = done_summaries(bdir, listing)
     for vb, p in plan.items():
         start = p.start
         # sync=False: no fsync per segment and done file (~3 per vbucket, 10-20 ms each on
         # the development machine); one sync_filesystem below before the summaries go back
         w = VBucketWriter(archive_path, backup_id, vb, start.to_archive(), p.failover_log,
                           resume=p.resume, sync=False, intent=intent, listing=listing,
-                          files=None if by_vb is None else by_vb.get(vb, []))
+                          files=None if by_vb is None else by_vb.get(vb, []), packer=packer,
+                          **({"known_summary": dones.get(vb)} if packer is not None else {}))
         if p.resume:  # the writer found where the killed attempt's files end
             start = Position.from_archive(w.position, w.failover_log)
         writers[vb] = w
@@ -300,6 +311,8 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
         # the data and done files of every vbucket of this task are durable before the driver
         # hears of them (a done file that a crash tore is caught on resume: it is checked
         # against the files' sizes and SHA-256)
+        if packer is not None:
+            packer.flush()
         sync_filesystem(archive_path)
         # values the node sent snappy-compressed (stored decompressed), for the run log
         compressed = {k: getattr(consumer.session, k, 0) for k in VALUE_COUNTERS}

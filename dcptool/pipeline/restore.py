@@ -210,11 +210,12 @@ def check_chain_files(chain, vbuckets) -> tuple[int, int, float]:
 
     from dcptool.archive import crypto
     from dcptool.archive.errors import CorruptFileError
+    from dcptool.archive.format import entry_location
     from dcptool.archive.recovery import file_digest
 
     t0 = time.monotonic()
     wanted = set(vbuckets)
-    files = [(b.dir / f["name"], f) for b in chain for vb in b.vbuckets if vb in wanted
+    files = [(entry_location(b.dir, f), f) for b in chain for vb in b.vbuckets if vb in wanted
              for f in b.entry(vb)["files"]]
 
     def digest(item):
@@ -223,7 +224,8 @@ def check_chain_files(chain, vbuckets) -> tuple[int, int, float]:
         except OSError as exc:
             return exc
 
-    with ThreadPoolExecutor(max_workers=4) as pool:  # hashlib releases the GIL
+    # hashlib releases the GIL; packs are read once each (storage.pack_cache)
+    with storage.pack_cache(), ThreadPoolExecutor(max_workers=4) as pool:
         for (path, f), got in zip(files, pool.map(digest, files)):
             if isinstance(got, OSError):
                 raise CorruptFileError(path, f"cannot read: {got.strerror or got}")
@@ -246,6 +248,12 @@ def restore_task(task: RestoreTask | tuple) -> RestoreTaskResult:
     prefixed = not colls.strip
     if prefixed:  # doc keys: every connection must negotiate Collections
         task = dataclasses.replace(task, opts=with_collections(task.opts))
+    with storage.pack_cache():  # each pack the task reads from is fetched once
+        return _restore_task(task, colls)
+
+
+def _restore_task(task: RestoreTask, colls: Any) -> RestoreTaskResult:
+    prefixed = not colls.strip
     t0 = time.monotonic()
     counts = mw.WriteCounts()
     chain = Archive.open(task.archive).chain(task.backup)
