@@ -381,7 +381,7 @@ def iter_frame_batches(path: str | os.PathLike[str], *, expect_size: int | None 
         legacy = False
         first = True
         try:
-            for offset, frame in scan_frames(src, path):
+            for offset, frame in scan_frames(src, where):  # (a pack member opens by its name)
                 batch = frame_records(decompress_frame(frame, path, offset), path, offset,
                                       validate=validate)
                 if first:

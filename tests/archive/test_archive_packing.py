@@ -258,3 +258,41 @@ def test_local_writer_without_packer_is_unchanged(tmp_path):
     m = bw.commit(sums)
     assert not any("pack" in f for e in m["vbuckets"] for f in e["files"])
     assert "vb-0000.done.json" in names_in(bw.dir)
+
+
+def test_encrypted_packed_backup_reads_verifies_and_names_a_changed_member(where, monkeypatch):
+    """A member is sealed under its own name and offsets (as a file of its own would be):
+    it opens from the pack, and a byte changed in the pack is caught for that member."""
+    from dcptool.archive import crypto
+
+    crypto.forget_keys()
+    monkeypatch.setenv(crypto.PASSPHRASE_ENV, "correct horse battery staple")
+    try:
+        crypto.request_encryption(where, "correct horse battery staple")
+        archive = Archive.create(where, bucket="default", vbuckets=VBS)
+        assert archive.encrypted
+        bw = archive.begin_backup("full")
+        packer = Packer(bw.dir)
+        sums = write_vbuckets(bw, range(6), packer)
+        finish(packer)
+        manifest = bw.commit(sums)
+        batch = next(n for n in names_in(bw.dir) if n.startswith("done-"))
+        assert b"vbucket" not in storage.read_bytes(storage.location(bw.dir) / batch)  # sealed
+        assert verify_archive(where).ok
+        crypto.forget_keys()
+        archive = Archive.open(where)
+        for vb in range(6):
+            assert set(archive.resolve_vbucket(vb)) == expected_keys(vb)
+        f = manifest["vbuckets"][4]["files"][0]
+        pack = storage.location(bw.dir) / f["pack"]
+        data = bytearray(storage.read_bytes(pack))
+        data[f["offset"] + 40] ^= 0x01
+        if storage.is_remote(pack):
+            storage.put_bytes(pack, bytes(data))
+        else:
+            pack.write_bytes(bytes(data))
+        report = verify_archive(where)
+        assert {p.vbucket for p in report.problems} == {4}, report.problems
+        assert all("tampered" in p.message for p in report.problems)
+    finally:
+        crypto.forget_keys()

@@ -75,6 +75,14 @@ def test_full_incremental_verify_restore_on_s3(s3, env, tmp_path):
     assert sum(k.endswith("/manifest.json") for k in keys) == 2
     assert "backups/travel/lock" not in keys
     assert not (tmp_path / "s3:").exists()
+    # packed (docs/archive-format.md, "Packs"): the vbuckets' small segments share pack
+    # objects and their summaries share done batches, a few of each per backup task
+    full_keys = [k for k in keys if f"/{full['backup_id']}/" in k]
+    names = sorted(k.rsplit("/", 1)[1] for k in full_keys)
+    packs = [n for n in names if n.startswith("pack-") and n.endswith(".mpk.zst")]
+    batches = [n for n in names if n.startswith("done-") and n.endswith(".json")]
+    assert packs and batches and not [n for n in names if n.startswith("vb-")], names
+    assert len(names) == len(packs) + len(batches) + 2  # backup.json, manifest.json
 
     r = run(env, "info", url, "--json")
     assert r.returncode == 0, r.stderr
