@@ -75,6 +75,7 @@ from .format import (
     utc_now,
 )
 from .lock import ArchiveLock
+from .packing import Packer
 from .reader import iter_vbucket_batches
 from .resolve import part_cuts
 from .verify import verify_backup_dir
@@ -197,9 +198,32 @@ def _item_digest(items: Iterable[tuple]) -> tuple[int, str]:
 def merge_vbucket(target: MergeTarget, plan: VBucketMergePlan) -> dict[str, Any]:
     """Write one vbucket of the merged backup; return its summary (after a self-check: the
     files read back as the items meant to be written, in the same order)."""
+    summary, want = _write_vbucket(target, plan)
+    _check_written(target, summary, want)
+    return summary
+
+
+def merge_vbuckets(target: MergeTarget, plans: Iterable[VBucketMergePlan]) -> list[dict[str, Any]]:
+    """`merge_vbucket` for several vbuckets (one task's). On object storage their small last
+    segments and summaries are packed (packing.py: a few objects instead of two per
+    vbucket); every vbucket is read back once the packs are written."""
+    if not storage.is_remote(target.staging):
+        return [merge_vbucket(target, p) for p in plans]
+    packer = Packer(target.backup_dir)
+    written = [_write_vbucket(target, p, packer) for p in plans]
+    packer.flush()
+    storage.sync_filesystem(storage.location(target.backup_dir))
+    with storage.pack_cache():
+        for summary, want in written:
+            _check_written(target, summary, want)
+    return [s for s, _w in written]
+
+
+def _write_vbucket(target: MergeTarget, plan: VBucketMergePlan,
+                   packer: Packer | None = None) -> tuple[dict[str, Any], tuple[int, str]]:
     markers, items = _resolve_with_markers(plan.parts)
     w = VBucketWriter(target.staging, target.merged_id, plan.vbucket, plan.start,
-                      plan.failover_log)
+                      plan.failover_log, packer=packer, sync=packer is None)
     try:
         rb = plan.rollback
         if rb is not None:
@@ -210,16 +234,17 @@ def merge_vbucket(target: MergeTarget, plan: VBucketMergePlan) -> dict[str, Any]
     except BaseException:
         w.abort()
         raise
-    want = _item_digest(items)
-    del items
+    return summary, _item_digest(items)
+
+
+def _check_written(target: MergeTarget, summary: dict[str, Any], want: tuple[int, str]) -> None:
     got = _item_digest(r for batch in iter_vbucket_batches(target.backup_dir, summary,
                                                             check_sha256=True)
                        for r in batch
                        if REC_MUTATION <= r[0] <= REC_EXPIRATION or r[0] == REC_SYSTEM_EVENT)
     if got != want:
-        raise DcptoolError(f"vbucket {plan.vbucket}: the merged files do not read back as "
-                           f"written ({got[0]} items read, {want[0]} written)")
-    return summary
+        raise DcptoolError(f"vbucket {summary['vbucket']}: the merged files do not read back "
+                           f"as written ({got[0]} items read, {want[0]} written)")
 
 
 # -- planning (driver, archive lock held) ---------------------------------------------------------
@@ -465,7 +490,7 @@ VBucketRunner = Callable[[MergeTarget, list[VBucketMergePlan]], list[dict[str, A
 
 def merge_here(target: MergeTarget, plans: list[VBucketMergePlan]) -> list[dict[str, Any]]:
     """A `VBucketRunner` that merges the vbuckets one after the other in this process."""
-    return [merge_vbucket(target, p) for p in plans]
+    return merge_vbuckets(target, plans)
 
 
 def merge_range(archive: Archive, first: str | None = None, last: str | None = None, *,
@@ -499,5 +524,5 @@ def merge_range(archive: Archive, first: str | None = None, last: str | None = N
 
 
 __all__ = ["STAGING", "VBucketMergePlan", "MergeTarget", "MergePlan", "StagedMerge",
-           "plan_merge", "merge_vbucket", "remove_backups", "finish_interrupted_merges",
+           "plan_merge", "merge_vbucket", "merge_vbuckets", "remove_backups", "finish_interrupted_merges",
            "discard_staging", "merge_range", "merge_here", "VBucketRunner"]

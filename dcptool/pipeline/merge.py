@@ -20,7 +20,7 @@ from dcptool.archive.merging import (
     VBucketRunner,
     finish_interrupted_merges,
     merge_range,
-    merge_vbucket,
+    merge_vbuckets,
 )
 from dcptool.runlog import RunLog
 
@@ -79,7 +79,7 @@ def merge_task(task: MergeTask) -> list[dict[str, Any]]:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return [merge_vbucket(task.target, plan) for plan in task.plans]
+        return merge_vbuckets(task.target, task.plans)
     finally:
         if was_enabled:
             gc.enable()
