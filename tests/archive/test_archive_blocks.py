@@ -324,4 +324,26 @@ def test_the_documented_reader_reads_both_versions(tmp_path):
         assert files
         for f in files:
             # the records as stored (a version 1 file's keys without the prefix)
-            assert list(ns["records"](f)) == list(iter_file_records(f, doc_keys=False))
+            assert list(ns["records"](f.read_bytes())) == \
+                list(iter_file_records(f, doc_keys=False))
+    # a packed backup (what a backup task writes on object storage): members by range
+    from dcptool.archive.format import entry_location
+    from dcptool.archive.packing import Packer
+
+    p = Archive.create(tmp_path / "packed", bucket="b", vbuckets=4)
+    bw = p.begin_backup("full")
+    packer = Packer(bw.dir)
+    sums = []
+    for vb in range(4):
+        w = bw.vbucket(vb, ArchivePosition.at(W, 0), [(W, 0)], packer=packer)
+        w.write([r for r in recs if r[0] in (2, 3, 4, 5)])
+        sums.append(w.close(ArchivePosition.at(W, 20_000)))
+    packer.flush()
+    m = bw.commit(sums)
+    ns = {}
+    exec(code.replace('"/backups/travel"', repr(str(p.path))), ns)
+    for e in m["vbuckets"]:
+        (f,) = e["files"]
+        assert "pack" in f
+        assert list(ns["records"](ns["file_bytes"](bw.dir, f))) == \
+            list(iter_file_records(entry_location(bw.dir, f), doc_keys=False))
