@@ -753,20 +753,114 @@ class _LocalNewFile(NewFile):
         self.close(sync=False)
 
 
+#: the bytes all object writers of a process hold in memory together, waiting to fill a
+#: part: past it, a writer that holds SPILL_MIN_BYTES or more moves its bytes to a
+#: temporary file (a task streams hundreds of vbuckets at once, each object a part of up
+#: to PART_BYTES in the making)
+UPLOAD_MEMORY_BYTES = int(os.environ.get("DCPTOOL_S3_UPLOAD_MEMORY", 0) or 256 << 20)
+SPILL_MIN_BYTES = 256 << 10
+
+_held_lock = threading.Lock()
+_held = [0]  # bytes the part buffers of this process hold in memory
+
+
+_spill_dir: list[str] = []
+_spill_count = [0]
+
+
+def _spill_path() -> str:
+    """A new file name in this process's directory of spilled parts (removed at exit)."""
+    with _held_lock:
+        if not _spill_dir:
+            import atexit
+
+            d = tempfile.mkdtemp(prefix="dcptool-parts-")
+            _spill_dir.append(d)
+            atexit.register(shutil.rmtree, d, True)
+        _spill_count[0] += 1
+        return os.path.join(_spill_dir[0], str(_spill_count[0]))
+
+
+class _PartBuffer:
+    """The bytes of one object (or of its next part) not sent yet: in memory, or in a
+    temporary file once the process's part buffers hold UPLOAD_MEMORY_BYTES (opened for
+    each append, so hundreds of spilled writers hold no file descriptors). Memory is then
+    bounded by UPLOAD_MEMORY_BYTES + open writers x SPILL_MIN_BYTES."""
+
+    __slots__ = ("_buf", "_file", "n")
+
+    def __init__(self) -> None:
+        self._buf: bytearray | None = bytearray()
+        self._file: str | None = None
+        self.n = 0
+
+    def write(self, data: bytes) -> None:
+        self.n += len(data)
+        if self._file is not None:
+            with open(self._file, "ab") as f:
+                f.write(data)
+            return
+        self._buf += data  # type: ignore[operator]
+        with _held_lock:
+            _held[0] += len(data)
+            over = _held[0] > UPLOAD_MEMORY_BYTES
+        if over and len(self._buf) >= SPILL_MIN_BYTES:  # type: ignore[arg-type]
+            self._spill()
+
+    def _spill(self) -> None:
+        buf, self._buf = self._buf, None
+        self._file = _spill_path()
+        with open(self._file, "xb") as f:
+            f.write(buf)  # type: ignore[arg-type]
+        with _held_lock:
+            _held[0] -= len(buf)  # type: ignore[arg-type]
+
+    def getvalue(self) -> bytes:
+        if self._file is not None:
+            with open(self._file, "rb") as f:
+                return f.read()
+        return bytes(self._buf)  # type: ignore[arg-type]
+
+    def clear(self) -> None:
+        if self._file is not None:
+            try:
+                os.unlink(self._file)
+            except OSError:
+                pass
+            self._file = None
+        elif self._buf:
+            with _held_lock:
+                _held[0] -= len(self._buf)
+        self._buf = bytearray()
+        self.n = 0
+
+    def __del__(self) -> None:  # a writer dropped without close or abort
+        try:
+            self.clear()
+        except Exception:
+            pass
+
+
+def held_in_memory() -> int:
+    """Bytes this process's object writers hold in memory (their part buffers)."""
+    return _held[0]
+
+
 class _ObjectUpload(NewFile):
     """An object written in parts: nothing is visible until close() completes it; a small
-    object is one PUT. At most one part (PART_BYTES) is held in memory."""
+    object is one PUT. At most one part (PART_BYTES) is held, in memory while the
+    process's writers hold less than UPLOAD_MEMORY_BYTES together, else in a temporary file."""
 
     def __init__(self, path: S3Path):
         self._path = path
         self._client = s3_client(path.settings)
-        self._buf = bytearray()
+        self._buf = _PartBuffer()
         self._upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
 
     def write(self, data: bytes) -> None:
-        self._buf += data
-        if len(self._buf) >= PART_BYTES:
+        self._buf.write(data)
+        if self._buf.n >= PART_BYTES:
             self._send_part()
 
     def _send_part(self) -> None:
@@ -775,22 +869,23 @@ class _ObjectUpload(NewFile):
             self._upload_id = _call(p, self._client.create_multipart_upload,
                                     Bucket=p.bucket, Key=p.key)["UploadId"]
         n = len(self._parts) + 1
+        body = self._buf.getvalue()
+        self._buf.clear()
         r = _call(p, self._client.upload_part, Bucket=p.bucket, Key=p.key,
-                  UploadId=self._upload_id, PartNumber=n, Body=bytes(self._buf))
+                  UploadId=self._upload_id, PartNumber=n, Body=body)
         self._parts.append({"ETag": r["ETag"], "PartNumber": n})
-        self._buf = bytearray()
 
     def close(self, sync: bool = True) -> None:
         """Complete the object (sync=False: in the background, see wait_uploads)."""
         if self._upload_id is None:
-            data = bytes(self._buf)
-            self._buf = bytearray()
+            data = self._buf.getvalue()
+            self._buf.clear()
             if sync:
                 put_bytes(self._path, data)
             else:
                 _uploads.submit(lambda: put_bytes(self._path, data), len(data))
             return
-        if self._buf:
+        if self._buf.n:
             self._send_part()
         upload_id, self._upload_id = self._upload_id, None
         p = self._path
@@ -807,7 +902,8 @@ class _ObjectUpload(NewFile):
     def take(self) -> bytes | None:
         if self._upload_id is not None:
             return None
-        data, self._buf = bytes(self._buf), bytearray()
+        data = self._buf.getvalue()
+        self._buf.clear()
         return data
 
     def abort(self) -> None:
@@ -818,7 +914,7 @@ class _ObjectUpload(NewFile):
                                                     UploadId=self._upload_id)
             except Exception:  # the next resume aborts what is left open
                 pass
-        self._buf = bytearray()
+        self._buf.clear()
         self._upload_id = None
 
 

@@ -177,3 +177,43 @@ def test_wrong_credentials_are_one_line(s3_server):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "access denied" in lines[0], r.stderr
     assert "Traceback" not in r.stderr and "not-the-secret" not in r.stderr
+
+
+def test_object_writers_hold_bounded_memory_and_spill_to_temporary_files(s3, monkeypatch):
+    """A task streams many vbuckets at once, each object a part in the making: together
+    they hold at most UPLOAD_MEMORY_BYTES in memory plus SPILL_MIN_BYTES a writer, the
+    rest waits in temporary files, and every object still comes out whole."""
+    import os
+
+    server, bucket = s3
+    monkeypatch.setattr(storage, "UPLOAD_MEMORY_BYTES", 1 << 20)
+    monkeypatch.setattr(storage, "SPILL_MIN_BYTES", 64 << 10)
+    archive = Archive.create(f"s3://{bucket}/m", bucket="default", vbuckets=32)
+    bw = archive.begin_backup("full")
+    writers = {vb: bw.vbucket(vb, ArchivePosition.at(W, 0), [(W, 0)], block_size=32 << 10)
+               for vb in range(32)}
+    spilled = []
+    real_spill = storage._spill_path
+    monkeypatch.setattr(storage, "_spill_path", lambda: spilled.append(1) or real_spill())
+    peak = 0
+    values = {}
+    for lo in range(1, 301, 20):  # interleaved: every vbucket grows a little each round
+        for vb, w in writers.items():
+            hi = lo + 19
+            w.marker(lo, hi, 0)
+            for s in range(lo, hi + 1):
+                values[vb, s] = os.urandom(1024)
+                w.mutation(s, 1, s, 0, 0, 0, b"k%d" % s, values[vb, s])
+            w._flush()
+            peak = max(peak, storage.held_in_memory())
+    # the bound: the budget, plus what each writer holds below the spill size, plus a frame;
+    # without it the writers would hold all 9.6 MB
+    assert peak <= (1 << 20) + 32 * (64 << 10) + (64 << 10), peak
+    assert spilled
+    sums = [w.close(ArchivePosition.at(W, 300)) for w in writers.values()]
+    assert storage.held_in_memory() == 0
+    bw.commit(sums)
+    assert verify_archive(f"s3://{bucket}/m").ok
+    a = Archive.open(f"s3://{bucket}/m")
+    got = a.resolve_vbucket(7)
+    assert len(got) == 300 and got[b"k5"][8] == values[7, 5]
