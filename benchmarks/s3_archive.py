@@ -61,6 +61,12 @@ def run(n: int = 200_000, size: int = 256, vbuckets: int = 1024, rounds: int = 3
                     wall, out = cli(["backup", where, *src], env)
                     assert out.get("mutations") == n, out
                     times[f"backup_{kind}"].append(wall)
+                    if kind == "s3":  # what the backup is made of, as objects
+                        listed = server.client().list_objects_v2(
+                            Bucket=bucket, Prefix=f"a-{i}/backups/{out['backup_id']}/")
+                        names = [o["Key"].rsplit("/", 1)[1] for o in listed["Contents"]]
+                        res["s3_objects_per_backup"] = len(names)
+                        res["s3_packs_per_backup"] = sum(x.startswith("pack-") for x in names)
                 for kind, where in targets:
                     with LocalNode(work / f"dst-{kind}-{i}", password=password,
                                    vbuckets=vbuckets) as dst:

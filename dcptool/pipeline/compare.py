@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dcptool.archive import REC_MUTATION, Archive, backup_path
+from dcptool.archive import REC_MUTATION, Archive, backup_path, storage
 from dcptool.errors import UsageError
 
 from .datasource import resolve_parts
@@ -78,6 +78,11 @@ def compare_states(a: dict[bytes, tuple], n: dict[bytes, tuple], limit: int) -> 
 
 def compare_task(task: CompareTask) -> list[dict[str, Any]]:
     """Compare one group of vbuckets (see the module docstring)."""
+    with storage.pack_cache():  # packs on object storage: each read once, whole
+        return _compare_task(task)
+
+
+def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
     from dcptool.client.events import (DELETION, EV_CAS, EV_KEY, EV_KIND, EV_REV_SEQNO, EV_SEQNO,
                                        EV_VBUCKET, EXPIRATION, MUTATION)
     from dcptool.client.position import ZERO

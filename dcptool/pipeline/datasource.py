@@ -35,7 +35,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from dcptool.archive import Archive, backup_path, crypto
+from dcptool.archive import Archive, backup_path, crypto, storage
 from dcptool.archive.chain import descendant_cuts
 from dcptool.archive.reader import iter_vbucket_batches
 from dcptool.archive.resolve import Drops, drop_dropped, part_cuts
@@ -410,7 +410,8 @@ def read_partition(part: ScanPartition) -> Iterator[Any]:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        yield from _read_partition(part)
+        with storage.pack_cache():  # packs on object storage: each read once, whole
+            yield from _read_partition(part)
     finally:
         if was_enabled:
             gc.enable()
