@@ -388,29 +388,20 @@ def read_range(path: Path | S3Path, offset: int, length: int) -> bytes:
                  Range=f"bytes={offset}-{offset + length - 1}")["Body"].read()
 
 
-class _ObjectReader(io.RawIOBase):
-    """A seekable, read-only file over one object: ranged GETs of READ_AHEAD bytes."""
+class _RangedReader(io.RawIOBase):
+    """A seekable, read-only file that fetches what it reads by ranges (`_range`), at least
+    `_ahead` bytes at a time, and keeps the last range fetched."""
 
-    def __init__(self, path: S3Path):
-        """Opens with the first ranged GET (FileNotFoundError when the object is missing):
-        it tells the object's size, so opening costs no request of its own."""
-        self._path = path
+    _ahead = READ_AHEAD
+
+    def __init__(self) -> None:
         self._pos = 0
+        self._buf: Any = b""
         self._buf_at = 0
-        client = s3_client(path.settings)
-        try:
-            r = _call(path, client.get_object, Bucket=path.bucket, Key=path.key,
-                      Range=f"bytes=0-{READ_AHEAD - 1}")
-        except StorageError:
-            # an empty object has no byte 0 to range over (416): ask for its size
-            self._size = stat_size(path)
-            self._buf = b""
-            if self._size:
-                raise
-            return
-        self._buf = r["Body"].read()
-        total = str(r.get("ContentRange") or "").rpartition("/")[2]
-        self._size = int(total) if total.isdigit() else len(self._buf)
+        self._size = 0
+
+    def _range(self, offset: int, length: int) -> bytes:
+        raise NotImplementedError
 
     def readable(self) -> bool:
         return True
@@ -440,11 +431,10 @@ class _ObjectReader(io.RawIOBase):
             return b""
         start = self._pos - self._buf_at
         if not (0 <= start and start + n <= len(self._buf)):
-            want = max(n, READ_AHEAD)
-            self._buf = read_range(self._path, self._pos, min(want, self._size - self._pos))
+            self._buf = self._range(self._pos, min(max(n, self._ahead), self._size - self._pos))
             self._buf_at = self._pos
             start = 0
-        out = self._buf[start:start + n]
+        out = bytes(self._buf[start:start + n])
         self._pos += len(out)
         return out
 
@@ -452,6 +442,32 @@ class _ObjectReader(io.RawIOBase):
         data = self.read(len(b))
         b[:len(data)] = data
         return len(data)
+
+
+class _ObjectReader(_RangedReader):
+    """A file over one object: ranged GETs of READ_AHEAD bytes."""
+
+    def __init__(self, path: S3Path):
+        """Opens with the first ranged GET (FileNotFoundError when the object is missing):
+        it tells the object's size, so opening costs no request of its own."""
+        super().__init__()
+        self._path = path
+        client = s3_client(path.settings)
+        try:
+            r = _call(path, client.get_object, Bucket=path.bucket, Key=path.key,
+                      Range=f"bytes=0-{READ_AHEAD - 1}")
+        except StorageError:
+            # an empty object has no byte 0 to range over (416): ask for its size
+            self._size = stat_size(path)
+            if self._size:
+                raise
+            return
+        self._buf = r["Body"].read()
+        total = str(r.get("ContentRange") or "").rpartition("/")[2]
+        self._size = int(total) if total.isdigit() else len(self._buf)
+
+    def _range(self, offset: int, length: int) -> bytes:
+        return read_range(self._path, offset, length)
 
 
 def open_read(path: Path | S3Path) -> BinaryIO:
@@ -470,23 +486,20 @@ def file_size(f: Any) -> int:
     return os.fstat(f.fileno()).st_size
 
 
-class _MemberReader(io.RawIOBase):
-    """A seekable, read-only file over a member of a pack. It reads from the pack cache when
-    a `pack_cache()` scope holds the pack, else ranged reads of the pack (READ_AHEAD at a
-    time on S3). Opening checks that the pack exists and holds the member whole; a member
-    cut short reads as a file of the bytes the pack holds."""
+class _MemberReader(_RangedReader):
+    """A file over a member of a pack. It reads from the pack cache when a `pack_cache()`
+    scope holds the pack, else by ranges of the pack (READ_AHEAD at a time on S3). Opening
+    checks that the pack exists; a member the pack holds only part of reads as a file of
+    the bytes it holds."""
 
     def __init__(self, member: Member):
+        super().__init__()
         self._m = member
-        self._pos = 0
-        self._buf = b""
-        self._buf_at = 0
         data = _packs.load(member.pack)
         if data is not None:
-            self._data: Any = memoryview(data)[member.offset:member.offset + member.size]
-            self._size = len(self._data)
+            self._buf = memoryview(data)[member.offset:member.offset + member.size]
+            self._size = len(self._buf)
             return
-        self._data = None
         if isinstance(member.pack, S3Path):
             want = min(member.size, READ_AHEAD)
             self._buf = read_range(member.pack, member.offset, want) if want else b""
@@ -495,53 +508,11 @@ class _MemberReader(io.RawIOBase):
             else:
                 self._size = member.size
         else:
+            self._ahead = 1 << 20
             self._size = stat_size(member)  # FileNotFoundError when the pack is missing
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def size(self) -> int:
-        return self._size
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        if whence == 1:
-            pos += self._pos
-        elif whence == 2:
-            pos += self._size
-        self._pos = max(0, pos)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            n = self._size - self._pos
-        n = min(n, self._size - self._pos)
-        if n <= 0:
-            return b""
-        pos = self._pos
-        if self._data is not None:
-            out = bytes(self._data[pos:pos + n])
-        else:
-            start = pos - self._buf_at
-            if not (0 <= start and start + n <= len(self._buf)):
-                want = max(n, READ_AHEAD) if isinstance(self._m.pack, S3Path) else n
-                self._buf = read_range(self._m.pack, self._m.offset + pos,
-                                       min(want, self._size - pos))
-                self._buf_at = pos
-                start = 0
-            out = self._buf[start:start + n]
-        self._pos += len(out)
-        return out
-
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        b[:len(data)] = data
-        return len(data)
+    def _range(self, offset: int, length: int) -> bytes:
+        return read_range(self._m.pack, self._m.offset + offset, length)
 
 
 #: the largest pack the pack cache loads whole (a pack written by dcptool holds about

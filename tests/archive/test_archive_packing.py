@@ -57,6 +57,17 @@ def finish(packer: Packer) -> None:
     storage.sync_filesystem(packer.dir)
 
 
+def packed_backup(where, vbs) -> tuple:
+    """A new archive at `where` with one packed full backup of vbuckets `vbs` (as a backup
+    task writes it): (archive, backup writer, packer, manifest)."""
+    archive = Archive.create(where, bucket="default", vbuckets=VBS)
+    bw = archive.begin_backup("full")
+    packer = Packer(bw.dir)
+    sums = write_vbuckets(bw, vbs, packer)
+    finish(packer)
+    return archive, bw, packer, bw.commit(sums)
+
+
 def expected_keys(vb: int) -> set[bytes]:
     end, _ = spec(vb)
     return {b"vb%d-%d" % (vb, s) for s in range(1, end.seqno + 1)}
@@ -64,12 +75,7 @@ def expected_keys(vb: int) -> set[bytes]:
 
 def test_packed_backup_reads_and_verifies_like_separate_files(where, monkeypatch):
     monkeypatch.setattr(packing, "PACK_BYTES", 3000)  # several packs from small vbuckets
-    archive = Archive.create(where, bucket="default", vbuckets=VBS)
-    bw = archive.begin_backup("full")
-    packer = Packer(bw.dir)
-    sums = write_vbuckets(bw, range(VBS), packer)
-    finish(packer)
-    manifest = bw.commit(sums)
+    archive, bw, packer, manifest = packed_backup(where, range(VBS))
 
     names = names_in(bw.dir)
     packs = [n for n in names if n.startswith("pack-")]
@@ -104,12 +110,7 @@ def test_packed_backup_reads_and_verifies_like_separate_files(where, monkeypatch
 def test_s3_packed_archive_copied_to_a_directory_is_an_archive(s3, tmp_path):
     """docs/archive-format.md: the objects, copied into a directory, are an archive."""
     server, bucket = s3
-    archive = Archive.create(f"s3://{bucket}/p", bucket="default", vbuckets=VBS)
-    bw = archive.begin_backup("full")
-    packer = Packer(bw.dir)
-    sums = write_vbuckets(bw, range(VBS), packer)
-    finish(packer)
-    bw.commit(sums)
+    archive, bw, packer, _manifest = packed_backup(f"s3://{bucket}/p", range(VBS))
     c = server.client()
     for o in c.list_objects_v2(Bucket=bucket, Prefix="p/")["Contents"]:
         dest = tmp_path / "copy" / o["Key"][len("p/"):]
@@ -122,12 +123,7 @@ def test_s3_packed_archive_copied_to_a_directory_is_an_archive(s3, tmp_path):
 
 
 def test_flipped_byte_in_a_pack_names_the_member(where):
-    archive = Archive.create(where, bucket="default", vbuckets=VBS)
-    bw = archive.begin_backup("full")
-    packer = Packer(bw.dir)
-    sums = write_vbuckets(bw, range(4), packer)
-    finish(packer)
-    manifest = bw.commit(sums)
+    archive, bw, packer, manifest = packed_backup(where, range(4))
     f = manifest["vbuckets"][2]["files"][0]
     pack = storage.location(bw.dir) / f["pack"]
     data = bytearray(storage.read_bytes(pack))
@@ -218,12 +214,7 @@ def test_pack_cache_reads_a_pack_once_for_all_its_members(s3):
     """On S3 a reader in a pack_cache scope costs one GET per pack, not one per member
     (counted with botocore's own event hooks on the real client)."""
     _server, bucket = s3
-    archive = Archive.create(f"s3://{bucket}/c", bucket="default", vbuckets=VBS)
-    bw = archive.begin_backup("full")
-    packer = Packer(bw.dir)
-    sums = write_vbuckets(bw, range(VBS), packer)
-    finish(packer)
-    bw.commit(sums)
+    archive, bw, packer, _manifest = packed_backup(f"s3://{bucket}/c", range(VBS))
     client = storage.s3_client(storage.location(f"s3://{bucket}").settings)
     gets = []
 
