@@ -317,6 +317,7 @@ _LAUNCH_ENV = ("SPARK_", "PYSPARK_", "JAVA_", "_JAVA_", "JDK_", "HADOOP_", "YARN
 _PER_RUN_ENV = {"_PYSPARK_DRIVER_CONN_INFO_PATH", "SPARK_CONNECT_MODE"}
 #: the shells' own bookkeeping: not recorded
 _SHELL_ENV = {"_", "SHLVL", "PWD", "OLDPWD"}
+_LAUNCH_RECORDS = 16
 
 
 def _submit_argv(settings: dict[str, str]) -> list[str]:
@@ -388,6 +389,10 @@ def _record_launch(key: str, pid: int, env: dict[str, str]) -> None:
         tmp = d / f"{key}.{secrets.token_hex(4)}.tmp"
         tmp.write_text(json.dumps({"argv": argv, "env": added, "unset": unset}))
         os.replace(tmp, d / f"{key}.json")
+        # one record per installation and settings: the newest few are kept
+        old = sorted(d.glob("*.json"), key=lambda f: f.stat().st_mtime, reverse=True)
+        for f in old[_LAUNCH_RECORDS:]:
+            f.unlink(missing_ok=True)
     except (OSError, UnicodeError, ValueError):
         pass
 
