@@ -1,7 +1,7 @@
 """`dcptool backup` as a user runs it, cold and on a running `dcptool engine`.
 
     python -m benchmarks.engine_backup [-n 200000] [-s 256] [--vbuckets 1024] [--changes 1000]
-                                       [--rounds 3] [--json FILE]
+                                       [--rounds 3] [--interleave] [--json FILE]
 
 Loads N documents of S bytes into a reference node (1024 vbuckets), then times whole commands
 (`python -m dcptool backup ... --json`, a new process each, from start to exit):
@@ -10,6 +10,9 @@ Loads N documents of S bytes into a reference node (1024 vbuckets), then times w
 * engine: `dcptool engine start` first, then the same full backup into a fresh archive;
 * incremental: CHANGES documents changed, then `dcptool backup` into an archive that holds a
   full backup, on the engine (and cold, for the ratio).
+
+By default all cold commands run first, then the engine starts; with --interleave the engine
+starts first and cold and engine commands alternate (on a machine with other load).
 
 Reported: each round's wall time, the median, the engine/cold ratio, and Spark's share of the
 cold command: (cold - engine) / cold, i.e. the part of the cold command that a running engine
@@ -115,11 +118,12 @@ def _med(xs: list[float]) -> float:
 
 
 def run(n: int = 200_000, size: int = 256, vbuckets: int = 1024, changes: int = 1000,
-        rounds: int = 3) -> dict:
+        rounds: int = 3, interleave: bool = False) -> dict:
     work = Path(tempfile.mkdtemp(prefix="dcptool-bench-engine-"))
     password = secrets.token_urlsafe(10)
     res: dict = {"n": n, "value_size": size, "vbuckets": vbuckets, "changes": changes,
-                 "rounds": rounds}
+                 "rounds": rounds, "interleave": interleave,
+                 "load_average_before": os.getloadavg()[0]}
     env = dict(os.environ)
     env.update(PYTHONPATH=str(REPO), DCPTOOL_PASSWORD=password,
                DCPTOOL_ENGINE_DIR=str(work / "engine"))
@@ -146,35 +150,59 @@ def run(n: int = 200_000, size: int = 256, vbuckets: int = 1024, changes: int = 
                 set_documents(opts, ((f"product::{i:09d}".encode(), make_value(i, size, r))
                                      for i in keys), vbuckets)
 
-            # cold full backups (the baseline), then the incremental cold
-            cold, cold_wait = [], []
-            for i in range(rounds):
+            cold, cold_wait, inc_cold = [], [], []
+            warm, warm_wait, inc_warm = [], [], []
+
+            def cold_full(i: int) -> None:
                 wall, out = backup(work / f"cold-{i}", cold_env)
                 cold.append(wall)
                 cold_wait.append(out.get("spark_startup_seconds", 0.0))
                 res["items"] = out.get("mutations")
-            inc_cold = []
-            for i in range(rounds):
+
+            def cold_inc(i: int) -> None:
                 change(i)
                 wall, out = backup(work / "cold-0", cold_env)
                 assert out.get("type") == "incremental", out
                 inc_cold.append(wall)
                 res["incremental_items"] = out.get("mutations")
 
-            t = time.perf_counter()
-            cli(["engine", "start", "--json"], env)
-            res["engine_start_s"] = round(time.perf_counter() - t, 2)
-            warm, warm_wait = [], []
-            for i in range(rounds):
+            def warm_full(i: int) -> None:
                 wall, out = backup(work / f"warm-{i}", env)
                 warm.append(wall)
                 warm_wait.append(out.get("spark_startup_seconds", 0.0))
-            inc_warm = []
-            for i in range(rounds):
+
+            def warm_inc(i: int) -> None:
                 change(rounds + i)
                 wall, out = backup(work / "warm-0", env)
                 assert out.get("type") == "incremental", out
                 inc_warm.append(wall)
+
+            def start_engine() -> None:
+                t = time.perf_counter()
+                cli(["engine", "start", "--json"], env)
+                res["engine_start_s"] = round(time.perf_counter() - t, 2)
+
+            if interleave:
+                # the engine runs (idle) during the cold commands too; a cold and an engine
+                # command alternate, so the machine's other load hits both alike
+                start_engine()
+                for i in range(rounds):
+                    cold_full(i)
+                    warm_full(i)
+                for i in range(rounds):
+                    cold_inc(i)
+                    warm_inc(i)
+            else:
+                # cold full backups (the baseline), then the incremental cold; then the engine
+                for i in range(rounds):
+                    cold_full(i)
+                for i in range(rounds):
+                    cold_inc(i)
+                start_engine()
+                for i in range(rounds):
+                    warm_full(i)
+                for i in range(rounds):
+                    warm_inc(i)
             cli(["engine", "stop", "--json"], env)
     finally:
         subprocess.run([sys.executable, "-m", "dcptool", "engine", "stop", "--now"], env=env,
@@ -194,6 +222,7 @@ def run(n: int = 200_000, size: int = 256, vbuckets: int = 1024, changes: int = 
         "spark_wait_share_cold": round(statistics.median(
             w / c for w, c in zip(cold_wait, cold)), 3),
         "spark_wait_engine_s": _med(warm_wait),
+        "load_average_after": os.getloadavg()[0],
     })
     return res
 
@@ -205,9 +234,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--vbuckets", type=int, default=1024)
     ap.add_argument("--changes", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--interleave", action="store_true",
+                    help="start the engine first and alternate cold and engine commands")
     ap.add_argument("--json", dest="json_out", default=None)
     a = ap.parse_args(argv)
-    res = run(a.n, a.s, a.vbuckets, a.changes, a.rounds)
+    res = run(a.n, a.s, a.vbuckets, a.changes, a.rounds, a.interleave)
     report(res, a.json_out)
     return res
 

@@ -9,8 +9,10 @@ them alike), and each figure is the median over N rounds.
 1. "startup": `get_spark()` as the command line runs it (`set_jvm_output("quiet")`), then a
    first job that imports the backup task's modules in its Python workers, per variant:
    "pyspark" (none of the shortcuts: what PySpark does), "jvm_flags" (C1 only, serial GC),
-   "cds" (the class-data archive; the script writes it first), "jvm_flags+cds". Seconds:
-   "session" (get_spark) and "first_job".
+   "cds" (the class-data archive; the script writes it first), "jvm_flags+cds", that with
+   the recorded java command ("+launch": no spark-submit scripts or launcher JVM; the first
+   run records it) or with the Python daemon prepared while the JVM starts ("+daemon"), and
+   "all". Seconds: "session" (get_spark) and "first_job".
 2. "backup": `dcptool backup` of DOCS documents (default 200,000, ~256 bytes) from a local
    node, as a command, per variant (those of 1). Seconds: "wall" (the command, from exec to
    exit) and, measured in the same round, "warm" (the same backup in a process whose Spark
@@ -35,11 +37,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+_OFF = {"jvm_flags": False, "cds": False, "launch": False, "daemon": False}
 VARIANTS = {
-    "pyspark": {"jvm_flags": False, "cds": False},
-    "jvm_flags": {"jvm_flags": True, "cds": False},
-    "cds": {"jvm_flags": False, "cds": True},
-    "jvm_flags+cds": {"jvm_flags": True, "cds": True},
+    "pyspark": dict(_OFF),
+    "jvm_flags": {**_OFF, "jvm_flags": True},
+    "cds": {**_OFF, "cds": True},
+    "jvm_flags+cds": {**_OFF, "jvm_flags": True, "cds": True},
+    "+launch": {**_OFF, "jvm_flags": True, "cds": True, "launch": True},
+    "+daemon": {**_OFF, "jvm_flags": True, "cds": True, "daemon": True},
+    "all": {"jvm_flags": True, "cds": True, "launch": True, "daemon": True},
 }
 #: (--variants picks some of them; the first is the ratios' baseline)
 
@@ -111,7 +117,7 @@ def _prime_cds() -> None:
     from dcptool.pipeline import runtime
 
     for flags in ([], runtime._JVM_FLAGS):
-        fast = {"jvm_flags": bool(flags), "cds": True}
+        fast = {**_OFF, "jvm_flags": bool(flags), "cds": True}
         key = runtime._cds_key(flags)
         final = runtime._cache_dir() / "spark-cds" / f"{key}.jsa"
         for _ in range(3):
@@ -134,6 +140,8 @@ def measure_startup(repeat: int, only: list[str] | None = None) -> dict:
     variants = {v: VARIANTS[v] for v in only} if only else VARIANTS
     samples: dict[str, dict[str, list[float]]] = {
         v: {"session": [], "first_job": []} for v in variants}
+    for fast in variants.values():  # a round not counted: it records the java commands
+        _run_child(["--child-startup", json.dumps(fast)])
     for _ in range(repeat):
         for name, fast in variants.items():
             r = _run_child(["--child-startup", json.dumps(fast)])

@@ -9,17 +9,22 @@ its stdout and stderr sent to /dev/null or DCPTOOL_SPARK_LOG (the terminal with 
 neither its start-up and shutdown lines nor the Python workers' (they inherit its
 descriptors) can appear; a spark:// master is checked before anything is written.
 
-The command line's driver JVM also starts faster: it compiles with C1 only, and loads its
+The command line's driver JVM also starts faster: it compiles with C1 only, loads its
 classes from a class-data archive that the first run writes (at its exit) into
-~/.cache/dcptool (benchmarks/spark_startup.py measures both).
+~/.cache/dcptool, and is started without spark-submit's scripts and launcher JVM once a run
+has recorded the java command they built (benchmarks/spark_startup.py measures all three).
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
+import subprocess
+import tempfile
 import signal
 import socket
 import sys
@@ -38,12 +43,13 @@ _lock = threading.Lock()
 #: command line: DCPTOOL_SPARK_LOG or /dev/null), "terminal" (the command line with -vv)
 _jvm_output: str | None = None
 _jvm_proc: Any = None
+_daemon_proc: Any = None
 _interrupted = False
 
 #: the command line's start-up shortcuts (library use has none of them): the driver JVM's
 #: flags and its class-data archive; switched off one by one to measure them
 #: (benchmarks/spark_startup.py)
-_fast = {"jvm_flags": True, "cds": True}
+_fast = {"jvm_flags": True, "cds": True, "launch": True, "daemon": True}
 #: C1 only: Spark's start-up runs a lot of code once, which C2 would compile on the same two
 #: cores; a serial collector suits the driver's small heap and starts faster
 _JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
@@ -272,17 +278,186 @@ def _cds_options(flags: list[str]) -> list[str]:
         return []
 
 
-def _launch_quiet_gateway(settings: dict[str, str]) -> None:
+def _prepare_daemon(sink: Any) -> dict[str, str]:
+    """Start the Python worker daemon's imports while the JVM starts (see sparkdaemon.py);
+    the environment that tells the daemon Spark starts where to find it ({} if none)."""
+    global _daemon_proc
+    from .sparkdaemon import PREPARED
+
+    d = tempfile.mkdtemp(prefix="dcptool-daemon-")
+    path = os.path.join(d, "s")
+    # what Spark gives its daemon: spark-submit's hash seed, unbuffered streams, one thread
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        # its standard input stays open while this process runs; it ends when it closes
+        _daemon_proc = subprocess.Popen(
+            [sys.executable, "-m", "dcptool.pipeline.sparkdaemon", "--prepare", path],
+            stdin=subprocess.PIPE, stdout=sink, stderr=sink, env=env, process_group=0)
+    except OSError:
+        shutil.rmtree(d, ignore_errors=True)
+        return {}
+    return {PREPARED: path}
+
+
+# -- starting the driver JVM ----------------------------------------------------------------------
+#
+# spark-submit is two bash scripts and a JVM (Spark's launcher, org.apache.spark.launcher.Main)
+# that print the java command which the scripts then exec: a tenth of a second or more of a
+# cold command. The command and the environment the scripts add to it depend only on the
+# arguments, the environment and files of Spark's and Java's installation, so dcptool records
+# what one run of spark-submit started (its argv and environment, read from /proc) under a key
+# made of all of these, and later runs start that java command directly. A spark-env.sh (a
+# script: it may say something else on every run) means spark-submit every time; so does a
+# recorded command whose JVM ends before it listens (the record is dropped).
+
+#: environment variables that spark-submit's scripts or Spark's launcher read
+_LAUNCH_ENV = ("SPARK_", "PYSPARK_", "JAVA_", "_JAVA_", "JDK_", "HADOOP_", "YARN_", "CLASSPATH")
+#: set per run (or constant) by the launching side: not part of the key
+_PER_RUN_ENV = {"_PYSPARK_DRIVER_CONN_INFO_PATH", "SPARK_CONNECT_MODE"}
+#: the shells' own bookkeeping: not recorded
+_SHELL_ENV = {"_", "SHLVL", "PWD", "OLDPWD"}
+_LAUNCH_RECORDS = 16
+
+
+def _submit_argv(settings: dict[str, str]) -> list[str]:
+    """spark-submit's command line for a PySpark driver with `settings` (as PySpark builds it)."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    argv = [os.path.join(_find_spark_home(), "bin", "spark-submit")]
+    for k, v in settings.items():
+        argv += ["--conf", f"{k}={v}"]
+    extra = os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell")
+    if os.environ.get("SPARK_TESTING"):
+        extra = "--conf spark.ui.enabled=false " + extra
+    return argv + shlex.split(extra)
+
+
+def _launch_key(submit: list[str], env: dict[str, str]) -> str | None:
+    """What the java command spark-submit builds depends on; None: do not record it."""
+    home = Path(submit[0]).parent.parent
+    conf_dir = Path(env.get("SPARK_CONF_DIR") or home / "conf")
+    if (conf_dir / "spark-env.sh").exists():
+        return None
+    h = hashlib.sha256("\0".join(submit).encode())
+    for k in sorted(env):
+        if k.startswith(_LAUNCH_ENV) and k not in _PER_RUN_ENV:
+            h.update(f"\0{k}={env[k]}".encode())
+    h.update(f"\0PATH={env.get('PATH', '')}".encode())
+    java_home = env.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not java:
+        return None
+    files = [Path(os.path.realpath(java)), *sorted((home / "bin").iterdir()),
+             *sorted((home / "jars").iterdir())]
+    if conf_dir.is_dir():
+        files += sorted(conf_dir.iterdir())
+    for f in files:
+        st = f.stat()
+        h.update(f"\0{f}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:24]
+
+
+def _recorded_launch(key: str) -> dict[str, Any] | None:
+    try:
+        rec = json.loads((_cache_dir() / "spark-launch" / f"{key}.json").read_text())
+        if (isinstance(rec.get("argv"), list) and rec["argv"]
+                and all(isinstance(a, str) for a in rec["argv"])
+                and isinstance(rec.get("env"), dict) and isinstance(rec.get("unset"), list)):
+            return rec
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def _record_launch(key: str, pid: int, env: dict[str, str]) -> None:
+    """Record the java command (and the environment spark-submit's scripts gave it) that the
+    running process `pid` was started with."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            penv = dict(e.decode().partition("=")[::2] for e in f.read().split(b"\0") if e)
+        if (not argv or not os.path.basename(argv[0]).startswith("java")
+                or "org.apache.spark.deploy.SparkSubmit" not in argv):
+            return
+        added = {k: v for k, v in penv.items()
+                 if env.get(k) != v and k not in _SHELL_ENV and k not in _PER_RUN_ENV}
+        unset = [k for k in env if k not in penv and k not in _SHELL_ENV]
+        d = _cache_dir() / "spark-launch"
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f"{key}.{secrets.token_hex(4)}.tmp"
+        tmp.write_text(json.dumps({"argv": argv, "env": added, "unset": unset}))
+        os.replace(tmp, d / f"{key}.json")
+        # one record per installation and settings: the newest few are kept
+        old = sorted(d.glob("*.json"), key=lambda f: f.stat().st_mtime, reverse=True)
+        for f in old[_LAUNCH_RECORDS:]:
+            f.unlink(missing_ok=True)
+    except (OSError, UnicodeError, ValueError):
+        pass
+
+
+def _forget_launch(key: str) -> None:
+    try:
+        (_cache_dir() / "spark-launch" / f"{key}.json").unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _start_jvm(argv: list[str], env: dict[str, str], popen_kwargs: dict[str, Any]):
+    """Start PySpark's gateway JVM with `argv`; (process, port, secret), or (process, None,
+    None) when it ends before it says where it listens."""
+    from pyspark.serializers import UTF8Deserializer, read_int
+
+    info_dir = tempfile.mkdtemp(prefix="dcptool-gateway-")
+    try:
+        info = os.path.join(info_dir, "info")
+        env = {**env, "_PYSPARK_DRIVER_CONN_INFO_PATH": info}
+        # no preexec_fn (PySpark's ignores SIGINT in the JVM): its process group of its own
+        # keeps the terminal's Ctrl-C away from it, and a preexec_fn runs this process's
+        # fork handlers, in which a Ctrl-C is lost
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, env=env, **popen_kwargs)
+        try:
+            # the JVM writes the file under another name and renames it: whole once it is there
+            while not os.path.isfile(info):
+                if proc.poll() is not None:
+                    if os.path.isfile(info):
+                        break
+                    return proc, None, None
+                time.sleep(0.01)
+            with open(info, "rb") as f:
+                return proc, read_int(f), UTF8Deserializer().loads(f)
+        except BaseException:
+            # Ctrl-C while it starts: a JVM that finds no directory for its file would not
+            # end (its main thread fails, py4j's server thread stays)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                proc.kill()
+            raise
+    finally:
+        shutil.rmtree(info_dir, ignore_errors=True)
+
+
+def _launch_quiet_gateway(settings: dict[str, str], remember: bool = True,
+                          daemon: bool = False) -> None:
     """Start the JVM for the command line (see the module doc) and make it PySpark's."""
     global _jvm_proc
-    from pyspark import SparkConf, SparkContext
+    from pyspark import SparkContext
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.java_gateway import launch_gateway
 
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         return
-    conf = SparkConf(loadDefaults=False)
-    for k, v in settings.items():
-        conf.set(k, v)
+    submit = _submit_argv(settings)
+    env = {**os.environ, "SPARK_CONNECT_MODE": "0"}
+    key = None
+    if _fast["launch"] and sys.platform.startswith("linux"):
+        try:
+            key = _launch_key(submit, env)
+        except (OSError, ValueError, RuntimeError):
+            key = None
+    recorded = _recorded_launch(key) if key else None
     # a process group of its own (not a session: the fault points' kill ends the session)
     kwargs: dict[str, Any] = {"process_group": 0}
     sink = None
@@ -291,11 +466,43 @@ def _launch_quiet_gateway(settings: dict[str, str]) -> None:
         sink = open(target, "ab")  # noqa: SIM115 - the JVM holds it, we close our copy
         kwargs.update(stdout=sink, stderr=sink)
     try:
-        gateway = launch_gateway(conf, popen_kwargs=kwargs)
+        if daemon:
+            env.update(_prepare_daemon(sink))
+        port = None
+        if recorded is not None:
+            jenv = {k: v for k, v in env.items() if k not in recorded["unset"]}
+            jenv.update(recorded["env"])
+            try:
+                proc, port, secret = _start_jvm(recorded["argv"], jenv, kwargs)
+            except OSError:  # no such java any more
+                port = None
+            if port is None:  # something changed that the key does not see
+                _forget_launch(key)
+        if port is None:
+            proc, port, secret = _start_jvm(submit, env, kwargs)
+            if port is None:
+                raise PySparkRuntimeError(errorClass="JAVA_GATEWAY_EXITED", messageParameters={})
+            if key and remember:
+                _record_launch(key, proc.pid, env)
     finally:
         if sink is not None:
             sink.close()
-    _jvm_proc = gateway.proc
+    _jvm_proc = proc
+    saved = {k: os.environ.get(k) for k in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET")}
+    os.environ["PYSPARK_GATEWAY_PORT"] = str(port)
+    os.environ["PYSPARK_GATEWAY_SECRET"] = secret
+    try:
+        gateway = launch_gateway()  # connects to the JVM just started
+    except BaseException:
+        _kill_jvm()
+        raise
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    gateway.proc = proc
     SparkContext._ensure_initialized(gateway=gateway)
 
 
@@ -337,6 +544,7 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
             # a cluster the executors connect to the driver's address, Spark's choice (the
             # host name's) unless SPARK_LOCAL_IP or spark.driver.host say otherwise
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        cds: list[str] = []
         if _jvm_output is not None:
             flags = _JVM_FLAGS if _fast["jvm_flags"] else []
             cds = _cds_options(flags) if _fast["cds"] else []
@@ -346,7 +554,12 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
         settings = {k: str(v).lower() if isinstance(v, bool) else str(v)
                     for k, v in settings.items()}
         if _jvm_output is not None:
-            _launch_quiet_gateway(settings)
+            # a run that writes the class-data archive names a file of its own: its command
+            # is not the one the next runs need
+            _launch_quiet_gateway(settings, remember=not any(
+                o.startswith("-XX:ArchiveClassesAtExit") for o in cds),
+                daemon=_fast["daemon"] and settings.get("spark.python.daemon.module")
+                == "dcptool.pipeline.sparkdaemon")
         sc = SparkContext.getOrCreate(SparkConf().setAll(list(settings.items())))
         sc.setLogLevel("ERROR")
         if _jvm_output is not None and threading.current_thread() is threading.main_thread():
