@@ -197,23 +197,31 @@ def attach(master: str | None, note=None):
     return spark
 
 
-def _session_on(reply: dict[str, Any]):
-    """A SparkSession of this process on the engine's JVM (its SparkContext, shared)."""
-    from pyspark import SparkContext
+def connect_gateway(port: int, secret: str):
+    """PySpark's py4j gateway to a JVM that is already running and listening at `port`
+    (PySpark connects instead of launching when its PYSPARK_GATEWAY_* variables are set;
+    they are set for this call only)."""
     from pyspark.java_gateway import launch_gateway
-    from pyspark.sql import SparkSession
 
     saved = {k: os.environ.get(k) for k in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET")}
-    os.environ["PYSPARK_GATEWAY_PORT"] = str(reply["port"])
-    os.environ["PYSPARK_GATEWAY_SECRET"] = reply["secret"]
+    os.environ["PYSPARK_GATEWAY_PORT"] = str(port)
+    os.environ["PYSPARK_GATEWAY_SECRET"] = secret
     try:
-        gateway = launch_gateway()  # connects to the running JVM: nothing is launched
+        return launch_gateway()
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _session_on(reply: dict[str, Any]):
+    """A SparkSession of this process on the engine's JVM (its SparkContext, shared)."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    gateway = connect_gateway(reply["port"], reply["secret"])
     jvm = gateway.jvm
     jsc = jvm.org.apache.spark.api.java.JavaSparkContext.fromSparkContext(
         jvm.org.apache.spark.SparkContext.getOrCreate())

@@ -282,7 +282,6 @@ def _prepare_daemon(sink: Any) -> dict[str, str]:
     """Start the Python worker daemon's imports while the JVM starts (see sparkdaemon.py);
     the environment that tells the daemon Spark starts where to find it ({} if none)."""
     global _daemon_proc
-    from .sparkdaemon import PREPARED
 
     d = tempfile.mkdtemp(prefix="dcptool-daemon-")
     path = os.path.join(d, "s")
@@ -297,7 +296,7 @@ def _prepare_daemon(sink: Any) -> dict[str, str]:
     except OSError:
         shutil.rmtree(d, ignore_errors=True)
         return {}
-    return {PREPARED: path}
+    return {PREPARED_DAEMON: path}
 
 
 # -- starting the driver JVM ----------------------------------------------------------------------
@@ -318,6 +317,9 @@ _PER_RUN_ENV = {"_PYSPARK_DRIVER_CONN_INFO_PATH", "SPARK_CONNECT_MODE"}
 #: the shells' own bookkeeping: not recorded
 _SHELL_ENV = {"_", "SHLVL", "PWD", "OLDPWD"}
 _LAUNCH_RECORDS = 16
+#: the variable that tells the daemon Spark starts where the prepared one waits (read by
+#: sparkdaemon.py, which imports the task modules and so cannot be imported from here)
+PREPARED_DAEMON = "DCPTOOL_SPARK_DAEMON"
 
 
 def _submit_argv(settings: dict[str, str]) -> list[str]:
@@ -445,7 +447,7 @@ def _launch_quiet_gateway(settings: dict[str, str], remember: bool = True,
     global _jvm_proc
     from pyspark import SparkContext
     from pyspark.errors import PySparkRuntimeError
-    from pyspark.java_gateway import launch_gateway
+    from .engine import connect_gateway
 
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         return
@@ -488,20 +490,11 @@ def _launch_quiet_gateway(settings: dict[str, str], remember: bool = True,
         if sink is not None:
             sink.close()
     _jvm_proc = proc
-    saved = {k: os.environ.get(k) for k in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET")}
-    os.environ["PYSPARK_GATEWAY_PORT"] = str(port)
-    os.environ["PYSPARK_GATEWAY_SECRET"] = secret
     try:
-        gateway = launch_gateway()  # connects to the JVM just started
+        gateway = connect_gateway(port, secret)  # the JVM just started
     except BaseException:
         _kill_jvm()
         raise
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     gateway.proc = proc
     SparkContext._ensure_initialized(gateway=gateway)
 

@@ -27,7 +27,8 @@ import signal
 import socket
 import sys
 
-#: the socket of a daemon prepared by the driver (in the environment Spark gives the daemon)
+#: the socket of a daemon prepared by the driver (in the environment Spark gives the daemon;
+#: runtime.PREPARED_DAEMON)
 PREPARED = "DCPTOOL_SPARK_DAEMON"
 #: what an interpreter takes from its environment when it starts (PYTHONPATH aside: the
 #: path is handed over), and what native libraries read when they load

@@ -84,3 +84,10 @@ def test_recorded_launch_and_prepared_daemon(tmp_path):
     third = probe(cache, tmp_path, cds=False)
     assert os.path.basename(third["jvm_argv0"]).startswith("java")
     assert json.loads(records[0].read_text())["argv"][0] != rec["argv"][0]
+
+
+def test_the_prepared_daemons_variable_is_one_name():
+    """runtime cannot import sparkdaemon (it imports the task modules): both name it."""
+    from dcptool.pipeline import runtime, sparkdaemon
+
+    assert runtime.PREPARED_DAEMON == sparkdaemon.PREPARED
