@@ -40,6 +40,7 @@ from .format import (
     DONE_RE,
     PACK_RE,
     entry_location,
+    listed_size,
     FORMAT_NAME,
     FORMAT_VERSION,
     COLLECTIONS_VERSION,
@@ -724,18 +725,12 @@ class BackupWriter:
         sizes = storage.list_sizes(self.dir)
 
         def measure(f: dict[str, Any]) -> tuple[int, str] | None:
-            path = entry_location(self.dir, f)
-            if "pack" in f:
-                if f["pack"] not in sizes:
-                    return None
-                held = min(f["size"], sizes[f["pack"]] - f["offset"])
-            elif f["name"] not in sizes:
+            held = listed_size(f, sizes)
+            if held is None:
                 return None
-            else:
-                held = sizes[f["name"]]
             try:
                 if rehash:
-                    return file_digest(path)
+                    return file_digest(entry_location(self.dir, f))
                 return held, f["sha256"]
             except FileNotFoundError:
                 return None

@@ -117,6 +117,17 @@ def entry_location(backup_dir: Any, entry: dict[str, Any]) -> Any:
     return storage.Member(where / pack, entry["offset"], entry["size"], entry["name"])
 
 
+def listed_size(entry: dict[str, Any], sizes: dict[str, int]) -> int | None:
+    """The size a directory listing ({name: size}) shows for the data file `entry` names
+    (a pack member: what of its range the pack holds); None when it is not listed."""
+    where = entry.get("pack") or entry["name"]
+    if where not in sizes:
+        return None
+    if "pack" not in entry:
+        return sizes[where]
+    return storage.range_held(entry["offset"], entry["size"], sizes[where])
+
+
 def parse_data_name(name: str) -> tuple[int, int] | None:
     """(vbucket, segment) for a data file name, None for anything else."""
     m = DATA_RE.match(name)

@@ -41,6 +41,7 @@ from .format import (
     ArchivePosition,
     done_file_name,
     entry_location,
+    listed_size,
     fsync_dir,
     read_json,
     uuid_for_seqno,
@@ -436,18 +437,16 @@ def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
     directory's {name: size}, for sizes without a request each (rehash=False)."""
     backup_dir = storage.location(backup_dir)
     done = backup_dir / done_file_name(vbucket)
-    label = done.name
+    label = f"vbucket {vbucket}'s summary"
     if summary is _LOOK:
         if done.exists():
+            label = done.name
             try:
                 summary = read_json(done)
             except (OSError, ValueError) as exc:
                 return None, f"{done.name} is unreadable: {exc}"
         else:
             summary = done_summaries(backup_dir).get(vbucket)
-            label = f"vbucket {vbucket}'s summary"
-    else:
-        label = f"vbucket {vbucket}'s summary"
     if summary is None:
         return None, None
     try:
@@ -468,10 +467,7 @@ def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
             if rehash:
                 size, digest = file_digest(path)
             elif sizes is not None:
-                got = sizes.get(entry.get("pack") or entry["name"], 0)
-                size = min(entry["size"], got - entry.get("offset", 0)) if "pack" in entry \
-                    else got
-                digest = entry["sha256"]
+                size, digest = listed_size(entry, sizes) or 0, entry["sha256"]
             else:
                 size, digest = storage.stat_size(path), entry["sha256"]
         except FileNotFoundError:

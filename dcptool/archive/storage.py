@@ -10,6 +10,8 @@ through this module, so every feature works on both backends:
 - The functions below (`listdir`, `list_sizes`, `open_read`, `stat_size`, `write_new`,
   `atomic_write_bytes`, `create_exclusive`, `unlink`, `remove_tree`, `make_dir`,
   `sync_dir`, `replace_prefix_bytes`) do the rest, on either kind.
+- A data file stored in a pack (archive/packing.py) is a `Member` location: `open_read`,
+  `stat_size` and `file_size` take it, so it is read like the file it would have been.
 
 Object storage has no directories: a "directory" is a key prefix, present while an object
 lies under it. Objects are written whole: `write_new` streams a file as a multipart upload
@@ -227,23 +229,11 @@ class Member:
     def __repr__(self) -> str:
         return f"Member({str(self.pack)!r}, {self.offset}, {self.size}, {self.name!r})"
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Member) and (self.pack, self.offset, self.size, self.name) \
-            == (other.pack, other.offset, other.size, other.name)
 
-    def __hash__(self) -> int:
-        return hash((self.pack, self.offset, self.name))
-
-    def exists(self) -> bool:
-        try:
-            return stat_size(self) == self.size
-        except FileNotFoundError:
-            return False
-
-    is_file = exists
-
-    def read_bytes(self) -> bytes:
-        return read_bytes(self)
+def range_held(offset: int, size: int, total: int) -> int:
+    """How many of the `size` bytes from `offset` a file of `total` bytes holds (a pack
+    member's size when its pack holds it whole)."""
+    return max(0, min(size, total - offset))
 
 
 def location(path: Any) -> Path | S3Path:
@@ -352,16 +342,13 @@ def _head(path: S3Path) -> dict[str, Any]:
 
 def stat_size(path: Path | S3Path) -> int:
     if isinstance(path, Member):
-        # the member's size when its pack holds it whole, else what of it the pack holds
-        return max(0, min(path.size, stat_size(path.pack) - path.offset))
+        return range_held(path.offset, path.size, stat_size(path.pack))
     if not isinstance(path, S3Path):
         return os.stat(path).st_size
     return int(_head(path)["ContentLength"])
 
 
 def read_bytes(path: Path | S3Path) -> bytes:
-    if isinstance(path, Member):
-        return read_range(path, 0, path.size)
     if not isinstance(path, S3Path):
         with open(path, "rb") as f:
             return f.read()
@@ -370,13 +357,6 @@ def read_bytes(path: Path | S3Path) -> bytes:
 
 
 def read_range(path: Path | S3Path, offset: int, length: int) -> bytes:
-    if isinstance(path, Member):
-        length = max(0, min(length, path.size - offset))
-        cached = _packs.get(path.pack)
-        if cached is not None:
-            start = path.offset + offset
-            return bytes(cached[start:start + length])
-        return read_range(path.pack, path.offset + offset, length)
     if not isinstance(path, S3Path):
         with open(path, "rb") as f:
             f.seek(offset)
@@ -552,13 +532,6 @@ class _PackCache:
                 self._scopes = 0
                 self._data.clear()
                 self._held = 0
-
-    def get(self, pack: Any) -> bytes | None:
-        key = self._key(pack)
-        if key is None:
-            return None
-        with self._lock:
-            return self._data.get(key)
 
     def load(self, pack: Any) -> bytes | None:
         """The pack's bytes when a scope is open and they fit (read now if not yet);
@@ -1189,8 +1162,8 @@ def rename_dir(src: Path | S3Path, dst: Path | S3Path, *, last: str | None = Non
     remove_tree(src)
 
 
-__all__ = ["S3Path", "S3Settings", "Member", "pack_cache", "StorageError", "NewFile", "location", "is_remote",
-           "listdir", "list_sizes", "stat_size", "read_bytes", "read_range", "open_read",
+__all__ = ["S3Path", "S3Settings", "Member", "StorageError", "NewFile", "location", "is_remote",
+           "pack_cache", "range_held", "held_in_memory", "listdir", "list_sizes", "stat_size", "read_bytes", "read_range", "open_read",
            "file_size", "write_new", "abort_uploads", "unlink", "remove_tree", "sync_dir",
            "make_dir", "atomic_write_bytes", "create_exclusive", "replace_prefix_bytes",
            "rename_dir", "s3_client", "PART_BYTES"]

@@ -386,6 +386,19 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
     return missing
 
 
+def _check_backup(bdir: Any, backup_id: str, manifest: dict[str, Any], report: VerifyReport,
+                  records: bool) -> None:
+    """One committed backup's files (size, SHA-256, nothing unlisted) and, with `records`,
+    every record of every vbucket against the manifest."""
+    with storage.pack_cache():  # a pack is read once for its members (on S3)
+        missing = _check_files(bdir, backup_id, manifest, report)
+        if records:
+            # files that failed the checksum are decoded too: it tells where they went bad
+            for entry in manifest["vbuckets"]:
+                _check_vbucket_records(bdir, backup_id, entry, report,
+                                       manifest.get("version", FORMAT_VERSION), missing)
+
+
 def _continuity(archive: Archive, manifests: dict[str, dict[str, Any]],
                 broken: set[str], report: VerifyReport) -> None:
     ends_after: dict[str, dict[int, ArchivePosition]] = {}
@@ -490,13 +503,7 @@ def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> Ver
             broken.add(name)
             continue
         manifests[name] = doc
-        with storage.pack_cache():  # a pack is read once for its members (on S3)
-            missing = _check_files(bdir, name, doc, report)
-            if records:
-                # files that failed the checksum are decoded too: it tells where they went bad
-                for entry in doc["vbuckets"]:
-                    _check_vbucket_records(bdir, name, entry, report, doc["version"],
-                                           missing)
+        _check_backup(bdir, name, doc, report, records)
     _continuity(archive, manifests, broken, report)
     return report
 
@@ -511,10 +518,5 @@ def verify_backup_dir(bdir: str | os.PathLike[str], manifest: dict[str, Any], *,
     report = VerifyReport(str(bdir))
     report.backups_checked = 1
     name = manifest["id"]
-    with storage.pack_cache():
-        missing = _check_files(bdir, name, manifest, report)
-        if records:
-            for entry in manifest["vbuckets"]:
-                _check_vbucket_records(bdir, name, entry, report,
-                                       manifest.get("version", FORMAT_VERSION), missing)
+    _check_backup(bdir, name, manifest, report, records)
     return report
