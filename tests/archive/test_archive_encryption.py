@@ -8,6 +8,7 @@ import os
 import pickle
 
 import pytest
+from fileutil import tree_bytes
 from test_archive_merging import _chain, _merge, _state
 
 from dcptool.archive import Archive, ArchivePosition, crypto, storage
@@ -36,16 +37,6 @@ def encrypted_chain(path, rounds: int = 4) -> list[str]:
     return _chain(path, rounds)
 
 
-def all_files(root) -> dict[str, bytes]:
-    out = {}
-    for dirpath, _dirs, names in os.walk(root):
-        for n in names:
-            p = os.path.join(dirpath, n)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, root)] = f.read()
-    return out
-
-
 def test_encrypted_chain_reads_like_a_plain_one_and_hides_the_documents(tmp_path):
     plain_ids = _chain(tmp_path / "plain")
     ids = encrypted_chain(tmp_path / "enc")
@@ -57,13 +48,13 @@ def test_encrypted_chain_reads_like_a_plain_one_and_hides_the_documents(tmp_path
     report = verify_archive(enc.path)
     assert report.ok, [str(p) for p in report.problems]
     assert report.records_checked == verify_archive(plain.path).records_checked
-    files = all_files(tmp_path / "enc")
+    files = tree_bytes(tmp_path / "enc")
     assert any(n.startswith("keys/") for n in files)
     for name, data in files.items():
         for needle in (b"k0-1", b"n1-1-0", b'"v":', b"mutations", b"sha256", b'"parent"'):
             assert needle not in data, (name, needle)
     # the plain archive holds them, so the search above looks at the right things
-    assert any(b"k0-1" in d for d in all_files(tmp_path / "plain").values())
+    assert any(b"k0-1" in d for d in tree_bytes(tmp_path / "plain").values())
     # a merge of an encrypted archive stays encrypted and reads the same
     state = _state(enc)
     plan = _merge(enc, last=ids[2])
@@ -71,7 +62,7 @@ def test_encrypted_chain_reads_like_a_plain_one_and_hides_the_documents(tmp_path
     assert enc.committed_ids() == [plan.merged_id, ids[3]]
     assert _state(enc) == state
     assert verify_archive(enc.path).ok
-    for name, data in all_files(tmp_path / "enc").items():
+    for name, data in tree_bytes(tmp_path / "enc").items():
         assert b"k0-1" not in data, name
 
 
@@ -103,7 +94,7 @@ def test_passphrase_change_without_rewriting_data(tmp_path, monkeypatch):
     encrypted_chain(root, rounds=2)
     a = Archive.open(root)
     state = _state(a)
-    before = {n: d for n, d in all_files(root).items() if n.startswith("backups/")}
+    before = {n: d for n, d in tree_bytes(root).items() if n.startswith("backups/")}
     [old] = crypto.list_keys(a.path, a.meta)
     new = crypto.add_key(a.path, a.meta, "a new passphrase", "2099-01-01T00:00:00.000000Z")
     assert {k["id"] for k in crypto.list_keys(a.path, a.meta)} == {old["id"], new["id"]}
@@ -120,7 +111,7 @@ def test_passphrase_change_without_rewriting_data(tmp_path, monkeypatch):
     a = Archive.open(root)
     assert _state(a) == state
     assert verify_archive(root).ok
-    after = {n: d for n, d in all_files(root).items() if n.startswith("backups/")}
+    after = {n: d for n, d in tree_bytes(root).items() if n.startswith("backups/")}
     assert after == before  # no data file or manifest was rewritten
     key = json.loads((root / new["file"]).read_text())
     assert key["kdf"]["name"] == "scrypt" and key["kdf"]["n"] == crypto.SCRYPT_N
@@ -327,7 +318,7 @@ def test_remove_and_prune_on_an_encrypted_archive(tmp_path):
     with archive.lock("prune"):
         remove_archive_backups(archive, drop, reasons=reasons)
     assert verify_archive(root).ok
-    for name, data in all_files(root).items():
+    for name, data in tree_bytes(root).items():
         assert b"k0-" not in data and b'"new"' not in data, name
     # a new process (no key loaded) reads what is left only with the passphrase
     crypto.forget_keys()

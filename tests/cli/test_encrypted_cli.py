@@ -14,6 +14,7 @@ from cliutil import documented_examples
 from cliutil import one_error_line as one_line
 from cliutil import run_dcptool as run
 from docutil import delete, load, node_documents, opts_for
+from fileutil import tree_bytes
 from noiseutil import assert_no_noise
 from nodeprocutil import NodeProcess
 
@@ -36,16 +37,6 @@ def env():
 def docs(n: int, tag: str) -> dict[str, dict]:
     return {f"doc::{i:05d}": {"i": i, "tag": tag, "name": f"secret hotel {i}", "city": "Lyon"}
             for i in range(n)}
-
-
-def files_of(root) -> dict[str, bytes]:
-    out = {}
-    for dirpath, _dirs, names in os.walk(root):
-        for n in names:
-            p = os.path.join(dirpath, n)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, root)] = f.read()
-    return out
 
 
 def test_encrypted_full_incremental_merge_restore_and_tampering(env, tmp_path):
@@ -72,16 +63,16 @@ def test_encrypted_full_incremental_merge_restore_and_tampering(env, tmp_path):
         assert inc["type"] == "incremental" and (inc["mutations"], inc["deletions"]) == (100, 20)
         expected = node_documents(opts)
         # a wrong passphrase: one line, exit 1, before connecting or writing anything
-        before = files_of(archive)
+        before = tree_bytes(archive)
         bad = dict(env, DCPTOOL_ARCHIVE_PASSPHRASE="not the passphrase")
         r = run(bad, "backup", "-c", f"{node.host}:{node.port}", archive)
         assert r.returncode == 1 and "wrong passphrase" in one_line(r)
         assert PASS not in r.stderr and "not the passphrase" not in r.stderr
-        assert files_of(archive) == before
+        assert tree_bytes(archive) == before
 
     # nothing of the documents in the clear, in any file of the archive (the run logs in
     # logs/ hold counts and times, as docs/archive-format.md says)
-    for name, data in files_of(archive).items():
+    for name, data in tree_bytes(archive).items():
         for needle in (b"doc::", b"secret hotel", b"Lyon") + \
                 (() if name.startswith("logs/") else (b"mutations",)):
             assert needle not in data, (name, needle)
@@ -106,7 +97,7 @@ def test_encrypted_full_incremental_merge_restore_and_tampering(env, tmp_path):
     assert [b["type"] for b in json.loads(r.stdout)["backups"]] == ["full"]
 
     # the passphrase changed: a new key, the old one removed; the data untouched
-    data_before = {n: d for n, d in files_of(archive).items() if n.startswith("backups/")}
+    data_before = {n: d for n, d in tree_bytes(archive).items() if n.startswith("backups/")}
     nenv = dict(env, DCPTOOL_ARCHIVE_NEW_PASSPHRASE="the new one")
     documented = documented_examples(Path(__file__).resolve().parents[2] / "docs"
                                      / "json-output.md")
@@ -127,7 +118,7 @@ def test_encrypted_full_incremental_merge_restore_and_tampering(env, tmp_path):
     env = dict(env, DCPTOOL_ARCHIVE_PASSPHRASE="the new one")
     r = run(env, "key", "remove", archive, added)
     assert r.returncode == 1 and "last key" in one_line(r)
-    assert {n: d for n, d in files_of(archive).items() if n.startswith("backups/")} == data_before
+    assert {n: d for n, d in tree_bytes(archive).items() if n.startswith("backups/")} == data_before
 
     with NodeProcess(tmp_path / "dst", vbuckets=VBS) as dst:
         r = run(bad, "restore", archive, "-c", f"{dst.host}:{dst.port}")
