@@ -14,6 +14,10 @@ Shared state, and why it exists:
   user's new privileges, and the streams of a DCP producer whose user lost DcpProducer
   end (LostPrivileges), as Couchbase Server applies a role change to open connections.
 * `connections`: live client connections (closed at shutdown; counted in stats).
+* `unauth`, `unauth_by_address`: the connections not yet logged in, oldest first
+  (bounded by --max-unauth-connections and --max-unauth-per-address).
+* `login_guard`: failed logins per user and address, and the delays they set
+  (`dcptool.node.loginguard`), for KV and REST alike.
 * `backfills`: admission control for disk backfills (read transactions).
 * `config_rev`: revision of the cluster map; bumped when a vbucket changes state.
 * `bucket_uuid`: stable identity of the bucket, kept in the database.
@@ -41,6 +45,7 @@ from .connection import Connection
 from .datalock import NODE_FILE
 from .producer import end_streams_on_state_change
 from .replication import Replication
+from .logsafe import shown
 
 log = logging.getLogger("dcptool.node")
 
@@ -64,6 +69,21 @@ class Node:
         self._throttle_timer = None
         self.total_connections = 0
         self.auth_failures = 0
+        #: failed REST logins (HTTP basic auth)
+        self.rest_auth_failures = 0
+        from .loginguard import LoginGuard
+
+        self.login_guard = LoginGuard(config.auth_failure_delay)
+        #: connections not logged in yet, oldest first, and the same per client address
+        self.unauth: dict[Connection, None] = {}
+        self.unauth_by_address: dict[str, dict[Connection, None]] = {}
+        self.max_unauth, self.max_unauth_per_address = config.unauth_limits()
+        #: unauthenticated connections closed to make room for newer ones, and frames
+        #: above PRE_AUTH_FRAME before login (each closed its connection)
+        self.unauth_evicted = 0
+        self.pre_auth_too_big = 0
+        self._evicted_logged_at = 0.0
+        self._evicted_unlogged = 0
         #: limit counters (STAT): connections refused above --max-connections, frames
         #: answered E2BIG / EINVAL, connections closed for lost framing, for not
         #: authenticating in time, for replies stuck unread; times reading was held back
@@ -101,9 +121,16 @@ class Node:
         Like kv_engine, the connection is accepted and then closed without a word (the
         client sees the connection closed), and counted in the `rejected_conns` stat. The
         warning is logged at most every 10 seconds, with the count since the last one.
+
+        A new connection is not logged in yet. Such connections are bounded by
+        --max-unauth-connections and, per client address, --max-unauth-per-address: above
+        either bound the oldest of them (of that address) is closed to make room, and a
+        full node closes its oldest unauthenticated connection rather than refuse a new
+        one. A flood of connections that never log in thus holds a bounded part of the
+        slots, and a client that logs in promptly still gets served.
         """
         self.total_connections += 1
-        if len(self.connections) >= self.config.max_connections:
+        if len(self.connections) >= self.config.max_connections and not self.unauth:
             self.rejected_connections += 1
             self._rejected_unlogged += 1
             now = time.monotonic()
@@ -115,12 +142,47 @@ class Node:
                 self._rejected_unlogged = 0
             conn.close()
             return False
+        same = self.unauth_by_address.get(conn.peer_host)
+        if same is not None and len(same) >= self.max_unauth_per_address:
+            self._evict(next(iter(same)), "per address")
+        if self.unauth and (len(self.unauth) >= self.max_unauth
+                            or len(self.connections) >= self.config.max_connections):
+            self._evict(next(iter(self.unauth)), "in all")
         self.connections.add(conn)
+        self.unauth[conn] = None
+        self.unauth_by_address.setdefault(conn.peer_host, {})[conn] = None
         return True
+
+    def _evict(self, conn: Connection, scope: str) -> None:
+        """Close the unauthenticated `conn` to make room (logged at most every 10 s)."""
+        self._forget_unauth(conn)
+        self.connections.discard(conn)
+        self.unauth_evicted += 1
+        self._evicted_unlogged += 1
+        now = time.monotonic()
+        if now - self._evicted_logged_at >= 10.0:
+            log.warning("too many connections not logged in (limit %d, %d per address): "
+                        "closed %d of them, the latest from %s (%s)", self.max_unauth,
+                        self.max_unauth_per_address, self._evicted_unlogged, conn.peer, scope)
+            self._evicted_logged_at = now
+            self._evicted_unlogged = 0
+        conn.abort()
+
+    def _forget_unauth(self, conn: Connection) -> None:
+        if self.unauth.pop(conn, 0) is None:
+            same = self.unauth_by_address.get(conn.peer_host)
+            if same is not None:
+                same.pop(conn, None)
+                if not same:
+                    del self.unauth_by_address[conn.peer_host]
+
+    def connection_authenticated(self, conn: Connection) -> None:
+        self._forget_unauth(conn)
 
     def connection_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
         self.throttled.discard(conn)
+        self._forget_unauth(conn)
 
     # -- write throttling ----------------------------------------------------------------
     #
@@ -313,8 +375,8 @@ class Node:
             producer = conn.producer
             if producer is not None and Privilege.DCP_PRODUCER not in conn.privileges:
                 streams = list(producer.streams.values())
-                log.info("%s: user %r lost DcpProducer: ending its %d DCP streams",
-                         conn.peer, conn.user, len(streams))
+                log.info("%s: user %s lost DcpProducer: ending its %d DCP streams",
+                         conn.peer, shown(conn.user), len(streams))
                 for s in streams:
                     s.end_stream(StreamEndReason.LOST_PRIVILEGES)
 
