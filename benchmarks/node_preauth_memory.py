@@ -10,11 +10,13 @@ measures its resident set (VmRSS) at each step:
 1. idle: --idle TCP connections that never send a byte, then after they are closed;
 2. oversized: --oversized connections that each send the header of a SET whose body is
    20 MiB - 1 bytes and then that body (minus its last byte), never logging in;
-3. flood: --flood connections opened as fast as possible and held, while one client
-   connects, logs in (PLAIN) and gets a NOOP answered; the time that takes.
+3. flood: --flood connections opened as fast as possible and held by another process
+   (closed ones are opened again), while this one connects, logs in (PLAIN) and gets a
+   NOOP answered, five times; the time each took.
 
-Every connection goes to 127.0.0.1. The node runs the code that PYTHONPATH names, so
-the same script measures two trees.
+Every connection goes to 127.0.0.1. The node is `python -m dcptool` run in the current
+directory: run the script from the root of the tree to measure (with PYTHONPATH naming
+the same tree).
 """
 from __future__ import annotations
 
@@ -130,54 +132,58 @@ def oversized(host: str, port: int, n: int, pid: int) -> dict:
             "seconds": round(elapsed, 2), "body_bytes_sent": sum(sent)}
 
 
-def flood(host: str, port: int, password: str, n: int) -> dict:
-    """Hold up to n anonymous connections (reconnecting closed ones) while one client logs in."""
-    stop = threading.Event()
-    opened = [0]
-
-    def attacker() -> None:
-        held: list[socket.socket] = []
-        while not stop.is_set():
-            try:
-                held.append(socket.create_connection((host, port), timeout=10))
-                opened[0] += 1
-            except OSError:
-                time.sleep(0.01)
+def _attacker(host: str, port: int, n: int, opened, stop) -> None:
+    """Hold up to n anonymous connections, reconnecting the ones the node closes."""
+    held: list[socket.socket] = []
+    while not stop.is_set():
+        try:
+            held.append(socket.create_connection((host, port), timeout=10))
+            opened.value += 1
+        except OSError:
+            time.sleep(0.01)
+        if len(held) >= n:
+            alive = []
+            for s in held:
+                s.setblocking(False)
+                try:
+                    gone = s.recv(1) == b""
+                except BlockingIOError:
+                    gone = False
+                except OSError:
+                    gone = True
+                if gone:
+                    s.close()
+                else:
+                    alive.append(s)
+            held = alive
             if len(held) >= n:
-                # drop the ones the node closed, then reconnect
-                alive = []
-                for s in held:
-                    s.setblocking(False)
-                    try:
-                        gone = s.recv(1) == b""
-                    except BlockingIOError:
-                        gone = False
-                    except OSError:
-                        gone = True
-                    if gone:
-                        s.close()
-                    else:
-                        alive.append(s)
-                held = alive
-                if len(held) >= n:
-                    time.sleep(0.05)
-        for s in held:
-            s.close()
+                time.sleep(0.05)
+    for s in held:
+        s.close()
 
-    t = threading.Thread(target=attacker, daemon=True)
-    t.start()
-    while opened[0] < n:
+
+def flood(host: str, port: int, password: str, n: int, logins: int = 5) -> dict:
+    """Hold up to n anonymous connections from another process (reconnecting closed ones)
+    while this one connects, logs in and gets a NOOP answered, `logins` times."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    opened = ctx.Value("l", 0)
+    proc = ctx.Process(target=_attacker, args=(host, port, n, opened, stop), daemon=True)
+    proc.start()
+    while opened.value < n:
         time.sleep(0.05)
     times = []
-    for _ in range(3):
+    for _ in range(logins):
         try:
             times.append(round(login_and_noop(host, port, password, timeout=60), 3))
         except (OSError, RuntimeError) as exc:
             times.append(f"failed: {exc}")
         time.sleep(0.2)
     stop.set()
-    t.join(30)
-    return {"connections_opened": opened[0], "login_and_noop_seconds": times}
+    proc.join(30)
+    return {"connections_opened": opened.value, "login_and_noop_seconds": times}
 
 
 def main() -> None:

@@ -333,6 +333,13 @@ def status(
         con.print("running: no")
     if info.get("live_error"):
         con.print(f"live figures unavailable: {info['live_error']}")
+    logins = info.get("logins")
+    if logins:
+        con.print(f"failed logins: {logins.get('kv_failed', 0)} KV, "
+                  f"{logins.get('rest_failed', 0)} REST; {logins.get('delayed', 0)} attempts "
+                  f"delayed; {logins.get('unauthenticated_connections', 0)} connections not "
+                  f"logged in ({logins.get('unauthenticated_closed', 0)} closed for room, "
+                  f"{logins.get('auth_timeouts', 0)} timed out)")
     table = Table(title=f"vbuckets (from {info['source']})")
     for col in ("vb", "state", "high seqno", "persisted seqno", "purge seqno",
                 "failover head uuid", "failover head seqno", "entries"):

@@ -26,9 +26,12 @@ Limits on what one client can make the node hold:
 """
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import logging
 import socket
+import termios
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +78,10 @@ READ_BUFFER = 256 * 1024
 #: above 16 KiB too (its `MaxUnauthenticatedFrameSize`)
 PRE_AUTH_READ = 16 * 1024
 PRE_AUTH_FRAME = 16 * 1024
+#: before login: unsent replies at which reading stops, and the queued replies written
+#: out (and checked against it) within one read
+PRE_AUTH_PENDING = 64 * 1024
+PRE_AUTH_FLUSH = 16 * 1024
 #: the one read buffer of every connection of this process: the event loop reads into
 #: it and `buffer_updated` copies what arrived into the connection's decoder before it
 #: returns, so no two connections ever use it at once
@@ -109,7 +116,9 @@ class Connection(asyncio.BufferedProtocol):
         self.max_body = getattr(config, "max_body", DEFAULT_MAX_BODY)
         self.decoder = FrameDecoder(max_body=PRE_AUTH_FRAME - 24)
         #: unsent replies at which reading stops (the transport's high water is half)
-        self.max_pending = getattr(config, "max_pending_output", 2 * WRITE_HIGH_WATER)
+        self.max_pending_logged_in = getattr(config, "max_pending_output", 2 * WRITE_HIGH_WATER)
+        self.max_pending = min(PRE_AUTH_PENDING, self.max_pending_logged_in)
+        self.flush_bytes = PRE_AUTH_FLUSH
         self._view = _PRE_AUTH_VIEW
         self._discard = 0
         self.out: list[bytes] = []
@@ -145,6 +154,7 @@ class Connection(asyncio.BufferedProtocol):
         self.deferred = False
         #: monotonic time of connect (the oldest unauthenticated connection goes first)
         self.opened_at = time.monotonic()
+        self._fd = -1
 
     # -- asyncio callbacks ---------------------------------------------------------------
 
@@ -156,6 +166,7 @@ class Connection(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+        self._fd = sock.fileno() if sock is not None else -1
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
@@ -218,13 +229,14 @@ class Connection(asyncio.BufferedProtocol):
     def _process(self) -> None:
         decoder = self.decoder
         buf = decoder._buf  # the decoder's buffer: plain writes are taken from it directly
+        flush_bytes = self.flush_bytes
         try:
             while not self.closing and not self.deferred:
                 if len(buf) >= 24 and buf[0] == 0x80 and buf[1] in FAST_OPCODES:
                     used = take_writes(self, buf, decoder.max_body)
                     if used:
                         decoder.skip(used)
-                        if self.out_bytes >= FLUSH_BYTES:
+                        if self.out_bytes >= flush_bytes:
                             self.flush()
                             if self._output_full():
                                 break
@@ -239,7 +251,7 @@ class Connection(asyncio.BufferedProtocol):
                     break
                 self.frames_in += 1
                 self.dispatch(frame)
-                if self.out_bytes >= FLUSH_BYTES:
+                if self.out_bytes >= flush_bytes:
                     self.flush()
                     if self._output_full():
                         break
@@ -335,6 +347,17 @@ class Connection(asyncio.BufferedProtocol):
         if self.decoder.buffered and not self.closing:
             self._process()
 
+    def bytes_waiting(self) -> int:
+        """Bytes the client sent that the node has not read yet (FIONREAD; 0 when unknown)."""
+        if self._fd < 0 or self.closing:
+            return 0
+        n = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, n, True)
+        except OSError:
+            return 0
+        return n[0]
+
     def logged_in(self, username: str) -> None:
         """A SASL exchange succeeded: full-size reads and frames from now on."""
         first = not self.authenticated
@@ -343,6 +366,10 @@ class Connection(asyncio.BufferedProtocol):
         if first:
             self.decoder.max_body = self.max_body
             self._view = _READ_VIEW
+            self.max_pending = self.max_pending_logged_in
+            self.flush_bytes = FLUSH_BYTES
+            if self.transport is not None:
+                self.transport.set_write_buffer_limits(high=max(1, self.max_pending // 2))
             timer = self._timers.pop("auth", None)
             if timer is not None:
                 timer.cancel()

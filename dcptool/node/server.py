@@ -126,7 +126,8 @@ class Node:
         --max-unauth-connections and, per client address, --max-unauth-per-address: above
         either bound the oldest of them (of that address) is closed to make room, and a
         full node closes its oldest unauthenticated connection rather than refuse a new
-        one. A flood of connections that never log in thus holds a bounded part of the
+        one. The oldest that has not sent a whole request goes first (`_oldest_silent`):
+        a client busy logging in outlives connections that only sit there. A flood of connections that never log in thus holds a bounded part of the
         slots, and a client that logs in promptly still gets served.
         """
         self.total_connections += 1
@@ -144,10 +145,10 @@ class Node:
             return False
         same = self.unauth_by_address.get(conn.peer_host)
         if same is not None and len(same) >= self.max_unauth_per_address:
-            self._evict(next(iter(same)), "per address")
+            self._evict(_oldest_silent(same), "per address")
         if self.unauth and (len(self.unauth) >= self.max_unauth
                             or len(self.connections) >= self.config.max_connections):
-            self._evict(next(iter(self.unauth)), "in all")
+            self._evict(_oldest_silent(self.unauth), "in all")
         self.connections.add(conn)
         self.unauth[conn] = None
         self.unauth_by_address.setdefault(conn.peer_host, {})[conn] = None
@@ -400,6 +401,25 @@ class Node:
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         os.replace(tmp, path)
+
+
+#: how many of the oldest unauthenticated connections eviction looks at for a silent one
+_EVICT_SCAN = 32
+
+
+def _oldest_silent(conns: dict) -> Connection:
+    """Of the oldest few connections in `conns` (oldest first), the first that has sent
+    nothing yet (no request handled, nothing buffered, nothing waiting in its socket); the
+    oldest of all when each of them has."""
+    oldest = None
+    for i, conn in enumerate(conns):
+        if oldest is None:
+            oldest = conn
+        if conn.frames_in == 0 and not conn.decoder.buffered and not conn.bytes_waiting():
+            return conn
+        if i + 1 >= _EVICT_SCAN:
+            break
+    return oldest
 
 
 def run_node(config: NodeConfig, users: Users) -> int:
