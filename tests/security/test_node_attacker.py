@@ -279,6 +279,25 @@ def test_repeated_failed_logins_are_slowed_down_logged_and_counted(node_factory)
     assert "failed logins: 11 KV, 5 REST" in r.stdout
 
 
+def test_guesses_on_many_connections_at_once_are_checked_one_after_another(node_factory):
+    node = node_factory(vbuckets=4, extra_args=("--auth-failure-delay", "1s"))
+    for i in range(4):
+        with Client(node.host, node.port) as c:
+            assert c.auth_plain("Administrator", f"wrong{i}").status == Status.AUTH_ERROR
+    clients = [Client(node.host, node.port, timeout=30) for _ in range(4)]
+    try:
+        t0 = time.monotonic()
+        opaques = [c.request(Opcode.SASL_AUTH, key=b"PLAIN",
+                             value=b"\x00Administrator\x00wrong-again") for c in clients]
+        for c, opaque in zip(clients, opaques):
+            assert c.wait_response(opaque).status == Status.AUTH_ERROR
+        # the waits add up (0.25 + 0.5 + 1 + 1 s): in parallel they would take 0.25 s
+        assert time.monotonic() - t0 >= 2.5
+    finally:
+        for c in clients:
+            c.close()
+
+
 # -- 4. the node's log is not the client's ----------------------------------------------------
 
 NASTY = "PLAIN\n2026-01-01T00:00:00.000Z WARNING dcptool.node: forged\x00\x1b[31mred\x1b[0m"
