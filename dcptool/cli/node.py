@@ -131,6 +131,12 @@ def start(
         "--auth-timeout", metavar="DURATION|off", help="Close a connection that has "
                                                        "not authenticated this long after "
                                                        "connecting.")] = "10s",
+    max_input_memory: Annotated[Optional[str], typer.Option(
+        "--max-input-memory", metavar="SIZE",
+        help="Memory all connections may hold at once for large requests (64 KiB or "
+             "more) still arriving; a connection whose request does not fit stops "
+             "reading until others complete. Default: 256MiB, or 4 x --max-body when "
+             "that is larger.")] = None,
     max_unauth_connections: Annotated[Optional[int], typer.Option(
         "--max-unauth-connections", metavar="N",
         help="Connections not logged in yet at once; above it the oldest of them is "
@@ -195,6 +201,8 @@ def start(
         max_pending_output=parse_size(max_pending_output, what="--max-pending-output"),
         stuck_timeout=parse_duration(stuck_timeout, what="--stuck-timeout", allow_off=True),
         auth_timeout=parse_duration(auth_timeout, what="--auth-timeout", allow_off=True),
+        max_input_memory=(parse_size(max_input_memory, what="--max-input-memory")
+                          if max_input_memory is not None else None),
         max_unauth_connections=max_unauth_connections,
         max_unauth_per_address=max_unauth_per_address,
         auth_failure_delay=parse_duration(auth_failure_delay, what="--auth-failure-delay",

@@ -106,6 +106,9 @@ class NodeConfig:
     #: `unauth_limits()`); above either bound the oldest such connection is closed
     max_unauth_connections: int | None = None
     max_unauth_per_address: int | None = None
+    #: bytes all connections may hold at once for large frames not yet whole (None:
+    #: `input_budget()`'s default)
+    max_input_memory: int | None = None
     #: the longest a failed login delays the next attempt of the same user or address
     #: (None: no delay)
     auth_failure_delay: float | None = 5.0
@@ -147,6 +150,13 @@ class NodeConfig:
         tls = self.rest_tls_port if self.rest_tls_port is not None else (
             DEFAULT_REST_TLS_PORT if standard else 0)
         return rest, tls
+
+    def input_budget(self) -> int:
+        """--max-input-memory: 256 MiB by default, or four of the largest frames when
+        --max-body is larger than 64 MiB."""
+        if self.max_input_memory is not None:
+            return self.max_input_memory
+        return max(256 * 1024 * 1024, 4 * (self.max_body + 24))
 
     def unauth_limits(self) -> tuple[int, int]:
         """(unauthenticated connections at once, of them from one address).
@@ -200,6 +210,10 @@ class NodeConfig:
             raise UsageError("--stuck-timeout must be between 50ms and 1 day, or off")
         if self.auth_timeout is not None and not 0.05 <= self.auth_timeout <= 86400:
             raise UsageError("--auth-timeout must be between 50ms and 1 day, or off")
+        if self.max_input_memory is not None and not (
+                self.max_body + 24 <= self.max_input_memory <= 1 << 44):
+            raise UsageError("--max-input-memory must hold at least one frame of --max-body "
+                             f"({self.max_body + 24} bytes)")
         if self.max_unauth_connections is not None and not (
                 1 <= self.max_unauth_connections <= self.max_connections):
             raise UsageError("--max-unauth-connections must be between 1 and "

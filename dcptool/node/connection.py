@@ -20,6 +20,9 @@ Limits on what one client can make the node hold:
   connection's unsent replies reach the whole of it (a client that pipelines requests
   without reading the answers) the node stops reading that connection until they drain,
   and closes it when they make no progress for `--stuck-timeout`;
+* all connections: a frame of `LARGE_FRAME` or more that has not arrived whole holds its
+  size of `--max-input-memory`; a connection whose frame does not fit stops reading
+  until other frames complete (`Node.input_changed`);
 * time: a connection that has not authenticated within `--auth-timeout` is closed;
 * slots: unauthenticated connections are bounded in number, per client address too
   (`Node.connection_opened`).
@@ -31,6 +34,7 @@ import asyncio
 import fcntl
 import logging
 import socket
+import struct
 import termios
 import time
 from typing import TYPE_CHECKING, Any
@@ -82,6 +86,11 @@ PRE_AUTH_FRAME = 16 * 1024
 #: out (and checked against it) within one read
 PRE_AUTH_PENDING = 64 * 1024
 PRE_AUTH_FLUSH = 16 * 1024
+#: a frame at least this large that has not arrived whole holds its size of the node's
+#: input budget (--max-input-memory) until it has; a connection that finds the budget
+#: spent stops reading until other frames complete
+LARGE_FRAME = 64 * 1024
+_BODY_LENGTH = struct.Struct(">I").unpack_from
 #: the one read buffer of every connection of this process: the event loop reads into
 #: it and `buffer_updated` copies what arrived into the connection's decoder before it
 #: returns, so no two connections ever use it at once
@@ -150,6 +159,10 @@ class Connection(asyncio.BufferedProtocol):
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._stuck_since = 0.0
         self._stuck_size = 0
+        #: bytes of the node's input budget this connection's incomplete frame holds, and
+        #: whether it stopped reading until the budget has room for that frame
+        self.reserved = 0
+        self.waiting_memory = False
         #: a login attempt waits (LoginGuard): nothing more is read or handled until then
         self.deferred = False
         #: monotonic time of connect (the oldest unauthenticated connection goes first)
@@ -259,11 +272,34 @@ class Connection(asyncio.BufferedProtocol):
             self.flush()
             if not self.closing and self._output_full():
                 self._hold_input()
+            if len(buf) >= 24 or self.reserved:
+                self._account_partial(buf)
             if self.wrote:
                 self.wrote = False
                 mem = self.node.bucket.memory
                 if mem.used > mem.budget:
                     self.node.throttle(self)
+
+    def _account_partial(self, buf) -> None:
+        """Hold (or give back) the node's input budget for a large frame not yet whole."""
+        need = 0
+        if len(buf) >= 24 and not self.closing:
+            size = 24 + _BODY_LENGTH(buf, 8)[0]
+            if size >= LARGE_FRAME and size > len(buf):
+                need = size
+        if need != self.reserved:
+            changed = getattr(self.node, "input_changed", None)
+            if changed is not None:
+                changed(self, need)
+
+    def wait_memory(self) -> None:
+        self.waiting_memory = True
+        self.pause_reading()
+
+    def memory_granted(self) -> None:
+        self.waiting_memory = False
+        if self not in getattr(self.node, "throttled", ()):
+            self.resume_reading()
 
     def _bad_frame(self, exc: ProtocolError) -> bool:
         """Answer or drop a malformed frame; False when the connection had to be closed."""
@@ -523,7 +559,7 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.read_paused and not self.input_held:
+        if self.read_paused and not self.input_held and not self.waiting_memory:
             self.read_paused = False
             if self.transport is not None and not self.closing:
                 self.transport.resume_reading()

@@ -84,6 +84,13 @@ class Node:
         self.pre_auth_too_big = 0
         self._evicted_logged_at = 0.0
         self._evicted_unlogged = 0
+        #: the input budget (--max-input-memory): bytes held by large frames not yet
+        #: whole, the connections waiting for room (oldest first, with the size they
+        #: need), and how often one had to wait
+        self.max_input_memory = config.input_budget()
+        self.input_reserved = 0
+        self.input_waiting: dict[Connection, int] = {}
+        self.input_waits = 0
         #: limit counters (STAT): connections refused above --max-connections, frames
         #: answered E2BIG / EINVAL, connections closed for lost framing, for not
         #: authenticating in time, for replies stuck unread; times reading was held back
@@ -184,6 +191,47 @@ class Node:
         self.connections.discard(conn)
         self.throttled.discard(conn)
         self._forget_unauth(conn)
+        if conn.reserved or conn in self.input_waiting:
+            self.input_changed(conn, 0)
+
+    # -- the input budget ----------------------------------------------------------------
+    #
+    # Every large frame that has not arrived whole holds its whole size of the budget from
+    # its header on, so the frames admitted can always complete: memory that connections
+    # hold for frames in flight stays under --max-input-memory (plus, per connection, one
+    # read and a frame below LARGE_FRAME), and a frame that does not fit waits its turn.
+
+    def input_changed(self, conn: Connection, need: int) -> None:
+        """`conn`'s incomplete large frame now needs `need` bytes (0: none)."""
+        if conn.waiting_memory and self.input_waiting.get(conn) == need:
+            return
+        if conn.reserved:
+            self.input_reserved -= conn.reserved
+            conn.reserved = 0
+        self.input_waiting.pop(conn, None)
+        if need:
+            if not self.input_waiting and self.input_reserved + need <= self.max_input_memory:
+                conn.reserved = need
+                self.input_reserved += need
+                if conn.waiting_memory:
+                    conn.memory_granted()
+            else:
+                self.input_waits += 1
+                self.input_waiting[conn] = need
+                conn.wait_memory()
+        elif conn.waiting_memory:
+            conn.memory_granted()
+        self._admit_waiting()
+
+    def _admit_waiting(self) -> None:
+        while self.input_waiting:
+            conn, need = next(iter(self.input_waiting.items()))
+            if self.input_reserved + need > self.max_input_memory:
+                return
+            del self.input_waiting[conn]
+            conn.reserved = need
+            self.input_reserved += need
+            conn.memory_granted()
 
     # -- write throttling ----------------------------------------------------------------
     #

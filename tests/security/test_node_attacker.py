@@ -135,6 +135,39 @@ def test_idle_anonymous_connections_cost_a_few_kib_each(node_factory):
         wait_for(lambda: admin.stats()["curr_unauth_conns"] == "0", what="connections closed")
 
 
+def test_large_frames_in_flight_share_one_input_budget(node_factory):
+    node = node_factory(vbuckets=4, extra_args=("--max-body", "1MiB",
+                                                "--max-input-memory", "2MiB"))
+    admin = connect(node)
+    writers = [connect(node) for _ in range(3)]
+    value = b"v" * (900 * 1024)
+    frames = [encode_frame(0x80, Opcode.SET, w.vb(b"k%d" % i), 100 + i, extras=bytes(8),
+                           key=b"k%d" % i, value=value) for i, w in enumerate(writers)]
+    half = len(frames[0]) // 2
+    try:
+        # two half-sent 900 KiB frames fit the 2 MiB budget; the third waits for room
+        for i, (w, f) in enumerate(zip(writers, frames)):
+            w.send(f[:half])
+            if i < 2:
+                wait_for(lambda n=i + 1: int(admin.stats()["input_reserved_bytes"]) ==
+                         n * len(f), what=f"frame {i} admitted")
+        wait_for(lambda: admin.stats()["conn_input_waits"] == "1", what="the third waits")
+        writers[2].send(frames[2][half:])  # stays in its socket: the node does not read it
+        time.sleep(0.3)
+        assert int(admin.stats()["input_reserved_bytes"]) == 2 * len(frames[0])
+        # the first frame completes: its room goes to the third, which completes too
+        writers[0].send(frames[0][half:])
+        assert writers[0].wait_response(100).status == Status.SUCCESS
+        assert writers[2].wait_response(102).status == Status.SUCCESS
+        writers[1].send(frames[1][half:])
+        assert writers[1].wait_response(101).status == Status.SUCCESS
+        wait_for(lambda: admin.stats()["input_reserved_bytes"] == "0", what="budget freed")
+        assert admin.stats()["max_input_memory"] == str(2 * MiB)
+    finally:
+        for c in [admin, *writers]:
+            c.close()
+
+
 # -- 2. connection slots ----------------------------------------------------------------------
 
 
