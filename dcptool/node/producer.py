@@ -250,8 +250,8 @@ class Producer:
         iv = self.noop_interval
         if self.noop_pending is not None:
             if now - self.noop_sent_at >= 2 * iv and now - self.last_recv >= 2 * iv:
-                log.info("DCP connection %s did not answer NOOP for %.1fs; closing", shown(self.name),
-                         now - self.noop_sent_at)
+                log.info("DCP connection %s did not answer NOOP for %.1fs; closing",
+                         shown(self.name), now - self.noop_sent_at)
                 self.conn.close()
                 return
         elif now - self.noop_sent_at >= iv:

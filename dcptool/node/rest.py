@@ -448,7 +448,8 @@ class _AccessLog(AbstractAccessLogger):
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         if self.logger.isEnabledFor(logging.DEBUG):
             self.logger.debug("%s %s %s -> %d (%.1f ms)", request.remote,
-                              shown(request.method, 16), shown(request.path), response.status, time * 1000)
+                              shown(request.method, 16), shown(request.path), response.status,
+                              time * 1000)
 
 
 class RestServer:

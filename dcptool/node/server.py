@@ -133,9 +133,10 @@ class Node:
         --max-unauth-connections and, per client address, --max-unauth-per-address: above
         either bound the oldest of them (of that address) is closed to make room, and a
         full node closes its oldest unauthenticated connection rather than refuse a new
-        one. The oldest that has not sent a whole request goes first (`_oldest_silent`):
-        a client busy logging in outlives connections that only sit there. A flood of connections that never log in thus holds a bounded part of the
-        slots, and a client that logs in promptly still gets served.
+        one. The oldest that has sent nothing yet goes first (`_oldest_silent`): a client
+        busy logging in outlives connections that only sit there. A flood of connections
+        that never log in thus holds a bounded part of the slots, and a client that logs
+        in promptly still gets served.
         """
         self.total_connections += 1
         if len(self.connections) >= self.config.max_connections and not self.unauth:
