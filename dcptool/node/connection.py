@@ -165,8 +165,7 @@ class Connection(asyncio.BufferedProtocol):
         self.waiting_memory = False
         #: a login attempt waits (LoginGuard): nothing more is read or handled until then
         self.deferred = False
-        #: monotonic time of connect (the oldest unauthenticated connection goes first)
-        self.opened_at = time.monotonic()
+        #: the socket's descriptor (`bytes_waiting`)
         self._fd = -1
 
     # -- asyncio callbacks ---------------------------------------------------------------
