@@ -6,7 +6,9 @@ Starts its own node (a real `dcptool node start` process in a temporary director
 unless --host/--port are given. Each connection is a separate client process that
 sends pre-encoded SET frames with up to --window requests in flight, so the figure is
 the node's, not the client's. Reports sets/s and MB/s per run, and the time until the
-flusher has persisted everything.
+flusher has persisted everything; with a node of its own, also the CPU time the node
+process spent while the documents went in (`node_cpu_s`, and per document
+`node_cpu_us_per_set`), a figure a busy machine disturbs less than the wall clock.
 """
 from __future__ import annotations
 
@@ -139,6 +141,15 @@ def wait_persisted(host, port, password, timeout=300.0) -> float:
     return float("nan")
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process `pid` so far."""
+    import os
+
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=200_000, help="documents per run")
@@ -166,14 +177,21 @@ def main() -> None:
     out = []
     try:
         for i, conns in enumerate(int(x) for x in a.connections.split(",")):
+            cpu0 = _cpu_seconds(node.pid) if node is not None else None
             r = run(host, port, a.password, a.n, a.s, a.vbuckets, conns, a.window,
                     b"ingest-%d-" % i)
+            if cpu0 is not None:
+                cpu = _cpu_seconds(node.pid) - cpu0
+                r["node_cpu_s"] = round(cpu, 2)
+                r["node_cpu_us_per_set"] = round(cpu / r["docs"] * 1e6, 2)
             r["persisted_after_s"] = round(wait_persisted(host, port, a.password), 3)
             out.append(r)
             if not a.json:
                 print(f"{r['connections']} connection(s): {r['docs']} docs x {r['doc_bytes']} B in "
                       f"{r['seconds']} s = {r['sets_per_s']} sets/s, {r['MB_per_s']} MB/s; "
-                      f"all persisted {r['persisted_after_s']} s later", flush=True)
+                      f"all persisted {r['persisted_after_s']} s later"
+                      + (f"; node CPU {r['node_cpu_s']} s ({r['node_cpu_us_per_set']} us/set)"
+                         if "node_cpu_s" in r else ""), flush=True)
     finally:
         if node is not None:
             node.stop()

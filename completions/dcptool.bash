@@ -49,7 +49,7 @@ _dcptool_options() {
         "key remove") echo "--json --passphrase-file -h --help" ;;
         "merge") echo "--from --to --level --master --partitions --json --passphrase-file -h --help" ;;
         "node") echo "-h --help" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level -h --help" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --max-input-memory --max-unauth-connections --max-unauth-per-address --auth-failure-delay --eviction --memory-quota --log-level -h --help" ;;
         "node status") echo "--data --json --username --password --password-file -h --help" ;;
         "node user") echo "-h --help" ;;
         "node user add") echo "--data -r --role --password-file --json -h --help" ;;
@@ -92,7 +92,7 @@ _dcptool_valued_options() {
         "key list") echo "--passphrase-file" ;;
         "key remove") echo "--passphrase-file" ;;
         "merge") echo "--from --to --level --master --partitions --passphrase-file" ;;
-        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level" ;;
+        "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --max-input-memory --max-unauth-connections --max-unauth-per-address --auth-failure-delay --eviction --memory-quota --log-level" ;;
         "node status") echo "--data --username --password --password-file" ;;
         "node user add") echo "--data -r --role --password-file" ;;
         "node user list") echo "--data" ;;
@@ -117,6 +117,7 @@ _dcptool_option_values() {
         "node start|--hwt-max-hold") echo "off" ;;
         "node start|--stuck-timeout") echo "off" ;;
         "node start|--auth-timeout") echo "off" ;;
+        "node start|--auth-failure-delay") echo "off" ;;
         "node start|--eviction") echo "value full" ;;
         "node start|--log-level") echo "debug info warning error" ;;
         "tail|--from") echo "beginning now" ;;

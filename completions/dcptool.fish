@@ -71,7 +71,7 @@ function __dcptool_valued_options
         case 'merge'
             echo --from --to --level --master --partitions --passphrase-file
         case 'node start'
-            echo --data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --eviction --memory-quota --log-level
+            echo --data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --max-input-memory --max-unauth-connections --max-unauth-per-address --auth-failure-delay --eviction --memory-quota --log-level
         case 'node status'
             echo --data --username --password --password-file
         case 'node user add'
@@ -447,6 +447,10 @@ complete -c dcptool -n '__dcptool_at node start' -l max-body -x -d 'Largest requ
 complete -c dcptool -n '__dcptool_at node start' -l max-pending-output -x -d 'Unsent replies one connection may pile up'
 complete -c dcptool -n '__dcptool_at node start' -l stuck-timeout -x -a 'off' -d 'Close a connection held back by --max-pending-output whose replies do not drain at all for this long'
 complete -c dcptool -n '__dcptool_at node start' -l auth-timeout -x -a 'off' -d 'Close a connection that has not authenticated this long after connecting'
+complete -c dcptool -n '__dcptool_at node start' -l max-input-memory -x -d 'Memory all connections may hold at once for large requests (64 KiB or more) still arriving'
+complete -c dcptool -n '__dcptool_at node start' -l max-unauth-connections -x -d 'Connections not logged in yet at once'
+complete -c dcptool -n '__dcptool_at node start' -l max-unauth-per-address -x -d 'Connections not logged in yet from one client address'
+complete -c dcptool -n '__dcptool_at node start' -l auth-failure-delay -x -a 'off' -d 'After 3 failed logins in a row of a user or from an address (KV and REST), its next attempt waits 250ms, doubling per failure up to this'
 complete -c dcptool -n '__dcptool_at node start' -l eviction -x -a 'value full' -d 'value: every document stays in memory'
 complete -c dcptool -n '__dcptool_at node start' -l memory-quota -x -d 'Resident documents (keys, values and metadata) with --eviction full'
 complete -c dcptool -n '__dcptool_at node start' -l log-level -x -a 'debug info warning error' -d 'Least severity logged on stderr (DIR/logs/node.log also gets info)'

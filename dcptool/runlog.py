@@ -282,7 +282,9 @@ def node_log_handler(data_dir: str | os.PathLike[str], *, max_bytes: int = 16 <<
     directory = private_dir(Path(data_dir) / LOG_DIR)
     handler = PrivateRotatingFileHandler(str(directory / "node.log"), maxBytes=max_bytes,
                                          backupCount=backups, encoding="utf-8")
-    handler.setFormatter(UTCFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    from dcptool.node.logsafe import one_line_formatter
+
+    handler.setFormatter(one_line_formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     return handler
 
 

@@ -130,7 +130,28 @@ def start(
     auth_timeout: Annotated[str, typer.Option(
         "--auth-timeout", metavar="DURATION|off", help="Close a connection that has "
                                                        "not authenticated this long after "
-                                                       "connecting.")] = "30s",
+                                                       "connecting.")] = "10s",
+    max_input_memory: Annotated[Optional[str], typer.Option(
+        "--max-input-memory", metavar="SIZE",
+        help="Memory all connections may hold at once for large requests (64 KiB or "
+             "more) still arriving; a connection whose request does not fit stops "
+             "reading until others complete. Default: 256MiB, or 4 x --max-body when "
+             "that is larger.")] = None,
+    max_unauth_connections: Annotated[Optional[int], typer.Option(
+        "--max-unauth-connections", metavar="N",
+        help="Connections not logged in yet at once; above it the oldest of them is "
+             "closed (STAT conns_closed_unauth_limit). Default: 1024, at most half of "
+             "--max-connections.")] = None,
+    max_unauth_per_address: Annotated[Optional[int], typer.Option(
+        "--max-unauth-per-address", metavar="N",
+        help="Connections not logged in yet from one client address; above it that "
+             "address's oldest is closed. Default: 256, at most "
+             "--max-unauth-connections.")] = None,
+    auth_failure_delay: Annotated[str, typer.Option(
+        "--auth-failure-delay", metavar="DURATION|off",
+        help="After 3 failed logins in a row of a user or from an address (KV and "
+             "REST), its next attempt waits 250ms, doubling per failure up to this; "
+             "off: no delay.")] = "5s",
     eviction: Annotated[str, typer.Option(
         "--eviction", metavar="value|full", help="value: every document stays in "
                                                  "memory. full: only documents not yet on disk "
@@ -180,6 +201,12 @@ def start(
         max_pending_output=parse_size(max_pending_output, what="--max-pending-output"),
         stuck_timeout=parse_duration(stuck_timeout, what="--stuck-timeout", allow_off=True),
         auth_timeout=parse_duration(auth_timeout, what="--auth-timeout", allow_off=True),
+        max_input_memory=(parse_size(max_input_memory, what="--max-input-memory")
+                          if max_input_memory is not None else None),
+        max_unauth_connections=max_unauth_connections,
+        max_unauth_per_address=max_unauth_per_address,
+        auth_failure_delay=parse_duration(auth_failure_delay, what="--auth-failure-delay",
+                                          allow_off=True),
         eviction=eviction.strip().lower(),
         memory_quota=parse_size(memory_quota, what="--memory-quota"),
     )
@@ -253,8 +280,10 @@ def _setup_logging(data: Path, level: int) -> None:
     """stderr at --log-level, and DIR/logs/node.log (0600, rotated by size) at info or lower."""
     from dcptool.runlog import node_log_handler
 
+    from dcptool.node.logsafe import one_line_formatter
+
     root = logging.getLogger()
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt = one_line_formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", utc=False)
     err = logging.StreamHandler(sys.stderr)
     err.setLevel(level)
     err.setFormatter(fmt)
@@ -312,6 +341,13 @@ def status(
         con.print("running: no")
     if info.get("live_error"):
         con.print(f"live figures unavailable: {info['live_error']}")
+    logins = info.get("logins")
+    if logins:
+        con.print(f"failed logins: {logins.get('kv_failed', 0)} KV, "
+                  f"{logins.get('rest_failed', 0)} REST; {logins.get('delayed', 0)} attempts "
+                  f"delayed; {logins.get('unauthenticated_connections', 0)} connections not "
+                  f"logged in ({logins.get('unauthenticated_closed', 0)} closed for room, "
+                  f"{logins.get('auth_timeouts', 0)} timed out)")
     table = Table(title=f"vbuckets (from {info['source']})")
     for col in ("vb", "state", "high seqno", "persisted seqno", "purge seqno",
                 "failover head uuid", "failover head seqno", "entries"):

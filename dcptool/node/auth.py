@@ -25,6 +25,7 @@ from typing import Any
 from dcptool.errors import DcptoolError
 
 from .access import DEFAULT_ROLES, check_roles, privileges_of
+from .logsafe import shown
 
 #: Couchbase's mechanism name -> scramp's
 MECHANISMS = {
@@ -165,7 +166,7 @@ def _attributes(message: str) -> dict[str, str]:
         if len(key) != 1:
             raise SaslError("attribute key is not one character", bad_param=True)
         if key in attrs:
-            raise SaslError(f"attribute {key!r} given twice", bad_param=True)
+            raise SaslError(f"attribute {shown(key)} given twice", bad_param=True)
         attrs[key] = value
     return attrs
 
@@ -240,7 +241,7 @@ class ScramServer:
         attrs = _attributes(bare)
         unknown = sorted(set(attrs) - {"n", "r"})
         if unknown:
-            raise SaslError(f"unsupported attribute {unknown[0]!r} in client-first message",
+            raise SaslError(f"unsupported attribute {shown(unknown[0])} in client-first message",
                             bad_param=True)
         username, nonce = attrs.get("n", ""), attrs.get("r", "")
         if not username or not nonce:
@@ -282,12 +283,12 @@ class ScramServer:
         auth_message = ",".join((self._client_first_bare, self._server_first,
                                  message[:proof_at])).encode()
         if not self.known_user:
-            raise SaslError(f"unknown user {self.username!r}")
+            raise SaslError(f"unknown user {shown(self.username, 64)}")
         signature = hmac.new(self._stored_key, auth_message, self.hash).digest()
         client_key = bytes(a ^ b for a, b in zip(proof, signature))
         if not hmac.compare_digest(hashlib.new(self.hash, client_key).digest(),
                                    self._stored_key):
-            raise SaslError(f"wrong password for user {self.username!r}")
+            raise SaslError(f"wrong password for user {shown(self.username, 64)}")
         return "v=" + _b64(hmac.new(self._server_key, auth_message, self.hash).digest())
 
 
@@ -328,12 +329,12 @@ class SaslSession:
             _authzid, username, password = parts
             self.username = username
             if username not in self.users.users:
-                return self._fail(SaslError(f"unknown user {username!r}"))
+                return self._fail(SaslError(f"unknown user {shown(username, 64)}"))
             if self.users.check_password(username, password):
                 return "ok", b"", username
-            return self._fail(SaslError(f"wrong password for user {username!r}"))
+            return self._fail(SaslError(f"wrong password for user {shown(username, 64)}"))
         if mechanism not in SCRAM_HASHES:
-            return self._fail(SaslError(f"unsupported mechanism {mechanism!r}"))
+            return self._fail(SaslError(f"unsupported mechanism {shown(mechanism, 32)}"))
         server = ScramServer(self.users, mechanism)
         try:
             first = server.first(text)

@@ -43,6 +43,7 @@ from dcptool.protocol.constants import VBucketState
 from . import decisions, hwtrepl
 from . import storage as st
 from .hwt import OK
+from .logsafe import shown
 
 if TYPE_CHECKING:
     from .bucket import Bucket
@@ -122,7 +123,8 @@ class Purger:
         if fut is not None:
             await asyncio.wrap_future(fut)
         for e in expired:
-            log.info("HWT row %s expired (at %.0f) and was dropped", e.client, e.expires_at)
+            log.info("HWT row %s expired (at %.0f) and was dropped", shown(e.client),
+                     e.expires_at)
         # 2. the guard rail
         lost = await self._guard_rail(vbs, now, age_cut)
         # 3. per vbucket
@@ -268,7 +270,7 @@ class Purger:
                 if fut is not None:
                     await asyncio.wrap_future(fut)
                     lost.append(e.client)
-                    log.warning("HWT row %s is lost: it %s", e.client, why)
+                    log.warning("HWT row %s is lost: it %s", shown(e.client), why)
         return lost
 
 

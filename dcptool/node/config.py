@@ -100,7 +100,18 @@ class NodeConfig:
     max_body: int = DEFAULT_MAX_BODY
     max_pending_output: int = 8 * 1024 * 1024
     stuck_timeout: float | None = 60.0
-    auth_timeout: float | None = 30.0
+    auth_timeout: float | None = 10.0
+    #: connections not yet authenticated: at most this many at once, and at most
+    #: `max_unauth_per_address` from one client address (None: the defaults of
+    #: `unauth_limits()`); above either bound the oldest such connection is closed
+    max_unauth_connections: int | None = None
+    max_unauth_per_address: int | None = None
+    #: bytes all connections may hold at once for large frames not yet whole (None:
+    #: `input_budget()`'s default)
+    max_input_memory: int | None = None
+    #: the longest a failed login delays the next attempt of the same user or address
+    #: (None: no delay)
+    auth_failure_delay: float | None = 5.0
     purge_age: float = 3 * 86400
     compaction_interval: float | None = None
     hwt_max_hold: float | None = 30 * 86400
@@ -140,6 +151,27 @@ class NodeConfig:
             DEFAULT_REST_TLS_PORT if standard else 0)
         return rest, tls
 
+    def input_budget(self) -> int:
+        """--max-input-memory: 256 MiB by default, or four of the largest frames when
+        --max-body is larger than 64 MiB."""
+        if self.max_input_memory is not None:
+            return self.max_input_memory
+        return max(256 * 1024 * 1024, 4 * (self.max_body + 24))
+
+    def unauth_limits(self) -> tuple[int, int]:
+        """(unauthenticated connections at once, of them from one address).
+
+        Defaults: 1024, but at most half of --max-connections, so that clients that log
+        in always find room; 256 per address, but at most the first figure.
+        """
+        total = self.max_unauth_connections
+        if total is None:
+            total = max(1, min(1024, self.max_connections // 2))
+        per = self.max_unauth_per_address
+        if per is None:
+            per = min(256, total)
+        return total, min(per, total)
+
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
             raise UsageError(f"--port {self.port} is not a TCP port (0..65535)")
@@ -178,6 +210,18 @@ class NodeConfig:
             raise UsageError("--stuck-timeout must be between 50ms and 1 day, or off")
         if self.auth_timeout is not None and not 0.05 <= self.auth_timeout <= 86400:
             raise UsageError("--auth-timeout must be between 50ms and 1 day, or off")
+        if self.max_input_memory is not None and not (
+                self.max_body + 24 <= self.max_input_memory <= 1 << 44):
+            raise UsageError("--max-input-memory must hold at least one frame of --max-body "
+                             f"({self.max_body + 24} bytes)")
+        if self.max_unauth_connections is not None and not (
+                1 <= self.max_unauth_connections <= self.max_connections):
+            raise UsageError("--max-unauth-connections must be between 1 and "
+                             f"--max-connections ({self.max_connections})")
+        if self.max_unauth_per_address is not None and not 1 <= self.max_unauth_per_address:
+            raise UsageError("--max-unauth-per-address must be at least 1")
+        if self.auth_failure_delay is not None and not 0.01 <= self.auth_failure_delay <= 3600:
+            raise UsageError("--auth-failure-delay must be between 10ms and 1 hour, or off")
         if self.hwt_max_hold is not None and not 0 < self.hwt_max_hold <= 10 * 365 * 86400:
             raise UsageError("--hwt-max-hold must be positive (at most 10 years), or off")
         if self.eviction not in EVICTION_POLICIES:

@@ -10,18 +10,32 @@ closed. Nothing a client sends can stop the node: a failing command answers EINT
 
 Limits on what one client can make the node hold:
 
-* input: at most one read (`READ_BUFFER`) plus one frame of at most `--max-body` bytes;
+* input: the loop reads every connection into one shared buffer (`READ_BUFFER`), which
+  `buffer_updated` empties at once, so an idle connection holds no read buffer at all;
+  before login a read takes at most `PRE_AUTH_READ` bytes and a frame may be at most
+  `PRE_AUTH_FRAME` bytes (a larger one is answered E2BIG and the connection closed at its
+  header, before its body is read); after login a connection holds at most one read plus
+  one frame of at most `--max-body` bytes;
 * output: the transport pauses the DCP producer at half of `--max-pending-output`; when a
   connection's unsent replies reach the whole of it (a client that pipelines requests
   without reading the answers) the node stops reading that connection until they drain,
   and closes it when they make no progress for `--stuck-timeout`;
-* time: a connection that has not authenticated within `--auth-timeout` is closed.
+* all connections: a frame of `LARGE_FRAME` or more that has not arrived whole holds its
+  size of `--max-input-memory`; a connection whose frame does not fit stops reading
+  until other frames complete (`Node.input_changed`);
+* time: a connection that has not authenticated within `--auth-timeout` is closed;
+* slots: unauthenticated connections are bounded in number, per client address too
+  (`Node.connection_opened`).
 """
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import logging
 import socket
+import struct
+import termios
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +77,26 @@ _REMAP_WITHOUT_XERROR = {
 }
 
 READ_BUFFER = 256 * 1024
+#: before login: the most one read takes, and the largest frame (header included) a
+#: connection may send; kv_engine closes an unauthenticated connection whose frame is
+#: above 16 KiB too (its `MaxUnauthenticatedFrameSize`)
+PRE_AUTH_READ = 16 * 1024
+PRE_AUTH_FRAME = 16 * 1024
+#: before login: unsent replies at which reading stops, and the queued replies written
+#: out (and checked against it) within one read
+PRE_AUTH_PENDING = 64 * 1024
+PRE_AUTH_FLUSH = 16 * 1024
+#: a frame at least this large that has not arrived whole holds its size of the node's
+#: input budget (--max-input-memory) until it has; a connection that finds the budget
+#: spent stops reading until other frames complete
+LARGE_FRAME = 64 * 1024
+_BODY_LENGTH = struct.Struct(">I").unpack_from
+#: the one read buffer of every connection of this process: the event loop reads into
+#: it and `buffer_updated` copies what arrived into the connection's decoder before it
+#: returns, so no two connections ever use it at once
+_READ = bytearray(READ_BUFFER)
+_READ_VIEW = memoryview(_READ)
+_PRE_AUTH_VIEW = _READ_VIEW[:PRE_AUTH_READ]
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 #: queued replies are written out once they pass this many bytes within one read
 FLUSH_BYTES = 256 * 1024
@@ -84,12 +118,17 @@ class Connection(asyncio.BufferedProtocol):
         self.node = node
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        #: the client's address without the port (the per-address bounds)
+        self.peer_host = "?"
         config = getattr(node, "config", None)
-        self.decoder = FrameDecoder(max_body=getattr(config, "max_body", DEFAULT_MAX_BODY))
+        #: the largest body once logged in; until then PRE_AUTH_FRAME bounds the frame
+        self.max_body = getattr(config, "max_body", DEFAULT_MAX_BODY)
+        self.decoder = FrameDecoder(max_body=PRE_AUTH_FRAME - 24)
         #: unsent replies at which reading stops (the transport's high water is half)
-        self.max_pending = getattr(config, "max_pending_output", 2 * WRITE_HIGH_WATER)
-        self._buf = bytearray(READ_BUFFER)
-        self._view = memoryview(self._buf)
+        self.max_pending_logged_in = getattr(config, "max_pending_output", 2 * WRITE_HIGH_WATER)
+        self.max_pending = min(PRE_AUTH_PENDING, self.max_pending_logged_in)
+        self.flush_bytes = PRE_AUTH_FLUSH
+        self._view = _PRE_AUTH_VIEW
         self._discard = 0
         self.out: list[bytes] = []
         self.out_bytes = 0
@@ -120,6 +159,14 @@ class Connection(asyncio.BufferedProtocol):
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._stuck_since = 0.0
         self._stuck_size = 0
+        #: bytes of the node's input budget this connection's incomplete frame holds, and
+        #: whether it stopped reading until the budget has room for that frame
+        self.reserved = 0
+        self.waiting_memory = False
+        #: a login attempt waits (LoginGuard): nothing more is read or handled until then
+        self.deferred = False
+        #: the socket's descriptor (`bytes_waiting`)
+        self._fd = -1
 
     # -- asyncio callbacks ---------------------------------------------------------------
 
@@ -131,9 +178,11 @@ class Connection(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+        self._fd = sock.fileno() if sock is not None else -1
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
+            self.peer_host = str(peer[0])
         transport.set_write_buffer_limits(high=max(1, self.max_pending // 2))
         if self.node.connection_opened(self) is False:
             return
@@ -172,7 +221,7 @@ class Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self.producer is not None:
             self.producer.last_recv = time.monotonic()
-        data = self._view[:nbytes]
+        data = self._view[:nbytes]  # the shared buffer: copied into the decoder below
         if self._discard:
             n = min(self._discard, nbytes)
             self._discard -= n
@@ -180,7 +229,8 @@ class Connection(asyncio.BufferedProtocol):
             if not len(data):
                 return
         self.decoder.feed(data)
-        if not self.input_held:  # held: a TLS transport may still hand over one record
+        # held or deferred: a TLS transport may still hand over one record
+        if not self.input_held and not self.deferred:
             self._process()
 
     def eof_received(self):
@@ -191,13 +241,14 @@ class Connection(asyncio.BufferedProtocol):
     def _process(self) -> None:
         decoder = self.decoder
         buf = decoder._buf  # the decoder's buffer: plain writes are taken from it directly
+        flush_bytes = self.flush_bytes
         try:
-            while not self.closing:
+            while not self.closing and not self.deferred:
                 if len(buf) >= 24 and buf[0] == 0x80 and buf[1] in FAST_OPCODES:
                     used = take_writes(self, buf, decoder.max_body)
                     if used:
                         decoder.skip(used)
-                        if self.out_bytes >= FLUSH_BYTES:
+                        if self.out_bytes >= flush_bytes:
                             self.flush()
                             if self._output_full():
                                 break
@@ -212,7 +263,7 @@ class Connection(asyncio.BufferedProtocol):
                     break
                 self.frames_in += 1
                 self.dispatch(frame)
-                if self.out_bytes >= FLUSH_BYTES:
+                if self.out_bytes >= flush_bytes:
                     self.flush()
                     if self._output_full():
                         break
@@ -220,15 +271,45 @@ class Connection(asyncio.BufferedProtocol):
             self.flush()
             if not self.closing and self._output_full():
                 self._hold_input()
+            if len(buf) >= 24 or self.reserved:
+                self._account_partial(buf)
             if self.wrote:
                 self.wrote = False
                 mem = self.node.bucket.memory
                 if mem.used > mem.budget:
                     self.node.throttle(self)
 
+    def _account_partial(self, buf) -> None:
+        """Hold (or give back) the node's input budget for a large frame not yet whole."""
+        need = 0
+        if len(buf) >= 24 and not self.closing:
+            size = 24 + _BODY_LENGTH(buf, 8)[0]
+            if size >= LARGE_FRAME and size > len(buf):
+                need = size
+        if need != self.reserved:
+            changed = getattr(self.node, "input_changed", None)
+            if changed is not None:
+                changed(self, need)
+
+    def wait_memory(self) -> None:
+        self.waiting_memory = True
+        self.pause_reading()
+
+    def memory_granted(self) -> None:
+        self.waiting_memory = False
+        if self not in getattr(self.node, "throttled", ()):
+            self.resume_reading()
+
     def _bad_frame(self, exc: ProtocolError) -> bool:
         """Answer or drop a malformed frame; False when the connection had to be closed."""
         too_big = exc.framing_lost and exc.field == "body_length" and exc.frame_size is not None
+        if too_big and not self.authenticated:
+            # before login only small frames: refused at the header, the body never read
+            self.node.pre_auth_too_big += 1
+            log.debug("%s: closing, a %d-byte frame before login", self.peer, exc.frame_size)
+            self._send_header(exc.opcode or 0, Status.E2BIG, exc.opaque or 0)
+            self.close()
+            return False
         if too_big:
             self.node.frames_too_big += 1
         elif exc.framing_lost or exc.frame_size is None:
@@ -299,6 +380,61 @@ class Connection(asyncio.BufferedProtocol):
         if self not in self.node.throttled:
             self.resume_reading()
         if self.decoder.buffered and not self.closing:
+            self._process()
+
+    def bytes_waiting(self) -> int:
+        """Bytes the client sent that the node has not read yet (FIONREAD; 0 when unknown)."""
+        if self._fd < 0 or self.closing:
+            return 0
+        n = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, n, True)
+        except OSError:
+            return 0
+        return n[0]
+
+    def logged_in(self, username: str) -> None:
+        """A SASL exchange succeeded: full-size reads and frames from now on."""
+        first = not self.authenticated
+        self.authenticated = True
+        self.user = username
+        if first:
+            self.decoder.max_body = self.max_body
+            self._view = _READ_VIEW
+            self.max_pending = self.max_pending_logged_in
+            self.flush_bytes = FLUSH_BYTES
+            if self.transport is not None:
+                self.transport.set_write_buffer_limits(high=max(1, self.max_pending // 2))
+            timer = self._timers.pop("auth", None)
+            if timer is not None:
+                timer.cancel()
+            authenticated = getattr(self.node, "connection_authenticated", None)
+            if authenticated is not None:
+                authenticated(self)
+
+    def defer(self, delay: float, fn) -> None:
+        """Handle nothing more of this connection for `delay` seconds, then call `fn`
+        (the frame that had to wait) and go on with what the client sent meanwhile."""
+        self.deferred = True
+        self.pause_reading()
+        self._timers["defer"] = asyncio.get_running_loop().call_later(
+            delay, self._run_deferred, fn)
+
+    def _run_deferred(self, fn) -> None:
+        self._timers.pop("defer", None)
+        self.deferred = False
+        if self.closing:
+            return
+        try:
+            fn()
+        except Exception:  # pragma: no cover - a command never fails the connection
+            log.exception("%s: deferred command failed", self.peer)
+        self.flush()
+        if self.deferred or self.closing:
+            return
+        if self not in getattr(self.node, "throttled", ()):
+            self.resume_reading()
+        if self.decoder.buffered and not self.input_held:
             self._process()
 
     def _auth_expired(self) -> None:
@@ -422,7 +558,7 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.read_paused and not self.input_held:
+        if self.read_paused and not self.input_held and not self.waiting_memory:
             self.read_paused = False
             if self.transport is not None and not self.closing:
                 self.transport.resume_reading()

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from dcptool.protocol.constants import VBucketState
 
 from .hwt import ReplicatedRow
+from .logsafe import shown
 
 if TYPE_CHECKING:
     from .replication import Replication
@@ -383,6 +384,6 @@ async def adopt(node, vbid: int, address: tuple[str, int], auth: dict[str, str],
     rows, pending = plan_install(current, offered, vb.persisted_seqno)
     for r in pending:
         log.warning("vbucket %d: HWT row %s at %d is ahead of this node (persisted %d) and "
-                    "was not taken", vbid, r.client, r.seqno, vb.persisted_seqno)
+                    "was not taken", vbid, shown(r.client), r.seqno, vb.persisted_seqno)
     hwt.install(vbid, rows)
     return len(rows)

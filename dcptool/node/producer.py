@@ -39,6 +39,7 @@ from .decisions import TAKEOVER_DONE, TAKEOVER_SEND_DEAD, TAKEOVER_WAIT_ACTIVE
 from .item import ITEM_EXPIRATION, ITEM_MUTATION, ITEM_SYSTEM, Item
 from .stream import DEAD, ProducerStream, payload
 from .sysevent import event_of
+from .logsafe import shown
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -249,8 +250,8 @@ class Producer:
         iv = self.noop_interval
         if self.noop_pending is not None:
             if now - self.noop_sent_at >= 2 * iv and now - self.last_recv >= 2 * iv:
-                log.info("DCP connection %r did not answer NOOP for %.1fs; closing", self.name,
-                         now - self.noop_sent_at)
+                log.info("DCP connection %s did not answer NOOP for %.1fs; closing",
+                         shown(self.name), now - self.noop_sent_at)
                 self.conn.close()
                 return
         elif now - self.noop_sent_at >= iv:

@@ -61,6 +61,7 @@ from dcptool.protocol.collections import MAX_NAME_LENGTH, ManifestError, hex_id,
 from .access import Privilege
 from .bucketconfig import bucket_config, cluster_members, host_of, host_port, member_hostname
 from .commands.session import SERVER_VERSION
+from .logsafe import shown
 
 log = logging.getLogger("dcptool.node.rest")
 
@@ -94,23 +95,32 @@ class RestAuth:
         except ValueError:
             return None
         name, password = creds.login, creds.password
-        users = self.node.users
-        entry = users.users.get(name)
-        if entry is None or not password:
-            self._failed(request, name)
-            return None
         key = hmac.new(self._key, f"{name}\0{password}".encode("utf-8", "surrogatepass"),
                        hashlib.sha256).digest()
-        now = time.monotonic()
         hit = self._ok.get(key)
         # a changed password or a reloaded user file replaces the entry: checked again
-        if hit is not None and hit[0] > now and hit[1] is entry:
+        if (hit is not None and hit[0] > time.monotonic()
+                and hit[1] is self.node.users.users.get(name)):
             return name
+        # failed logins of this user or address make the check wait (LoginGuard)
+        guard = self.node.login_guard
+        address = request.remote or "?"
+        while True:
+            wait = guard.wait(name, address)
+            if wait <= 0:
+                break
+            guard.delayed += 1
+            await asyncio.sleep(wait)
+        users = self.node.users
+        entry = users.users.get(name)
         loop = asyncio.get_running_loop()
-        if not await loop.run_in_executor(None, users.check_password, name, password):
+        if (entry is None or not password
+                or not await loop.run_in_executor(None, users.check_password, name, password)):
             self._ok.pop(key, None)
-            self._failed(request, name)
+            self._failed(request, name, guard.failed(name, address))
             return None
+        guard.succeeded(name, address)
+        now = time.monotonic()
         if len(self._ok) >= AUTH_CACHE_SIZE:
             self._ok = {k: v for k, v in self._ok.items() if v[0] > now}
             if len(self._ok) >= AUTH_CACHE_SIZE:
@@ -118,9 +128,14 @@ class RestAuth:
         self._ok[key] = (now + AUTH_CACHE_SECONDS, entry)
         return name
 
-    @staticmethod
-    def _failed(request: web.Request, name: str) -> None:
-        log.warning("%s: REST login failed for user %r", request.remote, name[:128])
+    def _failed(self, request: web.Request, name: str, counted: tuple[int, float]) -> None:
+        self.node.rest_auth_failures += 1
+        count, delay = counted
+        then = ""
+        if count > 1:
+            then = f" ({count} failures in a row"
+            then += f", next attempt waits {delay:g}s)" if delay else ")"
+        log.warning("%s: REST login failed for user %s%s", request.remote, shown(name, 64), then)
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -432,8 +447,9 @@ class _AccessLog(AbstractAccessLogger):
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         if self.logger.isEnabledFor(logging.DEBUG):
-            self.logger.debug("%s %s %s -> %d (%.1f ms)", request.remote, request.method,
-                              request.path, response.status, time * 1000)
+            self.logger.debug("%s %s %s -> %d (%.1f ms)", request.remote,
+                              shown(request.method, 16), shown(request.path), response.status,
+                              time * 1000)
 
 
 class RestServer:

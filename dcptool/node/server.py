@@ -14,6 +14,10 @@ Shared state, and why it exists:
   user's new privileges, and the streams of a DCP producer whose user lost DcpProducer
   end (LostPrivileges), as Couchbase Server applies a role change to open connections.
 * `connections`: live client connections (closed at shutdown; counted in stats).
+* `unauth`, `unauth_by_address`: the connections not yet logged in, oldest first
+  (bounded by --max-unauth-connections and --max-unauth-per-address).
+* `login_guard`: failed logins per user and address, and the delays they set
+  (`dcptool.node.loginguard`), for KV and REST alike.
 * `backfills`: admission control for disk backfills (read transactions).
 * `config_rev`: revision of the cluster map; bumped when a vbucket changes state.
 * `bucket_uuid`: stable identity of the bucket, kept in the database.
@@ -41,6 +45,7 @@ from .connection import Connection
 from .datalock import NODE_FILE
 from .producer import end_streams_on_state_change
 from .replication import Replication
+from .logsafe import shown
 
 log = logging.getLogger("dcptool.node")
 
@@ -64,6 +69,28 @@ class Node:
         self._throttle_timer = None
         self.total_connections = 0
         self.auth_failures = 0
+        #: failed REST logins (HTTP basic auth)
+        self.rest_auth_failures = 0
+        from .loginguard import LoginGuard
+
+        self.login_guard = LoginGuard(config.auth_failure_delay)
+        #: connections not logged in yet, oldest first, and the same per client address
+        self.unauth: dict[Connection, None] = {}
+        self.unauth_by_address: dict[str, dict[Connection, None]] = {}
+        self.max_unauth, self.max_unauth_per_address = config.unauth_limits()
+        #: unauthenticated connections closed to make room for newer ones, and frames
+        #: above PRE_AUTH_FRAME before login (each closed its connection)
+        self.unauth_evicted = 0
+        self.pre_auth_too_big = 0
+        self._evicted_logged_at = 0.0
+        self._evicted_unlogged = 0
+        #: the input budget (--max-input-memory): bytes held by large frames not yet
+        #: whole, the connections waiting for room (oldest first, with the size they
+        #: need), and how often one had to wait
+        self.max_input_memory = config.input_budget()
+        self.input_reserved = 0
+        self.input_waiting: dict[Connection, int] = {}
+        self.input_waits = 0
         #: limit counters (STAT): connections refused above --max-connections, frames
         #: answered E2BIG / EINVAL, connections closed for lost framing, for not
         #: authenticating in time, for replies stuck unread; times reading was held back
@@ -101,9 +128,18 @@ class Node:
         Like kv_engine, the connection is accepted and then closed without a word (the
         client sees the connection closed), and counted in the `rejected_conns` stat. The
         warning is logged at most every 10 seconds, with the count since the last one.
+
+        A new connection is not logged in yet. Such connections are bounded by
+        --max-unauth-connections and, per client address, --max-unauth-per-address: above
+        either bound the oldest of them (of that address) is closed to make room, and a
+        full node closes its oldest unauthenticated connection rather than refuse a new
+        one. The oldest that has sent nothing yet goes first (`_oldest_silent`): a client
+        busy logging in outlives connections that only sit there. A flood of connections
+        that never log in thus holds a bounded part of the slots, and a client that logs
+        in promptly still gets served.
         """
         self.total_connections += 1
-        if len(self.connections) >= self.config.max_connections:
+        if len(self.connections) >= self.config.max_connections and not self.unauth:
             self.rejected_connections += 1
             self._rejected_unlogged += 1
             now = time.monotonic()
@@ -115,12 +151,88 @@ class Node:
                 self._rejected_unlogged = 0
             conn.close()
             return False
+        same = self.unauth_by_address.get(conn.peer_host)
+        if same is not None and len(same) >= self.max_unauth_per_address:
+            self._evict(_oldest_silent(same), "per address")
+        if self.unauth and (len(self.unauth) >= self.max_unauth
+                            or len(self.connections) >= self.config.max_connections):
+            self._evict(_oldest_silent(self.unauth), "in all")
         self.connections.add(conn)
+        self.unauth[conn] = None
+        self.unauth_by_address.setdefault(conn.peer_host, {})[conn] = None
         return True
+
+    def _evict(self, conn: Connection, scope: str) -> None:
+        """Close the unauthenticated `conn` to make room (logged at most every 10 s)."""
+        self._forget_unauth(conn)
+        self.connections.discard(conn)
+        self.unauth_evicted += 1
+        self._evicted_unlogged += 1
+        now = time.monotonic()
+        if now - self._evicted_logged_at >= 10.0:
+            log.warning("too many connections not logged in (limit %d, %d per address): "
+                        "closed %d of them, the latest from %s (%s)", self.max_unauth,
+                        self.max_unauth_per_address, self._evicted_unlogged, conn.peer, scope)
+            self._evicted_logged_at = now
+            self._evicted_unlogged = 0
+        conn.abort()
+
+    def _forget_unauth(self, conn: Connection) -> None:
+        if self.unauth.pop(conn, 0) is None:
+            same = self.unauth_by_address.get(conn.peer_host)
+            if same is not None:
+                same.pop(conn, None)
+                if not same:
+                    del self.unauth_by_address[conn.peer_host]
+
+    def connection_authenticated(self, conn: Connection) -> None:
+        self._forget_unauth(conn)
 
     def connection_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
         self.throttled.discard(conn)
+        self._forget_unauth(conn)
+        if conn.reserved or conn in self.input_waiting:
+            self.input_changed(conn, 0)
+
+    # -- the input budget ----------------------------------------------------------------
+    #
+    # Every large frame that has not arrived whole holds its whole size of the budget from
+    # its header on, so the frames admitted can always complete: memory that connections
+    # hold for frames in flight stays under --max-input-memory (plus, per connection, one
+    # read and a frame below LARGE_FRAME), and a frame that does not fit waits its turn.
+
+    def input_changed(self, conn: Connection, need: int) -> None:
+        """`conn`'s incomplete large frame now needs `need` bytes (0: none)."""
+        if conn.waiting_memory and self.input_waiting.get(conn) == need:
+            return
+        if conn.reserved:
+            self.input_reserved -= conn.reserved
+            conn.reserved = 0
+        self.input_waiting.pop(conn, None)
+        if need:
+            if not self.input_waiting and self.input_reserved + need <= self.max_input_memory:
+                conn.reserved = need
+                self.input_reserved += need
+                if conn.waiting_memory:
+                    conn.memory_granted()
+            else:
+                self.input_waits += 1
+                self.input_waiting[conn] = need
+                conn.wait_memory()
+        elif conn.waiting_memory:
+            conn.memory_granted()
+        self._admit_waiting()
+
+    def _admit_waiting(self) -> None:
+        while self.input_waiting:
+            conn, need = next(iter(self.input_waiting.items()))
+            if self.input_reserved + need > self.max_input_memory:
+                return
+            del self.input_waiting[conn]
+            conn.reserved = need
+            self.input_reserved += need
+            conn.memory_granted()
 
     # -- write throttling ----------------------------------------------------------------
     #
@@ -313,8 +425,8 @@ class Node:
             producer = conn.producer
             if producer is not None and Privilege.DCP_PRODUCER not in conn.privileges:
                 streams = list(producer.streams.values())
-                log.info("%s: user %r lost DcpProducer: ending its %d DCP streams",
-                         conn.peer, conn.user, len(streams))
+                log.info("%s: user %s lost DcpProducer: ending its %d DCP streams",
+                         conn.peer, shown(conn.user), len(streams))
                 for s in streams:
                     s.end_stream(StreamEndReason.LOST_PRIVILEGES)
 
@@ -338,6 +450,25 @@ class Node:
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         os.replace(tmp, path)
+
+
+#: how many of the oldest unauthenticated connections eviction looks at for a silent one
+_EVICT_SCAN = 32
+
+
+def _oldest_silent(conns: dict) -> Connection:
+    """Of the oldest few connections in `conns` (oldest first), the first that has sent
+    nothing yet (no request handled, nothing buffered, nothing waiting in its socket); the
+    oldest of all when each of them has."""
+    oldest = None
+    for i, conn in enumerate(conns):
+        if oldest is None:
+            oldest = conn
+        if conn.frames_in == 0 and not conn.decoder.buffered and not conn.bytes_waiting():
+            return conn
+        if i + 1 >= _EVICT_SCAN:
+            break
+    return oldest
 
 
 def run_node(config: NodeConfig, users: Users) -> int:

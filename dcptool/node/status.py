@@ -82,9 +82,23 @@ def hwt_view(data_dir: Path, now: float | None = None) -> list[dict[str, Any]]:
         db.close()
 
 
+#: general STAT figures `node status` shows under "logins": (JSON name, STAT name)
+LOGIN_STATS = (
+    ("kv_failed", "auth_errors"),
+    ("rest_failed", "rest_auth_errors"),
+    ("delayed", "auth_delayed"),
+    ("unauthenticated_connections", "curr_unauth_conns"),
+    ("unauthenticated_closed", "conns_closed_unauth_limit"),
+    ("auth_timeouts", "auth_timeouts"),
+    ("pre_auth_frames_too_big", "conns_closed_pre_auth_e2big"),
+)
+
+
 def live_view(host: str, port: int, bucket: str, username: str, password: str,
-              timeout: float = 5.0) -> dict[int, dict[str, Any]]:
-    """Ask the running node for its vbucket-seqno and failovers stats."""
+              timeout: float = 5.0,
+              logins: dict[str, int] | None = None) -> dict[int, dict[str, Any]]:
+    """Ask the running node for its vbucket-seqno and failovers stats (and, into
+    `logins`, the login figures of its general stats)."""
     from dcptool.protocol import FrameDecoder, Opcode, encode_frame
 
     sock = socket.create_connection((host, port), timeout=timeout)
@@ -116,6 +130,14 @@ def live_view(host: str, port: int, bucket: str, username: str, password: str,
         if call(Opcode.SELECT_BUCKET, bucket.encode())[-1].specific != 0:
             raise DcptoolError(f"{host}:{port} has no bucket {bucket!r}")
         stats: dict[str, str] = {}
+        if logins is not None:
+            general = {}
+            for f in call(Opcode.STAT):
+                if f.key:
+                    general[f.key.decode()] = f.value.decode()
+            for name, stat in LOGIN_STATS:
+                if stat in general:
+                    logins[name] = int(general[stat])
         for group in (b"vbucket-seqno", b"failovers", b"vbucket"):
             for f in call(Opcode.STAT, group):
                 if f.key:
@@ -178,10 +200,12 @@ def node_status(data_dir: Path, *, username: str | None = None,
     vbs = None
     source = "disk"
     if info["running"] and password:
+        logins: dict[str, int] = {}
         try:
             vbs = live_view(node["host"], node["port"], node.get("bucket", "default"),
-                            username or "Administrator", password)
+                            username or "Administrator", password, logins=logins)
             source = "node"
+            info["logins"] = logins
         except (OSError, DcptoolError) as exc:
             info["live_error"] = str(exc)
     if vbs is None:

@@ -51,6 +51,7 @@ from .dcpfilter import DcpFilter, ever_dropped
 from .decisions import StreamPlan, first_marker_start
 from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, split_xattrs
 from .storage import SEQNO_MASK, BackfillReader
+from .logsafe import shown
 
 if TYPE_CHECKING:
     from .producer import Producer
@@ -430,8 +431,8 @@ class ProducerStream:
             elif action == d.SET_DEAD:
                 # from now on writes answer NOT_MY_VBUCKET here; this stream carries the rest
                 # (the other streams of the vbucket end with STATE_CHANGED)
-                log.info("takeover of vbucket %d by %r: the vbucket is dead here at seqno %d",
-                         self.vbid, self.producer.name, self.vb.high_seqno)
+                log.info("takeover of vbucket %d by %s: the vbucket is dead here at seqno %d",
+                         self.vbid, shown(self.producer.name), self.vb.high_seqno)
                 self.vb.set_state(VBucketState.DEAD)
             elif action == d.END_OK:
                 self.pending_end = StreamEndReason.OK

@@ -10,6 +10,7 @@ from dcptool.protocol.constants import Datatype, Feature, Opcode, Status
 from .. import errormap
 from ..access import Privilege
 from ..auth import MECHANISM_LIST, SaslSession
+from ..logsafe import shown
 from .common import command
 
 log = logging.getLogger("dcptool.node.auth")
@@ -66,12 +67,14 @@ def sasl_list_mechs(conn, frame, msg) -> None:
 
 def _sasl_result(conn, frame, result) -> None:
     status, payload, username = result
+    node = conn.node
+    guard = getattr(node, "login_guard", None)
     if status == "ok":
-        conn.authenticated = True
-        conn.user = username
-        conn.privileges = conn.node.users.privileges(username)
+        conn.logged_in(username)
+        conn.privileges = node.users.privileges(username)
         conn.sasl = None
-        node = conn.node
+        if guard is not None:
+            guard.succeeded(username, conn.peer_host)
         # kv_engine selects the bucket named like the user
         if username == node.bucket.name and conn.bucket is None:
             conn.bucket = node.bucket
@@ -81,20 +84,59 @@ def _sasl_result(conn, frame, result) -> None:
     else:
         sasl = conn.sasl
         conn.sasl = None
-        conn.node.auth_failures += 1
-        _log_failure(conn, sasl.mechanism, sasl.username, sasl.reason)
+        node.auth_failures += 1
+        count = delay = 0
+        if guard is not None and not sasl.bad_param:
+            count, delay = guard.failed(sasl.username, conn.peer_host)
+        _log_failure(conn, sasl.mechanism, sasl.username, sasl.reason, count, delay)
         # kv_engine answers a malformed message (BAD_PARAM) EINVAL, a failed login AUTH_ERROR
         conn.reply(frame, Status.EINVAL if sasl.bad_param else Status.AUTH_ERROR)
 
 
-def _log_failure(conn, mechanism, username, reason: str) -> None:
-    """One line per failed login: peer, mechanism, user and why; never a password or proof."""
-    who = f" as {username[:64]!r}" if username else ""
-    log.warning("%s: SASL %s login failed%s: %s", conn.peer, str(mechanism)[:32], who, reason)
+def _log_failure(conn, mechanism, username, reason: str, count: int = 0,
+                 delay: float = 0.0) -> None:
+    """One line per failed login: peer, mechanism, user and why; never a password or proof,
+    and every client-supplied part escaped (`shown`)."""
+    who = f" as {shown(username, 64)}" if username else ""
+    then = ""
+    if count > 1:
+        then = f" ({count} failures in a row"
+        then += f", next attempt waits {delay:g}s)" if delay else ")"
+    log.warning("%s: SASL %s login failed%s: %s%s", conn.peer, shown(mechanism, 32), who,
+                reason, then)
+
+
+def _claimed_user(conn, opcode: int, msg) -> str | None:
+    """The user a login attempt is for, as far as it is known before checking it."""
+    if opcode == Opcode.SASL_AUTH:
+        if msg.mechanism != "PLAIN":
+            return None
+        parts = bytes(msg.payload).split(b"\x00")
+        return parts[1].decode("utf-8", "replace") if len(parts) == 3 else None
+    sasl = conn.sasl
+    return sasl.username if sasl is not None else None
+
+
+def _when_allowed(conn, frame, msg, handler) -> bool:
+    """True when the attempt may be checked now; otherwise it waits (the connection reads
+    nothing meanwhile) until the failed logins of its user and address allow it."""
+    guard = getattr(conn.node, "login_guard", None)
+    if guard is None:
+        return True
+    if frame.opcode == Opcode.SASL_AUTH and msg.mechanism != "PLAIN":
+        return True  # a SCRAM exchange checks nothing before its last step
+    wait = guard.wait(_claimed_user(conn, frame.opcode, msg), conn.peer_host)
+    if wait <= 0:
+        return True
+    guard.delayed += 1
+    conn.defer(wait, lambda: handler(conn, frame, msg))
+    return False
 
 
 @command(Opcode.SASL_AUTH, pre_auth=True, bucket=False)
 def sasl_auth(conn, frame, msg) -> None:
+    if not _when_allowed(conn, frame, msg, sasl_auth):
+        return
     conn.sasl = SaslSession(conn.node.users)
     _sasl_result(conn, frame, conn.sasl.start(msg.mechanism, msg.payload))
 
@@ -105,6 +147,8 @@ def sasl_step(conn, frame, msg) -> None:
         conn.node.auth_failures += 1
         _log_failure(conn, msg.mechanism, None, "SASL_STEP without SASL_AUTH")
         conn.reply(frame, Status.AUTH_ERROR)
+        return
+    if not _when_allowed(conn, frame, msg, sasl_step):
         return
     _sasl_result(conn, frame, conn.sasl.step(msg.mechanism, msg.payload))
 
