@@ -44,8 +44,13 @@ class Opcode(enum.IntEnum):
     ADDQ = 0x12
     REPLACEQ = 0x13
     DELETEQ = 0x14
+    INCREMENTQ = 0x15
+    DECREMENTQ = 0x16
     APPENDQ = 0x19
     PREPENDQ = 0x1A
+    TOUCH = 0x1C
+    GAT = 0x1D
+    GATQ = 0x1E
     HELLO = 0x1F
     SASL_LIST_MECHS = 0x20
     SASL_AUTH = 0x21
@@ -76,7 +81,11 @@ class Opcode(enum.IntEnum):
     DCP_ABORT = 0x63
     DCP_SEQNO_ADVANCED = 0x64
     DCP_OSO_SNAPSHOT = 0x65
+    GET_REPLICA = 0x83
     SELECT_BUCKET = 0x89
+    OBSERVE_SEQNO = 0x91
+    GET_LOCKED = 0x94
+    UNLOCK_KEY = 0x95
     GET_FAILOVER_LOG = 0x96
     GET_META = 0xA0
     GETQ_META = 0xA1
