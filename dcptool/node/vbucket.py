@@ -463,8 +463,11 @@ class VBucket:
     # -- front-end writes ----------------------------------------------------------
 
     def store(self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int, *,
-              cas: int = 0, mode: int = 0, now: float | None = None) -> MutationResult:
-        """SET (mode 0), ADD (1) or REPLACE (2). `expiry` is already absolute."""
+              cas: int = 0, mode: int = 0, now: float | None = None,
+              new_cas: int = 0) -> MutationResult:
+        """SET (mode 0), ADD (1) or REPLACE (2). `expiry` is already absolute. `new_cas`:
+        the version's CAS when the caller took it from `next_cas` already (a sub-document
+        mutation whose xattrs name their own CAS)."""
         if now is None:
             now = time.time()
         old = self.find(key)
@@ -486,7 +489,7 @@ class VBucket:
             if live.cas != cas:
                 return MutationResult(Status.KEY_EEXISTS)
         rev = old.rev + 1 if old is not None else 1
-        item = Item(key, value, 0, rev, self.next_cas(), flags, expiry, datatype)
+        item = Item(key, value, 0, rev, new_cas or self.next_cas(), flags, expiry, datatype)
         return MutationResult(Status.SUCCESS, self._commit(item))
 
     def delete(self, key: bytes, *, cas: int = 0, now: float | None = None) -> MutationResult:

@@ -1,5 +1,6 @@
-"""Documents made by counters, touch and a lock-holder's write are ordinary versions on
-DCP: a backup takes them and a restore puts them back with their metadata."""
+"""Documents made by counters, touch, a lock-holder's write and sub-document mutations
+(xattrs included) are ordinary versions on DCP: a backup takes them and a restore puts
+them back with their metadata."""
 from __future__ import annotations
 
 import struct
@@ -37,6 +38,15 @@ def test_counter_touch_and_locked_writes_survive_backup_and_restore(node_factory
             assert c.set(k, b'{"i": %d}' % i, flags=7).status == Status.SUCCESS
             call(Opcode.TOUCH, k, extras=U32.pack(3600))
             call(Opcode.GAT, k, extras=U32.pack(7200))
+        for i in range(10):
+            k = b"subdoc::%d" % i
+            path, value = b"txn.id", b'"t%d"' % i
+            specs = struct.pack(">BBHI", Opcode.SUBDOC_DICT_UPSERT, 0x05, len(path),
+                                len(value)) + path + value
+            path, value = b"list", b"%d" % i
+            specs += struct.pack(">BBHI", Opcode.SUBDOC_ARRAY_PUSH_LAST, 0x01, len(path),
+                                 len(value)) + path + value
+            call(Opcode.SUBDOC_MULTI_MUTATION, k, extras=b"\x01", value=specs)  # MKDOC
         k = b"locked::1"
         assert c.set(k, b"before").status == Status.SUCCESS
         lock_cas = call(Opcode.GET_LOCKED, k, extras=U32.pack(5)).cas
@@ -46,6 +56,8 @@ def test_counter_touch_and_locked_writes_survive_backup_and_restore(node_factory
     assert before[b"counter::3"][1] == b"105"      # 103, +3, -1
     assert before[b"touched::4"][5] > 0            # the GAT's expiry
     assert before[b"locked::1"][1] == b"after"
+    assert before[b"subdoc::3"][1].endswith(b'{"list":[3]}')   # the xattrs go in front
+    assert b"txn" in before[b"subdoc::3"][1]
     path = tmp_path / "archive"
     run_backup(opts_for(src), path, spark=spark, watermark=False)
     run_restore(str(path), opts_for(dst), spark=spark)
