@@ -213,7 +213,9 @@ def _multi(frame, mutation: bool) -> tuple[list[_Spec], int, int | None]:
             raise _Fail(Status.EINVAL)
         specs.append(_Spec(op, pflags, body[p:p + plen], body[p + plen:p + plen + vlen]))
         p += plen + vlen
-    if not specs or len(specs) > MAX_SPECS:
+    if not specs:
+        raise _Fail(Status.EINVAL)
+    if len(specs) > MAX_SPECS:
         raise _Fail(Status.SUBDOC_INVALID_COMBO)
     return specs, dflags, expiry
 
