@@ -1,4 +1,4 @@
-"""A long-lived application across a failover: Couchbase's official SDK stays connected
+"""Replica reads, and a long-lived application across a failover: Couchbase's official SDK stays connected
 to a 3-node `dcptool cluster` while a member dies and is failed over, then reads every key
 at once with the same client (the failed node left the bucket's map, so the client drops
 its session to it). Skipped only where the couchbase package cannot be installed."""
@@ -47,6 +47,10 @@ def test_a_connected_sdk_reads_every_key_right_after_a_failover(abc):
             assert time.monotonic() < deadline, st.stdout
             time.sleep(0.5)
         assert {coll.get(k).content_as[dict]["i"] for k in KEYS} == set(range(len(KEYS)))
+        # replica reads (GET_REPLICA on the node that holds the vbucket's replica)
+        copies = list(coll.get_all_replicas(KEYS[0]))
+        assert [x.is_replica for x in copies].count(True) == 1
+        assert all(x.content_as[dict] == {"i": 0} for x in copies)
         c.kill()
         r = run_cli("cluster", "failover", "-c", addr(c), "--via", addr(a), "--json", node=a)
         assert r.returncode == 0, r.stderr
