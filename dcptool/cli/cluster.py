@@ -198,7 +198,8 @@ def failover(
 
     For each such vbucket the replica with the highest seqno becomes active (a new
     failover entry: a new history starts at its seqno); the other replicas stream from
-    it and roll back where they were ahead.
+    it and roll back where they were ahead. The node leaves the bucket's map (clients
+    stop using it at once); the REST port lists it as inactiveFailed.
 
     Example: dcptool cluster failover -c 127.0.0.1:11210 --via 127.0.0.1:11211
     """
@@ -233,19 +234,28 @@ def failover(
         for vb in seqnos.get(pi, {}):
             seqnos[pi][vb] = 1 << 62
     vbmap, promoted = failover_map([list(c) for c in view.vbmap], fi, seqnos)
-    nodes = list(view.nodes)
     rev = max(int(st.get("rev") or 0) for st in statuses.values() if st) + 1
     replicas = max(len(c) for c in vbmap) - 1
     topology = next((st.get("topology") for st in statuses.values() if st), None) or "star"
+    services = member_services(statuses, len(view.nodes))
+    # the failed node leaves the map (ns_server's failover): clients drop it at once; the
+    # map keeps it in `failed` for the REST port's node list
+    keep = [i for i in range(len(view.nodes)) if i != fi]
+    index = {old: new for new, old in enumerate(keep)}
+    nodes = [view.nodes[i] for i in keep]
+    new_vbmap = [[index[n] if n >= 0 else -1 for n in chain] for chain in vbmap]
+    gone = next((st.get("failed") for st in statuses.values() if st), None) or []
+    gone = [f for f in gone if f.get("node") != failed] + [
+        {"node": failed, "services": services[fi]}]
     order = sorted((i for i in statuses if i != fi and statuses[i]),
                    key=lambda i: i not in promoted.values())
-    services = member_services(statuses, len(nodes))
     for i in order:
-        o = conn_args.options(nodes[i])
+        o = conn_args.options(view.nodes[i])
         with o.connect() as conn:
-            set_map(conn, map_doc(o, rev, nodes, i, vbmap, replicas, topology, services))
+            set_map(conn, map_doc(o, rev, nodes, index[i], new_vbmap, replicas, topology,
+                                  [services[j] for j in keep], gone))
     doc = {"rev": rev, "failed": failed,
-           "promoted": {str(vb): nodes[n] for vb, n in sorted(promoted.items())}}
+           "promoted": {str(vb): view.nodes[n] for vb, n in sorted(promoted.items())}}
     if as_json:
         print_json(doc)
         return

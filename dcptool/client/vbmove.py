@@ -36,11 +36,15 @@ def node_address(url: str) -> str:
 
 
 def map_doc(opts: ConnOptions, rev: int, nodes: list[str], this: int, vbmap, replicas: int,
-            topology: str, services: list[dict] | None = None) -> dict:
-    """The map document CLUSTER_SET_MAP sends to member `this`."""
+            topology: str, services: list[dict] | None = None,
+            failed: list[dict] | None = None) -> dict:
+    """The map document CLUSTER_SET_MAP sends to member `this` (`failed`: the nodes
+    failed over out of the cluster, kept for the REST port's node list)."""
     doc = {"rev": rev, "nodes": nodes, "this": this, "replicas": replicas,
            "topology": topology, "vbmap": vbmap,
            "auth": {"username": opts.username, "password": opts.password}}
+    if failed:
+        doc["failed"] = failed
     if services is not None:
         # each member's service ports (its REST port among them) as it told them in
         # CLUSTER_STATUS; {} for one that did not answer keeps what the last map said
@@ -131,13 +135,15 @@ def move_vbuckets(members: Iterable[str], vbuckets: str, to: str, member: Member
     replicas = max(len(c) for c in vbmap) - 1
     topology = next((st.get("topology") for st in statuses.values() if st), None) or "star"
     services = member_services(statuses, len(nodes))
+    failed = next((st.get("failed") for st in statuses.values() if st), None) or []
 
     def push(rev_: int, vbmap_: list[list[int]]) -> None:
         # the destination first: it is the vbucket's active already
         for i in sorted(range(len(nodes)), key=lambda i: i != ti):
             o = member(nodes[i])
             with o.connect() as conn:
-                set_map(conn, map_doc(o, rev_, nodes, i, vbmap_, replicas, topology, services))
+                set_map(conn, map_doc(o, rev_, nodes, i, vbmap_, replicas, topology, services,
+                                      failed))
 
     dest_opts = member(dest)
     dest_opts = replace(dest_opts, timeout=max(timeout, vbucket_timeout + 30.0))

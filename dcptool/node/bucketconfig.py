@@ -3,6 +3,18 @@
 A node alone describes itself; a member of a cluster describes every node of its map
 (`dcptool.node.clustermap`), each with the service ports it advertises. The vbucket
 commands, the NOT_MY_VBUCKET answer and `dcptool.node.rest` all build their answers here.
+
+**Revisions.** Clients keep the newest map by (`revEpoch`, `rev`). A node alone counts
+its own changes (`rev` = `Node.config_rev`, epoch 1); the members of a cluster all serve
+the cluster map's rev (`dcptool cluster` raises it on every change) with epoch 2, so every
+member gives the same revision for the same map and any cluster map is newer than what a
+member served while it was alone. A node failed over leaves the bucket's `nodes`,
+`nodesExt` and `serverList` (as ns_server's failover does): clients drop their sessions to
+it at once.
+
+**The global configuration** (GET_CLUSTER_CONFIG on a connection with no bucket selected,
+Couchbase 6.5's GCCCP) has the same revision and the nodes and their services, without the
+bucket's parts.
 """
 from __future__ import annotations
 
@@ -69,6 +81,33 @@ def member_hostname(member: dict) -> str:
     return host_port(member["host"], member["services"].get("mgmt") or member["kv"])
 
 
+#: the revision epochs: a node alone, the members of a cluster
+ALONE_EPOCH = 1
+CLUSTER_EPOCH = 2
+
+
+def revision(node) -> tuple[int, int]:
+    """(revEpoch, rev) of what `node` serves now."""
+    cmap = getattr(getattr(node, "replication", None), "map", None)
+    if cmap is None:
+        return ALONE_EPOCH, node.config_rev
+    return CLUSTER_EPOCH, cmap.rev
+
+
+def global_config(node, host: str) -> dict:
+    """The cluster-wide configuration (no bucket): revision, nodes and their services."""
+    epoch, rev = revision(node)
+    members = cluster_members(node, host)
+    return {
+        "rev": rev,
+        "revEpoch": epoch,
+        "nodesExt": [{"services": m["services"], "thisNode": m["this"], "hostname": m["host"]}
+                     for m in members],
+        "clusterCapabilitiesVer": [1, 0],
+        "clusterCapabilities": {},
+    }
+
+
 def bucket_config(node, host: str) -> dict:
     """The bucket's cluster map, in the shape Couchbase clients parse (GET_CLUSTER_CONFIG,
     and the REST port's terse bucket config); `host` is this node's advertised address."""
@@ -89,9 +128,10 @@ def bucket_config(node, host: str) -> dict:
         vbmap = [list(chain) for chain in cmap.vbmap]
         replicas = cmap.replicas
         map_rev = cmap.rev
+    epoch, rev = revision(node)
     return {
-        "rev": node.config_rev,
-        "revEpoch": 1,
+        "rev": rev,
+        "revEpoch": epoch,
         "dcptoolMapRev": map_rev,  # the cluster map's rev (`rev` counts this node's changes)
         "name": bucket.name,
         "uuid": node.bucket_uuid,
@@ -113,7 +153,10 @@ def bucket_config(node, host: str) -> dict:
 
 
 def cluster_config(conn) -> dict:
-    """The cluster map as GET_CLUSTER_CONFIG answers it on `conn`."""
+    """The cluster map as GET_CLUSTER_CONFIG answers it on `conn`: the bucket's, or the
+    global configuration when the connection has no bucket selected."""
+    if conn.bucket is None:
+        return global_config(conn.node, advertised_host(conn))
     return bucket_config(conn.node, advertised_host(conn))
 
 

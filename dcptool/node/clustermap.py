@@ -27,6 +27,11 @@ The map document (JSON):
 ports as it listens on them, whatever the map says; a member the map gives no services
 keeps the ones the previous map gave the same address (a node that is down when a new map
 goes out cannot tell its ports).
+
+`failed` (optional) lists the nodes failed over out of the cluster, `[{"node": "h:p",
+"services": {...}}]`: they are in no chain and not in `nodes` (so clients drop them from
+the bucket's map), and the REST port's `/pools/default` still shows them as
+`inactiveFailed`, as Couchbase Server does until they are removed.
 """
 from __future__ import annotations
 
@@ -60,6 +65,8 @@ class ClusterMap:
     auth: dict[str, str] = field(default_factory=dict)
     #: per node, {service name: port} ({} where unknown); as long as `nodes`
     services: list[dict[str, int]] = field(default_factory=list)
+    #: the nodes failed over: [{"node": "host:port", "services": {name: port}}]
+    failed: list[dict[str, Any]] = field(default_factory=list)
 
     # -- parsing ---------------------------------------------------------------------
 
@@ -77,6 +84,10 @@ class ClusterMap:
             auth = {str(k): str(v) for k, v in dict(doc.get("auth") or {}).items()}
             services = [{str(k): int(v) for k, v in dict(s or {}).items()}
                         for s in doc.get("services") or [{}] * len(nodes)]
+            failed = [{"node": str(f["node"]),
+                       "services": {str(k): int(v)
+                                    for k, v in dict(f.get("services") or {}).items()}}
+                      for f in doc.get("failed") or []]
         except (KeyError, TypeError, ValueError) as exc:
             raise MapError(f"bad cluster map: {exc}") from None
         if len(services) != len(nodes):
@@ -95,20 +106,24 @@ class ClusterMap:
             real = [i for i in chain if i >= 0]
             if any(i >= len(nodes) or i < -1 for i in chain) or len(set(real)) != len(real):
                 raise MapError(f"vbucket {vb}: bad chain {chain}")
-        return cls(rev, nodes, this, vbmap, replicas, topology, auth, services)
+        return cls(rev, nodes, this, vbmap, replicas, topology, auth, services, failed)
 
     def to_doc(self) -> dict[str, Any]:
         return {"rev": self.rev, "nodes": self.nodes, "this": self.this,
                 "replicas": self.replicas, "topology": self.topology, "vbmap": self.vbmap,
-                "auth": self.auth, "services": self.services}
+                "auth": self.auth, "services": self.services, "failed": self.failed}
 
     def inherit_services(self, old: "ClusterMap | None") -> None:
         """Give each node without services the ones `old` gave the same address."""
         if old is None:
             return
         known = {n: s for n, s in zip(old.nodes, old.services) if s}
+        known.update({f["node"]: f["services"] for f in old.failed if f["services"]})
         self.services = [dict(s) if s else dict(known.get(n, {}))
                          for n, s in zip(self.nodes, self.services)]
+        for f in self.failed:
+            if not f["services"]:
+                f["services"] = dict(known.get(f["node"], {}))
 
     def services_of(self, node: int) -> dict[str, int]:
         """The ports of `node`'s services; `kv` is always its address's port."""

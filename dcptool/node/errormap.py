@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-REVISION = 1
+REVISION = 2
 
 # code: (name, description, attributes)
 _ERRORS: dict[int, tuple[str, str, list[str]]] = {
@@ -47,6 +47,41 @@ _ERRORS: dict[int, tuple[str, str, list[str]]] = {
     0x88: ("UNKNOWN_COLLECTION", "Unknown collection", ["fetch-config", "invalid-input"]),
     0x8c: ("UNKNOWN_SCOPE", "Unknown scope", ["fetch-config", "invalid-input"]),
     0x8d: ("DCP_STREAMID_INVALID", "Invalid request with a DCP stream id", ["dcp", "invalid-input"]),
+    # sub-document statuses (dcptool.node.commands.subdoc)
+    0xc0: ("SUBDOC_PATH_ENOENT", "Subdoc: Path does not exist", ["item-only", "subdoc"]),
+    0xc1: ("SUBDOC_PATH_MISMATCH", "Subdoc: Path mismatch", ["item-only", "subdoc"]),
+    0xc2: ("SUBDOC_PATH_EINVAL", "Subdoc: Invalid path", ["invalid-input", "subdoc"]),
+    0xc3: ("SUBDOC_PATH_E2BIG", "Subdoc: Path too large", ["invalid-input", "subdoc"]),
+    0xc4: ("SUBDOC_DOC_E2DEEP", "Subdoc: Document too deep", ["item-only", "subdoc"]),
+    0xc5: ("SUBDOC_VALUE_CANTINSERT", "Subdoc: Cannot insert specified value",
+           ["invalid-input", "subdoc"]),
+    0xc6: ("SUBDOC_DOC_NOT_JSON", "Subdoc: Existing document not JSON", ["item-only", "subdoc"]),
+    0xc7: ("SUBDOC_NUM_ERANGE", "Subdoc: Existing number outside valid arithmetic range",
+           ["item-only", "subdoc"]),
+    0xc8: ("SUBDOC_DELTA_ERANGE", "Subdoc: Delta is 0, not a number, or outside the range",
+           ["invalid-input", "subdoc"]),
+    0xc9: ("SUBDOC_PATH_EEXISTS", "Subdoc: Document path already exists", ["item-only", "subdoc"]),
+    0xca: ("SUBDOC_VALUE_ETOODEEP", "Subdoc: Inserting value would make document too deep",
+           ["invalid-input", "subdoc"]),
+    0xcb: ("SUBDOC_INVALID_COMBO", "Subdoc: Invalid combination for multi-path command",
+           ["invalid-input", "subdoc"]),
+    0xcc: ("SUBDOC_MULTI_PATH_FAILURE", "Subdoc: One or more paths in a multi-path command "
+           "failed", ["subdoc"]),
+    0xcd: ("SUBDOC_SUCCESS_DELETED", "Subdoc: Operation completed successfully on a deleted "
+           "document", ["success", "subdoc"]),
+    0xce: ("SUBDOC_XATTR_INVALID_FLAG_COMBO", "Subdoc: Invalid combination of xattr flags",
+           ["invalid-input", "subdoc"]),
+    0xcf: ("SUBDOC_XATTR_INVALID_KEY_COMBO", "Subdoc: Invalid combination of xattr keys",
+           ["invalid-input", "subdoc"]),
+    0xd0: ("SUBDOC_XATTR_UNKNOWN_MACRO", "Subdoc: Unknown macro", ["invalid-input", "subdoc"]),
+    0xd1: ("SUBDOC_XATTR_UNKNOWN_VATTR", "Subdoc: Unknown virtual attribute",
+           ["invalid-input", "subdoc"]),
+    0xd2: ("SUBDOC_XATTR_CANT_MODIFY_VATTR", "Subdoc: Cannot modify virtual attribute",
+           ["invalid-input", "subdoc"]),
+    0xd3: ("SUBDOC_MULTI_PATH_FAILURE_DELETED", "Subdoc: One or more paths in a multi-path "
+           "command failed on a deleted document", ["subdoc"]),
+    0xd4: ("SUBDOC_INVALID_XATTR_ORDER", "Subdoc: Invalid XATTR order (xattrs should come "
+           "first)", ["invalid-input", "subdoc"]),
 }
 
 _RETRY = {

@@ -184,6 +184,8 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                 vb = vbuckets.get(vbid)
                 if vb is None or vb.state != _ACTIVE:
                     break
+                if vb.locks and key in vb.locks:
+                    break  # locked (GET_LOCKED): the generic path answers
                 old = vb.find(key)
                 if old is not None and old.op == ITEM_MUTATION and old.expiry:
                     break  # may have expired: the generic path turns it into a tombstone

@@ -570,6 +570,7 @@ class Replication:
                         s.start()
                         started += 1
             self.node.config_rev = max(self.node.config_rev + 1, cmap.rev)
+            self.node.config_changed()
             hwtrepl.on_map(self)  # HWT rows and purge caps follow the sources (seed 002)
             return {"state_changes": changed, "streams_started": started,
                     "streams_stopped": len(stop)}
@@ -600,7 +601,8 @@ class Replication:
         out: dict[str, Any] = {"rev": cmap.rev if cmap else None,
                                "this": cmap.this if cmap else None,
                                "nodes": cmap.nodes if cmap else [],
-                               "topology": cmap.topology if cmap else None, "vbuckets": {}}
+                               "topology": cmap.topology if cmap else None,
+                               "failed": cmap.failed if cmap else [], "vbuckets": {}}
         for vbid, vb in sorted(self.bucket.vbuckets.items()):
             d: dict[str, Any] = {"state": int(vb.state), "high_seqno": vb.high_seqno,
                                  "uuid": vb.uuid}

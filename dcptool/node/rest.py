@@ -59,7 +59,14 @@ from aiohttp.abc import AbstractAccessLogger
 from dcptool.protocol.collections import MAX_NAME_LENGTH, ManifestError, hex_id, valid_name
 
 from .access import Privilege
-from .bucketconfig import bucket_config, cluster_members, host_of, host_port, member_hostname
+from .bucketconfig import (
+    bucket_config,
+    cluster_members,
+    global_config,
+    host_of,
+    host_port,
+    member_hostname,
+)
 from .commands.session import SERVER_VERSION
 from .logsafe import shown
 
@@ -216,9 +223,10 @@ class RestApp:
     def _host(self, request: web.Request) -> str:
         return host_of(self.node, request.transport)
 
-    def _nodes(self, host: str) -> list[dict[str, Any]]:
+    def _nodes(self, host: str, *, failed: bool = False) -> list[dict[str, Any]]:
         """`nodes[]` of /pools/default and the bucket: the members as Couchbase describes
-        them (`hostname` is host:REST port, `ports.direct` the data port)."""
+        them (`hostname` is host:REST port, `ports.direct` the data port); with `failed`
+        (/pools/default) the nodes failed over too, as inactiveFailed."""
         cmap = self.node.replication.map
         in_chains = None if cmap is None else {i for c in cmap.vbmap for i in c if i >= 0}
         out = []
@@ -238,6 +246,16 @@ class RestApp:
                 "services": ["kv"],
                 "ports": ports,
             })
+        if failed and cmap is not None:
+            for f in cmap.failed:
+                h, _, p = f["node"].rpartition(":")
+                m = {"host": h.strip("[]"), "kv": int(p), "services": f["services"]}
+                out.append({
+                    "hostname": member_hostname(m), "thisNode": False,
+                    "clusterMembership": "inactiveFailed", "status": "unhealthy",
+                    "otpNode": f"ns_1@{m['host']}", "version": SERVER_VERSION,
+                    "services": ["kv"], "ports": {"direct": m["kv"]},
+                })
         return out
 
     def _bucket_doc(self, host: str) -> dict[str, Any]:
@@ -284,7 +302,7 @@ class RestApp:
         host = self._host(request)
         return _json({
             "name": "default",
-            "nodes": self._nodes(host),
+            "nodes": self._nodes(host, failed=True),
             "buckets": {"uri": f"/pools/default/buckets?v={node.config_rev}"
                                f"&uuid={node.bucket_uuid}",
                         "terseBucketsBase": "/pools/default/b/",
@@ -296,9 +314,7 @@ class RestApp:
         })
 
     async def node_services(self, request: web.Request, user: str) -> web.Response:
-        cfg = bucket_config(self.node, self._host(request))
-        return _json({key: cfg[key] for key in ("rev", "nodesExt", "clusterCapabilitiesVer",
-                                                 "clusterCapabilities")})
+        return _json(global_config(self.node, self._host(request)))
 
     async def buckets(self, request: web.Request, user: str) -> web.Response:
         return _json([self._bucket_doc(self._host(request))])

@@ -373,6 +373,17 @@ class Node:
 
     def _vbucket_state_changed(self, vb, old_state: int) -> None:
         self.config_rev += 1
+        self.config_changed()
+
+    def config_changed(self) -> None:
+        """The map clients see changed: tell the connections that subscribed to it."""
+        from . import configpush
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        configpush.schedule(self, loop)
 
     async def _expiry_pager(self) -> None:
         interval = self.config.expiry_pager_interval

@@ -75,6 +75,9 @@ class VBucket:
       events), 0 when the vbucket never had any (DCP streams of legacy connections skip
       their per-item filter for snapshots above it). Kept by `note_seqno` on every commit,
       rebuilt at warm-up by `rebuild_collection_seqnos`.
+    * `locks`: key -> (lock CAS, unlock time in unix seconds) of the documents a client
+      locked with GET_LOCKED. A lock lives in memory only (as kv_engine's): a restart or
+      any new version of the key ends it, and it ends by itself at its time.
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class VBucket:
         #: the per-collection high seqnos cover what the vbucket held before this process
         #: (a fresh vbucket holds nothing; else `ensure_collection_seqnos` rebuilds them)
         self.coll_seqnos_built = high_seqno == 0
+        self.locks: dict[bytes, tuple[int, float]] = {}
 
     #: full eviction (see dcptool.node.cache): `items` holds the resident documents only
     full = False
@@ -195,6 +199,8 @@ class VBucket:
     # -- the one way in ------------------------------------------------------------
 
     def _commit(self, item: Item) -> Item:
+        if self.locks:
+            self.locks.pop(item.key, None)
         seqno = self.high_seqno + 1
         self.high_seqno = seqno
         item.seqno = seqno
@@ -426,11 +432,42 @@ class VBucket:
             it = self.expire(it, int(now))
         return it
 
+    # -- locks (GET_LOCKED / UNLOCK_KEY) ----------------------------------------------
+
+    def lock_cas(self, key: bytes, now: float) -> int:
+        """The CAS of the lock held on `key`, or 0 when it is not locked (a lock past its
+        time is dropped here)."""
+        lock = self.locks.get(key)
+        if lock is None:
+            return 0
+        if lock[1] <= now:
+            del self.locks[key]
+            return 0
+        return lock[0]
+
+    def lock(self, key: bytes, seconds: int, now: float) -> int:
+        """Lock `key` for `seconds`; the lock's CAS (a new one of the clock)."""
+        cas = self.next_cas()
+        self.locks[key] = (cas, now + seconds)
+        return cas
+
+    def unlock(self, key: bytes) -> None:
+        self.locks.pop(key, None)
+
+    def _locked_against(self, key: bytes, cas: int, now: float) -> bool:
+        """Is `key` locked against a write that carries `cas`? A write with the lock's
+        CAS may go ahead (and its new version ends the lock)."""
+        held = self.lock_cas(key, now)
+        return bool(held) and held != cas
+
     # -- front-end writes ----------------------------------------------------------
 
     def store(self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int, *,
-              cas: int = 0, mode: int = 0, now: float | None = None) -> MutationResult:
-        """SET (mode 0), ADD (1) or REPLACE (2). `expiry` is already absolute."""
+              cas: int = 0, mode: int = 0, now: float | None = None,
+              new_cas: int = 0) -> MutationResult:
+        """SET (mode 0), ADD (1) or REPLACE (2). `expiry` is already absolute. `new_cas`:
+        the version's CAS when the caller took it from `next_cas` already (a sub-document
+        mutation whose xattrs name their own CAS)."""
         if now is None:
             now = time.time()
         old = self.find(key)
@@ -443,13 +480,16 @@ class VBucket:
             return MutationResult(Status.KEY_EEXISTS)
         if mode == 2 and live is None:
             return MutationResult(Status.KEY_ENOENT)
-        if cas:
+        if self.locks and live is not None and self.lock_cas(key, now):
+            if self._locked_against(key, cas, now):
+                return MutationResult(Status.LOCKED)
+        elif cas:
             if live is None:
                 return MutationResult(Status.KEY_ENOENT)
             if live.cas != cas:
                 return MutationResult(Status.KEY_EEXISTS)
         rev = old.rev + 1 if old is not None else 1
-        item = Item(key, value, 0, rev, self.next_cas(), flags, expiry, datatype)
+        item = Item(key, value, 0, rev, new_cas or self.next_cas(), flags, expiry, datatype)
         return MutationResult(Status.SUCCESS, self._commit(item))
 
     def delete(self, key: bytes, *, cas: int = 0, now: float | None = None) -> MutationResult:
@@ -458,7 +498,10 @@ class VBucket:
         live = self.get(key, now)
         if live is None:
             return MutationResult(Status.KEY_ENOENT)
-        if cas and live.cas != cas:
+        if self.locks and self.lock_cas(key, now):
+            if self._locked_against(key, cas, now):
+                return MutationResult(Status.LOCKED)
+        elif cas and live.cas != cas:
             return MutationResult(Status.KEY_EEXISTS)
         item = Item(key, b"", 0, live.rev + 1, self.next_cas(), live.flags, 0, 0, ITEM_DELETION,
                     int(now))

@@ -213,8 +213,12 @@ def backup_consumer_config(name: str, **kw: Any) -> SessionConfig:
     # and pack than memoryviews: 674k against 467k items/s on the 1M replay of
     # docs/performance.md ("backup task" / "memoryview values" rows)
     # collections: keys are doc keys whatever the node (see dcptool.client.session)
+    # include_xattrs: a document's extended attributes are part of it (sub-document
+    # mutations, SDK transactions); the archive keeps the value as DCP sends it, the xattr
+    # section in front (docs/archive-format.md)
     return SessionConfig(name=name, **{"consistent": True, "max_rollbacks": 16,
-                                       "copy_values": True, "collections": True, **kw})
+                                       "copy_values": True, "collections": True,
+                                       "include_xattrs": True, **kw})
 
 
 def backup_task(task: BackupTask) -> list[VBucketSummary]:

@@ -1,6 +1,7 @@
 """The REST port of cluster members: after `dcptool cluster create` every node's REST port
 serves the whole cluster's map (the one GET_CLUSTER_CONFIG serves) with every member's
-data and REST ports; after a failover the lost member keeps its place and ports."""
+data and REST ports; after a failover the lost member leaves the bucket's map and
+/pools/default lists it as inactiveFailed with its ports."""
 from __future__ import annotations
 
 import base64
@@ -56,6 +57,10 @@ def test_every_member_serves_the_whole_map_over_rest(abc):
         assert cfg["vBucketServerMap"] == smap
         assert [e["services"] for e in cfg["nodesExt"]] == services
         assert rest(m, "/pools/default/b/default") == cfg
+    # one revision for the map, whichever member serves it (and newer than any a member
+    # served alone)
+    revs = {(kv_config(m)["revEpoch"], kv_config(m)["rev"]) for m in members}
+    assert revs == {(2, plan["rev"])}
 
     c = members[2]
     c.kill()
@@ -64,9 +69,20 @@ def test_every_member_serves_the_whole_map_over_rest(abc):
     assert r.returncode == 0, r.stderr
     for m in members[:2]:
         doc = rest(m, "/pools/default/buckets/default")
-        # the lost member told nobody its ports: they come from the map before
-        assert doc["nodes"][2]["hostname"] == f"127.0.0.1:{c.rest_port}"
-        assert [e["services"] for e in doc["nodesExt"]] == services
-        assert [n["clusterMembership"] for n in doc["nodes"]] == \
+        # the bucket's map no longer names the lost member (ns_server's failover)
+        assert doc["vBucketServerMap"]["serverList"] == [addr(x) for x in members[:2]]
+        assert [n["hostname"] for n in doc["nodes"]] == \
+            [f"127.0.0.1:{x.rest_port}" for x in members[:2]]
+        assert [e["services"] for e in doc["nodesExt"]] == services[:2]
+        assert all(n in (0, 1, -1) for chain in doc["vBucketServerMap"]["vBucketMap"]
+                   for n in chain)
+        cfg = kv_config(m)
+        assert cfg["vBucketServerMap"] == doc["vBucketServerMap"]
+        # the cluster's node list keeps it, failed, with the ports the map before told
+        pool = rest(m, "/pools/default")
+        assert [n["clusterMembership"] for n in pool["nodes"]] == \
             ["active", "active", "inactiveFailed"]
-        assert all(2 not in chain for chain in doc["vBucketServerMap"]["vBucketMap"])
+        assert pool["nodes"][2]["hostname"] == f"127.0.0.1:{c.rest_port}"
+    # one revision for the whole cluster, every member the same
+    revs = {(kv_config(m)["revEpoch"], kv_config(m)["rev"]) for m in members[:2]}
+    assert len(revs) == 1 and revs.pop()[1] == json.loads(r.stdout)["rev"]

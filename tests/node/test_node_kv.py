@@ -98,7 +98,7 @@ def test_hello_echoes_what_the_node_implements(shared_node):
         got = c.hello(*asked)
         assert got == sorted([Feature.TCP_NODELAY, Feature.MUTATION_SEQNO, Feature.XATTR,
                               Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON,
-                              Feature.SNAPPY, Feature.COLLECTIONS])
+                              Feature.SNAPPY, Feature.COLLECTIONS, Feature.DUPLEX])
         # ClustermapChangeNotification without Duplex is an invalid combination
         f = c.call(Opcode.HELLO, key=b"x", value=struct.pack(">H", 0x0D))
         assert f.status == Status.EINVAL
@@ -117,7 +117,7 @@ def test_error_map_is_valid_json(shared_node, version):
 
 def test_unknown_opcode_gets_unknown_command(shared_node):
     with connect(shared_node) as c:
-        for op in (0x45, 0xD0, 0xFD):
+        for op in (0x45, 0xDA, 0xFD):
             assert c.call(op).status == Status.UNKNOWN_COMMAND
         assert c.call(Opcode.NOOP).status == Status.SUCCESS
 

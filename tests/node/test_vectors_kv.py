@@ -70,8 +70,11 @@ def test_non_dcp_frames_get_well_formed_answers(vector_node, vectors_dir, name):
                 elif f.opcode in (Opcode.GET_ERROR_MAP, Opcode.GET_CLUSTER_CONFIG):
                     assert isinstance(json.loads(rsp.value), dict)
                 elif f.opcode == Opcode.HELLO:
-                    assert set(msg.features) <= {3, 4, 6, 7, 8, 0x0A, 0x0B, 0x10, 0x12}
-                    # Collections (0x12) acknowledged exactly when asked for; 0x0c never
+                    assert set(msg.features) <= {3, 4, 6, 7, 8, 0x0A, 0x0B, 0x0C, 0x0D, 0x10,
+                                                 0x12, 0x15, 0x18, 0x1F}
+                    # Collections (0x12) acknowledged exactly when asked for, and every
+                    # acknowledged feature was asked for
                     asked = set(decode_message(f).features)
-                    assert (0x12 in msg.features) == (0x12 in asked) and 0x0C not in msg.features
+                    assert (0x12 in msg.features) == (0x12 in asked)
+                    assert set(msg.features) <= asked
     assert answered > 0

@@ -24,5 +24,6 @@ from . import compact, hwt  # noqa: F401
 from . import dcp  # noqa: F401
 from . import membership  # noqa: F401
 from . import collections  # noqa: F401
+from . import docops, subdoc  # noqa: F401
 
 __all__ = ["CHECKED_IN_HANDLER", "COMMANDS", "Command", "answer_later", "command"]

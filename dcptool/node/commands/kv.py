@@ -40,6 +40,8 @@ _FLAGS = struct.Struct(">I")
 _SEQNO_EXTRAS = struct.Struct(">QQ")
 MAX_KEY = 250
 MAX_VALUE = 20 * 1024 * 1024
+#: the CAS every client sees in a GET while a document is locked (GET_LOCKED)
+LOCKED_CAS = 0xFFFFFFFFFFFFFFFF
 
 _SET_MODE = {
     Opcode.SET: 0, Opcode.SETQ: 0,
@@ -147,7 +149,7 @@ def answer_write(conn, frame, vb, res, quiet: bool) -> None:
     """The answer to a write that ran: its failure status; else nothing when `quiet`, or
     the new CAS (with the vbucket uuid and seqno when MutationSeqno was negotiated)."""
     if res.status:
-        conn.reply(frame, res.status)
+        conn.error(frame, res.status)  # LOCKED is KEY_EEXISTS to a client without XERROR
     elif not quiet:
         item = res.item
         conn.reply(frame, cas=item.cas, extras=mutation_extras(conn, vb, item))
@@ -245,7 +247,12 @@ def append_prepend(conn, frame) -> None:
     if old is None:
         conn.reply(frame, Status.NOT_STORED)
         return
-    if frame.cas and frame.cas != old.cas:
+    held = vb.lock_cas(key, now) if vb.locks else 0
+    if held:
+        if frame.cas != held:
+            conn.error(frame, Status.LOCKED)
+            return
+    elif frame.cas and frame.cas != old.cas:
         conn.reply(frame, Status.KEY_EEXISTS)
         return
     if old.datatype & _XATTR:
@@ -258,8 +265,8 @@ def append_prepend(conn, frame) -> None:
         return
     new_dt = (old.datatype & _XATTR) | (_JSON if _is_json(body) else 0)
     conn.wrote = True
-    res = vb.store(key, xattrs + body, old.flags, old.expiry, new_dt, cas=old.cas, mode=2,
-                   now=now)
+    res = vb.store(key, xattrs + body, old.flags, old.expiry, new_dt, cas=held or old.cas,
+                   mode=2, now=now)
     answer_write(conn, frame, vb, res, frame.opcode in _QUIET)
 
 
@@ -277,12 +284,16 @@ def get(conn, frame) -> None:
         return
     op = frame.opcode
     with_key = op in (Opcode.GETK, Opcode.GETKQ)
-    item = vb.get(key, time.time())
+    now = time.time()
+    item = vb.get(key, now)
     if item is None:
         if op in _QUIET:
             return
         conn.reply(frame, Status.KEY_ENOENT, key=frame.key if with_key else b"")
         return
+    cas = item.cas
+    if vb.locks and vb.lock_cas(key, now):
+        cas = LOCKED_CAS  # the lock's holder alone knows a CAS that writes
     value = item.value
     dt = item.datatype
     if dt & _XATTR:
@@ -291,4 +302,4 @@ def get(conn, frame) -> None:
     if not conn.json:
         dt &= ~_JSON
     conn.reply(frame, extras=_FLAGS.pack(item.flags), key=frame.key if with_key else b"",
-               value=value, cas=item.cas, datatype=dt)
+               value=value, cas=cas, datatype=dt)

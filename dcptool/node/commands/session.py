@@ -21,7 +21,9 @@ _U16 = struct.Struct(">H")
 SUPPORTED_FEATURES = frozenset({
     Feature.TCP_NODELAY, Feature.MUTATION_SEQNO, Feature.XATTR, Feature.XERROR,
     Feature.SELECT_BUCKET, Feature.JSON, Feature.ALT_REQUEST_SUPPORT, Feature.SNAPPY,
-    Feature.COLLECTIONS,
+    Feature.COLLECTIONS, Feature.VATTR, Feature.SUBDOC_DOCUMENT_MACRO_SUPPORT,
+    Feature.DUPLEX, Feature.CLUSTERMAP_CHANGE_NOTIFICATION,
+    Feature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF,
 })
 #: feature -> features it needs (asking for it without them is EINVAL)
 _REQUIRES = {

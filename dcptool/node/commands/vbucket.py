@@ -14,8 +14,9 @@ _FAILOVER = struct.Struct(">QQ")
 _U32 = struct.Struct(">I")
 
 
-@command(Opcode.GET_CLUSTER_CONFIG, privilege=Privilege.META_READ)
+@command(Opcode.GET_CLUSTER_CONFIG, bucket=False, privilege=Privilege.META_READ)
 def get_cluster_config(conn, frame, msg) -> None:
+    """The selected bucket's map, or without a bucket the global configuration."""
     conn.reply(frame, value=cluster_config_json(conn),
                datatype=Datatype.JSON if conn.json else 0)
 
