@@ -7,9 +7,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-#: the captured client vectors and the protocol fact sheet live beside the repository
-SHARED = Path(os.environ.get("DCPTOOL_SHARED", REPO.parent / "shared"))
-VECTORS = SHARED / "protocol" / "vectors"
+#: the frames real DCP clients sent, kept with the tests (tests/vectors/README.md)
+VECTORS = REPO / "tests" / "vectors"
+
+
+def vector_files() -> list[Path]:
+    """The captured `*.requests.hex` files; none found is an error, never an empty (skipped)
+    set of tests."""
+    files = sorted(VECTORS.glob("*.requests.hex"))
+    if not files:
+        pytest.fail(f"no captured client vectors (*.requests.hex) in {VECTORS}", pytrace=False)
+    return files
 
 
 def pytest_configure(config):
@@ -38,8 +46,7 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def vectors_dir() -> Path:
-    if not VECTORS.is_dir():
-        pytest.fail(f"protocol vectors not found at {VECTORS} (set DCPTOOL_SHARED)")
+    vector_files()
     return VECTORS
 
 

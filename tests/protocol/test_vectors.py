@@ -10,7 +10,7 @@ import pytest
 from dcptool.protocol import ProtocolError, decode_frame, decode_message, message_fields
 from dcptool.protocol.constants import opcode_name
 
-from conftest import VECTORS
+from conftest import VECTORS, vector_files
 
 LINE = re.compile(r"^(?P<hex>[0-9a-fA-F]+)\s+#\s*(?P<note>.*)$")
 FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\[[^\]]*\]|\{[^}]*\}|\S+)')
@@ -25,7 +25,7 @@ RENAME = {
 
 def _vector_frames():
     out = []
-    for path in sorted(VECTORS.glob("*.requests.hex")):
+    for path in vector_files():
         for n, line in enumerate(path.read_text().splitlines(), 1):
             m = LINE.match(line.strip())
             if m:
