@@ -52,6 +52,28 @@ def test_vectors_present():
     assert len(_vector_frames()) >= 190
 
 
+def test_a_missing_vector_set_is_an_error_not_a_skip(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    import conftest
+
+    monkeypatch.setattr(conftest, "VECTORS", tmp_path / "nothing-here")
+    with pytest.raises(pytest.fail.Exception, match="no captured client vectors"):
+        conftest.vector_files()
+    # and with this project's settings any parametrised test left with no parameters fails
+    # the run instead of being skipped
+    (tmp_path / "test_empty.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('name', [])\n"
+        "def test_each(name):\n    pass\n")
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-c", str(conftest.REPO / "pyproject.toml"),
+                          str(tmp_path / "test_empty.py")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode != 0, res.stdout
+    assert "Empty parameter set" in res.stdout and "skipped" not in res.stdout, res.stdout
+
+
 @pytest.mark.parametrize("name,line,hexdata,note", _vector_frames())
 def test_vector_frame(name, line, hexdata, note):
     raw = bytes.fromhex(hexdata)
