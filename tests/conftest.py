@@ -42,6 +42,23 @@ def pytest_configure(config):
         shutil.rmtree(d, ignore_errors=True)
 
     config.add_cleanup(cleanup)
+    _cache_bytecode(config)
+
+
+def _cache_bytecode(config) -> None:
+    """With PYTHONDONTWRITEBYTECODE set, every `python -m dcptool` the tests start (commands,
+    nodes, Spark's Python workers) would compile dcptool and what it imports from source
+    again: give the run's processes a bytecode cache of their own, in a temporary directory
+    (nothing is written into the checkout or the installed packages)."""
+    import shutil
+    import tempfile
+
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    d = tempfile.mkdtemp(prefix="dcptool-test-pycache-")
+    os.environ["PYTHONPYCACHEPREFIX"] = d
+    os.environ.pop("PYTHONDONTWRITEBYTECODE")
+    config.add_cleanup(lambda: shutil.rmtree(d, ignore_errors=True))
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +90,30 @@ def node_factory(tmp_path):
 
     def make(name: str = "node", *, start: bool = True, **kwargs):
         n = NodeProcess(tmp_path / name, **kwargs)
+        made.append(n)
+        if start:
+            n.start()
+        return n
+
+    yield make
+    for n in made:
+        try:
+            n.stop(timeout=15)
+        except Exception:  # pragma: no cover - teardown must go on
+            n.kill()
+
+
+@pytest.fixture(scope="module")
+def module_node_factory(tmp_path_factory):
+    """`node_factory` for module-scoped fixtures: the nodes run until the module's last test
+    (for tests that only read what the fixture set up)."""
+    from nodeprocutil import NodeProcess
+
+    made = []
+    base = tmp_path_factory.mktemp("module-nodes")
+
+    def make(name: str = "node", *, start: bool = True, **kwargs):
+        n = NodeProcess(base / name, **kwargs)
         made.append(n)
         if start:
             n.start()

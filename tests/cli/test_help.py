@@ -332,7 +332,9 @@ def test_pip_install_from_a_clean_checkout_works_offline(tmp_path):
         how = ["--find-links", str(cache)]
         env["PIP_FIND_LINKS"] = str(cache)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
+    # no pip of its own (ensurepip costs seconds): this environment's pip installs into it
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120, env=env)
     py = venv / "bin" / "python"
     # this environment's packages (dcptool's dependencies), listed after the new one's own:
     # only their directories, not their .pth files (no editable dcptool from there)
@@ -342,15 +344,16 @@ def test_pip_install_from_a_clean_checkout_works_offline(tmp_path):
     purelib = subprocess.run([str(py), "-c", ask], capture_output=True, text=True, check=True,
                              env=env).stdout.strip()
     Path(purelib, "outer.pth").write_text("".join(f"{p}\n" for p in dict.fromkeys(here)))
-    res = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", *how, str(src)],
+    res = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
+                          "--no-index", *how, str(src)],
                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     where = subprocess.run([str(py), "-c", "import dcptool; print(dcptool.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env)
+                           capture_output=True, text=True, cwd=tmp_path, timeout=240, env=env)
     assert str(venv) in where.stdout, where.stdout  # the installed copy, not the checkout
     for argv in ([str(venv / "bin" / "dcptool"), "--version"],
                  [str(py), "-m", "dcptool", "--version"]):
-        out = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=60,
+        out = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=240,
                              env=env)
         assert out.returncode == 0 and out.stdout.startswith("dcptool "), (argv, out.stderr)
     share = venv / "share"
@@ -361,7 +364,7 @@ def test_pip_install_from_a_clean_checkout_works_offline(tmp_path):
     if shutil.which("man"):
         found = subprocess.run(["man", "-w", "dcptool-backup"], capture_output=True, text=True,
                                env={**env, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
-                                    "MANPATH": ""}, timeout=60)
+                                    "MANPATH": ""}, timeout=240)
         assert str(share / "man") in found.stdout, found.stdout + found.stderr
 
 
