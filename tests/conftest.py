@@ -48,17 +48,22 @@ def pytest_configure(config):
 def _cache_bytecode(config) -> None:
     """With PYTHONDONTWRITEBYTECODE set, every `python -m dcptool` the tests start (commands,
     nodes, Spark's Python workers) would compile dcptool and what it imports from source
-    again: give the run's processes a bytecode cache of their own, in a temporary directory
-    (nothing is written into the checkout or the installed packages)."""
-    import shutil
+    again: give the tests' processes a bytecode cache in a directory of the user's under the
+    temporary directory, kept from run to run (Python checks each file against its source),
+    so nothing is written into the checkout or the installed packages."""
     import tempfile
 
     if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
         return
-    d = tempfile.mkdtemp(prefix="dcptool-test-pycache-")
-    os.environ["PYTHONPYCACHEPREFIX"] = d
+    d = Path(tempfile.gettempdir()) / f"dcptool-test-pycache-{os.getuid()}"
+    try:
+        d.mkdir(mode=0o700, exist_ok=True)
+        if d.is_symlink() or d.stat().st_uid != os.getuid():
+            return
+    except OSError:
+        return
+    os.environ["PYTHONPYCACHEPREFIX"] = str(d)
     os.environ.pop("PYTHONDONTWRITEBYTECODE")
-    config.add_cleanup(lambda: shutil.rmtree(d, ignore_errors=True))
 
 
 @pytest.fixture(scope="session")
