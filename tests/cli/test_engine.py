@@ -130,7 +130,7 @@ def test_commands_run_on_the_engine(nodes, tmp_path, engine_dir):
                     ignore=shutil.ignore_patterns("__pycache__"))
     path = os.pathsep.join([str(elsewhere), env_for()["PYTHONPATH"]])
     r = cli("backup", "-c", f"{src.host}:{src.port}", str(tmp_path / "own3"), PYTHONPATH=path,
-            **env)
+            cwd=elsewhere, **env)  # not the checkout's directory, which `-m` puts first
     assert r.returncode == 0, r.stderr
     assert "engine runs another dcptool installation" in r.stderr
     assert_no_noise(r.stdout, r.stderr)
