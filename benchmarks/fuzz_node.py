@@ -4,7 +4,7 @@
 
 Starts a real node (`dcptool node start`, by default with `--max-body 128KiB` so that
 oversized bodies are cheap to send), then sends it inputs made from the captured client
-frames in `shared/protocol/vectors/` (the seeds): the frames as they are, random bytes,
+frames in `tests/vectors/` (the seeds): the frames as they are, random bytes,
 truncations, bit flips, mutated header fields (magic, opcode, key/extras/body lengths,
 datatype, vbucket), rebuilt sections and flexible framing extras, bodies above the limit,
 spliced frames, responses nobody asked for, and whole captured conversations replayed in
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import socket
 import struct
@@ -65,8 +64,8 @@ MAX_PAD = 1 << 20
 KNOWN_OPCODES = sorted(int(o) for o in Opcode)
 
 
-def shared_dir() -> Path:
-    return Path(os.environ.get("DCPTOOL_SHARED", REPO.parent / "shared"))
+#: the captured client frames kept with the tests
+VECTORS = REPO / "tests" / "vectors"
 
 
 # -- seeds ----------------------------------------------------------------------------------
@@ -86,7 +85,7 @@ class Seeds:
 def load_seeds(vectors: Path | None = None, *, user: str = "Administrator",
                password: str = "password", bucket: str = "default") -> Seeds:
     """The frames of every `*.requests.hex` vector file, plus a few built here."""
-    vectors = Path(vectors) if vectors is not None else shared_dir() / "protocol" / "vectors"
+    vectors = Path(vectors) if vectors is not None else VECTORS
     frames: list[bytes] = []
     sessions: dict[tuple[str, str], list[bytes]] = {}
     for path in sorted(vectors.glob("*.requests.hex")):
@@ -103,7 +102,7 @@ def load_seeds(vectors: Path | None = None, *, user: str = "Administrator",
             frames.append(raw)
             sessions.setdefault((path.name, conn), []).append(raw)
     if not frames:
-        raise SystemExit(f"no vector frames found in {vectors} (set DCPTOOL_SHARED)")
+        raise SystemExit(f"no vector frames found in {vectors}")
     features = b"".join(struct.pack(">H", f) for f in (
         Feature.XERROR, Feature.JSON, Feature.XATTR, Feature.SELECT_BUCKET,
         Feature.MUTATION_SEQNO, Feature.SNAPPY))

@@ -7,9 +7,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-#: the captured client vectors and the protocol fact sheet live beside the repository
-SHARED = Path(os.environ.get("DCPTOOL_SHARED", REPO.parent / "shared"))
-VECTORS = SHARED / "protocol" / "vectors"
+#: the frames real DCP clients sent, kept with the tests (tests/vectors/README.md)
+VECTORS = REPO / "tests" / "vectors"
+
+
+def vector_files() -> list[Path]:
+    """The captured `*.requests.hex` files; none found is an error, never an empty (skipped)
+    set of tests."""
+    files = sorted(VECTORS.glob("*.requests.hex"))
+    if not files:
+        pytest.fail(f"no captured client vectors (*.requests.hex) in {VECTORS}", pytrace=False)
+    return files
 
 
 def pytest_configure(config):
@@ -34,12 +42,33 @@ def pytest_configure(config):
         shutil.rmtree(d, ignore_errors=True)
 
     config.add_cleanup(cleanup)
+    _cache_bytecode(config)
+
+
+def _cache_bytecode(config) -> None:
+    """With PYTHONDONTWRITEBYTECODE set, every `python -m dcptool` the tests start (commands,
+    nodes, Spark's Python workers) would compile dcptool and what it imports from source
+    again: give the tests' processes a bytecode cache in a directory of the user's under the
+    temporary directory, kept from run to run (Python checks each file against its source),
+    so nothing is written into the checkout or the installed packages."""
+    import tempfile
+
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    d = Path(tempfile.gettempdir()) / f"dcptool-test-pycache-{os.getuid()}"
+    try:
+        d.mkdir(mode=0o700, exist_ok=True)
+        if d.is_symlink() or d.stat().st_uid != os.getuid():
+            return
+    except OSError:
+        return
+    os.environ["PYTHONPYCACHEPREFIX"] = str(d)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE")
 
 
 @pytest.fixture(scope="session")
 def vectors_dir() -> Path:
-    if not VECTORS.is_dir():
-        pytest.fail(f"protocol vectors not found at {VECTORS} (set DCPTOOL_SHARED)")
+    vector_files()
     return VECTORS
 
 
@@ -66,6 +95,30 @@ def node_factory(tmp_path):
 
     def make(name: str = "node", *, start: bool = True, **kwargs):
         n = NodeProcess(tmp_path / name, **kwargs)
+        made.append(n)
+        if start:
+            n.start()
+        return n
+
+    yield make
+    for n in made:
+        try:
+            n.stop(timeout=15)
+        except Exception:  # pragma: no cover - teardown must go on
+            n.kill()
+
+
+@pytest.fixture(scope="module")
+def module_node_factory(tmp_path_factory):
+    """`node_factory` for module-scoped fixtures: the nodes run until the module's last test
+    (for tests that only read what the fixture set up)."""
+    from nodeprocutil import NodeProcess
+
+    made = []
+    base = tmp_path_factory.mktemp("module-nodes")
+
+    def make(name: str = "node", *, start: bool = True, **kwargs):
+        n = NodeProcess(base / name, **kwargs)
         made.append(n)
         if start:
             n.start()

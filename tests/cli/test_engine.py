@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import dcptool
 from nodeprocutil import NodeProcess
 from noiseutil import assert_no_noise
 from test_quiet_spark import env_for, partials, pty_run
@@ -121,12 +122,15 @@ def test_commands_run_on_the_engine(nodes, tmp_path, engine_dir):
             "--master", "local[1]", **env)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""  # asked for on purpose: nothing to say
-    # another interpreter (so another installation as far as the engine knows): not used,
-    # and the command says why
-    link = tmp_path / "python-elsewhere"
-    link.symlink_to(sys.executable)
-    r = cli("backup", "-c", f"{src.host}:{src.port}", str(tmp_path / "own3"), python=str(link),
-            **env)
+    # another dcptool installation (a copy of the package in another directory, first on
+    # the path; the same interpreter, however its environment was made): not used, and the
+    # command says why
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(Path(dcptool.__file__).parent, elsewhere / "dcptool",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    path = os.pathsep.join([str(elsewhere), env_for()["PYTHONPATH"]])
+    r = cli("backup", "-c", f"{src.host}:{src.port}", str(tmp_path / "own3"), PYTHONPATH=path,
+            cwd=elsewhere, **env)  # not the checkout's directory, which `-m` puts first
     assert r.returncode == 0, r.stderr
     assert "engine runs another dcptool installation" in r.stderr
     assert_no_noise(r.stdout, r.stderr)

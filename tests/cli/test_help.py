@@ -282,11 +282,34 @@ def test_version_and_python_dash_m():
         assert res2.stdout == res.stdout
 
 
+def _build_requirements_met() -> bool:
+    """This environment holds what pyproject.toml's [build-system] requires."""
+    import tomllib
+    from importlib.metadata import PackageNotFoundError
+
+    from packaging.requirements import Requirement
+
+    for text in tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]:
+        req = Requirement(text)
+        try:
+            if not req.specifier.contains(version(req.name), prereleases=True):
+                return False
+        except PackageNotFoundError:
+            return False
+    return True
+
+
 def test_pip_install_from_a_clean_checkout_works_offline(tmp_path):
-    """Copy the checkout's files (tracked and new, nothing ignored), fetch the build
-    requirements once, then install with the package index switched off: `pip install .`
-    needs nothing but what is cached. The installed copy has the `dcptool` script, works
-    with `python -m dcptool`, and puts the man pages and completions under share/."""
+    """Copy the checkout's files (tracked and new, nothing ignored) and install them with the
+    package index switched off: `pip install .` needs nothing but the build requirements.
+    Those come from this environment when it has them (`pip install -e '.[test]'` puts
+    them there), else they are fetched once beforehand. The new environment sees this one's
+    packages whatever made it (venv or not), but not its PYTHONPATH. The installed copy has
+    the `dcptool` script, works with `python -m dcptool`, and puts the man pages and
+    completions under share/."""
+    import site
+    import sysconfig
+
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split()
     src = tmp_path / "src"
@@ -294,27 +317,44 @@ def test_pip_install_from_a_clean_checkout_works_offline(tmp_path):
         if (REPO / f).is_file():
             (src / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / f, src / f)
-    cache = tmp_path / "cache"
-    dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(cache),
-                         "setuptools>=68", "wheel"], capture_output=True, text=True, timeout=300)
-    if dl.returncode != 0:
-        pytest.skip(f"cannot fetch the build requirements once: {dl.stderr[-300:]}")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL",
+                        "PIP_FIND_LINKS")}
+    env.update(PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull)  # nor this machine's pip.conf
+    if _build_requirements_met():
+        how = ["--no-build-isolation"]
+    else:
+        cache = tmp_path / "cache"
+        dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(cache),
+                             "setuptools>=68", "wheel"], capture_output=True, text=True,
+                            timeout=300)
+        assert dl.returncode == 0, f"cannot fetch the build requirements: {dl.stderr[-300:]}"
+        how = ["--find-links", str(cache)]
+        env["PIP_FIND_LINKS"] = str(cache)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True, timeout=120)
+    # no pip of its own (ensurepip costs seconds): this environment's pip installs into it
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120, env=env)
     py = venv / "bin" / "python"
-    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(cache)}
-    env.pop("PIP_EXTRA_INDEX_URL", None)
-    res = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", "--find-links",
-                          str(cache), str(src)], capture_output=True, text=True, env=env,
-                         timeout=600, cwd=tmp_path)
+    # this environment's packages (dcptool's dependencies), listed after the new one's own:
+    # only their directories, not their .pth files (no editable dcptool from there)
+    here = [p for p in [*site.getsitepackages(), sysconfig.get_path("purelib"),
+                        sysconfig.get_path("platlib")] if os.path.isdir(p)]
+    ask = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    purelib = subprocess.run([str(py), "-c", ask], capture_output=True, text=True, check=True,
+                             env=env).stdout.strip()
+    Path(purelib, "outer.pth").write_text("".join(f"{p}\n" for p in dict.fromkeys(here)))
+    res = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
+                          "--no-index", *how, str(src)],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     where = subprocess.run([str(py), "-c", "import dcptool; print(dcptool.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
+                           capture_output=True, text=True, cwd=tmp_path, timeout=240, env=env)
     assert str(venv) in where.stdout, where.stdout  # the installed copy, not the checkout
     for argv in ([str(venv / "bin" / "dcptool"), "--version"],
                  [str(py), "-m", "dcptool", "--version"]):
-        out = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        out = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=240,
+                             env=env)
         assert out.returncode == 0 and out.stdout.startswith("dcptool "), (argv, out.stderr)
     share = venv / "share"
     assert (share / "man" / "man1" / "dcptool-backup.1").is_file()
@@ -323,8 +363,8 @@ def test_pip_install_from_a_clean_checkout_works_offline(tmp_path):
     assert (share / "fish" / "vendor_completions.d" / "dcptool.fish").is_file()
     if shutil.which("man"):
         found = subprocess.run(["man", "-w", "dcptool-backup"], capture_output=True, text=True,
-                               env={**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
-                                    "MANPATH": ""}, timeout=60)
+                               env={**env, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
+                                    "MANPATH": ""}, timeout=240)
         assert str(share / "man") in found.stdout, found.stdout + found.stderr
 
 

@@ -12,9 +12,10 @@ from dcptool.protocol.collections import doc_key
 from dcptool.protocol.messages import Set
 
 
-@pytest.fixture
-def cnode(node_factory):
-    node = node_factory(vbuckets=2)
+@pytest.fixture(scope="module")
+def cnode(module_node_factory):
+    """One node for the module: its tests only read."""
+    node = module_node_factory(vbuckets=2)
     rest = RestClient(node.host, node.rest_port, username=node.username,
                       password=node.password, bucket=node.bucket)
     rest.create_scope("inventory")

@@ -1,4 +1,4 @@
-"""Every DCP frame real clients sent (shared/protocol/vectors) gets the answer a real node gives.
+"""Every DCP frame real clients sent (tests/vectors) gets the answer a real node gives.
 
 The node holds what the captured runs expected: four vbuckets with 4, 2, 0 and 5 items
 (the end seqnos cbtransfer asked for), a user `Administrator`/`password`, and a user
@@ -18,7 +18,7 @@ from dcptool.protocol.constants import Opcode, Status, StreamEndReason
 from dcptool.protocol.messages import DcpStreamEnd
 
 from .dcputil import DcpClient
-from .vectorutil import by_connection, is_dcp_opcode, read_vector, vector_files
+from .vectorutil import by_connection, is_dcp_opcode, read_vector
 
 ITEMS = {0: 4, 1: 2, 2: 0, 3: 5}
 CONTROLS_OK = {"connection_buffer_size", "enable_noop", "set_noop_interval",
@@ -53,9 +53,9 @@ def loaded_node(tmp_path_factory):
 
 def _vector_names():
     """The vector files that hold DCP requests."""
-    from conftest import VECTORS
+    from conftest import vector_files
 
-    return [p.name for p in vector_files(VECTORS)
+    return [p.name for p in vector_files()
             if any(c.frame.is_request and is_dcp_opcode(c.frame.opcode) for c in read_vector(p))]
 
 

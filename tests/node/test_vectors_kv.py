@@ -1,4 +1,4 @@
-"""Every non-DCP request a real client sent (shared/protocol/vectors) gets a well-formed answer."""
+"""Every non-DCP request a real client sent (tests/vectors) gets a well-formed answer."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from dcptool.protocol import decode_message
 from dcptool.protocol.constants import Opcode, Status
 
 from .mcbputil import Client
-from .vectorutil import by_connection, is_dcp_opcode, read_vector, vector_files
+from .vectorutil import by_connection, is_dcp_opcode, read_vector
 
 EXPECTED = {
     Opcode.HELLO: Status.SUCCESS,
@@ -32,9 +32,9 @@ def vector_node(tmp_path_factory):
 
 
 def _vector_params():
-    from conftest import VECTORS
+    from conftest import vector_files
 
-    return [p.name for p in vector_files(VECTORS)]
+    return [p.name for p in vector_files()]
 
 
 @pytest.mark.parametrize("name", _vector_params())

@@ -1,4 +1,4 @@
-"""Reading the captured client requests in `shared/protocol/vectors/*.requests.hex`."""
+"""Reading the captured client requests in `tests/vectors/*.requests.hex`."""
 from __future__ import annotations
 
 import re
@@ -39,10 +39,6 @@ def by_connection(frames: list[Captured]) -> dict[int, list[Captured]]:
     for f in frames:
         out.setdefault(f.conn, []).append(f)
     return out
-
-
-def vector_files(directory: Path) -> list[Path]:
-    return sorted(Path(directory).glob("*.requests.hex"))
 
 
 def is_dcp_opcode(opcode: int) -> bool:

@@ -10,7 +10,7 @@ import pytest
 from dcptool.protocol import ProtocolError, decode_frame, decode_message, message_fields
 from dcptool.protocol.constants import opcode_name
 
-from conftest import VECTORS
+from conftest import VECTORS, vector_files
 
 LINE = re.compile(r"^(?P<hex>[0-9a-fA-F]+)\s+#\s*(?P<note>.*)$")
 FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\[[^\]]*\]|\{[^}]*\}|\S+)')
@@ -25,7 +25,7 @@ RENAME = {
 
 def _vector_frames():
     out = []
-    for path in sorted(VECTORS.glob("*.requests.hex")):
+    for path in vector_files():
         for n, line in enumerate(path.read_text().splitlines(), 1):
             m = LINE.match(line.strip())
             if m:
@@ -50,6 +50,28 @@ def _int(v) -> int:
 
 def test_vectors_present():
     assert len(_vector_frames()) >= 190
+
+
+def test_a_missing_vector_set_is_an_error_not_a_skip(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    import conftest
+
+    monkeypatch.setattr(conftest, "VECTORS", tmp_path / "nothing-here")
+    with pytest.raises(pytest.fail.Exception, match="no captured client vectors"):
+        conftest.vector_files()
+    # and with this project's settings any parametrised test left with no parameters fails
+    # the run instead of being skipped
+    (tmp_path / "test_empty.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('name', [])\n"
+        "def test_each(name):\n    pass\n")
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-c", str(conftest.REPO / "pyproject.toml"),
+                          str(tmp_path / "test_empty.py")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode != 0, res.stdout
+    assert "Empty parameter set" in res.stdout and "skipped" not in res.stdout, res.stdout
 
 
 @pytest.mark.parametrize("name,line,hexdata,note", _vector_frames())
