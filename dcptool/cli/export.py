@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.backup import MasterOpt, PartitionsOpt
+from dcptool.cli.backup import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, human_bytes, print_json
+from dcptool.cli.output import console, human_bytes, plural, print_json, spark_progress
 from dcptool.client.vbspec import parse_vbuckets
 
 
@@ -43,6 +43,7 @@ def export(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT if it exists.")] = False,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
+    no_progress: NoProgressOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Write an archive's records (or resolved documents) as Parquet or JSON lines.
@@ -55,12 +56,14 @@ def export(
     from dcptool.pipeline.export import run_export
 
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
-    result = run_export(archive, out, fmt=fmt.lower(), backup=backup_id, resolved=resolved,
-                        vbuckets=vbs, overwrite=overwrite, partitions=partitions, master=master)
+    with spark_progress("export", disabled=no_progress or json_out):
+        result = run_export(archive, out, fmt=fmt.lower(), backup=backup_id, resolved=resolved,
+                            vbuckets=vbs, overwrite=overwrite, partitions=partitions,
+                            master=master)
     d = result.as_dict()
     if json_out:
         print_json(d)
         return
     what = "resolved documents" if resolved else "records"
     console().print(f"exported {d['rows']:,} {what} to {d['out']} ({d['format']}, "
-                    f"{d['files']} files, {human_bytes(d['bytes'])}) in {d['seconds']:.1f} s")
+                    f"{plural(d['files'], 'file')}, {human_bytes(d['bytes'])}) in {d['seconds']:.1f} s")

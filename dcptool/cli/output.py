@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from rich.console import Console
 
@@ -101,10 +102,78 @@ def show_progress(disabled: bool = False) -> bool:
     return not disabled and not is_quiet() and stderr_is_terminal()
 
 
+#: the console of the progress bar on screen, if one is: notes go through it, so they are
+#: printed on lines of their own above the bar, never glued onto the bar's line
+_live_console: Console | None = None
+
+
 def note(message: str) -> None:
     """A remark on stderr that is not a result ("resuming partial backup ..."); --quiet drops it."""
     if not is_quiet():
-        console(stderr=True).print(message, markup=False, highlight=False, soft_wrap=True)
+        (_live_console or console(stderr=True)).print(message, markup=False, highlight=False,
+                                                      soft_wrap=True)
+
+
+def new_bar(detail: bool = True):
+    """A rich progress bar on stderr, the one every command draws: the stage, the bar, the
+    percentage, a detail column (counts), the time elapsed. Start it with `live_bar`."""
+    from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
+                               TimeElapsedColumn)
+
+    cols = [TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn()]
+    if detail:
+        cols.append(TextColumn("{task.fields[detail]}"))
+    cols.append(TimeElapsedColumn())
+    return Progress(*cols, console=console(stderr=True))
+
+
+@contextmanager
+def live_bar(bar) -> Iterator[Any]:
+    """Show `bar` for the block; notes printed meanwhile go above it."""
+    global _live_console
+    bar.start()
+    _live_console = bar.console
+    try:
+        yield bar
+    finally:
+        _live_console = None
+        bar.stop()
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n:,} {unit}" if n != 1 or not unit.endswith("s") else f"1 {unit[:-1]}"
+
+
+@contextmanager
+def spark_progress(label: str, disabled: bool = False) -> Iterator[None]:
+    """A progress bar for a Spark command (restore, export, merge, prune, remove, verify
+    --against) while the block runs, when `show_progress` allows one: the pipeline's
+    stages ("starting Spark", ...) with no total, then `label` over the Spark tasks done
+    out of their number; it ends at 100% when the block returns (not when it fails)."""
+    if not show_progress(disabled):
+        yield
+        return
+    from dcptool.pipeline import progress
+
+    bar = new_bar()
+    task = bar.add_task("preparing", total=None, detail="")
+    seen = {"total": None}
+
+    def sink(p: dict[str, Any]) -> None:
+        if p["phase"] == "tasks":
+            total = p["total"]
+            seen["total"] = total
+            bar.update(task, description=label, total=total, completed=p["done"],
+                       detail=f"{p['done']:,}/{total:,} {p['unit']}" if total is not None
+                       else _count(p["done"], p["unit"]))
+        else:
+            bar.update(task, description=p["phase"], total=None, completed=0, detail="")
+
+    with live_bar(bar), progress.reporting(sink):
+        yield
+        total = seen["total"] or 1
+        bar.update(task, description=label, total=total, completed=total,
+                   detail=f"{total:,}/{total:,} tasks" if seen["total"] else "done")
 
 
 def detail(message: str) -> None:
@@ -127,7 +196,9 @@ def print_json(obj: Any, *, pretty: bool = False) -> None:
 
 
 def human_bytes(n: float | None) -> str:
-    """A byte count for people: `512 B`, `1.5 KiB`, ... `2.0 TiB`; None is `-`."""
+    """A byte count for people, the one unit style of every command: `512 B`, `1.5 KiB`,
+    ... `2.0 TiB` (powers of 1024); None is `-`. Sizes of backups and archives are always
+    the bytes of their files (see `dcptool.archive.info.dir_size`)."""
     if n is None:
         return "-"
     size = n
@@ -150,3 +221,28 @@ def rough_duration(seconds: float) -> str:
     if s < 2 * 86400:
         return f"{s // 3600}h"
     return format_duration(86400 * (s // 86400))
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """`1 backup`, `2 backups`, `0 backups` (`words`: an irregular plural)."""
+    return f"{n:,} {word if n == 1 else (words or word + 's')}"
+
+
+def human_rate(per_second: float | None) -> str:
+    """Items per second for people: `12,345`, `42.5`, `0.57`; `-` when nothing was timed
+    or nothing moved (never a rounded `0`)."""
+    if not per_second or per_second <= 0:
+        return "-"
+    if per_second >= 100:
+        return f"{per_second:,.0f}"
+    if per_second >= 1:
+        return f"{per_second:.1f}"
+    return f"{per_second:.2g}"
+
+
+def timing(seconds: float, startup: float | None = None) -> str:
+    """`12.3 s` or `12.3 s (Spark start-up 2.1 s)`: how long a command took."""
+    text = f"{seconds:.1f} s"
+    if startup:
+        text += f" (Spark start-up {startup:.1f} s)"
+    return text
