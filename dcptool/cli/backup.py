@@ -10,7 +10,7 @@ from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
 from dcptool.cli.output import (
-    console, detail, human_bytes, human_rate, live_bar, new_bar, note, print_json,
+    backup_id_arg, console, detail, human_bytes, human_rate, live_bar, new_bar, note, print_json,
     show_progress, spark_progress, timing,
 )
 from dcptool.client.privileges import (
@@ -299,7 +299,8 @@ def restore(
     from dcptool.archive import Archive
     from dcptool.pipeline.restore import run_restore
 
-    Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
+    # a clear error for a missing or foreign directory (or backup id) before connecting
+    backup_id = backup_id_arg(Archive.open(archive), backup_id)
     opts = None
     if not dry_run:
         opts = conn_args.options()

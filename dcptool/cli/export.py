@@ -9,7 +9,7 @@ import typer
 from dcptool.cli.app import app
 from dcptool.cli.backup import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, human_bytes, plural, print_json, spark_progress
+from dcptool.cli.output import backup_id_arg, console, human_bytes, plural, print_json, spark_progress
 from dcptool.client.vbspec import parse_vbuckets
 
 
@@ -56,6 +56,7 @@ def export(
     from dcptool.pipeline.export import run_export
 
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
+    backup_id = backup_id_arg(archive, backup_id)
     with spark_progress("export", disabled=no_progress or json_out):
         result = run_export(archive, out, fmt=fmt.lower(), backup=backup_id, resolved=resolved,
                             vbuckets=vbs, overwrite=overwrite, partitions=partitions,

@@ -88,6 +88,15 @@ def no_color() -> bool:
     return bool(os.environ.get("NO_COLOR"))
 
 
+def table_console() -> Console:
+    """The stdout console for a table: a terminal's width; piped, the width COLUMNS gives,
+    or 200 columns when COLUMNS is not set (a file has no width to fit)."""
+    con = console()
+    if not con.is_terminal and not os.environ.get("COLUMNS"):
+        con.width = max(con.width, 200)
+    return con
+
+
 def console(stderr: bool = False) -> Console:
     """A rich console for stdout (or stderr): colour only on a terminal and without NO_COLOR.
 
@@ -246,3 +255,85 @@ def timing(seconds: float, startup: float | None = None) -> str:
     if startup:
         text += f" (Spark start-up {startup:.1f} s)"
     return text
+
+
+def print_table(con: Console, columns: list[str], rows: list[list[str]], *,
+                title: str | None = None, right: tuple[str, ...] = (),
+                wrap: tuple[str, ...] = ()) -> None:
+    """A table laid out for the width of `con`: every column at full width when the table
+    fits; otherwise a record view (a block per row: its first cell, then `column: value`
+    lines), so no cell is cut off and no column squeezed to nothing. A column with no value
+    in any row is left out. Cells may hold rich markup. `wrap` names columns whose cells
+    may wrap (free text), `right` those aligned right."""
+    from rich.markup import render
+    from rich.table import Table
+
+    keep = [i for i, c in enumerate(columns)
+            if any(render(str(r[i])).plain.strip() not in ("", "-") for r in rows)]
+    if not keep:
+        keep = list(range(len(columns)))
+    cols = [columns[i] for i in keep]
+    rows = [[r[i] for i in keep] for r in rows]
+
+    def table(wrap_at: int | None) -> Table:
+        t = Table(title=title)
+        for c in cols:
+            t.add_column(c, justify="right" if c in right else "left",
+                         no_wrap=c not in wrap, overflow="fold",
+                         max_width=wrap_at if c in wrap else None)
+        for r in rows:
+            t.add_row(*r)
+        return t
+
+    # the width the table needs, its free-text columns wrapped at 30 characters
+    narrow = table(30)
+    if con.measure(narrow).maximum <= con.width:
+        con.print(table(None))
+        return
+    if title:
+        con.print(f"[bold]{title}[/bold]")
+    label = max(len(c) for c in cols[1:]) if len(cols) > 1 else 0
+    for n, r in enumerate(rows):
+        if n:
+            con.print("")
+        con.print(f"[bold]{cols[0]}[/bold] {r[0]}", soft_wrap=False)
+        for c, v in zip(cols[1:], r[1:]):
+            if render(str(v)).plain.strip() in ("", "-"):
+                continue
+            con.print(f"  {c + ':':<{label + 1}} {v}")
+
+
+def backup_id_arg(archive: Any, given: str | None, option: str = "--backup") -> str | None:
+    """The committed backup `given` names in `archive` (a path or an open Archive): its full
+    id, or an unambiguous prefix of one (`20261122T10`). None stays None. Unknown or
+    ambiguous: a usage error in one line."""
+    if given is None:
+        return None
+    from dcptool.archive import Archive
+    from dcptool.errors import UsageError
+
+    arch = archive if isinstance(archive, Archive) else Archive.open(archive)
+    ids = arch.committed_ids()
+    if given in ids:
+        return given
+    found = [i for i in ids if i.startswith(given)]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise UsageError(f"{option} {given}: no committed backup in {arch.path} has this id "
+                         "or begins with it", hint=f"'dcptool info {arch.path}' lists them")
+    shown = ", ".join(found[:4]) + (" ..." if len(found) > 4 else "")
+    raise UsageError(f"{option} {given}: ambiguous, {len(found)} backups begin with it "
+                     f"({shown})", hint="give more of the id")
+
+
+def expiry_time(expiry: int | None) -> str:
+    """A document's expiry as people read it: `2026-11-27 10:00:00Z` (UTC), `never` for 0,
+    `-` when not known."""
+    if expiry is None:
+        return "-"
+    if not expiry:
+        return "never"
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(int(expiry)))

@@ -10,7 +10,9 @@ import typer
 from dcptool.cli.app import app
 from dcptool.cli.backup import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, plural, print_json, spark_progress
+from dcptool.cli.output import (
+    console, plural, print_json, print_table, spark_progress, table_console,
+)
 
 POLICY = "Retention policy"
 
@@ -58,14 +60,7 @@ _ACTION = {"keep": "keep", "delete": "[red]delete[/red]", "merge": "[yellow]merg
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
     """The backups and what happens to each (prune --dry-run, remove, info --keep-*)."""
-    from rich.table import Table
-
-    con = console()
-    if not con.is_terminal:
-        con.width = max(con.width, 160)
-    table = Table(show_lines=False)
-    for col in ("backup", "type", "action", "why"):
-        table.add_column(col, no_wrap=col != "why")
+    rows_out = []
     for r in rows:
         why = "; ".join(r["reasons"])
         if r["action"] == "merge":
@@ -73,8 +68,8 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         elif r["action"] == "merge-into":
             why = (why + "; " if why else "") + "the removed backups it depends on are merged " \
                                                 "into it"
-        table.add_row(r["id"], r["type"], _ACTION[r["action"]], why)
-    con.print(table)
+        rows_out.append([r["id"], r["type"], _ACTION[r["action"]], why])
+    print_table(table_console(), ["backup", "type", "action", "why"], rows_out, wrap=("why",))
 
 
 def _report(d: dict[str, Any], json_out: bool) -> None:

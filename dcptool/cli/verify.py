@@ -11,7 +11,7 @@ from dcptool.cli.app import app
 from dcptool.cli.backup import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
-from dcptool.cli.output import human_bytes, note, plural, print_json, spark_progress
+from dcptool.cli.output import backup_id_arg, human_bytes, note, plural, print_json, spark_progress
 from dcptool.client.privileges import DCP_PRODUCER, check_privileges
 
 
@@ -102,7 +102,8 @@ def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, 
     from dcptool.client.vbspec import parse_vbuckets
     from dcptool.pipeline.compare import run_verify_against
 
-    Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
+    # a clear error for a missing or foreign directory (or backup id) before connecting
+    backup_id = backup_id_arg(Archive.open(archive), backup_id)
     opts = conn_args.options()
     check_privileges(opts, "verify an archive against", DCP_PRODUCER)  # before Spark starts
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
