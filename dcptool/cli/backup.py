@@ -10,7 +10,7 @@ from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
 from dcptool.cli.output import (
-    backup_id_arg, console, detail, human_bytes, human_rate, live_bar, new_bar, note, print_json,
+    backup_id_arg, console, detail, human_bytes, plural, human_rate, live_bar, new_bar, note, print_json,
     show_progress, spark_progress, timing,
 )
 from dcptool.client.privileges import (
@@ -176,8 +176,8 @@ def backup(
     def on_plan(plan: dict) -> None:
         if plan["resumed"]:
             # above the bar (see output.live_bar), on a line of its own
-            note(f"resuming partial backup {plan['backup_id']}: {plan['kept']} vbuckets "
-                 f"kept, {plan['to_stream']} to stream")
+            note(f"resuming partial backup {plan['backup_id']}: "
+                 f"{plural(plan['kept'], 'vbucket')} kept, {plan['to_stream']} to stream")
         if bar is not None:
             bar.update(task, detail=f"0 items  {plan['kept']}/{plan['vbuckets']} vbuckets")
 
@@ -216,7 +216,7 @@ def backup(
     t.add_row("items/s", human_rate(d["items_per_second"]))
     wm = d.get("watermark")
     if wm is not None:
-        t.add_row("watermark", f"{wm['name']} ({wm['vbuckets']} vbuckets)" if wm["registered"]
+        t.add_row("watermark", f"{wm['name']} ({plural(wm['vbuckets'], 'vbucket')})" if wm["registered"]
                   else "not registered")
     console().print(t)
 
@@ -329,7 +329,7 @@ def restore(
                       *(f"{d[row][k]:,}" for k in ("mutation", "deletion", "expiration")))
         console().print(t)
         written = sum(d["restored"].values())
-        console().print(f"{'read' if dry_run else 'restored'} {written:,} items in "
+        console().print(f"{'read' if dry_run else 'restored'} {plural(written, 'item')} in "
                         f"{timing(d['seconds'], d['spark_startup_seconds'])}, "
                         f"{human_rate(d['items_per_second'])} items/s", markup=False)
         colls = d.get("collections") or {}

@@ -8,7 +8,7 @@ import typer
 from dcptool.cli.app import app
 from dcptool.cli.manual import manual
 from dcptool.cli.output import (
-    backup_id_arg, expiry_time, human_bytes, print_json, print_table, table_console,
+    backup_id_arg, expiry_time, plural, human_bytes, print_json, print_table, table_console,
 )
 from dcptool.errors import DcptoolError
 
@@ -60,7 +60,7 @@ def examine(
         return
     if not d["versions"]:
         raise DcptoolError(f"key {key!r} has no version in archive {archive} "
-                           f"(vbucket {d['vbucket']}, {d['backups_read']} backups read)")
+                           f"(vbucket {d['vbucket']}, {plural(d['backups_read'], 'backup')} read)")
     con = table_console()
     rows = []
     for v in d["versions"]:

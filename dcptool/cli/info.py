@@ -16,7 +16,7 @@ from dcptool.archive.info import describe_archive
 from dcptool.cli.app import app
 from dcptool.cli.connopts import PANEL, ConnArgs, connection_options
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, human_bytes, print_json, print_table, table_console
+from dcptool.cli.output import console, human_bytes, plural, print_json, print_table, table_console
 from dcptool.cli.prune import (
     KeepDailyOpt,
     KeepHourlyOpt,
@@ -144,7 +144,7 @@ def info(
             con.print(f"[red]{b['id']}: {b['error']}[/red]")
         if b.get("merged_from"):
             ids = b["merged_from"]
-            con.print(f"{b['id']}: merged from {len(ids)} backups ({ids[0]} .. {ids[-1]})")
+            con.print(f"{b['id']}: merged from {plural(len(ids), 'backup')} ({ids[0]} .. {ids[-1]})")
         for r in b.get("rollback_records", []):
             con.print(f"{b['id']}: vbucket {r['vbucket']} rolled back to seqno {r['seqno']} "
                       f"(uuid {r['vbucket_uuid']})")
@@ -217,7 +217,7 @@ def _print_node_check(check: dict[str, Any], archive: Path) -> None:
     shown = ", ".join(str(v) for v in vbs[:10]) + (" ..." if len(vbs) > 10 else "")
     w0 = warnings[0]
     err.print(f"dcptool: warning: the node purged deletions this archive has not backed up in "
-              f"{len(vbs)} vbuckets ({shown}; e.g. vbucket {w0['vbucket']}: backed up to seqno "
+              f"{plural(len(vbs), 'vbucket')} ({shown}; e.g. vbucket {w0['vbucket']}: backed up to seqno "
               f"{w0['backed_up_seqno']}, purge seqno {w0['purge_seqno']}): the next incremental "
               f"backup reads them again from seqno 0", markup=False, soft_wrap=True)
     err.print("dcptool: hint: back up more often than the node's purge age, and keep the "

@@ -120,8 +120,8 @@ def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, 
             if v["match"]:
                 continue
             a, n = v["archive"], v["node"]
-            typer.echo(f"vbucket {v['vbucket']} differs: archive {a['count']} keys (hash "
-                       f"{a['hash']}), node {n['count']} keys (hash {n['hash']}) up to seqno "
+            typer.echo(f"vbucket {v['vbucket']} differs: archive {plural(a['count'], 'key')} (hash "
+                       f"{a['hash']}), node {plural(n['count'], 'key')} (hash {n['hash']}) up to seqno "
                        f"{v.get('compared_to_seqno', v['end_seqno'])}")
             for d in v["differences"]:
                 where = "" if d.get("collection_id", "0") == "0" else \
@@ -137,7 +137,7 @@ def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, 
                        f"{report.node}")
         else:
             bad = report.differing
-            typer.echo(f"FAILED: {len(bad)} of {total} vbuckets differ from {report.node}: "
+            typer.echo(f"FAILED: {len(bad)} of {plural(total, 'vbucket')} differ from {report.node}: "
                        + ", ".join(str(v["vbucket"]) for v in bad))
     if not report.ok:
         raise typer.Exit(1)

@@ -19,7 +19,7 @@ import typer
 from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, print_json, print_table, rough_duration, table_console
+from dcptool.cli.output import console, plural, print_json, print_table, rough_duration, table_console
 from dcptool.client.privileges import WATERMARK_READ, WATERMARK_WRITE, check_privileges
 from dcptool.errors import DcptoolError, UsageError
 
@@ -173,7 +173,7 @@ def register(
         err = console(stderr=True)
         vb0 = min(behind, key=int)
         err.print(f"dcptool: warning: the node already purged deletions above this watermark in "
-                  f"{len(behind)} vbuckets (vbucket {vb0}: watermark {vbs[int(vb0)]}, purge seqno "
+                  f"{plural(len(behind), 'vbucket')} (vbucket {vb0}: watermark {vbs[int(vb0)]}, purge seqno "
                   f"{behind[vb0]}); a client resuming there is rolled back to seqno 0")
 
 
@@ -216,7 +216,7 @@ def list_(
         if holding:
             n = sum(h["tombstones"] for h in holding.values())
             longest = max(h["seconds"] for h in holding.values())
-            held = f"{n} tombstones in {len(holding)} vbuckets, up to {rough_duration(longest)}"
+            held = f"{plural(n, 'tombstone')} in {plural(len(holding), 'vbucket')}, up to {rough_duration(longest)}"
         else:
             held = "-"
         rows.append([e["name"], e["instance"], states.get(e["state"], e["state"]),

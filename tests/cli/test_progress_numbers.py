@@ -9,8 +9,11 @@ import json
 import os
 import pty
 import re
+import select
+import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from cliutil import cli
@@ -82,8 +85,7 @@ def test_spark_commands_draw_a_bar_that_ends_at_100(archive, shared_node, spark,
     for label, args in (
             ("compare", ("verify", archive, "--against", "-c", target)),
             ("restore", ("restore", archive, "-c", target, "--force-updates")),
-            ("dry run", ("restore", archive, "--dry-run")),
-            ("export", ("export", archive, tmp_path / "out", "--format", "jsonl"))):
+            ("dry run", ("restore", archive, "--dry-run"))):
         rc, out, screen = on_terminal(monkeypatch, *args)
         assert rc == 0, screen
         seen = percentages(screen, label)
@@ -96,6 +98,49 @@ def test_spark_commands_draw_a_bar_that_ends_at_100(archive, shared_node, spark,
     assert rc == 0 and "%" not in screen and json.loads(out)["dry_run"] is True
     rc, out, screen = on_terminal(monkeypatch, "restore", archive, "--dry-run", "--no-progress")
     assert rc == 0 and "%" not in screen
+
+
+def process_on_terminal(*args, columns: int = 120, timeout: float = 240
+                        ) -> tuple[int, str, str]:
+    """`dcptool ARGS` as a process of its own (its own Spark) with stderr on a
+    pseudo-terminal: (exit status, stdout, what the terminal showed, escapes removed)."""
+    master, slave = pty.openpty()
+    env = dict(os.environ, COLUMNS=str(columns))
+    proc = subprocess.Popen([sys.executable, "-m", "dcptool", *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    screen = bytearray()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([master], [], [], 0.2)
+            if r:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    chunk = b""
+                if chunk:
+                    screen.extend(chunk)
+                    continue
+            if proc.poll() is not None and not r:
+                break
+        out = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    return (proc.returncode, out.decode(errors="replace"),
+            ANSI.sub("", bytes(screen).decode(errors="replace")))
+
+
+def test_export_draws_a_bar_that_ends_at_100(archive, tmp_path):
+    rc, out, screen = process_on_terminal("export", archive, tmp_path / "out", "--format",
+                                          "jsonl", "--master", "local[2]")
+    assert rc == 0, screen
+    seen = percentages(screen, "export")
+    assert seen and seen[-1] == 100 and seen == sorted(seen), screen
+    assert "exported 402 records" in out
 
 
 def test_merge_and_prune_draw_a_bar_that_ends_at_100(shared_node, spark, tmp_path, monkeypatch):
