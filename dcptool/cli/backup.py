@@ -247,7 +247,8 @@ def restore(
     conn_args: ConnArgs = None,
     backup_id: Annotated[Optional[str], typer.Option("--backup", metavar="ID",
                                                      help="Restore the state as of this backup "
-                                                          "(default: the newest).")] = None,
+                                                          "(its id or an unambiguous beginning "
+                                                          "of it; default: the newest).")] = None,
     vbuckets: Annotated[Optional[str], typer.Option("--vbuckets", metavar="LIST",
                                                     help="Only these vbuckets, e.g. 0-15,512.")] = None,
     filter_keys: Annotated[Optional[str], typer.Option("--filter-keys", metavar="REGEX",

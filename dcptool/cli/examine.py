@@ -30,7 +30,8 @@ def examine(
         show_default=False)],
     key: Annotated[str, typer.Argument(help="Document key.", show_default=False)],
     backup_id: Annotated[Optional[str], typer.Option(
-        "--backup", metavar="ID", help="Only the chain of this backup (default: every "
+        "--backup", metavar="ID", help="Only the chain of this backup (its id or an "
+                                       "unambiguous beginning of it; default: every "
                                        "backup).")] = None,
     collection: Annotated[Optional[str], typer.Option(
         "--collection", metavar="SCOPE.COLLECTION",

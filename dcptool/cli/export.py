@@ -34,7 +34,8 @@ def export(
                                      help="Output format.")] = "parquet",
     backup_id: Annotated[Optional[str], typer.Option(
         "--backup", metavar="ID", help="Only this backup's records; with --resolved, the state "
-                                       "as of this backup.")] = None,
+                                       "as of this backup (its id or an unambiguous "
+                                       "beginning of it).")] = None,
     resolved: Annotated[bool, typer.Option(
         "--resolved", help="The newest version of each key (what restore writes) instead of "
                            "every record.")] = False,

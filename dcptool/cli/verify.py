@@ -43,7 +43,8 @@ def verify(
                           "cas, deleted).")] = False,
     backup_id: Annotated[Optional[str], typer.Option(
         "--backup", metavar="ID", help="With --against: compare the state as of this "
-                                       "backup (default: the newest).")] = None,
+                                       "backup (its id or an unambiguous beginning of "
+                                       "it; default: the newest).")] = None,
     vbuckets: Annotated[Optional[str], typer.Option(
         "--vbuckets", metavar="LIST", help="With --against: only these vbuckets.")] = None,
     conn_args: ConnArgs = None,
