@@ -10,8 +10,8 @@ from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
 from dcptool.cli.output import (
-    backup_id_arg, console, detail, human_bytes, plural, human_rate, live_bar, new_bar, note, print_json,
-    show_progress, spark_progress, timing,
+    backup_id_arg, console, detail, human_bytes, human_rate, live_bar, new_bar, note, plural,
+    print_json, show_progress, spark_progress, timing,
 )
 from dcptool.client.privileges import (
     DCP_PRODUCER, META_WRITE, WATERMARK_WRITE, check_privileges,

@@ -134,7 +134,8 @@ def info(
     print_table(con, ["backup", "parent", "type", "state", "time", "vbuckets", "mutations",
                       "deletions", "expirations", "rollbacks", "size on disk"], rows,
                 right=("vbuckets", "mutations", "deletions", "expirations", "rollbacks",
-                       "size on disk"))
+                       "size on disk"),
+                optional=("time",))  # a backup's id is the time it began
     for b in backups:
         if b["state"] == "partial":
             con.print(f"[yellow]{b['id']} is partial[/yellow]: {b['vbuckets']} of "

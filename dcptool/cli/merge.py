@@ -66,7 +66,8 @@ def merge(
     if d["finished_earlier"]:
         con.print(f"finished an interrupted merge first: removed "
                   f"{plural(len(d['finished_earlier']), 'backup')} it had replaced")
-    con.print(f"merged {plural(len(d['replaced']), 'backup')} ({d['replaced'][0]} .. {d['replaced'][-1]}) "
+    con.print(f"merged {plural(len(d['replaced']), 'backup')} "
+              f"({d['replaced'][0]} .. {d['replaced'][-1]}) "
               f"into {d['type']} backup [bold]{d['merged_id']}[/bold]")
     con.print(f"  items {d['items_before']:,} -> {d['items_after']:,} "
               f"({d['mutations']:,} mutations, {d['deletions']:,} deletions, "

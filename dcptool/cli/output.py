@@ -259,37 +259,42 @@ def timing(seconds: float, startup: float | None = None) -> str:
 
 def print_table(con: Console, columns: list[str], rows: list[list[str]], *,
                 title: str | None = None, right: tuple[str, ...] = (),
-                wrap: tuple[str, ...] = ()) -> None:
+                wrap: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
     """A table laid out for the width of `con`: every column at full width when the table
-    fits; otherwise a record view (a block per row: its first cell, then `column: value`
-    lines), so no cell is cut off and no column squeezed to nothing. A column with no value
-    in any row is left out. Cells may hold rich markup. `wrap` names columns whose cells
-    may wrap (free text), `right` those aligned right."""
+    fits; else without the `optional` columns (those that repeat what another says, such
+    as a time the backup id holds); else a record view (a block per row: its first cell,
+    then `column: value` lines), so no cell is cut off and no column squeezed to nothing.
+    A column with no value in any row is left out. Cells may hold rich markup. `wrap`
+    names columns whose cells may wrap (free text), `right` those aligned right."""
     from rich.markup import render
     from rich.table import Table
 
-    keep = [i for i, c in enumerate(columns)
-            if any(render(str(r[i])).plain.strip() not in ("", "-") for r in rows)]
+    def blank(v: Any) -> bool:
+        return render(str(v)).plain.strip() in ("", "-")
+
+    keep = [i for i, c in enumerate(columns) if any(not blank(r[i]) for r in rows)]
     if not keep:
         keep = list(range(len(columns)))
     cols = [columns[i] for i in keep]
     rows = [[r[i] for i in keep] for r in rows]
 
-    def table(wrap_at: int | None) -> Table:
+    def table(names: list[str], wrap_at: int | None) -> Table:
         t = Table(title=title)
-        for c in cols:
+        for c in names:
             t.add_column(c, justify="right" if c in right else "left",
                          no_wrap=c not in wrap, overflow="fold",
                          max_width=wrap_at if c in wrap else None)
+        idx = [cols.index(c) for c in names]
         for r in rows:
-            t.add_row(*r)
+            t.add_row(*(r[i] for i in idx))
         return t
 
-    # the width the table needs, its free-text columns wrapped at 30 characters
-    narrow = table(30)
-    if con.measure(narrow).maximum <= con.width:
-        con.print(table(None))
-        return
+    wide = con.options.update_width(100_000)
+    for names in (cols, [c for c in cols if c not in optional]):
+        # the width the table needs, its free-text columns wrapped at 30 characters
+        if con.measure(table(names, 30), options=wide).maximum <= con.width:
+            con.print(table(names, None))
+            return
     if title:
         con.print(f"[bold]{title}[/bold]")
     label = max(len(c) for c in cols[1:]) if len(cols) > 1 else 0
@@ -298,7 +303,7 @@ def print_table(con: Console, columns: list[str], rows: list[list[str]], *,
             con.print("")
         con.print(f"[bold]{cols[0]}[/bold] {r[0]}", soft_wrap=False)
         for c, v in zip(cols[1:], r[1:]):
-            if render(str(v)).plain.strip() in ("", "-"):
+            if blank(v):
                 continue
             con.print(f"  {c + ':':<{label + 1}} {v}")
 

@@ -101,7 +101,7 @@ def test_spark_commands_draw_a_bar_that_ends_at_100(archive, shared_node, spark,
     assert rc == 0 and "%" not in screen
 
 
-def process_on_terminal(*args, columns: int = 120, timeout: float = 240
+def process_on_terminal(*args, columns: int = 120, timeout: float = 600
                         ) -> tuple[int, str, str]:
     """`dcptool ARGS` as a process of its own (its own Spark) with stderr on a
     pseudo-terminal: (exit status, stdout, what the terminal showed, escapes removed)."""
@@ -135,6 +135,7 @@ def process_on_terminal(*args, columns: int = 120, timeout: float = 240
             ANSI.sub("", bytes(screen).decode(errors="replace")))
 
 
+@pytest.mark.timeout(900)  # a Spark of its own: its start-up on a busy machine
 def test_export_draws_a_bar_that_ends_at_100(archive, tmp_path):
     rc, out, screen = process_on_terminal("export", archive, tmp_path / "out", "--format",
                                           "jsonl", "--master", "local[2]")
