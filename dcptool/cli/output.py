@@ -149,10 +149,6 @@ def live_bar(bar) -> Iterator[Any]:
         bar.stop()
 
 
-def _count(n: int, unit: str) -> str:
-    return f"{n:,} {unit}" if n != 1 or not unit.endswith("s") else f"1 {unit[:-1]}"
-
-
 @contextmanager
 def spark_progress(label: str, disabled: bool = False) -> Iterator[None]:
     """A progress bar for a Spark command (restore, export, merge, prune, remove, verify
@@ -174,7 +170,7 @@ def spark_progress(label: str, disabled: bool = False) -> Iterator[None]:
             seen["total"] = total
             bar.update(task, description=label, total=total, completed=p["done"],
                        detail=f"{p['done']:,}/{total:,} {p['unit']}" if total is not None
-                       else _count(p["done"], p["unit"]))
+                       else "waiting for Spark's tasks")
         else:
             bar.update(task, description=p["phase"], total=None, completed=0, detail="")
 
