@@ -55,6 +55,7 @@ from .format import (
 from dcptool.protocol.collections import EVENT_NAMES, CollectionsError, split_doc_key
 
 from .frames import iter_frame_batches
+from .info import dir_size
 from .lock import ArchiveLock
 from .manifest import check_manifest
 from .recovery import file_digest
@@ -85,6 +86,8 @@ class VerifyReport:
     files_checked: int = 0
     bytes_checked: int = 0
     records_checked: int = 0
+    #: the bytes of the committed backups' files, as `info` gives a backup's size
+    size_on_disk: int = 0
 
     @property
     def ok(self) -> bool:
@@ -95,6 +98,7 @@ class VerifyReport:
             "archive": self.archive, "ok": self.ok,
             "backups_checked": self.backups_checked, "partial_backups": self.partial_backups,
             "files_checked": self.files_checked, "bytes_checked": self.bytes_checked,
+            "size_on_disk": self.size_on_disk,
             "records_checked": self.records_checked,
             "problems": [p.to_json() for p in self.problems], "notes": self.notes,
         }
@@ -490,6 +494,7 @@ def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> Ver
                                 "backup or discard it with --purge-partial")
             continue
         report.backups_checked += 1
+        report.size_on_disk += dir_size(bdir)
         try:
             doc = read_json(mpath)
         except (OSError, ValueError) as exc:

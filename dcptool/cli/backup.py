@@ -1,6 +1,7 @@
 """`dcptool backup` and `dcptool restore`: the main job, run on Spark."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Annotated, Optional
 
 import typer
@@ -8,7 +9,10 @@ import typer
 from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, detail, human_bytes, note, print_json, show_progress
+from dcptool.cli.output import (
+    backup_id_arg, console, detail, human_bytes, human_rate, live_bar, new_bar, note, plural,
+    print_json, show_progress, spark_progress, timing,
+)
 from dcptool.client.privileges import (
     DCP_PRODUCER, META_WRITE, WATERMARK_WRITE, check_privileges,
 )
@@ -62,6 +66,9 @@ MasterOpt = Annotated[Optional[str], typer.Option(
 PartitionsOpt = Annotated[Optional[int], typer.Option(
     "--partitions", rich_help_panel=SPARK, min=1,
     help="Spark tasks, each streaming a group of vbuckets (default 2x the cores).")]
+NoProgressOpt = Annotated[bool, typer.Option(
+    "--no-progress", help="No progress bar (there is none anyway unless stderr is a "
+                          "terminal, nor with --json).")]
 
 
 @app.command()
@@ -82,9 +89,7 @@ def backup(
                                 "resuming it.")] = False,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
-    no_progress: Annotated[bool, typer.Option(
-        "--no-progress", help="No progress bar (there is none anyway unless stderr is a "
-                              "terminal).")] = False,
+    no_progress: NoProgressOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     no_watermark: Annotated[bool, typer.Option(
         "--no-watermark", help="Do not register the archive's high watermark with the node.")] = False,
@@ -155,41 +160,33 @@ def backup(
     progress_cb = None
     bar = None
     if show:
-        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
         # phases: "starting Spark", then the bar advances with each item streamed (over the
         # vbuckets' seqnos, so it ends full), then "committing"
-        bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                       TaskProgressColumn(),
-                       TextColumn("{task.fields[items]} items  {task.fields[vbs]} vbuckets"),
-                       TimeElapsedColumn(), console=err)
-        task = bar.add_task("planning", total=None, items="0", vbs="0")
+        bar = new_bar()
+        task = bar.add_task("planning", total=None, detail="0 items  0 vbuckets")
 
         def progress_cb(p: dict) -> None:
             streaming = p["phase"] in ("streaming", "committing", "done")
             bar.update(task, description="backup" if p["phase"] == "streaming" else p["phase"],
                        total=(p["work_total"] or 1) if streaming else None,
                        completed=(p["work"] if p["work_total"] else 1) if streaming else 0,
-                       items=f"{p['items']:,}", vbs=f"{p['vbuckets_done']}/{p['vbuckets']}")
+                       detail=f"{p['items']:,} items  {p['vbuckets_done']}/{p['vbuckets']} "
+                              "vbuckets")
 
     def on_plan(plan: dict) -> None:
         if plan["resumed"]:
-            note(f"resuming partial backup {plan['backup_id']}: {plan['kept']} vbuckets "
-                 f"kept, {plan['to_stream']} to stream")
+            # above the bar (see output.live_bar), on a line of its own
+            note(f"resuming partial backup {plan['backup_id']}: "
+                 f"{plural(plan['kept'], 'vbucket')} kept, {plan['to_stream']} to stream")
         if bar is not None:
-            bar.update(task, vbs=f"{plan['kept']}/{plan['vbuckets']}")
+            bar.update(task, detail=f"0 items  {plan['kept']}/{plan['vbuckets']} vbuckets")
 
-    if bar is not None:
-        bar.start()
-    try:
+    with live_bar(bar) if bar is not None else nullcontext():
         result = run_backup(opts, archive, full=full, partitions=partitions, master=master,
                             level=level, purge_partial=purge_partial, vbuckets=vbs,
                             progress=progress_cb, on_plan=on_plan, watermark=not no_watermark,
                             watermark_ttl=ttl, notice=note, include_data=include_data,
                             exclude_data=exclude_data)
-    finally:
-        if bar is not None:
-            bar.stop()
     d = result.as_dict()
     if d["log"]:
         detail(f"log: {d['log']}")
@@ -213,12 +210,13 @@ def backup(
                                     + [f"exclude {n}" for n in d["data"]["exclude"]]))
     # the same figure and name as `dcptool info`: the backup directory's files
     t.add_row("size on disk", human_bytes(d["size_on_disk"]))
-    t.add_row("seconds", f"{d['seconds']:.2f}")
-    # of what this run streamed (a resumed run: not the items it kept)
-    t.add_row("items/s", f"{d['items_per_second'] or 0:,.0f}")
+    t.add_row("seconds", timing(d["seconds"], d["spark_startup_seconds"]))
+    # of what this run streamed (a resumed run: not the items it kept), Spark's start-up
+    # left out
+    t.add_row("items/s", human_rate(d["items_per_second"]))
     wm = d.get("watermark")
     if wm is not None:
-        t.add_row("watermark", f"{wm['name']} ({wm['vbuckets']} vbuckets)" if wm["registered"]
+        t.add_row("watermark", f"{wm['name']} ({plural(wm['vbuckets'], 'vbucket')})" if wm["registered"]
                   else "not registered")
     console().print(t)
 
@@ -249,7 +247,8 @@ def restore(
     conn_args: ConnArgs = None,
     backup_id: Annotated[Optional[str], typer.Option("--backup", metavar="ID",
                                                      help="Restore the state as of this backup "
-                                                          "(default: the newest).")] = None,
+                                                          "(its id or an unambiguous beginning "
+                                                          "of it; default: the newest).")] = None,
     vbuckets: Annotated[Optional[str], typer.Option("--vbuckets", metavar="LIST",
                                                     help="Only these vbuckets, e.g. 0-15,512.")] = None,
     filter_keys: Annotated[Optional[str], typer.Option("--filter-keys", metavar="REGEX",
@@ -277,6 +276,7 @@ def restore(
              "(default: the port its cluster config lists).")] = None,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
+    no_progress: NoProgressOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
 ) -> None:
     """Restore an archive (or the state as of one backup) into a node, keeping metadata.
@@ -300,16 +300,19 @@ def restore(
     from dcptool.archive import Archive
     from dcptool.pipeline.restore import run_restore
 
-    Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
+    # a clear error for a missing or foreign directory (or backup id) before connecting
+    backup_id = backup_id_arg(Archive.open(archive), backup_id)
     opts = None
     if not dry_run:
         opts = conn_args.options()
         check_privileges(opts, "restore into", META_WRITE)  # before anything is written
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
-    result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs, key_filter=filter_keys,
-                         force=force_updates, dry_run=dry_run, partitions=partitions, master=master,
-                         include_data=include_data, exclude_data=exclude_data, map_data=map_data,
-                         rest_port=rest_port, notice=note)
+    with spark_progress("dry run" if dry_run else "restore", disabled=no_progress or json_out):
+        result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs,
+                             key_filter=filter_keys, force=force_updates, dry_run=dry_run,
+                             partitions=partitions, master=master, include_data=include_data,
+                             exclude_data=exclude_data, map_data=map_data, rest_port=rest_port,
+                             notice=note)
     d = result.as_dict()
     if d["log"]:
         detail(f"log: {d['log']}")
@@ -324,12 +327,16 @@ def restore(
             t.add_column(kind + "s", justify="right")
         for row in ("restored", "skipped", "failed"):
             t.add_row("would write" if (dry_run and row == "restored") else row,
-                      *(str(d[row][k]) for k in ("mutation", "deletion", "expiration")))
+                      *(f"{d[row][k]:,}" for k in ("mutation", "deletion", "expiration")))
         console().print(t)
+        written = sum(d["restored"].values())
+        console().print(f"{'read' if dry_run else 'restored'} {plural(written, 'item')} in "
+                        f"{timing(d['seconds'], d['spark_startup_seconds'])}, "
+                        f"{human_rate(d['items_per_second'])} items/s", markup=False)
         colls = d.get("collections") or {}
         moved = [f"{a} -> {b}" for a, b in (colls.get("restored") or {}).items() if a != b]
-        for label, names in (("created on the target", colls.get("created")),
-                             ("restored under other names", moved),
+        # the collections created were announced when they were made (a note): not again
+        for label, names in (("restored under other names", moved),
                              ("left out", colls.get("excluded"))):
             if names:
                 console().print(f"{label}: {', '.join(names)}", markup=False)

@@ -7,7 +7,9 @@ import typer
 
 from dcptool.cli.app import app
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, print_json
+from dcptool.cli.output import (
+    backup_id_arg, expiry_time, plural, human_bytes, print_json, print_table, table_console,
+)
 from dcptool.errors import DcptoolError
 
 
@@ -28,7 +30,8 @@ def examine(
         show_default=False)],
     key: Annotated[str, typer.Argument(help="Document key.", show_default=False)],
     backup_id: Annotated[Optional[str], typer.Option(
-        "--backup", metavar="ID", help="Only the chain of this backup (default: every "
+        "--backup", metavar="ID", help="Only the chain of this backup (its id or an "
+                                       "unambiguous beginning of it; default: every "
                                        "backup).")] = None,
     collection: Annotated[Optional[str], typer.Option(
         "--collection", metavar="SCOPE.COLLECTION",
@@ -39,8 +42,9 @@ def examine(
 ) -> None:
     """Show every version of one key across the archive's backups.
 
-    For each version: backup, scope and collection, seqno, rev seqno, cas, type and size,
-    oldest first. Versions on a history branch a rollback cut off are marked dead;
+    For each version: backup, scope and collection, seqno, rev seqno, cas, type, size,
+    flags and expiry (a UTC time; "never" for none), oldest first. --backup takes a
+    backup's id or an unambiguous beginning of it. Versions on a history branch a rollback cut off are marked dead;
     versions of a collection that was later dropped are marked so; the version a restore
     would write is marked "would restore". Needs no node.
 
@@ -48,6 +52,7 @@ def examine(
     """
     from dcptool.pipeline.examine import examine_key
 
+    backup_id = backup_id_arg(archive, backup_id)
     d = examine_key(archive, key, backup=backup_id, values=show_values, collection=collection)
     if json_out:
         print_json(d)
@@ -56,26 +61,23 @@ def examine(
         return
     if not d["versions"]:
         raise DcptoolError(f"key {key!r} has no version in archive {archive} "
-                           f"(vbucket {d['vbucket']}, {d['backups_read']} backups read)")
-    from rich.table import Table
-
-    con = console()
-    if not con.is_terminal:
-        con.width = max(con.width, 160)
-    t = Table(title=f"{d['key']} (vbucket {d['vbucket']})")
-    for col in ("backup", "scope", "collection", "seqno", "rev", "cas", "type", "size", "flags",
-                "expiry", "note"):
-        t.add_column(col, justify="right" if col in ("seqno", "rev", "cas", "size", "flags",
-                                                     "expiry") else "left", no_wrap=True)
+                           f"(vbucket {d['vbucket']}, {plural(d['backups_read'], 'backup')} read)")
+    con = table_console()
+    rows = []
     for v in d["versions"]:
         notes = ["dead branch"] if v["dead"] else (["would restore"] if v["restored"] else [])
         if v["collection_dropped"]:
             notes.append("collection dropped")
-        note = ", ".join(notes)
-        t.add_row(v["backup"], v["scope"] or "?", v["collection"], str(v["seqno"]), str(v["rev_seqno"]), str(v["cas"]), v["type"],
-                  str(v["size"]), "-" if v["flags"] is None else str(v["flags"]),
-                  "-" if v["expiry"] is None else str(v["expiry"]), note)
-    con.print(t)
+        rows.append([v["backup"], v["scope"] or "?", v["collection"] or "?", f"{v['seqno']:,}",
+                     f"{v['rev_seqno']:,}", str(v["cas"]), v["type"], human_bytes(v["size"]),
+                     "-" if v["flags"] is None else str(v["flags"]), expiry_time(v["expiry"]),
+                     ", ".join(notes)])
+    # a table where it fits, a block per version where it does not; a column no version
+    # has a value in is left out
+    print_table(con, ["backup", "scope", "collection", "seqno", "rev", "cas", "type", "size",
+                      "flags", "expiry", "note"], rows,
+                title=f"{d['key']} (vbucket {d['vbucket']})",
+                right=("seqno", "rev", "cas", "size", "flags"))
     if show_values:
         for v in d["versions"]:
             text = v.get("value", v.get("value_base64"))

@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.backup import MasterOpt, PartitionsOpt
+from dcptool.cli.backup import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, human_bytes, print_json
+from dcptool.cli.output import backup_id_arg, console, human_bytes, plural, print_json, spark_progress
 from dcptool.client.vbspec import parse_vbuckets
 
 
@@ -34,7 +34,8 @@ def export(
                                      help="Output format.")] = "parquet",
     backup_id: Annotated[Optional[str], typer.Option(
         "--backup", metavar="ID", help="Only this backup's records; with --resolved, the state "
-                                       "as of this backup.")] = None,
+                                       "as of this backup (its id or an unambiguous "
+                                       "beginning of it).")] = None,
     resolved: Annotated[bool, typer.Option(
         "--resolved", help="The newest version of each key (what restore writes) instead of "
                            "every record.")] = False,
@@ -43,6 +44,7 @@ def export(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT if it exists.")] = False,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
+    no_progress: NoProgressOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Write an archive's records (or resolved documents) as Parquet or JSON lines.
@@ -55,12 +57,15 @@ def export(
     from dcptool.pipeline.export import run_export
 
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
-    result = run_export(archive, out, fmt=fmt.lower(), backup=backup_id, resolved=resolved,
-                        vbuckets=vbs, overwrite=overwrite, partitions=partitions, master=master)
+    backup_id = backup_id_arg(archive, backup_id)
+    with spark_progress("export", disabled=no_progress or json_out):
+        result = run_export(archive, out, fmt=fmt.lower(), backup=backup_id, resolved=resolved,
+                            vbuckets=vbs, overwrite=overwrite, partitions=partitions,
+                            master=master)
     d = result.as_dict()
     if json_out:
         print_json(d)
         return
     what = "resolved documents" if resolved else "records"
     console().print(f"exported {d['rows']:,} {what} to {d['out']} ({d['format']}, "
-                    f"{d['files']} files, {human_bytes(d['bytes'])}) in {d['seconds']:.1f} s")
+                    f"{plural(d['files'], 'file')}, {human_bytes(d['bytes'])}) in {d['seconds']:.1f} s")

@@ -16,7 +16,7 @@ from dcptool.archive.info import describe_archive
 from dcptool.cli.app import app
 from dcptool.cli.connopts import PANEL, ConnArgs, connection_options
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, human_bytes, print_json
+from dcptool.cli.output import console, human_bytes, plural, print_json, print_table, table_console
 from dcptool.cli.prune import (
     KeepDailyOpt,
     KeepHourlyOpt,
@@ -103,12 +103,8 @@ def info(
     if as_json:
         print_json(desc, pretty=True)
         return
-    from rich.table import Table
-
     a = desc["archive"]
-    con = console()
-    if not con.is_terminal:
-        con.width = max(con.width, 200)
+    con = table_console()
     con.print(f"archive [bold]{a['path']}[/bold]  bucket {a['bucket']}  "
               f"{a['vbuckets']} vbuckets  created {a['created']}  format {a['format']} "
               f"v{a['version']}{'  encrypted' if a.get('encrypted') else ''}  "
@@ -121,26 +117,25 @@ def info(
     if not backups:
         con.print("no backups yet")
         return
-    table = Table(show_lines=False)
-    for col in ("backup", "parent", "type", "state", "time", "vbuckets", "mutations",
-                "deletions", "expirations", "rollbacks", "size on disk"):
-        table.add_column(col, no_wrap=col in ("backup", "parent"),
-                         justify="right" if col in ("vbuckets", "mutations", "deletions",
-                                                    "expirations", "rollbacks", "size on disk")
-                         else "left")
+    rows = []
     for b in backups:
         if b["state"] == "damaged":
-            table.add_row(b["id"], "", "", "[red]damaged[/red]", "", "", "", "", "", "",
-                          human_bytes(b["size_on_disk"]))
+            rows.append([b["id"], "", "", "[red]damaged[/red]", "", "", "", "", "", "",
+                         human_bytes(b["size_on_disk"])])
             continue
         state = b["state"] if b["state"] == "complete" else "[yellow]partial[/yellow]"
         vbs = str(b["vbuckets"]) if b["state"] == "complete" else \
             f"{b['vbuckets']} of {_planned(b)}"
-        table.add_row(b["id"], b["parent"] or "-", b["type"] or "?", state,
-                      _short_time(b["started"]), vbs, f"{b['mutations']:,}", f"{b['deletions']:,}",
-                      f"{b['expirations']:,}", str(b["rollbacks"]),
-                      human_bytes(b["size_on_disk"]))
-    con.print(table)
+        rows.append([b["id"], b["parent"] or "-", b["type"] or "?", state,
+                     _short_time(b["started"]), vbs, f"{b['mutations']:,}", f"{b['deletions']:,}",
+                     f"{b['expirations']:,}", f"{b['rollbacks']:,}",
+                     human_bytes(b["size_on_disk"])])
+    # a table where it fits, a block per backup where it does not (80 columns)
+    print_table(con, ["backup", "parent", "type", "state", "time", "vbuckets", "mutations",
+                      "deletions", "expirations", "rollbacks", "size on disk"], rows,
+                right=("vbuckets", "mutations", "deletions", "expirations", "rollbacks",
+                       "size on disk"),
+                optional=("time",))  # a backup's id is the time it began
     for b in backups:
         if b["state"] == "partial":
             con.print(f"[yellow]{b['id']} is partial[/yellow]: {b['vbuckets']} of "
@@ -150,7 +145,7 @@ def info(
             con.print(f"[red]{b['id']}: {b['error']}[/red]")
         if b.get("merged_from"):
             ids = b["merged_from"]
-            con.print(f"{b['id']}: merged from {len(ids)} backups ({ids[0]} .. {ids[-1]})")
+            con.print(f"{b['id']}: merged from {plural(len(ids), 'backup')} ({ids[0]} .. {ids[-1]})")
         for r in b.get("rollback_records", []):
             con.print(f"{b['id']}: vbucket {r['vbucket']} rolled back to seqno {r['seqno']} "
                       f"(uuid {r['vbucket_uuid']})")
@@ -223,7 +218,7 @@ def _print_node_check(check: dict[str, Any], archive: Path) -> None:
     shown = ", ".join(str(v) for v in vbs[:10]) + (" ..." if len(vbs) > 10 else "")
     w0 = warnings[0]
     err.print(f"dcptool: warning: the node purged deletions this archive has not backed up in "
-              f"{len(vbs)} vbuckets ({shown}; e.g. vbucket {w0['vbucket']}: backed up to seqno "
+              f"{plural(len(vbs), 'vbucket')} ({shown}; e.g. vbucket {w0['vbucket']}: backed up to seqno "
               f"{w0['backed_up_seqno']}, purge seqno {w0['purge_seqno']}): the next incremental "
               f"backup reads them again from seqno 0", markup=False, soft_wrap=True)
     err.print("dcptool: hint: back up more often than the node's purge age, and keep the "

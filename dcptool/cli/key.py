@@ -14,7 +14,7 @@ import typer
 
 from dcptool.cli.app import app
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, print_json
+from dcptool.cli.output import console, print_json, print_table, table_console
 from dcptool.errors import UsageError
 
 manual(
@@ -79,16 +79,14 @@ def key_list(archive: ArchiveArg, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json({"archive": str(a.path), "keys": keys})
         return
-    from rich.table import Table
-
-    t = Table(title=f"keys of {a.path}")
-    for c in ("id", "created", "kdf", ""):
-        t.add_column(c)
+    rows = []
     for k in keys:
         kdf = k["kdf"]
-        t.add_row(k["id"], k["created"], f"scrypt N={kdf['n']} r={kdf['r']} p={kdf['p']}",
-                  "current" if k["current"] else "")
-    console().print(t)
+        rows.append([k["id"], k["created"], f"scrypt N={kdf['n']} r={kdf['r']} p={kdf['p']}",
+                     "yes" if k["current"] else "no"])
+    # "current": the key the passphrase of this run opened
+    print_table(table_console(), ["id", "created", "kdf", "current"], rows,
+                title=f"keys of {a.path}")
 
 
 def _current(a: Any) -> str | None:

@@ -6,9 +6,9 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.backup import MasterOpt, PartitionsOpt
+from dcptool.cli.backup import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, human_bytes, print_json
+from dcptool.cli.output import console, human_bytes, plural, print_json, spark_progress
 
 
 manual(
@@ -41,6 +41,7 @@ def merge(
                                        "backup's).")] = None,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
+    no_progress: NoProgressOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Merge a range of backups of one chain into a single backup.
@@ -54,22 +55,25 @@ def merge(
     """
     from dcptool.pipeline.merge import run_merge
 
-    result = run_merge(archive, first=first, last=last, level=level, partitions=partitions,
-                       master=master)
+    with spark_progress("merge", disabled=no_progress or json_out):
+        result = run_merge(archive, first=first, last=last, level=level,
+                           partitions=partitions, master=master)
     d = result.as_dict()
     if json_out:
         print_json(d)
         return
     con = console()
     if d["finished_earlier"]:
-        con.print(f"finished an interrupted merge first: removed {len(d['finished_earlier'])} "
-                  "backups it had replaced")
-    con.print(f"merged {len(d['replaced'])} backups ({d['replaced'][0]} .. {d['replaced'][-1]}) "
+        con.print(f"finished an interrupted merge first: removed "
+                  f"{plural(len(d['finished_earlier']), 'backup')} it had replaced")
+    con.print(f"merged {plural(len(d['replaced']), 'backup')} "
+              f"({d['replaced'][0]} .. {d['replaced'][-1]}) "
               f"into {d['type']} backup [bold]{d['merged_id']}[/bold]")
     con.print(f"  items {d['items_before']:,} -> {d['items_after']:,} "
               f"({d['mutations']:,} mutations, {d['deletions']:,} deletions, "
-              f"{d['expirations']:,} expirations; {d['rollbacks']} rollback records kept)")
-    con.print(f"  size {human_bytes(d['bytes_before'])} -> {human_bytes(d['bytes_after'])}, "
+              f"{d['expirations']:,} expirations; {plural(d['rollbacks'], 'rollback record')} kept)")
+    # sizes as `info` gives them: the bytes of the backups' files
+    con.print(f"  size {human_bytes(d['size_before'])} -> {human_bytes(d['size_after'])}, "
               f"{d['seconds']:.1f} s")
     for child in d["relinked"]:
         con.print(f"  backup {child} now continues from {d['merged_id']}")

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from rich.console import Console
 
@@ -87,6 +88,15 @@ def no_color() -> bool:
     return bool(os.environ.get("NO_COLOR"))
 
 
+def table_console() -> Console:
+    """The stdout console for a table: a terminal's width; piped, the width COLUMNS gives,
+    or 200 columns when COLUMNS is not set (a file has no width to fit)."""
+    con = console()
+    if not con.is_terminal and not os.environ.get("COLUMNS"):
+        con.width = max(con.width, 200)
+    return con
+
+
 def console(stderr: bool = False) -> Console:
     """A rich console for stdout (or stderr): colour only on a terminal and without NO_COLOR.
 
@@ -101,10 +111,74 @@ def show_progress(disabled: bool = False) -> bool:
     return not disabled and not is_quiet() and stderr_is_terminal()
 
 
+#: the console of the progress bar on screen, if one is: notes go through it, so they are
+#: printed on lines of their own above the bar, never glued onto the bar's line
+_live_console: Console | None = None
+
+
 def note(message: str) -> None:
     """A remark on stderr that is not a result ("resuming partial backup ..."); --quiet drops it."""
     if not is_quiet():
-        console(stderr=True).print(message, markup=False, highlight=False, soft_wrap=True)
+        (_live_console or console(stderr=True)).print(message, markup=False, highlight=False,
+                                                      soft_wrap=True)
+
+
+def new_bar(detail: bool = True):
+    """A rich progress bar on stderr, the one every command draws: the stage, the bar, the
+    percentage, a detail column (counts), the time elapsed. Start it with `live_bar`."""
+    from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
+                               TimeElapsedColumn)
+
+    cols = [TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn()]
+    if detail:
+        cols.append(TextColumn("{task.fields[detail]}"))
+    cols.append(TimeElapsedColumn())
+    return Progress(*cols, console=console(stderr=True))
+
+
+@contextmanager
+def live_bar(bar) -> Iterator[Any]:
+    """Show `bar` for the block; notes printed meanwhile go above it."""
+    global _live_console
+    bar.start()
+    _live_console = bar.console
+    try:
+        yield bar
+    finally:
+        _live_console = None
+        bar.stop()
+
+
+@contextmanager
+def spark_progress(label: str, disabled: bool = False) -> Iterator[None]:
+    """A progress bar for a Spark command (restore, export, merge, prune, remove, verify
+    --against) while the block runs, when `show_progress` allows one: the pipeline's
+    stages ("starting Spark", ...) with no total, then `label` over the Spark tasks done
+    out of their number; it ends at 100% when the block returns (not when it fails)."""
+    if not show_progress(disabled):
+        yield
+        return
+    from dcptool.pipeline import progress
+
+    bar = new_bar()
+    task = bar.add_task("preparing", total=None, detail="")
+    seen = {"total": None}
+
+    def sink(p: dict[str, Any]) -> None:
+        if p["phase"] == "tasks":
+            total = p["total"]
+            seen["total"] = total
+            bar.update(task, description=label, total=total, completed=p["done"],
+                       detail=f"{p['done']:,}/{total:,} {p['unit']}" if total is not None
+                       else "waiting for Spark's tasks")
+        else:
+            bar.update(task, description=p["phase"], total=None, completed=0, detail="")
+
+    with live_bar(bar), progress.reporting(sink):
+        yield
+        total = seen["total"] or 1
+        bar.update(task, description=label, total=total, completed=total,
+                   detail=f"{total:,}/{total:,} tasks" if seen["total"] else "done")
 
 
 def detail(message: str) -> None:
@@ -127,7 +201,9 @@ def print_json(obj: Any, *, pretty: bool = False) -> None:
 
 
 def human_bytes(n: float | None) -> str:
-    """A byte count for people: `512 B`, `1.5 KiB`, ... `2.0 TiB`; None is `-`."""
+    """A byte count for people, the one unit style of every command: `512 B`, `1.5 KiB`,
+    ... `2.0 TiB` (powers of 1024); None is `-`. Sizes of backups and archives are always
+    the bytes of their files (see `dcptool.archive.info.dir_size`)."""
     if n is None:
         return "-"
     size = n
@@ -150,3 +226,115 @@ def rough_duration(seconds: float) -> str:
     if s < 2 * 86400:
         return f"{s // 3600}h"
     return format_duration(86400 * (s // 86400))
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """`1 backup`, `2 backups`, `0 backups` (`words`: an irregular plural)."""
+    return f"{n:,} {word if n == 1 else (words or word + 's')}"
+
+
+def human_rate(per_second: float | None) -> str:
+    """Items per second for people: `12,345`, `42.5`, `0.57`; `-` when nothing was timed
+    or nothing moved (never a rounded `0`)."""
+    if not per_second or per_second <= 0:
+        return "-"
+    if per_second >= 100:
+        return f"{per_second:,.0f}"
+    if per_second >= 1:
+        return f"{per_second:.1f}"
+    return f"{per_second:.2g}"
+
+
+def timing(seconds: float, startup: float | None = None) -> str:
+    """`12.3 s` or `12.3 s (Spark start-up 2.1 s)`: how long a command took."""
+    text = f"{seconds:.1f} s"
+    if startup:
+        text += f" (Spark start-up {startup:.1f} s)"
+    return text
+
+
+def print_table(con: Console, columns: list[str], rows: list[list[str]], *,
+                title: str | None = None, right: tuple[str, ...] = (),
+                wrap: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
+    """A table laid out for the width of `con`: every column at full width when the table
+    fits; else without the `optional` columns (those that repeat what another says, such
+    as a time the backup id holds); else a record view (a block per row: its first cell,
+    then `column: value` lines), so no cell is cut off and no column squeezed to nothing.
+    A column with no value in any row is left out. Cells may hold rich markup. `wrap`
+    names columns whose cells may wrap (free text), `right` those aligned right."""
+    from rich.markup import render
+    from rich.table import Table
+
+    def blank(v: Any) -> bool:
+        return render(str(v)).plain.strip() in ("", "-")
+
+    keep = [i for i, c in enumerate(columns) if any(not blank(r[i]) for r in rows)]
+    if not keep:
+        keep = list(range(len(columns)))
+    cols = [columns[i] for i in keep]
+    rows = [[r[i] for i in keep] for r in rows]
+
+    def table(names: list[str], wrap_at: int | None) -> Table:
+        t = Table(title=title)
+        for c in names:
+            t.add_column(c, justify="right" if c in right else "left",
+                         no_wrap=c not in wrap, overflow="fold",
+                         max_width=wrap_at if c in wrap else None)
+        idx = [cols.index(c) for c in names]
+        for r in rows:
+            t.add_row(*(r[i] for i in idx))
+        return t
+
+    wide = con.options.update_width(100_000)
+    for names in (cols, [c for c in cols if c not in optional]):
+        # the width the table needs, its free-text columns wrapped at 30 characters
+        if con.measure(table(names, 30), options=wide).maximum <= con.width:
+            con.print(table(names, None))
+            return
+    if title:
+        con.print(f"[bold]{title}[/bold]")
+    label = max(len(c) for c in cols[1:]) if len(cols) > 1 else 0
+    for n, r in enumerate(rows):
+        if n:
+            con.print("")
+        con.print(f"[bold]{cols[0]}[/bold] {r[0]}", soft_wrap=False)
+        for c, v in zip(cols[1:], r[1:]):
+            if blank(v):
+                continue
+            con.print(f"  {c + ':':<{label + 1}} {v}")
+
+
+def backup_id_arg(archive: Any, given: str | None, option: str = "--backup") -> str | None:
+    """The committed backup `given` names in `archive` (a path or an open Archive): its full
+    id, or an unambiguous prefix of one (`20261122T10`). None stays None. Unknown or
+    ambiguous: a usage error in one line."""
+    if given is None:
+        return None
+    from dcptool.archive import Archive
+    from dcptool.errors import UsageError
+
+    arch = archive if isinstance(archive, Archive) else Archive.open(archive)
+    ids = arch.committed_ids()
+    if given in ids:
+        return given
+    found = [i for i in ids if i.startswith(given)]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise UsageError(f"{option} {given}: no committed backup in {arch.path} has this id "
+                         "or begins with it", hint=f"'dcptool info {arch.path}' lists them")
+    shown = ", ".join(found[:4]) + (" ..." if len(found) > 4 else "")
+    raise UsageError(f"{option} {given}: ambiguous, {len(found)} backups begin with it "
+                     f"({shown})", hint="give more of the id")
+
+
+def expiry_time(expiry: int | None) -> str:
+    """A document's expiry as people read it: `2026-11-27 10:00:00Z` (UTC), `never` for 0,
+    `-` when not known."""
+    if expiry is None:
+        return "-"
+    if not expiry:
+        return "never"
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(int(expiry)))

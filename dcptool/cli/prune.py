@@ -8,9 +8,11 @@ from typing import Annotated, Any, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.backup import MasterOpt, PartitionsOpt
+from dcptool.cli.backup import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, print_json
+from dcptool.cli.output import (
+    console, plural, print_json, print_table, spark_progress, table_console,
+)
 
 POLICY = "Retention policy"
 
@@ -58,14 +60,7 @@ _ACTION = {"keep": "keep", "delete": "[red]delete[/red]", "merge": "[yellow]merg
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
     """The backups and what happens to each (prune --dry-run, remove, info --keep-*)."""
-    from rich.table import Table
-
-    con = console()
-    if not con.is_terminal:
-        con.width = max(con.width, 160)
-    table = Table(show_lines=False)
-    for col in ("backup", "type", "action", "why"):
-        table.add_column(col, no_wrap=col != "why")
+    rows_out = []
     for r in rows:
         why = "; ".join(r["reasons"])
         if r["action"] == "merge":
@@ -73,8 +68,8 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         elif r["action"] == "merge-into":
             why = (why + "; " if why else "") + "the removed backups it depends on are merged " \
                                                 "into it"
-        table.add_row(r["id"], r["type"], _ACTION[r["action"]], why)
-    con.print(table)
+        rows_out.append([r["id"], r["type"], _ACTION[r["action"]], why])
+    print_table(table_console(), ["backup", "type", "action", "why"], rows_out, wrap=("why",))
 
 
 def _report(d: dict[str, Any], json_out: bool) -> None:
@@ -84,14 +79,14 @@ def _report(d: dict[str, Any], json_out: bool) -> None:
     con = console()
     print_rows(d["backups"])
     if d["finished_earlier"]:
-        con.print(f"finished an interrupted run first: removed {len(d['finished_earlier'])} "
-                  "backups it had taken out")
+        con.print(f"finished an interrupted run first: removed "
+                  f"{plural(len(d['finished_earlier']), 'backup')} it had taken out")
     verb = "would" if d["dry_run"] else "did"
     n_merged = sum(len(m["replaced"]) - 1 for m in d["merges"])
-    con.print(f"{'dry run: ' if d['dry_run'] else ''}keep {len(d['kept'])} backups, remove "
-              f"{len(d['removed'])} ({len(d['deleted'])} deleted, {n_merged} merged into "
-              f"{len(d['merges'])} kept backups)" + ("" if d["dry_run"] else
-                                                     f" in {d['seconds']:.1f} s"))
+    con.print(f"{'dry run: ' if d['dry_run'] else ''}keep {plural(len(d['kept']), 'backup')}, "
+              f"remove {len(d['removed']):,} ({len(d['deleted']):,} deleted, {n_merged:,} merged "
+              f"into {plural(len(d['merges']), 'kept backup')})"
+              + ("" if d["dry_run"] else f" in {d['seconds']:.1f} s"))
     for old, new in d["renamed"].items():
         con.print(f"  backup {old} is now {new} (merged)")
     if d["dry_run"] and not d["removed"]:
@@ -111,6 +106,7 @@ def remove(
     level: LevelOpt = None,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
+    no_progress: NoProgressOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Remove backups from an archive, keeping every other backup restorable.
@@ -132,8 +128,9 @@ def remove(
     """
     from dcptool.pipeline.prune import run_remove
 
-    d = run_remove(archive, backups or (), older=older, dry_run=dry_run, level=level,
-                   partitions=partitions, master=master)
+    with spark_progress("remove", disabled=no_progress or json_out or dry_run):
+        d = run_remove(archive, backups or (), older=older, dry_run=dry_run, level=level,
+                       partitions=partitions, master=master)
     _report(d, json_out)
 
 
@@ -149,6 +146,7 @@ def prune(
     level: LevelOpt = None,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
+    no_progress: NoProgressOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Remove the backups a retention policy does not keep (as restic's forget decides).
@@ -173,6 +171,7 @@ def prune(
 
     policy = Policy(last=keep_last, hourly=keep_hourly, daily=keep_daily, weekly=keep_weekly,
                     monthly=keep_monthly)
-    d = run_prune(archive, policy, dry_run=dry_run, level=level, partitions=partitions,
-                  master=master)
+    with spark_progress("prune", disabled=no_progress or json_out or dry_run):
+        d = run_prune(archive, policy, dry_run=dry_run, level=level, partitions=partitions,
+                      master=master)
     _report(d, json_out)

@@ -8,10 +8,10 @@ import typer
 
 from dcptool.archive.verify import verify_archive
 from dcptool.cli.app import app
-from dcptool.cli.backup import MasterOpt, PartitionsOpt
+from dcptool.cli.backup import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
-from dcptool.cli.output import note, print_json
+from dcptool.cli.output import backup_id_arg, human_bytes, note, plural, print_json, spark_progress
 from dcptool.client.privileges import DCP_PRODUCER, check_privileges
 
 
@@ -43,12 +43,14 @@ def verify(
                           "cas, deleted).")] = False,
     backup_id: Annotated[Optional[str], typer.Option(
         "--backup", metavar="ID", help="With --against: compare the state as of this "
-                                       "backup (default: the newest).")] = None,
+                                       "backup (its id or an unambiguous beginning of "
+                                       "it; default: the newest).")] = None,
     vbuckets: Annotated[Optional[str], typer.Option(
         "--vbuckets", metavar="LIST", help="With --against: only these vbuckets.")] = None,
     conn_args: ConnArgs = None,
     master: MasterOpt = None,
     partitions: PartitionsOpt = None,
+    no_progress: NoProgressOpt = False,
 ) -> None:
     """Check every backup of an archive: manifests, each file's size and SHA-256, every record,
     seqno order inside snapshots, and that each backup starts where its parent ended.
@@ -65,7 +67,8 @@ def verify(
     Example: dcptool verify /backups/default --against -c couchbase://127.0.0.1
     """
     if against:
-        _verify_against(archive, as_json, backup_id, vbuckets, conn_args, master, partitions)
+        _verify_against(archive, as_json, backup_id, vbuckets, conn_args, master, partitions,
+                        no_progress)
         return
     if backup_id or vbuckets:
         from dcptool.errors import UsageError
@@ -79,8 +82,10 @@ def verify(
             typer.echo(f"{p.path}: {p.message}")
         for note in report.notes:
             typer.echo(f"note: {note}")
-        what = (f"{report.backups_checked} backups, {report.files_checked} files "
-                f"({report.bytes_checked:,} bytes)")
+        # the size as `info` gives it: the bytes of the backups' files
+        what = (f"{plural(report.backups_checked, 'backup')} "
+                f"({human_bytes(report.size_on_disk)}), "
+                f"{plural(report.files_checked, 'file')}")
         if not checksums_only:
             what += f", {report.records_checked:,} records"
         if report.ok:
@@ -93,17 +98,19 @@ def verify(
 
 
 def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, master,
-                    partitions) -> None:
+                    partitions, no_progress: bool = False) -> None:
     from dcptool.archive import Archive
     from dcptool.client.vbspec import parse_vbuckets
     from dcptool.pipeline.compare import run_verify_against
 
-    Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
+    # a clear error for a missing or foreign directory (or backup id) before connecting
+    backup_id = backup_id_arg(Archive.open(archive), backup_id)
     opts = conn_args.options()
     check_privileges(opts, "verify an archive against", DCP_PRODUCER)  # before Spark starts
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
-    report = run_verify_against(archive, opts, backup=backup_id, vbuckets=vbs,
-                                partitions=partitions, master=master)
+    with spark_progress("compare", disabled=no_progress or as_json):
+        report = run_verify_against(archive, opts, backup=backup_id, vbuckets=vbs,
+                                    partitions=partitions, master=master)
     if as_json:
         print_json(report.to_json(), pretty=True)
     else:
@@ -114,8 +121,8 @@ def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, 
             if v["match"]:
                 continue
             a, n = v["archive"], v["node"]
-            typer.echo(f"vbucket {v['vbucket']} differs: archive {a['count']} keys (hash "
-                       f"{a['hash']}), node {n['count']} keys (hash {n['hash']}) up to seqno "
+            typer.echo(f"vbucket {v['vbucket']} differs: archive {plural(a['count'], 'key')} (hash "
+                       f"{a['hash']}), node {plural(n['count'], 'key')} (hash {n['hash']}) up to seqno "
                        f"{v.get('compared_to_seqno', v['end_seqno'])}")
             for d in v["differences"]:
                 where = "" if d.get("collection_id", "0") == "0" else \
@@ -127,11 +134,11 @@ def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, 
         total = len(report.vbuckets)
         keys = sum(v["archive"]["count"] for v in report.vbuckets)
         if report.ok:
-            typer.echo(f"OK: {total} vbuckets ({keys:,} keys) of backup {report.backup} match "
+            typer.echo(f"OK: {plural(total, 'vbucket')} ({plural(keys, 'key')}) of backup {report.backup} match "
                        f"{report.node}")
         else:
             bad = report.differing
-            typer.echo(f"FAILED: {len(bad)} of {total} vbuckets differ from {report.node}: "
+            typer.echo(f"FAILED: {len(bad)} of {plural(total, 'vbucket')} differ from {report.node}: "
                        + ", ".join(str(v["vbucket"]) for v in bad))
     if not report.ok:
         raise typer.Exit(1)

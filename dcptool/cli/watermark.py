@@ -19,7 +19,7 @@ import typer
 from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
-from dcptool.cli.output import console, print_json, rough_duration
+from dcptool.cli.output import console, plural, print_json, print_table, rough_duration, table_console
 from dcptool.client.privileges import WATERMARK_READ, WATERMARK_WRITE, check_privileges
 from dcptool.errors import DcptoolError, UsageError
 
@@ -173,7 +173,7 @@ def register(
         err = console(stderr=True)
         vb0 = min(behind, key=int)
         err.print(f"dcptool: warning: the node already purged deletions above this watermark in "
-                  f"{len(behind)} vbuckets (vbucket {vb0}: watermark {vbs[int(vb0)]}, purge seqno "
+                  f"{plural(len(behind), 'vbucket')} (vbucket {vb0}: watermark {vbs[int(vb0)]}, purge seqno "
                   f"{behind[vb0]}); a client resuming there is rolled back to seqno 0")
 
 
@@ -199,13 +199,9 @@ def list_(
     if json_out:
         print_json(table)
         return
-    from rich.table import Table
-
     from dcptool.node.config import format_duration
 
-    con = console()
-    if not con.is_terminal:
-        con.width = max(con.width, 200)
+    con = table_console()
     entries = table.get("entries", [])
     con.print(f"purge age {format_duration(table.get('purge_age'))}, max hold "
               f"{format_duration(table.get('max_hold'))}, compaction every "
@@ -213,41 +209,42 @@ def list_(
     if not entries:
         con.print("no high watermarks registered" + (f" as {name}" if name else ""))
         return
-    t = Table()
-    for col in ("name", "instance", "state", "vbuckets", "lowest", "highest", "reported",
-                "expires", "holding back"):
-        t.add_column(col, justify="right" if col in ("vbuckets", "lowest", "highest") else "left")
+    rows = []
     states = {"ok": "ok", "expired": "[yellow]expired[/yellow]", "lost": "[red]lost[/red]"}
     for e in entries:
         holding = e.get("holding") or {}
         if holding:
             n = sum(h["tombstones"] for h in holding.values())
             longest = max(h["seconds"] for h in holding.values())
-            held = f"{n} tombstones in {len(holding)} vbuckets, up to {rough_duration(longest)}"
+            held = f"{plural(n, 'tombstone')} in {plural(len(holding), 'vbucket')}, up to {rough_duration(longest)}"
         else:
             held = "-"
-        t.add_row(e["name"], e["instance"], states.get(e["state"], e["state"]),
-                  str(len(e["vbuckets"])), str(e["lowest_seqno"]), str(e["highest_seqno"]),
-                  _when(e["reported_at"]), _when(e["expires_at"]), held)
-    con.print(t)
+        rows.append([e["name"], e["instance"], states.get(e["state"], e["state"]),
+                     str(len(e["vbuckets"])), str(e["lowest_seqno"]), str(e["highest_seqno"]),
+                     _when(e["reported_at"]), _when(e["expires_at"]), held])
+    # names in full: a table where it fits, a block per watermark where it does not
+    print_table(con, ["name", "instance", "state", "vbuckets", "lowest", "highest", "reported",
+                      "expires", "holding back"], rows,
+                right=("vbuckets", "lowest", "highest"), wrap=("holding back",))
     purge = table.get("purge_seqnos", {})
     details = [(e, vb, h) for e in entries for vb, h in sorted((e.get("holding") or {}).items(),
                                                                 key=lambda kv: int(kv[0]))]
     if details:
-        d = Table(title="per vbucket: what each watermark holds back")
-        for col in ("name", "instance", "vb", "watermark", "purge seqno", "tombstones kept",
-                    "up to seqno", "purgeable for"):
-            d.add_column(col, justify="left" if col in ("name", "instance") else "right")
+        drows = []
         shown: dict[tuple[str, str], int] = {}
         for e, vb, h in details:
             k = (e["name"], e["instance"])
             shown[k] = shown.get(k, 0) + 1
             if shown[k] > 20:
                 continue
-            d.add_row(e["name"], e["instance"], vb, str(e["vbuckets"][vb]),
-                      str(purge.get(vb, "")), str(h["tombstones"]), str(h["up_to_seqno"]),
-                      rough_duration(h["seconds"]))
-        con.print(d)
+            drows.append([e["name"], e["instance"], vb, str(e["vbuckets"][vb]),
+                          str(purge.get(vb, "")), str(h["tombstones"]), str(h["up_to_seqno"]),
+                          rough_duration(h["seconds"])])
+        print_table(con, ["name", "instance", "vb", "watermark", "purge seqno",
+                          "tombstones kept", "up to seqno", "purgeable for"], drows,
+                    title="per vbucket: what each watermark holds back",
+                    right=("vb", "watermark", "purge seqno", "tombstones kept", "up to seqno",
+                           "purgeable for"))
         for (n, i), count in shown.items():
             if count > 20:
                 con.print(f"{n}/{i}: {count - 20} more vbuckets (--json lists all)")

@@ -132,8 +132,9 @@ class BackupResult:
             "seconds": round(self.seconds, 3),
             "spark_startup_seconds": round(self.spark_seconds, 3),
             "items_streamed": self.items_streamed,
-            "items_per_second": (round(self.items_streamed / self.seconds, 1)
-                                 if self.seconds else None),
+            # of the streaming: Spark's start-up is spark_startup_seconds, apart
+            "items_per_second": (round(self.items_streamed / (self.seconds - self.spark_seconds), 1)
+                                 if self.seconds > self.spark_seconds else None),
             "kept_vbuckets": self.kept_vbuckets, "system_events": self.system_events,
             "data": self.data, "collections": self.collections,
             "rollback_details": self.rollback_details,

@@ -42,6 +42,7 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
                partitions: int | None = None, master: str | None = None,
                spark=None) -> ExportResult:
     from .dataframes import read_archive
+    from . import progress
     from .runtime import check_executors_see, get_spark
 
     t0 = time.monotonic()
@@ -64,10 +65,12 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
     df = read_archive(spark, archive.path.absolute(), backup=backup, resolved=resolved,
                       vbuckets=vbuckets, partitions=partitions)
     writer = df.write.mode("overwrite" if (overwrite or out.exists()) else "errorifexists")
-    if fmt == "parquet":
-        writer.parquet(str(out))
-    else:
-        writer.json(str(out))
+    with progress.watch_tasks(spark, "tasks"):  # a command's progress bar, if it draws one
+        if fmt == "parquet":
+            writer.parquet(str(out))
+        else:
+            writer.json(str(out))
+    progress.stage("counting rows")
     rows = files = size = 0
     suffix = ".parquet" if fmt == "parquet" else ".jsonl"
     if fmt == "jsonl":

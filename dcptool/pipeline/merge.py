@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dcptool.archive import Archive
+from dcptool.archive.info import dir_size
 from dcptool.archive.merging import (
     MergeTarget,
     VBucketMergePlan,
@@ -44,6 +45,10 @@ class MergeResult:
     rollbacks: int = 0
     bytes_before: int = 0
     bytes_after: int = 0
+    #: the bytes of the backups' files (what `info` shows), of the backups replaced and of
+    #: the merged backup (bytes_before/bytes_after: of their data files only)
+    size_before: int = 0
+    size_after: int = 0
     seconds: float = 0.0
     finished_earlier: list[str] = field(default_factory=list)
     log: str | None = None
@@ -60,6 +65,7 @@ class MergeResult:
             "mutations": self.mutations, "deletions": self.deletions,
             "expirations": self.expirations, "rollbacks": self.rollbacks,
             "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
+            "size_before": self.size_before, "size_after": self.size_after,
             "seconds": round(self.seconds, 3), "finished_earlier": self.finished_earlier,
             "log": self.log,
         }
@@ -147,6 +153,8 @@ def _run_merge(rl: RunLog, archive_path: str | os.PathLike[str], *, first: str |
     lock = archive.lock("merge").acquire()
     try:
         done_before = finish_interrupted_merges(archive)
+        # the backups' sizes before the merge removes the ones it replaces
+        sizes = {b: dir_size(archive.backup_dir(b)) for b in archive.committed_ids()}
         plan, manifest = merge_range(archive, first, last, level=level,
                                      run_vbuckets=spark_merger(rl, spark, master, partitions))
         result = MergeResult(plan.merged_id, plan.type, plan.parent, list(plan.replaced), [],
@@ -160,6 +168,8 @@ def _run_merge(rl: RunLog, archive_path: str | os.PathLike[str], *, first: str |
         result.mutations, result.deletions = t["mutations"], t["deletions"]
         result.expirations, result.rollbacks = t["expirations"], t["rollbacks"]
         result.bytes_after = t["file_bytes"]
+        result.size_before = sum(sizes.get(b, 0) for b in plan.replaced)
+        result.size_after = dir_size(archive.backup_dir(plan.merged_id))
     finally:
         lock.release()
     result.seconds = time.monotonic() - t0

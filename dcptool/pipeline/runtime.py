@@ -35,6 +35,8 @@ from typing import Any
 
 from dcptool.errors import DcptoolError
 
+from . import progress
+
 DEFAULT_MASTER = "local[*]"
 
 _lock = threading.Lock()
@@ -208,8 +210,10 @@ def run_tasks(spark, fn, tasks: list) -> list:
 
     sc = context_of(spark)
     set_job_group(sc)
-    # the data keys of the encrypted archives this driver opened go with the tasks
-    return sc.parallelize(tasks, len(tasks)).map(carrying_keys(fn)).collect()
+    # the data keys of the encrypted archives this driver opened go with the tasks; a
+    # command's progress bar counts them done (see pipeline/progress.py)
+    with progress.watch_tasks(sc, "tasks", len(tasks)):
+        return sc.parallelize(tasks, len(tasks)).map(carrying_keys(fn)).collect()
 
 
 def _cache_dir() -> Path:
@@ -511,6 +515,7 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
     with _lock:
         if SparkContext._active_spark_context is not None:  # an active session's too
             return SparkContext._active_spark_context
+        progress.stage("starting Spark")  # for a command's progress bar (none: nothing)
         attached = _engine_session(master or os.environ.get("DCPTOOL_SPARK_MASTER"))
         if attached is not None:
             if _jvm_output is not None and threading.current_thread() is threading.main_thread():

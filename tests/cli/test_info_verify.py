@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -100,10 +101,14 @@ def test_info_errors_are_one_line(tmp_path):
 def test_verify_ok(archive):
     res = run("verify", str(archive.path))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.strip().splitlines()[-1].startswith("OK: 2 backups, 4 files")
+    assert re.match(r"OK: 2 backups \([\d.]+ (B|KiB|MiB)\), 4 files",
+                    res.stdout.strip().splitlines()[-1]), res.stdout
     res = run("verify", str(archive.path), "--json")
     report = json.loads(res.stdout)
     assert res.returncode == 0 and report["ok"] and report["problems"] == []
+    # the size is info's: the bytes of the backups' files
+    info = json.loads(run("info", str(archive.path), "--json").stdout)
+    assert report["size_on_disk"] == info["archive"]["size_on_disk"] > 0
     assert report["records_checked"] == 2 * (100 + 4) + 2 * (20 + 4)
 
 

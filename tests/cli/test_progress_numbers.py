@@ -1,0 +1,324 @@
+"""Progress and numbers a person can trust: a progress bar for every long Spark command on
+a terminal (ending at 100%), items/s without Spark's start-up, one size everywhere, the
+restore's summary, tables that fit 80 columns, expiry as a time, backup id prefixes and
+plurals."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from cliutil import cli
+from docutil import load, opts_for
+
+from dcptool.cli.app import main
+from dcptool.cli.output import human_bytes
+from dcptool.pipeline.backup import run_backup
+
+VBS = 16
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def on_terminal(monkeypatch, *args, columns: int = 120) -> tuple[int, str, str]:
+    """`dcptool ARGS` in this process (the session's Spark) with stderr on a pseudo-terminal:
+    (exit status, stdout, what the terminal showed, escapes removed)."""
+    master, slave = pty.openpty()
+    screen = bytearray()
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            screen.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    term = os.fdopen(slave, "w", buffering=1)
+    out = io.StringIO()
+    monkeypatch.setenv("COLUMNS", str(columns))
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, term
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main([str(a) for a in args])
+    finally:
+        term.flush()
+        sys.stdout, sys.stderr = saved
+        term.close()
+        reader.join(5)
+        os.close(master)
+    return exc.value.code, out.getvalue(), ANSI.sub("", bytes(screen).decode(errors="replace"))
+
+
+def percentages(text: str, label: str) -> list[int]:
+    return [int(p) for p in re.findall(rf"{label}\s.*?(\d+)%", text)]
+
+
+@pytest.fixture(scope="module")
+def archive(shared_node, spark, tmp_path_factory):
+    """An archive of two backups of the shared node: a full one and a 2-item incremental."""
+    path = tmp_path_factory.mktemp("progress") / "archive"
+    with opts_for(shared_node).connect() as conn:
+        load(conn, {f"p::{i}": {"i": i} for i in range(400)}, VBS)
+    run_backup(opts_for(shared_node), path, spark=spark, watermark=False)
+    with opts_for(shared_node).connect() as conn:
+        load(conn, {"p::1": {"again": 1}, "p::2": {"again": 2}}, VBS)
+    run_backup(opts_for(shared_node), path, spark=spark, watermark=False)
+    return path
+
+
+def test_spark_commands_draw_a_bar_that_ends_at_100(archive, shared_node, spark, tmp_path,
+                                                   monkeypatch):
+    monkeypatch.setenv("DCPTOOL_PASSWORD", shared_node.password)
+    target = f"{shared_node.host}:{shared_node.port}"
+    for label, args in (
+            ("compare", ("verify", archive, "--against", "-c", target)),
+            ("restore", ("restore", archive, "-c", target, "--force-updates")),
+            ("dry run", ("restore", archive, "--dry-run"))):
+        rc, out, screen = on_terminal(monkeypatch, *args)
+        assert rc == 0, screen
+        seen = percentages(screen, label)
+        assert seen and seen[-1] == 100, screen
+        assert all(a <= b for a, b in zip(seen, seen[1:])), seen  # never goes back
+        assert re.search(rf"{label}\s.*100%\s+(\d+)/\1 tasks", screen), screen
+        assert "Traceback" not in screen
+    # --json and --no-progress: nothing drawn
+    rc, out, screen = on_terminal(monkeypatch, "restore", archive, "--dry-run", "--json")
+    assert rc == 0 and "%" not in screen and json.loads(out)["dry_run"] is True
+    rc, out, screen = on_terminal(monkeypatch, "restore", archive, "--dry-run", "--no-progress")
+    assert rc == 0 and "%" not in screen
+
+
+def process_on_terminal(*args, columns: int = 120, timeout: float = 600
+                        ) -> tuple[int, str, str]:
+    """`dcptool ARGS` as a process of its own (its own Spark) with stderr on a
+    pseudo-terminal: (exit status, stdout, what the terminal showed, escapes removed)."""
+    master, slave = pty.openpty()
+    env = dict(os.environ, COLUMNS=str(columns))
+    proc = subprocess.Popen([sys.executable, "-m", "dcptool", *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    screen = bytearray()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([master], [], [], 0.2)
+            if r:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    chunk = b""
+                if chunk:
+                    screen.extend(chunk)
+                    continue
+            if proc.poll() is not None and not r:
+                break
+        out = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    return (proc.returncode, out.decode(errors="replace"),
+            ANSI.sub("", bytes(screen).decode(errors="replace")))
+
+
+@pytest.mark.timeout(900)  # a Spark of its own: its start-up on a busy machine
+def test_export_draws_a_bar_that_ends_at_100(archive, tmp_path):
+    rc, out, screen = process_on_terminal("export", archive, tmp_path / "out", "--format",
+                                          "jsonl", "--master", "local[2]")
+    assert rc == 0, screen
+    seen = percentages(screen, "export")
+    assert seen and seen[-1] == 100 and seen == sorted(seen), screen
+    assert "exported 402 records" in out
+
+
+def test_merge_and_prune_draw_a_bar_that_ends_at_100(shared_node, spark, tmp_path, monkeypatch):
+    path = tmp_path / "archive"
+    for i in range(3):
+        with opts_for(shared_node).connect() as conn:
+            load(conn, {f"m::{i}": {"i": i}}, VBS)
+        run_backup(opts_for(shared_node), path, spark=spark, watermark=False)
+    rc, out, screen = on_terminal(monkeypatch, "prune", path, "--keep-last", "2")
+    assert rc == 0, screen
+    assert percentages(screen, "prune")[-1] == 100, screen
+    assert "keep 2 backups, remove 1 (0 deleted, 1 merged into 1 kept backup)" in out
+    rc, out, screen = on_terminal(monkeypatch, "merge", path)
+    assert rc == 0, screen
+    assert percentages(screen, "merge")[-1] == 100, screen
+    assert "merged 2 backups" in out
+
+
+def test_items_per_second_leaves_spark_startup_out(shared_node, spark, tmp_path, capsys,
+                                                   monkeypatch):
+    monkeypatch.setenv("DCPTOOL_PASSWORD", shared_node.password)
+    target = f"{shared_node.host}:{shared_node.port}"
+    archive = tmp_path / "archive"
+    run_backup(opts_for(shared_node), archive, spark=spark, watermark=False)
+    with opts_for(shared_node).connect() as conn:
+        load(conn, {"q::3": {"again": 3}, "q::4": {"again": 4}}, VBS)
+    rc, out, err = cli(capsys, "backup", archive, "-c", target, "--no-watermark", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["items_streamed"] == 2 and d["type"] == "incremental"
+    work = d["seconds"] - d["spark_startup_seconds"]
+    assert d["items_per_second"] == pytest.approx(2 / work, rel=0.05)
+    # a 2-item incremental: a rate, never "0"
+    with opts_for(shared_node).connect() as conn:
+        load(conn, {"q::5": {"again": 5}, "q::6": {"again": 6}}, VBS)
+    rc, out, err = cli(capsys, "backup", archive, "-c", target, "--no-watermark")
+    assert rc == 0, err
+    rate = re.search(r"items/s\s*│?\s*(\S+)", out).group(1)
+    assert rate not in ("0", "-") and float(rate.replace(",", "")) > 0, out
+    assert re.search(r"seconds\W+[\d.]+ s", out), out
+    # restore: its duration and rate in the summary, Spark's start-up apart in the JSON
+    rc, out, err = cli(capsys, "restore", archive, "--dry-run", "--json")
+    d = json.loads(out)
+    n = sum(d["restored"].values())
+    assert n > 0 and d["spark_startup_seconds"] >= 0 and d["seconds"] > d["spark_startup_seconds"]
+    assert d["items_per_second"] == pytest.approx(
+        n / (d["seconds"] - d["spark_startup_seconds"]), rel=0.05)
+    rc, out, err = cli(capsys, "restore", archive, "--dry-run")
+    assert rc == 0, err
+    assert re.search(rf"read {n:,} items in [\d.]+ s.*, [\d,.]+ items/s", out), out
+
+
+def test_sizes_agree_in_info_verify_and_merge(shared_node, spark, tmp_path, capsys):
+    path = tmp_path / "archive"
+    for i in range(2):
+        with opts_for(shared_node).connect() as conn:
+            load(conn, {f"s::{i}::{j}": {"j": j, "pad": "x" * 200} for j in range(50)}, VBS)
+        run_backup(opts_for(shared_node), path, spark=spark, watermark=False)
+    info = json.loads(cli(capsys, "info", path, "--json")[1])
+    sizes = {b["id"]: b["size_on_disk"] for b in info["backups"]}
+    total = info["archive"]["size_on_disk"]
+    assert total == sum(sizes.values()) > 0
+    rc, out, _ = cli(capsys, "verify", path, "--json")
+    assert rc == 0 and json.loads(out)["size_on_disk"] == total
+    rc, out, _ = cli(capsys, "verify", path, "--checksums-only")
+    assert f"OK: 2 backups ({human_bytes(total)})" in out
+    rc, out, _ = cli(capsys, "info", path)
+    assert human_bytes(total) in out and all(human_bytes(s) in out for s in sizes.values())
+    rc, out, err = cli(capsys, "merge", path, "--json")
+    assert rc == 0, err
+    m = json.loads(out)
+    assert m["size_before"] == total
+    after = json.loads(cli(capsys, "info", path, "--json")[1])
+    assert after["backups"][0]["size_on_disk"] == m["size_after"] > 0
+    assert human_bytes(m["size_after"]) == human_bytes(after["archive"]["size_on_disk"])
+
+
+def test_restore_names_created_collections_once(node_factory, spark, tmp_path, capsys,
+                                                monkeypatch):
+    from dcptool.client.connection import COLLECTION_FEATURES, Connection
+    from dcptool.client.rest import RestClient
+    from dcptool.protocol import Set, vbucket_of
+    from dcptool.protocol.collections import doc_key
+
+    src = node_factory("src", vbuckets=VBS)
+    dst = node_factory("dst", vbuckets=VBS)
+    rest = RestClient(src.host, src.rest_port, username=src.username, password=src.password,
+                      bucket=src.bucket)
+    rest.create_scope("inv")
+    rest.create_collection("inv", "hotels")
+    cid = rest.manifest().collection("inv", "hotels").uid
+    with Connection.open(src.host, src.port, username=src.username, password=src.password,
+                         bucket=src.bucket, features=COLLECTION_FEATURES) as conn:
+        conn.request(Set(key=doc_key(cid, b"h1"), value=b'{"a":1}', vbucket=vbucket_of(b"h1", VBS),
+                         datatype=1))
+    path = tmp_path / "archive"
+    run_backup(opts_for(src), path, spark=spark, watermark=False)
+    monkeypatch.setenv("DCPTOOL_PASSWORD", dst.password)
+    rc, out, err = cli(capsys, "restore", path, "-c", f"{dst.host}:{dst.port}")
+    assert rc == 0, err
+    assert (out + err).count("created on the target") == 1, out + err
+    assert "inv.hotels" in err
+    assert re.search(r"restored 1 item in [\d.]+ s", out), out
+
+
+def _fits(out: str, width: int) -> bool:
+    return all(len(line) <= width for line in out.splitlines())
+
+
+def test_tables_fit_80_and_160_columns(shared_node, spark, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DCPTOOL_PASSWORD", shared_node.password)
+    monkeypatch.setenv("DCPTOOL_ARCHIVE_PASSPHRASE", "a passphrase for the test")
+    target = f"{shared_node.host}:{shared_node.port}"
+    expires = int(time.time()) + 7200
+    with opts_for(shared_node).connect() as conn:
+        load(conn, {"t::exp": {"v": 1}}, VBS, expiry=expires)
+    path = tmp_path / "archive"
+    assert cli(capsys, "backup", path, "-c", target, "--encrypt")[0] == 0
+    with opts_for(shared_node).connect() as conn:
+        load(conn, {"t::exp": {"v": 2}}, VBS, expiry=expires)
+    assert cli(capsys, "backup", path, "-c", target)[0] == 0
+    ids = [b["id"] for b in json.loads(cli(capsys, "info", path, "--json")[1])["backups"]]
+    wm = json.loads(cli(capsys, "watermark", "list", "-c", target, "--json")[1])
+    names = [e["name"] for e in wm["entries"]]
+    assert names and all(len(n) > 20 for n in names)
+    when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(expires))
+    for width in (80, 160):
+        monkeypatch.setenv("COLUMNS", str(width))
+        rc, out, err = cli(capsys, "info", path)
+        assert rc == 0, err
+        assert _fits(out, width), out
+        for bid in ids:  # every id in full, every figure named
+            assert bid in out
+        for col in ("parent", "type", "state", "vbuckets", "mutations", "deletions",
+                    "expirations", "rollbacks", "size on disk"):
+            assert col in out, (width, out)
+        rc, out, err = cli(capsys, "watermark", "list", "-c", target)
+        assert rc == 0, err
+        assert _fits(out, width) and all(n in out for n in names), out
+        assert "…" not in out
+        rc, out, err = cli(capsys, "examine", path, "t::exp")
+        assert rc == 0, err
+        assert _fits(out, width) and when in out and str(expires) not in out, out
+        assert "…" not in out
+        rc, out, err = cli(capsys, "key", "list", path)
+        assert rc == 0, err
+        # every column has a header (the last one, "current", had none)
+        assert _fits(out, width) and "current" in out and "kdf" in out, out
+    # at 160 columns info is one table: a header line naming every column
+    assert re.search(r"backup\s.*parent\s.*size on disk", cli(capsys, "info", path)[1])
+    monkeypatch.setenv("COLUMNS", "80")
+    # at 80 a block per backup: each value on a line of its own, named
+    out = cli(capsys, "info", path)[1]
+    assert re.search(r"^\s+mutations:\s+[\d,]+$", out, re.M), out
+
+
+def test_backup_prefix_and_plurals(shared_node, spark, tmp_path, capsys, monkeypatch):
+    path = tmp_path / "archive"
+    for i in range(2):
+        with opts_for(shared_node).connect() as conn:
+            load(conn, {"x::1": {"i": i}}, VBS)
+        run_backup(opts_for(shared_node), path, spark=spark, watermark=False)
+    ids = [b["id"] for b in json.loads(cli(capsys, "info", path, "--json")[1])["backups"]]
+    common = os.path.commonprefix(ids)
+    # an unambiguous beginning names the backup
+    rc, out, err = cli(capsys, "examine", path, "x::1", "--backup", ids[0][:len(common) + 1],
+                       "--json")
+    assert rc == 0, err
+    assert {v["backup"] for v in json.loads(out)["versions"]} == {ids[0]}
+    # ambiguous, or no such backup: one line, usage status
+    for given, what in ((common, "ambiguous"), ("1999", "no committed backup")):
+        rc, out, err = cli(capsys, "examine", path, "x::1", "--backup", given)
+        assert rc == 2 and what in err and len(err.strip().splitlines()) == 1, err
+        rc, out, err = cli(capsys, "restore", path, "--dry-run", "--backup", given)
+        assert rc == 2 and what in err and len(err.strip().splitlines()) == 1, err
+    # plurals
+    rc, out, err = cli(capsys, "prune", path, "--keep-last", "1", "--dry-run")
+    assert rc == 0, err
+    assert "keep 1 backup," in out and "1 backups" not in out
