@@ -416,7 +416,8 @@ class Archive:
                      extra: dict[str, Any] | None = None,
                      version: int = FORMAT_VERSION,
                      collections: dict[str, Any] | None = None,
-                     data: dict[str, list[str]] | None = None) -> "BackupWriter":
+                     data: dict[str, list[str]] | None = None,
+                     bucket_uuid: str | None = None) -> "BackupWriter":
         """Start a backup: take the archive lock, create the (partial) backup directory.
 
         `version` is the format version of the backup's files (1 writes the older record
@@ -426,6 +427,10 @@ class Archive:
         backup begins, None for a node without collections; `data` the filter the backup
         streams with ({"include": [...], "exclude": [...]}, names as given), None for all
         data. Both go to backup.json (a resumed backup keeps them) and to the manifest.
+
+        `bucket_uuid` is the uuid of the bucket streamed (the cluster map's `uuid`; None when
+        the node gives none): backup.json and the manifest record it, and the next backup
+        compares it with the node's (see pipeline/backup.py).
 
         An incremental backup's parent defaults to the newest committed backup. Refuses to
         start while a partial backup exists (resume it or purge it first).
@@ -467,6 +472,8 @@ class Archive:
                                 "segment_bytes": int(segment_bytes)},
                 "extra": dict(extra or {}),
             }
+            if bucket_uuid is not None:
+                intent["bucket_uuid"] = str(bucket_uuid)
             if version >= COLLECTIONS_VERSION:
                 intent["collections"] = collections
                 if data is not None:
@@ -774,6 +781,8 @@ class BackupWriter:
             "version": int(self.intent.get("version", FORMAT_VERSION)),
             "archive": self.archive.uuid,
             "bucket": self.archive.bucket,
+            **({"bucket_uuid": self.intent["bucket_uuid"]}
+               if self.intent.get("bucket_uuid") is not None else {}),
             "id": self.id,
             "parent": self.parent,
             "type": self.type,

@@ -300,12 +300,13 @@ def restore(
     from dcptool.archive import Archive
     from dcptool.pipeline.restore import run_restore
 
-    Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
+    # a clear error for a missing or foreign directory before connecting
+    held = Archive.open(archive).vbucket_count
     opts = None
     if not dry_run:
         opts = conn_args.options()
         check_privileges(opts, "restore into", META_WRITE)  # before anything is written
-    vbs = parse_vbuckets(vbuckets) if vbuckets else None
+    vbs = parse_vbuckets(vbuckets, limit=held, whose="the archive") if vbuckets else None
     result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs, key_filter=filter_keys,
                          force=force_updates, dry_run=dry_run, partitions=partitions, master=master,
                          include_data=include_data, exclude_data=exclude_data, map_data=map_data,

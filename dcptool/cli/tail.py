@@ -408,6 +408,11 @@ def tail(
 
             manifest = get_collections_manifest(conn, missing_ok=True)
         sfilter = collection_filter(collection or [], manifest, opts.bucket)
+        if vbs is not None:  # vbuckets the bucket does not have would follow nothing
+            from dcptool.client.vbspec import check_vbuckets
+            from dcptool.pipeline.nodeinfo import vbucket_count
+
+            check_vbuckets(vbs, vbucket_count(conn))
         if start == "beginning":
             from dcptool.client.topology import all_vbuckets
 

@@ -98,10 +98,11 @@ def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, 
     from dcptool.client.vbspec import parse_vbuckets
     from dcptool.pipeline.compare import run_verify_against
 
-    Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
+    # a clear error for a missing or foreign directory before connecting
+    held = Archive.open(archive).vbucket_count
+    vbs = parse_vbuckets(vbuckets, limit=held, whose="the archive") if vbuckets else None
     opts = conn_args.options()
     check_privileges(opts, "verify an archive against", DCP_PRODUCER)  # before Spark starts
-    vbs = parse_vbuckets(vbuckets) if vbuckets else None
     report = run_verify_against(archive, opts, backup=backup_id, vbuckets=vbs,
                                 partitions=partitions, master=master)
     if as_json:

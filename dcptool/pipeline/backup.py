@@ -66,6 +66,7 @@ from dcptool.client.events import (
     SYSTEM_EVENT,
 )
 from dcptool.client.position import Position
+from dcptool.client.vbspec import check_vbuckets
 from dcptool.client.session import VALUE_COUNTERS, SessionConfig
 from dcptool.errors import DcptoolError, UsageError
 from dcptool.faults import fault_point
@@ -82,7 +83,7 @@ from .backupdata import (
     stream_filter,
 )
 from .datafilter import selection
-from .nodeinfo import cluster_state, node_opts
+from .nodeinfo import bucket_uuid, cluster_state, node_opts
 from .plans import BackupTask, VBucketPlan, VBucketSummary
 from .runtime import (check_executors_see, check_master, context_of, default_parallelism,
                       engine_available, get_context, plan_groups, run_tasks)
@@ -583,6 +584,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         check_master(master)  # an unreachable master fails before any partial backup exists
     # on a cluster, seqnos and failover logs come from each vbucket's active node
     count, seqnos, logs, members = cluster_state(opts, vbuckets)
+    check_vbuckets(vbuckets, count)  # vbuckets the bucket does not have: a usage error
     if members is not None:
         rl.info("cluster member: vbuckets stream from their active nodes (%s)",
                 ", ".join(f"{n}: {len(v)}" for n, v in sorted(members.items())))
@@ -596,6 +598,8 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             f"{len(node_man.scopes)} scopes, {node_man.num_collections} collections")
     stream_filter(given, node_man, opts.bucket)  # names given must exist: checked up front
 
+    node_uuid = bucket_uuid(opts)
+    rl.info("bucket %s: uuid %s", opts.bucket, node_uuid or "(the node gives none)")
     where = storage.location(archive_path)
     if (where / ARCHIVE_JSON).exists() or (not storage.is_remote(where) and where.exists()
                                            and any(where.iterdir())):
@@ -604,8 +608,12 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         except NotAnArchiveError:
             raise
         if archive.bucket != opts.bucket:
-            raise UsageError(f"archive {archive_path} holds bucket '{archive.bucket}', not "
-                             f"'{opts.bucket}'", hint="use another archive directory or -b")
+            held = _recorded_uuid(archive, archive.latest_id())
+            raise UsageError(f"archive {archive_path} holds bucket '{archive.bucket}'"
+                             f"{f' (uuid {held})' if held else ''}, not bucket "
+                             f"'{opts.bucket}'{f' (uuid {node_uuid})' if node_uuid else ''} "
+                             f"that {opts.address} serves",
+                             hint="use another archive directory or -b")
         if archive.vbucket_count != count:
             raise UsageError(f"archive {archive_path} has {archive.vbucket_count} vbuckets but the "
                              f"node has {count}")
@@ -633,12 +641,17 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
     parent_id = None
     if resumed:
         intent = partial.intent or {}
+        _check_same_bucket(archive, opts, node_uuid, logs, intent.get("bucket_uuid"),
+                           partial.parent, partial=partial.id)
         sel = chain_selection(given, intent.get("data"), opts.bucket, full=False,
                               what=f"partial backup {partial.id}")
         parent_id = partial.parent
     else:
         btype = FULL if (full or archive.latest_id() is None) else INCREMENTAL
         parent_id = None if btype == FULL else archive.latest_id()
+        if parent_id is not None:
+            _check_same_bucket(archive, opts, node_uuid, logs,
+                               _recorded_uuid(archive, parent_id), parent_id)
         recorded = None if parent_id is None else archive.manifest(parent_id).get("data")
         sel = chain_selection(given, recorded, opts.bucket, full=btype == FULL)
     previous = archive.manifest(parent_id).get("collections") if parent_id else None
@@ -668,7 +681,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         # vbuckets_planned: how many vbuckets the backup will hold, for `info` on a partial one
         writer = archive.begin_backup(btype, level=level,
                                       collections=node_man.to_json() if node_man else None,
-                                      data=selection_json(sel),
+                                      data=selection_json(sel), bucket_uuid=node_uuid,
                                       extra={"vbuckets_planned": len(seqnos)})
 
     try:
@@ -793,6 +806,66 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
                     result.watermark["name"], result.watermark["instance"],
                     result.watermark["vbuckets"], watermark_ttl)
     return result
+
+
+def _recorded_uuid(archive: Archive, backup_id: str | None) -> str | None:
+    """The bucket uuid the newest backup of `backup_id`'s chain recorded (None: no backup
+    recorded one, as with backups of dcptool before it recorded them)."""
+    if backup_id is None:
+        return None
+    for bid in reversed(archive.chain_ids(upto=backup_id)):
+        uuid = archive.manifest(bid).get("bucket_uuid")
+        if uuid:
+            return str(uuid)
+    return None
+
+
+def shares_history(archive_logs: dict[int, list], node_logs: dict[int, Any]) -> bool | None:
+    """Whether the node's vbuckets continue the archive's: True when a vbucket both know
+    has a failover-log uuid in common (a vbucket uuid is a random 64-bit number, new for
+    every history branch), False when none does, None when they share no vbucket."""
+    common = [vb for vb in node_logs if archive_logs.get(vb)]
+    if not common:
+        return None
+    for vb in common:
+        theirs = {int(u) for u, _s in node_logs[vb] or ()}
+        if any(int(u) in theirs for u, _s in archive_logs[vb]):
+            return True
+    return False
+
+
+def _check_same_bucket(archive: Archive, opts, node_uuid: str | None, node_logs: dict,
+                       recorded: str | None, parent_id: str | None, *,
+                       partial: str | None = None) -> None:
+    """Refuse (UsageError) to continue an archive's chain from another bucket: one that
+    has another bucket uuid (deleted and created again, another cluster) and whose vbucket
+    histories do not continue the archive's. An incremental backup of it would roll every
+    vbucket back. A uuid that differs while the histories continue (the members of a
+    cluster of reference nodes each give a uuid of their own) is the same data."""
+    history = (shares_history(archive.failover_logs(parent_id), node_logs)
+               if parent_id is not None else None)
+    if recorded is not None and node_uuid is not None:
+        if recorded == node_uuid or history is True:
+            return
+    elif history is not False:  # nothing recorded to compare: the histories decide
+        return
+    held = f"uuid {recorded}" if recorded else "uuid not recorded"
+    what = (f"partial backup {partial}" if partial else f"backup {parent_id}")
+    serves = f"uuid {node_uuid}" if node_uuid else "no uuid given"
+    why = "" if history is None else "; no vbucket continues the archive's history"
+    if partial is not None:
+        raise UsageError(
+            f"archive {archive.path} holds bucket '{archive.bucket}' ({held}) as of {what}, "
+            f"but {opts.address} serves bucket '{opts.bucket}' ({serves}): another "
+            f"bucket{why}; the partial backup cannot be resumed from it",
+            hint="--purge-partial discards the partial backup (then --full starts a new full "
+                 "backup of this bucket in the same archive), or use another archive directory")
+    raise UsageError(
+        f"archive {archive.path} holds bucket '{archive.bucket}' ({held}) as of {what}, "
+        f"but {opts.address} serves bucket '{opts.bucket}' ({serves}): another bucket{why}; "
+        "an incremental backup cannot continue the archive",
+        hint="add --full to start a new full backup of this bucket in the same archive on "
+             "purpose, or use another archive directory")
 
 
 def _register_on_cluster(opts, archive_path: str, groups: dict[str, list[int]], ttl: float,
