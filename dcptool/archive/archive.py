@@ -268,14 +268,32 @@ class Archive:
             raise ArchiveError(f"archive {self.path} has no backup {backup_id}",
                                hint="see 'dcptool info' for the backups it holds") from None
         except (OSError, ValueError) as exc:
-            raise CorruptFileError(path, f"unreadable: {exc}") from None
+            raise CorruptFileError(path, f"unreadable: {exc}",
+                                   hint=self._damaged_hint(backup_id)) from None
         problems = check_manifest(doc, backup_id, self.meta)
         if problems:
-            raise CorruptFileError(path, "; ".join(problems[:3]))
+            raise CorruptFileError(path, "; ".join(problems[:3]),
+                                   hint=self._damaged_hint(backup_id))
         if len(_MANIFESTS) >= 512:
             _MANIFESTS.clear()
         _MANIFESTS[ident] = doc
         return doc
+
+    def _damaged_hint(self, backup_id: str) -> str:
+        return (f"the manifest of backup {backup_id} is damaged; 'dcptool remove {self.path} "
+                f"--backup {backup_id}' takes that backup out and touches nothing else (the "
+                "next backup then continues from the backup before it)")
+
+    def is_damaged(self, backup_id: str) -> bool:
+        """A committed backup whose manifest is unreadable or ill-formed (truncated, say):
+        nothing can be read through it; `remove --backup` takes it out."""
+        if not self.is_committed(backup_id):
+            return False
+        try:
+            self.manifest(backup_id)
+        except CorruptFileError as exc:
+            return exc.path == str(self.backup_dir(backup_id) / MANIFEST_JSON)
+        return False
 
     def backup(self, backup_id: str) -> Backup:
         return Backup(self.path, self.manifest(backup_id))

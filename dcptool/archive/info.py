@@ -87,7 +87,7 @@ def describe_archive(archive: Archive) -> dict[str, Any]:
             m = archive.manifest(bid)
         except ArchiveError as exc:
             backups.append({"id": bid, "state": "damaged", "error": exc.message,
-                            "size_on_disk": dir_size(bdir)})
+                            "hint": exc.hint, "size_on_disk": dir_size(bdir)})
             continue
         t = m["totals"]
         backups.append({
