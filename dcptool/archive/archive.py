@@ -58,6 +58,7 @@ from .format import (
     read_json,
     utc_now,
     uuid_for_seqno,
+    vbucket_ranges,
 )
 from . import chain as chains
 from . import crypto, storage
@@ -724,12 +725,18 @@ class BackupWriter:
         return [s for s in out if s.get("vbucket") not in batched] + list(batched.values())
 
     def commit(self, summaries: Sequence[dict[str, Any]] | None = None, *,
-               extra: dict[str, Any] | None = None, rehash: bool = True) -> dict[str, Any]:
+               extra: dict[str, Any] | None = None, rehash: bool = True,
+               unchanged: Iterable[int] = ()) -> dict[str, Any]:
         """Check every summary against the files on disk and write the manifest atomically.
 
         `summaries` are the dicts VBucketWriter.close returned (None: the done files in the
         directory). Data and done files of vbuckets not in the summaries are deleted first
         (leftovers of failed attempts). Releases the archive lock. Returns the manifest.
+
+        `unchanged`: vbuckets of an incremental backup that had nothing new since its
+        parent's chain (same failover log, same high seqno): they get no file and no entry,
+        only a place in the manifest's `unchanged` ranges; readers find them where the chain
+        before left them.
         """
         self._check_open()
         if summaries is None:
@@ -811,6 +818,12 @@ class BackupWriter:
             "vbuckets": entries,
             "extra": {**self.intent.get("extra", {}), **(extra or {})},
         }
+        unchanged = sorted(set(unchanged))
+        if unchanged:
+            if self.type == FULL:
+                raise SummaryMismatchError(f"backup {self.id}: a full backup holds every "
+                                           "vbucket it covers (none is unchanged)")
+            manifest["unchanged"] = vbucket_ranges(unchanged)
         if manifest["version"] >= COLLECTIONS_VERSION:
             manifest["collections"] = self.intent.get("collections")
             if self.intent.get("data") is not None:

@@ -202,6 +202,8 @@ def backup(
     for k in ("type", "resumed", "vbuckets", "mutations", "deletions", "expirations", "rollbacks"):
         v = d[k]
         t.add_row(k, ("yes" if v else "no") if isinstance(v, bool) else str(v))
+    if d["unchanged_vbuckets"]:
+        t.add_row("unchanged vbuckets", f"{d['unchanged_vbuckets']} (nothing new: no files)")
     if d["resumed"]:
         t.add_row("kept vbuckets", str(d["kept_vbuckets"]))
         t.add_row("items streamed", f"{d['items_streamed']:,}")

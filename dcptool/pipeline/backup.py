@@ -109,6 +109,8 @@ class BackupResult:
     #: bytes the committed backup's directory takes on disk (what `dcptool info` shows)
     size_on_disk: int = 0
     kept_vbuckets: int = 0
+    #: vbuckets of an incremental backup with nothing new since its parent (no files)
+    unchanged_vbuckets: int = 0
     system_events: int = 0
     #: the data selection ({"include": [...], "exclude": [...]}, None: all) and how many
     #: collections the node had when the backup began (None: no collections)
@@ -135,7 +137,9 @@ class BackupResult:
             "items_streamed": self.items_streamed,
             "items_per_second": (round(self.items_streamed / self.seconds, 1)
                                  if self.seconds else None),
-            "kept_vbuckets": self.kept_vbuckets, "system_events": self.system_events,
+            "kept_vbuckets": self.kept_vbuckets,
+            "unchanged_vbuckets": self.unchanged_vbuckets,
+            "system_events": self.system_events,
             "data": self.data, "collections": self.collections,
             "rollback_details": self.rollback_details,
             "log": self.log, "watermark": self.watermark,
@@ -677,25 +681,33 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
     if resumed:
         writer = archive.resume_backup()
         btype = writer.type
+        unchanged = (unchanged_vbuckets(archive, writer.parent, seqnos, logs)
+                     if btype == INCREMENTAL else set())
     else:
+        unchanged = (unchanged_vbuckets(archive, parent_id, seqnos, logs)
+                     if btype == INCREMENTAL else set())
         # vbuckets_planned: how many vbuckets the backup will hold, for `info` on a partial one
         writer = archive.begin_backup(btype, level=level,
                                       collections=node_man.to_json() if node_man else None,
                                       data=selection_json(sel), bucket_uuid=node_uuid,
-                                      extra={"vbuckets_planned": len(seqnos)})
+                                      extra={"vbuckets_planned": len(seqnos) - len(unchanged)})
 
     try:
         # where each vbucket starts is the archive's decision; the node adds where it ends
         bplan = writer.plan(seqnos)
         kept = bplan.kept
+        # a vbucket with nothing new costs no file: the manifest lists it as unchanged
+        unchanged = {vb for vb in unchanged
+                     if vb in bplan.starts and not bplan.starts[vb].resume}
         plan: dict[int, VBucketPlan] = {
             vb: VBucketPlan(vb, Position.from_archive(st.position, st.failover_log), seqnos[vb],
                             tuple((int(u), int(q)) for u, q in logs.get(vb, ())), st.resume)
-            for vb, st in bplan.starts.items()}
+            for vb, st in bplan.starts.items() if vb not in unchanged}
         n_resumed = sum(1 for p in plan.values() if p.resume)
         rl.info("%s backup %s%s, parent %s: %d vbuckets, %d kept from the partial backup, "
-                "%d to stream (%d resumed)", btype, writer.id, " (resumed)" if resumed else "",
-                writer.parent or "none", len(seqnos), len(kept), len(plan), n_resumed)
+                "%d unchanged since the parent, %d to stream (%d resumed)", btype, writer.id,
+                " (resumed)" if resumed else "", writer.parent or "none", len(seqnos),
+                len(kept), len(unchanged), len(plan), n_resumed)
         if on_plan is not None:
             on_plan({"backup_id": writer.id, "type": btype, "resumed": resumed,
                      "vbuckets": len(seqnos), "kept": len(kept), "to_stream": len(plan)})
@@ -707,7 +719,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         state: dict[str, Any] = {
             "phase": "connecting to engine" if progress is not None and spark is None
                      and engine_available(master) else "starting Spark",
-            "vbuckets": len(seqnos), "vbuckets_done": len(kept),
+            "vbuckets": len(seqnos), "vbuckets_done": len(kept) + len(unchanged),
             "items": 0, "work": 0,
             "work_total": sum(max(0, int(p.end) - int(p.start.seqno)) for p in plan.values())}
         if plan:
@@ -756,12 +768,14 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             _log_vbucket(rl, s.entry, s.run)
         _log_compressed(rl, opts, runs)
         manifest = writer.commit([s.entry for s in summaries],
-                                 extra={"node": opts.address, "resumed": resumed})
+                                 extra={"node": opts.address, "resumed": resumed},
+                                 unchanged=unchanged)
     except BaseException:
         writer.abort()
         raise
-    result = BackupResult(writer.id, btype, resumed, len(manifest["vbuckets"]),
-                          kept_vbuckets=len(kept), spark_seconds=spark_seconds,
+    result = BackupResult(writer.id, btype, resumed, len(manifest["vbuckets"]) + len(unchanged),
+                          kept_vbuckets=len(kept), unchanged_vbuckets=len(unchanged),
+                          spark_seconds=spark_seconds,
                           items_streamed=streamed,
                           size_on_disk=dir_size(archive.backup_dir(writer.id)),
                           data=manifest.get("data"),
@@ -780,7 +794,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             result.rollback_details.append({"vbucket": e["vbucket"], **r})
     if progress is not None:
         state.update(phase="done", items=streamed, work=state["work_total"],
-                     vbuckets_done=len(manifest["vbuckets"]))
+                     vbuckets_done=len(manifest["vbuckets"]) + len(unchanged))
         progress(dict(state))
     result.seconds = time.monotonic() - t0
     rl.info("committed %s backup %s: %d vbuckets, %d mutations, %d deletions, %d expirations, "
@@ -806,6 +820,27 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
                     result.watermark["name"], result.watermark["instance"],
                     result.watermark["vbuckets"], watermark_ttl)
     return result
+
+
+def unchanged_vbuckets(archive: Archive, parent_id: str | None, seqnos: dict[int, int],
+                       logs: dict[int, Any]) -> set[int]:
+    """The vbuckets an incremental backup from `parent_id` has nothing to stream for: the
+    chain ended at the node's high seqno, on a snapshot boundary, and the node's failover
+    log is the one the chain recorded (no new history branch, no rollback to record)."""
+    if parent_id is None:
+        return set()
+    ends = archive.end_positions(parent_id)
+    recorded = archive.failover_logs(parent_id)
+    out = set()
+    for vb, high in seqnos.items():
+        end = ends.get(vb)
+        if end is None or int(end.seqno) != int(high) or int(end.snap_end) > int(end.seqno):
+            continue
+        mine = [(int(u), int(s)) for u, s in recorded.get(vb) or ()]
+        theirs = [(int(u), int(s)) for u, s in logs.get(vb) or ()]
+        if mine and mine == theirs:
+            out.add(vb)
+    return out
 
 
 def _recorded_uuid(archive: Archive, backup_id: str | None) -> str | None:
