@@ -19,7 +19,8 @@ manual(
     "verify",
     exit_note="1 when the archive has a problem (or, with --against, when the node's data "
               "differs); each problem is printed, naming the file or vbucket. With --against, "
-              "1 when the user lacks the DcpProducer privilege (before Spark starts).",
+              "1 when the user lacks the DcpProducer privilege (before Spark starts). 2 when "
+              "--vbuckets names vbuckets the archive does not have.",
     files=(
         ("ARCHIVE/", "The archive (read only); see docs/archive-format.md."),
     ),
