@@ -645,7 +645,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
     parent_id = None
     if resumed:
         intent = partial.intent or {}
-        _check_same_bucket(archive, opts, node_uuid, logs, intent.get("bucket_uuid"),
+        _check_same_bucket(rl, archive, opts, node_uuid, logs, intent.get("bucket_uuid"),
                            partial.parent, partial=partial.id)
         sel = chain_selection(given, intent.get("data"), opts.bucket, full=False,
                               what=f"partial backup {partial.id}")
@@ -654,8 +654,18 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         btype = FULL if (full or archive.latest_id() is None) else INCREMENTAL
         parent_id = None if btype == FULL else archive.latest_id()
         if parent_id is not None:
-            _check_same_bucket(archive, opts, node_uuid, logs,
+            _check_same_bucket(rl, archive, opts, node_uuid, logs,
                                _recorded_uuid(archive, parent_id), parent_id)
+        elif archive.latest_id() is not None and node_uuid is not None:
+            held = _recorded_uuid(archive, archive.latest_id())
+            if held is not None and held != node_uuid:
+                msg = (f"--full: a new full backup of bucket '{opts.bucket}' (uuid "
+                       f"{node_uuid}) in an archive whose newest backup "
+                       f"{archive.latest_id()} is of bucket uuid {held}; the older backups "
+                       "stay restorable")
+                rl.warning("%s", msg)
+                if notice is not None:
+                    notice(msg)
         recorded = None if parent_id is None else archive.manifest(parent_id).get("data")
         sel = chain_selection(given, recorded, opts.bucket, full=btype == FULL)
     previous = archive.manifest(parent_id).get("collections") if parent_id else None
@@ -869,8 +879,8 @@ def shares_history(archive_logs: dict[int, list], node_logs: dict[int, Any]) -> 
     return False
 
 
-def _check_same_bucket(archive: Archive, opts, node_uuid: str | None, node_logs: dict,
-                       recorded: str | None, parent_id: str | None, *,
+def _check_same_bucket(rl: RunLog, archive: Archive, opts, node_uuid: str | None,
+                       node_logs: dict, recorded: str | None, parent_id: str | None, *,
                        partial: str | None = None) -> None:
     """Refuse (UsageError) to continue an archive's chain from another bucket: one that
     has another bucket uuid (deleted and created again, another cluster) and whose vbucket
@@ -880,7 +890,12 @@ def _check_same_bucket(archive: Archive, opts, node_uuid: str | None, node_logs:
     history = (shares_history(archive.failover_logs(parent_id), node_logs)
                if parent_id is not None else None)
     if recorded is not None and node_uuid is not None:
-        if recorded == node_uuid or history is True:
+        if recorded == node_uuid:
+            return
+        if history is True:
+            rl.info("bucket uuid %s differs from the %s the archive recorded, but the "
+                     "node's vbuckets continue the archive's history: the same data",
+                     node_uuid, recorded)
             return
     elif history is not False:  # nothing recorded to compare: the histories decide
         return
