@@ -66,6 +66,7 @@ def test_another_bucket_is_refused_naming_both_and_full_starts_anew(two_nodes, s
 
     rc, out, err = _backup(capsys, b, archive, "--full", "--json")
     assert rc == 0, err
+    assert "a new full backup" in err and ua in err and ub in err  # said, on purpose
     doc = json.loads(out)
     assert doc["type"] == "full" and doc["rollbacks"] == 0
     # the next incremental continues b's full backup: no rollback
