@@ -58,6 +58,7 @@ from .format import (
     read_json,
     utc_now,
     uuid_for_seqno,
+    vbucket_ranges,
 )
 from . import chain as chains
 from . import crypto, storage
@@ -268,14 +269,32 @@ class Archive:
             raise ArchiveError(f"archive {self.path} has no backup {backup_id}",
                                hint="see 'dcptool info' for the backups it holds") from None
         except (OSError, ValueError) as exc:
-            raise CorruptFileError(path, f"unreadable: {exc}") from None
+            raise CorruptFileError(path, f"unreadable: {exc}",
+                                   hint=self._damaged_hint(backup_id)) from None
         problems = check_manifest(doc, backup_id, self.meta)
         if problems:
-            raise CorruptFileError(path, "; ".join(problems[:3]))
+            raise CorruptFileError(path, "; ".join(problems[:3]),
+                                   hint=self._damaged_hint(backup_id))
         if len(_MANIFESTS) >= 512:
             _MANIFESTS.clear()
         _MANIFESTS[ident] = doc
         return doc
+
+    def _damaged_hint(self, backup_id: str) -> str:
+        return (f"the manifest of backup {backup_id} is damaged; 'dcptool remove {self.path} "
+                f"--backup {backup_id}' takes that backup out and touches nothing else (the "
+                "next backup then continues from the backup before it)")
+
+    def is_damaged(self, backup_id: str) -> bool:
+        """A committed backup whose manifest is unreadable or ill-formed (truncated, say):
+        nothing can be read through it; `remove --backup` takes it out."""
+        if not self.is_committed(backup_id):
+            return False
+        try:
+            self.manifest(backup_id)
+        except CorruptFileError as exc:
+            return exc.path == str(self.backup_dir(backup_id) / MANIFEST_JSON)
+        return False
 
     def backup(self, backup_id: str) -> Backup:
         return Backup(self.path, self.manifest(backup_id))
@@ -416,7 +435,8 @@ class Archive:
                      extra: dict[str, Any] | None = None,
                      version: int = FORMAT_VERSION,
                      collections: dict[str, Any] | None = None,
-                     data: dict[str, list[str]] | None = None) -> "BackupWriter":
+                     data: dict[str, list[str]] | None = None,
+                     bucket_uuid: str | None = None) -> "BackupWriter":
         """Start a backup: take the archive lock, create the (partial) backup directory.
 
         `version` is the format version of the backup's files (1 writes the older record
@@ -426,6 +446,10 @@ class Archive:
         backup begins, None for a node without collections; `data` the filter the backup
         streams with ({"include": [...], "exclude": [...]}, names as given), None for all
         data. Both go to backup.json (a resumed backup keeps them) and to the manifest.
+
+        `bucket_uuid` is the uuid of the bucket streamed (the cluster map's `uuid`; None when
+        the node gives none): backup.json and the manifest record it, and the next backup
+        compares it with the node's (see pipeline/backup.py).
 
         An incremental backup's parent defaults to the newest committed backup. Refuses to
         start while a partial backup exists (resume it or purge it first).
@@ -467,6 +491,8 @@ class Archive:
                                 "segment_bytes": int(segment_bytes)},
                 "extra": dict(extra or {}),
             }
+            if bucket_uuid is not None:
+                intent["bucket_uuid"] = str(bucket_uuid)
             if version >= COLLECTIONS_VERSION:
                 intent["collections"] = collections
                 if data is not None:
@@ -699,12 +725,18 @@ class BackupWriter:
         return [s for s in out if s.get("vbucket") not in batched] + list(batched.values())
 
     def commit(self, summaries: Sequence[dict[str, Any]] | None = None, *,
-               extra: dict[str, Any] | None = None, rehash: bool = True) -> dict[str, Any]:
+               extra: dict[str, Any] | None = None, rehash: bool = True,
+               unchanged: Iterable[int] = ()) -> dict[str, Any]:
         """Check every summary against the files on disk and write the manifest atomically.
 
         `summaries` are the dicts VBucketWriter.close returned (None: the done files in the
         directory). Data and done files of vbuckets not in the summaries are deleted first
         (leftovers of failed attempts). Releases the archive lock. Returns the manifest.
+
+        `unchanged`: vbuckets of an incremental backup that had nothing new since its
+        parent's chain (same failover log, same high seqno): they get no file and no entry,
+        only a place in the manifest's `unchanged` ranges; readers find them where the chain
+        before left them.
         """
         self._check_open()
         if summaries is None:
@@ -774,6 +806,8 @@ class BackupWriter:
             "version": int(self.intent.get("version", FORMAT_VERSION)),
             "archive": self.archive.uuid,
             "bucket": self.archive.bucket,
+            **({"bucket_uuid": self.intent["bucket_uuid"]}
+               if self.intent.get("bucket_uuid") is not None else {}),
             "id": self.id,
             "parent": self.parent,
             "type": self.type,
@@ -784,6 +818,12 @@ class BackupWriter:
             "vbuckets": entries,
             "extra": {**self.intent.get("extra", {}), **(extra or {})},
         }
+        unchanged = sorted(set(unchanged))
+        if unchanged:
+            if self.type == FULL:
+                raise SummaryMismatchError(f"backup {self.id}: a full backup holds every "
+                                           "vbucket it covers (none is unchanged)")
+            manifest["unchanged"] = vbucket_ranges(unchanged)
         if manifest["version"] >= COLLECTIONS_VERSION:
             manifest["collections"] = self.intent.get("collections")
             if self.intent.get("data") is not None:

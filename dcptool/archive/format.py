@@ -128,6 +128,22 @@ def listed_size(entry: dict[str, Any], sizes: dict[str, int]) -> int | None:
     return storage.range_held(entry["offset"], entry["size"], sizes[where])
 
 
+def vbucket_ranges(vbuckets: Iterable[int]) -> list[list[int]]:
+    """[0, 1, 2, 5] -> [[0, 2], [5, 5]]: a manifest's `unchanged` list."""
+    out: list[list[int]] = []
+    for vb in sorted(set(vbuckets)):
+        if out and out[-1][1] == vb - 1:
+            out[-1][1] = vb
+        else:
+            out.append([vb, vb])
+    return out
+
+
+def expand_ranges(ranges: Iterable[Any]) -> list[int]:
+    """The inverse of vbucket_ranges."""
+    return [vb for lo, hi in ranges for vb in range(int(lo), int(hi) + 1)]
+
+
 def parse_data_name(name: str) -> tuple[int, int] | None:
     """(vbucket, segment) for a data file name, None for anything else."""
     m = DATA_RE.match(name)

@@ -8,7 +8,7 @@ from .archive import Archive
 from . import storage
 from .chain import merged_from
 from .errors import ArchiveError
-from .format import BACKUP_JSON, MANIFEST_JSON, parse_data_name, read_json
+from .format import BACKUP_JSON, MANIFEST_JSON, expand_ranges, parse_data_name, read_json
 from .recovery import done_summaries
 from .lock import ArchiveLock
 
@@ -87,13 +87,16 @@ def describe_archive(archive: Archive) -> dict[str, Any]:
             m = archive.manifest(bid)
         except ArchiveError as exc:
             backups.append({"id": bid, "state": "damaged", "error": exc.message,
-                            "size_on_disk": dir_size(bdir)})
+                            "hint": exc.hint, "size_on_disk": dir_size(bdir)})
             continue
         t = m["totals"]
         backups.append({
             "id": bid, "parent": archive.resolve_parent(m["parent"]), "type": m["type"], "state": "complete",
             "started": m["started"], "finished": m["finished"],
-            "vbuckets": t["vbuckets"], **{k: t[k] for k in _COUNTS},
+            # vbuckets it covers: those it holds and those unchanged since its parent
+            "vbuckets": t["vbuckets"] + len(expand_ranges(m.get("unchanged") or ())),
+            "unchanged_vbuckets": len(expand_ranges(m.get("unchanged") or ())),
+            **{k: t[k] for k in _COUNTS},
             "value_bytes": t["value_bytes"], "file_bytes": t["file_bytes"], "files": t["files"],
             # format 3: system events, the node's collections when the backup began (how
             # many), the data filter (None: all)

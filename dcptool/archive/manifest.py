@@ -140,6 +140,14 @@ def check_manifest(doc: Any, dir_name: str | None = None,
             if s["vbucket"] in seen:
                 out.append(f"vbucket {s['vbucket']} is listed twice")
             seen.add(s["vbucket"])
+    unchanged = doc.get("unchanged")
+    if unchanged is not None:
+        if not isinstance(unchanged, list) or any(
+                not isinstance(r, list) or len(r) != 2 or not all(_is_uint(x) for x in r)
+                or r[0] > r[1] or (count is not None and r[1] >= count) for r in unchanged):
+            out.append("unchanged is not a list of [first, last] vbucket ranges")
+        elif any(lo <= vb <= hi for lo, hi in unchanged for vb in seen):
+            out.append("a vbucket is both listed and unchanged")
     if doc["version"] >= COLLECTIONS_VERSION:
         out.extend(check_collections_fields(doc))
     if not out:

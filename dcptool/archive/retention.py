@@ -39,7 +39,8 @@ from typing import Any, Iterable, Mapping
 from dcptool.errors import UsageError
 
 from .archive import Archive
-from .chain import effective_parents
+from .chain import effective_parents, merged_from
+from .errors import ArchiveError
 from .format import parse_backup_id, utc_now
 from .merging import VBucketRunner, finish_interrupted_merges, merge_here, merge_range, \
     remove_backups
@@ -262,6 +263,11 @@ def remove_archive_backups(archive: Archive, remove: Iterable[str], *,
             raise UsageError(f"archive {archive.path} holds a partial backup {partial[-1]}",
                              hint="resume it with the next backup, or purge it with "
                                   "'dcptool backup --purge-partial', before removing backups")
+    remove = list(remove)
+    damaged = [b for b in remove if archive.is_damaged(b)]
+    if damaged:
+        return _remove_damaged(archive, remove, damaged, dry_run=dry_run, log=log,
+                               finished=finished)
     plan, rows = preview(archive, remove, reasons)
     if strict and plan.held:
         bid, why = next(iter(sorted(plan.held.items())))
@@ -283,6 +289,69 @@ def remove_archive_backups(archive: Archive, remove: Iterable[str], *,
                                       run_vbuckets=run_vbuckets, expect=rng)
         result.merges.append({"replaced": list(mplan.replaced), "kept": kept,
                               "merged_id": mplan.merged_id, "type": mplan.type})
+    return result
+
+
+def _remove_damaged(archive: Archive, remove: list[str], damaged: list[str], *,
+                    dry_run: bool, log: Any, finished: list[str]) -> RemovalResult:
+    """Delete backups whose manifest is damaged (see Archive.is_damaged), with nothing
+    merged and nothing else touched. A damaged backup's own parent is unknown, but a backup
+    that names it as parent (or as merged) cannot be restored without it: such backups
+    must be named too, and go with it; any other backup named with a damaged one is
+    refused (remove it on its own)."""
+    gone = set(damaged)
+    readable: dict[str, dict[str, Any]] = {}
+    for bid in archive.committed_ids():
+        if bid in gone:
+            continue
+        try:
+            readable[bid] = archive.manifest(bid)
+        except ArchiveError:
+            continue  # another problem (verify names it); it is not this removal's
+    # backups that continue from a damaged one (directly or through another such)
+    depends: dict[str, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for bid, m in readable.items():
+            if bid in depends:
+                continue
+            links = [m.get("parent"), *(merged_from(m) or ())]
+            hit = next((p for p in links if p in gone or p in depends), None)
+            if hit is not None:
+                depends[bid] = hit
+                changed = True
+    missing = sorted(b for b in depends if b not in remove)
+    if missing:
+        raise UsageError(f"backup {missing[0]} continues from damaged backup "
+                         f"{depends[missing[0]]}: it cannot be restored without it",
+                         hint="remove it too: add --backup " + " --backup ".join(missing))
+    others = sorted(b for b in remove if b not in gone and b not in depends)
+    if others:
+        raise UsageError(f"backup {others[0]} is not damaged and does not depend on a damaged "
+                         f"backup: remove the damaged backups {', '.join(sorted(damaged))} "
+                         "on their own first")
+    delete = sorted(set(remove), reverse=True)
+    keep = sorted(b for b in archive.committed_ids() if b not in set(delete))
+    rows = []
+    for bid in sorted([*keep, *delete]):
+        m = readable.get(bid)
+        why = (["damaged manifest"] if bid in damaged else
+               [f"continues from damaged backup {depends[bid]}"] if bid in depends else [])
+        rows.append({"id": bid, "time": backup_time(bid).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                     "type": m["type"] if m else "damaged",
+                     "action": "delete" if bid in delete else "keep",
+                     "reasons": why, "merged_into": None})
+    plan = RemovalPlan(keep, sorted(delete), delete, [], {})
+    result = RemovalResult(plan, rows, finished_earlier=finished)
+    if dry_run:
+        return result
+    if log is not None:
+        log.info("deleting damaged backups %s%s", ", ".join(sorted(damaged)),
+                 f" and the backups that continue from them: {', '.join(sorted(depends))}"
+                 if depends else "")
+    remove_backups(archive, delete)
+    result.deleted = delete
     return result
 
 

@@ -500,17 +500,24 @@ def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> Ver
         except (OSError, ValueError) as exc:
             report.problems.append(Problem(str(mpath), f"unreadable: {exc}", name))
             broken.add(name)
+            report.notes.append(_damaged_note(archive, name))
             continue
         probs = check_manifest(doc, name, archive.meta)
         if probs:
             for p in probs:
                 report.problems.append(Problem(str(mpath), p, name))
             broken.add(name)
+            report.notes.append(_damaged_note(archive, name))
             continue
         manifests[name] = doc
         _check_backup(bdir, name, doc, report, records)
     _continuity(archive, manifests, broken, report)
     return report
+
+
+def _damaged_note(archive: Archive, backup_id: str) -> str:
+    return (f"backup {backup_id}: its manifest is damaged; 'dcptool remove {archive.path} "
+            f"--backup {backup_id}' takes that backup out and touches nothing else")
 
 
 def verify_backup_dir(bdir: str | os.PathLike[str], manifest: dict[str, Any], *,

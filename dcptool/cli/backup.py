@@ -24,7 +24,11 @@ manual(
     exit_codes=(3,),
     exit_note="A failed run (1) keeps its partial backup; the next run resumes it. A user "
               "without the DcpProducer privilege (or WatermarkWrite, unless --no-watermark) "
-              "is refused (1) before Spark starts and before the archive is touched.",
+              "is refused (1) before Spark starts and before the archive is touched. 2 when "
+              "the archive holds another bucket (another bucket uuid, whose vbuckets do not "
+              "continue the archive's history: another node's bucket, or one deleted and "
+              "created again under the same name), unless --full, or when --vbuckets names "
+              "vbuckets the bucket does not have; nothing is written.",
     files=(
         ("ARCHIVE/archive.json", "What the archive is (bucket, vbuckets); written once."),
         ("ARCHIVE/backups/ID/", "One directory per backup; manifest.json is written last, so a "
@@ -45,7 +49,8 @@ manual(
     exit_note="1 when any document could not be written (the counts and the run log name "
               "them), or when the user lacks the MetaWrite privilege: refused before anything "
               "is written, or, when the privilege is lost during the run, stopped at the first "
-              "refused write, with one line.",
+              "refused write, with one line. 2 when --vbuckets names vbuckets the archive does "
+              "not have.",
     files=(
         ("ARCHIVE/backups/ID/", "The backups read (never changed)."),
         ("ARCHIVE/logs/restore-TIME.log", "The log of each run (mode 0600): per vbucket what was "
@@ -113,8 +118,14 @@ def backup(
     """Back up a bucket into an archive: full the first time, incremental afterwards.
 
     Each vbucket streams from where the archive's last backup ended to the node's high
-    seqno at the start of the run, ending on a snapshot boundary. A run that was killed
-    is resumed by the next one. Each run writes a log to ARCHIVE/logs/.
+    seqno at the start of the run, ending on a snapshot boundary; a vbucket with nothing
+    new since then is not streamed and costs no file. A run that was killed is resumed by
+    the next one. Each run writes a log to ARCHIVE/logs/.
+
+    An archive holds one bucket: an incremental backup of another bucket (another bucket
+    uuid, e.g. another node's, or one deleted and created again with the same name) is
+    refused in one line naming both; --full starts a new full backup of it in the same
+    archive on purpose.
 
     After each backup the archive's end positions are registered with the node as a high
     watermark (see 'dcptool watermark'), so the node keeps the deletions the next
@@ -199,6 +210,8 @@ def backup(
     for k in ("type", "resumed", "vbuckets", "mutations", "deletions", "expirations", "rollbacks"):
         v = d[k]
         t.add_row(k, ("yes" if v else "no") if isinstance(v, bool) else str(v))
+    if d["unchanged_vbuckets"]:
+        t.add_row("unchanged vbuckets", f"{d['unchanged_vbuckets']} (nothing new: no files)")
     if d["resumed"]:
         t.add_row("kept vbuckets", str(d["kept_vbuckets"]))
         t.add_row("items streamed", f"{d['items_streamed']:,}")
@@ -301,12 +314,14 @@ def restore(
     from dcptool.pipeline.restore import run_restore
 
     # a clear error for a missing or foreign directory (or backup id) before connecting
-    backup_id = backup_id_arg(Archive.open(archive), backup_id)
+    opened = Archive.open(archive)
+    backup_id = backup_id_arg(opened, backup_id)
+    held = opened.vbucket_count
     opts = None
     if not dry_run:
         opts = conn_args.options()
         check_privileges(opts, "restore into", META_WRITE)  # before anything is written
-    vbs = parse_vbuckets(vbuckets) if vbuckets else None
+    vbs = parse_vbuckets(vbuckets, limit=held, whose="the archive") if vbuckets else None
     with spark_progress("dry run" if dry_run else "restore", disabled=no_progress or json_out):
         result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs,
                              key_filter=filter_keys, force=force_updates, dry_run=dry_run,

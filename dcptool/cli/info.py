@@ -142,7 +142,8 @@ def info(
                       f"{_planned(b)} vbuckets complete; the next backup resumes it; "
                       "--purge-partial discards it")
         elif b["state"] == "damaged":
-            con.print(f"[red]{b['id']}: {b['error']}[/red]")
+            con.print(f"[red]{b['id']}: {b['error']}[/red]"
+                      + (f" (hint: {b['hint']})" if b.get("hint") else ""))
         if b.get("merged_from"):
             ids = b["merged_from"]
             con.print(f"{b['id']}: merged from {plural(len(ids), 'backup')} ({ids[0]} .. {ids[-1]})")

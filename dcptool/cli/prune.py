@@ -123,6 +123,11 @@ def remove(
     leaves it out; naming it with --backup is an error. A backup that two remaining
     backups on separate branches depend on cannot be removed.
 
+    A backup whose manifest is damaged (truncated, say) blocks the backups after it;
+    --backup ID removes it, even the newest, and touches nothing else: no merge (the
+    backups that continue from it must be named too). The next backup then continues from
+    the newest readable one.
+
     Example: dcptool remove /backups/default --older-than 90d --dry-run
     Example: dcptool remove /backups/default --backup 20261122T101502.123456Z
     """

@@ -62,7 +62,7 @@ manual(
     exit_note="0 on Ctrl-C or SIGTERM, after --state is saved. 4 with --fail-on-rollback when the "
               "node asks for a rollback. 1 when the user lacks the DcpProducer privilege (or "
               "WatermarkWrite with --watermark), before anything streams, or loses it while "
-              "streaming.",
+              "streaming. 2 when --vbuckets names vbuckets the bucket does not have.",
     files=(
         ("STATEFILE", "Positions saved by --state (JSON), read back by --from or --state on the "
                       "next run."),
@@ -408,6 +408,11 @@ def tail(
 
             manifest = get_collections_manifest(conn, missing_ok=True)
         sfilter = collection_filter(collection or [], manifest, opts.bucket)
+        if vbs is not None:  # vbuckets the bucket does not have would follow nothing
+            from dcptool.client.vbspec import check_vbuckets
+            from dcptool.pipeline.nodeinfo import vbucket_count
+
+            check_vbuckets(vbs, vbucket_count(conn))
         if start == "beginning":
             from dcptool.client.topology import all_vbuckets
 

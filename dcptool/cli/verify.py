@@ -19,7 +19,8 @@ manual(
     "verify",
     exit_note="1 when the archive has a problem (or, with --against, when the node's data "
               "differs); each problem is printed, naming the file or vbucket. With --against, "
-              "1 when the user lacks the DcpProducer privilege (before Spark starts).",
+              "1 when the user lacks the DcpProducer privilege (before Spark starts). 2 when "
+              "--vbuckets names vbuckets the archive does not have.",
     files=(
         ("ARCHIVE/", "The archive (read only); see docs/archive-format.md."),
     ),
@@ -104,10 +105,12 @@ def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, 
     from dcptool.pipeline.compare import run_verify_against
 
     # a clear error for a missing or foreign directory (or backup id) before connecting
-    backup_id = backup_id_arg(Archive.open(archive), backup_id)
+    opened = Archive.open(archive)
+    backup_id = backup_id_arg(opened, backup_id)
+    vbs = parse_vbuckets(vbuckets, limit=opened.vbucket_count, whose="the archive") \
+        if vbuckets else None
     opts = conn_args.options()
     check_privileges(opts, "verify an archive against", DCP_PRODUCER)  # before Spark starts
-    vbs = parse_vbuckets(vbuckets) if vbuckets else None
     with spark_progress("compare", disabled=no_progress or as_json):
         report = run_verify_against(archive, opts, backup=backup_id, vbuckets=vbs,
                                     partitions=partitions, master=master)

@@ -7,11 +7,11 @@ MAX_VBUCKET = 0xFFFF
 
 
 def parse_vbuckets(text: str | None, *, limit: int | None = None,
-                   option: str = "--vbuckets") -> list[int] | None:
+                   option: str = "--vbuckets", whose: str = "the bucket") -> list[int] | None:
     """`0-15,512` -> [0, 1, ..., 15, 512] (sorted, without duplicates). None/"" -> None (all).
 
-    `limit` is the number of vbuckets the node has; ids must be below it.
-    Raises UsageError naming the bad part.
+    `limit` is the number of vbuckets the bucket (or archive: `whose`) has; ids must be
+    below it. Raises UsageError naming the bad part.
     """
     if text is None:
         return None
@@ -35,9 +35,26 @@ def parse_vbuckets(text: str | None, *, limit: int | None = None,
         if hi < lo:
             raise UsageError(f"{option}: range '{part}' goes backwards")
         if hi > top:
+            if limit:
+                check_vbuckets(range(max(lo, limit), hi + 1), limit, option=option, whose=whose)
             raise UsageError(f"{option}: vbucket {hi} is out of range (0-{top})")
         out.update(range(lo, hi + 1))
     return sorted(out)
+
+
+def check_vbuckets(vbs, count: int, *, option: str = "--vbuckets",
+                   whose: str = "the bucket") -> None:
+    """Refuse (UsageError, exit 2) vbuckets that `whose` (with `count` vbuckets) does not
+    have: a list naming them would otherwise select nothing, silently."""
+    if vbs is None or not count:
+        return
+    over = [vb for vb in vbs if vb >= count]
+    if over:
+        shown = format_vbuckets(over)
+        raise UsageError(f"{option}: {whose} has {count} vbuckets (0-{count - 1}); "
+                         f"{'vbucket' if len(over) == 1 else 'vbuckets'} {shown} "
+                         f"{'does' if len(over) == 1 else 'do'} not exist",
+                         hint=f"name vbuckets 0-{count - 1}")
 
 
 def format_vbuckets(vbs) -> str:

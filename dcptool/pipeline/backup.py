@@ -66,6 +66,7 @@ from dcptool.client.events import (
     SYSTEM_EVENT,
 )
 from dcptool.client.position import Position
+from dcptool.client.vbspec import check_vbuckets
 from dcptool.client.session import VALUE_COUNTERS, SessionConfig
 from dcptool.errors import DcptoolError, UsageError
 from dcptool.faults import fault_point
@@ -82,7 +83,7 @@ from .backupdata import (
     stream_filter,
 )
 from .datafilter import selection
-from .nodeinfo import cluster_state, node_opts
+from .nodeinfo import bucket_uuid, cluster_state, node_opts
 from .plans import BackupTask, VBucketPlan, VBucketSummary
 from .runtime import (check_executors_see, check_master, context_of, default_parallelism,
                       engine_available, get_context, plan_groups, run_tasks)
@@ -108,6 +109,8 @@ class BackupResult:
     #: bytes the committed backup's directory takes on disk (what `dcptool info` shows)
     size_on_disk: int = 0
     kept_vbuckets: int = 0
+    #: vbuckets of an incremental backup with nothing new since its parent (no files)
+    unchanged_vbuckets: int = 0
     system_events: int = 0
     #: the data selection ({"include": [...], "exclude": [...]}, None: all) and how many
     #: collections the node had when the backup began (None: no collections)
@@ -135,7 +138,9 @@ class BackupResult:
             # of the streaming: Spark's start-up is spark_startup_seconds, apart
             "items_per_second": (round(self.items_streamed / (self.seconds - self.spark_seconds), 1)
                                  if self.seconds > self.spark_seconds else None),
-            "kept_vbuckets": self.kept_vbuckets, "system_events": self.system_events,
+            "kept_vbuckets": self.kept_vbuckets,
+            "unchanged_vbuckets": self.unchanged_vbuckets,
+            "system_events": self.system_events,
             "data": self.data, "collections": self.collections,
             "rollback_details": self.rollback_details,
             "log": self.log, "watermark": self.watermark,
@@ -588,6 +593,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         check_master(master)  # an unreachable master fails before any partial backup exists
     # on a cluster, seqnos and failover logs come from each vbucket's active node
     count, seqnos, logs, members = cluster_state(opts, vbuckets)
+    check_vbuckets(vbuckets, count)  # vbuckets the bucket does not have: a usage error
     if members is not None:
         rl.info("cluster member: vbuckets stream from their active nodes (%s)",
                 ", ".join(f"{n}: {len(v)}" for n, v in sorted(members.items())))
@@ -601,6 +607,8 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             f"{len(node_man.scopes)} scopes, {node_man.num_collections} collections")
     stream_filter(given, node_man, opts.bucket)  # names given must exist: checked up front
 
+    node_uuid = bucket_uuid(opts)
+    rl.info("bucket %s: uuid %s", opts.bucket, node_uuid or "(the node gives none)")
     where = storage.location(archive_path)
     if (where / ARCHIVE_JSON).exists() or (not storage.is_remote(where) and where.exists()
                                            and any(where.iterdir())):
@@ -609,8 +617,12 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         except NotAnArchiveError:
             raise
         if archive.bucket != opts.bucket:
-            raise UsageError(f"archive {archive_path} holds bucket '{archive.bucket}', not "
-                             f"'{opts.bucket}'", hint="use another archive directory or -b")
+            held = _recorded_uuid(archive, archive.latest_id())
+            raise UsageError(f"archive {archive_path} holds bucket '{archive.bucket}'"
+                             f"{f' (uuid {held})' if held else ''}, not bucket "
+                             f"'{opts.bucket}'{f' (uuid {node_uuid})' if node_uuid else ''} "
+                             f"that {opts.address} serves",
+                             hint="use another archive directory or -b")
         if archive.vbucket_count != count:
             raise UsageError(f"archive {archive_path} has {archive.vbucket_count} vbuckets but the "
                              f"node has {count}")
@@ -638,12 +650,27 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
     parent_id = None
     if resumed:
         intent = partial.intent or {}
+        _check_same_bucket(rl, archive, opts, node_uuid, logs, intent.get("bucket_uuid"),
+                           partial.parent, partial=partial.id)
         sel = chain_selection(given, intent.get("data"), opts.bucket, full=False,
                               what=f"partial backup {partial.id}")
         parent_id = partial.parent
     else:
         btype = FULL if (full or archive.latest_id() is None) else INCREMENTAL
         parent_id = None if btype == FULL else archive.latest_id()
+        if parent_id is not None:
+            _check_same_bucket(rl, archive, opts, node_uuid, logs,
+                               _recorded_uuid(archive, parent_id), parent_id)
+        elif archive.latest_id() is not None and node_uuid is not None:
+            held = _recorded_uuid(archive, archive.latest_id())
+            if held is not None and held != node_uuid:
+                msg = (f"--full: a new full backup of bucket '{opts.bucket}' (uuid "
+                       f"{node_uuid}) in an archive whose newest backup "
+                       f"{archive.latest_id()} is of bucket uuid {held}; the older backups "
+                       "stay restorable")
+                rl.warning("%s", msg)
+                if notice is not None:
+                    notice(msg)
         recorded = None if parent_id is None else archive.manifest(parent_id).get("data")
         sel = chain_selection(given, recorded, opts.bucket, full=btype == FULL)
     previous = archive.manifest(parent_id).get("collections") if parent_id else None
@@ -669,25 +696,33 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
     if resumed:
         writer = archive.resume_backup()
         btype = writer.type
+        unchanged = (unchanged_vbuckets(archive, writer.parent, seqnos, logs)
+                     if btype == INCREMENTAL else set())
     else:
+        unchanged = (unchanged_vbuckets(archive, parent_id, seqnos, logs)
+                     if btype == INCREMENTAL else set())
         # vbuckets_planned: how many vbuckets the backup will hold, for `info` on a partial one
         writer = archive.begin_backup(btype, level=level,
                                       collections=node_man.to_json() if node_man else None,
-                                      data=selection_json(sel),
-                                      extra={"vbuckets_planned": len(seqnos)})
+                                      data=selection_json(sel), bucket_uuid=node_uuid,
+                                      extra={"vbuckets_planned": len(seqnos) - len(unchanged)})
 
     try:
         # where each vbucket starts is the archive's decision; the node adds where it ends
         bplan = writer.plan(seqnos)
         kept = bplan.kept
+        # a vbucket with nothing new costs no file: the manifest lists it as unchanged
+        unchanged = {vb for vb in unchanged
+                     if vb in bplan.starts and not bplan.starts[vb].resume}
         plan: dict[int, VBucketPlan] = {
             vb: VBucketPlan(vb, Position.from_archive(st.position, st.failover_log), seqnos[vb],
                             tuple((int(u), int(q)) for u, q in logs.get(vb, ())), st.resume)
-            for vb, st in bplan.starts.items()}
+            for vb, st in bplan.starts.items() if vb not in unchanged}
         n_resumed = sum(1 for p in plan.values() if p.resume)
         rl.info("%s backup %s%s, parent %s: %d vbuckets, %d kept from the partial backup, "
-                "%d to stream (%d resumed)", btype, writer.id, " (resumed)" if resumed else "",
-                writer.parent or "none", len(seqnos), len(kept), len(plan), n_resumed)
+                "%d unchanged since the parent, %d to stream (%d resumed)", btype, writer.id,
+                " (resumed)" if resumed else "", writer.parent or "none", len(seqnos),
+                len(kept), len(unchanged), len(plan), n_resumed)
         if on_plan is not None:
             on_plan({"backup_id": writer.id, "type": btype, "resumed": resumed,
                      "vbuckets": len(seqnos), "kept": len(kept), "to_stream": len(plan)})
@@ -699,7 +734,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         state: dict[str, Any] = {
             "phase": "connecting to engine" if progress is not None and spark is None
                      and engine_available(master) else "starting Spark",
-            "vbuckets": len(seqnos), "vbuckets_done": len(kept),
+            "vbuckets": len(seqnos), "vbuckets_done": len(kept) + len(unchanged),
             "items": 0, "work": 0,
             "work_total": sum(max(0, int(p.end) - int(p.start.seqno)) for p in plan.values())}
         if plan:
@@ -748,12 +783,14 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             _log_vbucket(rl, s.entry, s.run)
         _log_compressed(rl, opts, runs)
         manifest = writer.commit([s.entry for s in summaries],
-                                 extra={"node": opts.address, "resumed": resumed})
+                                 extra={"node": opts.address, "resumed": resumed},
+                                 unchanged=unchanged)
     except BaseException:
         writer.abort()
         raise
-    result = BackupResult(writer.id, btype, resumed, len(manifest["vbuckets"]),
-                          kept_vbuckets=len(kept), spark_seconds=spark_seconds,
+    result = BackupResult(writer.id, btype, resumed, len(manifest["vbuckets"]) + len(unchanged),
+                          kept_vbuckets=len(kept), unchanged_vbuckets=len(unchanged),
+                          spark_seconds=spark_seconds,
                           items_streamed=streamed,
                           size_on_disk=dir_size(archive.backup_dir(writer.id)),
                           data=manifest.get("data"),
@@ -772,7 +809,7 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             result.rollback_details.append({"vbucket": e["vbucket"], **r})
     if progress is not None:
         state.update(phase="done", items=streamed, work=state["work_total"],
-                     vbuckets_done=len(manifest["vbuckets"]))
+                     vbuckets_done=len(manifest["vbuckets"]) + len(unchanged))
         progress(dict(state))
     result.seconds = time.monotonic() - t0
     rl.info("committed %s backup %s: %d vbuckets, %d mutations, %d deletions, %d expirations, "
@@ -798,6 +835,92 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
                     result.watermark["name"], result.watermark["instance"],
                     result.watermark["vbuckets"], watermark_ttl)
     return result
+
+
+def unchanged_vbuckets(archive: Archive, parent_id: str | None, seqnos: dict[int, int],
+                       logs: dict[int, Any]) -> set[int]:
+    """The vbuckets an incremental backup from `parent_id` has nothing to stream for: the
+    chain ended at the node's high seqno, on a snapshot boundary, and the node's failover
+    log is the one the chain recorded (no new history branch, no rollback to record)."""
+    if parent_id is None:
+        return set()
+    ends = archive.end_positions(parent_id)
+    recorded = archive.failover_logs(parent_id)
+    out = set()
+    for vb, high in seqnos.items():
+        end = ends.get(vb)
+        if end is None or int(end.seqno) != int(high) or int(end.snap_end) > int(end.seqno):
+            continue
+        mine = [(int(u), int(s)) for u, s in recorded.get(vb) or ()]
+        theirs = [(int(u), int(s)) for u, s in logs.get(vb) or ()]
+        if mine and mine == theirs:
+            out.add(vb)
+    return out
+
+
+def _recorded_uuid(archive: Archive, backup_id: str | None) -> str | None:
+    """The bucket uuid the newest backup of `backup_id`'s chain recorded (None: no backup
+    recorded one, as with backups of dcptool before it recorded them)."""
+    if backup_id is None:
+        return None
+    for bid in reversed(archive.chain_ids(upto=backup_id)):
+        uuid = archive.manifest(bid).get("bucket_uuid")
+        if uuid:
+            return str(uuid)
+    return None
+
+
+def shares_history(archive_logs: dict[int, list], node_logs: dict[int, Any]) -> bool | None:
+    """Whether the node's vbuckets continue the archive's: True when a vbucket both know
+    has a failover-log uuid in common (a vbucket uuid is a random 64-bit number, new for
+    every history branch), False when none does, None when they share no vbucket."""
+    common = [vb for vb in node_logs if archive_logs.get(vb)]
+    if not common:
+        return None
+    for vb in common:
+        theirs = {int(u) for u, _s in node_logs[vb] or ()}
+        if any(int(u) in theirs for u, _s in archive_logs[vb]):
+            return True
+    return False
+
+
+def _check_same_bucket(rl: RunLog, archive: Archive, opts, node_uuid: str | None,
+                       node_logs: dict, recorded: str | None, parent_id: str | None, *,
+                       partial: str | None = None) -> None:
+    """Refuse (UsageError) to continue an archive's chain from another bucket: one that
+    has another bucket uuid (deleted and created again, another cluster) and whose vbucket
+    histories do not continue the archive's. An incremental backup of it would roll every
+    vbucket back. A uuid that differs while the histories continue (the members of a
+    cluster of reference nodes each give a uuid of their own) is the same data."""
+    history = (shares_history(archive.failover_logs(parent_id), node_logs)
+               if parent_id is not None else None)
+    if recorded is not None and node_uuid is not None:
+        if recorded == node_uuid:
+            return
+        if history is True:
+            rl.info("bucket uuid %s differs from the %s the archive recorded, but the "
+                     "node's vbuckets continue the archive's history: the same data",
+                     node_uuid, recorded)
+            return
+    elif history is not False:  # nothing recorded to compare: the histories decide
+        return
+    held = f"uuid {recorded}" if recorded else "uuid not recorded"
+    what = (f"partial backup {partial}" if partial else f"backup {parent_id}")
+    serves = f"uuid {node_uuid}" if node_uuid else "no uuid given"
+    why = "" if history is None else "; no vbucket continues the archive's history"
+    if partial is not None:
+        raise UsageError(
+            f"archive {archive.path} holds bucket '{archive.bucket}' ({held}) as of {what}, "
+            f"but {opts.address} serves bucket '{opts.bucket}' ({serves}): another "
+            f"bucket{why}; the partial backup cannot be resumed from it",
+            hint="--purge-partial discards the partial backup (then --full starts a new full "
+                 "backup of this bucket in the same archive), or use another archive directory")
+    raise UsageError(
+        f"archive {archive.path} holds bucket '{archive.bucket}' ({held}) as of {what}, "
+        f"but {opts.address} serves bucket '{opts.bucket}' ({serves}): another bucket{why}; "
+        "an incremental backup cannot continue the archive",
+        hint="add --full to start a new full backup of this bucket in the same archive on "
+             "purpose, or use another archive directory")
 
 
 def _register_on_cluster(opts, archive_path: str, groups: dict[str, list[int]], ttl: float,

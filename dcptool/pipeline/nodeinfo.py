@@ -16,6 +16,15 @@ def vbucket_count(conn: Connection) -> int:
     return (max(seqnos) + 1) if seqnos else 0
 
 
+def bucket_uuid(opts) -> str | None:
+    """The uuid of the bucket `opts` names, as the node's cluster map gives it (Couchbase
+    Server's bucket uuid; a new one when a bucket is deleted and created again); None when
+    the map has none."""
+    with opts.connect() as conn:
+        uuid = cluster_config(conn).get("uuid")
+    return str(uuid) if uuid else None
+
+
 def node_state(conn: Connection, vbuckets: list[int] | None = None) -> tuple[int, dict[int, int], dict]:
     """(vbucket count, {vb: high seqno} of active vbuckets, {vb: failover log})."""
     count = vbucket_count(conn)
