@@ -93,6 +93,29 @@ def _quiet_env() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+#: the directory this dcptool is imported from (the one that holds the dcptool package)
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_EXECUTOR_ENV = "spark.executorEnv."
+
+
+def worker_env(master: str) -> dict[str, str]:
+    """The Spark settings that make the Python workers import the dcptool this driver runs,
+    whatever the current directory. Spark starts its workers (`python -m` the daemon module)
+    in the driver's directory, and Python puts that directory first on a `-m` module's path:
+    a folder named dcptool there (the parent of a clone) would be imported instead.
+    PYTHONSAFEPATH (Python 3.11+) leaves it off; on a local master, whose workers share this
+    machine, the directory this dcptool comes from goes on their path when it is not one
+    of the interpreter's own (site-packages): an editable install, a PYTHONPATH, a clone."""
+    env = {f"{_EXECUTOR_ENV}PYTHONSAFEPATH": "1"}
+    if master.startswith("local"):
+        import site
+
+        own = {os.path.realpath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+        if os.path.realpath(PACKAGE_ROOT) not in own:
+            env[f"{_EXECUTOR_ENV}PYTHONPATH"] = PACKAGE_ROOT
+    return env
+
+
 def master_addresses(master: str) -> list[tuple[str, int]]:
     """The (host, port) pairs of a standalone master URL (spark://h1:p1,h2:p2); [] for
     any other kind of master."""
@@ -278,16 +301,23 @@ def _cds_options(flags: list[str]) -> list[str]:
         return []
 
 
-def _prepare_daemon(sink: Any) -> dict[str, str]:
+def _prepare_daemon(sink: Any, settings: dict[str, str]) -> dict[str, str]:
     """Start the Python worker daemon's imports while the JVM starts (see sparkdaemon.py);
     the environment that tells the daemon Spark starts where to find it ({} if none)."""
     global _daemon_proc
 
     d = tempfile.mkdtemp(prefix="dcptool-daemon-")
     path = os.path.join(d, "s")
-    # what Spark gives its daemon: spark-submit's hash seed, unbuffered streams, one thread
+    # what Spark gives its daemon: spark-submit's hash seed, unbuffered streams, one thread,
+    # the executor environment of the settings (a PYTHONPATH goes before the driver's)
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
     env.setdefault("OMP_NUM_THREADS", "1")
+    for k, v in settings.items():
+        if k.startswith(_EXECUTOR_ENV):
+            name = k[len(_EXECUTOR_ENV):]
+            if name == "PYTHONPATH" and env.get(name):
+                v = os.pathsep.join([v, env[name]])
+            env[name] = v
     try:
         # its standard input stays open while this process runs; it ends when it closes
         _daemon_proc = subprocess.Popen(
@@ -469,7 +499,7 @@ def _launch_quiet_gateway(settings: dict[str, str], remember: bool = True,
         kwargs.update(stdout=sink, stderr=sink)
     try:
         if daemon:
-            env.update(_prepare_daemon(sink))
+            env.update(_prepare_daemon(sink, settings))
         port = None
         if recorded is not None:
             jenv = {k: v for k, v in env.items() if k not in recorded["unset"]}
@@ -527,6 +557,7 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
             "spark.sql.shuffle.partitions": "8",
             "spark.python.worker.reuse": "true",
             "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{log4j}",
+            **worker_env(master),
         }
         if master.startswith("local"):
             settings["spark.python.unix.domain.socket.enabled"] = "true"

@@ -266,6 +266,27 @@ def test_ctrl_c_resume_export_no_spark_noise(node, tmp_path):
     assert r.closed_at_exit
 
 
+def test_workers_import_the_drivers_dcptool_whatever_the_directory(node, tmp_path):
+    """A backup run from a directory holding a folder named dcptool (the parent of a clone):
+    Spark starts its Python workers there, and they must import the dcptool the driver
+    runs, not that folder."""
+    work = tmp_path / "work"
+    (work / "dcptool").mkdir(parents=True)
+    (work / "dcptool" / "__init__.py").write_text("raise ImportError('the folder in the "
+                                                  "current directory was imported')\n")
+    # as the installed `dcptool` script runs it: its own directory heads the driver's path
+    launcher = tmp_path / "bin" / "dcptool"
+    launcher.parent.mkdir()
+    launcher.write_text("from dcptool.cli.app import main\nmain()\n")
+    archive = tmp_path / "arch"
+    p = subprocess.run([sys.executable, str(launcher), "backup", "-c", f"{node.host}:{node.port}",
+                        str(archive), "--no-progress", "--no-watermark", "--json"], cwd=work,
+                       env=env_for(), capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["mutations"] == 4000
+    assert_no_noise(p.stdout, p.stderr)
+
+
 def test_executors_see_the_archive_check(spark, tmp_path):
     from dcptool.pipeline.runtime import (PROBE_PREFIX, check_executors_see, not_shared,
                                           probe_failures)
