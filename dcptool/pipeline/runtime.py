@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dcptool.errors import DcptoolError
+from dcptool.errors import DcptoolError, mark_interrupted, was_interrupted
 
 DEFAULT_MASTER = "local[*]"
 
@@ -44,7 +44,6 @@ _lock = threading.Lock()
 _jvm_output: str | None = None
 _jvm_proc: Any = None
 _daemon_proc: Any = None
-_interrupted = False
 
 #: the command line's start-up shortcuts (library use has none of them): the driver JVM's
 #: flags and its class-data archive; switched off one by one to measure them
@@ -61,7 +60,7 @@ _CDS_STALE = 600.0  # seconds after which an unfinished archive's lock is someon
 
 def interrupted() -> bool:
     """Whether Ctrl-C ended the CLI's JVM: whatever error follows is a consequence of it."""
-    return _interrupted
+    return was_interrupted()
 
 
 def set_jvm_output(mode: str | None) -> None:
@@ -168,10 +167,9 @@ def _on_interrupt(signum, frame):  # noqa: ARG001 - a signal handler's signature
     # task writes on once the archive's lock is released; on an engine, this command's tasks
     # (the engine waits until they have ended); then the usual KeyboardInterrupt (py4j may
     # turn it into a connection error on its way out: `interrupted()` says why)
-    global _interrupted
-    if _interrupted:  # a second Ctrl-C while the first is being dealt with
+    if was_interrupted():  # a second Ctrl-C while the first is being dealt with
         raise KeyboardInterrupt
-    _interrupted = True
+    mark_interrupted()
     _kill_jvm()
     from .engine import attachment
 
@@ -684,9 +682,15 @@ def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool
     removes). Local masters share the driver's machine and are not checked unless `always`."""
     from dcptool.archive import storage
 
-    if not always and context_of(spark).master.startswith("local"):
-        return
+    from .engine import attachment
+
     root = storage.location(directory)
+    # an engine's executors are the engine's processes, with the engine's environment: an
+    # object store's endpoint and credentials are those the engine was started with
+    on_engine = attachment() is not None
+    if (not always and context_of(spark).master.startswith("local")
+            and not (on_engine and storage.is_remote(root))):
+        return
     if not storage.is_remote(root):
         root = storage.location(os.path.abspath(os.fspath(root)))
     own = None
@@ -703,12 +707,21 @@ def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool
             except (OSError, DcptoolError):
                 pass
     if failures:
-        raise not_shared(str(root), failures)
+        raise not_shared(str(root), failures, engine=on_engine)
 
 
-def not_shared(directory: str, failures: list[str]) -> DcptoolError:
-    """The one-line error for executors that do not see `directory` (see probe_failures)."""
+def not_shared(directory: str, failures: list[str], *, engine: bool = False) -> DcptoolError:
+    """The one-line error for executors that do not see `directory` (see probe_failures);
+    `engine`: they are a running dcptool engine's."""
     more = f", and {len(failures) - 1} more hosts" if len(failures) > 1 else ""
+    if engine and directory.startswith("s3://"):
+        return DcptoolError(
+            f"the dcptool engine's Spark executors cannot reach {directory} ({failures[0]}"
+            f"{more}): they have the object store's endpoint and credentials the engine was "
+            "started with, not this command's",
+            hint="restart the engine where the S3 endpoint and credentials are set "
+                 "('dcptool engine stop', then 'dcptool engine start'), or run this command "
+                 "without it (DCPTOOL_ENGINE=off); nothing was written")
     if directory.startswith("s3://"):
         return DcptoolError(
             f"the Spark executors cannot reach {directory} ({failures[0]}{more}): every "

@@ -106,6 +106,10 @@ def _decode(text: str) -> dict[str, Any] | None:
 _JAVA_LINE = re.compile(r"\s+at \S|\s*\.\.\. \d+ more$|\s*Caused by: |\s*Suppressed: ")
 
 
+#: how a traceback names one of dcptool's error classes
+_DCPTOOL_CLASS = re.compile(r"^dcptool(?:\.\w+)+: ")
+
+
 def python_cause(text: str) -> str | None:
     """The exception line a Python traceback inside `text` ends with (Spark puts a worker's
     traceback between the JVM's lines), or None when `text` holds no Python traceback."""
@@ -116,7 +120,8 @@ def python_cause(text: str) -> str | None:
         return None
     for ln in lines[start + 1:]:
         if ln.strip() and not ln.startswith((" ", "\t")):  # not a frame, its source, a caret
-            return ln.strip()
+            # a dcptool error's message says it all: without its class's name
+            return _DCPTOOL_CLASS.sub("", ln.strip(), count=1)
     return None
 
 
