@@ -31,7 +31,6 @@ from dcptool.archive import (REC_DELETION, REC_EXPIRATION, REC_MUTATION, Archive
 from dcptool.archive.resolve import resolve
 from dcptool.client.options import ConnOptions
 from dcptool.errors import DcptoolError, UsageError
-from dcptool.faults import fault_point
 from dcptool.protocol.collections import (
     DEFAULT_COLLECTION,
     DEFAULT_SCOPE,
@@ -262,7 +261,6 @@ def _restore_task(task: RestoreTask, colls: Any) -> RestoreTaskResult:
     per_vb: dict[int, dict[str, int]] = {}
 
     def records_of(vb):
-        fault_point("restore-vbucket", len(per_vb))  # DCPTOOL_FAULT: stall-restore-after-...
         recs = list(resolved_records(task.archive, vb, task.backup, task.key_filter,
                                      chain=chain, collections=colls))
         kinds = [r[0] for r in recs]

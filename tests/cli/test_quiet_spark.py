@@ -293,12 +293,13 @@ def test_ctrl_c_during_a_restore_logs_interrupted(node, spark, tmp_path):
     archive = tmp_path / "arch"
     run_backup(opts_for(node), str(archive), spark=spark, watermark=False)
     with NodeProcess(tmp_path / "dst", vbuckets=16) as dst:
-        def writing() -> bool:  # a task sent its first vbucket and stalls before the next
+        def writing() -> bool:  # a task's first window is written; it stalls
             with opts_for(dst).connect() as conn:
                 return any(get_vbucket_seqnos(conn).values())
 
         rc, before, after = pty_run(["restore", str(archive), "-c", f"{dst.host}:{dst.port}"],
-                                    writing, DCPTOOL_FAULT="stall-restore-after-vbuckets:1")
+                                    writing, timeout=400,
+                                    DCPTOOL_FAULT="stall-restore-after-windows:1")
     assert rc == 130, (before, after)
     assert after.strip().splitlines() == ["dcptool: error: interrupted"], after
     assert_no_noise(before, after)
