@@ -26,3 +26,23 @@ class UsageError(DcptoolError):
     """Bad arguments or input given by the user."""
 
     exit_code = 2
+
+
+class Interrupted(DcptoolError):
+    """Ctrl-C ended the run; the message says what it left (a partial backup, say)."""
+
+    exit_code = 130
+
+
+_interrupted = [False]
+
+
+def mark_interrupted() -> None:
+    """Ctrl-C reached this process: whatever error follows is a consequence of it (a Spark
+    job's lost connection to its killed JVM, a task's refused connection, ...)."""
+    _interrupted[0] = True
+
+
+def was_interrupted() -> bool:
+    """Whether Ctrl-C reached this process (see mark_interrupted)."""
+    return _interrupted[0]

@@ -4,6 +4,8 @@ The variable holds one or more comma-separated specs; unset (the normal case), e
 fault point returns at once. The points (see docs/reliability.md):
 
     stall-after-vbuckets:N        a backup task sleeps once it has closed N vbuckets
+    stall-restore-after-windows:N a restore task sleeps once the node has confirmed the
+                                  first N windows of writes it sent
     kill-mid-stream:N             SIGKILL the process group once a process received N events
     kill-mid-file:N               at the Nth zstd frame a process writes to a segment file,
                                   write only its first half, fsync, then SIGKILL the group
@@ -60,7 +62,8 @@ def fault_point(where: str, count: int = 0, **ctx: Any) -> None:
     """Fail here if DCPTOOL_FAULT asks for it. `where` is the point's name:
 
     "vbucket-closed" (count: vbuckets a task closed; ctx flush: writes the task's progress
-    before a stall), "events" (count: events just
+    before a stall), "restore-window" (count: windows of writes a restore
+    task sent; ctx flush: waits until the node has confirmed them), "events" (count: events just
     received; totalled per process), "frame" (ctx fd, data: a frame about to be written to
     a segment file), "rename" (ctx path: a file about to be renamed into place),
     "removal-step" (a merged backup was published, or one backup was taken out of backups/).
@@ -70,6 +73,11 @@ def fault_point(where: str, count: int = 0, **ctx: Any) -> None:
     for name, n in _specs():
         if name == "stall-after-vbuckets" and where == "vbucket-closed" and count >= n:
             if ctx.get("flush") is not None:  # what the task did so far shows while it stalls
+                ctx["flush"]()
+            time.sleep(600)
+        elif name == "stall-restore-after-windows" and where == "restore-window" \
+                and count >= n:
+            if ctx.get("flush") is not None:
                 ctx["flush"]()
             time.sleep(600)
         elif name == "kill-mid-stream" and where == "events":

@@ -18,6 +18,7 @@ once; what it logs before `attach` is written when the file opens):
         rl.info("merging %d backups: %s .. %s", n, first, last)
         ...
     # an exception leaving the block is logged as "failed: ..." before it propagates
+    # ("interrupted" after Ctrl-C, whatever error followed it)
 
 A log that cannot be written (read-only archive, full disk) never fails the run: one note
 goes to stderr and the run carries on without a log.
@@ -32,6 +33,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from dcptool.errors import Interrupted, was_interrupted
 
 LOG_DIR = "logs"
 DEFAULT_KEEP = 20
@@ -267,7 +270,11 @@ class RunLog:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc is not None:
             quiet = {"no_echo": True}
-            if isinstance(exc, KeyboardInterrupt):
+            if isinstance(exc, Interrupted):
+                self.logger.error("%s", exc.message, extra=quiet)
+            elif isinstance(exc, KeyboardInterrupt) or was_interrupted():
+                # after Ctrl-C, a failure is its consequence (a refused connection to the
+                # killed JVM, say), not its cause
                 self.logger.error("interrupted", extra=quiet)
             else:
                 msg = getattr(exc, "message", None) or str(exc) or type(exc).__name__

@@ -50,6 +50,26 @@ def test_a_failed_run_ends_its_log_with_the_error(tmp_path):
     assert text.splitlines()[-1].endswith("ERROR failed: the node went away (run it again)")
 
 
+def test_after_ctrl_c_a_run_log_says_interrupted_not_the_error_that_followed(tmp_path,
+                                                                              monkeypatch):
+    from dcptool import errors
+
+    monkeypatch.setattr(errors, "_interrupted", [False])
+    with pytest.raises(ConnectionRefusedError):
+        with RunLog("restore") as rl:
+            rl.attach(tmp_path)
+            errors.mark_interrupted()  # Ctrl-C: the JVM is killed, py4j's next call fails
+            raise ConnectionRefusedError(111, "Connection refused")
+    assert rl.path.read_text().splitlines()[-1].endswith("ERROR interrupted")
+    with pytest.raises(errors.Interrupted):
+        with RunLog("backup") as rl:
+            rl.attach(tmp_path)
+            raise errors.Interrupted("interrupted: partial backup B1 is kept; the next "
+                                     "backup of this archive resumes it")
+    assert rl.path.read_text().splitlines()[-1].endswith(
+        "ERROR interrupted: partial backup B1 is kept; the next backup of this archive resumes it")
+
+
 def test_rotation_keeps_the_newest_logs_of_each_kind(tmp_path, monkeypatch):
     logs = tmp_path / "logs"
     logs.mkdir()

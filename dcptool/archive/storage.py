@@ -649,10 +649,21 @@ def wait_uploads() -> None:
     _uploads.wait()
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes, path: Any = None) -> None:
     view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        raise named(exc, path) from None
+
+
+def named(exc: OSError, path: Any) -> OSError:
+    """`exc` naming `path` (a write or fsync on a descriptor names no file): the one line
+    the user reads then says which file, e.g. "No space left on device: PATH"."""
+    if path is None or exc.filename is not None or not exc.strerror:
+        return exc
+    return type(exc)(exc.errno, exc.strerror, str(path))
 
 
 class NewFile:
@@ -678,17 +689,21 @@ class NewFile:
 
 class _LocalNewFile(NewFile):
     def __init__(self, path: Path, mode: int):
+        self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
 
     def write(self, data: bytes) -> None:
-        _write_all(self.fd, data)
+        _write_all(self.fd, data, self.path)
 
     def close(self, sync: bool = True) -> None:
         if self.fd < 0:
             return
         try:
             if sync:
-                os.fsync(self.fd)
+                try:
+                    os.fsync(self.fd)
+                except OSError as exc:
+                    raise named(exc, self.path) from None
         finally:
             os.close(self.fd)
             self.fd = -1
@@ -1088,9 +1103,12 @@ def atomic_write_bytes(path: Path | S3Path, data: bytes, *, durable: bool = True
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, mode)
-        _write_all(fd, data)
+        _write_all(fd, data, path)
         if durable:
-            os.fsync(fd)
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise named(exc, path) from None
         os.close(fd)
         fd = -1
         fault_point("rename", path=path)  # DCPTOOL_FAULT: kill-before-manifest-rename

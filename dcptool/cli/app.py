@@ -33,7 +33,7 @@ from typer.core import TyperGroup
 
 from dcptool import __version__
 from dcptool.cli import output
-from dcptool.errors import DcptoolError
+from dcptool.errors import DcptoolError, Interrupted
 
 try:  # typer >= 0.2x carries its own copy of click; older ones use click itself
     from typer import _click as _impl  # type: ignore[attr-defined]
@@ -473,6 +473,8 @@ def _run(command: Any, argv: list[str] | None) -> Any:
 
     try:
         return command.main(args=argv, prog_name="dcptool", standalone_mode=False)
+    except Interrupted:
+        raise  # says what the interruption left
     except Exception:
         if runtime.interrupted():
             if output.verbosity() >= output.DEBUG:

@@ -68,7 +68,7 @@ from dcptool.client.events import (
 from dcptool.client.position import Position
 from dcptool.client.vbspec import check_vbuckets
 from dcptool.client.session import VALUE_COUNTERS, SessionConfig
-from dcptool.errors import DcptoolError, UsageError
+from dcptool.errors import DcptoolError, Interrupted, UsageError, was_interrupted
 from dcptool.faults import fault_point
 from dcptool.protocol.constants import StreamEndReason
 from dcptool.runlog import RunLog
@@ -747,7 +747,12 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
             groups = plan_groups(list(plan), n)
             rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master,
                     len(groups), spark_seconds)
-            check_executors_see(spark, archive_path, write=True)  # before streaming
+            try:
+                check_executors_see(spark, archive_path, write=True)  # before streaming
+            except DcptoolError:
+                if not resumed:  # nothing streamed: the backup this run began goes again
+                    storage.remove_tree(archive.backup_dir(writer.id))
+                raise
             tasks = [BackupTask(opts, archive_path, writer.id, writer.parent,
                                 tuple(plan[vb] for vb in g), f"dcptool-backup:{writer.id}:{i}",
                                 cluster=members is not None, stream_filter=sfilter,
@@ -785,8 +790,11 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         manifest = writer.commit([s.entry for s in summaries],
                                  extra={"node": opts.address, "resumed": resumed},
                                  unchanged=unchanged)
-    except BaseException:
+    except BaseException as exc:
         writer.abort()
+        if isinstance(exc, KeyboardInterrupt) or was_interrupted():
+            raise Interrupted(f"interrupted: partial backup {writer.id} is kept; the next "
+                              "backup of this archive resumes it") from None
         raise
     result = BackupResult(writer.id, btype, resumed, len(manifest["vbuckets"]) + len(unchanged),
                           kept_vbuckets=len(kept), unchanged_vbuckets=len(unchanged),

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from dcptool.archive import Archive
-from dcptool.errors import UsageError
+from dcptool.errors import DcptoolError, UsageError
+
+from .tasks import task_failure
 
 FORMATS = ("parquet", "jsonl")
 
@@ -62,14 +64,19 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
         raise UsageError("the output directory must not be inside the archive")
     spark = spark or get_spark(master)
     check_executors_see(spark, archive.path, name="archive.json")
-    df = read_archive(spark, archive.path.absolute(), backup=backup, resolved=resolved,
-                      vbuckets=vbuckets, partitions=partitions)
-    writer = df.write.mode("overwrite" if (overwrite or out.exists()) else "errorifexists")
-    with progress.watch_tasks(spark, "tasks"):  # a command's progress bar, if it draws one
-        if fmt == "parquet":
-            writer.parquet(str(out))
-        else:
-            writer.json(str(out))
+    try:
+        df = read_archive(spark, archive.path.absolute(), backup=backup, resolved=resolved,
+                          vbuckets=vbuckets, partitions=partitions)
+        writer = df.write.mode("overwrite" if (overwrite or out.exists()) else "errorifexists")
+        with progress.watch_tasks(spark, "tasks"):  # a command's progress bar, if it draws one
+            if fmt == "parquet":
+                writer.parquet(str(out))
+            else:
+                writer.json(str(out))
+    except DcptoolError:
+        raise
+    except Exception as exc:  # a Spark job failed: its cause, in one line
+        raise task_failure(exc, "export", None) from None
     progress.stage("counting rows")
     rows = files = size = 0
     suffix = ".parquet" if fmt == "parquet" else ".jsonl"

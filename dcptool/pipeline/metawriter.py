@@ -18,6 +18,7 @@ from typing import Iterable
 from dcptool.client.connection import Connection
 from dcptool.client.errors import NotMyVbucketError, ProtocolViolation
 from dcptool.errors import DcptoolError
+from dcptool.faults import fault_point
 from dcptool.protocol import vbucket_of
 from dcptool.protocol import wire
 from dcptool.protocol.collections import split_doc_key
@@ -147,12 +148,17 @@ class MetaWriter:
                     self._send(part, 0)
                     while len(self._inflight) >= self.depth:
                         self._confirm_oldest()
-            while self._inflight:
-                self._confirm_oldest()
+                    # DCPTOOL_FAULT: stall-restore-after-windows (once the node has them)
+                    fault_point("restore-window", self._next_window, flush=self._confirm_all)
+            self._confirm_all()
         except BaseException:
             self._inflight.clear()  # the connection is unusable for this writer now
             raise
         return self.counts
+
+    def _confirm_all(self) -> None:
+        while self._inflight:
+            self._confirm_oldest()
 
     def _send(self, batch: list[tuple], attempt: int) -> None:
         """Encode and send one window (requests numbered base+i, then the NOOP barrier)."""

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dcptool.errors import DcptoolError
+from dcptool.errors import DcptoolError, mark_interrupted, was_interrupted
 
 from . import progress
 
@@ -46,7 +46,6 @@ _lock = threading.Lock()
 _jvm_output: str | None = None
 _jvm_proc: Any = None
 _daemon_proc: Any = None
-_interrupted = False
 
 #: the command line's start-up shortcuts (library use has none of them): the driver JVM's
 #: flags and its class-data archive; switched off one by one to measure them
@@ -63,7 +62,7 @@ _CDS_STALE = 600.0  # seconds after which an unfinished archive's lock is someon
 
 def interrupted() -> bool:
     """Whether Ctrl-C ended the CLI's JVM: whatever error follows is a consequence of it."""
-    return _interrupted
+    return was_interrupted()
 
 
 def set_jvm_output(mode: str | None) -> None:
@@ -93,6 +92,29 @@ def _quiet_env() -> None:
     # Workers must run the interpreter dcptool is installed in, not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+#: the directory this dcptool is imported from (the one that holds the dcptool package)
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_EXECUTOR_ENV = "spark.executorEnv."
+
+
+def worker_env(master: str) -> dict[str, str]:
+    """The Spark settings that make the Python workers import the dcptool this driver runs,
+    whatever the current directory. Spark starts its workers (`python -m` the daemon module)
+    in the driver's directory, and Python puts that directory first on a `-m` module's path:
+    a folder named dcptool there (the parent of a clone) would be imported instead.
+    PYTHONSAFEPATH (Python 3.11+) leaves it off; on a local master, whose workers share this
+    machine, the directory this dcptool comes from goes on their path when it is not one
+    of the interpreter's own (site-packages): an editable install, a PYTHONPATH, a clone."""
+    env = {f"{_EXECUTOR_ENV}PYTHONSAFEPATH": "1"}
+    if master.startswith("local"):
+        import site
+
+        own = {os.path.realpath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+        if os.path.realpath(PACKAGE_ROOT) not in own:
+            env[f"{_EXECUTOR_ENV}PYTHONPATH"] = PACKAGE_ROOT
+    return env
 
 
 def master_addresses(master: str) -> list[tuple[str, int]]:
@@ -147,10 +169,9 @@ def _on_interrupt(signum, frame):  # noqa: ARG001 - a signal handler's signature
     # task writes on once the archive's lock is released; on an engine, this command's tasks
     # (the engine waits until they have ended); then the usual KeyboardInterrupt (py4j may
     # turn it into a connection error on its way out: `interrupted()` says why)
-    global _interrupted
-    if _interrupted:  # a second Ctrl-C while the first is being dealt with
+    if was_interrupted():  # a second Ctrl-C while the first is being dealt with
         raise KeyboardInterrupt
-    _interrupted = True
+    mark_interrupted()
     _kill_jvm()
     from .engine import attachment
 
@@ -282,16 +303,23 @@ def _cds_options(flags: list[str]) -> list[str]:
         return []
 
 
-def _prepare_daemon(sink: Any) -> dict[str, str]:
+def _prepare_daemon(sink: Any, settings: dict[str, str]) -> dict[str, str]:
     """Start the Python worker daemon's imports while the JVM starts (see sparkdaemon.py);
     the environment that tells the daemon Spark starts where to find it ({} if none)."""
     global _daemon_proc
 
     d = tempfile.mkdtemp(prefix="dcptool-daemon-")
     path = os.path.join(d, "s")
-    # what Spark gives its daemon: spark-submit's hash seed, unbuffered streams, one thread
+    # what Spark gives its daemon: spark-submit's hash seed, unbuffered streams, one thread,
+    # the executor environment of the settings (a PYTHONPATH goes before the driver's)
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
     env.setdefault("OMP_NUM_THREADS", "1")
+    for k, v in settings.items():
+        if k.startswith(_EXECUTOR_ENV):
+            name = k[len(_EXECUTOR_ENV):]
+            if name == "PYTHONPATH" and env.get(name):
+                v = os.pathsep.join([v, env[name]])
+            env[name] = v
     try:
         # its standard input stays open while this process runs; it ends when it closes
         _daemon_proc = subprocess.Popen(
@@ -473,7 +501,7 @@ def _launch_quiet_gateway(settings: dict[str, str], remember: bool = True,
         kwargs.update(stdout=sink, stderr=sink)
     try:
         if daemon:
-            env.update(_prepare_daemon(sink))
+            env.update(_prepare_daemon(sink, settings))
         port = None
         if recorded is not None:
             jenv = {k: v for k, v in env.items() if k not in recorded["unset"]}
@@ -532,6 +560,7 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
             "spark.sql.shuffle.partitions": "8",
             "spark.python.worker.reuse": "true",
             "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{log4j}",
+            **worker_env(master),
         }
         if master.startswith("local"):
             settings["spark.python.unix.domain.socket.enabled"] = "true"
@@ -658,9 +687,15 @@ def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool
     removes). Local masters share the driver's machine and are not checked unless `always`."""
     from dcptool.archive import storage
 
-    if not always and context_of(spark).master.startswith("local"):
-        return
+    from .engine import attachment
+
     root = storage.location(directory)
+    # an engine's executors are the engine's processes, with the engine's environment: an
+    # object store's endpoint and credentials are those the engine was started with
+    on_engine = attachment() is not None
+    if (not always and context_of(spark).master.startswith("local")
+            and not (on_engine and storage.is_remote(root))):
+        return
     if not storage.is_remote(root):
         root = storage.location(os.path.abspath(os.fspath(root)))
     own = None
@@ -677,12 +712,21 @@ def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool
             except (OSError, DcptoolError):
                 pass
     if failures:
-        raise not_shared(str(root), failures)
+        raise not_shared(str(root), failures, engine=on_engine)
 
 
-def not_shared(directory: str, failures: list[str]) -> DcptoolError:
-    """The one-line error for executors that do not see `directory` (see probe_failures)."""
+def not_shared(directory: str, failures: list[str], *, engine: bool = False) -> DcptoolError:
+    """The one-line error for executors that do not see `directory` (see probe_failures);
+    `engine`: they are a running dcptool engine's."""
     more = f", and {len(failures) - 1} more hosts" if len(failures) > 1 else ""
+    if engine and directory.startswith("s3://"):
+        return DcptoolError(
+            f"the dcptool engine's Spark executors cannot reach {directory} ({failures[0]}"
+            f"{more}): they have the object store's endpoint and credentials the engine was "
+            "started with, not this command's",
+            hint="restart the engine where the S3 endpoint and credentials are set "
+                 "('dcptool engine stop', then 'dcptool engine start'), or run this command "
+                 "without it (DCPTOOL_ENGINE=off); nothing was written")
     if directory.startswith("s3://"):
         return DcptoolError(
             f"the Spark executors cannot reach {directory} ({failures[0]}{more}): every "

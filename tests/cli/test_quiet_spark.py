@@ -217,6 +217,21 @@ def test_quiet_and_verbose_after_the_command_name(tmp_path):
 # -- with Spark ---------------------------------------------------------------------------
 
 
+def assert_kept_and_resumed(after: str, archive: Path) -> None:
+    """The one line of a backup ended by Ctrl-C says that its partial backup is kept and
+    that the next backup resumes it; the run log ends with the same words."""
+    lines = after.strip().splitlines()
+    assert len(lines) == 1, after
+    m = re.fullmatch(r"dcptool: error: interrupted: partial backup (\S+) is kept; the next "
+                     r"backup of this archive resumes it", lines[0])
+    assert m, lines[0]
+    assert (archive / "backups" / m.group(1)).is_dir()
+    assert not (archive / "backups" / m.group(1) / "manifest.json").exists()
+    log = sorted((archive / "logs").glob("backup-*.log"))[-1].read_text().splitlines()
+    assert log[-1].endswith(f" ERROR interrupted: partial backup {m.group(1)} is kept; the "
+                            "next backup of this archive resumes it"), log[-3:]
+
+
 @pytest.mark.slow
 def test_ctrl_c_resume_export_no_spark_noise(node, tmp_path):
     archive = tmp_path / "arch"
@@ -226,7 +241,7 @@ def test_ctrl_c_resume_export_no_spark_noise(node, tmp_path):
     rc, before, after = pty_run(["backup", "-c", cluster, str(archive), "--no-progress"],
                                 lambda: jvm_of(str(archive)))
     assert rc == 130, (before, after)
-    assert after.strip().splitlines() == ["dcptool: error: interrupted"], after
+    assert_kept_and_resumed(after, archive)
     assert_no_noise(before, after)
 
     # 2. Ctrl-C while tasks stream (a task stalls after one vbucket, so some are done and
@@ -237,7 +252,7 @@ def test_ctrl_c_resume_export_no_spark_noise(node, tmp_path):
     rc, before, after = pty_run(["backup", "-c", cluster, str(archive), "--no-progress",
                                  "--partitions", "2"], streaming, DCPTOOL_FAULT="stall-after-vbuckets:1")
     assert rc == 130, (before, after)
-    assert after.strip().splitlines() == ["dcptool: error: interrupted"], after
+    assert_kept_and_resumed(after, archive)
     assert_no_noise(before, after)
     assert len(partials(archive)) == 1
     assert not (archive / "lock").exists()
@@ -264,6 +279,55 @@ def test_ctrl_c_resume_export_no_spark_noise(node, tmp_path):
     assert r.rc == 0, r.err
     assert_no_noise(r.out, r.err)
     assert r.closed_at_exit
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_restore_logs_interrupted(node, spark, tmp_path):
+    """Ctrl-C while a restore's tasks write: one line, 130, and the restore's run log says
+    interrupted (not the refused connection to the JVM the interruption killed)."""
+    from docutil import opts_for
+
+    from dcptool.client.ops import get_vbucket_seqnos
+    from dcptool.pipeline.backup import run_backup
+
+    archive = tmp_path / "arch"
+    run_backup(opts_for(node), str(archive), spark=spark, watermark=False)
+    with NodeProcess(tmp_path / "dst", vbuckets=16) as dst:
+        def writing() -> bool:  # a task's first window is written; it stalls
+            with opts_for(dst).connect() as conn:
+                return any(get_vbucket_seqnos(conn).values())
+
+        rc, before, after = pty_run(["restore", str(archive), "-c", f"{dst.host}:{dst.port}"],
+                                    writing, timeout=400,
+                                    DCPTOOL_FAULT="stall-restore-after-windows:1")
+    assert rc == 130, (before, after)
+    assert after.strip().splitlines() == ["dcptool: error: interrupted"], after
+    assert_no_noise(before, after)
+    log = sorted((archive / "logs").glob("restore-*.log"))[-1].read_text()
+    errors = [ln for ln in log.splitlines() if " ERROR " in ln]
+    assert errors and errors[-1].endswith(" ERROR interrupted"), log[-2000:]
+    assert "refused" not in log.lower(), log[-2000:]
+
+
+def test_workers_import_the_drivers_dcptool_whatever_the_directory(node, tmp_path):
+    """A backup run from a directory holding a folder named dcptool (the parent of a clone):
+    Spark starts its Python workers there, and they must import the dcptool the driver
+    runs, not that folder."""
+    work = tmp_path / "work"
+    (work / "dcptool").mkdir(parents=True)
+    (work / "dcptool" / "__init__.py").write_text("raise ImportError('the folder in the "
+                                                  "current directory was imported')\n")
+    # as the installed `dcptool` script runs it: its own directory heads the driver's path
+    launcher = tmp_path / "bin" / "dcptool"
+    launcher.parent.mkdir()
+    launcher.write_text("from dcptool.cli.app import main\nmain()\n")
+    archive = tmp_path / "arch"
+    p = subprocess.run([sys.executable, str(launcher), "backup", "-c", f"{node.host}:{node.port}",
+                        str(archive), "--no-progress", "--no-watermark", "--json"], cwd=work,
+                       env=env_for(), capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["mutations"] == 4000
+    assert_no_noise(p.stdout, p.stderr)
 
 
 def test_executors_see_the_archive_check(spark, tmp_path):

@@ -111,3 +111,34 @@ def test_disk_full_during_backup(small_disk, spark, tmp_path, capsys, monkeypatc
     with NodeProcess(tmp_path / "dst", vbuckets=VBS) as dst:
         run_restore(str(archive), opts_for(dst), spark=spark)
         assert node_documents(opts_for(dst)) == expected
+
+
+def test_disk_full_in_a_task_names_the_file_not_a_java_frame(small_disk, tmp_path):
+    """`dcptool backup` as the user runs it (its own process, its own Spark): the task's
+    ENOSPC is the one line, naming the file it could not write, and the run log says the
+    same; the partial backup is kept for the next run."""
+    if small_disk is None:
+        pytest.skip("this machine does not let us mount a tmpfs")
+    with NodeProcess(tmp_path / "src", vbuckets=4) as node:
+        with opts_for(node).connect() as conn:
+            load(conn, random_docs(1500, 1000, seed=3, tag="c"), 4)  # ~1.5 MiB, incompressible
+        with open(small_disk / "filler", "wb") as f:  # leave about 0.5 MiB
+            f.write(b"\0" * (5 * MIB + MIB // 2))
+        archive = small_disk / "archive"
+        proc = spawn("backup", "-c", f"{node.host}:{node.port}", "--no-progress",
+                     "--no-watermark", "--master", "local[2]", str(archive),
+                     env={"DCPTOOL_PASSWORD": node.password})
+        rc, _out, err = finish(proc)
+    assert rc == 1, err
+    line = one_error_line(err)
+    assert line.startswith(f"dcptool: error: backup task failed: No space left on device: "
+                           f"{archive}/"), line
+    assert "java" not in err.lower(), err
+    assert "free some space" in line and "the partial backup is kept" in line, line
+    logs = sorted((archive / "logs").glob("backup-*.log"))
+    assert logs, "no run log"
+    failed = [ln for ln in logs[-1].read_text().splitlines() if " ERROR " in ln]
+    assert failed and f"No space left on device: {archive}/" in failed[-1], failed
+    assert "java" not in failed[-1].lower(), failed
+    a = Archive.open(archive)
+    assert a.committed_ids() == [] and len(a.partial_ids()) == 1
