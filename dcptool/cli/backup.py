@@ -223,6 +223,24 @@ def backup(
     console().print(t)
 
 
+def _restore_checks(d: dict) -> list[str]:
+    """What a restore checked, as lines (a dry run's report)."""
+    out = []
+    c = d.get("checked")
+    if c:
+        out.append(f"archive: {c['backups']} backup{'s' if c['backups'] != 1 else ''}, "
+                   f"{c['files']:,} files ({human_bytes(c['bytes'])}), {c['records']:,} "
+                   "records checked as verify does")
+    t = d.get("target")
+    if t:
+        how = (f"keys routed by its own map (the archive has {t['archive_vbuckets']})"
+               if t["rerouted"] else "as the archive")
+        nodes = f", {t['nodes']} nodes" if t["nodes"] > 1 else ""
+        out.append(f"target: bucket {t['bucket']} on {t['address']}{nodes}: logged in, "
+                   f"privileges held, {t['vbuckets']} vbuckets, {how}")
+    return out
+
+
 def _open_or_plan_encrypted(archive: str, encrypt: bool) -> None:
     """Unlock an existing encrypted archive now; with --encrypt and no archive yet, take
     the new passphrase now (the archive is created once the node's vbuckets are known)."""
@@ -257,8 +275,11 @@ def restore(
     force_updates: Annotated[bool, typer.Option(
         "--force-updates", help="Overwrite newer versions on the node (skip conflict "
                                 "resolution).")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would be written; "
-                                                            "write nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Check everything the restore checks (the archive's files as "
+                          "verify does; the target's connection, login, bucket, privileges, "
+                          "vbucket map, scopes and collections) and report what would be "
+                          "written and created; write and create nothing.")] = False,
     include_data: Annotated[Optional[list[str]], typer.Option(
         "--include-data", metavar="NAMES", envvar="DCPTOOL_INCLUDE_DATA",
         help="Only these collections: bucket.scope.collection or bucket.scope, "
@@ -285,6 +306,19 @@ def restore(
     holds a newer version it wins and the write is counted as skipped. Exit status 1 if
     any write failed. Each run writes a log to ARCHIVE/logs/.
 
+    Before anything is written, the backups read are checked as 'dcptool verify' checks
+    them (manifests, files, done files, records, continuity); a problem stops the restore
+    in one line naming the file.
+
+    The target may have another vbucket count than the archive (1024, 128, 64): every
+    key goes to the target's vbucket for it by the target's own map. The documents and
+    their metadata (cas, rev seqno, flags, expiry) are kept; seqnos and failover history
+    are the target's own.
+
+    --dry-run connects, logs in, selects the bucket and checks the privileges, the vbucket
+    map and the collections as the restore does, and fails where and as the restore would
+    (the same one line and exit status); it writes and creates nothing.
+
     Each document goes into the target's collection of the same scope and collection
     names (or those --map-data gives); missing scopes and collections are created
     through the target's REST port first, with their max TTL. When they cannot be
@@ -301,10 +335,9 @@ def restore(
     from dcptool.pipeline.restore import run_restore
 
     Archive.open(archive)  # a clear error for a missing or foreign directory before connecting
-    opts = None
-    if not dry_run:
-        opts = conn_args.options()
-        check_privileges(opts, "restore into", META_WRITE)  # before anything is written
+    # a dry run checks the target as the restore does
+    opts = conn_args.options()
+    check_privileges(opts, "restore into", META_WRITE)  # before anything is written
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs, key_filter=filter_keys,
                          force=force_updates, dry_run=dry_run, partitions=partitions, master=master,
@@ -326,9 +359,12 @@ def restore(
             t.add_row("would write" if (dry_run and row == "restored") else row,
                       *(str(d[row][k]) for k in ("mutation", "deletion", "expiration")))
         console().print(t)
+        for line in _restore_checks(d):
+            console().print(line, markup=False)
         colls = d.get("collections") or {}
         moved = [f"{a} -> {b}" for a, b in (colls.get("restored") or {}).items() if a != b]
         for label, names in (("created on the target", colls.get("created")),
+                             ("would create on the target", colls.get("would_create")),
                              ("restored under other names", moved),
                              ("left out", colls.get("excluded"))):
             if names:
