@@ -360,7 +360,7 @@ def restore(
                       *(str(d[row][k]) for k in ("mutation", "deletion", "expiration")))
         console().print(t)
         for line in _restore_checks(d):
-            console().print(line, markup=False)
+            console().print(line, markup=False, soft_wrap=True)
         colls = d.get("collections") or {}
         moved = [f"{a} -> {b}" for a, b in (colls.get("restored") or {}).items() if a != b]
         for label, names in (("created on the target", colls.get("created")),
