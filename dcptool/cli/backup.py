@@ -41,7 +41,9 @@ manual(
     exit_note="1 when any document could not be written (the counts and the run log name "
               "them), or when the user lacks the MetaWrite privilege: refused before anything "
               "is written, or, when the privilege is lost during the run, stopped at the first "
-              "refused write, with one line.",
+              "refused write, with one line; 1 when a backup read fails the checks verify "
+              "makes (one line naming the file, nothing written). --dry-run exits as the "
+              "restore would for every check it makes.",
     files=(
         ("ARCHIVE/backups/ID/", "The backups read (never changed)."),
         ("ARCHIVE/logs/restore-TIME.log", "The log of each run (mode 0600): per vbucket what was "
