@@ -520,7 +520,7 @@ complete -c dcptool -n '__dcptool_at restore' -l backup -x -d 'Restore the state
 complete -c dcptool -n '__dcptool_at restore' -l vbuckets -x -d 'Only these vbuckets, e.g'
 complete -c dcptool -n '__dcptool_at restore' -l filter-keys -x -d 'Only keys matching this regex'
 complete -c dcptool -n '__dcptool_at restore' -l force-updates -d 'Overwrite newer versions on the node (skip conflict resolution)'
-complete -c dcptool -n '__dcptool_at restore' -l dry-run -d 'Report what would be written'
+complete -c dcptool -n '__dcptool_at restore' -l dry-run -d 'Check everything the restore checks (the archive\'s files as verify does'
 complete -c dcptool -n '__dcptool_at restore' -l include-data -x -d 'Only these collections: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
 complete -c dcptool -n '__dcptool_at restore' -l exclude-data -x -d 'Leave these collections out: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
 complete -c dcptool -n '__dcptool_at restore' -l map-data -x -d 'Restore a collection or scope under other names: scope.collection=scope.collection or scope=scope, comma-separated, repeatable'

@@ -395,7 +395,7 @@ def test_json_output_has_the_documented_fields(tour):
     node2 = f"127.0.0.1:{tour.ports[11211]}"
     lines = {
         "dcptool backup": f"dcptool backup tour/archive -c {node} --json",
-        "dcptool restore": "dcptool restore tour/archive --dry-run --json",
+        "dcptool restore": f"dcptool restore tour/archive -c {node2} --dry-run --json",
         "dcptool info": "dcptool info tour/archive --json",
         "dcptool verify": "dcptool verify tour/archive --json",
         "dcptool examine": "dcptool examine tour/archive airline_10 --json",

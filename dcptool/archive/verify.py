@@ -332,15 +332,76 @@ def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
                                        f"vbucket {vb}: {why}", backup_id, vb))
 
 
+def _summary_problem(summary: Any, entries: dict[int, dict[str, Any]]) -> str | None:
+    """Why a done summary does not say what the manifest's entry of its vbucket says (None
+    when it does): the manifest was made of the summaries, so a summary that differs was
+    changed."""
+    if not isinstance(summary, dict) or not isinstance(summary.get("vbucket"), int):
+        return "is not a vbucket summary"
+    entry = entries.get(summary["vbucket"])
+    if entry is None:
+        return f"summarises vbucket {summary['vbucket']}, which the manifest does not list"
+    # (the driver may add fields to the entry: the summary's own must be the entry's)
+    if any(k not in entry or entry[k] != v for k, v in summary.items()):
+        return f"differs from the manifest's entry of vbucket {summary['vbucket']}"
+    return None
+
+
+def _check_done(bdir: Path, name: str, backup_id: str, entries: dict[int, dict[str, Any]],
+                sealed: bool, report: VerifyReport) -> None:
+    """A done file or done batch (and, sealed, backup.json): readable, authentic when
+    sealed, and saying what the manifest says."""
+    try:
+        doc = read_json(bdir / name)
+    except crypto.TamperedError as exc:
+        report.problems.append(Problem(str(bdir / name), str(exc), backup_id))
+        return
+    except OSError as exc:
+        report.problems.append(Problem(str(bdir / name), f"cannot read: {exc}", backup_id))
+        return
+    except ValueError as exc:
+        why = "the file was tampered with" if sealed else "the file's content changed"
+        report.problems.append(Problem(str(bdir / name), f"not valid JSON ({why}): {exc}",
+                                       backup_id))
+        return
+    if name == BACKUP_JSON:
+        return
+    if BATCH_RE.match(name):
+        summaries = doc.get("vbuckets") if isinstance(doc, dict) else None
+        if not isinstance(summaries, list):
+            report.problems.append(Problem(str(bdir / name), "is not a done batch", backup_id))
+            return
+    else:
+        summaries = [doc]
+        m = DONE_RE.match(name)
+        if isinstance(doc, dict) and m and doc.get("vbucket") != int(m.group(1)):
+            report.problems.append(Problem(str(bdir / name), f"names vbucket "
+                                           f"{doc.get('vbucket')!r}, not {int(m.group(1))}",
+                                           backup_id))
+            return
+    for s in summaries:
+        why = _summary_problem(s, entries)
+        if why:
+            vb = s.get("vbucket") if isinstance(s, dict) else None
+            report.problems.append(Problem(str(bdir / name), why, backup_id,
+                                           vb if isinstance(vb, int) else None))
+            return
+
+
 def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
-                 report: VerifyReport) -> set[str]:
-    """Size and SHA-256 of every listed file (members of packs too); returns the names of
+                 report: VerifyReport, vbuckets: Any = None) -> set[str]:
+    """Size and SHA-256 of every listed file (members of packs too), of the vbuckets in
+    `vbuckets` (None: all); the done files agree with the manifest; returns the names of
     the files that are missing."""
     missing: set[str] = set()
     listed: set[str] = set()
     sealed = crypto.file_key(bdir / MANIFEST_JSON) is not None
+    entries = {e["vbucket"]: e for e in manifest["vbuckets"]}
     for entry in manifest["vbuckets"]:
         vb = entry["vbucket"]
+        if vbuckets is not None and vb not in vbuckets:
+            listed.update(f.get("pack") or f["name"] for f in entry["files"])
+            continue
         for f in entry["files"]:
             listed.add(f.get("pack") or f["name"])
             path = entry_location(bdir, f)
@@ -371,15 +432,13 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
         names = []
     known = {MANIFEST_JSON, BACKUP_JSON}
     for name in names:
-        if sealed and (name == BACKUP_JSON or DONE_RE.match(name) or BATCH_RE.match(name)):
-            # read by no reader of a committed backup, but sealed like the rest: checked
-            try:
-                crypto.read_file(bdir / name)
-            except crypto.TamperedError as exc:
-                report.problems.append(Problem(str(bdir / name), str(exc), backup_id))
-            except OSError as exc:
-                report.problems.append(Problem(str(bdir / name), f"cannot read: {exc}",
-                                               backup_id))
+        done = DONE_RE.match(name)
+        if done and vbuckets is not None and int(done.group(1)) not in vbuckets:
+            continue
+        if (sealed and name == BACKUP_JSON) or done or BATCH_RE.match(name):
+            # read by no reader of a committed backup, but written with the manifest (and
+            # sealed like the rest in an encrypted archive): checked
+            _check_done(bdir, name, backup_id, entries, sealed, report)
         if name in listed or name in known or DONE_RE.match(name) or BATCH_RE.match(name):
             continue
         if DATA_RE.match(name) or PACK_RE.match(name):
@@ -391,16 +450,18 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
 
 
 def _check_backup(bdir: Any, backup_id: str, manifest: dict[str, Any], report: VerifyReport,
-                  records: bool) -> None:
-    """One committed backup's files (size, SHA-256, nothing unlisted) and, with `records`,
-    every record of every vbucket against the manifest."""
+                  records: bool, vbuckets: Any = None) -> None:
+    """One committed backup's files (size, SHA-256, nothing unlisted, done files that agree
+    with the manifest) and, with `records`, every record of every vbucket (of those in
+    `vbuckets`; None: all) against the manifest."""
     with storage.pack_cache():  # a pack is read once for its members (on S3)
-        missing = _check_files(bdir, backup_id, manifest, report)
+        missing = _check_files(bdir, backup_id, manifest, report, vbuckets)
         if records:
             # files that failed the checksum are decoded too: it tells where they went bad
             for entry in manifest["vbuckets"]:
-                _check_vbucket_records(bdir, backup_id, entry, report,
-                                       manifest.get("version", FORMAT_VERSION), missing)
+                if vbuckets is None or entry["vbucket"] in vbuckets:
+                    _check_vbucket_records(bdir, backup_id, entry, report,
+                                           manifest.get("version", FORMAT_VERSION), missing)
 
 
 def _continuity(archive: Archive, manifests: dict[str, dict[str, Any]],
@@ -531,4 +592,37 @@ def verify_backup_dir(bdir: str | os.PathLike[str], manifest: dict[str, Any], *,
     report.backups_checked = 1
     name = manifest["id"]
     _check_backup(bdir, name, manifest, report, records)
+    return report
+
+
+def verify_chain(archive: Archive, chain: list[Any], vbuckets: Any = None, *,
+                 records: bool = True) -> VerifyReport:
+    """What `verify_archive` checks, for the backups of `chain` (`Archive.chain`: what a
+    restore reads) and the vbuckets in `vbuckets` (None: all): each manifest, each listed
+    file's size and SHA-256, no unlisted data file, the done files (and, sealed, backup.json)
+    against the manifest, with `records` every record, and that each vbucket starts where the
+    chain before it ended. The archive's key files are checked as `verify` does."""
+    report = VerifyReport(str(archive.path))
+    wanted = None if vbuckets is None else frozenset(vbuckets)
+    if archive.encrypted:
+        dk = crypto.key_of(archive.uuid)
+        assert dk is not None  # Archive.open unlocked it
+        for kpath, why in crypto.check_key_files(archive.path, dk):
+            report.problems.append(Problem(kpath, why))
+    manifests: dict[str, dict[str, Any]] = {}
+    broken: set[str] = set()
+    for b in chain:
+        report.backups_checked += 1
+        probs = check_manifest(b.manifest, b.id, archive.meta)
+        if probs:
+            for p in probs:
+                report.problems.append(Problem(str(b.dir / MANIFEST_JSON), p, b.id))
+            broken.add(b.id)
+            continue
+        manifests[b.id] = b.manifest
+        _check_backup(b.dir, b.id, b.manifest, report, records, wanted)
+    if wanted is not None:  # continuity of the vbuckets restored only
+        manifests = {bid: {**m, "vbuckets": [e for e in m["vbuckets"] if e["vbucket"] in wanted]}
+                     for bid, m in manifests.items()}
+    _continuity(archive, manifests, broken, report)
     return report

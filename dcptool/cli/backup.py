@@ -49,8 +49,10 @@ manual(
     exit_note="1 when any document could not be written (the counts and the run log name "
               "them), or when the user lacks the MetaWrite privilege: refused before anything "
               "is written, or, when the privilege is lost during the run, stopped at the first "
-              "refused write, with one line. 2 when --vbuckets names vbuckets the archive does "
-              "not have.",
+              "refused write, with one line; 1 when a backup read fails the checks verify "
+              "makes (one line naming the file, nothing written). 2 when --vbuckets names "
+              "vbuckets the archive does not have. --dry-run exits as the restore would for "
+              "every check it makes.",
     files=(
         ("ARCHIVE/backups/ID/", "The backups read (never changed)."),
         ("ARCHIVE/logs/restore-TIME.log", "The log of each run (mode 0600): per vbucket what was "
@@ -234,6 +236,24 @@ def backup(
     console().print(t)
 
 
+def _restore_checks(d: dict) -> list[str]:
+    """What a restore checked, as lines (a dry run's report)."""
+    out = []
+    c = d.get("checked")
+    if c:
+        out.append(f"archive: {c['backups']} backup{'s' if c['backups'] != 1 else ''}, "
+                   f"{c['files']:,} files ({human_bytes(c['bytes'])}), {c['records']:,} "
+                   "records checked as verify does")
+    t = d.get("target")
+    if t:
+        how = (f"keys routed by its own map (the archive has {t['archive_vbuckets']})"
+               if t["rerouted"] else "as the archive")
+        nodes = f", {t['nodes']} nodes" if t["nodes"] > 1 else ""
+        out.append(f"target: bucket {t['bucket']} on {t['address']}{nodes}: logged in, "
+                   f"privileges held, {t['vbuckets']} vbuckets, {how}")
+    return out
+
+
 def _open_or_plan_encrypted(archive: str, encrypt: bool) -> None:
     """Unlock an existing encrypted archive now; with --encrypt and no archive yet, take
     the new passphrase now (the archive is created once the node's vbuckets are known)."""
@@ -269,8 +289,11 @@ def restore(
     force_updates: Annotated[bool, typer.Option(
         "--force-updates", help="Overwrite newer versions on the node (skip conflict "
                                 "resolution).")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would be written; "
-                                                            "write nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Check everything the restore checks (the archive's files as "
+                          "verify does; the target's connection, login, bucket, privileges, "
+                          "vbucket map, scopes and collections) and report what would be "
+                          "written and created; write and create nothing.")] = False,
     include_data: Annotated[Optional[list[str]], typer.Option(
         "--include-data", metavar="NAMES", envvar="DCPTOOL_INCLUDE_DATA",
         help="Only these collections: bucket.scope.collection or bucket.scope, "
@@ -298,6 +321,19 @@ def restore(
     holds a newer version it wins and the write is counted as skipped. Exit status 1 if
     any write failed. Each run writes a log to ARCHIVE/logs/.
 
+    Before anything is written, the backups read are checked as 'dcptool verify' checks
+    them (manifests, files, done files, records, continuity); a problem stops the restore
+    in one line naming the file.
+
+    The target may have another vbucket count than the archive (1024, 128, 64): every
+    key goes to the target's vbucket for it by the target's own map. The documents and
+    their metadata (cas, rev seqno, flags, expiry) are kept; seqnos and failover history
+    are the target's own.
+
+    --dry-run connects, logs in, selects the bucket and checks the privileges, the vbucket
+    map and the collections as the restore does, and fails where and as the restore would
+    (the same one line and exit status); it writes and creates nothing.
+
     Each document goes into the target's collection of the same scope and collection
     names (or those --map-data gives); missing scopes and collections are created
     through the target's REST port first, with their max TTL. When they cannot be
@@ -317,10 +353,9 @@ def restore(
     opened = Archive.open(archive)
     backup_id = backup_id_arg(opened, backup_id)
     held = opened.vbucket_count
-    opts = None
-    if not dry_run:
-        opts = conn_args.options()
-        check_privileges(opts, "restore into", META_WRITE)  # before anything is written
+    # a dry run checks the target as the restore does
+    opts = conn_args.options()
+    check_privileges(opts, "restore into", META_WRITE)  # before anything is written
     vbs = parse_vbuckets(vbuckets, limit=held, whose="the archive") if vbuckets else None
     with spark_progress("dry run" if dry_run else "restore", disabled=no_progress or json_out):
         result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs,
@@ -348,10 +383,13 @@ def restore(
         console().print(f"{'read' if dry_run else 'restored'} {plural(written, 'item')} in "
                         f"{timing(d['seconds'], d['spark_startup_seconds'])}, "
                         f"{human_rate(d['items_per_second'])} items/s", markup=False)
+        for line in _restore_checks(d):
+            console().print(line, markup=False, soft_wrap=True)
         colls = d.get("collections") or {}
         moved = [f"{a} -> {b}" for a, b in (colls.get("restored") or {}).items() if a != b]
         # the collections created were announced when they were made (a note): not again
-        for label, names in (("restored under other names", moved),
+        for label, names in (("would create on the target", colls.get("would_create")),
+                             ("restored under other names", moved),
                              ("left out", colls.get("excluded"))):
             if names:
                 console().print(f"{label}: {', '.join(names)}", markup=False)

@@ -62,7 +62,9 @@ def verify(
     state with the node's current data up to the seqno the last backup reached (a keys-only
     DCP pass), and names the vbuckets that differ with their first differing keys. A node
     with a history of its own (one the archive was restored into) is compared document by
-    document, all it holds. Notes go to stderr (-q drops them).
+    document, all it holds. A node with another vbucket count than the archive is compared
+    by key whatever the two counts are: each archive vbucket against every document of the
+    node whose key maps to it. Notes go to stderr (-q drops them).
 
     Example: dcptool verify /backups/default
     Example: dcptool verify /backups/default --against -c couchbase://127.0.0.1
@@ -124,9 +126,10 @@ def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, 
             if v["match"]:
                 continue
             a, n = v["archive"], v["node"]
-            typer.echo(f"vbucket {v['vbucket']} differs: archive {plural(a['count'], 'key')} (hash "
-                       f"{a['hash']}), node {plural(n['count'], 'key')} (hash {n['hash']}) up to seqno "
-                       f"{v.get('compared_to_seqno', v['end_seqno'])}")
+            upto = v.get("compared_to_seqno", v["end_seqno"])
+            typer.echo(f"vbucket {v['vbucket']} differs: archive {plural(a['count'], 'key')} "
+                       f"(hash {a['hash']}), node {plural(n['count'], 'key')} (hash {n['hash']})"
+                       + (f" up to seqno {upto}" if upto is not None else " mapping to it"))
             for d in v["differences"]:
                 where = "" if d.get("collection_id", "0") == "0" else \
                     f" (collection {d['collection_id']})"

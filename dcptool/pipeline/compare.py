@@ -15,6 +15,12 @@ differing keys.
 One Spark task per group of vbuckets: it resolves the group from the archive files and
 reads the same vbuckets from the node over its own DCP connection.
 
+A node with another vbucket count than the archive (the archive restored into a bucket of
+1024, 128 or 64 vbuckets) is compared by key: each task streams all of the node's vbuckets
+(keys only, up to their high seqnos) and keeps the keys that map to its archive vbuckets by
+the archive's count, so every document the node holds is compared; the tasks are half as
+many, as each reads the node's keys once.
+
 Collections: both sides are compared by doc key (collection id + key). The node is read
 over a collections connection (`SessionConfig(collections=True)`: every collection, doc
 keys; a node without collections gives its default collection's keys the 0x00 prefix),
@@ -87,11 +93,17 @@ def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
                                        EV_VBUCKET, EXPIRATION, MUTATION)
     from dcptool.client.position import ZERO
     from dcptool.client.session import SessionConfig
+    from dcptool.protocol import vbucket_of
+    from dcptool.protocol.collections import split_doc_key
 
     root = task.archive
     plan: dict[int, VBucketComparePlan] = {p.vbucket: p for p in task.plans}
     node: dict[int, dict[bytes, tuple]] = {vb: {} for vb in plan}
-    ends = {vb: p.stream_end for vb, p in plan.items()}
+    cross = bool(task.node_streams)
+    if cross:  # another vbucket count: every key the node holds, given to its archive vbucket
+        ends = dict(task.node_streams)
+    else:
+        ends = {vb: p.stream_end for vb, p in plan.items()}
     streams = {vb: (ZERO, e) for vb, e in ends.items() if e > 0}
     if streams:
         config = SessionConfig(name=task.name, no_value=True, consistent=True,
@@ -105,8 +117,12 @@ def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
                     if kind == MUTATION or kind == DELETION or kind == EXPIRATION:
                         vb = ev[EV_VBUCKET]
                         if ev[EV_SEQNO] <= ends[vb]:
-                            node[vb][bytes(ev[EV_KEY])] = (ev[EV_REV_SEQNO], ev[EV_CAS],
-                                                           kind != MUTATION)
+                            key = bytes(ev[EV_KEY])
+                            if cross:
+                                vb = vbucket_of(split_doc_key(key)[1], task.archive_vbuckets)
+                                if vb not in node:
+                                    continue
+                            node[vb][key] = (ev[EV_REV_SEQNO], ev[EV_CAS], kind != MUTATION)
         finally:
             consumer.close()
     out = []
@@ -186,10 +202,17 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
         count = vbucket_count(conn)
         highs = get_vbucket_seqnos(conn, state=1)
         logs = get_failover_logs(conn, sorted(v for v in parts if v in highs)) if parts else {}
-    if count and count != archive.vbucket_count:
-        raise UsageError(f"the node has {count} vbuckets but archive {archive.path} has "
-                         f"{archive.vbucket_count}")
+    # a node of another vbucket count (the archive restored into it): its seqnos and
+    # vbuckets say nothing of the archive's; documents are compared by key, all it holds
+    cross = bool(count) and count != archive.vbucket_count
     report = CompareReport(str(archive.path), opts.address, chain[-1])
+    node_streams: tuple[tuple[int, int], ...] = ()
+    if cross:
+        node_streams = tuple(sorted((vb, h) for vb, h in highs.items() if vb < count))
+        report.notes.append(
+            f"the node has {count} vbuckets and archive {archive.path} has "
+            f"{archive.vbucket_count}: each archive vbucket was compared by key with every "
+            f"document the node holds whose key maps to it")
     plan: dict[int, VBucketComparePlan] = {}
     # vbuckets whose history on the node is not the archive's: the archive's vbucket uuid
     # is not in the node's failover log (a node the archive was restored into, or another
@@ -199,7 +222,10 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
     for vb, ps in sorted(parts.items()):
         end = last_entry[vb]["end"]
         notes = []
-        if vb not in highs:
+        if cross:
+            other.add(vb)
+            high = upto = 0
+        elif vb not in highs:
             notes.append("the node does not hold this vbucket as active")
             high = upto = 0
         else:
@@ -216,10 +242,12 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
         plan[vb] = VBucketComparePlan(vb, tuple(ps), end["seqno"], high, upto, tuple(notes))
     if plan:
         spark = spark or get_context(master)  # RDD jobs: no session needed
-        n = partitions or 2 * default_parallelism(spark)
+        # across vbucket counts each task reads all of the node's keys: fewer tasks
+        n = partitions or (1 if cross else 2) * default_parallelism(spark)
         tasks = [CompareTask(opts, str(archive.path.absolute()),
                              f"dcptool-verify:{os.getpid()}:{i}", tuple(plan[vb] for vb in g),
-                             max_keys)
+                             max_keys, node_streams=node_streams,
+                             archive_vbuckets=archive.vbucket_count if cross else 0)
                  for i, g in enumerate(plan_groups(sorted(plan), n))]
         try:
             results = run_tasks(spark, reporting_failures(compare_task), tasks)
@@ -231,8 +259,13 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
         for v in report.vbuckets:
             vb = v["vbucket"]
             v["history"] = "different" if vb in other else "same"
-            v["compared_to_seqno"] = plan[vb].stream_end
-            if vb in other and not v["match"]:
+            v["compared_to_seqno"] = None if cross else plan[vb].stream_end
+            if cross and not v["match"]:
+                v["notes"].append(
+                    f"the node has {count} vbuckets, the archive {archive.vbucket_count}: the "
+                    f"node's documents whose keys map to archive vbucket {vb} were compared, "
+                    f"changes made after the restore included")
+            elif vb in other and not v["match"]:
                 v["notes"].append(
                     f"different history: the node's failover log does not hold the archive's "
                     f"vbucket uuid {last_entry[vb]['end']['uuid']} (a restored or another "

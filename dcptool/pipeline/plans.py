@@ -75,6 +75,9 @@ class RestoreTask:
     dry_run: bool = False
     #: on a cluster: {vbucket: address of its active node}
     routes: dict[int, str] | None = None
+    #: the archive's vbucket count (0: the node's); when it differs from the node's, a
+    #: cluster's writes are regrouped by the target vbucket of each key
+    archive_vbuckets: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,11 @@ class CompareTask:
     name: str  # the DCP connection's name
     plans: tuple[VBucketComparePlan, ...]
     max_keys: int = 5
+    #: a node of another vbucket count than the archive: the node's vbuckets to stream
+    #: whole ((vbucket, high seqno), ...) and the archive's count, by which each node key
+    #: is given to the plan of its archive vbucket (empty: the plans' own vbuckets)
+    node_streams: tuple[tuple[int, int], ...] = ()
+    archive_vbuckets: int = 0
 
 
 

@@ -201,42 +201,27 @@ def _without_key(error: str) -> str:
     return f"{kind} (key not logged: encrypted archive): {rest.rpartition(': ')[2]}"
 
 
-def check_chain_files(chain, vbuckets) -> tuple[int, int, float]:
-    """Check the size and SHA-256 of every data file a restore of `vbuckets` along `chain`
-    reads against its manifest, before anything is written: a damaged or swapped file
-    fails the whole restore up front instead of leaving a partial one. Returns (files,
-    bytes, seconds); raises CorruptFileError naming the first bad file."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from dcptool.archive import crypto
+def check_chain_files(archive: Archive, chain, vbuckets) -> tuple[int, int, int, float]:
+    """Check what `dcptool verify` checks (archive/verify.py's `verify_chain`) for the
+    backups a restore of `vbuckets` along `chain` reads, before anything is written: each
+    manifest, each data file's size and SHA-256, the done files against the manifest, every
+    record, and that each vbucket starts where the chain before it ended. A damaged,
+    swapped or changed file fails the whole restore up front instead of leaving a partial
+    one. Returns (files, bytes, records, seconds); raises CorruptFileError naming the first
+    file with a problem."""
     from dcptool.archive.errors import CorruptFileError
-    from dcptool.archive.format import entry_location
-    from dcptool.archive.recovery import file_digest
+    from dcptool.archive.verify import verify_chain
 
     t0 = time.monotonic()
-    wanted = set(vbuckets)
-    files = [(entry_location(b.dir, f), f) for b in chain for vb in b.vbuckets if vb in wanted
-             for f in b.entry(vb)["files"]]
-
-    def digest(item):
-        try:
-            return file_digest(item[0])
-        except OSError as exc:
-            return exc
-
-    # hashlib releases the GIL; packs are read once each (storage.pack_cache)
-    with storage.pack_cache(), ThreadPoolExecutor(max_workers=4) as pool:
-        for (path, f), got in zip(files, pool.map(digest, files)):
-            if isinstance(got, OSError):
-                raise CorruptFileError(path, f"cannot read: {got.strerror or got}")
-            if got != (f["size"], f["sha256"]):
-                # (in an encrypted archive the manifest is authenticated: the file was changed)
-                sealed = "; the file was tampered with" if crypto.file_key(path) else ""
-                raise CorruptFileError(path, f"is not the file the manifest lists ({got[0]} "
-                                             f"bytes, sha256 {got[1][:12]}...; expected "
-                                             f"{f['size']} bytes, sha256 {f['sha256'][:12]}...)"
-                                             f"{sealed}")
-    return len(files), sum(f["size"] for _p, f in files), time.monotonic() - t0
+    report = verify_chain(archive, chain, vbuckets)
+    if report.problems:
+        p = report.problems[0]
+        more = len(report.problems) - 1
+        raise CorruptFileError(p.path, p.message + (f" (and {more} more problem"
+                                                    f"{'s' if more != 1 else ''})" if more else ""),
+                               hint="run 'dcptool verify' on the archive; nothing was written")
+    return (report.files_checked, report.bytes_checked, report.records_checked,
+            time.monotonic() - t0)
 
 
 def restore_task(task: RestoreTask | tuple) -> RestoreTaskResult:
@@ -275,8 +260,10 @@ def _restore_task(task: RestoreTask, colls: Any) -> RestoreTaskResult:
             counts.restored[rec[0]] += 1
         out = counts.as_dict()
     elif task.routes:  # a cluster: each vbucket to its active node
-        out = mw.write_to_actives(task.opts, task.routes, task.node_vbuckets,
-                                  ((vb, records_of(vb)) for vb in task.vbuckets),
+        per_vbucket = ((vb, records_of(vb)) for vb in task.vbuckets)
+        if task.archive_vbuckets and task.archive_vbuckets != task.node_vbuckets:
+            per_vbucket = _by_target_vbucket(per_vbucket, task.node_vbuckets, prefixed)
+        out = mw.write_to_actives(task.opts, task.routes, task.node_vbuckets, per_vbucket,
                                   force=task.force, prefixed=prefixed).as_dict()
     else:
         with task.opts.connect() as conn:
@@ -287,6 +274,22 @@ def _restore_task(task: RestoreTask, colls: Any) -> RestoreTaskResult:
         out = writer.counts.as_dict()
     return RestoreTaskResult(out, {"vbuckets": per_vb, "seconds": round(time.monotonic() - t0, 3),
                                    "pid": os.getpid()})
+
+
+def _by_target_vbucket(per_vbucket, vbuckets: int, prefixed: bool):
+    """(archive vbucket, records) pairs regrouped as (target vbucket, records) by the
+    target's count `vbuckets`: an archive of another vbucket count is written by the
+    target's own map, key by key."""
+    from dcptool.protocol import wire
+
+    for _vb, recs in per_vbucket:
+        if not recs:
+            continue
+        groups: dict[int, list[tuple]] = {}
+        keys = mw._logical_keys(recs) if prefixed else [r[1] for r in recs]
+        for rec, tvb in zip(recs, wire.vbuckets_of(keys, vbuckets)):
+            groups.setdefault(tvb, []).append(rec)
+        yield from sorted(groups.items())
 
 
 def _check_target_collections(conn, plan: CollectionPlan) -> None:
@@ -331,18 +334,24 @@ class CollectionsSetup:
     restored: dict[str, str] = field(default_factory=dict)
     excluded: list[str] = field(default_factory=list)
     created: list[str] = field(default_factory=list)
+    #: a dry run: what the restore would create on the target
+    would_create: list[str] = field(default_factory=list)
     target_collections: bool = True
 
     def as_json(self) -> dict[str, Any]:
         return {"restored": self.restored, "excluded": self.excluded, "created": self.created,
+                "would_create": self.would_create,
                 "target_collections": self.target_collections}
 
 
 def plan_collections(chain, held: list[int], sel: DataSelection, *, conn=None, opts=None,
-                     rest_port: int | None = None, notice=None) -> CollectionsSetup:
+                     rest_port: int | None = None, notice=None,
+                     create: bool = True) -> CollectionsSetup:
     """Name the archive's collections, apply the selection and the mapping, and (with a
     target connection) find or create the target's collections. Raises DcptoolError, one
-    line naming what is missing, before anything is written."""
+    line naming what is missing, before anything is written. `create=False` (a dry run):
+    what is missing is listed in `would_create`, and the REST port and the user's right to
+    create them are checked without creating anything."""
     names, live = chain_collections(chain, vbuckets=held)
     for option, n in sel.names():
         known = (any(sc == n[0] for sc in names.scopes.values()) if n[1] is None
@@ -392,6 +401,13 @@ def plan_collections(chain, held: list[int], sel: DataSelection, *, conn=None, o
     tm = target_manifest(conn)
     missing_scopes = sorted({t[0] for t in targets.values() if tm.scope(t[0]) is None})
     missing = sorted({t for t in targets.values() if tm.collection(*t) is None})
+    if missing and not create:
+        _check_may_create(conn, opts, missing_scopes, missing, rest_port)
+        setup.would_create = ([f"{s} (scope)" for s in missing_scopes]
+                              + [f"{s}.{c}" for s, c in missing])
+        # the documents are counted as stored: the new collections' ids are not known yet
+        setup.plan = make_plan(None, False)
+        return setup
     if missing:
         ttl: dict[tuple[str, str], int] = {}
         for cid, t in targets.items():
@@ -415,13 +431,11 @@ def _live_names(names: CollectionNames, live: set[int]) -> list[str]:
     return sorted(f"{n[0]}.{n[1]}" for c in live if (n := names.names(c)) is not None)
 
 
-def _create_collections(conn, opts, tm: Manifest, scopes: list[str],
-                        colls: list[tuple[str, str]], ttl: dict, rest_port: int | None
-                        ) -> Manifest:
-    from dcptool.client.rest import RestClient, RestError, rest_port_of
+def _rest_client(conn, opts, what: str, rest_port: int | None):
+    """A REST client for the target's port (`rest_port`, or its cluster config's)."""
+    from dcptool.client.rest import RestClient, rest_port_of
     from dcptool.client.topology import cluster_config
 
-    what = _listing([f"scope {s}" for s in scopes] + [f"{s}.{c}" for s, c in colls])
     port = rest_port
     if port is None:
         try:
@@ -432,7 +446,43 @@ def _create_collections(conn, opts, tm: Manifest, scopes: list[str],
         raise DcptoolError(f"the target {conn.address} lacks {what}, and its REST port is "
                            "unknown to create them", hint="pass --rest-port, or create them "
                                                           "on the target first")
-    rest = RestClient.for_options(opts, port)
+    return RestClient.for_options(opts, port)
+
+
+def _forbidden(opts, conn, what: str) -> DcptoolError:
+    return DcptoolError(f"user {opts.username!r} may not create scopes and collections "
+                        f"on the target {conn.address}, which lacks {what}; nothing "
+                        "was written", hint="create them on the target first, or "
+                                            "restore as a user who may")
+
+
+def _check_may_create(conn, opts, scopes: list[str], colls: list[tuple[str, str]],
+                      rest_port: int | None) -> None:
+    """A dry run's check of what `_create_collections` needs, creating nothing: the REST
+    port answers and the user may create collections. The probe is a collection creation
+    without a name, which a server refuses with 403 to a user without the privilege and
+    as invalid (400) to one with it."""
+    from dcptool.client.rest import RestError
+
+    what = _listing([f"scope {s}" for s in scopes] + [f"{s}.{c}" for s, c in colls])
+    rest = _rest_client(conn, opts, what, rest_port)
+    try:
+        rest.request("POST", rest._path("scopes", DEFAULT_SCOPE, "collections"), {})
+    except RestError as exc:
+        if exc.forbidden:
+            raise _forbidden(opts, conn, what) from None
+        if exc.unreachable or exc.status == 401:
+            raise DcptoolError(f"could not create {what} on the target {conn.address}: "
+                               f"{exc}; nothing was written") from None
+
+
+def _create_collections(conn, opts, tm: Manifest, scopes: list[str],
+                        colls: list[tuple[str, str]], ttl: dict, rest_port: int | None
+                        ) -> Manifest:
+    from dcptool.client.rest import RestError
+
+    what = _listing([f"scope {s}" for s in scopes] + [f"{s}.{c}" for s, c in colls])
+    rest = _rest_client(conn, opts, what, rest_port)
     try:
         for s in scopes:
             try:
@@ -448,10 +498,7 @@ def _create_collections(conn, opts, tm: Manifest, scopes: list[str],
                     raise
     except RestError as exc:
         if exc.forbidden:
-            raise DcptoolError(f"user {opts.username!r} may not create scopes and collections "
-                               f"on the target {conn.address}, which lacks {what}; nothing "
-                               "was written", hint="create them on the target first, or "
-                                                   "restore as a user who may") from None
+            raise _forbidden(opts, conn, what) from None
         raise DcptoolError(f"could not create {what} on the target {conn.address}: "
                            f"{exc}; nothing was written") from None
     return target_manifest(conn)
@@ -468,6 +515,11 @@ class RestoreResult:
     collections: dict[str, Any] | None = None
     #: of `seconds`, starting Spark (or attaching to an engine)
     spark_seconds: float = 0.0
+    #: the target as checked: address, bucket, its vbucket count and the archive's,
+    #: whether keys are routed by another count, nodes written to (None: no target)
+    target: dict[str, Any] | None = None
+    #: what was checked of the archive before writing: backups, files, bytes, records
+    checked: dict[str, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = self.counts.as_dict()
@@ -477,7 +529,8 @@ class RestoreResult:
                 **d, "seconds": round(self.seconds, 3),
                 "spark_startup_seconds": round(self.spark_seconds, 3),
                 "items_per_second": round(total / work, 1) if work > 0 else None,
-                "collections": self.collections, "log": self.log}
+                "collections": self.collections, "target": self.target,
+                "checked": self.checked, "log": self.log}
 
 
 def run_restore(archive_path: str, opts=None, **kwargs: Any) -> RestoreResult:
@@ -528,32 +581,47 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
             raise UsageError(f"--filter-keys: bad regular expression: {exc}") from None
     node_vbuckets = archive.vbucket_count
     routes = None  # on a cluster: {vbucket: its active node}
-    checked = check_chain_files(chain, held)  # a damaged file: nothing is written
-    rl.info("checked %d files (%d bytes) against the manifests in %.2f s", *checked)
-    if not dry_run:
+    # what verify checks, for the backups and vbuckets read: nothing is written otherwise
+    files, nbytes, nrecords, secs = check_chain_files(archive, chain, held)
+    rl.info("checked %d files (%d bytes, %d records) as verify does in %.2f s", files, nbytes,
+            nrecords, secs)
+    target_info = None
+    if opts is not None:
+        # a dry run checks the target as the restore would (connection, login, bucket,
+        # vbucket map, collections), creating and writing nothing
         copts = with_collections(opts)
         with copts.connect() as conn:
             node_vbuckets = vbucket_count(conn)
             found = active_nodes(copts, conn)
             setup = plan_collections(chain, held, sel, conn=conn, opts=opts,
-                                     rest_port=rest_port, notice=notice)
+                                     rest_port=rest_port, notice=notice, create=not dry_run)
         # the tasks speak the key form planned: doc keys, or plain keys for a target
         # without collections
         opts = opts if setup.plan.strip else copts
         if found is not None:
             routes = {vb: node for node, vbs in found[1].items() for vb in vbs}
-    else:
+        target_info = {"address": opts.address, "bucket": opts.bucket,
+                       "vbuckets": node_vbuckets, "archive_vbuckets": archive.vbucket_count,
+                       "rerouted": node_vbuckets != archive.vbucket_count,
+                       "nodes": len(found[1]) if found is not None else 1}
+    else:  # the library's offline count (no target)
         setup = plan_collections(chain, held, sel)
+    if dry_run:
+        opts, routes = None, None  # the tasks count; they connect to nothing
     colls = setup.plan
     rl.info("collections: %s%s%s", ", ".join(f"{a} -> {b}" for a, b in setup.restored.items()),
             "; keys as stored" if not colls.per_item else "; keys remapped per item",
             f"; left out {', '.join(setup.excluded)}" if setup.excluded else "")
-    result = RestoreResult(target, len(held), dry_run, collections=setup.as_json())
+    result = RestoreResult(target, len(held), dry_run, collections=setup.as_json(),
+                           target=target_info,
+                           checked={"backups": len(chain), "files": files, "bytes": nbytes,
+                                    "records": nrecords})
     rl.info("state as of backup %s (chain %s), %d vbuckets%s%s%s", target,
             " <- ".join(b.id for b in reversed(chain)), len(held),
             f", keys matching {key_filter!r}" if key_filter else "",
             ", --force-updates" if force else "", f"; the node has {node_vbuckets} vbuckets"
-            if not dry_run else "")
+            f"{' (keys routed by its map; the archive has ' + str(archive.vbucket_count) + ')' if node_vbuckets != archive.vbucket_count else ''}"
+            if target_info else "")
     if held:
         ts = time.monotonic()
         spark = spark or get_context(master)  # RDD jobs: no session needed
@@ -562,7 +630,8 @@ def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None
         n = partitions or 2 * default_parallelism(spark)
         root = str(archive.path.absolute())  # the executors' working directory is not ours
         tasks = [(RestoreTask(opts, root, target, tuple(g), node_vbuckets,
-                              key_filter=key_filter, force=force, dry_run=dry_run, routes=routes),
+                              key_filter=key_filter, force=force, dry_run=dry_run, routes=routes,
+                              archive_vbuckets=archive.vbucket_count),
                   colls)
                  for g in plan_groups(held, n)]
         rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master, len(tasks),

@@ -142,8 +142,8 @@ def test_flipped_byte_in_a_pack_names_the_member(where):
     from dcptool.pipeline.restore import check_chain_files
 
     with pytest.raises(CorruptFileError, match="vb-0002-000"):
-        check_chain_files(Archive.open(where).chain(), range(4))
-    check_chain_files(Archive.open(where).chain(), [0, 1, 3])
+        check_chain_files(Archive.open(where), Archive.open(where).chain(), range(4))
+    check_chain_files(Archive.open(where), Archive.open(where).chain(), [0, 1, 3])
 
 
 def test_resume_keeps_the_vbuckets_of_written_batches(where, monkeypatch):

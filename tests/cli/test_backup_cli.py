@@ -103,10 +103,11 @@ def test_backup_and_restore_commands_json(shared_node, spark, tmp_path, capsys, 
     assert summary["type"] == "full" and summary["mutations"] >= 300
     assert {"backup_id", "vbuckets", "deletions", "expirations", "rollbacks", "bytes", "seconds",
             "items_per_second"} <= set(summary)
-    code, out, err = _main(["restore", archive, "--dry-run", "--json"], capsys)
+    target = f"{n.host}:{n.port}"
+    code, out, err = _main(["restore", archive, "-c", target, "--dry-run", "--json"], capsys)
     assert code == 0, err
     dry = json.loads(out)
     assert dry["dry_run"] and dry["restored"]["mutation"] == summary["mutations"]
-    code, out, err = _main(["restore", archive, "--dry-run", "--json", "--filter-keys", "^cli::1"],
-                           capsys)
+    code, out, err = _main(["restore", archive, "-c", target, "--dry-run", "--json",
+                            "--filter-keys", "^cli::1"], capsys)
     assert json.loads(out)["restored"]["mutation"] == 111  # cli::1, cli::10-19, cli::100-199

@@ -95,3 +95,25 @@ def test_restore_task_planned_before_a_failover_writes_to_the_promoted_node(ab, 
         docs, _ = vbucket_stream(b, vb)
         assert {k.decode() for k, d in docs.items() if d[0] == "live"} == set(ks[1:])
         assert docs[ks[0].encode()][0] == "deleted"
+
+
+def test_restore_into_a_cluster_of_another_vbucket_count(ab, tmp_path, spark):
+    """An archive of 16 vbuckets restored into a cluster of 4: each key goes to the active
+    node of the target's vbucket for it, every document with its metadata."""
+    from docutil import node_documents
+    from nodeprocutil import NodeProcess
+
+    from dcptool.pipeline.restore import run_restore
+
+    a, b = ab["a"], ab["b"]
+    with NodeProcess(tmp_path / "src", vbuckets=16) as src:
+        with opts_for(src).connect() as conn:
+            load(conn, {f"k{i:03d}": {"i": i} for i in range(200)}, 16)
+        run_backup(opts_for(src), tmp_path / "arc", spark=spark)
+        want = node_documents(opts_for(src))
+    res = run_restore(str(tmp_path / "arc"), opts_for(a), spark=spark)
+    assert res.counts.restored[mw.WRITE_MUTATION] == 200 and not res.counts.failed[
+        mw.WRITE_MUTATION]
+    assert res.target["rerouted"] and res.target["vbuckets"] == VBS and res.target["nodes"] == 2
+    got_a, got_b = node_documents(opts_for(a)), node_documents(opts_for(b))
+    assert got_a and got_b and {**got_a, **got_b} == want
