@@ -60,10 +60,13 @@ class WriteOutcome:
     failed: list[tuple[int, int, str]] = field(default_factory=list)
     #: requests sent again (NOT_MY_VBUCKET, a lost connection, a temporary failure)
     resent: int = 0
+    #: the members that took at least one write (a member failed over meanwhile included)
+    nodes: set[str] = field(default_factory=set)
 
 
 @dataclass
 class _Window:
+    node: str = ""
     ok: int = 0
     failed: list = field(default_factory=list)
     retry: list = field(default_factory=list)
@@ -291,6 +294,7 @@ class Router:
                 retry.extend(res.retry)
                 if res.ok:
                     budget.progress()
+                    out.nodes.add(res.node)
                 if res.config:
                     moved |= self.take_config(res.config, "")
                 if res.lost is not None:
@@ -323,7 +327,7 @@ class Router:
 
     def _send_window(self, node: str, batch: list) -> _Window:
         """Send `batch` to `node` and read every answer (runs in a worker thread)."""
-        res = _Window()
+        res = _Window(node=node)
         waiting = {item[0] & 0xFFFFFFFF: item for item in batch}
         step = self._window
         try:
