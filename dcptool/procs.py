@@ -29,3 +29,32 @@ def pid_alive(pid: int, *, cmdline_contains: bytes | None = None) -> bool:
     except OSError:
         return True
     return cmdline_contains in cmdline
+
+
+#: environment variables that hold a secret itself (not a file's or a command's name): a
+#: child process never inherits them. The Spark JVM, its Python daemon and workers, the
+#: engine and a secret command get what they need otherwise (task closures, a 0600 file
+#: removed after reading) or need nothing.
+SECRET_ENV = ("DCPTOOL_PASSWORD", "DCPTOOL_ARCHIVE_PASSPHRASE", "DCPTOOL_ARCHIVE_NEW_PASSPHRASE")
+
+
+def child_env(base: "dict[str, str] | None" = None, **extra: str) -> dict[str, str]:
+    """A copy of `base` (default this process's environment) without SECRET_ENV, with
+    `extra` added: the environment to start a child process with."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if k not in SECRET_ENV}
+    env.update(extra)
+    return env
+
+
+class secrets_hidden:
+    """Inside the block, SECRET_ENV is out of os.environ (restored after): for children
+    that a library starts from os.environ itself (PySpark's gateway launch)."""
+
+    def __enter__(self) -> "secrets_hidden":
+        self._saved = {k: os.environ.pop(k) for k in SECRET_ENV if k in os.environ}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self._saved.items():
+            os.environ.setdefault(k, v)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcptool.errors import UsageError
+from dcptool.procs import child_env
 from dcptool.protocol.constants import Feature
 
 from .connection import DEFAULT_FEATURES, Connection, parse_cluster_url
@@ -94,7 +95,7 @@ def run_secret_command(command: str, *, what: str = "--password-command") -> str
     if not argv:
         raise UsageError(f"{what}: the command is empty")
     try:
-        done = subprocess.run(argv, stdout=subprocess.PIPE, check=False)
+        done = subprocess.run(argv, stdout=subprocess.PIPE, check=False, env=child_env())
     except OSError as exc:
         raise UsageError(f"{what}: cannot run {argv[0]}: {exc.strerror or exc}") from None
     if done.returncode != 0:
