@@ -58,3 +58,35 @@ class secrets_hidden:
     def __exit__(self, *exc: object) -> None:
         for k, v in self._saved.items():
             os.environ.setdefault(k, v)
+
+
+def run_secret_command(command: str, *, what: str = "--password-command") -> str:
+    """The first line a command prints on its standard output: a secret from a secret
+    manager's CLI (restic's --password-command). `command` is split like a shell does
+    (no shell runs it); its standard error and input stay the terminal's. Errors name the
+    command's status, never what it printed."""
+    import shlex
+    import subprocess
+
+    from dcptool.errors import UsageError
+
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise UsageError(f"{what}: cannot split the command: {exc}") from None
+    if not argv:
+        raise UsageError(f"{what}: the command is empty")
+    try:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, check=False, env=child_env())
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot run {argv[0]}: {exc.strerror or exc}") from None
+    if done.returncode != 0:
+        raise UsageError(f"{what}: {argv[0]} exited with status {done.returncode}")
+    try:
+        text = done.stdout.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{what}: {argv[0]} printed something that is not UTF-8 text") from None
+    secret = text.split("\n", 1)[0].rstrip("\r")
+    if not secret:
+        raise UsageError(f"{what}: {argv[0]} printed an empty first line")
+    return secret

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcptool.errors import UsageError
-from dcptool.procs import child_env
+from dcptool.procs import run_secret_command
 from dcptool.protocol.constants import Feature
 
 from .connection import DEFAULT_FEATURES, Connection, parse_cluster_url
@@ -78,36 +78,6 @@ def read_password_file(path: str | Path, *, what: str = "--password-file") -> st
         raise UsageError(f"{what} {path}: the first line is empty",
                          hint="put the password on the file's first line")
     return password
-
-
-def run_secret_command(command: str, *, what: str = "--password-command") -> str:
-    """The first line a command prints on its standard output: a secret from a secret
-    manager's CLI (restic's --password-command). `command` is split like a shell does
-    (no shell runs it); its standard error and input stay the terminal's. Errors name the
-    command's status, never what it printed."""
-    import shlex
-    import subprocess
-
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        raise UsageError(f"{what}: cannot split the command: {exc}") from None
-    if not argv:
-        raise UsageError(f"{what}: the command is empty")
-    try:
-        done = subprocess.run(argv, stdout=subprocess.PIPE, check=False, env=child_env())
-    except OSError as exc:
-        raise UsageError(f"{what}: cannot run {argv[0]}: {exc.strerror or exc}") from None
-    if done.returncode != 0:
-        raise UsageError(f"{what}: {argv[0]} exited with status {done.returncode}")
-    try:
-        text = done.stdout.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"{what}: {argv[0]} printed something that is not UTF-8 text") from None
-    secret = text.split("\n", 1)[0].rstrip("\r")
-    if not secret:
-        raise UsageError(f"{what}: {argv[0]} printed an empty first line")
-    return secret
 
 
 def read_secret_file(path: str | Path, *, what: str) -> bytes:

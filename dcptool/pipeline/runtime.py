@@ -683,10 +683,12 @@ def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool
     archive must be on a filesystem the driver and every executor share. Reads file `name`
     of the directory (with `write`, or without `name`: a probe file the driver writes and
     removes). Local masters share the driver's machine and are not checked unless `always`."""
-    from dcptool.archive import storage
+    from dcptool.archive import crypto, storage
 
     if not always and context_of(spark).master.startswith("local"):
         return
+    if crypto._KEYS:  # an encrypted archive: its data key is about to travel
+        check_key_transport(spark)
     root = storage.location(directory)
     if not storage.is_remote(root):
         root = storage.location(os.path.abspath(os.fspath(root)))

@@ -7,6 +7,7 @@ authentication and network encryption are on."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import secrets
@@ -98,11 +99,23 @@ def test_spark_jvm_daemon_and_workers_never_see_password_or_passphrase(node, tmp
     assert samples >= 3 and "java" in seen, seen
     assert seen & {"sparkdaemon", "pyspark.daemon", "pyspark.worker"} or len(seen) >= 2, seen
     assert PW.encode() not in out + err and PP.encode() not in out + err
-    # the tasks had what they needed: the archive is encrypted and verifies
-    r = subprocess.run([sys.executable, "-m", "dcptool", "verify", str(archive)],
-                       env=_env(DCPTOOL_ARCHIVE_PASSPHRASE=PP), capture_output=True, text=True,
-                       cwd=REPO, timeout=120)
+    # the tasks had what they needed: the archive is encrypted and verifies, with the
+    # passphrase from a command (--passphrase-command, then its variable)
+    tool = tmp_path / "vault"
+    tool.write_text(f"#!/bin/sh\necho '{PP}'\n")
+    tool.chmod(0o700)
+    r = subprocess.run([sys.executable, "-m", "dcptool", "verify", str(archive),
+                        "--passphrase-command", str(tool)], env=_env(), capture_output=True,
+                       text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "dcptool", "info", str(archive), "--json"],
+                       env=_env(DCPTOOL_ARCHIVE_PASSPHRASE_COMMAND=str(tool)),
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0 and PP not in r.stdout + r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "dcptool", "info", str(archive), "--json",
+                        "--passphrase-command", "false"], env=_env(), capture_output=True,
+                       text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 2 and "--passphrase-command: false exited with status 1" in r.stderr
 
 
 def test_engine_never_holds_a_secret_and_commands_bring_theirs(node, tmp_path):
@@ -121,21 +134,17 @@ def test_engine_never_holds_a_secret_and_commands_bring_theirs(node, tmp_path):
         pid = int(re.search(r'"pid":\s*(\d+)', st.stdout).group(1))
         procs = _descendants(pid)
         assert len(procs) >= 2, procs  # the engine and its JVM at least
-        for p in procs:
-            environ = Path(f"/proc/{p}/environ").read_bytes()
-            assert PW.encode() not in environ and PP.encode() not in environ, p
+        _no_secret_in(procs)
         archive = tmp_path / "enc"
         r = subprocess.run([sys.executable, "-m", "dcptool", "backup", "-c",
                             f"{node.host}:{node.port}", str(archive), "--encrypt", "--json"],
                            env=base, capture_output=True, text=True, cwd=REPO, timeout=240)
         assert r.returncode == 0, r.stderr
-        assert '"attached": true' in r.stdout or "engine" in r.stdout + r.stderr or True
-        for p in _descendants(pid):
-            try:
-                environ = Path(f"/proc/{p}/environ").read_bytes()
-            except OSError:
-                continue
-            assert PW.encode() not in environ and PP.encode() not in environ, p
+        after = json.loads(subprocess.run(
+            [sys.executable, "-m", "dcptool", "engine", "status", "--json"], env=base,
+            capture_output=True, text=True, cwd=REPO, timeout=60).stdout)
+        assert after["commands_served"] >= 1, after  # the backup ran on the engine
+        _no_secret_in(_descendants(pid))
         r = subprocess.run([sys.executable, "-m", "dcptool", "verify", str(archive)],
                            env=_env(DCPTOOL_ARCHIVE_PASSPHRASE=PP, DCPTOOL_ENGINE="off"),
                            capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -143,6 +152,15 @@ def test_engine_never_holds_a_secret_and_commands_bring_theirs(node, tmp_path):
     finally:
         subprocess.run([sys.executable, "-m", "dcptool", "engine", "stop", "--now"], env=base,
                        capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def _no_secret_in(pids) -> None:
+    for p in pids:
+        try:
+            environ = Path(f"/proc/{p}/environ").read_bytes()
+        except OSError:  # ended meanwhile
+            continue
+        assert PW.encode() not in environ and PP.encode() not in environ, p
 
 
 def test_password_command_child_does_not_inherit_secrets(node, tmp_path):
