@@ -173,3 +173,32 @@ def test_tls12_offers_aead_suites_only(cnode, pki, listener):
     for aead in ("ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-AES256-GCM-SHA384",
                  "ECDHE-RSA-CHACHA20-POLY1305"):
         assert _handshake(port, pki["ca"].path, aead) == aead
+
+
+def test_mapping_rules_follow_path_prefix_and_delimiter():
+    """The rules alone, on certificates as the TLS layer hands them over (getpeercert())."""
+    from dcptool.errors import UsageError
+    from dcptool.node.tlsconfig import ClientAuth
+
+    cert = {"subject": ((("countryName", "DE"),), (("commonName", "www.alice.example"),)),
+            "subjectAltName": (("DNS", "node7.backup.example"), ("email", "bob@example.com"),
+                               ("email", "carol@example.com"),
+                               ("URI", "spiffe://example/dave"))}
+    rules = lambda *p: ClientAuth.parse({"prefixes": list(p)})  # noqa: E731
+    assert ClientAuth().user_of(cert) == "www.alice.example"
+    assert rules({"path": "subject.cn", "prefix": "www.", "delimiter": "."}).user_of(cert) \
+        == "alice"
+    assert rules({"path": "san.email", "delimiter": "@"}).user_of(cert) == "bob"
+    assert rules({"path": "san.uri", "prefix": "spiffe://example/"}).user_of(cert) == "dave"
+    assert rules({"path": "san.dnsname", "delimiter": ".-"}).user_of(cert) == "node7"
+    # a prefix that does not match skips the rule: the next rule decides
+    assert rules({"path": "san.email", "prefix": "x-"},
+                 {"path": "subject.cn", "prefix": "www."}).user_of(cert) == "alice.example"
+    # nothing left after the prefix is no name; no certificate is no name
+    assert rules({"path": "subject.cn", "prefix": "www.alice.example"}).user_of(cert) is None
+    assert ClientAuth().user_of({}) is None
+    assert ClientAuth.parse({"state": "mandatory"}).state == "mandatory"
+    for bad in ({"state": "sometimes"}, {"prefixes": []}, {"prefixes": [{"path": "cn"}]},
+                {"prefixes": [{"path": "subject.cn", "delimiter": 1}]}, []):
+        with pytest.raises(UsageError):
+            ClientAuth.parse(bad)
