@@ -202,3 +202,35 @@ def test_mapping_rules_follow_path_prefix_and_delimiter():
                 {"prefixes": [{"path": "subject.cn", "delimiter": 1}]}, []):
         with pytest.raises(UsageError):
             ClientAuth.parse(bad)
+
+
+def test_mandatory_state_refuses_a_client_without_a_certificate(tmp_path, pki):
+    """state mandatory: a TLS client without a certificate fails the handshake, even with
+    the right password; one with a certificate logs in."""
+    from nodeprocutil import NodeProcess
+
+    rules = tmp_path / "client-auth.json"
+    rules.write_text(json.dumps({"state": "mandatory"}))
+    n = NodeProcess(tmp_path / "node", vbuckets=2, extra_args=(
+        "--tls-cert", str(pki["server"].cert), "--tls-key", str(pki["server"].key),
+        "--tls-port", "0", "--client-ca", str(pki["ca"].path), "--client-auth", str(rules)))
+    n.start()
+    try:
+        n.tls_port = json.loads((n.data_dir / "node.json").read_text())["tls_port"]
+        admin = pki["ca"].issue("admin", cn=n.username)
+        with pytest.raises(DcptoolError):
+            with ConnOptions("127.0.0.1", n.tls_port, n.username, n.password, tls=True,
+                             cacert=str(pki["ca"].path)).connect() as c:
+                c.request(Get(key=b"k", vbucket=0))
+        opts = ConnOptions("127.0.0.1", n.tls_port, n.username, "", tls=True,
+                           cacert=str(pki["ca"].path), client_cert=str(admin.cert),
+                           client_key=str(admin.key))
+        with opts.connect() as c:
+            assert c.mechanism == "certificate"
+            assert c.request(Set(key=b"k", value=b"v", vbucket=vbucket_of(b"k", 2))).status \
+                == Status.SUCCESS
+        # the plain listener is not TLS: passwords still log in there
+        with ConnOptions("127.0.0.1", n.port, n.username, n.password).connect() as c:
+            assert c.mechanism.startswith("SCRAM")
+    finally:
+        n.stop()
