@@ -13,7 +13,7 @@ work), then per round, in alternating order:
 * `dcptool restore` of each into a new node.
 
 Each figure is a whole command's wall time (a new process each, start to exit; an encrypted
-run includes one scrypt of its passphrase, ~0.1 s). Also measured, in this process: the
+run includes one scrypt of its passphrase, ~0.5 s at N=2^17). Also measured, in this process: the
 archive layer alone, writing and reading the same records into a plain and an encrypted
 archive (no node, no Spark). Reported: the rounds, the medians, and encrypted/plain.
 """
@@ -59,7 +59,7 @@ def archive_layer(work: Path, n: int, size: int, vbuckets: int, rounds: int) -> 
             order.reverse()
         for kind, pw in order:
             path = work / f"layer-{kind}-{r}"
-            # (creating the encrypted archive runs scrypt once, ~0.1 s: reported apart)
+            # (creating the encrypted archive runs scrypt once, ~0.5 s: reported apart)
             t0 = time.perf_counter()
             a = Archive.create(path, bucket="default", vbuckets=vbuckets, passphrase=pw)
             t[f"create_{kind}"].append(time.perf_counter() - t0)

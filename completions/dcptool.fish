@@ -27,51 +27,51 @@ end
 function __dcptool_valued_options
     switch "$argv"
         case 'backup'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data --passphrase-file
+            echo -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data --passphrase-file --passphrase-command
         case 'cluster create'
-            echo -c --cluster --replicas --topology -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo -c --cluster --replicas --topology -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'cluster failover'
-            echo -c --cluster --via --promote -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo -c --cluster --via --promote -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'cluster move'
-            echo -c --cluster --vbuckets --to --vbucket-timeout -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo -c --cluster --vbuckets --to --vbucket-timeout -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'cluster status'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'collection create'
-            echo --max-ttl --rest-port -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --max-ttl --rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'collection drop'
-            echo --rest-port -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'collection list'
-            echo --rest-port -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'doc delete'
-            echo --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --collection -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'doc get'
-            echo --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --collection -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'doc load'
-            echo --count --prefix --start --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --count --prefix --start --collection -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'doc set'
-            echo --flags --expiry --collection -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --flags --expiry --collection -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'engine start'
             echo --master --timeout
         case 'engine stop'
             echo --timeout
         case 'examine'
-            echo --backup --collection --passphrase-file
+            echo --backup --collection --passphrase-file --passphrase-command
         case 'export'
-            echo --format --backup --vbuckets --master --partitions --passphrase-file
+            echo --format --backup --vbuckets --master --partitions --passphrase-file --passphrase-command
         case 'failover-log'
-            echo --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --vbuckets -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'info'
-            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout --passphrase-file
+            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file --passphrase-file --passphrase-command
         case 'key add'
-            echo --new-passphrase-file --passphrase-file
+            echo --new-passphrase-file --passphrase-file --passphrase-command
         case 'key list'
-            echo --passphrase-file
+            echo --passphrase-file --passphrase-command
         case 'key remove'
-            echo --passphrase-file
+            echo --passphrase-file --passphrase-command
         case 'merge'
-            echo --from --to --level --master --partitions --passphrase-file
+            echo --from --to --level --master --partitions --passphrase-file --passphrase-command
         case 'node start'
-            echo --data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --max-input-memory --max-unauth-connections --max-unauth-per-address --auth-failure-delay --eviction --memory-quota --log-level
+            echo --data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --client-ca --client-auth --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --max-input-memory --max-unauth-connections --max-unauth-per-address --auth-failure-delay --eviction --memory-quota --log-level
         case 'node status'
             echo --data --username --password --password-file
         case 'node user add'
@@ -81,23 +81,23 @@ function __dcptool_valued_options
         case 'node user remove'
             echo --data
         case 'prune'
-            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --level --master --partitions --passphrase-file
+            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --level --master --partitions --passphrase-file --passphrase-command
         case 'quickstart'
             echo --dir --docs --vbuckets --master
         case 'remove'
-            echo --backup --older-than --level --master --partitions --passphrase-file
+            echo --backup --older-than --level --master --partitions --passphrase-file --passphrase-command
         case 'restore'
-            echo -c --cluster -u --username -p --password --password-file -b --bucket --cacert --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions --passphrase-file
+            echo -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions --passphrase-file --passphrase-command
         case 'tail'
-            echo --from --vbuckets --filter --state --until-idle --count --noop-interval --collection --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --from --vbuckets --filter --state --until-idle --count --noop-interval --collection --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'verify'
-            echo --backup --vbuckets -c --cluster -u --username -p --password --password-file -b --bucket --cacert --master --partitions --passphrase-file
+            echo --backup --vbuckets -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --master --partitions --passphrase-file --passphrase-command
         case 'watermark list'
-            echo --name -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --name -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'watermark register'
-            echo --name --instance --seqnos --archive --ttl --meta -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --name --instance --seqnos --archive --ttl --meta -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'watermark remove'
-            echo --name --instance --archive -c --cluster -u --username -p --password --password-file -b --bucket --cacert --timeout
+            echo --name --instance --archive -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
     end
 end
 
@@ -161,10 +161,14 @@ complete -c dcptool -n '__dcptool_at backup' -s c -l cluster -x -d 'Node address
 complete -c dcptool -n '__dcptool_at backup' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at backup' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at backup' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at backup' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at backup' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at backup' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at backup' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at backup' -l snappy -l no-snappy -d 'Negotiate Snappy and ask the node to send every value compressed: fewer bytes on the wire, more CPU on both ends (default off'
+complete -c dcptool -n '__dcptool_at backup' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at backup' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at backup' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at backup' -l full -d 'Take a full backup even if the archive has backups'
 complete -c dcptool -n '__dcptool_at backup' -l vbuckets -x -d 'Only these vbuckets, e.g'
 complete -c dcptool -n '__dcptool_at backup' -l level -x -d 'zstd compression level'
@@ -179,6 +183,7 @@ complete -c dcptool -n '__dcptool_at backup' -l include-data -x -d 'Only these c
 complete -c dcptool -n '__dcptool_at backup' -l exclude-data -x -d 'Leave these collections out: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
 complete -c dcptool -n '__dcptool_at backup' -l encrypt -d 'Create the new archive encrypted (AES-256-GCM) under a passphrase (DCPTOOL_ARCHIVE_PASSPHRASE, --passphrase-file or a prompt, asked twice)'
 complete -c dcptool -n '__dcptool_at backup' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at backup' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at backup' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at backup' -F
 complete -c dcptool -n '__dcptool_at cluster' -a 'create' -d 'Make the nodes one cluster: actives spread evenly, replicas on other nodes'
@@ -193,10 +198,14 @@ complete -c dcptool -n '__dcptool_at cluster create' -l json -d 'Print the map a
 complete -c dcptool -n '__dcptool_at cluster create' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at cluster create' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at cluster create' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at cluster create' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at cluster create' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at cluster create' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at cluster create' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at cluster create' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at cluster create' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at cluster create' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at cluster create' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at cluster create' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at cluster failover' -s c -l cluster -x -d 'The node to fail over (it may be gone)'
 complete -c dcptool -n '__dcptool_at cluster failover' -l via -x -d 'A live member to read the map from (default: the first other member that answers)'
@@ -205,10 +214,14 @@ complete -c dcptool -n '__dcptool_at cluster failover' -l json -d 'Print the pro
 complete -c dcptool -n '__dcptool_at cluster failover' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at cluster failover' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at cluster failover' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at cluster failover' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at cluster failover' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at cluster failover' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at cluster failover' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at cluster failover' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at cluster failover' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at cluster failover' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at cluster failover' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at cluster failover' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at cluster move' -s c -l cluster -x -d 'A member of the cluster (repeat to name more'
 complete -c dcptool -n '__dcptool_at cluster move' -l vbuckets -x -d 'The vbuckets to move, e.g'
@@ -218,20 +231,28 @@ complete -c dcptool -n '__dcptool_at cluster move' -l json -d 'Print the moves a
 complete -c dcptool -n '__dcptool_at cluster move' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at cluster move' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at cluster move' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at cluster move' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at cluster move' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at cluster move' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at cluster move' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at cluster move' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at cluster move' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at cluster move' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at cluster move' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at cluster move' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at cluster status' -s c -l cluster -x -d 'Any member of the cluster'
 complete -c dcptool -n '__dcptool_at cluster status' -l json -d 'Print the status as JSON'
 complete -c dcptool -n '__dcptool_at cluster status' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at cluster status' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at cluster status' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at cluster status' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at cluster status' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at cluster status' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at cluster status' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at cluster status' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at cluster status' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at cluster status' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at cluster status' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at cluster status' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at collection' -a 'create' -d 'Create a scope, or a collection (SCOPE.COLLECTION) in an existing scope'
 complete -c dcptool -n '__dcptool_at collection' -a 'drop' -d 'Drop a collection (SCOPE.COLLECTION), or a scope with all its collections'
@@ -243,10 +264,14 @@ complete -c dcptool -n '__dcptool_at collection create' -s c -l cluster -x -d 'N
 complete -c dcptool -n '__dcptool_at collection create' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at collection create' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at collection create' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at collection create' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at collection create' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at collection create' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at collection create' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at collection create' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at collection create' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at collection create' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at collection create' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at collection create' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at collection create' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at collection drop' -l rest-port -x -d 'The node\'s REST port (default: the management port its cluster config names)'
@@ -254,10 +279,14 @@ complete -c dcptool -n '__dcptool_at collection drop' -s c -l cluster -x -d 'Nod
 complete -c dcptool -n '__dcptool_at collection drop' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at collection drop' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at collection drop' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at collection drop' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at collection drop' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at collection drop' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at collection drop' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at collection drop' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at collection drop' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at collection drop' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at collection drop' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at collection drop' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at collection drop' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at collection list' -l rest-port -x -d 'The node\'s REST port (default: the management port its cluster config names)'
@@ -265,10 +294,14 @@ complete -c dcptool -n '__dcptool_at collection list' -s c -l cluster -x -d 'Nod
 complete -c dcptool -n '__dcptool_at collection list' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at collection list' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at collection list' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at collection list' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at collection list' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at collection list' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at collection list' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at collection list' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at collection list' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at collection list' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at collection list' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at collection list' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at collection list' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at decode' -l raw -d 'Read a binary capture instead of hex lines'
@@ -285,10 +318,14 @@ complete -c dcptool -n '__dcptool_at doc delete' -s c -l cluster -x -d 'Node add
 complete -c dcptool -n '__dcptool_at doc delete' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at doc delete' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at doc delete' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at doc delete' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at doc delete' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at doc delete' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at doc delete' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at doc delete' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at doc delete' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at doc delete' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at doc delete' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at doc delete' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at doc delete' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at doc get' -l collection -x -d 'The document\'s collection (default: the default collection, _default._default)'
@@ -296,11 +333,15 @@ complete -c dcptool -n '__dcptool_at doc get' -s c -l cluster -x -d 'Node addres
 complete -c dcptool -n '__dcptool_at doc get' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at doc get' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at doc get' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at doc get' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at doc get' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at doc get' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at doc get' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at doc get' -l timeout -x -d 'Seconds to wait for the node to answer'
 complete -c dcptool -n '__dcptool_at doc get' -l snappy -l no-snappy -d 'Negotiate Snappy and ask the node to send every value compressed: fewer bytes on the wire, more CPU on both ends (default off'
+complete -c dcptool -n '__dcptool_at doc get' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at doc get' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at doc get' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at doc get' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at doc get' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at doc load' -l count -x -d 'How many documents'
@@ -311,10 +352,14 @@ complete -c dcptool -n '__dcptool_at doc load' -s c -l cluster -x -d 'Node addre
 complete -c dcptool -n '__dcptool_at doc load' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at doc load' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at doc load' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at doc load' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at doc load' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at doc load' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at doc load' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at doc load' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at doc load' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at doc load' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at doc load' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at doc load' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at doc load' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at doc set' -l flags -x -d 'Client flags stored with the document'
@@ -324,10 +369,14 @@ complete -c dcptool -n '__dcptool_at doc set' -s c -l cluster -x -d 'Node addres
 complete -c dcptool -n '__dcptool_at doc set' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at doc set' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at doc set' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at doc set' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at doc set' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at doc set' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at doc set' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at doc set' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at doc set' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at doc set' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at doc set' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at doc set' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at doc set' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at engine' -a 'start' -d 'Start a Spark engine in the background and wait until it is ready'
@@ -350,6 +399,7 @@ complete -c dcptool -n '__dcptool_at examine' -l collection -x -d 'Only the vers
 complete -c dcptool -n '__dcptool_at examine' -l values -d 'Show each version\'s value'
 complete -c dcptool -n '__dcptool_at examine' -l json -d 'Print the timeline as JSON'
 complete -c dcptool -n '__dcptool_at examine' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at examine' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at examine' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at examine' -F
 complete -c dcptool -n '__dcptool_at export' -l format -x -a 'parquet jsonl' -d 'Output format'
@@ -362,6 +412,7 @@ complete -c dcptool -n '__dcptool_at export' -l partitions -x -d 'Spark tasks, e
 complete -c dcptool -n '__dcptool_at export' -l no-progress -d 'No progress bar (there is none anyway unless stderr is a terminal, nor with --json)'
 complete -c dcptool -n '__dcptool_at export' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at export' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at export' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at export' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at export' -F
 complete -c dcptool -n '__dcptool_at failover-log' -l vbuckets -x -d 'vbuckets, e.g'
@@ -370,10 +421,14 @@ complete -c dcptool -n '__dcptool_at failover-log' -s c -l cluster -x -d 'Node a
 complete -c dcptool -n '__dcptool_at failover-log' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at failover-log' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at failover-log' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at failover-log' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at failover-log' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at failover-log' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at failover-log' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at failover-log' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at failover-log' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at failover-log' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at failover-log' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at failover-log' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at info' -l json -d 'Print the description as JSON'
 complete -c dcptool -n '__dcptool_at info' -l keep-last -x -d 'Keep the N newest backups'
@@ -385,28 +440,36 @@ complete -c dcptool -n '__dcptool_at info' -s c -l cluster -x -d 'Also check thi
 complete -c dcptool -n '__dcptool_at info' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at info' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at info' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at info' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at info' -s b -l bucket -x -d 'Bucket on the node (default: the archive\'s bucket)'
 complete -c dcptool -n '__dcptool_at info' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at info' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at info' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at info' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at info' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at info' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at info' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at info' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at info' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at info' -F
 complete -c dcptool -n '__dcptool_at key' -a 'add' -d 'Add a passphrase: a new key file wrapping the archive\'s data key under it'
 complete -c dcptool -n '__dcptool_at key' -a 'list' -d 'List the keys of an encrypted archive: id, creation time and scrypt parameters'
-complete -c dcptool -n '__dcptool_at key' -a 'remove' -d 'Remove a key file: its passphrase no longer opens the archive'
+complete -c dcptool -n '__dcptool_at key' -a 'remove' -d 'Remove a key file: its passphrase no longer opens the archive as it is now'
 complete -c dcptool -n '__dcptool_at key' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at key add' -l new-passphrase-file -r -F -d 'Read the new passphrase from the first line of this file (else DCPTOOL_ARCHIVE_NEW_PASSPHRASE, else a prompt, asked twice)'
 complete -c dcptool -n '__dcptool_at key add' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at key add' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at key add' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at key add' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at key add' -F
 complete -c dcptool -n '__dcptool_at key list' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at key list' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at key list' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at key list' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at key list' -F
 complete -c dcptool -n '__dcptool_at key remove' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at key remove' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at key remove' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at key remove' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at key remove' -F
 complete -c dcptool -n '__dcptool_at merge' -l from -x -d 'First backup of the range (default: the full backup the chain starts with)'
@@ -417,6 +480,7 @@ complete -c dcptool -n '__dcptool_at merge' -l partitions -x -d 'Spark tasks, ea
 complete -c dcptool -n '__dcptool_at merge' -l no-progress -d 'No progress bar (there is none anyway unless stderr is a terminal, nor with --json)'
 complete -c dcptool -n '__dcptool_at merge' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at merge' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at merge' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at merge' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at merge' -F
 complete -c dcptool -n '__dcptool_at node' -a 'start' -d 'Run a node in the foreground until SIGTERM or SIGINT'
@@ -442,6 +506,8 @@ complete -c dcptool -n '__dcptool_at node start' -l hwt-max-hold -x -a 'off' -d 
 complete -c dcptool -n '__dcptool_at node start' -l tls-cert -r -F -d 'PEM certificate chain: also serve TLS (1.2 or later) on --tls-port'
 complete -c dcptool -n '__dcptool_at node start' -l tls-key -r -F -d 'PEM private key of --tls-cert'
 complete -c dcptool -n '__dcptool_at node start' -l tls-port -x -d 'TLS port with --tls-cert (0 picks a free one)'
+complete -c dcptool -n '__dcptool_at node start' -l client-ca -r -F -d 'PEM CA certificate(s): the TLS listeners (KV and REST) accept client certificates it signed, logging the client in as the user the certificate names (--client-auth'
+complete -c dcptool -n '__dcptool_at node start' -l client-auth -r -F -d 'JSON rules naming a client certificate\'s user, Couchbase Server\'s format: {"state": "enable"|"mandatory", "prefixes": [{"path": "subject.cn"|"san.uri"|"san.dnsname"|"san.email", "prefix": "", "delimiter": ""}]} (docs/compatibility.md)'
 complete -c dcptool -n '__dcptool_at node start' -l rest-port -x -d 'Management REST port (HTTP'
 complete -c dcptool -n '__dcptool_at node start' -l rest-tls-port -x -d 'HTTPS REST port with --tls-cert (0 picks a free one)'
 complete -c dcptool -n '__dcptool_at node start' -l max-connections -x -d 'Client connections at once'
@@ -490,6 +556,7 @@ complete -c dcptool -n '__dcptool_at prune' -l partitions -x -d 'Spark tasks, ea
 complete -c dcptool -n '__dcptool_at prune' -l no-progress -d 'No progress bar (there is none anyway unless stderr is a terminal, nor with --json)'
 complete -c dcptool -n '__dcptool_at prune' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at prune' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at prune' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at prune' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at prune' -F
 complete -c dcptool -n '__dcptool_at quickstart' -l dir -r -F -d 'Working directory for the nodes and the archive'
@@ -507,15 +574,20 @@ complete -c dcptool -n '__dcptool_at remove' -l partitions -x -d 'Spark tasks, e
 complete -c dcptool -n '__dcptool_at remove' -l no-progress -d 'No progress bar (there is none anyway unless stderr is a terminal, nor with --json)'
 complete -c dcptool -n '__dcptool_at remove' -l json -d 'Print the result as JSON'
 complete -c dcptool -n '__dcptool_at remove' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at remove' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at remove' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at remove' -F
 complete -c dcptool -n '__dcptool_at restore' -s c -l cluster -x -d 'Node address: couchbase://HOST[:PORT], couchbases://HOST[:PORT] (TLS) or HOST:PORT (default port 11210, 11207 for couchbases)'
 complete -c dcptool -n '__dcptool_at restore' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at restore' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at restore' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at restore' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at restore' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at restore' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at restore' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
+complete -c dcptool -n '__dcptool_at restore' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at restore' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at restore' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at restore' -l backup -x -d 'Restore the state as of this backup (its id or an unambiguous beginning of it'
 complete -c dcptool -n '__dcptool_at restore' -l vbuckets -x -d 'Only these vbuckets, e.g'
 complete -c dcptool -n '__dcptool_at restore' -l filter-keys -x -d 'Only keys matching this regex'
@@ -530,6 +602,7 @@ complete -c dcptool -n '__dcptool_at restore' -l partitions -x -d 'Spark tasks, 
 complete -c dcptool -n '__dcptool_at restore' -l no-progress -d 'No progress bar (there is none anyway unless stderr is a terminal, nor with --json)'
 complete -c dcptool -n '__dcptool_at restore' -l json -d 'Print the counts as JSON'
 complete -c dcptool -n '__dcptool_at restore' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at restore' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at restore' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at restore' -F
 complete -c dcptool -n '__dcptool_at tail' -l from -r -F -a 'beginning now' -d 'Where to start: \'beginning\', \'now\' (default), or a state file saved by --state'
@@ -552,11 +625,15 @@ complete -c dcptool -n '__dcptool_at tail' -s c -l cluster -x -d 'Node address: 
 complete -c dcptool -n '__dcptool_at tail' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at tail' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at tail' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at tail' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at tail' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at tail' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at tail' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at tail' -l timeout -x -d 'Seconds to wait for the node to answer'
 complete -c dcptool -n '__dcptool_at tail' -l snappy -l no-snappy -d 'Negotiate Snappy and ask the node to send every value compressed: fewer bytes on the wire, more CPU on both ends (default off'
+complete -c dcptool -n '__dcptool_at tail' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at tail' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at tail' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at tail' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at verify' -l json -d 'Print the report as JSON'
 complete -c dcptool -n '__dcptool_at verify' -l checksums-only -d 'Check manifests, sizes and SHA-256 only'
@@ -567,13 +644,18 @@ complete -c dcptool -n '__dcptool_at verify' -s c -l cluster -x -d 'Node address
 complete -c dcptool -n '__dcptool_at verify' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at verify' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at verify' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at verify' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at verify' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at verify' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at verify' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
+complete -c dcptool -n '__dcptool_at verify' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at verify' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at verify' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at verify' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
 complete -c dcptool -n '__dcptool_at verify' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at verify' -l no-progress -d 'No progress bar (there is none anyway unless stderr is a terminal, nor with --json)'
 complete -c dcptool -n '__dcptool_at verify' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
+complete -c dcptool -n '__dcptool_at verify' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at verify' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at verify' -F
 complete -c dcptool -n '__dcptool_at watermark' -a 'list' -d 'List the node\'s high watermarks: client, instance, vbuckets, lowest and highest seqno, reported, expires, state (ok, expired or lost) and, per vbucket, how far each holds the purger back (old-enough tombstones it keeps, up to which seqno, how long)'
@@ -586,10 +668,14 @@ complete -c dcptool -n '__dcptool_at watermark list' -s c -l cluster -x -d 'Node
 complete -c dcptool -n '__dcptool_at watermark list' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at watermark list' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at watermark list' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at watermark list' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at watermark list' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at watermark list' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at watermark list' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at watermark list' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at watermark list' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at watermark list' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at watermark list' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at watermark list' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at watermark register' -l name -x -d 'Client name (with --archive: derived from the archive)'
 complete -c dcptool -n '__dcptool_at watermark register' -l instance -x -d 'Client instance'
@@ -602,10 +688,14 @@ complete -c dcptool -n '__dcptool_at watermark register' -s c -l cluster -x -d '
 complete -c dcptool -n '__dcptool_at watermark register' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at watermark register' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at watermark register' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at watermark register' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at watermark register' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at watermark register' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at watermark register' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at watermark register' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at watermark register' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at watermark register' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at watermark register' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at watermark register' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at watermark remove' -l name -x -d 'The client to remove'
 complete -c dcptool -n '__dcptool_at watermark remove' -l instance -x -d 'Only this instance (default: all of --name)'
@@ -615,8 +705,12 @@ complete -c dcptool -n '__dcptool_at watermark remove' -s c -l cluster -x -d 'No
 complete -c dcptool -n '__dcptool_at watermark remove' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at watermark remove' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at watermark remove' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
+complete -c dcptool -n '__dcptool_at watermark remove' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
 complete -c dcptool -n '__dcptool_at watermark remove' -s b -l bucket -x -d 'Bucket name'
 complete -c dcptool -n '__dcptool_at watermark remove' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at watermark remove' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at watermark remove' -l timeout -x -d 'Seconds to wait for the node to answer'
+complete -c dcptool -n '__dcptool_at watermark remove' -l client-cert -r -F -d 'Client certificate (PEM'
+complete -c dcptool -n '__dcptool_at watermark remove' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
+complete -c dcptool -n '__dcptool_at watermark remove' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at watermark remove' -s h -l help -d 'Show this message and exit'

@@ -53,12 +53,15 @@ from .errors import ArchiveError, CorruptFileError
 #: environment variables a passphrase comes from (the file's first line is the passphrase)
 PASSPHRASE_ENV = "DCPTOOL_ARCHIVE_PASSPHRASE"
 PASSPHRASE_FILE_ENV = "DCPTOOL_ARCHIVE_PASSPHRASE_FILE"
+PASSPHRASE_COMMAND_ENV = "DCPTOOL_ARCHIVE_PASSPHRASE_COMMAND"
 
 CIPHER = "AES-256-GCM"
 KEYS_DIR = "keys"
 KEY_FORMAT = "dcptool-key"
-#: scrypt parameters of new key files: 32 MiB of memory, ~0.1 s on a current CPU
-SCRYPT_N = 1 << 15
+#: scrypt parameters of new key files: OWASP's N=2^17, r=8, p=1 (128 MiB of memory,
+#: ~0.4-0.6 s on a current CPU, once per command). Key files written before keep the
+#: parameters they name (N=2^15 until 0.x) and still open: `_kek` reads them from the file.
+SCRYPT_N = 1 << 17
 SCRYPT_R = 8
 SCRYPT_P = 1
 #: the most a key file may ask for (a changed key file must not make us allocate gigabytes)
@@ -412,11 +415,17 @@ def read_file(path: Any) -> bytes:
 # -- passphrases -------------------------------------------------------------------------------------
 
 _PASSPHRASE_FILE: list[str | None] = [None]
+_PASSPHRASE_COMMAND: list[str | None] = [None]
 
 
 def set_passphrase_file(path: str | os.PathLike[str] | None) -> None:
     """Where this process reads passphrases from (the CLI's --passphrase-file)."""
     _PASSPHRASE_FILE[0] = None if path is None else os.fspath(path)
+
+
+def set_passphrase_command(command: str | None) -> None:
+    """The command whose output's first line is the passphrase (--passphrase-command)."""
+    _PASSPHRASE_COMMAND[0] = command or None
 
 
 def _read_passphrase_file(path: str, label: str) -> str:
@@ -431,16 +440,24 @@ def _read_passphrase_file(path: str, label: str) -> str:
 
 
 def get_passphrase(purpose: str, *, confirm: bool = False) -> str:
-    """A passphrase: --passphrase-file, DCPTOOL_ARCHIVE_PASSPHRASE, its _FILE variant, or a
-    prompt on the terminal (asked twice with `confirm`)."""
+    """A passphrase: --passphrase-file, --passphrase-command, DCPTOOL_ARCHIVE_PASSPHRASE,
+    its _FILE and _COMMAND variants, or a prompt on the terminal (asked twice with
+    `confirm`)."""
+    from dcptool.procs import run_secret_command
+
     if _PASSPHRASE_FILE[0]:
         return _read_passphrase_file(_PASSPHRASE_FILE[0], "--passphrase-file")
+    if _PASSPHRASE_COMMAND[0]:
+        return run_secret_command(_PASSPHRASE_COMMAND[0], what="--passphrase-command")
     env = os.environ.get(PASSPHRASE_ENV)
     if env:
         return env
     fenv = os.environ.get(PASSPHRASE_FILE_ENV)
     if fenv:
         return _read_passphrase_file(fenv, PASSPHRASE_FILE_ENV)
+    cenv = os.environ.get(PASSPHRASE_COMMAND_ENV)
+    if cenv:
+        return run_secret_command(cenv, what=PASSPHRASE_COMMAND_ENV)
     return prompt_passphrase(purpose, confirm=confirm)
 
 

@@ -30,7 +30,11 @@ from typing import Annotated, Any, Optional
 import typer
 
 from dcptool.client import options
-from dcptool.client.options import DEFAULT_SNAPPY, PASSWORD_FILE_ENV, SNAPPY_ENV, ConnOptions
+from dcptool.errors import UsageError
+from dcptool.client.options import (CLIENT_CERT_ENV, CLIENT_KEY_ENV,
+                                    CLIENT_KEY_PASSPHRASE_FILE_ENV, DEFAULT_SNAPPY,
+                                    PASSWORD_COMMAND_ENV, PASSWORD_FILE_ENV, SNAPPY_ENV,
+                                    ConnOptions)
 
 try:  # typer >= 0.2x carries its own copy of click
     from typer._click.globals import get_current_context  # type: ignore[import-not-found]
@@ -54,6 +58,23 @@ PasswordFileOpt = Annotated[Optional[Path], typer.Option(
     "--password-file", envvar=PASSWORD_FILE_ENV, metavar="FILE", rich_help_panel=PANEL,
     show_default=False,
     help="Read the password from FILE's first line (keep FILE mode 0600).")]
+PasswordCommandOpt = Annotated[Optional[str], typer.Option(
+    "--password-command", envvar=PASSWORD_COMMAND_ENV, metavar="COMMAND", rich_help_panel=PANEL,
+    show_default=False,
+    help="Run COMMAND (split like a shell would, no shell) and use the first line it prints "
+         "as the password, e.g. a secret manager's CLI.")]
+ClientCertOpt = Annotated[Optional[Path], typer.Option(
+    "--client-cert", envvar=CLIENT_CERT_ENV, metavar="FILE", rich_help_panel=PANEL,
+    show_default=False,
+    help="Client certificate (PEM; the key too unless --client-key) for couchbases://: the "
+         "node logs in the user the certificate names, no password needed.")]
+ClientKeyOpt = Annotated[Optional[Path], typer.Option(
+    "--client-key", envvar=CLIENT_KEY_ENV, metavar="FILE", rich_help_panel=PANEL,
+    show_default=False, help="Private key (PEM) of --client-cert.")]
+ClientKeyPassOpt = Annotated[Optional[Path], typer.Option(
+    "--client-key-passphrase-file", envvar=CLIENT_KEY_PASSPHRASE_FILE_ENV, metavar="FILE",
+    rich_help_panel=PANEL, show_default=False,
+    help="Read the passphrase of an encrypted --client-key from FILE's first line.")]
 BucketOpt = Annotated[str, typer.Option(
     "-b", "--bucket", envvar="DCPTOOL_BUCKET", rich_help_panel=PANEL,
     help="Bucket name.")]
@@ -86,13 +107,18 @@ class ConnArgs:
     no_verify: bool = False
     timeout: float = 10.0
     snappy: bool | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+    client_key_passphrase_file: Path | None = None
 
     def options(self, cluster: str | None = ..., *, bucket: str | None = ...) -> ConnOptions:
         """The checked `ConnOptions` (another node or bucket when given)."""
         return ConnOptions.from_cli(self.cluster if cluster is ... else cluster, self.username,
                                     self.password, self.bucket if bucket is ... else bucket,
                                     self.cacert, self.no_verify, self.timeout,
-                                    snappy=self.snappy)
+                                    snappy=self.snappy, client_cert=self.client_cert,
+                                    client_key=self.client_key,
+                                    client_key_passphrase_file=self.client_key_passphrase_file)
 
 
 #: the parameters `connection_options` adds, in their order, with their defaults
@@ -105,6 +131,9 @@ _CONN_PARAMS = (
     ("no_verify", NoVerifyOpt, False),
     ("timeout", TimeoutOpt, 10.0),
     ("snappy", SnappyOpt, None),
+    ("client_cert", ClientCertOpt, None),
+    ("client_key", ClientKeyOpt, None),
+    ("client_key_passphrase_file", ClientKeyPassOpt, None),
 )
 _CONN_ARG = "conn_args"
 
@@ -152,22 +181,32 @@ def connection_options(*, cluster: Any = ClusterOpt, bucket: Any = BucketOpt,
     return decorate
 
 
-def _password_file_option():
-    """A fresh click option for --password-file, built by typer from `PasswordFileOpt`."""
-    def proto(password_file: PasswordFileOpt = None) -> None:  # pragma: no cover
+def _option(name: str, ann: Any):
+    """A fresh click option built by typer from an `Annotated` declaration."""
+    def proto(value: ann = None) -> None:  # pragma: no cover
         pass
 
+    proto.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ann,
+                           default=None)])
+    proto.__annotations__ = {name: ann}
     t = typer.Typer(add_completion=False)
     t.command()(proto)
-    return next(p for p in typer.main.get_command(t).params if p.name == "password_file")
+    return next(p for p in typer.main.get_command(t).params if p.name == name)
+
+
+def _password_file_option():
+    """A fresh click option for --password-file, built by typer from `PasswordFileOpt`."""
+    return _option("password_file", PasswordFileOpt)
 
 
 def add_password_file(cmd: Any) -> None:
-    """Give a command with -p/--password a --password-file option (once).
+    """Give a command with -p/--password the --password-file and --password-command options
+    (once).
 
-    Precedence: -p on the command line, then --password-file on the command line, then
-    DCPTOOL_PASSWORD, then DCPTOOL_PASSWORD_FILE. -p and --password-file together are a
-    usage error.
+    Precedence: -p, --password-file, --password-command on the command line (two of them
+    together are a usage error), then DCPTOOL_PASSWORD, DCPTOOL_PASSWORD_FILE,
+    DCPTOOL_PASSWORD_COMMAND.
     """
     params = getattr(cmd, "params", None)
     if not params or cmd.callback is None or getattr(cmd, "_dcptool_password_file", False):
@@ -179,30 +218,49 @@ def add_password_file(cmd: Any) -> None:
     if "-p" not in getattr(pw, "opts", ()):
         return
     cmd._dcptool_password_file = True
-    params.insert(names.index("password") + 1, _password_file_option())
+    at = names.index("password") + 1
+    params[at:at] = [_password_file_option(),
+                     _option("password_command", PasswordCommandOpt)]
     inner = cmd.callback
 
     @functools.wraps(inner)
     def callback(*args, **kwargs):
         path = kwargs.pop("password_file", None)
-        if path is not None:
-            kwargs["password"] = choose_password(kwargs.get("password"), path)
+        command = kwargs.pop("password_command", None)
+        if path is not None or command is not None:
+            kwargs["password"] = choose_password(kwargs.get("password"), path, command)
         return inner(*args, **kwargs)
 
     cmd.callback = callback
 
 
-def choose_password(password: str | None, path: Path) -> str:
-    """The password a command runs with when --password-file (or its variable) is set: what
-    `dcptool.client.options.choose_password` picks, told which values came from the command
-    line."""
+def choose_password(password: str | None, path: Path | None,
+                    command: str | None = None) -> str:
+    """The password a command runs with when --password-file or --password-command (or
+    their variables) is set: the first given of -p, --password-file, --password-command on
+    the command line, then of DCPTOOL_PASSWORD, DCPTOOL_PASSWORD_FILE,
+    DCPTOOL_PASSWORD_COMMAND."""
     ctx = get_current_context(silent=True)
-    src_pw = src_file = None
-    if ctx is not None:
-        src_pw = ctx.get_parameter_source("password")
-        src_file = ctx.get_parameter_source("password_file")
-    pw_cli = src_pw is not None and src_pw.name == "COMMANDLINE"
-    file_cli = src_file is not None and src_file.name == "COMMANDLINE"
-    label = "--password-file" if file_cli or ctx is None else PASSWORD_FILE_ENV
-    return options.choose_password(password, path, password_given=pw_cli, file_given=file_cli,
-                                   file_label=label)
+
+    def on_cli(name: str) -> bool:
+        if ctx is None:
+            return False
+        src = ctx.get_parameter_source(name)
+        return src is not None and src.name == "COMMANDLINE"
+
+    given = {"password": password, "password_file": path, "password_command": command}
+    cli = [n for n, v in given.items() if v is not None and on_cli(n)]
+    if len(cli) > 1:
+        flags = ["--" + n.replace("_", "-") for n in cli]
+        raise UsageError(f"give {' or '.join(flags)}, not "
+                         + ("both" if len(flags) == 2 else "more than one"))
+    order = cli + [n for n, v in given.items() if v is not None and n not in cli]
+    first = order[0]
+    if first == "password":
+        return password
+    if first == "password_file":
+        label = "--password-file" if on_cli("password_file") or ctx is None \
+            else PASSWORD_FILE_ENV
+        return options.read_password_file(path, what=label)
+    label = "--password-command" if on_cli("password_command") else PASSWORD_COMMAND_ENV
+    return options.run_secret_command(command, what=label)

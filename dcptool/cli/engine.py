@@ -21,6 +21,7 @@ from dcptool.cli.app import app
 from dcptool.cli.backup import MasterOpt
 from dcptool.cli.manual import manual
 from dcptool.errors import DcptoolError
+from dcptool import procs
 from dcptool.procs import pid_alive
 
 manual(
@@ -121,8 +122,9 @@ def start(
     cmd = [sys.executable, "-m", "dcptool", "-q", "engine", "start", "--foreground"]
     if master:
         cmd += ["--master", master]
-    env = dict(os.environ)
-    env["DCPTOOL_SPARK_LOG"] = str(log)
+    # a long-lived process: no password or passphrase in its environment (each attached
+    # command's tasks carry their own connection options and data keys)
+    env = procs.child_env(DCPTOOL_SPARK_LOG=str(log))
     with open(log, "ab") as sink:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
                                 env=env, start_new_session=True, cwd="/")

@@ -38,7 +38,8 @@ key_app = typer.Typer(
     name="key",
     help="""Add, remove and list the passphrases of an encrypted archive (one key file
     each in ARCHIVE/keys/). Changing a passphrase is 'key add' then 'key remove' of the
-    old key: no data is rewritten.
+    old key: no data is rewritten, and the data key stays the same, so an old copy of a
+    removed key file still opens the archive with its old passphrase (see 'key remove').
 
     Example: dcptool key list /backups/secret
     """,
@@ -143,8 +144,15 @@ def key_remove(
                                           show_default=False)],
     as_json: JsonOpt = False,
 ) -> None:
-    """Remove a key file: its passphrase no longer opens the archive. The last key is
-    never removed. The passphrase given must open one of the archive's keys.
+    """Remove a key file: its passphrase no longer opens the archive as it is now. The
+    last key is never removed. The passphrase given must open one of the archive's keys.
+
+    The data key stays the same (no data is rewritten): whoever kept a copy of the
+    removed key file (a copy of ARCHIVE/keys/, a backup of the archive) and knows its
+    passphrase can still unwrap the data key and read the archive, including every backup
+    written after the removal. To shut out such a copy, start a new encrypted archive
+    (backup --encrypt into a new directory, a full backup) under a new passphrase and
+    remove the old archive when it is no longer needed.
 
     Example: dcptool key remove /backups/secret 3f2a9c0d1e4b5a69
     """

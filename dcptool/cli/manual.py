@@ -17,10 +17,16 @@ COMMON_EXIT = (0, 1, 2, 130)
 
 #: environment variables that are not an option's envvar
 ENV_DOCS = {
-    "DCPTOOL_PASSWORD": "The password, so it never appears on a command line or in ps.",
+    "DCPTOOL_PASSWORD": "The password, so it never appears on a command line or in ps (child "
+                        "processes such as the Spark JVM do not inherit it).",
     "DCPTOOL_ARCHIVE_PASSPHRASE": "The passphrase of an encrypted archive (else "
                                   "--passphrase-file, else a prompt on the terminal); never "
                                   "printed or logged.",
+    "DCPTOOL_ARCHIVE_PASSPHRASE_COMMAND": "A command whose first line of output is the "
+                                          "passphrase of an encrypted archive, used when "
+                                          "--passphrase-file, --passphrase-command, "
+                                          "DCPTOOL_ARCHIVE_PASSPHRASE and its _FILE variable "
+                                          "give none.",
     "DCPTOOL_ARCHIVE_NEW_PASSPHRASE": "The passphrase 'dcptool key add' adds (else "
                                       "--new-passphrase-file, else a prompt).",
     "DCPTOOL_LOG_KEEP": "How many run logs of each kind (backup, restore, merge) to keep in "

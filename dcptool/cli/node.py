@@ -103,6 +103,20 @@ def start(
         "--tls-key", metavar="FILE", help="PEM private key of --tls-cert.")] = None,
     tls_port: Annotated[int, typer.Option(
         "--tls-port", help="TLS port with --tls-cert (0 picks a free one).")] = 11207,
+    client_ca: Annotated[Optional[Path], typer.Option(
+        "--client-ca", metavar="FILE", help="PEM CA certificate(s): the TLS listeners "
+                                            "(KV and REST) accept client certificates it "
+                                            "signed, logging the client in as the user the "
+                                            "certificate names (--client-auth; default its "
+                                            "subject CN), without a password.")] = None,
+    client_auth: Annotated[Optional[Path], typer.Option(
+        "--client-auth", metavar="FILE", help="JSON rules naming a client certificate's "
+                                              "user, Couchbase Server's format: {\"state\": "
+                                              "\"enable\"|\"mandatory\", \"prefixes\": "
+                                              "[{\"path\": \"subject.cn\"|\"san.uri\"|"
+                                              "\"san.dnsname\"|\"san.email\", \"prefix\": "
+                                              "\"\", \"delimiter\": \"\"}]} "
+                                              "(docs/compatibility.md).")] = None,
     rest_port: Annotated[Optional[int], typer.Option(
         "--rest-port", metavar="PORT", help="Management REST port (HTTP; 0 picks a free "
                                             "one). Default: 8091 when --port is 11210, a free "
@@ -195,6 +209,7 @@ def start(
                                            allow_off=True),
         hwt_max_hold=parse_duration(hwt_max_hold, what="--hwt-max-hold", allow_off=True),
         hwt_enabled=not no_hwt, collections_enabled=not no_collections, tls_cert=tls_cert, tls_key=tls_key, tls_port=tls_port,
+        client_ca=client_ca, client_auth=client_auth,
         rest_port=rest_port, rest_tls_port=rest_tls_port,
         max_connections=max_connections,
         max_body=parse_size(max_body, what="--max-body"),

@@ -210,7 +210,7 @@ class Connection:
         return cls(sock, host, port, timeout=timeout, tls=tls is not None)
 
     @classmethod
-    def open(cls, host: str, port: int = DEFAULT_PORT, *, username: str, password: str,
+    def open(cls, host: str, port: int = DEFAULT_PORT, *, username: str, password: str | None,
              bucket: str | None = "default", tls: ssl.SSLContext | None = None,
              timeout: float | None = 10.0, features: Iterable[int] = DEFAULT_FEATURES,
              agent: str | None = None, mechanisms: Iterable[str] | None = None) -> "Connection":
@@ -218,11 +218,15 @@ class Connection:
 
         `mechanisms` restricts the SASL mechanisms that may be used (default: the
         strongest SCRAM the node offers; PLAIN only over TLS or when nothing else is offered).
+        `password` None: no SASL, the client certificate in `tls` logged the connection in.
         """
         conn = cls.connect(host, port, tls=tls, timeout=timeout)
         try:
             conn.hello(features, agent or f"dcptool/{__version__}")
-            conn.authenticate(username, password, mechanisms=mechanisms)
+            if password is not None:
+                conn.authenticate(username, password, mechanisms=mechanisms)
+            else:
+                conn.mechanism = "certificate"
             if bucket is not None:
                 conn.select_bucket(bucket)
         except BaseException:

@@ -70,7 +70,7 @@ class DcpConsumer:
         self.dead_timeout = self.config.effective_dead_timeout
 
     @classmethod
-    def open(cls, host: str, port: int = DEFAULT_PORT, *, username: str, password: str,
+    def open(cls, host: str, port: int = DEFAULT_PORT, *, username: str, password: str | None,
              bucket: str = "default", tls: ssl.SSLContext | None = None, timeout: float = 10.0,
              config: SessionConfig | None = None, on_rollback: RollbackCallback | None = None,
              features: Iterable[int] = DEFAULT_FEATURES, agent: str | None = None,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcptool.errors import UsageError
+from dcptool.procs import run_secret_command
 from dcptool.protocol.constants import Feature
 
 from .connection import DEFAULT_FEATURES, Connection, parse_cluster_url
@@ -30,6 +31,10 @@ from .session import SessionConfig
 
 DEFAULT_USERNAME = "Administrator"
 PASSWORD_FILE_ENV = "DCPTOOL_PASSWORD_FILE"
+PASSWORD_COMMAND_ENV = "DCPTOOL_PASSWORD_COMMAND"
+CLIENT_CERT_ENV = "DCPTOOL_CLIENT_CERT"
+CLIENT_KEY_ENV = "DCPTOOL_CLIENT_KEY"
+CLIENT_KEY_PASSPHRASE_FILE_ENV = "DCPTOOL_CLIENT_KEY_PASSPHRASE_FILE"
 SNAPPY_ENV = "DCPTOOL_SNAPPY"
 #: whether connections negotiate Snappy unless told: off, as a backup from a local node ran
 #: at 0.75-0.80x the items/s with every value compressed (the node compresses, the task
@@ -75,6 +80,11 @@ def read_password_file(path: str | Path, *, what: str = "--password-file") -> st
     return password
 
 
+def read_secret_file(path: str | Path, *, what: str) -> bytes:
+    """The first line of a file as bytes (a private key's passphrase)."""
+    return read_password_file(path, what=what).encode("utf-8")
+
+
 def choose_password(password: str | None, path: str | Path, *, password_given: bool = False,
                     file_given: bool = False, file_label: str = "--password-file") -> str:
     """The password to run with when a password file is named as well as, maybe, a password.
@@ -92,6 +102,14 @@ def choose_password(password: str | None, path: str | Path, *, password_given: b
     return read_password_file(path, what=file_label)
 
 
+def _encrypted_key(path: str) -> bool:
+    try:
+        head = Path(path).read_bytes()[:1 << 16]
+    except OSError:
+        return False
+    return b"ENCRYPTED" in head
+
+
 @dataclass(frozen=True)
 class ConnOptions:
     host: str
@@ -104,17 +122,42 @@ class ConnOptions:
     verify: bool = True
     timeout: float = 10.0
     snappy: bool = DEFAULT_SNAPPY
+    #: client certificate and key (PEM paths) for couchbases://: the node logs the
+    #: connection in as the user the certificate names, no SASL (and no password) needed
+    client_cert: str | None = None
+    client_key: str | None = None
+    client_key_password: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def from_cli(cls, cluster: str | None, username: str | None, password: str | None,
                  bucket: str = "default", cacert: Path | None = None, no_verify: bool = False,
                  timeout: float = 10.0, *, prompt: bool = True,
                  password_file: str | Path | None = None,
-                 snappy: bool | None = None) -> "ConnOptions":
+                 snappy: bool | None = None, client_cert: Path | str | None = None,
+                 client_key: Path | str | None = None,
+                 client_key_passphrase_file: Path | str | None = None) -> "ConnOptions":
         if not cluster:
             raise UsageError("no node given", hint="use -c/--cluster or set DCPTOOL_CLUSTER")
         host, port, tls = parse_cluster_url(cluster)
         user = username or DEFAULT_USERNAME
+        key_password = None
+        if client_cert is None and client_key is not None:
+            raise UsageError("--client-key needs --client-cert")
+        if client_cert is not None:
+            if not tls:
+                raise UsageError("--client-cert needs a TLS address (couchbases://HOST)")
+            for flag, f in (("--client-cert", client_cert), ("--client-key", client_key)):
+                if f is not None and not Path(f).is_file():
+                    raise UsageError(f"{flag}: file {f} not found")
+            if client_key_passphrase_file is not None:
+                key_password = read_secret_file(client_key_passphrase_file,
+                                                what="--client-key-passphrase-file")
+            if password is None and password_file is None:
+                password = ""  # the certificate logs in: no password asked for
+        if password is None and os.environ.get(PASSWORD_COMMAND_ENV) and password_file is None \
+                and not os.environ.get(PASSWORD_FILE_ENV):
+            password = run_secret_command(os.environ[PASSWORD_COMMAND_ENV],
+                                          what=PASSWORD_COMMAND_ENV)
         if password is None and password_file is not None:
             password = read_password_file(password_file)
         if password is None and os.environ.get(PASSWORD_FILE_ENV):
@@ -133,9 +176,19 @@ class ConnOptions:
             raise UsageError(f"--cacert: file {cacert} not found")
         if timeout <= 0:
             raise UsageError("--timeout must be positive")
-        return cls(host, port, user, password, bucket or "default", tls,
+        opts = cls(host, port, user, password, bucket or "default", tls,
                    str(cacert) if cacert else None, not no_verify, timeout,
-                   snappy_from_env() if snappy is None else bool(snappy))
+                   snappy_from_env() if snappy is None else bool(snappy),
+                   str(client_cert) if client_cert else None,
+                   str(client_key) if client_key else None, key_password)
+        if client_cert is not None:
+            opts.ssl_context()  # a key that does not load is one line now, not in a task
+        return opts
+
+    @property
+    def login_password(self) -> str | None:
+        """The SASL password, None when a client certificate logs the connection in."""
+        return None if self.client_cert else self.password
 
     @property
     def address(self) -> str:
@@ -157,6 +210,21 @@ class ConnOptions:
         else:
             ctx = ssl.create_default_context()
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.client_cert:
+            try:
+                # a callable, never None: OpenSSL would prompt on the terminal itself
+                ctx.load_cert_chain(self.client_cert, self.client_key or None,
+                                    password=lambda: self.client_key_password or b"")
+            except (ssl.SSLError, OSError, TypeError) as exc:
+                if _encrypted_key(self.client_key or self.client_cert):
+                    what = ("the passphrase does not open the encrypted key"
+                            if self.client_key_password else
+                            "the key is encrypted: give --client-key-passphrase-file FILE")
+                    raise UsageError(f"--client-key {self.client_key or self.client_cert}: "
+                                     f"{what}") from None
+                raise UsageError(f"--client-cert {self.client_cert}: cannot load the "
+                                 f"certificate and key ({getattr(exc, 'strerror', None) or exc})"
+                                 ) from None
         if not self.verify:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
@@ -168,7 +236,8 @@ class ConnOptions:
         features = self.features
         if collections:
             features = collections_features(features)
-        return Connection.open(self.host, self.port, username=self.username, password=self.password,
+        return Connection.open(self.host, self.port, username=self.username,
+                               password=self.login_password,
                                bucket=self.bucket if bucket is ... else bucket,
                                tls=self.ssl_context(), timeout=self.timeout,
                                features=features)
@@ -176,6 +245,6 @@ class ConnOptions:
     def consumer(self, config: SessionConfig | None = None, **kw) -> DcpConsumer:
         """A started DCP consumer session (see dcptool.client.DcpConsumer)."""
         return DcpConsumer.open(self.host, self.port, username=self.username,
-                                password=self.password, bucket=self.bucket,
+                                password=self.login_password, bucket=self.bucket,
                                 tls=self.ssl_context(), timeout=self.timeout, config=config,
                                 features=self.features, **kw)

@@ -376,7 +376,7 @@ class ClusterConsumer:
         c = self.consumers.get(node)
         if c is None:
             o = member_opts(self.opts, node)
-            c = DcpConsumer.open(o.host, o.port, username=o.username, password=o.password,
+            c = DcpConsumer.open(o.host, o.port, username=o.username, password=o.login_password,
                                  bucket=o.bucket, tls=o.ssl_context(), timeout=o.timeout,
                                  config=self.config, on_rollback=self.on_rollback,
                                  features=o.features)

@@ -128,6 +128,11 @@ class NodeConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_port: int = 11207
+    #: client certificates: the CA (PEM) they are verified against, and the JSON file of
+    #: the rules that name a certificate's user (None: subject.cn, state enable); see
+    #: dcptool/node/tlsconfig.py
+    client_ca: Path | None = None
+    client_auth: Path | None = None
     eviction: str = "value"
     memory_quota: int = DEFAULT_MEMORY_QUOTA
     #: the management REST port (HTTP) and, with TLS, its HTTPS port; None: the default
@@ -177,6 +182,11 @@ class NodeConfig:
             raise UsageError(f"--port {self.port} is not a TCP port (0..65535)")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise UsageError("--tls-cert and --tls-key go together")
+        if self.client_ca is not None and self.tls_cert is None:
+            raise UsageError("--client-ca needs --tls-cert and --tls-key: client "
+                             "certificates are asked for on the TLS listeners")
+        if self.client_auth is not None and self.client_ca is None:
+            raise UsageError("--client-auth needs --client-ca")
         if not 0 <= self.tls_port <= 65535:
             raise UsageError(f"--tls-port {self.tls_port} is not a TCP port (0..65535)")
         for flag, value in (("--rest-port", self.rest_port),

@@ -94,6 +94,16 @@ class RestAuth:
 
     async def user(self, request: web.Request) -> str | None:
         """The authenticated user name, or None (no, malformed or wrong credentials)."""
+        if getattr(self.node, "client_auth", None) is not None:  # a certificate first
+            from .tlsconfig import certificate_user
+
+            try:
+                name = certificate_user(self.node, request.transport)
+            except LookupError as exc:
+                log.warning("%s: client certificate refused: %s", request.remote, exc)
+                return None
+            if name is not None:
+                return name
         header = request.headers.get(hdrs.AUTHORIZATION)
         if not header:
             return None

@@ -117,6 +117,12 @@ class Node:
         self.rest = None
         self.rest_port: int | None = None
         self.rest_tls_port: int | None = None
+        #: how client certificates log in (None without --client-ca; see node/tlsconfig.py)
+        self.client_auth = None
+        if getattr(config, "client_ca", None) is not None:
+            from .tlsconfig import ClientAuth
+
+            self.client_auth = ClientAuth.load(config.client_auth)
         self._tasks: list[asyncio.Task] = []
         self.replication = Replication(self)
 
@@ -306,8 +312,10 @@ class Node:
             self.host, self.port = sock.getsockname()[:2]
             ssl_ctx = self._ssl_context()
             if ssl_ctx is not None:
+                from .tlsconfig import TlsConnection
+
                 self._tls_server = await loop.create_server(
-                    lambda: Connection(self), self.config.host, self.config.tls_port,
+                    lambda: TlsConnection(self), self.config.host, self.config.tls_port,
                     ssl=ssl_ctx, reuse_address=True, backlog=1024, ssl_handshake_timeout=10.0)
                 self.tls_port = self._tls_server.sockets[0].getsockname()[1]
             from .rest import RestServer
@@ -355,21 +363,15 @@ class Node:
         log.info("stopped (clean=%s)", clean)
 
     def _ssl_context(self):
-        """The TLS listener's context (TLS 1.2 or later), or None without --tls-cert."""
+        """The TLS listeners' context (TLS 1.2 or later, AEAD suites; client certificates
+        with --client-ca), or None without --tls-cert."""
         if self.config.tls_cert is None:
             return None
-        import ssl
 
-        from dcptool.errors import DcptoolError
+        from .tlsconfig import server_context
 
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        try:
-            ctx.load_cert_chain(str(self.config.tls_cert), str(self.config.tls_key))
-        except (OSError, ssl.SSLError) as exc:
-            raise DcptoolError(f"cannot load --tls-cert/--tls-key: "
-                               f"{getattr(exc, 'strerror', None) or exc}") from None
-        return ctx
+        return server_context(self.config.tls_cert, self.config.tls_key,
+                              self.config.client_ca, self.client_auth)
 
     def _vbucket_state_changed(self, vb, old_state: int) -> None:
         self.config_rev += 1

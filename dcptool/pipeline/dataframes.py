@@ -74,6 +74,9 @@ def read_archive(spark, path: str | os.PathLike[str], *, backup: str | None = No
     if archive.encrypted:  # the data key, for the Python workers (never the passphrase)
         from dcptool.archive import crypto
         from .datasource import SECRET_OPTION
+        from .runtime import check_key_transport
+
+        check_key_transport(spark)
 
         opts[SECRET_OPTION] = crypto.export_keys([archive.uuid])
     for k, v in opts.items():

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dcptool import procs
 from dcptool.errors import DcptoolError, mark_interrupted, was_interrupted
 
 from . import progress
@@ -222,6 +223,30 @@ def _session_active() -> bool:
     return SparkContext._active_spark_context is not None
 
 
+#: what Spark must have on for a data key to travel to executors outside this host
+KEY_TRANSPORT_CONF = ("spark.authenticate", "spark.network.crypto.enabled")
+
+
+def check_key_transport(spark) -> None:
+    """Refuse (one line) to send an encrypted archive's data key in task closures to a
+    master that is not local unless Spark authenticates its RPC and encrypts its network
+    traffic (`spark.authenticate`, `spark.network.crypto.enabled`; docs/spark.md)."""
+    sc = context_of(spark)
+    master = sc.master or ""
+    if master.startswith("local"):
+        return
+    conf = sc.getConf()
+    missing = [k for k in KEY_TRANSPORT_CONF
+               if (conf.get(k) or "false").strip().lower() != "true"]
+    if missing:
+        raise DcptoolError(
+            f"refusing to send an encrypted archive's data key to the executors of {master} "
+            f"without {' and '.join(missing)}",
+            hint="set " + " and ".join(f"{k}=true" for k in missing)
+                 + " (with spark.authenticate.secret) in the Spark configuration; "
+                   "see docs/spark.md")
+
+
 def run_tasks(spark, fn, tasks: list) -> list:
     """Run `fn` on each of `tasks`, one Spark task each, and return their results in order
     (a command attached to an engine runs them in its own job group)."""
@@ -229,10 +254,14 @@ def run_tasks(spark, fn, tasks: list) -> list:
 
     from dcptool.archive.crypto import carrying_keys
 
+    from dcptool.archive import crypto
+
     sc = context_of(spark)
     set_job_group(sc)
     # the data keys of the encrypted archives this driver opened go with the tasks; a
     # command's progress bar counts them done (see pipeline/progress.py)
+    if crypto._KEYS:
+        check_key_transport(sc)
     with progress.watch_tasks(sc, "tasks", len(tasks)):
         return sc.parallelize(tasks, len(tasks)).map(carrying_keys(fn)).collect()
 
@@ -580,14 +609,17 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
         settings.update(conf or {})
         settings = {k: str(v).lower() if isinstance(v, bool) else str(v)
                     for k, v in settings.items()}
-        if _jvm_output is not None:
-            # a run that writes the class-data archive names a file of its own: its command
-            # is not the one the next runs need
-            _launch_quiet_gateway(settings, remember=not any(
-                o.startswith("-XX:ArchiveClassesAtExit") for o in cds),
-                daemon=_fast["daemon"] and settings.get("spark.python.daemon.module")
-                == "dcptool.pipeline.sparkdaemon")
-        sc = SparkContext.getOrCreate(SparkConf().setAll(list(settings.items())))
+        # the JVM and the Python daemon and workers it starts never see a password or a
+        # passphrase: tasks get the connection options and data keys in their closures
+        with procs.secrets_hidden():
+            if _jvm_output is not None:
+                # a run that writes the class-data archive names a file of its own: its
+                # command is not the one the next runs need
+                _launch_quiet_gateway(settings, remember=not any(
+                    o.startswith("-XX:ArchiveClassesAtExit") for o in cds),
+                    daemon=_fast["daemon"] and settings.get("spark.python.daemon.module")
+                    == "dcptool.pipeline.sparkdaemon")
+            sc = SparkContext.getOrCreate(SparkConf().setAll(list(settings.items())))
         sc.setLogLevel("ERROR")
         if _jvm_output is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, _on_interrupt)
@@ -685,10 +717,12 @@ def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool
     archive must be on a filesystem the driver and every executor share. Reads file `name`
     of the directory (with `write`, or without `name`: a probe file the driver writes and
     removes). Local masters share the driver's machine and are not checked unless `always`."""
-    from dcptool.archive import storage
+    from dcptool.archive import crypto, storage
 
     from .engine import attachment
 
+    if crypto._KEYS:  # an encrypted archive: its data key is about to travel (not local)
+        check_key_transport(spark)
     root = storage.location(directory)
     # an engine's executors are the engine's processes, with the engine's environment: an
     # object store's endpoint and credentials are those the engine was started with

@@ -323,3 +323,30 @@ def test_remove_and_prune_on_an_encrypted_archive(tmp_path):
     # a new process (no key loaded) reads what is left only with the passphrase
     crypto.forget_keys()
     assert len(Archive.open(root).committed_ids()) >= 2
+
+
+def test_new_key_files_use_owasp_scrypt_cost_and_old_cost_files_still_open(tmp_path,
+                                                                          monkeypatch):
+    """New key files: scrypt N=2^17, r=8, p=1; a key file written at N=2^15 (before the
+    change) opens the archive all the same."""
+    assert (crypto.SCRYPT_N, crypto.SCRYPT_R, crypto.SCRYPT_P) == (1 << 17, 8, 1)
+    root = tmp_path / "enc"
+    crypto.request_encryption(root, PASS)
+    _chain(root, 1)
+    a = Archive.open(root)
+    (first,) = crypto.list_keys(a.path, a.meta)
+    assert first["kdf"] == {"name": "scrypt", "n": 1 << 17, "r": 8, "p": 1}
+    # a key file as the earlier release wrote it: N=2^15
+    dk = crypto.unlock(a.path, a.meta)
+    old = crypto.make_key_file(a.meta["uuid"], dk, "old cost", n=1 << 15, created="2020")
+    assert old["kdf"]["n"] == 1 << 15
+    crypto.write_key_file(a.path, old)
+    crypto.remove_key(a.path, a.meta, first["id"])
+    crypto.forget_keys()
+    with pytest.raises(crypto.WrongPassphraseError):
+        Archive.open(root)
+    crypto.forget_keys()
+    monkeypatch.setenv(crypto.PASSPHRASE_ENV, "old cost")
+    a = Archive.open(root)
+    assert crypto.opened_with(a.meta["uuid"]) == old["id"]
+    assert verify_archive(root).ok
