@@ -123,7 +123,12 @@ def process_on_terminal(*args, columns: int = 120, timeout: float = 600
                 if chunk:
                     screen.extend(chunk)
                     continue
-            if proc.poll() is not None and not r:
+                # nothing to read although select said so: the terminal's end closed
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+                continue
+            if proc.poll() is not None:
                 break
         out = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
     finally:
