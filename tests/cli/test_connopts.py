@@ -13,10 +13,12 @@ def test_connection_options_replace_conn_args_in_place():
 
     names = list(inspect.signature(cmd).parameters)
     assert names == ["archive", "cluster", "username", "password", "bucket", "cacert",
-                     "no_verify", "timeout", "json_out"]
+                     "no_verify", "timeout", "client_cert", "client_key",
+                     "client_key_passphrase_file", "json_out"]
     archive, args, json_out = cmd(archive="a", cluster="h:1", username=None, password="pw",
                                   bucket="b", cacert=None, no_verify=True, timeout=3.0,
-                                  json_out=True)
+                                  client_cert=None, client_key=None,
+                                  client_key_passphrase_file=None, json_out=True)
     assert (archive, json_out) == ("a", True)
     assert args == ConnArgs("h:1", None, "pw", "b", None, True, 3.0, None)
     o = args.options()
@@ -31,8 +33,9 @@ def test_connection_options_without_cluster_and_with_snappy():
 
     names = list(inspect.signature(cmd).parameters)
     assert names == ["cluster", "username", "password", "bucket", "cacert", "no_verify",
-                     "snappy"]
+                     "snappy", "client_cert", "client_key", "client_key_passphrase_file"]
     own, args = cmd(cluster="x", username="u", password="p", bucket="default", cacert=None,
-                    no_verify=False, snappy=True)
+                    no_verify=False, snappy=True, client_cert=None, client_key=None,
+                    client_key_passphrase_file=None)
     assert own == "x" and args.cluster is None and args.snappy is True
     assert args.timeout == 10.0
