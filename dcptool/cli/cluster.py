@@ -133,7 +133,8 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
     conn_args: ConnArgs = None,
 ) -> None:
-    """Show the nodes, their vbuckets per state and their replication lag.
+    """Show the nodes, their vbuckets per state and their replication lag (the nodes
+    failed over are listed last, as failed over).
 
     The lag of a node is the sum, over its replica vbuckets, of how many seqnos the
     replica is behind its active.
@@ -164,6 +165,22 @@ def status(
                     if act >= 0 and act in high:
                         row["lag"] += max(0, high[act].get(int(vb), 0) - d["high_seqno"])
         rows.append(row)
+    # the nodes failed over out of the map (the members keep their names): shown apart
+    from dcptool.client.errors import ClientError
+    from dcptool.client.topology import node_status
+
+    gone = next((st.get("failed") for st in statuses.values() if st), None) or []
+    for f in gone:
+        try:
+            with conn_args.options(f["node"]).connect() as conn:
+                node_status(conn)
+            up = True
+        except ClientError:
+            up = False
+        rows.append({"node": f["node"], "up": up, "failed_over": True, "active": 0,
+                     "replica": 0, "dead": 0, "lag": 0, "held": []})
+    for row in rows:
+        row.setdefault("failed_over", False)
     # the map's own rev (what `cluster create|failover|move` print); a node's config rev
     # also counts its own changes
     map_rev = view.map_rev or view.rev
@@ -175,7 +192,10 @@ def status(
     for col in ("node", "up", "active", "replica", "dead", "lag"):
         table.add_column(col, justify="left" if col == "node" else "right")
     for r in rows:
-        table.add_row(r["node"], "yes" if r["up"] else "DOWN", str(r["active"]),
+        state = "yes" if r["up"] else "DOWN"
+        if r["failed_over"]:
+            state = ("up, " if r["up"] else "") + "failed over"
+        table.add_row(r["node"], state, str(r["active"]),
                       str(r["replica"]), str(r["dead"]), str(r["lag"]))
     console().print(table)
 

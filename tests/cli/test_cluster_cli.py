@@ -62,7 +62,8 @@ def test_create_status_failover_and_tail_across_the_failover(abc, tmp_path):
     doc = json.loads(r.stdout)
     assert doc["rev"] == failed["rev"] and doc["config_rev"] >= doc["rev"]
     st = {n["node"]: n for n in doc["nodes"]}
-    assert not st[addr(a)]["up"]
+    assert not st[addr(a)]["up"] and st[addr(a)]["failed_over"]
+    assert [n["node"] for n in doc["nodes"] if not n["failed_over"]] == [addr(b), addr(c)]
 
     # the tail resumes from (W, 1000) through any member: rollback to 900, then C's history
     r = run_cli("tail", "--state", str(state), "--until-idle", "2", "--json", node=b)
@@ -80,4 +81,5 @@ def test_create_status_failover_and_tail_across_the_failover(abc, tmp_path):
     assert history[-1] == (901, keys[990]) and len(docs_c) == 901
     # B, the other replica, holds exactly C's data and log
     assert vbucket_stream(b, 0)[0] == docs_c
-    assert status(b)["vbuckets"]["0"]["replication"]["source"] == 2
+    rep = status(b)  # the source is C (the failed node left the map: C is index 1 now)
+    assert rep["nodes"][rep["vbuckets"]["0"]["replication"]["source"]] == addr(c)
