@@ -86,7 +86,7 @@ def test_spark_commands_draw_a_bar_that_ends_at_100(archive, shared_node, spark,
     for label, args in (
             ("compare", ("verify", archive, "--against", "-c", target)),
             ("restore", ("restore", archive, "-c", target, "--force-updates")),
-            ("dry run", ("restore", archive, "--dry-run"))):
+            ("dry run", ("restore", archive, "--dry-run", "-c", target))):
         rc, out, screen = on_terminal(monkeypatch, *args)
         assert rc == 0, screen
         seen = percentages(screen, label)
@@ -95,9 +95,11 @@ def test_spark_commands_draw_a_bar_that_ends_at_100(archive, shared_node, spark,
         assert re.search(rf"{label}\s.*100%\s+(\d+)/\1 tasks", screen), screen
         assert "Traceback" not in screen
     # --json and --no-progress: nothing drawn
-    rc, out, screen = on_terminal(monkeypatch, "restore", archive, "--dry-run", "--json")
+    rc, out, screen = on_terminal(monkeypatch, "restore", archive, "--dry-run", "-c", target,
+                                  "--json")
     assert rc == 0 and "%" not in screen and json.loads(out)["dry_run"] is True
-    rc, out, screen = on_terminal(monkeypatch, "restore", archive, "--dry-run", "--no-progress")
+    rc, out, screen = on_terminal(monkeypatch, "restore", archive, "--dry-run", "-c", target,
+                                  "--no-progress")
     assert rc == 0 and "%" not in screen
 
 
@@ -189,13 +191,13 @@ def test_items_per_second_leaves_spark_startup_out(shared_node, spark, tmp_path,
     assert rate not in ("0", "-") and float(rate.replace(",", "")) > 0, out
     assert re.search(r"seconds\W+[\d.]+ s", out), out
     # restore: its duration and rate in the summary, Spark's start-up apart in the JSON
-    rc, out, err = cli(capsys, "restore", archive, "--dry-run", "--json")
+    rc, out, err = cli(capsys, "restore", archive, "--dry-run", "-c", target, "--json")
     d = json.loads(out)
     n = sum(d["restored"].values())
     assert n > 0 and d["spark_startup_seconds"] >= 0 and d["seconds"] > d["spark_startup_seconds"]
     assert d["items_per_second"] == pytest.approx(
         n / (d["seconds"] - d["spark_startup_seconds"]), rel=0.05)
-    rc, out, err = cli(capsys, "restore", archive, "--dry-run")
+    rc, out, err = cli(capsys, "restore", archive, "--dry-run", "-c", target)
     assert rc == 0, err
     assert re.search(rf"read {n:,} items in [\d.]+ s.*, [\d,.]+ items/s", out), out
 
