@@ -138,12 +138,20 @@ def new_bar(detail: bool = True):
 
 @contextmanager
 def live_bar(bar) -> Iterator[Any]:
-    """Show `bar` for the block; notes printed meanwhile go above it."""
+    """Show `bar` for the block; notes printed meanwhile go above it. After Ctrl-C the bar
+    is taken off the screen, so the interruption is one line."""
     global _live_console
+    from dcptool.errors import was_interrupted
+
     bar.start()
     _live_console = bar.console
     try:
         yield bar
+    except BaseException as exc:
+        # Ctrl-C is one line: the bar goes (a failure leaves it where it stopped)
+        if isinstance(exc, KeyboardInterrupt) or was_interrupted():
+            bar.live.transient = True
+        raise
     finally:
         _live_console = None
         bar.stop()
