@@ -236,6 +236,9 @@ def test_an_engine_without_s3_credentials_is_named_before_any_work(s3_server, tm
         # the archive, made without the engine
         r = cli("backup", "-c", cluster, url, "--json", DCPTOOL_ENGINE="off", **with_s3)
         assert r.returncode == 0, r.stderr
+        # changes for the next backup to stream (one with none runs no Spark task)
+        assert cli("doc", "load", "--count", "10", "--prefix", "more::", "-c", cluster,
+                   "-q").returncode == 0
         # the engine, where no S3 credentials are set
         env = {k: v for k, v in env_for(DCPTOOL_ENGINE_DIR=engine_dir).items()
                if not k.startswith(("AWS_", "DCPTOOL_S3_"))}
