@@ -289,9 +289,10 @@ def node_log_handler(data_dir: str | os.PathLike[str], *, max_bytes: int = 16 <<
     directory = private_dir(Path(data_dir) / LOG_DIR)
     handler = PrivateRotatingFileHandler(str(directory / "node.log"), maxBytes=max_bytes,
                                          backupCount=backups, encoding="utf-8")
-    from dcptool.node.logsafe import one_line_formatter
+    from dcptool.logsafe import one_line_formatter
 
-    handler.setFormatter(one_line_formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(one_line_formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                            base=UTCFormatter))
     return handler
 
 

@@ -5,7 +5,7 @@ import deferred to run time is still a dependency), except those under
 `if TYPE_CHECKING:` (annotations only). Two rules:
 
 1. A module imports only modules of its own package or of the layers below it. The
-   layers, from the bottom: the base modules (errors, faults, runlog, procs), protocol/,
+   layers, from the bottom: the base modules (errors, faults, runlog, procs, logsafe), protocol/,
    then client/, archive/ and node/ side by side (none imports another, except that the
    node's replication consumer is a DCP client), pipeline/, dcptool.spark, cli/.
 2. No import cycle between modules, except the typer registration in cli/ (app.py
@@ -21,7 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "dcptool"
 
-BASE = {"dcptool", "dcptool.errors", "dcptool.faults", "dcptool.runlog", "dcptool.procs"}
+BASE = {"dcptool", "dcptool.errors", "dcptool.faults", "dcptool.runlog", "dcptool.procs",
+        "dcptool.logsafe"}
 #: layer of each top-level part; parts on one level must not import each other
 LEVEL = {"base": 0, "protocol": 1, "client": 2, "archive": 2, "node": 2, "pipeline": 3,
          "spark": 4, "cli": 5, "__main__": 6}

@@ -147,6 +147,7 @@ def test_the_node_logs_to_its_directory(node_factory):
 
 def test_backup_and_restore_runs_are_logged_per_vbucket(node_factory, spark, tmp_path):
     from dcptool.pipeline.backup import run_backup
+    from dcptool.protocol import vbucket_of
     from dcptool.pipeline.restore import run_restore
 
     node = node_factory(vbuckets=8)
@@ -158,10 +159,14 @@ def test_backup_and_restore_runs_are_logged_per_vbucket(node_factory, spark, tmp
     with opts.connect() as conn:
         load(conn, {"log::1": {"i": "changed"}}, 8)
     r2 = run_backup(opts, archive, spark=spark)
-    for r in (r1, r2):
+    changed = vbucket_of(b"log::1", 8)
+    for r, logged in ((r1, range(8)), (r2, [changed])):
         assert r.log and r.as_dict()["log"] == r.log
         text = open(r.log).read()
-        for vb in range(8):
+        # the incremental streams only the vbucket that changed (the others cost nothing)
+        others = 8 - len(logged)
+        assert f"{others} unchanged since the parent, {len(logged)} to stream" in text, text
+        for vb in logged:
             assert re.search(rf"INFO vbucket {vb}: seqno \d+ -> \d+ \(uuid 0x[0-9a-f]+\), \d+ "
                              r"mutations, \d+ deletions, \d+ expirations, .*; stream opened 1x, "
                              r"0 retries, \d+\.\d{3} s", text), (vb, text)

@@ -295,10 +295,10 @@ def _setup_logging(data: Path, level: int) -> None:
     """stderr at --log-level, and DIR/logs/node.log (0600, rotated by size) at info or lower."""
     from dcptool.runlog import node_log_handler
 
-    from dcptool.node.logsafe import one_line_formatter
+    from dcptool.logsafe import one_line_formatter
 
     root = logging.getLogger()
-    fmt = one_line_formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", utc=False)
+    fmt = one_line_formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     err = logging.StreamHandler(sys.stderr)
     err.setLevel(level)
     err.setFormatter(fmt)

@@ -25,7 +25,7 @@ from typing import Any
 from dcptool.errors import DcptoolError
 
 from .access import DEFAULT_ROLES, check_roles, privileges_of
-from .logsafe import shown
+from dcptool.logsafe import shown
 
 #: Couchbase's mechanism name -> scramp's
 MECHANISMS = {

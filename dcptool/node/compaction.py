@@ -43,7 +43,7 @@ from dcptool.protocol.constants import VBucketState
 from . import decisions, hwtrepl
 from . import storage as st
 from .hwt import OK
-from .logsafe import shown
+from dcptool.logsafe import shown
 
 if TYPE_CHECKING:
     from .bucket import Bucket

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from dcptool.protocol.constants import VBucketState
 
 from .hwt import ReplicatedRow
-from .logsafe import shown
+from dcptool.logsafe import shown
 
 if TYPE_CHECKING:
     from .replication import Replication

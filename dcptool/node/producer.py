@@ -39,7 +39,7 @@ from .decisions import TAKEOVER_DONE, TAKEOVER_SEND_DEAD, TAKEOVER_WAIT_ACTIVE
 from .item import ITEM_EXPIRATION, ITEM_MUTATION, ITEM_SYSTEM, Item
 from .stream import DEAD, ProducerStream, payload
 from .sysevent import event_of
-from .logsafe import shown
+from dcptool.logsafe import shown
 
 if TYPE_CHECKING:
     from .connection import Connection

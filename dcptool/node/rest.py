@@ -68,7 +68,7 @@ from .bucketconfig import (
     member_hostname,
 )
 from .commands.session import SERVER_VERSION
-from .logsafe import shown
+from dcptool.logsafe import shown
 
 log = logging.getLogger("dcptool.node.rest")
 

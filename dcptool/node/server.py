@@ -45,7 +45,7 @@ from .connection import Connection
 from .datalock import NODE_FILE
 from .producer import end_streams_on_state_change
 from .replication import Replication
-from .logsafe import shown
+from dcptool.logsafe import shown
 
 log = logging.getLogger("dcptool.node")
 

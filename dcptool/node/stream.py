@@ -51,7 +51,7 @@ from .dcpfilter import DcpFilter, ever_dropped
 from .decisions import StreamPlan, first_marker_start
 from .item import ITEM_DELETION, ITEM_EXPIRATION, ITEM_MUTATION, split_xattrs
 from .storage import SEQNO_MASK, BackfillReader
-from .logsafe import shown
+from dcptool.logsafe import shown
 
 if TYPE_CHECKING:
     from .producer import Producer

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from client.nodeutil import run_cli
-from dcptool.node.logsafe import escape_controls, one_line_formatter, shown
+from dcptool.logsafe import escape_controls, one_line_formatter, shown
 from dcptool.protocol import encode_frame
 from dcptool.protocol.constants import Opcode, Status
 from node.mcbputil import Client, connect

@@ -10,7 +10,7 @@ from dcptool.protocol.constants import Datatype, Feature, Opcode, Status
 from .. import errormap
 from ..access import Privilege
 from ..auth import MECHANISM_LIST, SaslSession
-from ..logsafe import shown
+from dcptool.logsafe import shown
 from .common import command
 
 log = logging.getLogger("dcptool.node.auth")

@@ -57,16 +57,15 @@ def escape_controls(text: str) -> str:
                    for c in text)
 
 
-def one_line_formatter(fmt: str, *, utc: bool = True):
-    """A log formatter (`dcptool.runlog.UTCFormatter`, or logging's own with local time)
-    whose messages are passed through `escape_controls`: each record is one line of
-    printable ASCII, whatever a client managed to put into it (a traceback keeps its own
-    lines)."""
+def one_line_formatter(fmt: str, *, base: type | None = None):
+    """A log formatter (of class `base`, default logging's own; the run logs and node.log
+    give `dcptool.runlog.UTCFormatter`) whose messages are passed through
+    `escape_controls`: each record is one line of printable ASCII, whatever a client
+    managed to put into it (a traceback keeps its own lines)."""
     import logging
 
-    from dcptool.runlog import UTCFormatter
-
-    base = UTCFormatter if utc else logging.Formatter
+    if base is None:
+        base = logging.Formatter
 
     class OneLineFormatter(base):
         def formatMessage(self, record):
