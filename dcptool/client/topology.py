@@ -54,7 +54,9 @@ class ClusterView:
 
     @property
     def clustered(self) -> bool:
-        return len(self.nodes) > 1
+        """A cluster's map: several nodes, or a dcptool cluster map (one member may be left
+        once the others failed over: its vbuckets are still routed by the map)."""
+        return len(self.nodes) > 1 or self.map_rev > 0
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any], fallback: str) -> "ClusterView":
