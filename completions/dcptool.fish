@@ -189,7 +189,7 @@ complete -c dcptool -n '__dcptool_at backup' -F
 complete -c dcptool -n '__dcptool_at cluster' -a 'create' -d 'Make the nodes one cluster: actives spread evenly, replicas on other nodes'
 complete -c dcptool -n '__dcptool_at cluster' -a 'failover' -d 'Take a node out of the cluster and promote replicas of the vbuckets active there'
 complete -c dcptool -n '__dcptool_at cluster' -a 'move' -d 'Move the active copy of vbuckets to another member, without a history branch'
-complete -c dcptool -n '__dcptool_at cluster' -a 'status' -d 'Show the nodes, their vbuckets per state and their replication lag'
+complete -c dcptool -n '__dcptool_at cluster' -a 'status' -d 'Show the nodes, their vbuckets per state and their replication lag (the nodes failed over are listed last, as failed over)'
 complete -c dcptool -n '__dcptool_at cluster' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at cluster create' -s c -l cluster -x -d 'A node (repeat for every member)'
 complete -c dcptool -n '__dcptool_at cluster create' -l replicas -x -d 'Replicas of each vbucket (0-3)'
