@@ -39,7 +39,7 @@ from .. import decisions
 from ..access import Privilege
 from ..item import ITEM_MUTATION, split_xattrs
 from .common import cap_expiry, command, not_my_vbucket, request_doc_key
-from .kv import LOCKED_CAS, active_vbucket, answer_write, mutation_extras
+from .kv import LOCKED_CAS, answer_write, key_and_vbucket, mutation_extras
 
 _ARITH_EXTRAS = struct.Struct(">QQI")
 _U32 = struct.Struct(">I")
@@ -81,12 +81,10 @@ def arithmetic(conn, frame) -> None:
     if len(frame.extras) != _ARITH_EXTRAS.size or frame.value:
         conn.reply(frame, Status.EINVAL)
         return
-    key = request_doc_key(conn, frame, frame.key)
-    if key is None:
+    opened = key_and_vbucket(conn, frame)
+    if opened is None:
         return
-    vb = active_vbucket(conn, frame)
-    if vb is None:
-        return
+    key, vb = opened
     delta, initial, expiry = _ARITH_EXTRAS.unpack(frame.extras)
     now = time.time()
     old = vb.get(key, now)
@@ -141,12 +139,10 @@ def touch(conn, frame) -> None:
     if len(frame.extras) != 4 or frame.value:
         conn.reply(frame, Status.EINVAL)
         return
-    key = request_doc_key(conn, frame, frame.key)
-    if key is None:
+    opened = key_and_vbucket(conn, frame)
+    if opened is None:
         return
-    vb = active_vbucket(conn, frame)
-    if vb is None:
-        return
+    key, vb = opened
     if frame.opcode != Opcode.TOUCH and not _may_read(conn, frame):
         return
     now = time.time()
@@ -204,12 +200,10 @@ def get_locked(conn, frame) -> None:
     if len(extras) not in (0, 4) or frame.value:
         conn.reply(frame, Status.EINVAL)
         return
-    key = request_doc_key(conn, frame, frame.key)
-    if key is None:
+    opened = key_and_vbucket(conn, frame)
+    if opened is None:
         return
-    vb = active_vbucket(conn, frame)
-    if vb is None:
-        return
+    key, vb = opened
     if not _may_read(conn, frame):
         return
     now = time.time()
@@ -231,12 +225,10 @@ def unlock_key(conn, frame) -> None:
     if frame.extras or frame.value:
         conn.reply(frame, Status.EINVAL)
         return
-    key = request_doc_key(conn, frame, frame.key)
-    if key is None:
+    opened = key_and_vbucket(conn, frame)
+    if opened is None:
         return
-    vb = active_vbucket(conn, frame)
-    if vb is None:
-        return
+    key, vb = opened
     now = time.time()
     if vb.get(key, now) is None:
         conn.reply(frame, Status.KEY_ENOENT)

@@ -65,6 +65,18 @@ def active_vbucket(conn, frame):
     return vb
 
 
+def key_and_vbucket(conn, frame) -> tuple[bytes, object] | None:
+    """(doc key, active vbucket) of a key request, or None after answering (EINVAL,
+    UNKNOWN_COLLECTION, NOT_MY_VBUCKET)."""
+    key = request_doc_key(conn, frame, frame.key)
+    if key is None:
+        return None
+    vb = active_vbucket(conn, frame)
+    if vb is None:
+        return None
+    return key, vb
+
+
 def inflated(conn, frame, value: bytes) -> bytes | None:
     """The decompressed value of a request whose datatype has SNAPPY, or None after
     answering an error.

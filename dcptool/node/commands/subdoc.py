@@ -52,8 +52,8 @@ from dcptool.protocol.constants import Datatype, Opcode, Status
 from .. import decisions, subdoc
 from ..access import Privilege
 from ..item import ITEM_MUTATION, split_xattrs
-from .common import cap_expiry, command, request_doc_key
-from .kv import LOCKED_CAS, active_vbucket, mutation_extras
+from .common import cap_expiry, command
+from .kv import LOCKED_CAS, key_and_vbucket, mutation_extras
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -421,13 +421,10 @@ def _open(conn, frame, multi: bool, mutation: bool):
     except _Fail as e:
         conn.error(frame, e.status)
         return None
-    key = request_doc_key(conn, frame, frame.key)
-    if key is None:
+    opened = key_and_vbucket(conn, frame)
+    if opened is None:
         return None
-    vb = active_vbucket(conn, frame)
-    if vb is None:
-        return None
-    return key, vb, specs, dflags, expiry
+    return (*opened, specs, dflags, expiry)
 
 
 @command(Opcode.SUBDOC_GET, Opcode.SUBDOC_EXISTS, Opcode.SUBDOC_GET_COUNT,
