@@ -188,17 +188,19 @@ def test_restart_loads_no_documents_and_reads_and_backfills_everything(loaded):
 def test_expiry_of_evicted_documents_on_get_and_after_restart(node_factory):
     node = node_factory(vbuckets=VBS, extra_args=FULL)
     with connect(node) as c:
-        now = int(time.time())
-        assert c.set(b"ttl-get", b"v", expiry=now + 2).status == Status.SUCCESS
-        assert c.set(b"ttl-pager", b"v", expiry=now + 2).status == Status.SUCCESS
+        # far enough ahead that a loaded machine still restarts the node before it
+        expires = int(time.time()) + 8
+        assert c.set(b"ttl-get", b"v", expiry=expires).status == Status.SUCCESS
+        assert c.set(b"ttl-pager", b"v", expiry=expires).status == Status.SUCCESS
         c.set_many([(key_of(i), value_of(i)) for i in range(100)])
         settle(c)
     node.restart()
     with connect(node) as c:
+        assert time.time() < expires - 1, "the restart took longer than the documents live"
         assert c.get(b"ttl-get").value == b"v"
         assert int(c.stats()["curr_items"]) == 102
         settle(c)
-        time.sleep(2.5)
+        time.sleep(max(0.0, expires - time.time()) + 1.1)
         assert c.get(b"ttl-get").status == Status.KEY_ENOENT
         # the pager found the other one from the expiry heap warm-up built
         deadline = time.monotonic() + 5
