@@ -9,11 +9,12 @@ everything here is sockets, timeouts and turning failures into typed errors.
 from __future__ import annotations
 
 import itertools
+import json
 import socket
 import ssl
 import sys
 from collections import deque
-from typing import Iterable
+from typing import Callable, Iterable
 from urllib.parse import urlsplit
 
 import scramp
@@ -367,6 +368,14 @@ class Connection:
         rsp = self.wait_response(opaque, timeout=timeout)
         return decode_response(rsp, self.address)
 
+    def call(self, msg: Request, what: str, *, vbucket: int | None = None,
+             errors: "ErrorMap | None" = None) -> Response:
+        """Send `msg` and return its response when it succeeded; otherwise raise the error
+        `raise_for_status` names for it (`errors`: the caller's own reading of a failure,
+        consulted first)."""
+        return raise_for_status(self.request(msg), what, address=self.address,
+                                vbucket=vbucket, errors=errors)
+
     def wait_response(self, opaque: int, *, timeout: float | None = ...) -> Frame:
         """Read frames until the response carrying `opaque`; keep the others for later."""
         skipped: list[Frame] = []
@@ -480,12 +489,32 @@ def decode_response(frame: Frame, address: str = "node") -> Response:
                                 f"{exc}", host=address) from None
 
 
+#: a caller's own reading of a failed response: (response, what, node address) -> the error
+#: to raise, or None for the common one
+ErrorMap = Callable[[Response, str, str], "Exception | None"]
+
+
+def error_context(rsp: Response) -> str | None:
+    """The `error.context` text of a failed response's JSON value (None: there is none)."""
+    try:
+        doc = json.loads(bytes(getattr(rsp, "value", b"") or b"").decode("utf-8"))
+        ctx = doc["error"]["context"]
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    return str(ctx) if ctx else None
+
+
 def raise_for_status(rsp: Response, what: str, *, address: str = "node",
-                     vbucket: int | None = None) -> Response:
-    """Return `rsp` when it succeeded, else raise the typed error for its status."""
+                     vbucket: int | None = None, errors: ErrorMap | None = None) -> Response:
+    """Return `rsp` when it succeeded, else raise the typed error for its status (the one
+    `errors` gives for it first, when the caller has its own reading)."""
     st = rsp.status
     if st == Status.SUCCESS:
         return rsp
+    if errors is not None:
+        exc = errors(rsp, what, address)
+        if exc is not None:
+            raise exc
     vb = f" vbucket {vbucket}" if vbucket is not None else ""
     if st == Status.NOT_MY_VBUCKET:
         raise NotMyVbucketError(f"{address} does not hold{vb} (NOT_MY_VBUCKET during {what})",
@@ -500,6 +529,7 @@ def raise_for_status(rsp: Response, what: str, *, address: str = "node",
 
 
 __all__ = [
-    "Connection", "parse_cluster_url", "raise_for_status", "decode_response",
+    "Connection", "parse_cluster_url", "raise_for_status", "decode_response", "error_context",
+    "ErrorMap",
     "DEFAULT_PORT", "DEFAULT_TLS_PORT", "DEFAULT_FEATURES", "GenericResponse",
 ]

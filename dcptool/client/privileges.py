@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 from dcptool.protocol.constants import DcpOpenFlag, Opcode, Status
 from dcptool.protocol.messages import (
@@ -42,7 +42,20 @@ from .errors import ClientError
 
 if TYPE_CHECKING:
     from .connection import Connection
-    from .options import ConnOptions
+
+
+class ConnectsAs(Protocol):
+    """What the privilege checks need of the connection options (`options.ConnOptions`):
+    who connects where, and a connection as that user."""
+
+    username: str
+    bucket: str
+
+    @property
+    def address(self) -> str: ...
+
+    def connect(self) -> "Connection": ...
+
 
 DCP_PRODUCER = "DcpProducer"
 READ = "Read"
@@ -142,7 +155,7 @@ def privilege_error(username: str, privileges: str | Iterable[str], what: str, a
                           host=address, username=username, privileges=names)
 
 
-def privilege_lost(opts: "ConnOptions", privilege: str, what: str) -> PrivilegeError:
+def privilege_lost(opts: ConnectsAs, privilege: str, what: str) -> PrivilegeError:
     """The error for an EACCESS in the middle of a run (the user's roles changed)."""
     return privilege_error(opts.username, privilege, what, opts.address, opts.bucket, lost=True)
 
@@ -176,7 +189,7 @@ def holds(conn: "Connection", privilege: str) -> bool:
     return conn.request(_probe_request(privilege)).status != Status.EACCESS
 
 
-def check_privileges(opts: "ConnOptions", what: str, *privileges: str,
+def check_privileges(opts: ConnectsAs, what: str, *privileges: str,
                      bucket: bool = True) -> None:
     """Raise `PrivilegeError` naming the `privileges` the user of `opts` lacks.
 

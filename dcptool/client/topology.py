@@ -21,11 +21,10 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from dcptool.protocol import encode_frame
-from dcptool.protocol.constants import Magic, Status, status_name
-from dcptool.protocol.messages import GetClusterConfig
+from dcptool.protocol.constants import Status, status_name
+from dcptool.protocol.messages import GenericRequest, GetClusterConfig
 
-from .connection import Connection, raise_for_status
+from .connection import Connection, error_context, raise_for_status
 from .errors import ClientError, RequestFailed
 from .session import VALUE_COUNTERS
 
@@ -75,24 +74,23 @@ class ClusterView:
         return (self.map_rev, self.rev) >= (other.map_rev, other.rev)
 
 
-def _call(conn: Connection, opcode: int, *, vbucket: int = 0, extras: bytes = b"",
-          value: bytes = b"", what: str = "") -> bytes:
-    opaque = conn.next_opaque()
-    conn.send_bytes(encode_frame(Magic.REQUEST, opcode, vbucket, opaque, extras=extras,
-                                 value=value))
-    frame = conn.wait_response(opaque)
-    if frame.status != Status.SUCCESS:
-        text = ""
-        try:
-            text = json.loads(bytes(frame.value))["error"]["context"]
-        except (ValueError, KeyError, TypeError):
-            pass
-        if frame.status == Status.UNKNOWN_COMMAND:
-            text = "the node does not support clusters (an older dcptool node?)"
-        raise RequestFailed(f"{what or hex(opcode)} on {conn.address} failed: "
-                            f"{status_name(frame.status)}" + (f": {text}" if text else ""),
-                            host=conn.address, status=frame.status, opcode=opcode)
-    return bytes(frame.value)
+def cluster_error(rsp, what: str, address: str) -> RequestFailed:
+    """How the cluster commands (dcptool's own opcodes) read a failure: RequestFailed with
+    the node's error context, whatever the status."""
+    text = error_context(rsp) or ""
+    if rsp.status == Status.UNKNOWN_COMMAND:
+        text = "the node does not support clusters (an older dcptool node?)"
+    return RequestFailed(f"{what} on {address} failed: "
+                         f"{status_name(rsp.status)}" + (f": {text}" if text else ""),
+                         host=address, status=rsp.status, opcode=rsp.opcode)
+
+
+def cluster_call(conn: Connection, opcode: int, *, vbucket: int = 0, extras: bytes = b"",
+                 value: bytes = b"", what: str = "") -> bytes:
+    """Send one of the cluster commands; its value, or the error `cluster_error` reads."""
+    rsp = conn.call(GenericRequest(op=opcode, vbucket=vbucket, extras=extras, value=value),
+                    what or hex(opcode), errors=cluster_error)
+    return bytes(getattr(rsp, "value", b"") or b"")
 
 
 def cluster_config(conn: Connection) -> dict:
@@ -110,15 +108,15 @@ def cluster_map(conn: Connection) -> ClusterView:
 
 def set_map(conn: Connection, doc: dict[str, Any]) -> dict[str, Any]:
     """CLUSTER_SET_MAP: give the node the whole map (its own index in doc['this'])."""
-    return json.loads(_call(conn, CLUSTER_SET_MAP, value=json.dumps(doc).encode(),
-                            what="CLUSTER_SET_MAP") or b"{}")
+    return json.loads(cluster_call(conn, CLUSTER_SET_MAP, value=json.dumps(doc).encode(),
+                                   what="CLUSTER_SET_MAP") or b"{}")
 
 
 def hold_replication(conn: Connection, vbucket: int, seqno: int | None) -> None:
     """REPLICATION_HOLD: the node's replica of `vbucket` applies nothing above `seqno`
     (None releases the hold)."""
-    _call(conn, REPLICATION_HOLD, vbucket=vbucket,
-          extras=b"" if seqno is None else _U64.pack(seqno), what="REPLICATION_HOLD")
+    cluster_call(conn, REPLICATION_HOLD, vbucket=vbucket,
+                 extras=b"" if seqno is None else _U64.pack(seqno), what="REPLICATION_HOLD")
 
 
 def take_over(conn: Connection, vbucket: int, source: str, *, auth: dict[str, str] | None = None,
@@ -129,13 +127,13 @@ def take_over(conn: Connection, vbucket: int, source: str, *, auth: dict[str, st
     doc: dict[str, Any] = {"source": source, "timeout": timeout}
     if auth is not None:
         doc["auth"] = auth
-    return json.loads(_call(conn, VBUCKET_TAKEOVER, vbucket=vbucket,
-                            value=json.dumps(doc).encode(), what="VBUCKET_TAKEOVER") or b"{}")
+    return json.loads(cluster_call(conn, VBUCKET_TAKEOVER, vbucket=vbucket,
+                                   value=json.dumps(doc).encode(), what="VBUCKET_TAKEOVER") or b"{}")
 
 
 def node_status(conn: Connection) -> dict[str, Any]:
     """CLUSTER_STATUS: the node's map rev, index, node list and per-vbucket replication."""
-    return json.loads(_call(conn, CLUSTER_STATUS, what="CLUSTER_STATUS") or b"{}")
+    return json.loads(cluster_call(conn, CLUSTER_STATUS, what="CLUSTER_STATUS") or b"{}")
 
 
 # ---------------------------------------------------------------------------
@@ -191,7 +189,7 @@ def move_map(vbmap: list[list[int]], vbuckets: Iterable[int], to: int) -> list[l
 
 __all__ = ["ClusterView", "cluster_config", "cluster_map", "set_map", "hold_replication",
            "node_status", "take_over", "plan_map", "failover_map", "move_map", "ClientError",
-           "member_opts", "newest_view"]
+           "member_opts", "newest_view", "cluster_call", "cluster_error"]
 
 
 # ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from dcptool.protocol.constants import Opcode, Status, status_name
 from dcptool.protocol.messages import HwtRequest, Stat
 
-from .connection import Connection, raise_for_status
+from .connection import Connection, error_context, raise_for_status
 from .errors import ClientError, RequestFailed
 
 #: the statuses a node without the extension answers
@@ -33,40 +33,39 @@ class WatermarkNotFound(ClientError):
     """HWT_REMOVE named no registered row."""
 
 
-def _call(conn: Connection, op: int, doc: dict[str, Any] | None, what: str) -> dict[str, Any]:
-    rsp = conn.request(HwtRequest.make(op, doc))
+def watermark_error(rsp, what: str, address: str) -> ClientError | None:
+    """How the high watermark table's commands read a failure first: a node without the
+    table, no row matched, a request the node refused with a reason (None: the common
+    reading of `raise_for_status`)."""
     st = rsp.status
-    value = bytes(getattr(rsp, "value", b"") or b"")
     if st in _UNSUPPORTED:
-        raise WatermarkUnsupported(
-            f"{conn.address} has no high watermark table support (it answered "
+        return WatermarkUnsupported(
+            f"{address} has no high watermark table support (it answered "
             f"{status_name(st)} to {what})",
-            host=conn.address, hint="the node's purger will not wait for this client")
-    if st != Status.SUCCESS:
-        context = _error_context(value)
-        if st == Status.KEY_ENOENT:
-            raise WatermarkNotFound(context or f"{what}: nothing matched", host=conn.address)
-        if st == Status.EINVAL and context:
-            raise RequestFailed(f"{conn.address} refused {what}: {context}", host=conn.address,
-                                status=st, opcode=op)
-        raise_for_status(rsp, what, address=conn.address)
+            host=address, hint="the node's purger will not wait for this client")
+    context = error_context(rsp)
+    if st == Status.KEY_ENOENT:
+        return WatermarkNotFound(context or f"{what}: nothing matched", host=address)
+    if st == Status.EINVAL and context:
+        return RequestFailed(f"{address} refused {what}: {context}", host=address,
+                             status=st, opcode=rsp.opcode)
+    return None
+
+
+def hwt_call(conn: Connection, op: int, doc: dict[str, Any] | None, what: str
+             ) -> dict[str, Any]:
+    """Send one of the table's commands; the JSON object it answers, or the error
+    `watermark_error` (then `raise_for_status`) reads."""
+    rsp = conn.call(HwtRequest.make(op, doc), what, errors=watermark_error)
+    value = bytes(getattr(rsp, "value", b"") or b"")
     try:
         doc_out = json.loads(value.decode("utf-8")) if value else {}
     except (UnicodeDecodeError, ValueError):
         doc_out = None
     if not isinstance(doc_out, dict):
         raise RequestFailed(f"{conn.address} answered {what} with a value that is not a JSON "
-                            f"object", host=conn.address, status=st, opcode=op)
+                            f"object", host=conn.address, status=rsp.status, opcode=op)
     return doc_out
-
-
-def _error_context(value: bytes) -> str | None:
-    try:
-        doc = json.loads(value.decode("utf-8"))
-        ctx = doc["error"]["context"]
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
-        return None
-    return str(ctx) if ctx else None
 
 
 def register_watermark(conn: Connection, name: str, instance: str, seqnos: dict[int, int], *,
@@ -81,17 +80,20 @@ def register_watermark(conn: Connection, name: str, instance: str, seqnos: dict[
         doc["ttl"] = ttl
     if meta:
         doc["meta"] = meta
-    return _call(conn, Opcode.HWT_REGISTER, doc, "HWT_REGISTER")
+    return hwt_call(conn, Opcode.HWT_REGISTER, doc, "HWT_REGISTER")
 
 
 def list_watermarks(conn: Connection, name: str | None = None,
-                    instance: str | None = None) -> dict[str, Any]:
+                    instance: str | None = None, *, vbuckets: list[int] | None = None,
+                    holding: bool | None = None) -> dict[str, Any]:
     """The node's table: {now, purge_age, max_hold, compaction_interval, entries,
     purge_seqnos}; each entry has name, instance, state (ok/expired/lost), reported_at,
     expires_at, lost_at, lost_reason, meta, vbuckets {vb: seqno}, lowest_seqno,
-    highest_seqno and holding {vb: {tombstones, up_to_seqno, seconds}}."""
-    doc = {k: v for k, v in (("name", name), ("instance", instance)) if v is not None}
-    return _call(conn, Opcode.HWT_LIST, doc or None, "HWT_LIST")
+    highest_seqno and holding {vb: {tombstones, up_to_seqno, seconds}}. `vbuckets`: only
+    these vbuckets' seqnos; `holding=False`: without the holding figures."""
+    doc = {k: v for k, v in (("name", name), ("instance", instance), ("vbuckets", vbuckets),
+                             ("holding", holding)) if v is not None}
+    return hwt_call(conn, Opcode.HWT_LIST, doc or None, "HWT_LIST")
 
 
 def remove_watermark(conn: Connection, name: str, instance: str | None = None) -> list[dict]:
@@ -100,7 +102,7 @@ def remove_watermark(conn: Connection, name: str, instance: str | None = None) -
     doc = {"name": name}
     if instance is not None:
         doc["instance"] = instance
-    return list(_call(conn, Opcode.HWT_REMOVE, doc, "HWT_REMOVE").get("removed", []))
+    return list(hwt_call(conn, Opcode.HWT_REMOVE, doc, "HWT_REMOVE").get("removed", []))
 
 
 def get_stats(conn: Connection, group: str = "") -> dict[str, str]:
@@ -207,6 +209,7 @@ class WatermarkReporter:
             self._conn = None
 
 
-__all__ = ["WatermarkUnsupported", "WatermarkNotFound", "WatermarkReporter",
+__all__ = ["WatermarkUnsupported", "WatermarkNotFound", "WatermarkReporter", "hwt_call",
+           "watermark_error",
            "register_watermark", "list_watermarks", "remove_watermark", "get_stats",
            "get_purge_seqnos"]

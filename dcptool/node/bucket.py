@@ -369,7 +369,8 @@ class Bucket:
         self.collections = {c.uid: c.max_ttl for s in m.scopes for c in s.collections}
         self.scope_of = {c.uid: s.uid for s in m.scopes for c in s.collections}
 
-    def _persist_manifest(self) -> None:
+    def persist_manifest(self) -> None:
+        """Queue the manifest and the dropped collections not yet purged for the flusher."""
         self.storage.enqueue_node_meta(
             manifest=self.manifest.to_bytes(internal=True).decode(),
             dropped=json.dumps(sorted(self.dropped)))
@@ -386,7 +387,7 @@ class Bucket:
                 if ev.event == EVENT_END_COLLECTION and ev.collection_id is not None]
         for cid in gone:
             self.dropped.add(cid)
-        self._persist_manifest()
+        self.persist_manifest()
         if write_events:
             for vb in self.vbuckets.values():
                 if vb.state == VBucketState.ACTIVE:

@@ -36,7 +36,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from dcptool.protocol.constants import VBucketState
 
@@ -46,12 +46,26 @@ from .hwt import OK
 from dcptool.logsafe import shown
 
 if TYPE_CHECKING:
-    from .bucket import Bucket
+    from .hwt import HighWatermarkTable
+    from .storage import Storage
+    from .vbucket import VBucket
 
 log = logging.getLogger("dcptool.node.compaction")
 
 #: tombstones listed, forgotten and deleted per step (one write transaction each)
 PAGE = 5000
+
+
+class Compactable(Protocol):
+    """What the purger works on (`bucket.Bucket`): the vbuckets and their storage, the
+    high watermark table, the dropped collections not yet purged and how that set is kept."""
+
+    storage: "Storage"
+    vbuckets: "dict[int, VBucket]"
+    hwt: "HighWatermarkTable"
+    dropped: set[int]
+
+    def persist_manifest(self) -> None: ...
 
 
 class Purger:
@@ -62,7 +76,7 @@ class Purger:
     * `runs`, `purged`, `last`: counters and the summary of the last run, for STAT.
     """
 
-    def __init__(self, bucket: "Bucket", *, purge_age: float, max_hold: float | None,
+    def __init__(self, bucket: Compactable, *, purge_age: float, max_hold: float | None,
                  interval: float | None = None) -> None:
         self.bucket = bucket
         self.purge_age = purge_age
@@ -213,7 +227,7 @@ class Purger:
             for c in finished:
                 del done[c]
             bucket.dropped.difference_update(finished)
-            bucket._persist_manifest()
+            bucket.persist_manifest()
             log.info("dropped collections %s purged", [format(c, "x") for c in finished])
         return total
 
@@ -274,7 +288,7 @@ class Purger:
         return lost
 
 
-async def hold_figures(bucket: "Bucket", entries, now: float, purge_age: float
+async def hold_figures(bucket: Compactable, entries, now: float, purge_age: float
                        ) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
     """Per live entry and vbucket, what it holds back: old-enough tombstones above its
     watermark (count, the highest seqno among them, and for how long the oldest has been

@@ -37,7 +37,7 @@ import socket
 import struct
 import termios
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dcptool.protocol import FrameDecoder, ProtocolError, decode_message
 from dcptool.protocol import wire as w
@@ -55,7 +55,6 @@ from .ingest import FAST_OPCODES, take_writes
 if TYPE_CHECKING:
     from .bucket import Bucket
     from .producer import Producer
-    from .server import Node
 
 log = logging.getLogger("dcptool.node.connection")
 
@@ -102,6 +101,30 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 FLUSH_BYTES = 256 * 1024
 
 
+class ConnectionHost(Protocol):
+    """What a connection needs of the node that accepted it (`server.Node`): its
+    configuration and bucket, the admission and throttling it decides for every
+    connection, and the counters a connection adds to. The command handlers reach the
+    rest of the node's state through `Connection.node` too."""
+
+    config: Any
+    bucket: Any
+    throttled: Any
+    pre_auth_too_big: int
+    frames_too_big: int
+    framing_lost: int
+    bad_frames: int
+    output_holds: int
+    stuck_closed: int
+    auth_timeouts: int
+
+    def connection_opened(self, conn: "Connection") -> bool | None: ...
+
+    def connection_closed(self, conn: "Connection") -> None: ...
+
+    def throttle(self, conn: "Connection") -> None: ...
+
+
 class Connection(asyncio.BufferedProtocol):
     """Per-connection state.
 
@@ -114,7 +137,7 @@ class Connection(asyncio.BufferedProtocol):
     * `producer`: the DCP producer once DCP_OPEN succeeded.
     """
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: ConnectionHost) -> None:
         self.node = node
         self.transport: asyncio.Transport | None = None
         self.peer = "?"

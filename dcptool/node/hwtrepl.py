@@ -37,7 +37,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from dcptool.protocol.constants import VBucketState
 
@@ -45,7 +45,7 @@ from .hwt import ReplicatedRow
 from dcptool.logsafe import shown
 
 if TYPE_CHECKING:
-    from .replication import Replication
+    from .clustermap import ClusterMap
 
 log = logging.getLogger("dcptool.node.hwtrepl")
 
@@ -130,11 +130,22 @@ def purge_cap(is_replica: bool, known: tuple[str, int] | None) -> int | None:
 # the node's side
 
 
+class Replicating(Protocol):
+    """What the watermark replication needs of the node's replication
+    (`replication.Replication`): the bucket, the cluster map it follows, its event loop,
+    and where it keeps the running sync."""
+
+    bucket: Any
+    map: "ClusterMap | None"
+    loop: asyncio.AbstractEventLoop | None
+    hwt_sync: "HwtSync | None"
+
+
 class _Stopped(Exception):
     pass
 
 
-def source_of(repl: "Replication", vb: int) -> str | None:
+def source_of(repl: Replicating, vb: int) -> str | None:
     """HOST:PORT of the node vbucket `vb` replicates from on this node (None: none)."""
     cmap = repl.map
     if cmap is None:
@@ -150,7 +161,7 @@ class HwtSync(threading.Thread):
     """Pulls the HWT rows and purge seqnos of this node's replica vbuckets from their
     sources (see the module documentation)."""
 
-    def __init__(self, repl: "Replication") -> None:
+    def __init__(self, repl: Replicating) -> None:
         super().__init__(name="dcptool-hwt-sync", daemon=True)
         self.repl = repl
         self.cond = threading.Condition()
@@ -248,8 +259,7 @@ class HwtSync(threading.Thread):
 
     def _fetch(self, address: str, vbs: list[int]) -> dict[str, Any]:
         from dcptool.client.connection import Connection
-        from dcptool.client.watermark import WatermarkUnsupported, _call, get_purge_seqnos
-        from dcptool.protocol.constants import Opcode
+        from dcptool.client.watermark import WatermarkUnsupported, get_purge_seqnos, list_watermarks
 
         conn = self._conns.get(address)
         if conn is None:
@@ -263,7 +273,7 @@ class HwtSync(threading.Thread):
                                    agent="dcptool-node/hwt-sync")
             self._conns[address] = conn
         try:
-            return _call(conn, Opcode.HWT_LIST, {"vbuckets": vbs, "holding": False}, "HWT_LIST")
+            return list_watermarks(conn, vbuckets=vbs, holding=False)
         except WatermarkUnsupported:
             # a source without the table: no rows, but its purger still bounds ours
             purge = get_purge_seqnos(conn)
@@ -302,7 +312,7 @@ class HwtSync(threading.Thread):
 # hooks called by replication
 
 
-def on_map(repl: "Replication") -> None:
+def on_map(repl: Replicating) -> None:
     """After a cluster map was applied (on the loop): forget what other sources said,
     start the sync thread when this node holds replica vbuckets, and sync now."""
     hwt = repl.bucket.hwt
@@ -323,14 +333,14 @@ def on_map(repl: "Replication") -> None:
     sync.kick()
 
 
-def kick(repl: "Replication") -> None:
+def kick(repl: Replicating) -> None:
     """Replication applied a snapshot: sync soon (a pending row may now be installable)."""
     sync = getattr(repl, "hwt_sync", None)
     if sync is not None:
         sync.kick()
 
 
-async def stop(repl: "Replication") -> None:
+async def stop(repl: Replicating) -> None:
     sync = getattr(repl, "hwt_sync", None)
     if sync is None:
         return
@@ -348,8 +358,7 @@ async def adopt(node, vbid: int, address: tuple[str, int], auth: dict[str, str],
     raises: a row that cannot be fetched only means the purger does not wait for it.
     Returns how many rows were installed."""
     from dcptool.client.connection import Connection
-    from dcptool.client.watermark import WatermarkUnsupported, _call
-    from dcptool.protocol.constants import Opcode
+    from dcptool.client.watermark import WatermarkUnsupported, list_watermarks
 
     loop = asyncio.get_running_loop()
     bucket = node.bucket
@@ -360,8 +369,7 @@ async def adopt(node, vbid: int, address: tuple[str, int], auth: dict[str, str],
                                password=auth.get("password", ""), bucket=bucket.name,
                                timeout=5.0, agent="dcptool-node/hwt-takeover")
         try:
-            return _call(conn, Opcode.HWT_LIST, {"vbuckets": [vbid], "holding": False},
-                         "HWT_LIST")
+            return list_watermarks(conn, vbuckets=[vbid], holding=False)
         finally:
             conn.close()
 

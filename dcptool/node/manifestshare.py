@@ -31,7 +31,7 @@ async def share_manifest(node) -> None:
 
 def _send_manifest(address, auth, bucket: str, doc: bytes) -> None:
     from dcptool.client.connection import Connection
-    from dcptool.client.topology import _call
+    from dcptool.client.topology import cluster_call
 
     from .commands.collections import SET_COLLECTIONS_MANIFEST
 
@@ -39,6 +39,6 @@ def _send_manifest(address, auth, bucket: str, doc: bytes) -> None:
                            password=auth.get("password", ""), bucket=bucket, timeout=5.0,
                            agent="dcptool-node/manifest")
     try:
-        _call(conn, SET_COLLECTIONS_MANIFEST, value=doc, what="SET_COLLECTIONS_MANIFEST")
+        cluster_call(conn, SET_COLLECTIONS_MANIFEST, value=doc, what="SET_COLLECTIONS_MANIFEST")
     finally:
         conn.close()

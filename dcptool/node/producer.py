@@ -29,7 +29,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dcptool.protocol import wire as w
 from dcptool.protocol.constants import DcpOpenFlag, Opcode, Status, StreamEndReason
@@ -42,7 +42,7 @@ from .sysevent import event_of
 from dcptool.logsafe import shown
 
 if TYPE_CHECKING:
-    from .connection import Connection
+    from .backfill import BackfillManager
 
 log = logging.getLogger("dcptool.node.producer")
 
@@ -53,15 +53,31 @@ MIN_NOOP_INTERVAL = 0.05
 _U32_MAX = 0xFFFFFFFF
 
 
+class ProducerLink(Protocol):
+    """What a producer needs of the connection it writes to (`connection.Connection`)."""
+
+    closing: bool
+    write_paused: bool
+    snappy: bool
+    collections: bool
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Producer:
-    def __init__(self, conn: "Connection", name: str, flags: int) -> None:
+    """The DCP producer of the connection `conn`, streaming `bucket` (the node's backfill
+    slots `backfills` are shared by every producer)."""
+
+    def __init__(self, conn: ProducerLink, name: str, flags: int, *, bucket: Any,
+                 backfills: "BackfillManager") -> None:
         self.conn = conn
         self.name = name
         self.open_flags = flags
-        bucket = conn.bucket
         self.bucket = bucket
         self.storage = bucket.storage
-        self.backfills = conn.node.backfills
+        self.backfills = backfills
         self.include_xattrs = bool(flags & DcpOpenFlag.INCLUDE_XATTRS)
         self.no_value = bool(flags & DcpOpenFlag.NO_VALUE)
         self.keep_datatype = bool(flags & DcpOpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE)
@@ -101,6 +117,11 @@ class Producer:
         self.backfills_started = 0
         self.streams_opened = 0
         self._update_mode()
+
+    @property
+    def collections(self) -> bool:
+        """Did the connection negotiate collections (its streams see doc keys)?"""
+        return self.conn.collections
 
     def _update_mode(self) -> None:
         # the streams' fast path handles plain mutations; anything else goes through encode()

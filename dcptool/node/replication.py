@@ -33,7 +33,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dcptool.protocol.constants import SEQNO_MAX, StreamEndReason, VBucketState
 from dcptool.protocol.snappy import SNAPPY, decompress
@@ -45,7 +45,6 @@ from .storage import SEQNO_MASK, row_id
 from .sysevent import system_item
 
 if TYPE_CHECKING:
-    from .server import Node
     from .vbucket import VBucket
 
 log = logging.getLogger("dcptool.node.replication")
@@ -516,10 +515,20 @@ class ReplicaStream(threading.Thread):
 # the node's replication
 
 
+class ReplicationHost(Protocol):
+    """What replication needs of its node (`server.Node`): the bucket it replicates into,
+    and the cluster config revision it raises when the map changes."""
+
+    bucket: Any
+    config_rev: int
+
+    def config_changed(self) -> None: ...
+
+
 class Replication:
     """The cluster map of this node and the streams that feed its replica vbuckets."""
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: ReplicationHost) -> None:
         self.node = node
         self.bucket = node.bucket
         self.map: ClusterMap | None = None

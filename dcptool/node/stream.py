@@ -35,7 +35,7 @@ the bytes this call may still add.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dcptool.protocol import wire as w
 from dcptool.protocol.constants import (
@@ -54,7 +54,8 @@ from .storage import SEQNO_MASK, BackfillReader
 from dcptool.logsafe import shown
 
 if TYPE_CHECKING:
-    from .producer import Producer
+    from .backfill import BackfillManager
+    from .storage import Storage
     from .vbucket import VBucket
 
 log = logging.getLogger("dcptool.node.stream")
@@ -85,15 +86,37 @@ _LEGACY_AS_OK = (int(StreamEndReason.FILTER_EMPTY), int(StreamEndReason.LOST_PRI
 _NOTHING_DROPPED: frozenset = frozenset()
 
 
+class StreamOwner(Protocol):
+    """What a stream needs of the DCP producer that runs it (`producer.Producer`): how its
+    connection encodes and schedules, the bucket and storage it reads, the shared backfill
+    slots, and the counters it adds to."""
+
+    name: str
+    collections: bool
+    simple: bool
+    strip_mask: int
+    bucket: Any
+    storage: "Storage"
+    backfills: "BackfillManager"
+    cursor_drops: int
+    backfills_started: int
+
+    def encode(self, *args: Any) -> list[bytes]: ...
+
+    def ready_stream(self, s: "ProducerStream") -> None: ...
+
+    def stream_finished(self, s: "ProducerStream") -> None: ...
+
+
 class ProducerStream:
-    def __init__(self, producer: "Producer", vb: "VBucket", opaque: int, sid: int | None,
+    def __init__(self, producer: StreamOwner, vb: "VBucket", opaque: int, sid: int | None,
                  plan: StreamPlan, filt: DcpFilter | None = None) -> None:
         self.producer = producer
         #: what this stream lets through (dcptool.node.dcpfilter); legacy streams strip the
         #: 0x00 prefix of keys and never see system events or seqno-advanced
         if filt is None:
-            filt = DcpFilter(legacy=not producer.conn.collections,
-                             cids={0} if not producer.conn.collections else None)
+            filt = DcpFilter(legacy=not producer.collections,
+                             cids={0} if not producer.collections else None)
         self.filt = filt
         self.legacy = filt.legacy
         if filt.legacy and not vb.coll_seqnos_built:

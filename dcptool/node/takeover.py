@@ -28,7 +28,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dcptool.protocol.constants import SEQNO_MAX, StreamEndReason, StreamFlag, VBucketState
 
@@ -37,8 +37,6 @@ from .replication import (SYSTEM_EVENT, SnapshotBuffer, apply_snapshot, close_co
                           position_after_rollback, position_at_high_seqno, record_seqno,
                           rollback, session_config)
 
-if TYPE_CHECKING:
-    from .server import Node
 
 log = logging.getLogger("dcptool.node.takeover")
 
@@ -49,6 +47,16 @@ _PENDING = int(VBucketState.PENDING)
 _RECORDS = (0x57, 0x58, 0x59, SYSTEM_EVENT)
 
 
+class TakeoverHost(Protocol):
+    """What a takeover needs of its node (`server.Node`): the bucket, the replication that
+    feeds the vbucket until then, and the address the node serves on."""
+
+    bucket: Any
+    replication: Replication
+    host: str
+    port: int
+
+
 class TakeoverError(Exception):
     """A takeover that could not be done (the text goes back to the caller)."""
 
@@ -56,7 +64,7 @@ class TakeoverError(Exception):
 class _Takeover:
     """One takeover stream, run by a thread; `done` is set on the loop when it ends."""
 
-    def __init__(self, node: "Node", vbid: int, address: tuple[str, int],
+    def __init__(self, node: TakeoverHost, vbid: int, address: tuple[str, int],
                  auth: dict[str, str], timeout: float) -> None:
         self.node = node
         self.bucket = node.bucket
@@ -211,7 +219,7 @@ class _Takeover:
                                                    else " before the handshake"))
 
 
-async def take_over(node: "Node", vbid: int, address: tuple[str, int], auth: dict[str, str],
+async def take_over(node: TakeoverHost, vbid: int, address: tuple[str, int], auth: dict[str, str],
                     *, timeout: float = 600.0) -> dict[str, Any]:
     """Make this node's copy of `vbid` active by a takeover stream from `address`."""
     bucket = node.bucket

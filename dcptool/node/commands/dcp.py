@@ -78,7 +78,7 @@ def dcp_open(conn, frame, msg) -> None:
         # a second connection with the same name replaces the first
         old.close()
         old.conn.close()
-    prod = Producer(conn, msg.name, flags)
+    prod = Producer(conn, msg.name, flags, bucket=bucket, backfills=conn.node.backfills)
     conn.producer = prod
     conn.dcp_opened = True
     conn.json = True  # DCP_OPEN turns JSON on for the connection
