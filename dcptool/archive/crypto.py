@@ -169,6 +169,11 @@ def register(uuid: str, key: bytes, root: Any | None = None) -> DataKey:
     return dk
 
 
+def has_data_keys() -> bool:
+    """Has this process opened an encrypted archive (a data key would travel to tasks)?"""
+    return bool(_KEYS)
+
+
 def key_of(uuid: str) -> DataKey | None:
     return _KEYS.get(uuid)
 
@@ -428,7 +433,7 @@ def set_passphrase_command(command: str | None) -> None:
     _PASSPHRASE_COMMAND[0] = command or None
 
 
-def _read_passphrase_file(path: str, label: str) -> str:
+def read_passphrase_file(path: str, label: str) -> str:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -446,7 +451,7 @@ def get_passphrase(purpose: str, *, confirm: bool = False) -> str:
     from dcptool.procs import run_secret_command
 
     if _PASSPHRASE_FILE[0]:
-        return _read_passphrase_file(_PASSPHRASE_FILE[0], "--passphrase-file")
+        return read_passphrase_file(_PASSPHRASE_FILE[0], "--passphrase-file")
     if _PASSPHRASE_COMMAND[0]:
         return run_secret_command(_PASSPHRASE_COMMAND[0], what="--passphrase-command")
     env = os.environ.get(PASSPHRASE_ENV)
@@ -454,7 +459,7 @@ def get_passphrase(purpose: str, *, confirm: bool = False) -> str:
         return env
     fenv = os.environ.get(PASSPHRASE_FILE_ENV)
     if fenv:
-        return _read_passphrase_file(fenv, PASSPHRASE_FILE_ENV)
+        return read_passphrase_file(fenv, PASSPHRASE_FILE_ENV)
     cenv = os.environ.get(PASSPHRASE_COMMAND_ENV)
     if cenv:
         return run_secret_command(cenv, what=PASSPHRASE_COMMAND_ENV)

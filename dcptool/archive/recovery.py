@@ -57,7 +57,7 @@ from .frames import (
 
 
 #: check_done's default: look for the vbucket's summary in the directory
-_LOOK = object()
+LOOK = object()
 
 
 def done_summaries(backup_dir: Any, names: Iterable[str] | None = None
@@ -429,7 +429,7 @@ class VBucketRecovery:
 
 def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
                files: list[tuple[int, str]] | None = None, *, rehash: bool = True,
-               summary: Any = _LOOK, sizes: dict[str, int] | None = None
+               summary: Any = LOOK, sizes: dict[str, int] | None = None
                ) -> tuple[dict[str, Any] | None, str | None]:
     """(summary, None) when the vbucket's summary exists and matches its files on disk,
     else (None, reason) — reason None when there simply is no summary. `summary`: the one
@@ -438,7 +438,7 @@ def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
     backup_dir = storage.location(backup_dir)
     done = backup_dir / done_file_name(vbucket)
     label = f"vbucket {vbucket}'s summary"
-    if summary is _LOOK:
+    if summary is LOOK:
         if done.exists():
             label = done.name
             try:
@@ -485,7 +485,7 @@ def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
 
 def recover_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
                     files: list[tuple[int, str]] | None = None, *, scan: bool = True,
-                    rehash: bool = True, summary: Any = _LOOK,
+                    rehash: bool = True, summary: Any = LOOK,
                     sizes: dict[str, int] | None = None) -> VBucketRecovery:
     """Tell whether a vbucket of a partial backup completed and, if not, where it restarts.
 
@@ -530,5 +530,5 @@ def recover_backup(backup_dir: str | os.PathLike[str], backup_id: str, *, scan: 
         return {vb: recover_vbucket(backup_dir, backup_id, vb, files.get(vb, []), scan=scan,
                                     rehash=rehash, sizes=sizes,
                                     summary=dones[vb] if vb in dones else
-                                    _LOOK if done_file_name(vb) in sizes else None)
+                                    LOOK if done_file_name(vb) in sizes else None)
                 for vb in sorted(vbs)}

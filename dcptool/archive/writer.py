@@ -55,7 +55,7 @@ from .format import (
     fsync_dir,
     read_json,
 )
-from .recovery import _LOOK, check_done, scan_vbucket, truncate_to_cut, vbucket_files
+from .recovery import LOOK, check_done, scan_vbucket, truncate_to_cut, vbucket_files
 
 SUMMARY_VERSION = 1
 _MUTATIONS = b"\x03" * 256  # record type bytes of a run of mutations
@@ -135,7 +135,7 @@ class VBucketWriter:
                  sync: bool = True, block_budget: int | None = None,
                  intent: dict[str, Any] | None = None, listing: Collection[str] | None = None,
                  files: list[tuple[int, str]] | None = None, packer: Any = None,
-                 known_summary: Any = _LOOK):
+                 known_summary: Any = LOOK):
         self.archive_path = storage.location(archive_path)
         self.backup_id = backup_id
         #: fsync each segment and the done file as they close (False: the caller runs

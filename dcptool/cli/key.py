@@ -101,7 +101,7 @@ def _new_passphrase(path: Optional[Path], archive: str) -> str:
     from dcptool.archive import crypto
 
     if path is not None:
-        return crypto._read_passphrase_file(os.fspath(path), "--new-passphrase-file")
+        return crypto.read_passphrase_file(os.fspath(path), "--new-passphrase-file")
     env = os.environ.get(NEW_PASSPHRASE_ENV)
     if env:
         return env

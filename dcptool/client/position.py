@@ -17,7 +17,7 @@ from typing import Any, Iterable
 MAX_SNAPSHOT_ENDS = 32
 
 
-def _thin(ends: tuple[int, ...], cap: int = MAX_SNAPSHOT_ENDS) -> tuple[int, ...]:
+def thin_ends(ends: tuple[int, ...], cap: int = MAX_SNAPSHOT_ENDS) -> tuple[int, ...]:
     """Keep at most `cap` ends: the newest half dense, older ones every other one.
 
     So a long-running stream still knows some old rollback points, not only recent ones.

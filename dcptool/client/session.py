@@ -76,7 +76,7 @@ from .events import (
     VBUCKET_STATE,
     RollbackInfo,
 )
-from .position import ZERO, Position, _thin
+from .position import ZERO, Position, thin_ends
 
 _HEADER = w.HEADER
 _MUT = w.MUTATION_EXTRAS  # 31-byte mutation extras
@@ -203,7 +203,7 @@ class ConsumerStream:
             if not self.ends or self.ends[-1] < end:
                 self.ends.append(end)
                 if len(self.ends) > 64:
-                    self.ends = list(_thin(tuple(self.ends)))
+                    self.ends = list(thin_ends(tuple(self.ends)))
 
     @property
     def finished(self) -> bool:
@@ -404,7 +404,7 @@ class DcpSession:
         ms, me = st.marker_start, st.marker_end
         if me is not None and last >= me:
             if not ends or ends[-1] < me:
-                ends = _thin(ends + (me,))
+                ends = thin_ends(ends + (me,))
             return Position(uuid, me, me, me, log, ends)
         if not consistent and ms is not None and ms <= last:
             return Position(uuid, last, ms, me, log, ends)

@@ -193,7 +193,7 @@ CREATE TABLE IF NOT EXISTS hwt_replica (
 
 def _replica_write(db, put: list[tuple], delete: list[tuple[str, str, int]]) -> None:
     """Write replicated rows and delete others in one transaction (maintenance thread)."""
-    with st._write_tx(db):
+    with st.write_tx(db):
         if delete:
             db.executemany("DELETE FROM hwt_replica WHERE name = ? AND instance = ? AND vb = ?",
                            delete)

@@ -189,7 +189,7 @@ class Storage:
                                  [(k, str(v)) for k, v in values.items()])
 
     def _tx(self):
-        return _write_tx(self._db)
+        return write_tx(self._db)
 
     def enqueue_node_meta(self, **values: Any) -> None:
         """Persist node-wide meta (the manifest, the dropped ids) through the flusher, in
@@ -578,7 +578,7 @@ class BackfillReader:
 # maintenance jobs: each takes the maintenance connection first (see Storage.maintenance)
 
 
-def _write_tx(db: sqlite3.Connection):
+def write_tx(db: sqlite3.Connection):
     class _T:
         def __enter__(self_inner):
             db.execute("BEGIN IMMEDIATE")
@@ -591,13 +591,13 @@ def _write_tx(db: sqlite3.Connection):
 
 def hwt_put(db: sqlite3.Connection, row: tuple) -> None:
     """Insert or replace one HWT row (the HWT_COLUMNS, in order)."""
-    with _write_tx(db):
+    with write_tx(db):
         db.execute(f"INSERT OR REPLACE INTO hwt ({HWT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", row)
 
 
 def hwt_delete(db: sqlite3.Connection, keys: list[tuple[str, str]]) -> None:
     """Delete HWT rows by (name, instance)."""
-    with _write_tx(db):
+    with write_tx(db):
         db.executemany("DELETE FROM hwt WHERE name = ? AND instance = ?", keys)
 
 
@@ -646,7 +646,7 @@ def purge_tombstones(db: sqlite3.Connection, vbid: int, seqnos: list[int],
                      purge_seqno: int) -> int:
     """Delete these tombstones of `vbid` (a row that became a live document since is left
     alone) and raise the vbucket's purge seqno, in one transaction. Returns rows deleted."""
-    with _write_tx(db):
+    with write_tx(db):
         before = db.total_changes
         db.executemany("DELETE FROM items WHERE id = ? AND op != 0 AND op != 3",
                        [(row_id(vbid, s),) for s in seqnos])
@@ -686,7 +686,7 @@ def collection_counts(db: sqlite3.Connection, vbid: int, prefixes: list[bytes]
 def purge_collections(db: sqlite3.Connection, vbid: int, prefixes: list[bytes]) -> int:
     """Delete every row of `vbid` in the collections with these key prefixes (documents and
     tombstones of dropped collections), in one transaction. Returns rows deleted."""
-    with _write_tx(db):
+    with write_tx(db):
         before = db.total_changes
         for p in prefixes:
             lo, hi = collection_key_range(p)

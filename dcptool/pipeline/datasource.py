@@ -76,7 +76,7 @@ BATCH_ROWS = 32768
 
 TYPE_NAMES = ("", "", "", "mutation", "deletion", "expiration")
 
-_TRUE = {"true", "1", "yes", "on"}
+TRUE_WORDS = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
 
 
@@ -94,7 +94,7 @@ def _flag(options: dict[str, str], name: str, default: bool = False) -> bool:
     if v is None:
         return default
     v = str(v).strip().lower()
-    if v in _TRUE:
+    if v in TRUE_WORDS:
         return True
     if v in _FALSE:
         return False

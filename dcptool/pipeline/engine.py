@@ -78,11 +78,11 @@ def fingerprint() -> str:
 
 # -- the socket's JSON lines ------------------------------------------------------------------
 
-def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
+def send_json(sock: socket.socket, obj: dict[str, Any]) -> None:
     sock.sendall(json.dumps(obj).encode() + b"\n")
 
 
-class _Lines:
+class JsonLines:
     """JSON objects read off a socket, one per line."""
 
     def __init__(self, sock: socket.socket):
@@ -126,8 +126,8 @@ def request(op: str, directory: Path | None = None, timeout: float = 10.0,
     with s:
         s.settimeout(timeout)
         try:
-            _send(s, {"op": op, **fields})
-            return _Lines(s).read()
+            send_json(s, {"op": op, **fields})
+            return JsonLines(s).read()
         except (OSError, ValueError):
             return None
 
@@ -148,8 +148,8 @@ class Attachment:
         with self._lock:
             try:
                 self.sock.settimeout(timeout)
-                _send(self.sock, {"op": "cancel"})
-                reply = _Lines(self.sock).read()
+                send_json(self.sock, {"op": "cancel"})
+                reply = JsonLines(self.sock).read()
                 return bool(reply and reply.get("ok"))
             except (OSError, ValueError):
                 return False
@@ -176,8 +176,8 @@ def attach(master: str | None, note=None):
         return None
     try:
         sock.settimeout(10.0)
-        _send(sock, {"op": "attach", "fingerprint": fingerprint(), "master": master or ""})
-        reply = _Lines(sock).read()
+        send_json(sock, {"op": "attach", "fingerprint": fingerprint(), "master": master or ""})
+        reply = JsonLines(sock).read()
     except (OSError, ValueError):
         sock.close()
         return None

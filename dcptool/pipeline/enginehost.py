@@ -20,7 +20,7 @@ from typing import Any
 from dcptool import __version__
 
 from . import runtime
-from .engine import CANCEL_WAIT, LOG, SOCKET, STATE, _Lines, _send, fingerprint, prepare_dir
+from .engine import CANCEL_WAIT, LOG, SOCKET, STATE, JsonLines, send_json, fingerprint, prepare_dir
 
 
 class Engine:
@@ -45,7 +45,7 @@ class Engine:
         os.environ["DCPTOOL_ENGINE"] = "off"  # the engine itself never attaches to one
         # a long-lived JVM: the full JIT (the command line's C1-only flag trades its
         # throughput for a faster start); the class-data archive still helps
-        runtime._fast["jvm_flags"] = False
+        runtime.long_lived_jvm()
         self.spark = runtime.get_spark(self.requested_master, app_name="dcptool-engine")
         self.master = self.spark.sparkContext.master
         self._warm()
@@ -129,29 +129,29 @@ class Engine:
 
     def _client(self, conn: socket.socket) -> None:
         group = None
-        lines = _Lines(conn)
+        lines = JsonLines(conn)
         try:
             while True:
                 try:
                     msg = lines.read()
                 except (ValueError, UnicodeDecodeError):
-                    _send(conn, {"ok": False, "why": "bad request"})
+                    send_json(conn, {"ok": False, "why": "bad request"})
                     return
                 if msg is None:
                     return
                 op = msg.get("op")
                 if op == "status":
-                    _send(conn, self.status())
+                    send_json(conn, self.status())
                 elif op == "attach" and group is None:
                     group = self._attach(conn, msg)
                 elif op == "cancel" and group is not None:
                     self.cancel(group)
-                    _send(conn, {"ok": True})
+                    send_json(conn, {"ok": True})
                 elif op == "stop":
                     self._stop(bool(msg.get("now")))
-                    _send(conn, {"ok": True})
+                    send_json(conn, {"ok": True})
                 else:
-                    _send(conn, {"ok": False, "why": f"unknown request {op!r}"})
+                    send_json(conn, {"ok": False, "why": f"unknown request {op!r}"})
         except OSError:
             pass
         finally:
@@ -174,14 +174,14 @@ class Engine:
         elif msg.get("master") and msg["master"] != self.master:
             why = ""  # another master asked for on purpose: nothing to say
         if why is not None:
-            _send(conn, {"ok": False, "why": why})
+            send_json(conn, {"ok": False, "why": why})
             return None
         group = f"dcptool-{secrets.token_hex(6)}"
         gp = self.spark.sparkContext._gateway.gateway_parameters
         with self.lock:
             self.attached[group] = time.time()
             self.served += 1
-        _send(conn, {"ok": True, "group": group, "master": self.master,
+        send_json(conn, {"ok": True, "group": group, "master": self.master,
                      "port": gp.port, "secret": gp.auth_token})
         return group
 

@@ -44,7 +44,7 @@ _IS_EXPIRATION = wire.META_IS_EXPIRATION
 _KEY = itemgetter(1)  # of a record
 
 
-def _logical_keys(batch: list[tuple]) -> list[bytes]:
+def logical_keys(batch: list[tuple]) -> list[bytes]:
     """The keys of a batch of doc-key records without their collection prefixes (what a
     key's vbucket is computed from): one slice per key, a LEB128 decode only for ids from
     128 up."""
@@ -173,7 +173,7 @@ class MetaWriter:
         opaque = base
         req, extlen, opts_extlen = wire.REQ, wire.WITH_META_EXTLEN, wire.WITH_META_OPTIONS_EXTLEN
         # the records' vbuckets in one pass (a call per record would cost)
-        vbs = wire.vbuckets_of(_logical_keys(batch) if self.prefixed else map(_KEY, batch), n)
+        vbs = wire.vbuckets_of(logical_keys(batch) if self.prefixed else map(_KEY, batch), n)
         for (kind, key, value, flags, expiry, rev, cas, datatype), vb in zip(batch, vbs):
             klen = len(key)
             if kind == WRITE_MUTATION:

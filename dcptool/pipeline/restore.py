@@ -286,7 +286,7 @@ def _by_target_vbucket(per_vbucket, vbuckets: int, prefixed: bool):
         if not recs:
             continue
         groups: dict[int, list[tuple]] = {}
-        keys = mw._logical_keys(recs) if prefixed else [r[1] for r in recs]
+        keys = mw.logical_keys(recs) if prefixed else [r[1] for r in recs]
         for rec, tvb in zip(recs, wire.vbuckets_of(keys, vbuckets)):
             groups.setdefault(tvb, []).append(rec)
         yield from sorted(groups.items())

@@ -52,6 +52,14 @@ _daemon_proc: Any = None
 #: flags and its class-data archive; switched off one by one to measure them
 #: (benchmarks/spark_startup.py)
 _fast = {"jvm_flags": True, "cds": True, "launch": True, "daemon": True}
+
+
+def long_lived_jvm() -> None:
+    """A driver that runs for long (the engine): the full JIT instead of the command line's
+    C1-only flag (the class-data archive still helps)."""
+    _fast["jvm_flags"] = False
+
+
 #: C1 only: Spark's start-up runs a lot of code once, which C2 would compile on the same two
 #: cores; a serial collector suits the driver's small heap and starts faster
 _JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
@@ -260,7 +268,7 @@ def run_tasks(spark, fn, tasks: list) -> list:
     set_job_group(sc)
     # the data keys of the encrypted archives this driver opened go with the tasks; a
     # command's progress bar counts them done (see pipeline/progress.py)
-    if crypto._KEYS:
+    if crypto.has_data_keys():
         check_key_transport(sc)
     with progress.watch_tasks(sc, "tasks", len(tasks)):
         return sc.parallelize(tasks, len(tasks)).map(carrying_keys(fn)).collect()
@@ -721,7 +729,7 @@ def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool
 
     from .engine import attachment
 
-    if crypto._KEYS:  # an encrypted archive: its data key is about to travel (not local)
+    if crypto.has_data_keys():  # an encrypted archive: its data key is about to travel (not local)
         check_key_transport(spark)
     root = storage.location(directory)
     # an engine's executors are the engine's processes, with the engine's environment: an

@@ -41,7 +41,7 @@ from typing import Any, Iterator
 
 from dcptool.errors import UsageError
 
-from .datasource import _TRUE, default_partitions
+from .datasource import TRUE_WORDS, default_partitions
 from .datasource import arrow_schema as _arrow_schema
 from .plans import StreamPartition
 
@@ -104,7 +104,7 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
         "vbuckets": parse_vbuckets(options.get("vbuckets"), option="option vbuckets"),
         "start": start,
         "partitions": max(1, partitions),
-        "values": str(options.get("values", "true")).lower() in _TRUE,
+        "values": str(options.get("values", "true")).lower() in TRUE_WORDS,
         "max_records": max_records,
     }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from dcptool.client.position import MAX_SNAPSHOT_ENDS, Position, _thin
+from dcptool.client.position import MAX_SNAPSHOT_ENDS, Position, thin_ends
 
 W, X = 0xAAAA, 0xBBBB
 
@@ -58,7 +58,7 @@ def test_dict_round_trip():
 @given(st.lists(st.integers(1, 10**9), min_size=0, max_size=500, unique=True))
 def test_thin_keeps_newest_and_bounds_size(ends):
     ends = tuple(sorted(ends))
-    out = _thin(ends)
+    out = thin_ends(ends)
     assert len(out) <= MAX_SNAPSHOT_ENDS
     assert list(out) == sorted(out) and set(out) <= set(ends)
     if ends:
