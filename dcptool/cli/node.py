@@ -44,141 +44,181 @@ node_app = typer.Typer(
 app.add_typer(node_app, name="node")
 
 
+# the options of `node start` (one type each, so that its signature reads as a list)
+_DataOpt = Annotated[Path, typer.Option(
+    "--data", metavar="DIR", help="Directory for the node's database, users, node.json and "
+                                  "logs.")]
+_HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on.")]
+_PortOpt = Annotated[int, typer.Option("--port", help="TCP port (0 picks a free one).")]
+_VbucketsOpt = Annotated[int, typer.Option(
+    "--vbuckets", help="Number of vbuckets (fixed once created).")]
+_BucketOpt = Annotated[str, typer.Option("--bucket", help="Bucket name.")]
+_UsernameOpt = Annotated[str, typer.Option(
+    "--username", help="User to create or update.")]
+_PasswordOpt = Annotated[Optional[str], typer.Option(
+    "--password", help="Password for --username (default: $DCPTOOL_PASSWORD).")]
+_PasswordFileOpt = Annotated[Optional[Path], typer.Option(
+    "--password-file", metavar="FILE", envvar="DCPTOOL_PASSWORD_FILE",
+    help="Read the password for --username from FILE's first line.")]
+_CheckpointMemoryOpt = Annotated[str, typer.Option(
+    "--checkpoint-memory", metavar="SIZE", help="Memory budget of DCP "
+                                                "checkpoints; slow cursors are dropped "
+                                                "above it.")]
+_CheckpointMaxItemsOpt = Annotated[int, typer.Option(
+    "--checkpoint-max-items", help="Items per checkpoint before a new one opens.")]
+_FlushIntervalOpt = Annotated[float, typer.Option(
+    "--flush-interval", metavar="SECONDS", help="Seconds between flusher batches "
+                                                "(disk snapshots).")]
+_ExpiryPagerIntervalOpt = Annotated[float, typer.Option(
+    "--expiry-pager-interval", metavar="SECONDS", help="Seconds between expiry "
+                                                       "pager runs.")]
+_MaxBackfillsOpt = Annotated[int, typer.Option(
+    "--max-backfills", help="Concurrent disk backfills.")]
+_PurgeAgeOpt = Annotated[str, typer.Option(
+    "--purge-age", metavar="DURATION", help="Tombstones younger than this are never "
+                                            "purged (metadata purge age; 0 for tests). "
+                                            "Older ones are purged only up to the lowest "
+                                            "live high watermark.")]
+_CompactionIntervalOpt = Annotated[str, typer.Option(
+    "--compaction-interval", metavar="DURATION|off",
+    help="Compact every vbucket (purge tombstones) this often; off: only on "
+         "COMPACT_DB.")]
+_HwtMaxHoldOpt = Annotated[str, typer.Option(
+    "--hwt-max-hold", metavar="DURATION|off", help="A high watermark that keeps a "
+                                                   "purgeable tombstone longer than this is "
+                                                   "marked lost and stops holding the "
+                                                   "purger back.")]
+_NoHwtOpt = Annotated[bool, typer.Option(
+    "--no-hwt", hidden=True, help="Answer the HWT opcodes UNKNOWN_COMMAND, like a "
+                                  "Couchbase Server (for tests).")]
+_NoCollectionsOpt = Annotated[bool, typer.Option(
+    "--no-collections", hidden=True, help="Answer like a data node without collections "
+                                          "(Couchbase Server 6.x): only the default "
+                                          "collection is reachable (for tests).")]
+_TlsCertOpt = Annotated[Optional[Path], typer.Option(
+    "--tls-cert", metavar="FILE", help="PEM certificate chain: also serve TLS (1.2 "
+                                       "or later) on --tls-port.")]
+_TlsKeyOpt = Annotated[Optional[Path], typer.Option(
+    "--tls-key", metavar="FILE", help="PEM private key of --tls-cert.")]
+_TlsPortOpt = Annotated[int, typer.Option(
+    "--tls-port", help="TLS port with --tls-cert (0 picks a free one).")]
+_ClientCaOpt = Annotated[Optional[Path], typer.Option(
+    "--client-ca", metavar="FILE", help="PEM CA certificate(s): the TLS listeners "
+                                        "(KV and REST) accept client certificates it "
+                                        "signed, logging the client in as the user the "
+                                        "certificate names (--client-auth; default its "
+                                        "subject CN), without a password.")]
+_ClientAuthOpt = Annotated[Optional[Path], typer.Option(
+    "--client-auth", metavar="FILE", help="JSON rules naming a client certificate's "
+                                          "user, Couchbase Server's format: {\"state\": "
+                                          "\"enable\"|\"mandatory\", \"prefixes\": "
+                                          "[{\"path\": \"subject.cn\"|\"san.uri\"|"
+                                          "\"san.dnsname\"|\"san.email\", \"prefix\": "
+                                          "\"\", \"delimiter\": \"\"}]} "
+                                          "(docs/compatibility.md).")]
+_RestPortOpt = Annotated[Optional[int], typer.Option(
+    "--rest-port", metavar="PORT", help="Management REST port (HTTP; 0 picks a free "
+                                        "one). Default: 8091 when --port is 11210, a free "
+                                        "port otherwise (docs/rest.md).")]
+_RestTlsPortOpt = Annotated[Optional[int], typer.Option(
+    "--rest-tls-port", metavar="PORT", help="HTTPS REST port with --tls-cert (0 "
+                                            "picks a free one). Default: 18091 when --port "
+                                            "is 11210, a free port otherwise.")]
+_MaxConnectionsOpt = Annotated[int, typer.Option(
+    "--max-connections", help="Client connections at once; a connection above it is "
+                              "closed as soon as it is accepted (counted in STAT "
+                              "rejected_conns).")]
+_MaxBodyOpt = Annotated[str, typer.Option(
+    "--max-body", metavar="SIZE", help="Largest request body; a larger one is "
+                                       "answered E2BIG and dropped unread.")]
+_MaxPendingOutputOpt = Annotated[str, typer.Option(
+    "--max-pending-output", metavar="SIZE", help="Unsent replies one connection "
+                                                 "may pile up; above it the node stops "
+                                                 "reading that connection's requests until "
+                                                 "they drain (DCP streams pause at half).")]
+_StuckTimeoutOpt = Annotated[str, typer.Option(
+    "--stuck-timeout", metavar="DURATION|off", help="Close a connection held back "
+                                                    "by --max-pending-output whose replies "
+                                                    "do not drain at all for this long.")]
+_AuthTimeoutOpt = Annotated[str, typer.Option(
+    "--auth-timeout", metavar="DURATION|off", help="Close a connection that has "
+                                                   "not authenticated this long after "
+                                                   "connecting.")]
+_MaxInputMemoryOpt = Annotated[Optional[str], typer.Option(
+    "--max-input-memory", metavar="SIZE",
+    help="Memory all connections may hold at once for large requests (64 KiB or "
+         "more) still arriving; a connection whose request does not fit stops "
+         "reading until others complete. Default: 256MiB, or 4 x --max-body when "
+         "that is larger.")]
+_MaxUnauthConnectionsOpt = Annotated[Optional[int], typer.Option(
+    "--max-unauth-connections", metavar="N",
+    help="Connections not logged in yet at once; above it the oldest of them is "
+         "closed (STAT conns_closed_unauth_limit). Default: 1024, at most half of "
+         "--max-connections.")]
+_MaxUnauthPerAddressOpt = Annotated[Optional[int], typer.Option(
+    "--max-unauth-per-address", metavar="N",
+    help="Connections not logged in yet from one client address; above it that "
+         "address's oldest is closed. Default: 256, at most "
+         "--max-unauth-connections.")]
+_AuthFailureDelayOpt = Annotated[str, typer.Option(
+    "--auth-failure-delay", metavar="DURATION|off",
+    help="After 3 failed logins in a row of a user or from an address (KV and "
+         "REST), its next attempt waits 250ms, doubling per failure up to this; "
+         "off: no delay.")]
+_EvictionOpt = Annotated[str, typer.Option(
+    "--eviction", metavar="value|full", help="value: every document stays in "
+                                             "memory. full: only documents not yet on disk "
+                                             "and as many others as fit in --memory-quota; "
+                                             "the rest are read from disk when asked for "
+                                             "(docs/eviction.md).")]
+_MemoryQuotaOpt = Annotated[str, typer.Option(
+    "--memory-quota", metavar="SIZE", help="Resident documents (keys, values and "
+                                           "metadata) with --eviction full; ignored with "
+                                           "value eviction.")]
+_LogLevelOpt = Annotated[str, typer.Option(
+    "--log-level", metavar="debug|info|warning|error",
+    help="Least severity logged on stderr (DIR/logs/node.log also gets info).")]
+
+
 @node_app.command("start")
 def start(
-    data: Annotated[Path, typer.Option(
-        "--data", metavar="DIR", help="Directory for the node's database, users, node.json and "
-                                      "logs.")],
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port (0 picks a free one).")] = 11210,
-    vbuckets: Annotated[int, typer.Option(
-        "--vbuckets", help="Number of vbuckets (fixed once created).")] = 1024,
-    bucket: Annotated[str, typer.Option("--bucket", help="Bucket name.")] = "default",
-    username: Annotated[str, typer.Option(
-        "--username", help="User to create or update.")] = "Administrator",
-    password: Annotated[Optional[str], typer.Option(
-        "--password", help="Password for --username (default: $DCPTOOL_PASSWORD).")] = None,
-    password_file: Annotated[Optional[Path], typer.Option(
-        "--password-file", metavar="FILE", envvar="DCPTOOL_PASSWORD_FILE",
-        help="Read the password for --username from FILE's first line.")] = None,
-    checkpoint_memory: Annotated[str, typer.Option(
-        "--checkpoint-memory", metavar="SIZE", help="Memory budget of DCP "
-                                                    "checkpoints; slow cursors are dropped "
-                                                    "above it.")] = "256MiB",
-    checkpoint_max_items: Annotated[int, typer.Option(
-        "--checkpoint-max-items", help="Items per checkpoint before a new one opens.")] = 10000,
-    flush_interval: Annotated[float, typer.Option(
-        "--flush-interval", metavar="SECONDS", help="Seconds between flusher batches "
-                                                    "(disk snapshots).")] = 0.02,
-    expiry_pager_interval: Annotated[float, typer.Option(
-        "--expiry-pager-interval", metavar="SECONDS", help="Seconds between expiry "
-                                                           "pager runs.")] = 10.0,
-    max_backfills: Annotated[int, typer.Option(
-        "--max-backfills", help="Concurrent disk backfills.")] = 8,
-    purge_age: Annotated[str, typer.Option(
-        "--purge-age", metavar="DURATION", help="Tombstones younger than this are never "
-                                                "purged (metadata purge age; 0 for tests). "
-                                                "Older ones are purged only up to the lowest "
-                                                "live high watermark.")] = "3d",
-    compaction_interval: Annotated[str, typer.Option(
-        "--compaction-interval", metavar="DURATION|off",
-        help="Compact every vbucket (purge tombstones) this often; off: only on "
-             "COMPACT_DB.")] = "off",
-    hwt_max_hold: Annotated[str, typer.Option(
-        "--hwt-max-hold", metavar="DURATION|off", help="A high watermark that keeps a "
-                                                       "purgeable tombstone longer than this is "
-                                                       "marked lost and stops holding the "
-                                                       "purger back.")] = "30d",
-    no_hwt: Annotated[bool, typer.Option(
-        "--no-hwt", hidden=True, help="Answer the HWT opcodes UNKNOWN_COMMAND, like a "
-                                      "Couchbase Server (for tests).")] = False,
-    no_collections: Annotated[bool, typer.Option(
-        "--no-collections", hidden=True, help="Answer like a data node without collections "
-                                              "(Couchbase Server 6.x): only the default "
-                                              "collection is reachable (for tests).")] = False,
-    tls_cert: Annotated[Optional[Path], typer.Option(
-        "--tls-cert", metavar="FILE", help="PEM certificate chain: also serve TLS (1.2 "
-                                           "or later) on --tls-port.")] = None,
-    tls_key: Annotated[Optional[Path], typer.Option(
-        "--tls-key", metavar="FILE", help="PEM private key of --tls-cert.")] = None,
-    tls_port: Annotated[int, typer.Option(
-        "--tls-port", help="TLS port with --tls-cert (0 picks a free one).")] = 11207,
-    client_ca: Annotated[Optional[Path], typer.Option(
-        "--client-ca", metavar="FILE", help="PEM CA certificate(s): the TLS listeners "
-                                            "(KV and REST) accept client certificates it "
-                                            "signed, logging the client in as the user the "
-                                            "certificate names (--client-auth; default its "
-                                            "subject CN), without a password.")] = None,
-    client_auth: Annotated[Optional[Path], typer.Option(
-        "--client-auth", metavar="FILE", help="JSON rules naming a client certificate's "
-                                              "user, Couchbase Server's format: {\"state\": "
-                                              "\"enable\"|\"mandatory\", \"prefixes\": "
-                                              "[{\"path\": \"subject.cn\"|\"san.uri\"|"
-                                              "\"san.dnsname\"|\"san.email\", \"prefix\": "
-                                              "\"\", \"delimiter\": \"\"}]} "
-                                              "(docs/compatibility.md).")] = None,
-    rest_port: Annotated[Optional[int], typer.Option(
-        "--rest-port", metavar="PORT", help="Management REST port (HTTP; 0 picks a free "
-                                            "one). Default: 8091 when --port is 11210, a free "
-                                            "port otherwise (docs/rest.md).")] = None,
-    rest_tls_port: Annotated[Optional[int], typer.Option(
-        "--rest-tls-port", metavar="PORT", help="HTTPS REST port with --tls-cert (0 "
-                                                "picks a free one). Default: 18091 when --port "
-                                                "is 11210, a free port otherwise.")] = None,
-    max_connections: Annotated[int, typer.Option(
-        "--max-connections", help="Client connections at once; a connection above it is "
-                                  "closed as soon as it is accepted (counted in STAT "
-                                  "rejected_conns).")] = 4096,
-    max_body: Annotated[str, typer.Option(
-        "--max-body", metavar="SIZE", help="Largest request body; a larger one is "
-                                           "answered E2BIG and dropped unread.")] = "21MiB",
-    max_pending_output: Annotated[str, typer.Option(
-        "--max-pending-output", metavar="SIZE", help="Unsent replies one connection "
-                                                     "may pile up; above it the node stops "
-                                                     "reading that connection's requests until "
-                                                     "they drain (DCP streams pause at half).")] = "8MiB",
-    stuck_timeout: Annotated[str, typer.Option(
-        "--stuck-timeout", metavar="DURATION|off", help="Close a connection held back "
-                                                        "by --max-pending-output whose replies "
-                                                        "do not drain at all for this long.")] = "60s",
-    auth_timeout: Annotated[str, typer.Option(
-        "--auth-timeout", metavar="DURATION|off", help="Close a connection that has "
-                                                       "not authenticated this long after "
-                                                       "connecting.")] = "10s",
-    max_input_memory: Annotated[Optional[str], typer.Option(
-        "--max-input-memory", metavar="SIZE",
-        help="Memory all connections may hold at once for large requests (64 KiB or "
-             "more) still arriving; a connection whose request does not fit stops "
-             "reading until others complete. Default: 256MiB, or 4 x --max-body when "
-             "that is larger.")] = None,
-    max_unauth_connections: Annotated[Optional[int], typer.Option(
-        "--max-unauth-connections", metavar="N",
-        help="Connections not logged in yet at once; above it the oldest of them is "
-             "closed (STAT conns_closed_unauth_limit). Default: 1024, at most half of "
-             "--max-connections.")] = None,
-    max_unauth_per_address: Annotated[Optional[int], typer.Option(
-        "--max-unauth-per-address", metavar="N",
-        help="Connections not logged in yet from one client address; above it that "
-             "address's oldest is closed. Default: 256, at most "
-             "--max-unauth-connections.")] = None,
-    auth_failure_delay: Annotated[str, typer.Option(
-        "--auth-failure-delay", metavar="DURATION|off",
-        help="After 3 failed logins in a row of a user or from an address (KV and "
-             "REST), its next attempt waits 250ms, doubling per failure up to this; "
-             "off: no delay.")] = "5s",
-    eviction: Annotated[str, typer.Option(
-        "--eviction", metavar="value|full", help="value: every document stays in "
-                                                 "memory. full: only documents not yet on disk "
-                                                 "and as many others as fit in --memory-quota; "
-                                                 "the rest are read from disk when asked for "
-                                                 "(docs/eviction.md).")] = "value",
-    memory_quota: Annotated[str, typer.Option(
-        "--memory-quota", metavar="SIZE", help="Resident documents (keys, values and "
-                                               "metadata) with --eviction full; ignored with "
-                                               "value eviction.")] = "64MiB",
-    log_level: Annotated[str, typer.Option(
-        "--log-level", metavar="debug|info|warning|error",
-        help="Least severity logged on stderr (DIR/logs/node.log also gets info).")] = "warning",
+    data: _DataOpt,
+    host: _HostOpt = "127.0.0.1",
+    port: _PortOpt = 11210,
+    vbuckets: _VbucketsOpt = 1024,
+    bucket: _BucketOpt = "default",
+    username: _UsernameOpt = "Administrator",
+    password: _PasswordOpt = None,
+    password_file: _PasswordFileOpt = None,
+    checkpoint_memory: _CheckpointMemoryOpt = "256MiB",
+    checkpoint_max_items: _CheckpointMaxItemsOpt = 10000,
+    flush_interval: _FlushIntervalOpt = 0.02,
+    expiry_pager_interval: _ExpiryPagerIntervalOpt = 10.0,
+    max_backfills: _MaxBackfillsOpt = 8,
+    purge_age: _PurgeAgeOpt = "3d",
+    compaction_interval: _CompactionIntervalOpt = "off",
+    hwt_max_hold: _HwtMaxHoldOpt = "30d",
+    no_hwt: _NoHwtOpt = False,
+    no_collections: _NoCollectionsOpt = False,
+    tls_cert: _TlsCertOpt = None,
+    tls_key: _TlsKeyOpt = None,
+    tls_port: _TlsPortOpt = 11207,
+    client_ca: _ClientCaOpt = None,
+    client_auth: _ClientAuthOpt = None,
+    rest_port: _RestPortOpt = None,
+    rest_tls_port: _RestTlsPortOpt = None,
+    max_connections: _MaxConnectionsOpt = 4096,
+    max_body: _MaxBodyOpt = "21MiB",
+    max_pending_output: _MaxPendingOutputOpt = "8MiB",
+    stuck_timeout: _StuckTimeoutOpt = "60s",
+    auth_timeout: _AuthTimeoutOpt = "10s",
+    max_input_memory: _MaxInputMemoryOpt = None,
+    max_unauth_connections: _MaxUnauthConnectionsOpt = None,
+    max_unauth_per_address: _MaxUnauthPerAddressOpt = None,
+    auth_failure_delay: _AuthFailureDelayOpt = "5s",
+    eviction: _EvictionOpt = "value",
+    memory_quota: _MemoryQuotaOpt = "64MiB",
+    log_level: _LogLevelOpt = "warning",
 ) -> None:
     """Run a node in the foreground until SIGTERM or SIGINT.
 
@@ -193,12 +233,9 @@ def start(
 
     Example: DCPTOOL_PASSWORD=secret dcptool node start --data ./node --port 11210
     """
-    from dcptool.node.auth import Users
     from dcptool.node.config import NodeConfig, parse_duration, parse_size
 
-    level = getattr(logging, log_level.upper(), None)
-    if not isinstance(level, int):
-        raise UsageError(f"--log-level {log_level!r} is not one of debug, info, warning, error")
+    level = _log_level(log_level)
     config = NodeConfig(
         data_dir=data, host=host, port=port, vbuckets=vbuckets, bucket=bucket,
         checkpoint_memory=parse_size(checkpoint_memory, what="--checkpoint-memory"),
@@ -228,6 +265,23 @@ def start(
     config.validate()
     if not username:
         raise UsageError("--username must not be empty")
+    lock = _own_data_dir(data)
+    _setup_logging(data, level)
+    users = _start_users(data, username, _cli_password(password, password_file))
+    _run_until_stopped(config, users, lock)
+
+
+def _log_level(name: str) -> int:
+    """--log-level as a logging level."""
+    level = getattr(logging, name.upper(), None)
+    if not isinstance(level, int):
+        raise UsageError(f"--log-level {name!r} is not one of debug, info, warning, error")
+    return level
+
+
+def _own_data_dir(data: Path):
+    """Create the data directory for its owner only, and take its one-node lock (held
+    until this process ends; taken before anything in it is touched)."""
     if data.exists() and not data.is_dir():
         raise UsageError(f"--data {data} exists and is not a directory")
     # the node's files (database, users, cluster map with replication credentials, logs)
@@ -240,11 +294,14 @@ def start(
         raise DcptoolError(f"cannot create {data}: {exc.strerror}") from None
     from dcptool.node.datalock import DataDirLock
 
-    # one node per directory, held until this process ends; taken before anything in the
-    # directory (users, logs, database) is touched
-    lock = DataDirLock(data).acquire()
-    _setup_logging(data, level)
-    password = _cli_password(password, password_file)
+    return DataDirLock(data).acquire()
+
+
+def _start_users(data: Path, username: str, password: Optional[str]):
+    """The node's users: the stored ones, with `username`'s password set when one is given
+    (the first start must give one)."""
+    from dcptool.node.auth import Users
+
     users = Users.load(data)
     if password is not None:
         if not password:
@@ -254,11 +311,18 @@ def start(
     elif not users:
         raise UsageError(f"{data} has no users yet and no password was given",
                          hint="pass --password or set DCPTOOL_PASSWORD")
+    return users
+
+
+def _run_until_stopped(config, users, lock) -> None:
+    """Run the node until SIGTERM or SIGINT; the log says why it stopped; the data
+    directory's lock is released however it ends."""
     from dcptool.node.server import run_node
 
+    host, port = config.host, config.port
     log = logging.getLogger("dcptool.node")
     log.info("starting: pid %d, data %s, %s:%d, bucket %s, %d vbuckets", os.getpid(),
-             data.absolute(), host, port, bucket, vbuckets)
+             config.data_dir.absolute(), host, port, config.bucket, config.vbuckets)
     try:
         run_node(config, users)
     except OSError as exc:
