@@ -90,6 +90,46 @@ def move_vbuckets(members: Iterable[str], vbuckets: str, to: str, member: Member
     members = list(members)
     if vbucket_timeout <= 0:
         raise UsageError("--vbucket-timeout must be positive")
+    view, statuses = _read_cluster(members, member)
+    dest = node_address(to)
+    if dest not in view.nodes:
+        raise UsageError(f"--to {to}: not a member of the cluster ({', '.join(view.nodes)})")
+    ti = view.nodes.index(dest)
+    down = [view.nodes[i] for i, st in statuses.items() if st is None]
+    if down:
+        raise DcptoolError(f"{', '.join(down)} does not answer: every member must get the "
+                           f"new map", hint="fail it over first (dcptool cluster failover)")
+    vbs = _vbuckets_to_move(view, statuses, vbuckets, ti, dest)
+    nodes = list(view.nodes)
+    vbmap = [list(c) for c in view.vbmap]
+    rev = max(int(st.get("rev") or 0) for st in statuses.values())
+    push = _map_pusher(member, nodes, ti, statuses, replicas=max(len(c) for c in vbmap) - 1)
+    dest_opts = member(dest)
+    dest_opts = replace(dest_opts, timeout=max(timeout, vbucket_timeout + 30.0))
+    moved: list[dict[str, Any]] = []
+    for vb in vbs:
+        src = vbmap[vb][0]
+        if before is not None:
+            before(vb, nodes[src], dest)
+        summary = _take_over(dest_opts, vb, nodes[src], dest, vbucket_timeout, moved,
+                             lambda: push(rev, vbmap))
+        rev += 1
+        vbmap = move_map(vbmap, [vb], ti)
+        push(rev, vbmap)
+        record = {"vbucket": vb, "from": nodes[src], "to": dest,
+                  "high_seqno": summary.get("high_seqno"),
+                  "items": summary.get("items"), "start_seqno": summary.get("start_seqno"),
+                  "failover_log": summary.get("failover_log"),
+                  "seconds": summary.get("seconds")}
+        moved.append(record)
+        if after is not None:
+            after(record, rev)
+    return {"rev": rev, "to": dest, "moved": moved}
+
+
+def _read_cluster(members: list[str], member: Member):
+    """The cluster map and every member's status, read from the first of `members` that
+    answers; it must be a cluster."""
     view = statuses = None
     for candidate in members:
         try:
@@ -105,14 +145,12 @@ def move_vbuckets(members: Iterable[str], vbuckets: str, to: str, member: Member
                                                  statuses.values()):
         raise UsageError(f"{members[0]} is not a member of a cluster",
                          hint="make one with dcptool cluster create")
-    dest = node_address(to)
-    if dest not in view.nodes:
-        raise UsageError(f"--to {to}: not a member of the cluster ({', '.join(view.nodes)})")
-    ti = view.nodes.index(dest)
-    down = [view.nodes[i] for i, st in statuses.items() if st is None]
-    if down:
-        raise DcptoolError(f"{', '.join(down)} does not answer: every member must get the "
-                           f"new map", hint="fail it over first (dcptool cluster failover)")
+    return view, statuses
+
+
+def _vbuckets_to_move(view, statuses, vbuckets: str, ti: int, dest: str) -> list[int]:
+    """The vbuckets of the spec `vbuckets` ("all": every one not active on `dest`, the
+    member at index `ti`), each active on the member the map names."""
     nvb = len(view.vbmap)
     vbs = parse_vbuckets(vbuckets, limit=nvb)
     if vbs is None:
@@ -129,51 +167,40 @@ def move_vbuckets(members: Iterable[str], vbuckets: str, to: str, member: Member
             raise DcptoolError(f"vbucket {vb} is not active on {view.nodes[act]}, the node the "
                                f"map names (state {STATE_NAMES.get(state, state)})",
                                hint="send the map again (dcptool cluster create) or fail over")
-    nodes = list(view.nodes)
-    vbmap = [list(c) for c in view.vbmap]
-    rev = max(int(st.get("rev") or 0) for st in statuses.values())
-    replicas = max(len(c) for c in vbmap) - 1
+    return vbs
+
+
+def _map_pusher(member: Member, nodes: list[str], ti: int, statuses, *, replicas: int
+                ) -> Callable[[int, list[list[int]]], None]:
+    """push(rev, vbmap): give every member the map, the destination (index `ti`) first:
+    it is the vbucket's active already. The cluster's topology, services and failed
+    members stay what the statuses say."""
     topology = next((st.get("topology") for st in statuses.values() if st), None) or "star"
     services = member_services(statuses, len(nodes))
     failed = next((st.get("failed") for st in statuses.values() if st), None) or []
 
-    def push(rev_: int, vbmap_: list[list[int]]) -> None:
-        # the destination first: it is the vbucket's active already
+    def push(rev: int, vbmap: list[list[int]]) -> None:
         for i in sorted(range(len(nodes)), key=lambda i: i != ti):
             o = member(nodes[i])
             with o.connect() as conn:
-                set_map(conn, map_doc(o, rev_, nodes, i, vbmap_, replicas, topology, services,
+                set_map(conn, map_doc(o, rev, nodes, i, vbmap, replicas, topology, services,
                                       failed))
+    return push
 
-    dest_opts = member(dest)
-    dest_opts = replace(dest_opts, timeout=max(timeout, vbucket_timeout + 30.0))
-    moved: list[dict[str, Any]] = []
-    for vb in vbs:
-        src = vbmap[vb][0]
-        if before is not None:
-            before(vb, nodes[src], dest)
+
+def _take_over(dest_opts: ConnOptions, vb: int, source: str, dest: str, vbucket_timeout: float,
+               moved: list[dict[str, Any]], push_current: Callable[[], None]) -> dict[str, Any]:
+    """The destination takes `vb` over from `source`: the takeover's summary. When it
+    fails, every member gets the current map again (a source whose copy went dead before
+    the handshake ended becomes active again) and the error names what moved before."""
+    try:
+        with dest_opts.connect() as conn:
+            return take_over(conn, vb, source, timeout=vbucket_timeout)
+    except ClientError as exc:
         try:
-            with dest_opts.connect() as conn:
-                summary = take_over(conn, vb, nodes[src], timeout=vbucket_timeout)
-        except ClientError as exc:
-            # give the source and the destination the current map again: a source whose
-            # copy went dead before the handshake ended becomes active again
-            try:
-                push(rev, vbmap)
-            except ClientError:
-                pass
-            done_before = [m["vbucket"] for m in moved]
-            done = f" (moved before it: {format_vbuckets(done_before)})" if done_before else ""
-            raise DcptoolError(f"moving vbucket {vb} to {dest} failed: {exc}{done}") from None
-        rev += 1
-        vbmap = move_map(vbmap, [vb], ti)
-        push(rev, vbmap)
-        record = {"vbucket": vb, "from": nodes[src], "to": dest,
-                  "high_seqno": summary.get("high_seqno"),
-                  "items": summary.get("items"), "start_seqno": summary.get("start_seqno"),
-                  "failover_log": summary.get("failover_log"),
-                  "seconds": summary.get("seconds")}
-        moved.append(record)
-        if after is not None:
-            after(record, rev)
-    return {"rev": rev, "to": dest, "moved": moved}
+            push_current()
+        except ClientError:
+            pass
+        done_before = [m["vbucket"] for m in moved]
+        done = f" (moved before it: {format_vbuckets(done_before)})" if done_before else ""
+        raise DcptoolError(f"moving vbucket {vb} to {dest} failed: {exc}{done}") from None

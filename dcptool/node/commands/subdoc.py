@@ -483,85 +483,27 @@ def mutation(conn, frame) -> None:
     key, vb, specs, dflags, expiry = opened
     now = time.time()
     old = vb.get(key, now)
-    if old is not None and dflags & ADD:
-        conn.reply(frame, Status.KEY_EEXISTS)
+    held = _may_mutate(conn, frame, vb, key, old, dflags, now)
+    if held is None:
         return
-    if old is None and not dflags & (MKDOC | ADD):
-        conn.reply(frame, Status.KEY_ENOENT)
+    doc = _doc_to_mutate(conn, frame, multi, vb, old, specs)
+    if doc is None:
         return
-    held = vb.lock_cas(key, now) if (old is not None and vb.locks) else 0
-    if held and frame.cas != held:
-        conn.error(frame, Status.LOCKED)
-        return
-    if old is not None and not held and frame.cas and frame.cas != old.cas:
-        conn.reply(frame, Status.KEY_EEXISTS)
-        return
-    if old is None and frame.cas:
-        conn.reply(frame, Status.KEY_ENOENT)
-        return
-    mkdir_p = bool(dflags & (MKDOC | ADD))
-    if old is None:
-        first_body = next((s for s in specs if not s.flags & XATTR_PATH), None)
-        try:
-            comps = _comps(first_body) if first_body is not None and first_body.op not in (
-                _WHOLE_SET, _WHOLE_DELETE) else []
-        except subdoc.SubdocError as e:
-            _answer_failure(conn, frame, multi, 0, e.status)
-            return
-        root = subdoc.root_for(first_body is not None and first_body.op in _ARRAY_OPS, comps)
-        doc = _Doc(vb, None, root)
-    else:
-        # the specs change parsed copies: nothing is stored unless every one succeeds
-        doc = _Doc(vb, old)
     if any(s.op == _WHOLE_DELETE for s in specs):
         _whole_delete(conn, frame, vb, key, old, held, specs, multi)
         return
-    results = []
-    expand = []
-    for i, spec in enumerate(specs):
-        try:
-            value = _mutate(doc, spec, mkdir_p)
-        except subdoc.SubdocError as e:
-            _answer_failure(conn, frame, multi, i, e.status)
-            return
-        if spec.flags & EXPAND_MACROS:
-            expand.append(_comps(spec)[0])
-        if value is not None:
-            results.append((i, value))
-    # the new version's body, xattrs and datatype
-    if doc.body_changed and doc._body is not None:
-        body, body_json = subdoc.dumps(doc._body), True
-    elif doc.body_changed:  # a whole-document SET
-        body, body_json = doc.raw_body, _is_json(doc.raw_body)
-    else:
-        body, body_json = doc.raw_body, old is not None and bool(old.datatype & _JSON)
-    if doc.xattrs_changed:
-        xvals = doc.xattr_values()
-        new_cas = vb.next_cas()
-        if expand:
-            macros = {
-                "${Mutation.CAS}": _macro_hex(new_cas),
-                "${Mutation.seqno}": _macro_hex(vb.high_seqno + 1),
-                "${Mutation.value_crc32c}": "0x%08x" % crc32c.crc32c(body),
-            }
-            try:
-                for name in expand:
-                    if name in xvals:
-                        xvals[name] = _expand_macros(xvals[name], macros)
-            except subdoc.SubdocError as e:
-                _answer_failure(conn, frame, multi, 0, e.status)
-                return
-        xattrs = {k: subdoc.dumps(v) for k, v in xvals.items()}
-    else:
-        xattrs, new_cas = doc.xattrs, 0
+    applied = _apply_specs(conn, frame, multi, doc, specs, mkdir_p=bool(dflags & (MKDOC | ADD)))
+    if applied is None:
+        return
+    results, expand = applied
+    body, body_json = _new_body(doc, old)
+    xattrs_cas = _new_xattrs(conn, frame, multi, vb, doc, expand, body)
+    if xattrs_cas is None:
+        return
+    xattrs, new_cas = xattrs_cas
     blob = encode_xattrs(xattrs)
     dt = (_XATTR if blob else 0) | (_JSON if body_json else 0)
-    if expiry is None:
-        exp = 0
-    else:
-        exp = decisions.absolute_expiry(expiry, int(now))
-    if key[0]:
-        exp = cap_expiry(conn.bucket, key, exp, int(now))
+    exp = _new_expiry(conn, key, expiry, now)
     flags = old.flags if old is not None else 0
     if len(blob) + len(body) > 20 * 1024 * 1024:
         conn.reply(frame, Status.E2BIG)
@@ -572,7 +514,107 @@ def mutation(conn, frame) -> None:
     if res.status:
         conn.error(frame, res.status)
         return
-    item = res.item
+    _answer_mutation(conn, frame, multi, vb, res.item, results)
+
+
+def _may_mutate(conn, frame, vb, key, old, dflags, now) -> int | None:
+    """The document's lock CAS (0: not locked) when the mutation may go ahead; None when
+    it was answered already (exists/not found under the doc flags, locked, CAS mismatch)."""
+    if old is not None and dflags & ADD:
+        conn.reply(frame, Status.KEY_EEXISTS)
+        return None
+    if old is None and not dflags & (MKDOC | ADD):
+        conn.reply(frame, Status.KEY_ENOENT)
+        return None
+    held = vb.lock_cas(key, now) if (old is not None and vb.locks) else 0
+    if held and frame.cas != held:
+        conn.error(frame, Status.LOCKED)
+        return None
+    if old is not None and not held and frame.cas and frame.cas != old.cas:
+        conn.reply(frame, Status.KEY_EEXISTS)
+        return None
+    if old is None and frame.cas:
+        conn.reply(frame, Status.KEY_ENOENT)
+        return None
+    return held
+
+
+def _doc_to_mutate(conn, frame, multi, vb, old, specs) -> "_Doc | None":
+    """The document the specs change: a parsed copy of `old`, or a new one whose root
+    (object or array) the first body spec decides (None: answered with its error)."""
+    if old is not None:
+        # the specs change parsed copies: nothing is stored unless every one succeeds
+        return _Doc(vb, old)
+    first_body = next((s for s in specs if not s.flags & XATTR_PATH), None)
+    try:
+        comps = _comps(first_body) if first_body is not None and first_body.op not in (
+            _WHOLE_SET, _WHOLE_DELETE) else []
+    except subdoc.SubdocError as e:
+        _answer_failure(conn, frame, multi, 0, e.status)
+        return None
+    root = subdoc.root_for(first_body is not None and first_body.op in _ARRAY_OPS, comps)
+    return _Doc(vb, None, root)
+
+
+def _apply_specs(conn, frame, multi, doc, specs, *, mkdir_p: bool):
+    """Apply every spec to `doc`: (the results to answer, the xattrs whose macros to
+    expand), or None when one failed (answered with its index and status)."""
+    results = []
+    expand = []
+    for i, spec in enumerate(specs):
+        try:
+            value = _mutate(doc, spec, mkdir_p)
+        except subdoc.SubdocError as e:
+            _answer_failure(conn, frame, multi, i, e.status)
+            return None
+        if spec.flags & EXPAND_MACROS:
+            expand.append(_comps(spec)[0])
+        if value is not None:
+            results.append((i, value))
+    return results, expand
+
+
+def _new_body(doc, old) -> tuple[bytes, bool]:
+    """The new version's body and whether it is JSON."""
+    if doc.body_changed and doc._body is not None:
+        return subdoc.dumps(doc._body), True
+    if doc.body_changed:  # a whole-document SET
+        return doc.raw_body, _is_json(doc.raw_body)
+    return doc.raw_body, old is not None and bool(old.datatype & _JSON)
+
+
+def _new_xattrs(conn, frame, multi, vb, doc, expand, body):
+    """The new version's xattrs and its CAS when they changed (0: the store picks it), the
+    macros of `expand` expanded; None when an expansion failed (answered)."""
+    if not doc.xattrs_changed:
+        return doc.xattrs, 0
+    xvals = doc.xattr_values()
+    new_cas = vb.next_cas()
+    if expand:
+        macros = {
+            "${Mutation.CAS}": _macro_hex(new_cas),
+            "${Mutation.seqno}": _macro_hex(vb.high_seqno + 1),
+            "${Mutation.value_crc32c}": "0x%08x" % crc32c.crc32c(body),
+        }
+        try:
+            for name in expand:
+                if name in xvals:
+                    xvals[name] = _expand_macros(xvals[name], macros)
+        except subdoc.SubdocError as e:
+            _answer_failure(conn, frame, multi, 0, e.status)
+            return None
+    return {k: subdoc.dumps(v) for k, v in xvals.items()}, new_cas
+
+
+def _new_expiry(conn, key, expiry, now: float) -> int:
+    """The new version's absolute expiry (0: none), capped by its collection's max TTL."""
+    exp = 0 if expiry is None else decisions.absolute_expiry(expiry, int(now))
+    if key[0]:
+        exp = cap_expiry(conn.bucket, key, exp, int(now))
+    return exp
+
+
+def _answer_mutation(conn, frame, multi, vb, item, results) -> None:
     extras = mutation_extras(conn, vb, item)
     if not multi:
         value = results[0][1] if results else b""
