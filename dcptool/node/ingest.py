@@ -77,7 +77,6 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
     vbuckets = bucket.vbuckets
     replied = 0
     seqno_extras = conn.mutation_seqno
-    json_ok = conn.json
     collections = conn.collections
     live = bucket.collections
     first_user = FIRST_USER_ID
@@ -121,87 +120,26 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                 ttl = 0
                 key = b"\x00" + mv[ks:kend]
             if op in _WITH_META:
-                if not meta_ok or dt & ~_JSON:
-                    break
-                if elen == 24:
-                    flags, expiry, rev, meta_cas = _META(buf, p)
-                    options = 0
-                elif elen == 28:
-                    flags, expiry, rev, meta_cas, options = _META_OPTIONS(buf, p)
-                    if options & ~_FAST_OPTIONS:
-                        break
-                else:
-                    break
-                deletion = op in _DELETIONS
-                if not meta_cas or (deletion and kend != end) or (
-                        options & _IS_EXPIRATION and not deletion):
+                if not meta_ok:
                     break
                 vb = vbuckets.get(vbid)
-                if vb is None or vb.state != _ACTIVE:
-                    break
-                value = bytes(mv[kend:end])
-                off = end
-                count += 1
-                try:
-                    old = vb.find(key)
-                    if old is not None and not options & _SKIP_CR:
-                        # a stored version: full conflict resolution
-                        res = vb.store_with_meta(
-                            key, value, flags=flags, expiry=expiry, rev=rev, meta_cas=meta_cas,
-                            datatype=dt, options=options, deletion=deletion, now=now)
-                        if res.status:
-                            conn.out.append(_RSP(rsp, op, 0, 0, 0, res.status, 0, opaque, 0))
-                            replied += 24
-                            continue
-                        item = res.item
-                    else:
-                        if meta_cas > vb.max_cas:
-                            vb.max_cas = meta_cas
-                        if deletion:
-                            item = vb._commit(Item(
-                                key, value, 0, rev, meta_cas, flags, 0, dt,
-                                ITEM_EXPIRATION if options & _IS_EXPIRATION else ITEM_DELETION,
-                                expiry or int(now)))
-                        else:
-                            item = vb._commit(Item(key, value, 0, rev, meta_cas, flags, expiry,
-                                                   dt))
-                except Exception:
-                    log.exception("%s: command 0x%02x failed", conn.peer, op)
-                    conn.out.append(_RSP(rsp, op, 0, 0, 0, _EINTERNAL, 0, opaque, 0))
-                    replied += 24
-                    continue
+                got = _with_meta(conn, vb, buf, mv, p, kend, end, op, elen, dt, key, now)
             elif op == _SET or op == _SETQ:
-                if not set_ok or elen != 8 or ttl or end - kend > MAX_VALUE:
-                    break
-                if dt:
-                    if dt != _JSON or not json_ok:
-                        break
-                elif end > kend and buf[kend] in b"{[":
-                    break  # might be JSON: the generic path looks
-                flags, expiry = _SET_EXTRAS(buf, p)
-                if expiry:
+                if not set_ok or ttl:
                     break
                 vb = vbuckets.get(vbid)
-                if vb is None or vb.state != _ACTIVE:
-                    break
-                if vb.locks and key in vb.locks:
-                    break  # locked (GET_LOCKED): the generic path answers
-                old = vb.find(key)
-                if old is not None and old.op == ITEM_MUTATION and old.expiry:
-                    break  # may have expired: the generic path turns it into a tombstone
-                value = bytes(mv[kend:end])
-                off = end
-                count += 1
-                try:
-                    item = vb._commit(Item(key, value, 0, old.rev + 1 if old is not None else 1,
-                                           vb.next_cas(), flags, 0, dt))
-                except Exception:
-                    log.exception("%s: command 0x%02x failed", conn.peer, op)
-                    conn.out.append(_RSP(rsp, op, 0, 0, 0, _EINTERNAL, 0, opaque, 0))
-                    replied += 24
-                    continue
+                got = _set(conn, vb, buf, mv, p, kend, end, op, elen, dt, key)
             else:
                 break
+            if got is None:
+                break  # not for this path: the generic dispatch takes the frame
+            off = end
+            count += 1
+            if isinstance(got, int):
+                conn.out.append(_RSP(rsp, op, 0, 0, 0, got, 0, opaque, 0))
+                replied += 24
+                continue
+            item = got
             if op not in _QUIET:
                 if seqno_extras:
                     conn.out.append(_RSP(rsp, op, 0, 16, 0, 0, 16, opaque, item.cas))
@@ -216,3 +154,76 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
     if replied:
         conn.out_bytes += replied
     return off
+
+
+def _with_meta(conn, vb, buf, mv, p: int, kend: int, end: int, op: int, elen: int, dt: int,
+               key: bytes, now: float):
+    """Store one SET/DEL(Q)_WITH_META whose header and key `take_writes` checked: the new
+    Item, a status to answer, or None when the request is not for the fast path."""
+    if dt & ~_JSON:
+        return None
+    if elen == 24:
+        flags, expiry, rev, meta_cas = _META(buf, p)
+        options = 0
+    elif elen == 28:
+        flags, expiry, rev, meta_cas, options = _META_OPTIONS(buf, p)
+        if options & ~_FAST_OPTIONS:
+            return None
+    else:
+        return None
+    deletion = op in _DELETIONS
+    if not meta_cas or (deletion and kend != end) or (
+            options & _IS_EXPIRATION and not deletion):
+        return None
+    if vb is None or vb.state != _ACTIVE:
+        return None
+    value = bytes(mv[kend:end])
+    try:
+        old = vb.find(key)
+        if old is not None and not options & _SKIP_CR:
+            # a stored version: full conflict resolution
+            res = vb.store_with_meta(
+                key, value, flags=flags, expiry=expiry, rev=rev, meta_cas=meta_cas,
+                datatype=dt, options=options, deletion=deletion, now=now)
+            return res.status or res.item
+        if meta_cas > vb.max_cas:
+            vb.max_cas = meta_cas
+        if deletion:
+            return vb._commit(Item(
+                key, value, 0, rev, meta_cas, flags, 0, dt,
+                ITEM_EXPIRATION if options & _IS_EXPIRATION else ITEM_DELETION,
+                expiry or int(now)))
+        return vb._commit(Item(key, value, 0, rev, meta_cas, flags, expiry, dt))
+    except Exception:
+        log.exception("%s: command 0x%02x failed", conn.peer, op)
+        return _EINTERNAL
+
+
+def _set(conn, vb, buf, mv, p: int, kend: int, end: int, op: int, elen: int, dt: int,
+         key: bytes):
+    """Store one plain SET/SETQ whose header and key `take_writes` checked: the new Item,
+    a status to answer, or None when the request is not for the fast path."""
+    if elen != 8 or end - kend > MAX_VALUE:
+        return None
+    if dt:
+        if dt != _JSON or not conn.json:
+            return None
+    elif end > kend and buf[kend] in b"{[":
+        return None  # might be JSON: the generic path looks
+    flags, expiry = _SET_EXTRAS(buf, p)
+    if expiry:
+        return None
+    if vb is None or vb.state != _ACTIVE:
+        return None
+    if vb.locks and key in vb.locks:
+        return None  # locked (GET_LOCKED): the generic path answers
+    old = vb.find(key)
+    if old is not None and old.op == ITEM_MUTATION and old.expiry:
+        return None  # may have expired: the generic path turns it into a tombstone
+    value = bytes(mv[kend:end])
+    try:
+        return vb._commit(Item(key, value, 0, old.rev + 1 if old is not None else 1,
+                               vb.next_cas(), flags, 0, dt))
+    except Exception:
+        log.exception("%s: command 0x%02x failed", conn.peer, op)
+        return _EINTERNAL

@@ -84,6 +84,9 @@ _FILTER_EMPTY = int(StreamEndReason.FILTER_EMPTY)
 #: DcpProducer::mapEndStreamStatus sends them as Ok)
 _LEGACY_AS_OK = (int(StreamEndReason.FILTER_EMPTY), int(StreamEndReason.LOST_PRIVILEGES))
 _NOTHING_DROPPED: frozenset = frozenset()
+#: what `fill` does after one of its steps: go on, stop (nothing more now), or go on
+#: unless it sends a single message (something was sent)
+_GO, _STOP, _SENT = 0, 1, 2
 
 
 class StreamOwner(Protocol):
@@ -244,24 +247,19 @@ class ProducerStream:
         """
         first_ok = single or loose
         used = 0
+        sid_extra = w.SID_EXTRA if self.sid is not None else 0
         while used < limit or single:
             if self.snap is not None:
                 n = self._send_items(out, limit - used, single, first_ok and not used)
                 used += n
                 if self.snap_pos < len(self.snap):
                     return used
-                self.snap = None
-                self.last_sent = self.snap_read_end
-                if self.snap_adv is not None:
-                    self.pending_adv, self.snap_adv = self.snap_adv, None
-                self._check_end(self.snap_read_end)
-                if self.filt.empty and self.pending_end is None:
-                    self.pending_end = _FILTER_EMPTY
+                self._memory_snapshot_sent()
                 if single and n:
                     return used
                 continue
             if self.pending_adv is not None:
-                size = w.SEQNO_ADVANCED_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
+                size = w.SEQNO_ADVANCED_SIZE + sid_extra
                 if used + size > limit and (used or not first_ok):
                     return used
                 out.append(w.seqno_advanced(self.vbid, self.opaque, self.pending_adv, self.sid))
@@ -271,7 +269,7 @@ class ProducerStream:
                     return used
                 continue
             if self.held is not None:
-                size = w.MARKER_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
+                size = w.MARKER_SIZE + sid_extra
                 if used + size > limit and (used or not first_ok):
                     return used
                 held = self.held
@@ -293,148 +291,180 @@ class ProducerStream:
                     return used
                 continue
             if self.pending_end is not None:
-                size = w.STREAM_END_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
+                size = w.STREAM_END_SIZE + sid_extra
                 if used + size > limit and (used or not first_ok):
                     return used
-                reason = self.pending_end
-                if self.legacy and reason in _LEGACY_AS_OK:
-                    reason = 0
-                out.append(w.stream_end(self.vbid, self.opaque, reason, self.sid))
-                self.state = DEAD
-                self._release()
-                self.producer.stream_finished(self)
+                self._send_stream_end(out)
                 return used + size
             if self.takeover is not None and d.takeover_waits(self.takeover):
                 self.waiting = True  # until the consumer answers (`vbucket_state_acked`)
                 return used
             state = self.state
             if state == MEMORY:
-                if self.cursor is None or self.cursor.dropped:
-                    self.cursor = None
-                    self._register_cursor()
-                    if self.state != MEMORY:
-                        continue
-                snap = self.vb.checkpoints.read(self.cursor)
-                if snap is None:
-                    if self.cursor.dropped:
-                        continue
-                    if self.takeover is not None:
-                        size = w.SET_VBUCKET_STATE_SIZE + (w.SID_EXTRA if self.sid is not None
-                                                           else 0)
-                        if used + size > limit and (used or not first_ok):
-                            return used
-                        if self._takeover_event(d.CAUGHT_UP, out):
-                            used += size
-                            continue
-                    self.waiting = True
-                    self.vb.waiters.append(self.wake)
-                    return used
-                items = snap.items
-                floor = self.last_sent
-                if items[0].seqno <= floor:
-                    items = [i for i in items if i.seqno > floor]
-                    if not items:
-                        continue
-                read_end = snap.end
-                adv = None
-                sending = self._admitted(items)
-                if sending is not items:
-                    if sending:
-                        end = sending[-1].seqno
-                    elif (self.first_marker and not self.legacy
-                          and self.last_sent < self.req_snap_end <= read_end):
-                        # the client's first snapshot was filtered away entirely: a marker
-                        # and a seqno-advanced still move it past the snapshot it asked
-                        # to complete (kv_engine, MB-47009)
-                        end = adv = read_end
-                    else:
-                        # nothing here for this client: no marker (kv_engine)
-                        self.last_sent = read_end
-                        self._check_end(read_end)
-                        if self.filt.empty and self.pending_end is None:
-                            self.pending_end = _FILTER_EMPTY
-                        continue
-                else:
-                    end = read_end
-                size = w.MARKER_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
-                if used + size > limit and (used or not first_ok):
-                    # keep the snapshot for the next call; its marker goes first
-                    self.held = (sending, end, read_end, snap.checkpoint_start, adv)
-                    return used
-                self._start_memory_snapshot(out, sending, end, read_end, snap.checkpoint_start,
-                                            adv)
-                used += size
-                if single:
-                    return used
-                continue
-            if state == BACKFILL_PENDING:
-                if used + w.MARKER_SIZE + w.SID_EXTRA > limit and (used or not first_ok):
-                    return used
-                if not self.producer.backfills.acquire(self.wake, self.producer):
-                    self.waiting_backfill = True
-                    return used
-                self.holds_slot = True
-                self.reader = BackfillReader(self.producer.storage, self.vbid, self.last_sent)
-                if (0 < self.last_sent < self.reader.purge_seqno
-                        and not self.flags & StreamFlag.IGNORE_PURGED_TOMBSTONES):
-                    # compaction purged deletions this stream has not sent (kv_engine ends
-                    # the stream the same way); the client asks again and rolls back to 0
-                    self.end_stream(StreamEndReason.ROLLBACK)
-                    continue
-                end = self.reader.end
-                if end <= self.last_sent:
-                    self._finish_backfill()
-                    continue
-                self.backfill_end = end
-                self.disk_last = self.last_sent
-                self.state = BACKFILLING
-                start = self.start if self.first_marker else self.last_sent + 1
-                self.first_marker = False
-                self.backfills += 1
-                self.producer.backfills_started += 1
-                out.append(w.marker(self.vbid, self.opaque, start, end, _DISK | _CHK, self.sid))
-                used += w.MARKER_SIZE + (w.SID_EXTRA if self.sid is not None else 0)
-                if single:
-                    return used
-                continue
-            if state == BACKFILLING:
-                rows = self.reader.fetch(ROWS_PER_FETCH) if self.reader is not None else []
-                if self.reader is not None and self.reader.done:
-                    # everything is read: the transaction and the slot can go before the
-                    # last rows are sent
-                    self.reader = None
-                    self._release_slot()
-                if rows:
-                    filt = self.filt
-                    dropped = self._dropped()
-                    if filt.legacy:
-                        # only if the vbucket ever held anything outside the default
-                        # collection (the legacy send loop trusts the rows are default)
-                        need = dropped or self.vb.other_high
-                    else:
-                        # a dropped collection's documents are on disk until purged
-                        need = dropped or filt.cids is not None
-                    if need:
-                        rows = filt.filter_rows(rows, self.producer.bucket.collections)
-                        if not rows:
-                            if filt.empty:
-                                self.end_stream(_FILTER_EMPTY)
-                            continue
-                    self.disk_last = rows[-1][0] & SEQNO_MASK
-                    self.rows = rows
-                    self.row_pos = 0
-                    continue
-                # the disk snapshot is complete; when its last seqnos were not for this
-                # client, a seqno-advanced tells it the snapshot's end (collections
-                # connections only, kv_engine)
-                if not self.legacy and self.disk_last < self.backfill_end:
-                    self.pending_adv = self.backfill_end
-                self.last_sent = self.backfill_end
-                self._finish_backfill()
-                self._check_end(self.backfill_end)
-                continue
-            return used  # DEAD
+                used, step = self._next_memory_snapshot(out, used, limit, first_ok)
+            elif state == BACKFILL_PENDING:
+                used, step = self._start_backfill(out, used, limit, first_ok)
+            elif state == BACKFILLING:
+                self._next_backfill_rows()
+                step = _GO
+            else:
+                return used  # DEAD
+            if step == _STOP or (step == _SENT and single):
+                return used
         return used
+
+    # the steps of `fill`: each says what the loop does next
+    def _memory_snapshot_sent(self) -> None:
+        """The current memory snapshot is all sent: move past it."""
+        self.snap = None
+        self.last_sent = self.snap_read_end
+        if self.snap_adv is not None:
+            self.pending_adv, self.snap_adv = self.snap_adv, None
+        self._check_end(self.snap_read_end)
+        if self.filt.empty and self.pending_end is None:
+            self.pending_end = _FILTER_EMPTY
+
+    def _send_stream_end(self, out: list) -> None:
+        reason = self.pending_end
+        if self.legacy and reason in _LEGACY_AS_OK:
+            reason = 0
+        out.append(w.stream_end(self.vbid, self.opaque, reason, self.sid))
+        self.state = DEAD
+        self._release()
+        self.producer.stream_finished(self)
+
+    def _next_memory_snapshot(self, out: list, used: int, limit: int, first_ok: bool
+                              ) -> tuple[int, int]:
+        """Read the next snapshot from the checkpoints and send its marker (the items go
+        on the next turns of the loop). Returns the bytes used and the next step."""
+        sid_extra = w.SID_EXTRA if self.sid is not None else 0
+        if self.cursor is None or self.cursor.dropped:
+            self.cursor = None
+            self._register_cursor()
+            if self.state != MEMORY:
+                return used, _GO
+        snap = self.vb.checkpoints.read(self.cursor)
+        if snap is None:
+            if self.cursor.dropped:
+                return used, _GO
+            if self.takeover is not None:
+                size = w.SET_VBUCKET_STATE_SIZE + sid_extra
+                if used + size > limit and (used or not first_ok):
+                    return used, _STOP
+                if self._takeover_event(d.CAUGHT_UP, out):
+                    return used + size, _GO
+            self.waiting = True
+            self.vb.waiters.append(self.wake)
+            return used, _STOP
+        chosen = self._snapshot_to_send(snap)
+        if chosen is None:
+            return used, _GO
+        sending, end, adv = chosen
+        size = w.MARKER_SIZE + sid_extra
+        if used + size > limit and (used or not first_ok):
+            # keep the snapshot for the next call; its marker goes first
+            self.held = (sending, end, snap.end, snap.checkpoint_start, adv)
+            return used, _STOP
+        self._start_memory_snapshot(out, sending, end, snap.end, snap.checkpoint_start, adv)
+        return used + size, _SENT
+
+    def _snapshot_to_send(self, snap) -> tuple[list, int, int | None] | None:
+        """What this stream sends of a snapshot read from the checkpoints: the items this
+        client sees above what it has, the marker's end and the seqno-advanced to send
+        after them (None: nothing to send; the stream moved past the snapshot)."""
+        items = snap.items
+        floor = self.last_sent
+        if items[0].seqno <= floor:
+            items = [i for i in items if i.seqno > floor]
+            if not items:
+                return None
+        read_end = snap.end
+        sending = self._admitted(items)
+        if sending is items:
+            return sending, read_end, None
+        if sending:
+            return sending, sending[-1].seqno, None
+        if (self.first_marker and not self.legacy
+                and self.last_sent < self.req_snap_end <= read_end):
+            # the client's first snapshot was filtered away entirely: a marker and a
+            # seqno-advanced still move it past the snapshot it asked to complete
+            # (kv_engine, MB-47009)
+            return sending, read_end, read_end
+        # nothing here for this client: no marker (kv_engine)
+        self.last_sent = read_end
+        self._check_end(read_end)
+        if self.filt.empty and self.pending_end is None:
+            self.pending_end = _FILTER_EMPTY
+        return None
+
+    def _start_backfill(self, out: list, used: int, limit: int, first_ok: bool
+                        ) -> tuple[int, int]:
+        """Take a backfill slot, open the disk snapshot and send its marker. Returns the
+        bytes used and the next step."""
+        if used + w.MARKER_SIZE + w.SID_EXTRA > limit and (used or not first_ok):
+            return used, _STOP
+        if not self.producer.backfills.acquire(self.wake, self.producer):
+            self.waiting_backfill = True
+            return used, _STOP
+        self.holds_slot = True
+        self.reader = BackfillReader(self.producer.storage, self.vbid, self.last_sent)
+        if (0 < self.last_sent < self.reader.purge_seqno
+                and not self.flags & StreamFlag.IGNORE_PURGED_TOMBSTONES):
+            # compaction purged deletions this stream has not sent (kv_engine ends
+            # the stream the same way); the client asks again and rolls back to 0
+            self.end_stream(StreamEndReason.ROLLBACK)
+            return used, _GO
+        end = self.reader.end
+        if end <= self.last_sent:
+            self._finish_backfill()
+            return used, _GO
+        self.backfill_end = end
+        self.disk_last = self.last_sent
+        self.state = BACKFILLING
+        start = self.start if self.first_marker else self.last_sent + 1
+        self.first_marker = False
+        self.backfills += 1
+        self.producer.backfills_started += 1
+        out.append(w.marker(self.vbid, self.opaque, start, end, _DISK | _CHK, self.sid))
+        return used + w.MARKER_SIZE + (w.SID_EXTRA if self.sid is not None else 0), _SENT
+
+    def _next_backfill_rows(self) -> None:
+        """Fetch the next rows of the disk snapshot this client sees (the send loop takes
+        them from `self.rows`), or finish the snapshot when everything is read."""
+        rows = self.reader.fetch(ROWS_PER_FETCH) if self.reader is not None else []
+        if self.reader is not None and self.reader.done:
+            # everything is read: the transaction and the slot can go before the
+            # last rows are sent
+            self.reader = None
+            self._release_slot()
+        if rows:
+            filt = self.filt
+            dropped = self._dropped()
+            if filt.legacy:
+                # only if the vbucket ever held anything outside the default
+                # collection (the legacy send loop trusts the rows are default)
+                need = dropped or self.vb.other_high
+            else:
+                # a dropped collection's documents are on disk until purged
+                need = dropped or filt.cids is not None
+            if need:
+                rows = filt.filter_rows(rows, self.producer.bucket.collections)
+                if not rows:
+                    if filt.empty:
+                        self.end_stream(_FILTER_EMPTY)
+                    return
+            self.disk_last = rows[-1][0] & SEQNO_MASK
+            self.rows = rows
+            self.row_pos = 0
+            return
+        # the disk snapshot is complete; when its last seqnos were not for this
+        # client, a seqno-advanced tells it the snapshot's end (collections
+        # connections only, kv_engine)
+        if not self.legacy and self.disk_last < self.backfill_end:
+            self.pending_adv = self.backfill_end
+        self.last_sent = self.backfill_end
+        self._finish_backfill()
+        self._check_end(self.backfill_end)
 
     # -- takeover ----------------------------------------------------------------------------
 
