@@ -2,6 +2,7 @@
 and the typed errors for refused connections, timeouts and closed sockets."""
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -17,6 +18,21 @@ from dcptool.client import (
     UnknownBucketError,
     parse_cluster_url,
     raise_for_status,
+)
+from dcptool.client.errors import RequestFailed
+from dcptool.client.topology import (
+    CLUSTER_SET_MAP,
+    CLUSTER_STATUS,
+    REPLICATION_HOLD,
+    hold_replication,
+    node_status,
+    set_map,
+)
+from dcptool.client.watermark import (
+    WatermarkNotFound,
+    WatermarkUnsupported,
+    list_watermarks,
+    remove_watermark,
 )
 from dcptool.client.connection import _sasl_prep_mechs
 from dcptool.protocol import encode_frame
@@ -176,4 +192,88 @@ def test_not_my_vbucket_names_the_vbucket():
     with pytest.raises(NotMyVbucketError) as exc:
         raise_for_status(rsp, "GET_FAILOVER_LOG", address=conn.address, vbucket=513)
     assert exc.value.vbucket == 513 and "vbucket 513" in str(exc.value)
+    peer.close()
+
+
+# -- one way to send a request and read its error: Connection.call (raise_for_status), with
+# the cluster commands' and the watermark table's own readings passed as errors=
+
+def _answer(status: int, value: bytes = b""):
+    return lambda p, f: p.reply(f, status=status, value=value)
+
+
+def _context(text: str) -> bytes:
+    return json.dumps({"error": {"context": text}}).encode()
+
+
+def test_call_returns_the_response_or_raises_the_common_error():
+    peer = Peer({Opcode.GET_FAILOVER_LOG: _answer(Status.NOT_MY_VBUCKET),
+                 Opcode.NOOP: _answer(Status.EACCESS)})
+    conn = peer.connection()
+    with pytest.raises(NotMyVbucketError) as exc:
+        conn.call(GetFailoverLog(vbucket=9), "GET_FAILOVER_LOG", vbucket=9)
+    assert exc.value.vbucket == 9 and "vbucket 9" in str(exc.value)
+    with pytest.raises(AuthenticationError, match="peer:1 denied NOOP: EACCESS"):
+        conn.call(Noop(), "NOOP")
+    peer.close()
+
+
+def test_call_lets_the_caller_read_a_status_first():
+    seen = []
+
+    def mine(rsp, what, address):
+        seen.append((rsp.status, what, address))
+        return ValueError("mine") if rsp.status == Status.EINVAL else None
+
+    peer = Peer({Opcode.NOOP: _answer(Status.EINVAL), Opcode.GET_FAILOVER_LOG:
+                 _answer(Status.EBUSY)})
+    conn = peer.connection()
+    with pytest.raises(ValueError, match="mine"):
+        conn.call(Noop(), "NOOP", errors=mine)
+    with pytest.raises(RequestFailed, match="GET_FAILOVER_LOG on peer:1 failed: EBUSY"):
+        conn.call(GetFailoverLog(vbucket=0), "GET_FAILOVER_LOG", errors=mine)
+    assert seen == [(Status.EINVAL, "NOOP", "peer:1"),
+                    (Status.EBUSY, "GET_FAILOVER_LOG", "peer:1")]
+    peer.close()
+
+
+def test_cluster_commands_read_every_failure_as_request_failed_with_its_context():
+    peer = Peer({CLUSTER_STATUS: _answer(Status.UNKNOWN_COMMAND),
+                 CLUSTER_SET_MAP: _answer(Status.EINVAL, _context("no 'this' in the map")),
+                 REPLICATION_HOLD: _answer(Status.EACCESS)})
+    conn = peer.connection()
+    with pytest.raises(RequestFailed, match=r"^CLUSTER_STATUS on peer:1 failed: UNKNOWN_COMMAND: "
+                       r"the node does not support clusters \(an older dcptool node\?\)$"):
+        node_status(conn)
+    with pytest.raises(RequestFailed, match="^CLUSTER_SET_MAP on peer:1 failed: EINVAL: "
+                                            "no 'this' in the map$"):
+        set_map(conn, {})
+    with pytest.raises(RequestFailed, match="^REPLICATION_HOLD on peer:1 failed: EACCESS$"):
+        hold_replication(conn, 3, None)
+    peer.close()
+
+
+def test_watermark_commands_read_their_own_statuses_then_the_common_ones():
+    answers = iter([_answer(Status.UNKNOWN_COMMAND),
+                    _answer(Status.KEY_ENOENT, _context("no row named app")),
+                    _answer(Status.KEY_ENOENT),
+                    _answer(Status.EINVAL, _context("ttl must be positive")),
+                    _answer(Status.EACCESS),
+                    _answer(Status.SUCCESS, b"[1]")])
+    peer = Peer({Opcode.HWT_LIST: lambda p, f: next(answers)(p, f),
+                 Opcode.HWT_REMOVE: lambda p, f: next(answers)(p, f)})
+    conn = peer.connection()
+    with pytest.raises(WatermarkUnsupported, match="peer:1 has no high watermark table support "
+                                                   r"\(it answered UNKNOWN_COMMAND to HWT_LIST\)"):
+        list_watermarks(conn)
+    with pytest.raises(WatermarkNotFound, match="^no row named app$"):
+        remove_watermark(conn, "app")
+    with pytest.raises(WatermarkNotFound, match="^HWT_REMOVE: nothing matched$"):
+        remove_watermark(conn, "app")
+    with pytest.raises(RequestFailed, match="^peer:1 refused HWT_LIST: ttl must be positive$"):
+        list_watermarks(conn)
+    with pytest.raises(AuthenticationError, match="peer:1 denied HWT_LIST: EACCESS"):
+        list_watermarks(conn)
+    with pytest.raises(RequestFailed, match="answered HWT_LIST with a value that is not a JSON"):
+        list_watermarks(conn)
     peer.close()
