@@ -127,8 +127,9 @@ def take_over(conn: Connection, vbucket: int, source: str, *, auth: dict[str, st
     doc: dict[str, Any] = {"source": source, "timeout": timeout}
     if auth is not None:
         doc["auth"] = auth
-    return json.loads(cluster_call(conn, VBUCKET_TAKEOVER, vbucket=vbucket,
-                                   value=json.dumps(doc).encode(), what="VBUCKET_TAKEOVER") or b"{}")
+    answer = cluster_call(conn, VBUCKET_TAKEOVER, vbucket=vbucket,
+                          value=json.dumps(doc).encode(), what="VBUCKET_TAKEOVER")
+    return json.loads(answer or b"{}")
 
 
 def node_status(conn: Connection) -> dict[str, Any]:
