@@ -166,8 +166,9 @@ def test_writes_that_need_no_durability_are_there_after_a_sync(root):
         f.write(b"new %d" % i)
         f.close(sync=False)
     storage.sync_filesystem(root)
-    assert [storage.read_bytes(root / f"d{i}") for i in range(5)] == [b"%d" % i for i in range(5)]
-    assert [storage.read_bytes(root / f"n{i}") for i in range(5)] == [b"new %d" % i for i in range(5)]
+    for i in range(5):
+        assert storage.read_bytes(root / f"d{i}") == b"%d" % i
+        assert storage.read_bytes(root / f"n{i}") == b"new %d" % i
 
 
 def test_a_write_is_all_or_nothing_unless_partial_writes_are_visible(root):
@@ -340,3 +341,14 @@ def test_merge_packs_where_the_store_packs_and_keeps_what_resolves(where):
     assert any(n.startswith("pack-") for n in names) == store_of(where).packs, names
     assert {vb: archive.resolve_vbucket(vb) for vb in range(4)} == state
     assert verify_archive(where).ok
+
+
+def test_executors_that_do_not_see_it_are_told_what_the_store_needs(where):
+    from dcptool.pipeline.runtime import not_shared
+
+    err = not_shared(str(storage.location(where)), ["host1: no such file"])
+    assert "\n" not in err.message and "host1" in err.message
+    # a store reached with an endpoint and credentials: the executors need those; else a
+    # filesystem they share with the driver
+    assert ("endpoint and credentials" in err.message) == store_of(where).needs_credentials
+    assert ("shared by the driver" in err.message) == (not store_of(where).needs_credentials)
