@@ -1,6 +1,6 @@
 """The store contract (dcptool/archive/stores/): every store, the same tests.
 
-Each test takes `where`, a location on one store: a local directory, a prefix of a new
+Each test takes `where`, a location on one store: a local directory, a new prefix of a
 bucket on the suite's S3 server (tests/s3util.py), a space of the memory store. A new
 store is proved by one more param of that fixture. The tests go through the facade the
 archive code calls (`storage.*`), first file by file (save, load, ranges, stat, list,
@@ -10,6 +10,7 @@ store says it can do (its capabilities) is what it does.
 """
 from __future__ import annotations
 
+import os
 import pickle
 import secrets
 import threading
@@ -23,9 +24,28 @@ from dcptool.archive.lock import ArchiveLock
 from dcptool.archive.merging import StagedMerge, merge_vbuckets, plan_merge
 from dcptool.archive.packing import Packer
 from dcptool.archive.stores import LOCAL, MEMORY, S3, Member, store_of
+from dcptool.archive.stores.s3 import CLIENTS
 from dcptool.archive.verify import verify_archive
 
 STORES = {"local": LOCAL, "s3": S3, "memory": MEMORY}
+
+
+@pytest.fixture(scope="module")
+def s3_bucket(s3_server):
+    """This process set up for the suite's S3 server (as the `s3` fixture does) and one
+    bucket for the module: each test takes a prefix of its own, and the S3 client is made
+    once."""
+    mp = pytest.MonkeyPatch()
+    for k in list(os.environ):
+        if k.startswith("AWS_") or k.startswith("DCPTOOL_S3_"):
+            mp.delenv(k)
+    for k, v in s3_server.env().items():
+        if k.startswith("AWS_"):
+            mp.setenv(k, v)
+    CLIENTS.clear()
+    yield s3_server.new_bucket()
+    mp.undo()
+    CLIENTS.clear()
 
 
 @pytest.fixture(params=list(STORES))
@@ -34,8 +54,8 @@ def where(request, tmp_path):
     if request.param == "local":
         yield str(tmp_path / "store")
     elif request.param == "s3":
-        _server, bucket = request.getfixturevalue("s3")
-        yield f"s3://{bucket}/store"
+        bucket = request.getfixturevalue("s3_bucket")
+        yield f"s3://{bucket}/{secrets.token_hex(4)}/store"
     else:
         name = f"t-{secrets.token_hex(4)}"
         yield f"mem://{name}/store"
