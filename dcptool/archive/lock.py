@@ -5,10 +5,10 @@ pid, host, start time, purpose and a random token. A lock whose holder ran on th
 whose pid no longer exists is stale and is broken automatically; a lock held from another
 host is never broken automatically (its pid means nothing here).
 
-On object storage (a store whose `lock_leases`) the lock is the object ARCHIVE/lock, created with a conditional write
-(If-None-Match: *), so of two writers exactly one creates it. It holds a lease: an
-`expires` time that the holder renews (a thread rewrites the object every third of the
-lease) while it works. A lock whose lease ran out is stale, from whatever host, and is
+On object storage (a store with `lock_leases`) the lock is the object ARCHIVE/lock,
+created with a conditional write (If-None-Match: *), so of two writers exactly one creates
+it. It holds a lease: an `expires` time that the holder renews (a thread rewrites the
+object every third of the lease) while it works. A lock whose lease ran out is stale, from whatever host, and is
 broken; a holder that was killed therefore blocks the archive for one lease at most
 (DCPTOOL_S3_LOCK_LEASE seconds, 120 by default), and not at all for the next run on its
 own host, which sees that the holder's pid is gone (as with a local lock).
