@@ -5,10 +5,10 @@ pid, host, start time, purpose and a random token. A lock whose holder ran on th
 whose pid no longer exists is stale and is broken automatically; a lock held from another
 host is never broken automatically (its pid means nothing here).
 
-On object storage the lock is the object ARCHIVE/lock, created with a conditional write
-(If-None-Match: *), so of two writers exactly one creates it. It holds a lease: an
-`expires` time that the holder renews (a thread rewrites the object every third of the
-lease) while it works. A lock whose lease ran out is stale, from whatever host, and is
+On object storage (a store with `lock_leases`) the lock is the object ARCHIVE/lock,
+created with a conditional write (If-None-Match: *), so of two writers exactly one creates
+it. It holds a lease: an `expires` time that the holder renews (a thread rewrites the
+object every third of the lease) while it works. A lock whose lease ran out is stale, from whatever host, and is
 broken; a holder that was killed therefore blocks the archive for one lease at most
 (DCPTOOL_S3_LOCK_LEASE seconds, 120 by default), and not at all for the next run on its
 own host, which sees that the holder's pid is gone (as with a local lock).
@@ -50,7 +50,8 @@ class ArchiveLock:
         self.purpose = purpose
         self.token = secrets.token_hex(8)
         self.held = False
-        self.remote = storage.is_remote(self.path)
+        # a lease its holder renews where a holder's pid cannot be checked (object storage)
+        self.leased = storage.store_of(self.path).lock_leases
         self._renewer: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -59,7 +60,7 @@ class ArchiveLock:
             "pid": os.getpid(), "host": socket.gethostname(), "time": iso_time(utc_now()),
             "purpose": self.purpose, "token": self.token,
         }
-        if self.remote:
+        if self.leased:
             info["expires"] = time.time() + lease_seconds()
         return json.dumps(info).encode()
 
@@ -76,7 +77,7 @@ class ArchiveLock:
             return {}
 
     def _is_stale(self, info: dict[str, Any]) -> bool:
-        if self.remote:
+        if self.leased:
             expires = info.get("expires")
             if not isinstance(expires, (int, float)) or expires < time.time():
                 return True  # the lease ran out (or the object is unreadable: none to renew)
@@ -107,12 +108,12 @@ class ArchiveLock:
                 who = (f"pid {info.get('pid')} on {info.get('host')} since {info.get('time')} "
                        f"({info.get('purpose')})") if info else "an unknown process"
                 hint = ("wait for it to finish; a lock its holder stops renewing expires "
-                        f"after {lease_seconds():.0f} s") if self.remote else \
+                        f"after {lease_seconds():.0f} s") if self.leased else \
                     f"wait for it to finish; if that process is gone, delete {self.path}"
                 raise ArchiveLockedError(f"archive {self.archive_path} is locked by {who}",
                                          hint=hint)
             self.held = True
-            if self.remote:
+            if self.leased:
                 self._stop.clear()
                 self._renewer = threading.Thread(target=self._renew,
                                                  name="dcptool-lock-lease", daemon=True)

@@ -207,7 +207,7 @@ def merge_vbuckets(target: MergeTarget, plans: Iterable[VBucketMergePlan]) -> li
     """`merge_vbucket` for several vbuckets (one task's). On object storage their small last
     segments and summaries are packed (packing.py: a few objects instead of two per
     vbucket); every vbucket is read back once the packs are written."""
-    if not storage.is_remote(target.staging):
+    if not storage.store_of(target.staging).packs:
         return [merge_vbucket(target, p) for p in plans]
     packer = Packer(target.backup_dir)
     written = [_write_vbucket(target, p, packer) for p in plans]
@@ -433,7 +433,7 @@ def remove_backups(archive: Archive, ids: Iterable[str]) -> None:
     first (`REMOVING`: it is then never taken for a partial backup to resume), then its
     manifest goes, then the rest; `finish_interrupted_merges` removes what a kill left."""
     ids = sorted(set(ids), reverse=True)
-    if storage.is_remote(archive.path):
+    if not storage.store_of(archive.path).dirs:  # (no directory to rename at once)
         for bid in ids:
             src = archive.backup_dir(bid)
             if src.is_dir():

@@ -83,7 +83,7 @@ class Packer:
             out.write(bytes(self._buf))
             out.close(self.sync)
             self.packs_written += 1
-        if storage.is_remote(self.dir):
+        if storage.store_of(self.dir).deferred_uploads:
             storage.wait_uploads()
         batch = {"format": DONE_BATCH_FORMAT, "pack": name if self._buf else None,
                  "vbuckets": self._dones}

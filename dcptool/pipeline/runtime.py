@@ -736,10 +736,9 @@ def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool
     # object store's endpoint and credentials are those the engine was started with
     on_engine = attachment() is not None
     if (not always and context_of(spark).master.startswith("local")
-            and not (on_engine and storage.is_remote(root))):
+            and not (on_engine and storage.store_of(root).needs_credentials)):
         return
-    if not storage.is_remote(root):
-        root = storage.location(os.path.abspath(os.fspath(root)))
+    root = storage.absolute(root)
     own = None
     if name is None or write:
         name = f"{PROBE_PREFIX}{secrets.token_hex(8)}"
@@ -760,8 +759,12 @@ def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool
 def not_shared(directory: str, failures: list[str], *, engine: bool = False) -> DcptoolError:
     """The one-line error for executors that do not see `directory` (see probe_failures);
     `engine`: they are a running dcptool engine's."""
+    from dcptool.archive import storage
+
     more = f", and {len(failures) - 1} more hosts" if len(failures) > 1 else ""
-    if engine and directory.startswith("s3://"):
+    # a store reached with an endpoint and credentials (S3): the executors need those
+    remote = storage.store_of(directory).needs_credentials
+    if engine and remote:
         return DcptoolError(
             f"the dcptool engine's Spark executors cannot reach {directory} ({failures[0]}"
             f"{more}): they have the object store's endpoint and credentials the engine was "
@@ -769,7 +772,7 @@ def not_shared(directory: str, failures: list[str], *, engine: bool = False) -> 
             hint="restart the engine where the S3 endpoint and credentials are set "
                  "('dcptool engine stop', then 'dcptool engine start'), or run this command "
                  "without it (DCPTOOL_ENGINE=off); nothing was written")
-    if directory.startswith("s3://"):
+    if remote:
         return DcptoolError(
             f"the Spark executors cannot reach {directory} ({failures[0]}{more}): every "
             "executor needs the object store's endpoint and credentials",

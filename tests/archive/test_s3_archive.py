@@ -17,6 +17,7 @@ from archiveutil import backup, mutations, seed_004_archive, write_events
 
 from dcptool.archive import Archive, ArchivePosition, storage
 from dcptool.archive.errors import ArchiveLockedError, NotAnArchiveError
+from dcptool.archive.stores import s3 as s3store
 from dcptool.archive.verify import verify_archive
 
 W = 0xA1A1_0000_0000_0001
@@ -90,7 +91,7 @@ def test_writer_killed_mid_upload_leaves_no_object_and_resumes(s3, monkeypatch):
     before completing it leaves no object. The next run aborts the open upload and the
     vbucket restarts from the segments that are complete."""
     server, bucket = s3
-    monkeypatch.setattr(storage, "PART_BYTES", 5 << 20)
+    monkeypatch.setattr(s3store, "PART_BYTES", 5 << 20)
     archive = Archive.create(f"s3://{bucket}/k", bucket="default", vbuckets=2)
     bw = archive.begin_backup("full", segment_bytes=6 << 20)
     import os
@@ -186,15 +187,15 @@ def test_object_writers_hold_bounded_memory_and_spill_to_temporary_files(s3, mon
     import os
 
     server, bucket = s3
-    monkeypatch.setattr(storage, "UPLOAD_MEMORY_BYTES", 1 << 20)
-    monkeypatch.setattr(storage, "SPILL_MIN_BYTES", 64 << 10)
+    monkeypatch.setattr(s3store, "UPLOAD_MEMORY_BYTES", 1 << 20)
+    monkeypatch.setattr(s3store, "SPILL_MIN_BYTES", 64 << 10)
     archive = Archive.create(f"s3://{bucket}/m", bucket="default", vbuckets=32)
     bw = archive.begin_backup("full")
     writers = {vb: bw.vbucket(vb, ArchivePosition.at(W, 0), [(W, 0)], block_size=32 << 10)
                for vb in range(32)}
     spilled = []
-    real_spill = storage._spill_path
-    monkeypatch.setattr(storage, "_spill_path", lambda: spilled.append(1) or real_spill())
+    real_spill = s3store._spill_path
+    monkeypatch.setattr(s3store, "_spill_path", lambda: spilled.append(1) or real_spill())
     peak = 0
     values = {}
     for lo in range(1, 301, 20):  # interleaved: every vbucket grows a little each round
