@@ -384,7 +384,7 @@ def tail(
         raise UsageError("--watermark-interval must be positive")
     wm_ttl = None
     if watermark:
-        from dcptool.cli.watermark import parse_ttl
+        from dcptool.cli.options import parse_ttl
 
         wm_ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
     start = from_
