@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, fields
-from operator import attrgetter
 from typing import Any, Callable, ClassVar
 
 from .constants import Magic, Opcode, Status
@@ -162,7 +161,7 @@ class Layout:
     - `KEY`, `VALUE`: a `Section`, or None when the section must be empty.
     - `UNCHECKED`: the sections ("extras", "key", "value") the message neither reads nor
       checks (responses that ignore what a server may add).
-    - `NON_ZERO`: fields that must not read 0.
+    - `NON_ZERO`: extras items that must not read 0.
     - `OP_FIELD`: the message is one class for several opcodes, kept in its `op` field.
 
     A decoded message checks, in this order: the extras' length; the sections that must
@@ -180,8 +179,6 @@ class Layout:
     MUST_BE_ZERO: ClassVar[tuple[str, ...]] = ()
     NON_ZERO: ClassVar[tuple[str, ...]] = ()
     OP_FIELD: ClassVar[bool] = False
-    #: what a padding or reserved extras item carries (read by `body()`'s field getter)
-    RESERVED: ClassVar[int] = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -190,90 +187,96 @@ class Layout:
             _derive(cls)
 
 
-def _section_getter(section: Section | None) -> Callable[[Any], bytes]:
-    if section is None:
-        return lambda msg: b""
-    if section.encode is None:
-        return attrgetter(section.field)
-    get, encode = attrgetter(section.field), section.encode
-    return lambda msg: encode(get(msg))
-
-
-def _extras_getter(cls: type) -> Callable[[Any], bytes]:
-    st = cls.EXTRAS
-    if st is None:
-        return lambda msg: b""
-    names = tuple("RESERVED" if n is None or n in cls.MUST_BE_ZERO else n
-                  for n in cls.EXTRAS_FIELDS)
-    if len(names) != len(st.unpack(bytes(st.size))):
-        raise TypeError(f"{cls.__name__}: EXTRAS_FIELDS does not name every item of EXTRAS")
-    get, pack = attrgetter(*names), st.pack
-    if len(names) == 1:
-        return lambda msg: pack(get(msg))
-    return lambda msg: pack(*get(msg))
-
-
 def _derive(cls: type) -> None:
     """Give `cls` the `body()` and `parse()` its declared layout implies (those it does
-    not write itself)."""
+    not write itself).
+
+    They are compiled from the declaration into the code one would write by hand for it
+    (one struct pack or unpack, no loop over the fields), as `dataclasses` compiles
+    `__init__`: the client decodes DCP messages with them on its typed path, so they
+    cost what the hand-written ones did. `_layout_source(cls)` shows the code.
+    """
+    source, namespace = _layout_source(cls)
+    exec(source, namespace)  # noqa: S102 - generated from the class's own declaration
+    own = vars(cls)
+    for name in ("body", "parse"):
+        if name not in own:
+            fn = namespace[name]
+            fn.__qualname__ = f"{cls.__qualname__}.{name}"
+            setattr(cls, name, classmethod(fn) if name == "parse" else fn)
+
+
+def _layout_source(cls: type) -> tuple[str, dict[str, Any]]:
+    """The source of `body` and `parse` for a class's declared layout, and the globals it
+    needs (see `Layout` for the order of the checks)."""
     st, names = cls.EXTRAS, cls.EXTRAS_FIELDS
     key, value, unchecked = cls.KEY, cls.VALUE, cls.UNCHECKED
-    must_be_zero, non_zero, op_field = cls.MUST_BE_ZERO, cls.NON_ZERO, cls.OP_FIELD
-    extras_of, key_of, value_of = _extras_getter(cls), _section_getter(key), _section_getter(value)
+    must_be_zero, non_zero = cls.MUST_BE_ZERO, cls.NON_ZERO
+    namespace: dict[str, Any] = {"_st": st, "_no": _no, "_expect_len": _expect_len,
+                                 "ProtocolError": ProtocolError}
+    sections = (("key", key), ("value", value))
+    for n in (*names, *(s.field for _, s in sections if s is not None), *must_be_zero, *non_zero):
+        if n is not None and not n.isidentifier():
+            raise TypeError(f"{cls.__name__}: {n!r} is not a field name")
+    if st is None and names:
+        raise TypeError(f"{cls.__name__}: EXTRAS_FIELDS without EXTRAS")
+    if st is not None and len(names) != len(st.unpack(bytes(st.size))):
+        raise TypeError(f"{cls.__name__}: EXTRAS_FIELDS does not name every item of EXTRAS")
+    if not set(non_zero) <= set(names) or not set(must_be_zero) <= set(names):
+        raise TypeError(f"{cls.__name__}: NON_ZERO and MUST_BE_ZERO name extras items")
 
-    def body(self) -> tuple[bytes, bytes, bytes]:
-        """(extras, key, value)"""
-        return extras_of(self), key_of(self), value_of(self)
+    # body(): (extras, key, value)
+    def encoded(tag: str, section: Section | None) -> str:
+        if section is None:
+            return 'b""'
+        if section.encode is None:
+            return f"self.{section.field}"
+        namespace[f"_{tag}_encode"] = section.encode
+        return f"_{tag}_encode(self.{section.field})"
 
-    no_extras = st is None and "extras" not in unchecked
-    size = st.size if st is not None else 0
-    no_key = key is None and "key" not in unchecked
-    no_value = value is None and "value" not in unchecked
-    key_missing = key.missing if key is not None else None
-    value_missing = value.missing if value is not None else None
-    dropped = tuple(n for n in names if n is None or n in must_be_zero)
-    if None in dropped:
-        dropped = tuple(dict.fromkeys(dropped))  # padding items share the name None
+    extras = 'b""'
+    if st is not None:
+        items = ", ".join("0" if n is None or n in must_be_zero else f"self.{n}" for n in names)
+        extras = f"_st.pack({items})"
+    lines = ["def body(self):",
+             f"    return {extras}, {encoded('key', key)}, {encoded('value', value)}",
+             "",
+             "def parse(cls, frame):"]
 
-    def parse(cls, frame: Frame) -> dict[str, Any]:
-        """The message-specific fields of `frame`."""
-        extras = frame.extras
-        if no_extras:
-            _no("extras", extras)
-        elif st is not None and len(extras) != size:
-            _expect_len("extras", extras, size)
-        if no_key:
-            _no("key", frame.key)
-        if no_value:
-            _no("value", frame.value)
-        if key_missing is not None and not frame.key:
-            raise ProtocolError("key", key_missing)
-        if value_missing is not None and not frame.value:
-            raise ProtocolError("value", value_missing)
-        out: dict[str, Any] = {}
-        if key is not None:
-            out[key.field] = frame.key if key.decode is None else key.decode(frame.key)
-        if value is not None:
-            out[value.field] = frame.value if value.decode is None else value.decode(frame.value)
-        if st is not None:
-            out.update(zip(names, st.unpack(extras)))
-            for name in dropped:
-                if out.pop(name) and name in must_be_zero:
-                    raise ProtocolError(name, "must be 0")
-        for name in non_zero:
-            if out[name] == 0:
-                raise ProtocolError(name, "must be non-zero")
-        if op_field:
-            out["op"] = frame.opcode
-        return out
-
-    own = vars(cls)
-    if "body" not in own:
-        body.__qualname__ = f"{cls.__qualname__}.body"
-        cls.body = body
-    if "parse" not in own:
-        parse.__qualname__ = f"{cls.__qualname__}.parse"
-        cls.parse = classmethod(parse)
+    # parse(): the checks, then the fields
+    if st is not None:
+        lines.append(f'    if len(frame.extras) != {st.size}: '
+                     f'_expect_len("extras", frame.extras, {st.size})')
+    elif "extras" not in unchecked:
+        lines.append('    if frame.extras: _no("extras", frame.extras)')
+    for tag, section in sections:
+        if section is None and tag not in unchecked:
+            lines.append(f'    if frame.{tag}: _no("{tag}", frame.{tag})')
+    for tag, section in sections:
+        if section is not None and section.missing is not None:
+            lines.append(f"    if not frame.{tag}: raise ProtocolError({tag!r}, {section.missing!r})")
+    fields_out = []
+    for tag, section in sections:
+        if section is None:
+            continue
+        if section.decode is None:
+            fields_out.append(f"{section.field!r}: frame.{tag}")
+        else:
+            namespace[f"_{tag}_decode"] = section.decode
+            lines.append(f"    {tag} = _{tag}_decode(frame.{tag})")
+            fields_out.append(f"{section.field!r}: {tag}")
+    if st is not None:
+        targets = ", ".join(f"_pad{i}" if n is None else f"x_{n}" for i, n in enumerate(names))
+        lines.append(f"    {targets}, = _st.unpack(frame.extras)")
+        for n in must_be_zero:
+            lines.append(f'    if x_{n}: raise ProtocolError({n!r}, "must be 0")')
+        fields_out += [f"{n!r}: x_{n}" for n in names if n is not None and n not in must_be_zero]
+    for n in non_zero:
+        lines.append(f'    if x_{n} == 0: raise ProtocolError({n!r}, "must be non-zero")')
+    if cls.OP_FIELD:
+        fields_out.append("'op': frame.opcode")
+    lines.append("    return {" + ", ".join(fields_out) + "}")
+    return "\n".join(lines) + "\n", namespace
 
 
 # ---------------------------------------------------------------------------
