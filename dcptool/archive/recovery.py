@@ -272,35 +272,40 @@ class _PrefixScan:
 
     def _read_frames(self, f: Any, path: str, seg_pos: int, segment: int, name: str) -> None:
         first = True
-        scan, item = self.scan, self._item
-        for offset, stored, frame in scan_stored_frames(f, path):
-            content = decompress_frame(frame, path, offset)
-            recs = frame_records_with_ends(content, path, offset)
-            clen = recs[-1][1] if recs else 0
-            for rec, end in recs:
-                here = Cut(seg_pos, offset, stored, end, clen)
-                before, self.prev_end = self.prev_end, here
-                scan.records_scanned += 1
-                if not record_ok(rec):
-                    raise _Stop(f"{name}: malformed record in the frame at byte {offset}")
-                rtype = rec[0]
-                if first:
-                    first = False
-                    self._header(rec, name, segment)
-                elif rtype in (REC_MUTATION, REC_DELETION, REC_EXPIRATION):
-                    item(rec, here, name)
-                elif rtype == REC_SYSTEM_EVENT:
-                    self._system_event(rec, here, name)
-                elif rtype == SNAPSHOT:
-                    self._snapshot(rec, before, name)
-                elif rtype == STREAM:
-                    self._stream(rec, here, name)
-                elif rtype == ROLLBACK:
-                    self._rollback(rec, here, before)
-                elif rtype == END:
-                    self._end(rec, before)
-                else:  # a header in the middle of a file
-                    raise _Stop(f"{name}: header record in the middle of the file")
+        item = self._item
+        # the per-record bookkeeping in locals, written back however the file ends
+        here, scanned = self.prev_end, 0
+        try:
+            for offset, stored, frame in scan_stored_frames(f, path):
+                content = decompress_frame(frame, path, offset)
+                recs = frame_records_with_ends(content, path, offset)
+                clen = recs[-1][1] if recs else 0
+                for rec, end in recs:
+                    before, here = here, Cut(seg_pos, offset, stored, end, clen)
+                    scanned += 1
+                    if not record_ok(rec):
+                        raise _Stop(f"{name}: malformed record in the frame at byte {offset}")
+                    rtype = rec[0]
+                    if first:
+                        first = False
+                        self._header(rec, name, segment)
+                    elif rtype in (REC_MUTATION, REC_DELETION, REC_EXPIRATION):
+                        item(rec, here, name)
+                    elif rtype == REC_SYSTEM_EVENT:
+                        self._system_event(rec, here, name)
+                    elif rtype == SNAPSHOT:
+                        self._snapshot(rec, before, name)
+                    elif rtype == STREAM:
+                        self._stream(rec, here, name)
+                    elif rtype == ROLLBACK:
+                        self._rollback(rec, here, before)
+                    elif rtype == END:
+                        self._end(rec, before)
+                    else:  # a header in the middle of a file
+                        raise _Stop(f"{name}: header record in the middle of the file")
+        finally:
+            self.prev_end = here
+            self.scan.records_scanned += scanned
 
     # -- one record of each kind
 
