@@ -193,8 +193,8 @@ def _derive(cls: type) -> None:
 
     They are compiled from the declaration into the code one would write by hand for it
     (one struct pack or unpack, no loop over the fields), as `dataclasses` compiles
-    `__init__`: the client decodes DCP messages with them on its typed path, so they
-    cost what the hand-written ones did. `_layout_source(cls)` shows the code.
+    `__init__`: they run once per message the typed codec decodes or encodes, and cost
+    what hand-written ones would. `_layout_source(cls)` shows the code.
     """
     source, namespace = _layout_source(cls)
     exec(source, namespace)  # noqa: S102 - generated from the class's own declaration
