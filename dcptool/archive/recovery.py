@@ -187,171 +187,225 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
     if files is None:
         files = vbucket_files(backup_dir).get(vbucket, [])
     scan = VBucketScan(vbucket=vbucket, files=list(files))
-    counts = dict.fromkeys(_ZERO_COUNTS, 0)
-    counts["system_events"] = 0
-    per_seg: list[int] = []
-    rollbacks: list[dict[str, int]] = []
-    vbytes = 0
-    max_seqno = 0
-    uuid = 0  # uuid of the latest stream record (fallback when the failover log is empty)
-    flog: list[list[int]] = []
-    snap: tuple[int, int] | None = None  # open snapshot (start, end)
-    last_seqno = -1
-    prev_end: Cut | None = None  # boundary just after the previous record
-    found_rollback_point = False
-
-    def mark(at: Cut | None, pos: ArchivePosition) -> None:
-        scan.cut = at
-        scan.position = pos
-        scan.counts = dict(counts)
-        scan.value_bytes = vbytes
-        scan.rollbacks = list(rollbacks)
-        scan.segment_records = list(per_seg)
-        scan.max_seqno = max_seqno
-        scan.failover_log = [list(e) for e in flog]
-
-    def boundary(at: Cut | None, seqno: int) -> None:
-        nonlocal found_rollback_point
-        pos = ArchivePosition.at(uuid_for_seqno(flog, seqno, uuid), seqno)
-        if rollback_to is None:
-            mark(at, pos)
-        elif seqno <= rollback_to:
-            mark(at, pos)
-            found_rollback_point = seqno == rollback_to
-
+    state = _PrefixScan(scan, backup_id, rollback_to)
     expected_seg = 0
     try:
         for seg_pos, (segment, name) in enumerate(files):
             if segment != expected_seg:
                 raise _Stop(f"segment {expected_seg:03d} is missing")
             expected_seg += 1
-            path = str(backup_dir / name)
-            per_seg.append(0)
-            first = True
-            try:
-                f = storage.open_read(backup_dir / name)
-            except OSError as exc:
-                raise _Stop(f"{name}: cannot read: {exc.strerror}") from None
-            with f:
-                try:
-                    for offset, stored, frame in scan_stored_frames(f, path):
-                        content = decompress_frame(frame, path, offset)
-                        recs = frame_records_with_ends(content, path, offset)
-                        clen = recs[-1][1] if recs else 0
-                        for rec, end in recs:
-                            here = Cut(seg_pos, offset, stored, end, clen)
-                            before = prev_end
-                            prev_end = here
-                            scan.records_scanned += 1
-                            if not record_ok(rec):
-                                raise _Stop(f"{name}: malformed record in the frame at byte "
-                                            f"{offset}")
-                            rtype = rec[0]
-                            if first:
-                                first = False
-                                if rtype != HEADER or rec[1] != FORMAT_NAME or rec[3] != vbucket \
-                                        or rec[4] != backup_id or rec[5] != segment:
-                                    raise _Stop(f"{name}: does not start with this file's header")
-                                counts["records"] += 1
-                                per_seg[-1] += 1
-                                continue
-                            if rtype in (REC_MUTATION, REC_DELETION, REC_EXPIRATION):
-                                seqno = rec[1]
-                                if snap is None or not (snap[0] <= seqno <= snap[1]) \
-                                        or seqno <= last_seqno:
-                                    raise _Stop(f"{name}: item seqno {seqno} outside its snapshot")
-                                last_seqno = seqno
-                                max_seqno = seqno
-                                if rtype == REC_MUTATION:
-                                    counts["mutations"] += 1
-                                    vbytes += len(rec[8])
-                                else:
-                                    counts["deletions" if rtype == REC_DELETION else "expirations"] += 1
-                                    vbytes += len(rec[7])
-                                counts["records"] += 1
-                                per_seg[-1] += 1
-                                if seqno == snap[1]:
-                                    snap = None
-                                    boundary(here, seqno)
-                            elif rtype == REC_SYSTEM_EVENT:
-                                # a seqno of the stream like an item's (format 3)
-                                seqno = rec[1]
-                                if snap is None or not (snap[0] <= seqno <= snap[1]) \
-                                        or seqno <= last_seqno:
-                                    raise _Stop(f"{name}: system event seqno {seqno} outside "
-                                                "its snapshot")
-                                last_seqno = seqno
-                                max_seqno = seqno
-                                counts["system_events"] += 1
-                                counts["records"] += 1
-                                per_seg[-1] += 1
-                                if seqno == snap[1]:
-                                    snap = None
-                                    boundary(here, seqno)
-                            elif rtype == SNAPSHOT:
-                                start, end_s = rec[1], rec[2]
-                                if snap is not None:
-                                    boundary(before, snap[1])  # the previous snapshot is complete
-                                if start > end_s:
-                                    raise _Stop(f"{name}: snapshot marker {start}..{end_s}")
-                                snap = (start, end_s)
-                                counts["snapshots"] += 1
-                                counts["records"] += 1
-                                per_seg[-1] += 1
-                            elif rtype == STREAM:
-                                if snap is not None:
-                                    raise _Stop(f"{name}: stream record inside a snapshot")
-                                pos = ArchivePosition(rec[1], rec[2], rec[3], rec[4])
-                                uuid = pos.uuid
-                                flog = [list(e) for e in rec[5]]
-                                last_seqno = pos.seqno
-                                counts["records"] += 1
-                                per_seg[-1] += 1
-                                if scan.start is None:
-                                    scan.start = pos
-                                    scan.failover_log = [list(e) for e in flog]
-                                    if rollback_to is not None:
-                                        # even a rollback below this backup's start keeps the
-                                        # header and the first stream record
-                                        mark(here, pos)
-                                        found_rollback_point = pos.seqno == rollback_to
-                                        continue
-                                boundary(here, pos.seqno)
-                            elif rtype == ROLLBACK:
-                                if snap is not None:
-                                    boundary(before, snap[1])
-                                    snap = None
-                                seqno, ruuid = rec[1], rec[2]
-                                rollbacks.append({"seqno": seqno, "vbucket_uuid": ruuid})
-                                counts["rollbacks"] += 1
-                                counts["records"] += 1
-                                per_seg[-1] += 1
-                                last_seqno = seqno
-                                uuid = ruuid
-                                boundary(here, seqno)
-                            elif rtype == END:
-                                # the vbucket closed here; keep everything before END, restart at it
-                                if snap is not None:
-                                    snap = None
-                                seqno = rec[2]
-                                uuid = rec[1]
-                                boundary(before, seqno)
-                            else:  # a header in the middle of a file
-                                raise _Stop(f"{name}: header record in the middle of the file")
-                except TornFrame as torn:
-                    raise _Stop(f"{name}: torn zstd frame at byte {torn.args[0]} "
-                                "(ignored)") from None
-                except CorruptFileError as exc:
-                    raise _Stop(str(exc)) from None
-                except OSError as exc:
-                    raise _Stop(f"{name}: cannot read: {exc.strerror}") from None
+            state.read_segment(backup_dir, seg_pos, segment, name)
     except _Stop as stop:
         scan.problem = str(stop)
     if rollback_to is not None and scan.start is not None and rollback_to >= scan.start.seqno \
-            and not found_rollback_point:
+            and not state.found_rollback_point:
         raise ValueError(f"seqno {rollback_to} is not a snapshot boundary of vbucket "
                          f"{vbucket}'s data in this backup")
     return scan
+
+
+class _PrefixScan:
+    """One `scan_vbucket` pass: what the records read so far add up to, checked record by
+    record against the layout (docs/archive-format.md); at each snapshot boundary the sums
+    are copied into the `VBucketScan` as its valid prefix (`_mark`). A record that breaks
+    the layout raises `_Stop` naming it, and the scan ends there."""
+
+    def __init__(self, scan: VBucketScan, backup_id: str, rollback_to: int | None) -> None:
+        self.scan = scan
+        self.backup_id = backup_id
+        self.rollback_to = rollback_to
+        self.counts = dict.fromkeys(_ZERO_COUNTS, 0)
+        self.counts["system_events"] = 0
+        self.per_seg: list[int] = []
+        self.rollbacks: list[dict[str, int]] = []
+        self.vbytes = 0
+        self.max_seqno = 0
+        self.uuid = 0  # uuid of the latest stream record (fallback when the failover log is empty)
+        self.flog: list[list[int]] = []
+        self.snap: tuple[int, int] | None = None  # open snapshot (start, end)
+        self.last_seqno = -1
+        self.prev_end: Cut | None = None  # boundary just after the previous record
+        self.found_rollback_point = False
+
+    # -- the prefix kept
+
+    def _mark(self, at: Cut | None, pos: ArchivePosition) -> None:
+        scan = self.scan
+        scan.cut = at
+        scan.position = pos
+        scan.counts = dict(self.counts)
+        scan.value_bytes = self.vbytes
+        scan.rollbacks = list(self.rollbacks)
+        scan.segment_records = list(self.per_seg)
+        scan.max_seqno = self.max_seqno
+        scan.failover_log = [list(e) for e in self.flog]
+
+    def _boundary(self, at: Cut | None, seqno: int) -> None:
+        rollback_to = self.rollback_to
+        pos = ArchivePosition.at(uuid_for_seqno(self.flog, seqno, self.uuid), seqno)
+        if rollback_to is None:
+            self._mark(at, pos)
+        elif seqno <= rollback_to:
+            self._mark(at, pos)
+            self.found_rollback_point = seqno == rollback_to
+
+    # -- reading
+
+    def read_segment(self, backup_dir: Any, seg_pos: int, segment: int, name: str) -> None:
+        """Every complete frame of one data file; a torn or unreadable one is a `_Stop`."""
+        path = str(backup_dir / name)
+        self.per_seg.append(0)
+        try:
+            f = storage.open_read(backup_dir / name)
+        except OSError as exc:
+            raise _Stop(f"{name}: cannot read: {exc.strerror}") from None
+        with f:
+            try:
+                self._read_frames(f, path, seg_pos, segment, name)
+            except TornFrame as torn:
+                raise _Stop(f"{name}: torn zstd frame at byte {torn.args[0]} "
+                            "(ignored)") from None
+            except CorruptFileError as exc:
+                raise _Stop(str(exc)) from None
+            except OSError as exc:
+                raise _Stop(f"{name}: cannot read: {exc.strerror}") from None
+
+    def _read_frames(self, f: Any, path: str, seg_pos: int, segment: int, name: str) -> None:
+        first = True
+        item = self._item
+        # the per-record bookkeeping in locals, written back however the file ends
+        here, scanned = self.prev_end, 0
+        try:
+            for offset, stored, frame in scan_stored_frames(f, path):
+                content = decompress_frame(frame, path, offset)
+                recs = frame_records_with_ends(content, path, offset)
+                clen = recs[-1][1] if recs else 0
+                for rec, end in recs:
+                    before, here = here, Cut(seg_pos, offset, stored, end, clen)
+                    scanned += 1
+                    if not record_ok(rec):
+                        raise _Stop(f"{name}: malformed record in the frame at byte {offset}")
+                    rtype = rec[0]
+                    if first:
+                        first = False
+                        self._header(rec, name, segment)
+                    elif rtype in (REC_MUTATION, REC_DELETION, REC_EXPIRATION):
+                        item(rec, here, name)
+                    elif rtype == REC_SYSTEM_EVENT:
+                        self._system_event(rec, here, name)
+                    elif rtype == SNAPSHOT:
+                        self._snapshot(rec, before, name)
+                    elif rtype == STREAM:
+                        self._stream(rec, here, name)
+                    elif rtype == ROLLBACK:
+                        self._rollback(rec, here, before)
+                    elif rtype == END:
+                        self._end(rec, before)
+                    else:  # a header in the middle of a file
+                        raise _Stop(f"{name}: header record in the middle of the file")
+        finally:
+            self.prev_end = here
+            self.scan.records_scanned += scanned
+
+    # -- one record of each kind
+
+    def _counted(self) -> None:
+        self.counts["records"] += 1
+        self.per_seg[-1] += 1
+
+    def _header(self, rec: tuple, name: str, segment: int) -> None:
+        if rec[0] != HEADER or rec[1] != FORMAT_NAME or rec[3] != self.scan.vbucket \
+                or rec[4] != self.backup_id or rec[5] != segment:
+            raise _Stop(f"{name}: does not start with this file's header")
+        self._counted()
+
+    def _in_snapshot(self, seqno: int, name: str, what: str) -> None:
+        """Check that `seqno` lies in the open snapshot, above the previous one."""
+        snap = self.snap
+        if snap is None or not (snap[0] <= seqno <= snap[1]) or seqno <= self.last_seqno:
+            raise _Stop(f"{name}: {what} {seqno} outside its snapshot")
+        self.last_seqno = seqno
+        self.max_seqno = seqno
+
+    def _item(self, rec: tuple, here: Cut, name: str) -> None:
+        # _in_snapshot written out: this runs once per item
+        seqno = rec[1]
+        snap = self.snap
+        if snap is None or not (snap[0] <= seqno <= snap[1]) or seqno <= self.last_seqno:
+            raise _Stop(f"{name}: item seqno {seqno} outside its snapshot")
+        self.last_seqno = seqno
+        self.max_seqno = seqno
+        rtype = rec[0]
+        counts = self.counts
+        if rtype == REC_MUTATION:
+            counts["mutations"] += 1
+            self.vbytes += len(rec[8])
+        else:
+            counts["deletions" if rtype == REC_DELETION else "expirations"] += 1
+            self.vbytes += len(rec[7])
+        counts["records"] += 1
+        self.per_seg[-1] += 1
+        if seqno == snap[1]:
+            self.snap = None
+            self._boundary(here, seqno)
+
+    def _system_event(self, rec: tuple, here: Cut, name: str) -> None:
+        # a seqno of the stream like an item's (format 3)
+        seqno = rec[1]
+        self._in_snapshot(seqno, name, "system event seqno")
+        self.counts["system_events"] += 1
+        self._counted()
+        if seqno == self.snap[1]:
+            self.snap = None
+            self._boundary(here, seqno)
+
+    def _snapshot(self, rec: tuple, before: Cut | None, name: str) -> None:
+        start, end_s = rec[1], rec[2]
+        if self.snap is not None:
+            self._boundary(before, self.snap[1])  # the previous snapshot is complete
+        if start > end_s:
+            raise _Stop(f"{name}: snapshot marker {start}..{end_s}")
+        self.snap = (start, end_s)
+        self.counts["snapshots"] += 1
+        self._counted()
+
+    def _stream(self, rec: tuple, here: Cut, name: str) -> None:
+        if self.snap is not None:
+            raise _Stop(f"{name}: stream record inside a snapshot")
+        pos = ArchivePosition(rec[1], rec[2], rec[3], rec[4])
+        self.uuid = pos.uuid
+        self.flog = [list(e) for e in rec[5]]
+        self.last_seqno = pos.seqno
+        self._counted()
+        scan = self.scan
+        if scan.start is None:
+            scan.start = pos
+            scan.failover_log = [list(e) for e in self.flog]
+            if self.rollback_to is not None:
+                # even a rollback below this backup's start keeps the header and the first
+                # stream record
+                self._mark(here, pos)
+                self.found_rollback_point = pos.seqno == self.rollback_to
+                return
+        self._boundary(here, pos.seqno)
+
+    def _rollback(self, rec: tuple, here: Cut, before: Cut | None) -> None:
+        if self.snap is not None:
+            self._boundary(before, self.snap[1])
+            self.snap = None
+        seqno, ruuid = rec[1], rec[2]
+        self.rollbacks.append({"seqno": seqno, "vbucket_uuid": ruuid})
+        self.counts["rollbacks"] += 1
+        self._counted()
+        self.last_seqno = seqno
+        self.uuid = ruuid
+        self._boundary(here, seqno)
+
+    def _end(self, rec: tuple, before: Cut | None) -> None:
+        # the vbucket closed here; keep everything before END, restart at it
+        self.snap = None
+        self.uuid = rec[1]
+        self._boundary(before, rec[2])
 
 
 def truncate_to_cut(backup_dir: str | os.PathLike[str], scan: VBucketScan, *,

@@ -9,6 +9,7 @@ import typer
 from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
+from dcptool.cli.options import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.output import (
     backup_id_arg, console, detail, human_bytes, human_rate, live_bar, new_bar, note, plural,
     print_json, show_progress, spark_progress, timing,
@@ -62,20 +63,6 @@ manual(
     env=("DCPTOOL_LOG_KEEP",),
     see_also=("backup", "info", "verify", "examine"),
 )
-
-
-SPARK = "Spark"
-MasterOpt = Annotated[Optional[str], typer.Option(
-    "--master", envvar="DCPTOOL_SPARK_MASTER", rich_help_panel=SPARK, metavar="URL",
-    help="Spark master URL (default local[*], the embedded Spark). With any other master the "
-         "archive must be on a filesystem the driver and every executor share, or on S3 "
-         "(checked before the run).")]
-PartitionsOpt = Annotated[Optional[int], typer.Option(
-    "--partitions", rich_help_panel=SPARK, min=1,
-    help="Spark tasks, each streaming a group of vbuckets (default 2x the cores).")]
-NoProgressOpt = Annotated[bool, typer.Option(
-    "--no-progress", help="No progress bar (there is none anyway unless stderr is a "
-                          "terminal, nor with --json).")]
 
 
 @app.command()
@@ -157,7 +144,7 @@ def backup(
 
     Example: DCPTOOL_ARCHIVE_PASSPHRASE_FILE=~/.dcptool-pass dcptool backup -c 127.0.0.1 /backups/secret --encrypt
     """
-    from dcptool.cli.watermark import parse_ttl
+    from dcptool.cli.options import parse_ttl
     from dcptool.pipeline.backup import run_backup
 
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")

@@ -18,7 +18,7 @@ import typer
 
 from dcptool.cli import output
 from dcptool.cli.app import app
-from dcptool.cli.backup import MasterOpt
+from dcptool.cli.options import MasterOpt
 from dcptool.cli.manual import manual
 from dcptool.errors import DcptoolError
 from dcptool import procs

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.backup import MasterOpt, NoProgressOpt, PartitionsOpt
+from dcptool.cli.options import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.manual import manual
 from dcptool.cli.output import backup_id_arg, console, human_bytes, plural, print_json, spark_progress
 from dcptool.client.vbspec import parse_vbuckets

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.backup import MasterOpt, NoProgressOpt, PartitionsOpt
+from dcptool.cli.options import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.manual import manual
 from dcptool.cli.output import (
     console, plural, print_json, print_table, spark_progress, table_console,

@@ -367,10 +367,46 @@ def tail(
     Example: dcptool tail -b travel --collection inventory.hotels --from beginning
     """
     vbs = parse_vbuckets(vbuckets)
+    key_re = _key_filter(filter_)
+    _check_options(until_idle, count, noop_interval, watermark, state, watermark_interval)
+    wm_ttl = None
+    if watermark:
+        from dcptool.cli.options import parse_ttl
+
+        wm_ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
+    start, saved = _start_point(from_, state)
+    opts = conn_args.options()
+    if saved is not None and saved.bucket and saved.bucket != opts.bucket:
+        raise UsageError(f"state file {start} holds positions of bucket '{saved.bucket}', "
+                         f"not '{opts.bucket}'")
+    check_privileges(opts, "stream from", DCP_PRODUCER,
+                     *([WATERMARK_WRITE] if watermark else []))
+    consumer, positions, manifest = _open_streams(
+        opts, start, saved, vbs, collection or [], keys_only=keys_only,
+        noop_interval=noop_interval, fail_on_rollback=fail_on_rollback)
+
+    reporter = None
+    if watermark:
+        reporter = _watermark_reporter(opts, state, watermark_name, watermark_interval, wm_ttl)
+    run = _Follower(consumer, positions, _Printer(as_json, keys_only, Names(manifest)),
+                    opts, state, reporter)
+    tick = 0.5 if until_idle is None else max(0.05, min(0.5, until_idle / 4))
+    run.follow(positions, tick, key_re, count, until_idle)
+    if verbose or is_verbose():
+        run.summary()
+
+
+def _key_filter(filter_: Optional[str]) -> re.Pattern | None:
+    """--filter compiled (it matches the key's bytes)."""
     try:
-        key_re = re.compile(filter_.encode("utf-8")) if filter_ else None
+        return re.compile(filter_.encode("utf-8")) if filter_ else None
     except re.error as exc:
         raise UsageError(f"--filter: bad regular expression: {exc}") from None
+
+
+def _check_options(until_idle: Optional[float], count: Optional[int], noop_interval: float,
+                   watermark: bool, state: Optional[Path], watermark_interval: float) -> None:
+    """UsageError for an option value `tail` cannot follow with."""
     if until_idle is not None and until_idle <= 0:
         raise UsageError("--until-idle must be positive")
     if count is not None and count <= 0:
@@ -382,24 +418,26 @@ def tail(
                          "file holds)")
     if watermark_interval <= 0:
         raise UsageError("--watermark-interval must be positive")
-    wm_ttl = None
-    if watermark:
-        from dcptool.cli.watermark import parse_ttl
 
-        wm_ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
+
+def _start_point(from_: Optional[str], state: Optional[Path]) -> tuple[str, SessionState | None]:
+    """Where to start ('beginning', 'now' or a state file's name) and, for a state file,
+    the positions it holds. Without --from: the --state file when it exists, else now."""
     start = from_
     if start is None:
         start = str(state) if state is not None and state.exists() else "now"
     saved = None
     if start not in ("beginning", "now"):
         saved = load_state(start)
-    opts = conn_args.options()
-    if saved is not None and saved.bucket and saved.bucket != opts.bucket:
-        raise UsageError(f"state file {start} holds positions of bucket '{saved.bucket}', "
-                         f"not '{opts.bucket}'")
-    check_privileges(opts, "stream from", DCP_PRODUCER,
-                     *([WATERMARK_WRITE] if watermark else []))
+    return start, saved
 
+
+def _open_streams(opts: ConnOptions, start: str, saved: SessionState | None,
+                  vbs: list[int] | None, collections: list[str], *, keys_only: bool,
+                  noop_interval: float, fail_on_rollback: bool):
+    """(consumer, {vb: start position}, the bucket's manifest or None): connect, check
+    --collection and --vbuckets against the bucket, and set up a consumer that follows
+    each vbucket from its active node. Nothing streams yet."""
     conn = opts.connect(collections=True)
     try:
         manifest = None
@@ -407,25 +445,13 @@ def tail(
             from dcptool.client.ops import get_collections_manifest
 
             manifest = get_collections_manifest(conn, missing_ok=True)
-        sfilter = collection_filter(collection or [], manifest, opts.bucket)
+        sfilter = collection_filter(collections, manifest, opts.bucket)
         if vbs is not None:  # vbuckets the bucket does not have would follow nothing
             from dcptool.client.vbspec import check_vbuckets
             from dcptool.pipeline.nodeinfo import vbucket_count
 
             check_vbuckets(vbs, vbucket_count(conn))
-        if start == "beginning":
-            from dcptool.client.topology import all_vbuckets
-
-            wanted = vbs if vbs is not None else (all_vbuckets(conn)
-                                                 or sorted(get_vbucket_seqnos(conn, state=1)))
-            positions = {vb: ZERO for vb in wanted}
-        elif start == "now":
-            positions = latest_positions(conn, vbs)
-        else:
-            wanted = vbs if vbs is not None else sorted(saved.positions)
-            positions = {vb: saved.positions.get(vb, ZERO) for vb in wanted}
-        if not positions:
-            raise UsageError("no vbuckets to follow")
+        positions = _start_positions(conn, start, saved, vbs)
         config = SessionConfig(name=f"dcptool-tail:{os.getpid()}:{int(time.time())}",
                                no_value=keys_only, consistent=False, noop_interval=noop_interval,
                                fail_on_rollback=fail_on_rollback, collections=True,
@@ -437,64 +463,124 @@ def tail(
     except BaseException:
         conn.close()
         raise
+    return consumer, positions, manifest
 
-    reporter = None
-    if watermark:
-        reporter = _watermark_reporter(opts, state, watermark_name, watermark_interval, wm_ttl)
-    tracker = PositionTracker(positions)
-    printer = _Printer(as_json, keys_only, Names(manifest))
-    printed = 0
-    records = 0
-    last_change = time.monotonic()
-    last_save = 0.0
-    dirty = False
-    tick = 0.5 if until_idle is None else max(0.05, min(0.5, until_idle / 4))
 
-    def save() -> None:
-        nonlocal dirty, last_save
-        if state is not None:
-            saved_positions = tracker.positions(consumer)
-            save_state(state, SessionState(saved_positions, opts.bucket,
-                                           {"node": opts.address}))
-            if reporter is not None and reporter.due():
+def _start_positions(conn, start: str, saved: SessionState | None, vbs: list[int] | None) -> dict:
+    """{vb: position to stream from}: zero for every (chosen) vbucket from the beginning,
+    the node's current positions now, or the state file's."""
+    if start == "beginning":
+        from dcptool.client.topology import all_vbuckets
+
+        wanted = vbs if vbs is not None else (all_vbuckets(conn)
+                                             or sorted(get_vbucket_seqnos(conn, state=1)))
+        positions = {vb: ZERO for vb in wanted}
+    elif start == "now":
+        positions = latest_positions(conn, vbs)
+    else:
+        wanted = vbs if vbs is not None else sorted(saved.positions)
+        positions = {vb: saved.positions.get(vb, ZERO) for vb in wanted}
+    if not positions:
+        raise UsageError("no vbuckets to follow")
+    return positions
+
+
+class _Follower:
+    """One `tail` run once its streams are set up: print the events as they come, track
+    each vbucket's position, save the positions to --state (and renew the watermark) at
+    most once a second and at the end, stop on Ctrl-C/SIGTERM between two events."""
+
+    def __init__(self, consumer, positions: dict, printer: _Printer, opts: ConnOptions,
+                 state: Optional[Path], reporter) -> None:
+        self.consumer = consumer
+        self.printer = printer
+        self.opts = opts
+        self.state = state
+        self.reporter = reporter
+        self.tracker = PositionTracker(positions)
+        self.printed = 0
+        self.records = 0
+        self.last_save = 0.0
+        self.dirty = False
+        self.interrupted: list[int] = []
+        self.last_change = time.monotonic()
+
+    def save(self) -> None:
+        if self.state is not None:
+            saved_positions = self.tracker.positions(self.consumer)
+            save_state(self.state, SessionState(saved_positions, self.opts.bucket,
+                                                {"node": self.opts.address}))
+            if self.reporter is not None and self.reporter.due():
                 # only what the state file holds: a resume starts there
-                reporter.report({vb: p.seqno for vb, p in saved_positions.items()})
-        dirty = False
-        last_save = time.monotonic()
+                self.reporter.report({vb: p.seqno for vb, p in saved_positions.items()})
+        self.dirty = False
+        self.last_save = time.monotonic()
 
-    stop = False
-    interrupted = []
+    def follow(self, positions: dict, tick: float, key_re: re.Pattern | None,
+               count: Optional[int], until_idle: Optional[float]) -> None:
+        """Stream until --count, --until-idle, Ctrl-C or SIGTERM; save and close at the end
+        (on an error too)."""
+        consumer = self.consumer
 
-    def on_signal(signum, frame):
-        # Ctrl-C (or SIGTERM) stops between two events, so what was printed and what the
-        # state file says always agree; the read in progress returns within one tick
-        interrupted.append(signum)
+        def on_signal(signum, frame):
+            # Ctrl-C (or SIGTERM) stops between two events, so what was printed and what
+            # the state file says always agree; the read in progress returns within one tick
+            self.interrupted.append(signum)
 
-    old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        consumer.start()
-        consumer.add_streams(positions)
-        save()
-        for events in consumer.batches(tick):
+        old_handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            consumer.start()
+            consumer.add_streams(positions)
+            self.save()
+            self._print_events(tick, key_re, count, until_idle)
+        except KeyboardInterrupt:
+            pass
+        except BrokenPipeError:
+            self.save()
+            consumer.close()
+            raise
+        except BaseException:
+            try:
+                self.save()
+            finally:
+                consumer.close()
+            raise
+        finally:
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+        try:
+            self.save()
+        finally:
+            consumer.close()
+            if self.reporter is not None:
+                self.reporter.close()
+
+    def _print_events(self, tick: float, key_re: re.Pattern | None, count: Optional[int],
+                      until_idle: Optional[float]) -> None:
+        """The event loop: one pass per batch of events the consumer returns."""
+        printer, tracker, interrupted = self.printer, self.tracker, self.interrupted
+        last_change = self.last_change
+        stop = False
+        for events in self.consumer.batches(tick):
             now = time.monotonic()
             for ev in events:
                 kind = ev[EV_KIND]
                 if kind in _KIND:
-                    records += 1
+                    self.records += 1
                     last_change = now
                     # --filter matches the key without its collection prefix
                     if key_re is None or key_re.search(split_key(ev[EV_KEY], printer.names)[0]):
                         printer.record(ev)
-                        printed += 1
+                        self.printed += 1
                     tracker.see(ev)
-                    dirty = True
-                    if count is not None and printed >= count:
+                    self.dirty = True
+                    if count is not None and self.printed >= count:
                         stop = True
                         break
                 else:
                     printer.event(ev)
                     tracker.see(ev)
-                    dirty = True
+                    self.dirty = True
                 if interrupted:
                     break
             printer.flush()
@@ -502,34 +588,17 @@ def tail(
                 break
             if until_idle is not None and now - last_change >= until_idle:
                 break
-            if dirty and now - last_save >= _SAVE_EVERY:
-                save()
-            elif reporter is not None and reporter.due():
-                save()  # renew the watermark while idle too
-    except KeyboardInterrupt:
-        pass
-    except BrokenPipeError:
-        save()
-        consumer.close()
-        raise
-    except BaseException:
-        try:
-            save()
-        finally:
-            consumer.close()
-        raise
-    finally:
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)
-    try:
-        save()
-    finally:
-        consumer.close()
-        if reporter is not None:
-            reporter.close()
-    if verbose or is_verbose():
-        inflated = getattr(consumer.session, "values_decompressed", 0)
-        print(f"dcptool tail: {printed} documents shown ({records} changes received), "
-              f"{consumer.session.noops_answered} noops answered"
+            if self.dirty and now - self.last_save >= _SAVE_EVERY:
+                self.save()
+            elif self.reporter is not None and self.reporter.due():
+                self.save()  # renew the watermark while idle too
+
+    def summary(self) -> None:
+        """The --verbose line on stderr."""
+        session = self.consumer.session
+        inflated = getattr(session, "values_decompressed", 0)
+        print(f"dcptool tail: {self.printed} documents shown ({self.records} changes received), "
+              f"{session.noops_answered} noops answered"
               + (f", {inflated} values arrived snappy-compressed" if inflated else "")
-              + (f", state saved to {state}" if state is not None else ""), file=sys.stderr)
+              + (f", state saved to {self.state}" if self.state is not None else ""),
+              file=sys.stderr)

@@ -8,7 +8,7 @@ import typer
 
 from dcptool.archive.verify import verify_archive
 from dcptool.cli.app import app
-from dcptool.cli.backup import MasterOpt, NoProgressOpt, PartitionsOpt
+from dcptool.cli.options import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
 from dcptool.cli.output import backup_id_arg, human_bytes, note, plural, print_json, spark_progress

@@ -19,6 +19,7 @@ import typer
 from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
+from dcptool.cli.options import parse_ttl
 from dcptool.cli.output import console, plural, print_json, print_table, rough_duration, table_console
 from dcptool.client.privileges import WATERMARK_READ, WATERMARK_WRITE, check_privileges
 from dcptool.errors import DcptoolError, UsageError
@@ -46,17 +47,6 @@ app.add_typer(watermark_app, name="watermark")
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 DEFAULT_TTL = "7d"
 DEFAULT_INSTANCE = "default"
-
-
-def parse_ttl(text: str, what: str = "--ttl") -> float:
-    from dcptool.node.config import parse_duration
-
-    ttl = parse_duration(text, what=what)
-    if ttl is None or ttl <= 0:
-        raise UsageError(f"{what} must be positive")
-    if ttl > 366 * 86400:
-        raise UsageError(f"{what} must be at most 366 days")
-    return ttl
 
 
 def read_seqnos(path: str) -> dict[int, int]:

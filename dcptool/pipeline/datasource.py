@@ -48,7 +48,8 @@ from .plans import ScanPartition
 
 NAME = "dcptool"
 
-#: the columns, in order: (name, Spark SQL type)
+#: the columns, in order: (name, Spark SQL type); the `dcptool-stream` source's are these
+#: less the archive-only ones (`streamsource.ARCHIVE_ONLY`)
 COLUMNS = (
     ("backup_id", "string"),
     ("vbucket", "int"),

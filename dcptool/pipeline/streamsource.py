@@ -42,28 +42,16 @@ from typing import Any, Iterator
 from dcptool.errors import UsageError
 
 from .datasource import TRUE_WORDS, default_partitions
+from .datasource import COLUMNS as ARCHIVE_COLUMNS
 from .datasource import arrow_schema as _arrow_schema
 from .plans import StreamPartition
 
 NAME = "dcptool-stream"
 
-COLUMNS = (
-    ("vbucket", "int"),
-    ("type", "string"),
-    ("seqno", "bigint"),
-    ("rev_seqno", "bigint"),
-    ("cas", "bigint"),
-    ("flags", "bigint"),
-    ("expiry", "bigint"),
-    ("datatype", "int"),
-    ("key", "string"),
-    ("value", "binary"),
-    ("deleted", "boolean"),
-    ("delete_time", "bigint"),
-    ("scope", "string"),
-    ("collection", "string"),
-    ("collection_id", "bigint"),
-)
+#: the archive source's columns (`datasource.COLUMNS`, their one home) less those only an
+#: archive has: which backup, the xattrs apart, and dead by a later rollback
+ARCHIVE_ONLY = ("backup_id", "xattrs", "dead")
+COLUMNS = tuple((n, t) for n, t in ARCHIVE_COLUMNS if n not in ARCHIVE_ONLY)
 SCHEMA_DDL = ", ".join(f"{n} {t}" for n, t in COLUMNS)
 
 BATCH_ROWS = 16384
@@ -161,16 +149,7 @@ def plan_end(start: dict[str, dict], latest: dict[int, dict[str, int]],
 def stream_task(part: StreamPartition) -> Iterator[Any]:
     """Arrow batches of one micro-batch partition: stream each vbucket from its start
     position to its end seqno (see the module docstring)."""
-    import pyarrow as pa
-
-    from dcptool.client.events import (
-        DELETION, EV_CAS, EV_DATATYPE, EV_EXPIRY, EV_FLAGS, EV_KEY, EV_KIND, EV_REV_SEQNO,
-        EV_ROLLBACK_INFO, EV_SEQNO, EV_SYSTEM_EVENT, EV_VALUE, EV_VBUCKET, EXPIRATION, MUTATION,
-        ROLLBACK, SYSTEM_EVENT)
     from dcptool.client.ops import get_collections_manifest, get_failover_logs
-    from dcptool.protocol.collections import (EVENT_BEGIN_COLLECTION, EVENT_CREATE_SCOPE,
-                                              split_doc_key)
-    from dcptool.client.position import Position
     from dcptool.client.session import SessionConfig
 
     opts = part.opts
@@ -178,7 +157,25 @@ def stream_task(part: StreamPartition) -> Iterator[Any]:
     with opts.connect(collections=True) as conn:
         logs = get_failover_logs(conn, sorted(plan))
         manifest = get_collections_manifest(conn, missing_ok=True) if conn.collections else None
-    # collection names: {cid: (scope, collection)}, scopes {sid: name}
+    scopes, colls = _collection_names(manifest)
+    ends = {vb: e["seq"] for vb, (s, e) in plan.items()}
+    config = SessionConfig(name=part.name, no_value=not part.values,
+                           consistent=True, max_rollbacks=16, collections=True)
+    consumer = opts.consumer(config, on_rollback=_resume_at_rollback)
+    rows: list[tuple] = []
+    schema = arrow_schema()
+    try:
+        consumer.add_streams(_start_positions(plan, logs))
+        yield from _event_batches(consumer, ends, part.values, scopes, colls, rows, schema)
+    finally:
+        consumer.close()
+    if rows:
+        yield _to_batch(rows, colls, schema)
+
+
+def _collection_names(manifest) -> tuple[dict[int, str], dict[int, tuple[str | None, str]]]:
+    """The names a task starts with, from the node's manifest (None: a node without
+    collections): scopes {sid: name} and collections {cid: (scope, collection)}."""
     scopes: dict[int, str] = {0: "_default"}
     colls: dict[int, tuple[str | None, str]] = {0: ("_default", "_default")}
     if manifest is not None:
@@ -186,92 +183,109 @@ def stream_task(part: StreamPartition) -> Iterator[Any]:
             scopes[sc.uid] = sc.name
             for c in sc.collections:
                 colls[c.uid] = (sc.name, c.name)
-    ends = {vb: e["seq"] for vb, (s, e) in plan.items()}
-    rows: list[tuple] = []
-    schema = arrow_schema()
+    return scopes, colls
+
+
+def _resume_at_rollback(info):
+    """Resume from the node's rollback seqno itself, on the history the node shares with
+    the checkpoint (the newest failover entry at or below it)."""
+    return info.before.moved_to(info.rollback_seqno)
+
+
+def _start_positions(plan: dict[int, tuple[dict, dict]],
+                     logs: dict[int, Any]) -> dict[int, tuple[Any, int]]:
+    """{vb: (start Position, end seqno)} from the offsets' entries and the failover logs."""
+    from dcptool.client.position import Position
+
+    streams = {}
+    for vb, (s, e) in plan.items():
+        log = tuple((int(u), int(q)) for u, q in logs.get(vb, ()))
+        ss, se = min(s["ss"], s["seq"]), max(s["se"], s["seq"])
+        streams[vb] = (Position(s["uuid"], s["seq"], ss, se, log), e["seq"])
+    return streams
+
+
+def _event_batches(consumer, ends: dict[int, int], values: bool, scopes: dict[int, str],
+                   colls: dict[int, tuple[str | None, str]], rows: list[tuple],
+                   schema) -> Iterator[Any]:
+    """Arrow batches of the consumer's events: one row per item at or below its vbucket's
+    end seqno and per rollback, gathered in `rows` (what is left there at the end is the
+    caller's last batch); system events name the collections created meanwhile."""
+    from dcptool.client.events import (
+        DELETION, EV_CAS, EV_DATATYPE, EV_EXPIRY, EV_FLAGS, EV_KEY, EV_KIND, EV_REV_SEQNO,
+        EV_ROLLBACK_INFO, EV_SEQNO, EV_SYSTEM_EVENT, EV_VALUE, EV_VBUCKET, EXPIRATION, MUTATION,
+        ROLLBACK, SYSTEM_EVENT)
+    from dcptool.protocol.collections import EVENT_BEGIN_COLLECTION, EVENT_CREATE_SCOPE
+
     names = {MUTATION: "mutation", DELETION: "deletion", EXPIRATION: "expiration"}
+    for events in consumer.batches(tick=1.0):
+        for ev in events:
+            kind = ev[EV_KIND]
+            if kind == MUTATION or kind == DELETION or kind == EXPIRATION:
+                vb = ev[EV_VBUCKET]
+                if ev[EV_SEQNO] > ends[vb]:
+                    continue  # past this batch's end: the next batch reads it
+                if kind == MUTATION:
+                    rows.append((vb, "mutation", ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
+                                 ev[EV_FLAGS], ev[EV_EXPIRY], ev[EV_DATATYPE],
+                                 bytes(ev[EV_KEY]), bytes(ev[EV_VALUE]) if values else None,
+                                 False, None))
+                else:  # EV_EXPIRY holds the delete time
+                    rows.append((vb, names[kind], ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
+                                 None, None, ev[EV_DATATYPE], bytes(ev[EV_KEY]),
+                                 bytes(ev[EV_VALUE]) if values else None, True,
+                                 ev[EV_EXPIRY]))
+            elif kind == SYSTEM_EVENT:  # a collection created later: its name
+                sev = ev[EV_SYSTEM_EVENT]
+                if sev.event == EVENT_CREATE_SCOPE and sev.name:
+                    scopes[sev.scope_id] = sev.name
+                elif sev.event == EVENT_BEGIN_COLLECTION and sev.collection_id is not None:
+                    colls[sev.collection_id] = (scopes.get(sev.scope_id), sev.name)
+            elif kind == ROLLBACK:
+                info = ev[EV_ROLLBACK_INFO]
+                rows.append((ev[EV_VBUCKET], "rollback", info.after.seqno, None, None, None, None,
+                             None, None, None, None, None))
+        if len(rows) >= BATCH_ROWS:
+            batch = _to_batch(rows, colls, schema)
+            rows.clear()
+            yield batch
 
-    def on_rollback(info):
-        # resume from the node's rollback seqno itself, on the history the node shares
-        # with the checkpoint (the newest failover entry at or below it)
-        return info.before.moved_to(info.rollback_seqno)
 
-    def batch():
-        n = len(rows)
-        cols = [list(map(itemgetter(i), rows)) for i in range(12)]
-        # the key's collection: split once per row here, not in the event loop
-        kcols = []
-        for k in cols[8]:
-            if k is None:
-                kcols.append((None, None, None, None))
-                continue
-            cid, plain = split_doc_key(k) if k[:1] != b"\x00" else (0, k[1:])
-            sc, co = colls.get(cid) or (None, format(cid, "x"))
-            kcols.append((plain, sc, co, cid))
-        cols[8] = [c[0] for c in kcols]
-        out = pa.RecordBatch.from_arrays([
-            pa.array(cols[0], pa.int32()), pa.array(cols[1], pa.string()),
-            pa.array(cols[2], pa.int64()), pa.array(cols[3], pa.int64()),
-            pa.array([c if c is None or c < 1 << 63 else c - (1 << 64) for c in cols[4]],
-                     pa.int64()),
-            pa.array(cols[5], pa.int64()), pa.array(cols[6], pa.int64()),
-            pa.array(cols[7], pa.int32()),
-            pa.array([k if k is None else k.decode("utf-8", "replace") for k in cols[8]],
-                     pa.string()),
-            pa.array(cols[9], pa.binary()), pa.array(cols[10], pa.bool_()),
-            pa.array(cols[11], pa.int64()),
-            pa.array([c[1] for c in kcols], pa.string()),
-            pa.array([c[2] for c in kcols], pa.string()),
-            pa.array([c[3] for c in kcols], pa.int64()),
-        ], schema=schema)
-        rows.clear()
-        assert out.num_rows == n
-        return out
+def _to_batch(rows: list[tuple], colls: dict[int, tuple[str | None, str]], schema) -> Any:
+    """One Arrow RecordBatch of `COLUMNS` from event rows (the twelve columns up to
+    delete_time); the key is split into its collection's columns here, once per row, not
+    in the event loop."""
+    import pyarrow as pa
+    from dcptool.protocol.collections import split_doc_key
 
-    config = SessionConfig(name=part.name, no_value=not part.values,
-                           consistent=True, max_rollbacks=16, collections=True)
-    consumer = opts.consumer(config, on_rollback=on_rollback)
-    try:
-        streams = {}
-        for vb, (s, e) in plan.items():
-            log = tuple((int(u), int(q)) for u, q in logs.get(vb, ()))
-            ss, se = min(s["ss"], s["seq"]), max(s["se"], s["seq"])
-            streams[vb] = (Position(s["uuid"], s["seq"], ss, se, log), e["seq"])
-        consumer.add_streams(streams)
-        values = part.values
-        for events in consumer.batches(tick=1.0):
-            for ev in events:
-                kind = ev[EV_KIND]
-                if kind == MUTATION or kind == DELETION or kind == EXPIRATION:
-                    vb = ev[EV_VBUCKET]
-                    if ev[EV_SEQNO] > ends[vb]:
-                        continue  # past this batch's end: the next batch reads it
-                    if kind == MUTATION:
-                        rows.append((vb, "mutation", ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
-                                     ev[EV_FLAGS], ev[EV_EXPIRY], ev[EV_DATATYPE],
-                                     bytes(ev[EV_KEY]), bytes(ev[EV_VALUE]) if values else None,
-                                     False, None))
-                    else:  # EV_EXPIRY holds the delete time
-                        rows.append((vb, names[kind], ev[EV_SEQNO], ev[EV_REV_SEQNO], ev[EV_CAS],
-                                     None, None, ev[EV_DATATYPE], bytes(ev[EV_KEY]),
-                                     bytes(ev[EV_VALUE]) if values else None, True,
-                                     ev[EV_EXPIRY]))
-                elif kind == SYSTEM_EVENT:  # a collection created later: its name
-                    sev = ev[EV_SYSTEM_EVENT]
-                    if sev.event == EVENT_CREATE_SCOPE and sev.name:
-                        scopes[sev.scope_id] = sev.name
-                    elif sev.event == EVENT_BEGIN_COLLECTION and sev.collection_id is not None:
-                        colls[sev.collection_id] = (scopes.get(sev.scope_id), sev.name)
-                elif kind == ROLLBACK:
-                    info = ev[EV_ROLLBACK_INFO]
-                    rows.append((ev[EV_VBUCKET], "rollback", info.after.seqno, None, None, None, None,
-                                 None, None, None, None, None))
-            if len(rows) >= BATCH_ROWS:
-                yield batch()
-    finally:
-        consumer.close()
-    if rows:
-        yield batch()
+    n = len(rows)
+    cols = [list(map(itemgetter(i), rows)) for i in range(12)]
+    kcols = []
+    for k in cols[8]:
+        if k is None:
+            kcols.append((None, None, None, None))
+            continue
+        cid, plain = split_doc_key(k) if k[:1] != b"\x00" else (0, k[1:])
+        sc, co = colls.get(cid) or (None, format(cid, "x"))
+        kcols.append((plain, sc, co, cid))
+    cols[8] = [c[0] for c in kcols]
+    out = pa.RecordBatch.from_arrays([
+        pa.array(cols[0], pa.int32()), pa.array(cols[1], pa.string()),
+        pa.array(cols[2], pa.int64()), pa.array(cols[3], pa.int64()),
+        pa.array([c if c is None or c < 1 << 63 else c - (1 << 64) for c in cols[4]],
+                 pa.int64()),
+        pa.array(cols[5], pa.int64()), pa.array(cols[6], pa.int64()),
+        pa.array(cols[7], pa.int32()),
+        pa.array([k if k is None else k.decode("utf-8", "replace") for k in cols[8]],
+                 pa.string()),
+        pa.array(cols[9], pa.binary()), pa.array(cols[10], pa.bool_()),
+        pa.array(cols[11], pa.int64()),
+        pa.array([c[1] for c in kcols], pa.string()),
+        pa.array([c[2] for c in kcols], pa.string()),
+        pa.array([c[3] for c in kcols], pa.int64()),
+    ], schema=schema)
+    assert out.num_rows == n
+    return out
 
 
 try:

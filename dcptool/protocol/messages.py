@@ -4,19 +4,27 @@ Every message knows how to turn itself into a `Frame` (`to_frame`, `encode`) and
 to be read from one (`from_frame`). `decode_message` picks the type from the magic,
 opcode and status of a frame. Malformed sections raise `ProtocolError` naming the field.
 
+Most messages have one fixed layout: an extras struct, and a key and a value that are
+either absent or one field each. Such a message declares that layout once, as class
+attributes (`EXTRAS` with `EXTRAS_FIELDS`, `KEY`, `VALUE`, ...; see `Layout`), and its
+`body()` (message -> sections) and `parse()` (sections -> fields) follow from the
+declaration. Only the messages whose extras vary (optional tails, versions) write their
+own `body()` and `parse()`.
+
 Document keys are `bytes`; names (bucket, mechanism, control keys) are `str`.
 """
 from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from dataclasses import dataclass, fields
+from typing import Any, Callable, ClassVar
 
 from .constants import Magic, Opcode, Status
 from .errors import ProtocolError
 from .frame import Frame, encode_stream_id, split_stream_id
 
+U8 = struct.Struct(">B")
 U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
 U64 = struct.Struct(">Q")
@@ -37,6 +45,7 @@ VB_SEQNO = struct.Struct(">HQ")
 COMPACT_EXTRAS = struct.Struct(">QQBBHI")  # 24 bytes
 CLUSTER_CONFIG_EXTRAS = struct.Struct(">qq")
 MUTATION_SEQNO_EXTRAS = struct.Struct(">QQ")
+SYSTEM_EVENT_EXTRAS = struct.Struct(">QIB")  # 13 bytes
 
 
 def _name(raw: bytes) -> str:
@@ -68,12 +77,214 @@ def _encode_failover(entries) -> bytes:
     return b"".join(FAILOVER_ENTRY.pack(u, s) for u, s in entries)
 
 
+def _features(value: bytes) -> tuple[int, ...]:
+    if len(value) % 2:
+        raise ProtocolError("value", "HELLO feature list has an odd length")
+    return tuple(f for (f,) in U16.iter_unpack(value))
+
+
+def _encode_features(features) -> bytes:
+    return b"".join(U16.pack(f) for f in features)
+
+
+def _vb_seqnos(value: bytes) -> tuple[tuple[int, int], ...]:
+    if len(value) % 10:
+        raise ProtocolError("value", f"length {len(value)} is not a multiple of 10")
+    return tuple(VB_SEQNO.iter_unpack(value))
+
+
+def _encode_vb_seqnos(entries) -> bytes:
+    return b"".join(VB_SEQNO.pack(v, s) for v, s in entries)
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError("value", f"not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ProtocolError("value", "must be a JSON object")
+    return doc
+
+
+def _json_or_nothing(raw: bytes) -> bytes:
+    """`raw` itself, once it is known to be empty or one JSON object."""
+    if raw:
+        _json_object(raw)
+    return raw
+
+
+# ---------------------------------------------------------------------------
+# layouts
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """How a message carries its key or its value: in the field `field`.
+
+    `missing`, when set, is the error an empty section raises. `decode` turns the bytes
+    into the field's value and `encode` back (None: the bytes are the value); `decode`
+    raises `ProtocolError` naming the section when the bytes are malformed.
+    """
+
+    field: str
+    missing: str | None = None
+    decode: Callable[[bytes], Any] | None = None
+    encode: Callable[[Any], bytes] | None = None
+
+
+def _text(field: str, missing: str | None = None) -> Section:
+    """A section holding a name (UTF-8, undecodable bytes kept as surrogates)."""
+    return Section(field, missing, _name, _raw)
+
+
+def _number(field: str, st: struct.Struct) -> Section:
+    """A value section holding exactly one number of `st`."""
+    def decode(raw: bytes) -> int:
+        _expect_len("value", raw, st.size)
+        return st.unpack(raw)[0]
+    return Section(field, None, decode, st.pack)
+
+
+_LAYOUT_NAMES = ("EXTRAS", "EXTRAS_FIELDS", "KEY", "VALUE", "UNCHECKED", "MUST_BE_ZERO",
+                 "NON_ZERO", "OP_FIELD")
+
+
+class Layout:
+    """What a message's sections hold, declared once per class; `body()` and `parse()`
+    follow from it (`_derive`) unless the class writes its own.
+
+    - `EXTRAS`: the struct the extras are (None: the extras must be empty), and
+      `EXTRAS_FIELDS` the message field each of its items fills, in order. None names a
+      padding item (sent as 0, ignored when read); a name in `MUST_BE_ZERO` is a reserved
+      item (sent as 0, any other value read is an error naming it).
+    - `KEY`, `VALUE`: a `Section`, or None when the section must be empty.
+    - `UNCHECKED`: the sections ("extras", "key", "value") the message neither reads nor
+      checks (responses that ignore what a server may add).
+    - `NON_ZERO`: extras items that must not read 0.
+    - `OP_FIELD`: the message is one class for several opcodes, kept in its `op` field.
+
+    A decoded message checks, in this order: the extras' length; the sections that must
+    be empty; the sections that must not be; the key's and value's contents; the extras'
+    reserved items; `NON_ZERO`.
+    """
+
+    __slots__ = ()
+
+    EXTRAS: ClassVar[struct.Struct | None] = None
+    EXTRAS_FIELDS: ClassVar[tuple[str | None, ...]] = ()
+    KEY: ClassVar[Section | None] = None
+    VALUE: ClassVar[Section | None] = None
+    UNCHECKED: ClassVar[tuple[str, ...]] = ()
+    MUST_BE_ZERO: ClassVar[tuple[str, ...]] = ()
+    NON_ZERO: ClassVar[tuple[str, ...]] = ()
+    OP_FIELD: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        if any(name in own for name in _LAYOUT_NAMES):
+            _derive(cls)
+
+
+def _derive(cls: type) -> None:
+    """Give `cls` the `body()` and `parse()` its declared layout implies (those it does
+    not write itself).
+
+    They are compiled from the declaration into the code one would write by hand for it
+    (one struct pack or unpack, no loop over the fields), as `dataclasses` compiles
+    `__init__`: they run once per message the typed codec decodes or encodes, and cost
+    what hand-written ones would. `_layout_source(cls)` shows the code.
+    """
+    source, namespace = _layout_source(cls)
+    exec(source, namespace)  # noqa: S102 - generated from the class's own declaration
+    own = vars(cls)
+    for name in ("body", "parse"):
+        if name not in own:
+            fn = namespace[name]
+            fn.__qualname__ = f"{cls.__qualname__}.{name}"
+            setattr(cls, name, classmethod(fn) if name == "parse" else fn)
+
+
+def _layout_source(cls: type) -> tuple[str, dict[str, Any]]:
+    """The source of `body` and `parse` for a class's declared layout, and the globals it
+    needs (see `Layout` for the order of the checks)."""
+    st, names = cls.EXTRAS, cls.EXTRAS_FIELDS
+    key, value, unchecked = cls.KEY, cls.VALUE, cls.UNCHECKED
+    must_be_zero, non_zero = cls.MUST_BE_ZERO, cls.NON_ZERO
+    namespace: dict[str, Any] = {"_st": st, "_no": _no, "_expect_len": _expect_len,
+                                 "ProtocolError": ProtocolError}
+    sections = (("key", key), ("value", value))
+    for n in (*names, *(s.field for _, s in sections if s is not None), *must_be_zero, *non_zero):
+        if n is not None and not n.isidentifier():
+            raise TypeError(f"{cls.__name__}: {n!r} is not a field name")
+    if st is None and names:
+        raise TypeError(f"{cls.__name__}: EXTRAS_FIELDS without EXTRAS")
+    if st is not None and len(names) != len(st.unpack(bytes(st.size))):
+        raise TypeError(f"{cls.__name__}: EXTRAS_FIELDS does not name every item of EXTRAS")
+    if not set(non_zero) <= set(names) or not set(must_be_zero) <= set(names):
+        raise TypeError(f"{cls.__name__}: NON_ZERO and MUST_BE_ZERO name extras items")
+
+    # body(): (extras, key, value)
+    def encoded(tag: str, section: Section | None) -> str:
+        if section is None:
+            return 'b""'
+        if section.encode is None:
+            return f"self.{section.field}"
+        namespace[f"_{tag}_encode"] = section.encode
+        return f"_{tag}_encode(self.{section.field})"
+
+    extras = 'b""'
+    if st is not None:
+        items = ", ".join("0" if n is None or n in must_be_zero else f"self.{n}" for n in names)
+        extras = f"_st.pack({items})"
+    lines = ["def body(self):",
+             f"    return {extras}, {encoded('key', key)}, {encoded('value', value)}",
+             "",
+             "def parse(cls, frame):"]
+
+    # parse(): the checks, then the fields
+    if st is not None:
+        lines.append(f'    if len(frame.extras) != {st.size}: '
+                     f'_expect_len("extras", frame.extras, {st.size})')
+    elif "extras" not in unchecked:
+        lines.append('    if frame.extras: _no("extras", frame.extras)')
+    for tag, section in sections:
+        if section is None and tag not in unchecked:
+            lines.append(f'    if frame.{tag}: _no("{tag}", frame.{tag})')
+    for tag, section in sections:
+        if section is not None and section.missing is not None:
+            lines.append(f"    if not frame.{tag}: raise ProtocolError({tag!r}, {section.missing!r})")
+    fields_out = []
+    for tag, section in sections:
+        if section is None:
+            continue
+        if section.decode is None:
+            fields_out.append(f"{section.field!r}: frame.{tag}")
+        else:
+            namespace[f"_{tag}_decode"] = section.decode
+            lines.append(f"    {tag} = _{tag}_decode(frame.{tag})")
+            fields_out.append(f"{section.field!r}: {tag}")
+    if st is not None:
+        targets = ", ".join(f"_pad{i}" if n is None else f"x_{n}" for i, n in enumerate(names))
+        lines.append(f"    {targets}, = _st.unpack(frame.extras)")
+        for n in must_be_zero:
+            lines.append(f'    if x_{n}: raise ProtocolError({n!r}, "must be 0")')
+        fields_out += [f"{n!r}: x_{n}" for n in names if n is not None and n not in must_be_zero]
+    for n in non_zero:
+        lines.append(f'    if x_{n} == 0: raise ProtocolError({n!r}, "must be non-zero")')
+    if cls.OP_FIELD:
+        fields_out.append("'op': frame.opcode")
+    lines.append("    return {" + ", ".join(fields_out) + "}")
+    return "\n".join(lines) + "\n", namespace
+
+
 # ---------------------------------------------------------------------------
 # base classes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Request:
+class Request(Layout):
     """Common header fields of a request (magic 0x80, or 0x08 with frame infos)."""
 
     OPCODE: ClassVar[int] = -1
@@ -89,10 +300,6 @@ class Request:
     def opcode(self) -> int:
         return self.OPCODE
 
-    def body(self) -> tuple[bytes, bytes, bytes]:
-        """(extras, key, value)"""
-        return b"", b"", b""
-
     def to_frame(self) -> Frame:
         extras, key, value = self.body()
         framing = (encode_stream_id(self.stream_id) if self.stream_id is not None else b"") + self.framing_rest
@@ -103,14 +310,6 @@ class Request:
         return self.to_frame().encode()
 
     @classmethod
-    def parse(cls, frame: Frame) -> dict[str, Any]:
-        """The message-specific fields of `frame`."""
-        _no("extras", frame.extras)
-        _no("key", frame.key)
-        _no("value", frame.value)
-        return {}
-
-    @classmethod
     def from_frame(cls, frame: Frame):
         sid, rest = split_stream_id(frame.framing)
         return cls(vbucket=frame.specific, opaque=frame.opaque, cas=frame.cas,
@@ -118,7 +317,7 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Response:
+class Response(Layout):
     """Common header fields of a response (magic 0x81, or 0x18)."""
 
     OPCODE: ClassVar[int] = -1
@@ -133,9 +332,6 @@ class Response:
     def opcode(self) -> int:
         return self.OPCODE
 
-    def body(self) -> tuple[bytes, bytes, bytes]:
-        return b"", b"", b""
-
     def to_frame(self) -> Frame:
         extras, key, value = self.body()
         return Frame(Magic.RESPONSE, self.opcode, self.status, self.opaque, self.cas,
@@ -145,18 +341,13 @@ class Response:
         return self.to_frame().encode()
 
     @classmethod
-    def parse(cls, frame: Frame) -> dict[str, Any]:
-        _no("extras", frame.extras)
-        _no("key", frame.key)
-        _no("value", frame.value)
-        return {}
-
-    @classmethod
     def from_frame(cls, frame: Frame):
         return cls(status=frame.specific, opaque=frame.opaque, cas=frame.cas,
                    datatype=frame.datatype, framing=frame.framing, **cls.parse(frame))
 
 
+_derive(Request)
+_derive(Response)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenericRequest(Request):
     """A request with no typed layout here (or an unknown opcode): sections kept raw."""
@@ -218,34 +409,18 @@ class GenericResponse(Response):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Hello(Request):
     OPCODE: ClassVar[int] = Opcode.HELLO
+    KEY = _text("user_agent")
+    VALUE = Section("features", None, _features, _encode_features)
     user_agent: str = ""
     features: tuple[int, ...] = ()
-
-    def body(self):
-        return b"", _raw(self.user_agent), b"".join(U16.pack(f) for f in self.features)
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        if len(frame.value) % 2:
-            raise ProtocolError("value", "HELLO feature list has an odd length")
-        return {"user_agent": _name(frame.key),
-                "features": tuple(f for (f,) in U16.iter_unpack(frame.value))}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HelloResponse(Response):
     OPCODE: ClassVar[int] = Opcode.HELLO
+    UNCHECKED = ("extras", "key")
+    VALUE = Section("features", None, _features, _encode_features)
     features: tuple[int, ...] = ()
-
-    def body(self):
-        return b"", b"", b"".join(U16.pack(f) for f in self.features)
-
-    @classmethod
-    def parse(cls, frame):
-        if len(frame.value) % 2:
-            raise ProtocolError("value", "HELLO feature list has an odd length")
-        return {"features": tuple(f for (f,) in U16.iter_unpack(frame.value))}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -256,31 +431,19 @@ class SaslListMechs(Request):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SaslListMechsResponse(Response):
     OPCODE: ClassVar[int] = Opcode.SASL_LIST_MECHS
+    UNCHECKED = ("extras", "key")
+    VALUE = Section("mechanisms", None, lambda raw: tuple(_name(raw).split()),
+                    lambda mechanisms: " ".join(mechanisms).encode())
     mechanisms: tuple[str, ...] = ()
-
-    def body(self):
-        return b"", b"", " ".join(self.mechanisms).encode()
-
-    @classmethod
-    def parse(cls, frame):
-        return {"mechanisms": tuple(_name(frame.value).split())}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SaslAuth(Request):
     OPCODE: ClassVar[int] = Opcode.SASL_AUTH
+    KEY = _text("mechanism", missing="SASL mechanism name is missing")
+    VALUE = Section("payload")
     mechanism: str = ""
     payload: bytes = b""
-
-    def body(self):
-        return b"", _raw(self.mechanism), self.payload
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        if not frame.key:
-            raise ProtocolError("key", "SASL mechanism name is missing")
-        return {"mechanism": _name(frame.key), "payload": frame.value}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -291,34 +454,15 @@ class SaslStep(SaslAuth):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SelectBucket(Request):
     OPCODE: ClassVar[int] = Opcode.SELECT_BUCKET
+    KEY = _text("bucket", missing="bucket name is missing")
     bucket: str = ""
-
-    def body(self):
-        return b"", _raw(self.bucket), b""
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        _no("value", frame.value)
-        if not frame.key:
-            raise ProtocolError("key", "bucket name is missing")
-        return {"bucket": _name(frame.key)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GetErrorMap(Request):
     OPCODE: ClassVar[int] = Opcode.GET_ERROR_MAP
+    VALUE = _number("version", U16)
     version: int = 1
-
-    def body(self):
-        return b"", b"", U16.pack(self.version)
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        _no("key", frame.key)
-        _expect_len("value", frame.value, 2)
-        return {"version": U16.unpack(frame.value)[0]}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -329,14 +473,9 @@ class Version(Request):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VersionResponse(Response):
     OPCODE: ClassVar[int] = Opcode.VERSION
+    UNCHECKED = ("extras", "key")
+    VALUE = _text("version")
     version: str = ""
-
-    def body(self):
-        return b"", b"", _raw(self.version)
-
-    @classmethod
-    def parse(cls, frame):
-        return {"version": _name(frame.value)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -352,16 +491,10 @@ class Quit(Request):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Stat(Request):
     OPCODE: ClassVar[int] = Opcode.STAT
+    KEY = _text("group")
+    VALUE = Section("payload")
     group: str = ""
     payload: bytes = b""
-
-    def body(self):
-        return b"", _raw(self.group), self.payload
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        return {"group": _name(frame.key), "payload": frame.value}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -369,20 +502,16 @@ class StatResponse(Response):
     """One statistic; a response with an empty key ends the group."""
 
     OPCODE: ClassVar[int] = Opcode.STAT
+    KEY = _text("key")
+    VALUE = Section("value")
     key: str = ""
     value: bytes = b""
-
-    def body(self):
-        return b"", _raw(self.key), self.value
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        return {"key": _name(frame.key), "value": frame.value}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GetClusterConfig(Request):
+    """Extras optional: none, or the epoch and revision the client already has."""
+
     OPCODE: ClassVar[int] = Opcode.GET_CLUSTER_CONFIG
     epoch: int | None = None
     revision: int | None = None
@@ -410,53 +539,32 @@ class GetClusterConfig(Request):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Get(Request):
     OPCODE: ClassVar[int] = Opcode.GET
+    KEY = Section("key", missing="key is missing")
     key: bytes = b""
-
-    def body(self):
-        return b"", self.key, b""
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        _no("value", frame.value)
-        if not frame.key:
-            raise ProtocolError("key", "key is missing")
-        return {"key": frame.key}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GetResponse(Response):
     OPCODE: ClassVar[int] = Opcode.GET
+    EXTRAS = U32
+    EXTRAS_FIELDS = ("flags",)
+    UNCHECKED = ("key",)
+    VALUE = Section("value")
     flags: int = 0
     value: bytes = b""
-
-    def body(self):
-        return U32.pack(self.flags), b"", self.value
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 4)
-        return {"flags": U32.unpack(frame.extras)[0], "value": frame.value}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Set(Request):
     OPCODE: ClassVar[int] = Opcode.SET
+    EXTRAS = STORE_EXTRAS
+    EXTRAS_FIELDS = ("flags", "expiry")
+    KEY = Section("key", missing="key is missing")
+    VALUE = Section("value")
     key: bytes = b""
     value: bytes = b""
     flags: int = 0
     expiry: int = 0
-
-    def body(self):
-        return STORE_EXTRAS.pack(self.flags, self.expiry), self.key, self.value
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 8)
-        if not frame.key:
-            raise ProtocolError("key", "key is missing")
-        flags, expiry = STORE_EXTRAS.unpack(frame.extras)
-        return {"key": frame.key, "value": frame.value, "flags": flags, "expiry": expiry}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -472,22 +580,14 @@ class Replace(Set):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Delete(Request):
     OPCODE: ClassVar[int] = Opcode.DELETE
+    KEY = Section("key", missing="key is missing")
     key: bytes = b""
-
-    def body(self):
-        return b"", self.key, b""
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        _no("value", frame.value)
-        if not frame.key:
-            raise ProtocolError("key", "key is missing")
-        return {"key": frame.key}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GetMeta(Request):
+    """Extras optional: none, or the one-byte version (2 = also return the datatype)."""
+
     OPCODE: ClassVar[int] = Opcode.GET_META
     key: bytes = b""
     version: int | None = None  # 2 = also return the datatype
@@ -509,6 +609,8 @@ class GetMeta(Request):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GetMetaResponse(Response):
+    """Extras: 20 bytes, and the document's datatype as a 21st when version 2 asked."""
+
     OPCODE: ClassVar[int] = Opcode.GET_META
     deleted: int = 0
     flags: int = 0
@@ -535,6 +637,7 @@ class SetWithMeta(Request):
     """SET_WITH_META (or SETQ_WITH_META when `quiet`): store a document with its metadata.
 
     Header `cas` compares against the existing document; `meta_cas` is the CAS to store.
+    Extras: 24 bytes, then optional options (u32) and nmeta (u16).
     """
 
     OPCODE: ClassVar[int] = Opcode.SET_WITH_META
@@ -585,6 +688,8 @@ class DelWithMeta(SetWithMeta):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GetAllVbSeqnos(Request):
+    """Extras optional: none, a vbucket state (u32), or a state and a collection id."""
+
     OPCODE: ClassVar[int] = Opcode.GET_ALL_VB_SEQNOS
     state: int | None = None
     collection: int | None = None
@@ -610,16 +715,9 @@ class GetAllVbSeqnos(Request):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GetAllVbSeqnosResponse(Response):
     OPCODE: ClassVar[int] = Opcode.GET_ALL_VB_SEQNOS
+    UNCHECKED = ("extras", "key")
+    VALUE = Section("entries", None, _vb_seqnos, _encode_vb_seqnos)
     entries: tuple[tuple[int, int], ...] = ()
-
-    def body(self):
-        return b"", b"", b"".join(VB_SEQNO.pack(v, s) for v, s in self.entries)
-
-    @classmethod
-    def parse(cls, frame):
-        if len(frame.value) % 10:
-            raise ProtocolError("value", f"length {len(frame.value)} is not a multiple of 10")
-        return {"entries": tuple(VB_SEQNO.iter_unpack(frame.value))}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -640,6 +738,8 @@ class DcpGetFailoverLog(Request):
 class FailoverLogResponse(Response):
     """A failover log, newest entry first, as (vbucket uuid, seqno) pairs."""
 
+    OP_FIELD = True
+    VALUE = Section("entries", None, _failover_entries, _encode_failover)
     op: int = Opcode.GET_FAILOVER_LOG
     entries: tuple[tuple[int, int], ...] = ()
 
@@ -647,52 +747,26 @@ class FailoverLogResponse(Response):
     def opcode(self) -> int:
         return self.op
 
-    def body(self):
-        return b"", b"", _encode_failover(self.entries)
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        _no("key", frame.key)
-        return {"op": frame.opcode, "entries": _failover_entries(frame.value)}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SetVbucket(Request):
     OPCODE: ClassVar[int] = Opcode.SET_VBUCKET
+    EXTRAS = U8
+    EXTRAS_FIELDS = ("state",)
+    VALUE = Section("value")
     state: int = 1
     value: bytes = b""
-
-    def body(self):
-        return bytes([self.state]), b"", self.value
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 1)
-        _no("key", frame.key)
-        return {"state": frame.extras[0], "value": frame.value}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompactDb(Request):
     OPCODE: ClassVar[int] = Opcode.COMPACT_DB
+    EXTRAS = COMPACT_EXTRAS
+    EXTRAS_FIELDS = ("purge_before_ts", "purge_before_seq", "drop_deletes", None, "db_file_id", None)
     purge_before_ts: int = 0
     purge_before_seq: int = 0
     drop_deletes: int = 0
     db_file_id: int = 0
-
-    def body(self):
-        return COMPACT_EXTRAS.pack(self.purge_before_ts, self.purge_before_seq,
-                                   self.drop_deletes, 0, self.db_file_id, 0), b"", b""
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 24)
-        _no("key", frame.key)
-        _no("value", frame.value)
-        ts, seq, drop, _pad, vb, _pad2 = COMPACT_EXTRAS.unpack(frame.extras)
-        return {"purge_before_ts": ts, "purge_before_seq": seq, "drop_deletes": drop,
-                "db_file_id": vb}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -701,23 +775,14 @@ class HwtRequest(Request):
     table extension (docs/protocol-extensions.md). No extras, no key; the value is one
     JSON object (HWT_LIST may send none). The answer is a JSON object too."""
 
+    OP_FIELD = True
+    VALUE = Section("value", None, _json_or_nothing)
     op: int = Opcode.HWT_LIST
     value: bytes = b""
 
     @property
     def opcode(self) -> int:
         return self.op
-
-    def body(self):
-        return b"", b"", self.value
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        _no("key", frame.key)
-        if frame.value:
-            _json_object(frame.value)
-        return {"op": frame.opcode, "value": frame.value}
 
     def document(self) -> dict[str, Any] | None:
         """The value as a dict (None when there is no value)."""
@@ -732,16 +797,6 @@ class HwtRequest(Request):
         return cls(op=op, value=raw, datatype=0x01, **header)
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        doc = json.loads(bytes(raw).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ProtocolError("value", f"not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ProtocolError("value", "must be a JSON object")
-    return doc
-
-
 # ---------------------------------------------------------------------------
 # DCP, client to producer
 
@@ -749,27 +804,21 @@ def _json_object(raw: bytes) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcpOpen(Request):
     OPCODE: ClassVar[int] = Opcode.DCP_OPEN
+    EXTRAS = OPEN_EXTRAS
+    EXTRAS_FIELDS = ("seqno_reserved", "flags")
+    KEY = _text("name", missing="DCP connection name is missing")
+    VALUE = Section("value")
     name: str = ""
     flags: int = 0
     seqno_reserved: int = 0
     value: bytes = b""
 
-    def body(self):
-        return OPEN_EXTRAS.pack(self.seqno_reserved, self.flags), _raw(self.name), self.value
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 8)
-        if not frame.key:
-            raise ProtocolError("key", "DCP connection name is missing")
-        reserved, flags = OPEN_EXTRAS.unpack(frame.extras)
-        return {"name": _name(frame.key), "flags": flags, "seqno_reserved": reserved,
-                "value": frame.value}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcpControl(Request):
     OPCODE: ClassVar[int] = Opcode.DCP_CONTROL
+    KEY = _text("key", missing="control name is missing")
+    VALUE = Section("value", missing="control value is missing")
     key: str = ""
     value: bytes = b""
 
@@ -778,52 +827,31 @@ class DcpControl(Request):
         """The setting as text, without the NUL padding some clients send."""
         return self.value.rstrip(b"\x00").decode("utf-8", "replace")
 
-    def body(self):
-        return b"", _raw(self.key), self.value
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        if not frame.key:
-            raise ProtocolError("key", "control name is missing")
-        if not frame.value:
-            raise ProtocolError("value", "control value is missing")
-        return {"key": _name(frame.key), "value": frame.value}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcpAddStream(Request):
     OPCODE: ClassVar[int] = Opcode.DCP_ADD_STREAM
+    EXTRAS = U32
+    EXTRAS_FIELDS = ("flags",)
     flags: int = 0
-
-    def body(self):
-        return U32.pack(self.flags), b"", b""
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 4)
-        _no("key", frame.key)
-        _no("value", frame.value)
-        return {"flags": U32.unpack(frame.extras)[0]}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcpAddStreamResponse(Response):
     OPCODE: ClassVar[int] = Opcode.DCP_ADD_STREAM
+    EXTRAS = U32
+    EXTRAS_FIELDS = ("stream_opaque",)
+    UNCHECKED = ("key", "value")
     stream_opaque: int = 0
-
-    def body(self):
-        return U32.pack(self.stream_opaque), b"", b""
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 4)
-        return {"stream_opaque": U32.unpack(frame.extras)[0]}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcpStreamReq(Request):
     OPCODE: ClassVar[int] = Opcode.DCP_STREAM_REQ
+    EXTRAS = STREAM_REQ_EXTRAS
+    EXTRAS_FIELDS = ("flags", "reserved", "start_seqno", "end_seqno", "vbucket_uuid",
+                     "snap_start_seqno", "snap_end_seqno")
+    VALUE = Section("value")
     flags: int = 0
     reserved: int = 0
     start_seqno: int = 0
@@ -833,35 +861,14 @@ class DcpStreamReq(Request):
     snap_end_seqno: int = 0
     value: bytes = b""
 
-    def body(self):
-        return STREAM_REQ_EXTRAS.pack(self.flags, self.reserved, self.start_seqno, self.end_seqno,
-                                      self.vbucket_uuid, self.snap_start_seqno,
-                                      self.snap_end_seqno), b"", self.value
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 48)
-        _no("key", frame.key)
-        f, r, s, e, u, ss, se = STREAM_REQ_EXTRAS.unpack(frame.extras)
-        return {"flags": f, "reserved": r, "start_seqno": s, "end_seqno": e, "vbucket_uuid": u,
-                "snap_start_seqno": ss, "snap_end_seqno": se, "value": frame.value}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamReqOk(Response):
     """Successful STREAM_REQ: the vbucket's failover log, newest first."""
 
     OPCODE: ClassVar[int] = Opcode.DCP_STREAM_REQ
+    VALUE = Section("failover_log", None, _failover_entries, _encode_failover)
     failover_log: tuple[tuple[int, int], ...] = ()
-
-    def body(self):
-        return b"", b"", _encode_failover(self.failover_log)
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        _no("key", frame.key)
-        return {"failover_log": _failover_entries(frame.value)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -869,18 +876,9 @@ class StreamReqRollback(Response):
     """STREAM_REQ answered ROLLBACK: the client must roll back to at most this seqno."""
 
     OPCODE: ClassVar[int] = Opcode.DCP_STREAM_REQ
+    VALUE = _number("rollback_seqno", U64)
     status: int = Status.ROLLBACK
     rollback_seqno: int = 0
-
-    def body(self):
-        return b"", b"", U64.pack(self.rollback_seqno)
-
-    @classmethod
-    def parse(cls, frame):
-        _no("extras", frame.extras)
-        _no("key", frame.key)
-        _expect_len("value", frame.value, 8)
-        return {"rollback_seqno": U64.unpack(frame.value)[0]}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -891,17 +889,9 @@ class DcpCloseStream(Request):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcpBufferAck(Request):
     OPCODE: ClassVar[int] = Opcode.DCP_BUFFER_ACKNOWLEDGEMENT
+    EXTRAS = U32
+    EXTRAS_FIELDS = ("bytes_to_ack",)
     bytes_to_ack: int = 0
-
-    def body(self):
-        return U32.pack(self.bytes_to_ack), b"", b""
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 4)
-        _no("key", frame.key)
-        _no("value", frame.value)
-        return {"bytes_to_ack": U32.unpack(frame.extras)[0]}
 
 
 # ---------------------------------------------------------------------------
@@ -911,17 +901,9 @@ class DcpBufferAck(Request):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcpStreamEnd(Request):
     OPCODE: ClassVar[int] = Opcode.DCP_STREAM_END
+    EXTRAS = U32
+    EXTRAS_FIELDS = ("reason",)
     reason: int = 0
-
-    def body(self):
-        return U32.pack(self.reason), b"", b""
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 4)
-        _no("key", frame.key)
-        _no("value", frame.value)
-        return {"reason": U32.unpack(frame.extras)[0]}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -976,6 +958,12 @@ class DcpSnapshotMarker(Request):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcpMutation(Request):
     OPCODE: ClassVar[int] = Opcode.DCP_MUTATION
+    EXTRAS = MUTATION_EXTRAS
+    EXTRAS_FIELDS = ("by_seqno", "rev_seqno", "flags", "expiry", "lock_time", "nmeta", "nru")
+    MUST_BE_ZERO = ("nmeta",)
+    NON_ZERO = ("by_seqno",)
+    KEY = Section("key", missing="key is missing")
+    VALUE = Section("value")
     key: bytes = b""
     value: bytes = b""
     by_seqno: int = 0
@@ -984,23 +972,6 @@ class DcpMutation(Request):
     expiry: int = 0
     lock_time: int = 0
     nru: int = 0
-
-    def body(self):
-        return MUTATION_EXTRAS.pack(self.by_seqno, self.rev_seqno, self.flags, self.expiry,
-                                    self.lock_time, 0, self.nru), self.key, self.value
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 31)
-        if not frame.key:
-            raise ProtocolError("key", "key is missing")
-        s, r, f, e, lt, nmeta, nru = MUTATION_EXTRAS.unpack(frame.extras)
-        if nmeta:
-            raise ProtocolError("nmeta", "must be 0")
-        if s == 0:
-            raise ProtocolError("by_seqno", "must be non-zero")
-        return {"key": frame.key, "value": frame.value, "by_seqno": s, "rev_seqno": r,
-                "flags": f, "expiry": e, "lock_time": lt, "nru": nru}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1040,39 +1011,23 @@ class DcpDeletion(Request):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcpExpiration(Request):
     OPCODE: ClassVar[int] = Opcode.DCP_EXPIRATION
+    EXTRAS = EXPIRATION_EXTRAS
+    EXTRAS_FIELDS = ("by_seqno", "rev_seqno", "delete_time")
+    KEY = Section("key", missing="key is missing")
+    VALUE = Section("value")
     key: bytes = b""
     value: bytes = b""
     by_seqno: int = 0
     rev_seqno: int = 0
     delete_time: int = 0
 
-    def body(self):
-        return EXPIRATION_EXTRAS.pack(self.by_seqno, self.rev_seqno, self.delete_time), self.key, self.value
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 20)
-        if not frame.key:
-            raise ProtocolError("key", "key is missing")
-        s, r, dt = EXPIRATION_EXTRAS.unpack(frame.extras)
-        return {"key": frame.key, "value": frame.value, "by_seqno": s, "rev_seqno": r,
-                "delete_time": dt}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcpSetVbucketState(Request):
     OPCODE: ClassVar[int] = Opcode.DCP_SET_VBUCKET_STATE
+    EXTRAS = U8
+    EXTRAS_FIELDS = ("state",)
     state: int = 1
-
-    def body(self):
-        return bytes([self.state]), b"", b""
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 1)
-        _no("key", frame.key)
-        _no("value", frame.value)
-        return {"state": frame.extras[0]}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1083,17 +1038,9 @@ class DcpNoop(Request):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcpSeqnoAdvanced(Request):
     OPCODE: ClassVar[int] = Opcode.DCP_SEQNO_ADVANCED
+    EXTRAS = U64
+    EXTRAS_FIELDS = ("by_seqno",)
     by_seqno: int = 0
-
-    def body(self):
-        return U64.pack(self.by_seqno), b"", b""
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 8)
-        _no("key", frame.key)
-        _no("value", frame.value)
-        return {"by_seqno": U64.unpack(frame.extras)[0]}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1102,24 +1049,15 @@ class DcpSystemEvent(Request):
     per event (`dcptool.protocol.collections.SystemEvent` decodes them)."""
 
     OPCODE: ClassVar[int] = Opcode.DCP_SYSTEM_EVENT
+    EXTRAS = SYSTEM_EVENT_EXTRAS
+    EXTRAS_FIELDS = ("by_seqno", "event", "version")
+    KEY = Section("key", None, bytes)
+    VALUE = Section("value", None, bytes)
     by_seqno: int = 0
     event: int = 0
     version: int = 0
     key: bytes = b""
     value: bytes = b""
-
-    def body(self):
-        return _SYSEV.pack(self.by_seqno, self.event, self.version), self.key, self.value
-
-    @classmethod
-    def parse(cls, frame):
-        _expect_len("extras", frame.extras, 13)
-        by_seqno, event, version = _SYSEV.unpack(frame.extras)
-        return {"by_seqno": by_seqno, "event": event, "version": version,
-                "key": bytes(frame.key), "value": bytes(frame.value)}
-
-
-_SYSEV = struct.Struct(">QIB")
 
 
 # ---------------------------------------------------------------------------
