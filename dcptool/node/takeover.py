@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from dcptool.protocol.constants import SEQNO_MAX, StreamEndReason, StreamFlag, VBucketState
 
 from .hwtrepl import adopt
-from .replication import (SYSTEM_EVENT, SnapshotBuffer, apply_snapshot, close_consumer,
+from .replication import (SYSTEM_EVENT, Replication, SnapshotBuffer, apply_snapshot, close_consumer,
                           position_after_rollback, position_at_high_seqno, record_seqno,
                           rollback, session_config)
 
