@@ -90,36 +90,64 @@ def backup_path(archive_root: str | os.PathLike[str], backup_id: str) -> Path:
     return storage.location(archive_root) / BACKUPS_DIR / backup_id
 
 
+def _reopened(path: Any, meta: dict[str, Any], key: tuple[str, bytes] | None,
+              key_id: str | None) -> "Archive":
+    """An opened archive from its pickle (see Archive.__reduce__)."""
+    return Archive(path, meta, None if key is None else crypto.DataKey(*key), key_id)
+
+
 #: manifests this process read and checked, by file identity (see Archive.manifest)
 _MANIFESTS: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 class Archive:
-    """An archive directory. Open with `Archive.open(path)` or make one with `Archive.create`."""
+    """An opened archive: the one object that carries an archive through the layers.
 
-    def __init__(self, path: Any, meta: dict[str, Any]):
+    Its location (`path`: a local path or an object-store location), what archive.json
+    says (`meta`) and, for an encrypted archive, its data key (`key`, None for a plain
+    archive) with the id of the key file the passphrase opened (`key_id`). A command opens
+    it once (`Archive.open`, `Archive.create`; the CLI with `cli/passphrase.py:
+    opened_archive`) and passes it in; whoever reads or writes a file of the archive uses
+    its key. It pickles with its key for Spark tasks (docs/spark.md: the key travels to
+    executors only where the Spark configuration protects it); its repr never shows the key.
+    """
+
+    def __init__(self, path: Any, meta: dict[str, Any], key: crypto.DataKey | None = None,
+                 key_id: str | None = None):
         self.path = storage.location(path)
         self.meta = meta
+        self.key = key
+        self.key_id = key_id
+
+    def __reduce__(self):
+        # what a Spark task receives: the location, archive.json and the data key (a
+        # secret: docs/spark.md says when it may travel), never a passphrase
+        key = None if self.key is None else (self.key.uuid, self.key.secret())
+        return (_reopened, (self.path, self.meta, key, self.key_id))
+
+    def at(self, root: Any) -> "Archive":
+        """The same archive (meta, key) rooted at `root`: a merge's staging directory."""
+        return Archive(root, self.meta, self.key, self.key_id)
 
     # -- opening and creating ---------------------------------------------------------------
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, bucket: str, vbuckets: int = 1024,
                exist_ok: bool = False, extra: dict[str, Any] | None = None,
-               passphrase: str | None = None) -> "Archive":
+               passphrase: str | None = None,
+               source: crypto.PassphraseSource | None = None) -> "Archive":
         """Create a new archive (the directory may exist if it is empty).
 
-        With `exist_ok`, an existing archive is opened instead (its bucket must match).
-        With `passphrase` (or one `crypto.request_encryption` left for this location), the
+        With `exist_ok`, an existing archive is opened instead (its bucket must match; an
+        encrypted one unlocks with `passphrase` or from `source`). With `passphrase`, a new
         archive is encrypted: a new data key, wrapped under the passphrase in keys/.
         """
         path = storage.location(path)
-        if passphrase is None:
-            passphrase = crypto.take_request(path)
         if (path / ARCHIVE_JSON).exists():
             if not exist_ok:
                 raise ArchiveError(f"{path} already holds an archive")
-            archive = cls.open(path)
+            archive = cls.open(path, passphrase=passphrase if passphrase is not None
+                               else source)
             if archive.bucket != bucket:
                 raise ArchiveError(f"archive {path} holds bucket {archive.bucket!r}, "
                                    f"not {bucket!r}")
@@ -146,6 +174,7 @@ class Archive:
             "created": iso_time(utc_now()),
             "extra": dict(extra or {}),
         }
+        dk = key_id = None
         if passphrase is not None:
             # version 4 keeps dcptool without encryption from reading or writing it
             meta["version"] = ENCRYPTED_VERSION
@@ -154,13 +183,16 @@ class Archive:
             meta["encryption"]["mac"] = crypto.archive_mac(dk, meta)
             make_dir(crypto.keys_dir(path))
             crypto.write_key_file(path, keydoc)
-            crypto.register(meta["uuid"], dk._key, path)
-        crypto.note_archive(path, meta)
+            key_id = keydoc["id"]
         atomic_write_json(path / ARCHIVE_JSON, meta)
-        return cls(path, meta)
+        return cls(path, meta, dk, key_id)
 
     @classmethod
-    def open(cls, path: Any) -> "Archive":
+    def open(cls, path: Any, *,
+             passphrase: str | crypto.PassphraseSource | None = None) -> "Archive":
+        """Open the archive at `path`; an encrypted one is unlocked here, before any work
+        (a wrong passphrase stops here): with `passphrase`, or one read from the source
+        given (--passphrase-file, --passphrase-command), the environment or the prompt."""
         path = storage.location(path)
         if storage.is_remote(path):
             if not path.is_dir():
@@ -192,9 +224,8 @@ class Archive:
                 raise NotAnArchiveError(f"{meta_path}: field {key!r} is missing or not a "
                                         f"{typ.__name__}")
         if encrypted:
-            crypto.unlock(path, meta)  # the key, before any work (a wrong passphrase stops here)
-        else:
-            crypto.note_archive(path, meta)
+            dk, key_id = crypto.unlock(path, meta, passphrase)
+            return cls(path, meta, dk, key_id)
         return cls(path, meta)
 
     @property
@@ -223,7 +254,8 @@ class Archive:
         return backup_path(self.path, backup_id)
 
     def __repr__(self) -> str:
-        return f"Archive({str(self.path)!r}, bucket={self.bucket!r})"
+        return f"Archive({str(self.path)!r}, bucket={self.bucket!r}" \
+               f"{', encrypted' if self.key is not None else ''})"
 
     # -- listing ------------------------------------------------------------------------------
 
@@ -262,7 +294,7 @@ class Archive:
             doc = _MANIFESTS.get(ident)
             if doc is not None:
                 return doc
-            doc = json.loads(crypto.read_file(path).decode("utf-8"))
+            doc = read_json(path, self.key)
         except FileNotFoundError:
             if self.backup_dir(backup_id).is_dir():
                 raise ArchiveError(f"backup {backup_id} is partial (it has no manifest)") from None
@@ -297,7 +329,7 @@ class Archive:
         return False
 
     def backup(self, backup_id: str) -> Backup:
-        return Backup(self.path, self.manifest(backup_id))
+        return Backup(self, self.manifest(backup_id))
 
     def manifests(self) -> dict[str, dict[str, Any]]:
         """The manifest of every committed backup, by id (each read and checked once)."""
@@ -497,7 +529,7 @@ class Archive:
                 intent["collections"] = collections
                 if data is not None:
                     intent["data"] = data
-            atomic_write_json(bdir / BACKUP_JSON, intent)
+            atomic_write_json(bdir / BACKUP_JSON, intent, key=self.key)
         except BaseException:
             lock.release()
             raise
@@ -547,7 +579,7 @@ class PartialBackup:
         self.id = backup_id
         self.dir = archive.backup_dir(backup_id)
         try:
-            intent = read_json(self.dir / BACKUP_JSON)
+            intent = read_json(self.dir / BACKUP_JSON, archive.key)
             self.intent: dict[str, Any] | None = intent if isinstance(intent, dict) else None
         except (OSError, ValueError):
             self.intent = None
@@ -570,7 +602,7 @@ class PartialBackup:
         With scan=False only the done files are checked (fast); incomplete vbuckets then
         have position None.
         """
-        return recover_backup(self.dir, self.id, scan=scan, rehash=rehash)
+        return recover_backup(self.dir, self.id, scan=scan, rehash=rehash, key=self.archive.key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,22 +629,23 @@ class BackupPlan:
     starts: dict[int, VBucketStart]
 
 
-def _stale_batch(path: Any, by_vb: dict[int, dict[str, Any]]) -> bool:
+def _stale_batch(path: Any, by_vb: dict[int, dict[str, Any]], key: Any) -> bool:
     """A done batch any of whose summaries is not the one committed (a failed attempt's)."""
     def plain(s: Any) -> str:
         if not isinstance(s, dict):
             return ""
         return json.dumps([s.get("files"), s.get("end"), s.get("counts")], sort_keys=True)
 
-    summaries = batch_summaries(path)
+    summaries = batch_summaries(path, key)
     return not summaries or any(plain(s) != plain(by_vb.get(s["vbucket"])) for s in summaries)
 
 
 class BackupProgress:
     """How far a running backup is, from its vbuckets' done files (each read once)."""
 
-    def __init__(self, backup_dir: Any):
+    def __init__(self, backup_dir: Any, key: crypto.DataKey | None = None):
         self.dir = backup_dir
+        self.key = key
         self._read: set[str] = set()
         self._seen: dict[int, tuple[int, int]] = {}  # vbucket: (items, bytes)
 
@@ -627,7 +660,7 @@ class BackupProgress:
             if n in self._read:
                 continue
             try:
-                doc = json.loads(crypto.read_file(self.dir / n))
+                doc = read_json(self.dir / n, self.key)
                 summaries = doc["vbuckets"] if BATCH_RE.match(n) else [doc]
                 got = {d["vbucket"]: (d["counts"]["mutations"] + d["counts"]["deletions"]
                                       + d["counts"]["expirations"], d["bytes"]["files"])
@@ -669,11 +702,11 @@ class BackupWriter:
         if not 0 <= vbucket < self.archive.vbucket_count:
             raise ArchiveError(f"vbucket {vbucket} is out of range for this archive "
                                f"({self.archive.vbucket_count} vbuckets)")
-        return VBucketWriter(self.archive.path, self.id, vbucket, start, failover_log,
+        return VBucketWriter(self.archive, self.id, vbucket, start, failover_log,
                              resume=resume, **kwargs)
 
     def recover(self, *, scan: bool = True, rehash: bool = True) -> dict[int, VBucketRecovery]:
-        return recover_backup(self.dir, self.id, scan=scan, rehash=rehash)
+        return recover_backup(self.dir, self.id, scan=scan, rehash=rehash, key=self.archive.key)
 
     def plan(self, vbuckets: Iterable[int]) -> BackupPlan:
         """Where each of `vbuckets` starts: seqno 0 in a full backup, where the parent's
@@ -704,7 +737,7 @@ class BackupWriter:
 
     def progress(self) -> BackupProgress:
         """A reader of this backup's progress (safe to poll from another thread)."""
-        return BackupProgress(self.dir)
+        return BackupProgress(self.dir, self.archive.key)
 
     def _check_open(self) -> None:
         if self.committed:
@@ -718,10 +751,11 @@ class BackupWriter:
         for name in names:
             if DONE_RE.match(name):
                 try:
-                    out.append(read_json(self.dir / name))
+                    out.append(read_json(self.dir / name, self.archive.key))
                 except (OSError, ValueError) as exc:
                     raise CorruptFileError(self.dir / name, f"unreadable: {exc}") from None
-        batched = done_summaries(self.dir, [n for n in names if BATCH_RE.match(n)])
+        batched = done_summaries(self.dir, [n for n in names if BATCH_RE.match(n)],
+                                 key=self.archive.key)
         return [s for s in out if s.get("vbucket") not in batched] + list(batched.values())
 
     def commit(self, summaries: Sequence[dict[str, Any]] | None = None, *,
@@ -794,7 +828,8 @@ class BackupWriter:
             stale = (parsed is not None and name not in listed) or (
                 DONE_RE.match(name) is not None and int(name[3:-10]) not in by_vb) or (
                 PACK_RE.match(name) is not None and name not in packs) or (
-                BATCH_RE.match(name) is not None and _stale_batch(self.dir / name, by_vb))
+                BATCH_RE.match(name) is not None and _stale_batch(self.dir / name, by_vb,
+                                                                     self.archive.key))
             if stale or (name.startswith(".") and name.endswith(".tmp")):
                 storage.unlink(self.dir / name)
                 removed = True
@@ -831,7 +866,7 @@ class BackupWriter:
         problems = check_manifest(manifest, self.id, self.archive.meta)
         if problems:
             raise SummaryMismatchError(f"backup {self.id}: {problems[0]}")
-        atomic_write_json(self.dir / MANIFEST_JSON, manifest)
+        atomic_write_json(self.dir / MANIFEST_JSON, manifest, key=self.archive.key)
         self.committed = True
         self.lock.release()
         return manifest
