@@ -189,10 +189,12 @@ class Archive:
 
     @classmethod
     def open(cls, path: Any, *,
-             passphrase: str | crypto.PassphraseSource | None = None) -> "Archive":
+             passphrase: str | crypto.PassphraseSource | None = None,
+             key: crypto.DataKey | None = None) -> "Archive":
         """Open the archive at `path`; an encrypted one is unlocked here, before any work
-        (a wrong passphrase stops here): with `passphrase`, or one read from the source
-        given (--passphrase-file, --passphrase-command), the environment or the prompt."""
+        (a wrong passphrase stops here): with its data key when the caller has it (`key`,
+        e.g. a Spark worker's), else with `passphrase`, or one read from the source given
+        (--passphrase-file, --passphrase-command), the environment or the prompt."""
         path = storage.location(path)
         if storage.is_remote(path):
             if not path.is_dir():
@@ -223,10 +225,19 @@ class Archive:
             if not isinstance(meta.get(key), typ):
                 raise NotAnArchiveError(f"{meta_path}: field {key!r} is missing or not a "
                                         f"{typ.__name__}")
+        if encrypted and key is not None and key.uuid == meta["uuid"]:
+            crypto.check_archive_mac(path, meta, key)
+            return cls(path, meta, key)
         if encrypted:
             dk, key_id = crypto.unlock(path, meta, passphrase)
             return cls(path, meta, dk, key_id)
         return cls(path, meta)
+
+    @classmethod
+    def opened(cls, archive: "Archive | str | os.PathLike[str]") -> "Archive":
+        """`archive` when it is opened already (what a command passes in), else the
+        archive at that path, opened (library callers, tests)."""
+        return archive if isinstance(archive, Archive) else cls.open(archive)
 
     @property
     def encrypted(self) -> bool:
@@ -558,6 +569,74 @@ class Archive:
             lock.release()
             raise
         return BackupWriter(self, intent, lock, resumed=True)
+
+    # -- what a backup run decides about the archive ------------------------------------------
+
+    @classmethod
+    def for_backup(cls, archive: "Archive | str | os.PathLike[str]", *, bucket: str,
+                   vbuckets: int, node: str, node_uuid: str | None = None,
+                   passphrase: str | None = None) -> tuple["Archive", bool]:
+        """(the archive a backup of `bucket` with `vbuckets` vbuckets from the node
+        `node` writes into, whether it was created now): `archive` opened already, or the
+        archive at that location (opened; created when there is none, encrypted under
+        `passphrase` when one is given). A usage error when it holds another bucket or
+        another vbucket count."""
+        if not isinstance(archive, Archive):
+            where = storage.location(archive)
+            if not (where / ARCHIVE_JSON).exists() and not (
+                    not storage.is_remote(where) and where.exists() and any(where.iterdir())):
+                return cls.create(archive, bucket=bucket, vbuckets=vbuckets,
+                                  passphrase=passphrase), True
+            archive = cls.open(archive)
+        archive.check_backup_target(bucket, vbuckets, node=node, node_uuid=node_uuid)
+        return archive, False
+
+    def check_backup_target(self, bucket: str, vbuckets: int, *, node: str,
+                            node_uuid: str | None = None) -> None:
+        """A usage error unless a backup of `bucket` (of `vbuckets` vbuckets, served by
+        `node`) may go into this archive."""
+        from dcptool.errors import UsageError
+
+        if self.bucket != bucket:
+            held = self.recorded_bucket_uuid(self.latest_id())
+            raise UsageError(f"archive {self.path} holds bucket '{self.bucket}'"
+                             f"{f' (uuid {held})' if held else ''}, not bucket "
+                             f"'{bucket}'{f' (uuid {node_uuid})' if node_uuid else ''} "
+                             f"that {node} serves",
+                             hint="use another archive directory or -b")
+        if self.vbucket_count != vbuckets:
+            raise UsageError(f"archive {self.path} has {self.vbucket_count} vbuckets but the "
+                             f"node has {vbuckets}")
+
+    def recorded_bucket_uuid(self, backup_id: str | None) -> str | None:
+        """The bucket uuid the newest backup of `backup_id`'s chain recorded (None: no
+        backup recorded one, as with backups of dcptool before it recorded them)."""
+        if backup_id is None:
+            return None
+        for bid in reversed(self.chain_ids(upto=backup_id)):
+            uuid = self.manifest(bid).get("bucket_uuid")
+            if uuid:
+                return str(uuid)
+        return None
+
+    def settle_partial(self, purge: bool) -> tuple["PartialBackup | None", list[str], list[str]]:
+        """What a backup does with a partial backup: (the one it resumes or None, notes for
+        the user, ids discarded). With `purge` (--purge-partial) every partial backup is
+        discarded; so is one begun by a dcptool without collections (format < 3: its files
+        hold keys without collection ids, the streams now send doc keys)."""
+        partial = self.partial_backup()
+        notes: list[str] = []
+        if partial is not None and not purge and \
+                int((partial.intent or {}).get("version", FORMAT_VERSION)) < COLLECTIONS_VERSION:
+            purge = True
+            notes.append(f"partial backup {partial.id} was begun by a dcptool without "
+                         "collections (format version < 3) and cannot be continued: "
+                         "discarded, starting again")
+        removed: list[str] = []
+        if partial is not None and purge:
+            removed = self.purge_partial()
+            partial = None
+        return partial, notes, removed
 
     def purge_partial(self) -> list[str]:
         """Delete every partial backup (under the lock). Returns the ids removed."""

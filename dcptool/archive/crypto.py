@@ -152,6 +152,18 @@ class DataKey:
         return hmac.new(k, data, hashlib.sha256).hexdigest()
 
 
+def export_key(dk: DataKey) -> str:
+    """A data key as one opaque string, for a channel that carries strings only (the Spark
+    data source's options): a secret, never print or log it."""
+    return base64.b64encode(json.dumps({"uuid": dk.uuid, "key": _b64(dk._key)}).encode()).decode()
+
+
+def import_key(token: str) -> DataKey:
+    """The data key of `export_key`'s string."""
+    doc = json.loads(base64.b64decode(token))
+    return DataKey(doc["uuid"], base64.b64decode(doc["key"]))
+
+
 def _hkdf(key: bytes, salt: bytes, info: bytes) -> bytes:
     # HKDF-SHA256 (RFC 5869) with a 32-byte output: one extract, one expand block
     prk = hmac.new(salt or b"\0" * 32, key, hashlib.sha256).digest()

@@ -161,7 +161,8 @@ def backup(
     from dcptool.pipeline.backup import run_backup
 
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
-    _open_or_plan_encrypted(archive, encrypt)  # a wrong passphrase stops here, before work
+    # a wrong passphrase stops here, before work
+    target, new_passphrase = _open_or_plan_encrypted(archive, encrypt)
     opts = conn_args.options()
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     # before Spark starts and before the archive is touched: a user who may not stream
@@ -195,7 +196,7 @@ def backup(
             bar.update(task, detail=f"0 items  {plan['kept']}/{plan['vbuckets']} vbuckets")
 
     with live_bar(bar) if bar is not None else nullcontext():
-        result = run_backup(opts, archive, full=full, partitions=partitions, master=master,
+        result = run_backup(opts, target, passphrase=new_passphrase, full=full, partitions=partitions, master=master,
                             level=level, purge_partial=purge_partial, vbuckets=vbs,
                             progress=progress_cb, on_plan=on_plan, watermark=not no_watermark,
                             watermark_ttl=ttl, notice=note, include_data=include_data,
@@ -254,21 +255,26 @@ def _restore_checks(d: dict) -> list[str]:
     return out
 
 
-def _open_or_plan_encrypted(archive: str, encrypt: bool) -> None:
-    """Unlock an existing encrypted archive now; with --encrypt and no archive yet, take
-    the new passphrase now (the archive is created once the node's vbuckets are known)."""
-    from dcptool.archive import Archive, crypto, storage
+def _open_or_plan_encrypted(archive: str, encrypt: bool) -> tuple[Any, str | None]:
+    """(the archive opened, or where it is to be created; the new archive's passphrase or
+    None): an existing archive is opened (an encrypted one unlocked) now; with --encrypt
+    and no archive yet, the new passphrase is taken now (the archive is created once the
+    node's vbuckets are known)."""
+    from dcptool.archive import crypto, storage
+    from dcptool.cli.passphrase import open_archive, passphrase_source
     from dcptool.errors import UsageError
 
     where = storage.location(archive)
     if (where / "archive.json").exists():
-        a = Archive.open(archive)
+        a = open_archive(archive)
         if encrypt and not a.encrypted:
             raise UsageError(f"--encrypt: archive {archive} exists and is not encrypted",
                              hint="back up into a new archive to encrypt")
-    elif encrypt:
-        crypto.request_encryption(archive, crypto.get_passphrase(f"new archive {archive}",
-                                                                 confirm=True))
+        return a, None
+    if encrypt:
+        return archive, crypto.get_passphrase(f"new archive {archive}", confirm=True,
+                                              source=passphrase_source())
+    return archive, None
 
 
 @app.command()
@@ -346,11 +352,11 @@ def restore(
 
     Example: dcptool restore /backups/travel -c 127.0.0.1:11210 --include-data travel.inventory --map-data inventory=inventory2
     """
-    from dcptool.archive import Archive
+    from dcptool.cli.passphrase import open_archive
     from dcptool.pipeline.restore import run_restore
 
     # a clear error for a missing or foreign directory (or backup id) before connecting
-    opened = Archive.open(archive)
+    opened = open_archive(archive)
     backup_id = backup_id_arg(opened, backup_id)
     held = opened.vbucket_count
     # a dry run checks the target as the restore does
@@ -358,7 +364,7 @@ def restore(
     check_privileges(opts, "restore into", META_WRITE)  # before anything is written
     vbs = parse_vbuckets(vbuckets, limit=held, whose="the archive") if vbuckets else None
     with spark_progress("dry run" if dry_run else "restore", disabled=no_progress or json_out):
-        result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs,
+        result = run_restore(opened, opts, backup=backup_id, vbuckets=vbs,
                              key_filter=filter_keys, force=force_updates, dry_run=dry_run,
                              partitions=partitions, master=master, include_data=include_data,
                              exclude_data=exclude_data, map_data=map_data, rest_port=rest_port,

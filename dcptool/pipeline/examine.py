@@ -54,7 +54,7 @@ def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
     the versions in collections of that name."""
     from .collnames import CollectionNames
 
-    archive = Archive.open(archive_path)
+    archive = Archive.opened(archive_path)
     k = key.encode("utf-8") if isinstance(key, str) else bytes(key)
     want: tuple[str, str] | None = None
     if collection is not None:
