@@ -221,9 +221,10 @@ class Archive:
             raise NotAnArchiveError(f"{meta_path}: format version {version!r} is not supported "
                                     f"(this dcptool reads version {FORMAT_VERSION})",
                                     hint="use a newer dcptool")
-        for key, typ in (("uuid", str), ("bucket", str), ("vbuckets", int), ("created", str)):
-            if not isinstance(meta.get(key), typ):
-                raise NotAnArchiveError(f"{meta_path}: field {key!r} is missing or not a "
+        for field_, typ in (("uuid", str), ("bucket", str), ("vbuckets", int),
+                            ("created", str)):
+            if not isinstance(meta.get(field_), typ):
+                raise NotAnArchiveError(f"{meta_path}: field {field_!r} is missing or not a "
                                         f"{typ.__name__}")
         if encrypted and key is not None and key.uuid == meta["uuid"]:
             crypto.check_archive_mac(path, meta, key)

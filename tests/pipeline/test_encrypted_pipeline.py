@@ -23,9 +23,7 @@ PASS = "pipeline passphrase"
 def clean_keys(monkeypatch):
     monkeypatch.delenv(crypto.PASSPHRASE_ENV, raising=False)
     monkeypatch.delenv(crypto.PASSPHRASE_FILE_ENV, raising=False)
-    crypto.forget_keys()
     yield
-    crypto.forget_keys()
 
 
 def test_encrypted_backup_read_and_restore_through_spark(spark, tmp_path, monkeypatch):
@@ -34,8 +32,7 @@ def test_encrypted_backup_read_and_restore_through_spark(spark, tmp_path, monkey
         opts = opts_for(node)
         with opts.connect() as conn:
             load(conn, {f"doc::{i:05d}": {"i": i, "v": 1} for i in range(N)}, VBS)
-        crypto.request_encryption(path, PASS)
-        run_backup(opts, path, spark=spark, watermark=False)
+        run_backup(opts, path, spark=spark, watermark=False, passphrase=PASS)
         with opts.connect() as conn:
             load(conn, {f"doc::{i:05d}": {"i": i, "v": 2} for i in range(100)}, VBS)
             delete(conn, [f"doc::{i:05d}" for i in range(100, 150)], VBS)
@@ -46,7 +43,6 @@ def test_encrypted_backup_read_and_restore_through_spark(spark, tmp_path, monkey
         assert b"doc::" not in f.read_bytes()
 
     # a new driver state: only the passphrase opens it, and the workers get the key
-    crypto.forget_keys()
     monkeypatch.setenv(crypto.PASSPHRASE_ENV, PASS)
     Archive.open(path)
     monkeypatch.delenv(crypto.PASSPHRASE_ENV)
