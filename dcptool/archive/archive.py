@@ -855,6 +855,19 @@ class BackupWriter:
         self._check_open()
         if summaries is None:
             summaries = self._load_done()
+        by_vb = self._summaries_by_vbucket(summaries)
+        sizes = storage.list_sizes(self.dir)
+        self._check_listed_files(by_vb, sizes, rehash)
+        self._remove_unlisted(by_vb, sizes)
+        manifest = self._manifest(by_vb, extra, sorted(set(unchanged)))
+        atomic_write_json(self.dir / MANIFEST_JSON, manifest, key=self.archive.key)
+        self.committed = True
+        self.lock.release()
+        return manifest
+
+    def _summaries_by_vbucket(self, summaries: Sequence[dict[str, Any]]
+                              ) -> dict[int, dict[str, Any]]:
+        """{vbucket: summary}, each summary well-formed and one per vbucket."""
         count = self.archive.vbucket_count
         by_vb: dict[int, dict[str, Any]] = {}
         for s in summaries:
@@ -865,11 +878,12 @@ class BackupWriter:
                 raise SummaryMismatchError(f"backup {self.id}: two summaries for vbucket "
                                            f"{s['vbucket']}")
             by_vb[s["vbucket"]] = s
-        listed = {f["name"] for s in by_vb.values() for f in s["files"] if "pack" not in f}
-        packs = {f["pack"] for s in by_vb.values() for f in s["files"] if "pack" in f}
+        return by_vb
 
-        sizes = storage.list_sizes(self.dir)
-
+    def _check_listed_files(self, by_vb: dict[int, dict[str, Any]], sizes: dict[str, int],
+                            rehash: bool) -> None:
+        """Every file a summary lists is on disk with the size and SHA-256 it records
+        (SummaryMismatchError naming the first that is not)."""
         def measure(f: dict[str, Any]) -> tuple[int, str] | None:
             held = listed_size(f, sizes)
             if held is None:
@@ -902,6 +916,12 @@ class BackupWriter:
                     f"{path}: the file on disk ({size} bytes) is not the one vbucket "
                     f"{s['vbucket']}'s summary describes ({f['size']} bytes, sha256 "
                     f"{f['sha256'][:12]}...)", hint="rerun the task for this vbucket")
+
+    def _remove_unlisted(self, by_vb: dict[int, dict[str, Any]], sizes: dict[str, int]) -> None:
+        """Delete what failed attempts left: data, done, pack and batch files no summary
+        lists, and temporary files."""
+        listed = {f["name"] for s in by_vb.values() for f in s["files"] if "pack" not in f}
+        packs = {f["pack"] for s in by_vb.values() for f in s["files"] if "pack" in f}
         removed = False
         for name in sizes:
             parsed = parse_data_name(name)
@@ -915,6 +935,10 @@ class BackupWriter:
                 removed = True
         if removed:
             fsync_dir(self.dir)
+
+    def _manifest(self, by_vb: dict[int, dict[str, Any]], extra: dict[str, Any] | None,
+                  unchanged: list[int]) -> dict[str, Any]:
+        """The manifest of this backup (checked to be well-formed)."""
         entries = [by_vb[vb] for vb in sorted(by_vb)]
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -933,7 +957,6 @@ class BackupWriter:
             "vbuckets": entries,
             "extra": {**self.intent.get("extra", {}), **(extra or {})},
         }
-        unchanged = sorted(set(unchanged))
         if unchanged:
             if self.type == FULL:
                 raise SummaryMismatchError(f"backup {self.id}: a full backup holds every "
@@ -946,9 +969,6 @@ class BackupWriter:
         problems = check_manifest(manifest, self.id, self.archive.meta)
         if problems:
             raise SummaryMismatchError(f"backup {self.id}: {problems[0]}")
-        atomic_write_json(self.dir / MANIFEST_JSON, manifest, key=self.archive.key)
-        self.committed = True
-        self.lock.release()
         return manifest
 
     def abort(self) -> None:
