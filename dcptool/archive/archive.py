@@ -125,6 +125,10 @@ class Archive:
         key = None if self.key is None else (self.key.uuid, self.key.secret())
         return (_reopened, (self.path, self.meta, key, self.key_id))
 
+    def without_key(self) -> "Archive":
+        """The same archive, its data key left out (for a channel the key must not take)."""
+        return Archive(self.path, self.meta)
+
     def at(self, root: Any) -> "Archive":
         """The same archive (meta, key) rooted at `root`: a merge's staging directory."""
         return Archive(root, self.meta, self.key, self.key_id)
@@ -579,16 +583,16 @@ class Archive:
                    passphrase: str | None = None) -> tuple["Archive", bool]:
         """(the archive a backup of `bucket` with `vbuckets` vbuckets from the node
         `node` writes into, whether it was created now): `archive` opened already, or the
-        archive at that location (opened; created when there is none, encrypted under
-        `passphrase` when one is given). A usage error when it holds another bucket or
-        another vbucket count."""
+        archive at that location (opened, an encrypted one with `passphrase` when one is
+        given; created when there is none, encrypted under `passphrase` when one is given).
+        A usage error when it holds another bucket or another vbucket count."""
         if not isinstance(archive, Archive):
             where = storage.location(archive)
             if not (where / ARCHIVE_JSON).exists() and not (
                     not storage.is_remote(where) and where.exists() and any(where.iterdir())):
                 return cls.create(archive, bucket=bucket, vbuckets=vbuckets,
                                   passphrase=passphrase), True
-            archive = cls.open(archive)
+            archive = cls.open(archive, passphrase=passphrase)
         archive.check_backup_target(bucket, vbuckets, node=node, node_uuid=node_uuid)
         return archive, False
 

@@ -545,7 +545,8 @@ class BackupOptions:
     (`partitions`, `master`, `spark`), the zstd `level`, `purge_partial`, the `vbuckets`
     (None: all), the data selection (`include_data`/`exclude_data`, lists of names), the
     watermark (`watermark`: register it after the commit; `watermark_ttl` seconds),
-    `passphrase` (a new archive is created encrypted under it), and the callbacks:
+    `passphrase` (a new archive is created encrypted under it; an existing one given by
+    its location is unlocked with it), and the callbacks:
     `progress` (a dict per change of phase or count), `on_plan` (the plan, once) and
     `notice` (a line for the user, e.g. that the node has no watermark support)."""
 

@@ -28,6 +28,7 @@ per-row Python work.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from bisect import bisect_left
@@ -512,12 +513,19 @@ class ArchiveReader(DataSourceReader):  # type: ignore[misc]
         kw = dict(self.kw)
         path = kw.pop("path")
         key = crypto.import_key(self._secret) if self._secret else None
-        # the partitions carry the opened archive (its key with it) to the workers
-        return [InputPartition(part)
-                for part in plan_scan(Archive.open(path, key=key), **kw)]
+        parts = plan_scan(Archive.open(path, key=key), **kw)
+        if key is None:
+            # no key given with the read: none travels; each worker unlocks the archive
+            # with its own DCPTOOL_ARCHIVE_PASSPHRASE (see read)
+            parts = [dataclasses.replace(p, archive=p.archive.without_key()) for p in parts]
+        # the partitions carry the opened archive (the key given with it) to the workers
+        return [InputPartition(part) for part in parts]
 
     def read(self, partition):
-        return read_partition(partition.value)
+        part = partition.value
+        if part.archive.key is None and crypto.is_encrypted(part.archive.meta):
+            part = dataclasses.replace(part, archive=Archive.open(part.archive.path))
+        return read_partition(part)
 
 
 class ArchiveDataSource(DataSource):  # type: ignore[misc]

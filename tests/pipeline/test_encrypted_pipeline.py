@@ -36,21 +36,21 @@ def test_encrypted_backup_read_and_restore_through_spark(spark, tmp_path, monkey
         with opts.connect() as conn:
             load(conn, {f"doc::{i:05d}": {"i": i, "v": 2} for i in range(100)}, VBS)
             delete(conn, [f"doc::{i:05d}" for i in range(100, 150)], VBS)
-        run_backup(opts, path, spark=spark, watermark=False)
+        run_backup(opts, path, spark=spark, watermark=False, passphrase=PASS)
         expected = node_documents(opts)
-    assert Archive.open(path).encrypted
+    assert Archive.open(path, passphrase=PASS).encrypted
     for f in path.rglob("*.mpk.zst"):
         assert b"doc::" not in f.read_bytes()
 
     # a new driver state: only the passphrase opens it, and the workers get the key
     monkeypatch.setenv(crypto.PASSPHRASE_ENV, PASS)
-    Archive.open(path)
+    opened = Archive.open(path)
     monkeypatch.delenv(crypto.PASSPHRASE_ENV)
-    assert verify_archive(path).ok
-    df = read_archive(spark, str(path), resolved=True)
+    assert verify_archive(opened).ok
+    df = read_archive(spark, opened, resolved=True)
     rows = df.select("key", "deleted").collect()
     assert len(rows) == N and sum(1 for r in rows if r["deleted"]) == 50
     with NodeProcess(tmp_path / "dst", vbuckets=VBS) as dst:
-        res = run_restore(str(path), opts_for(dst), spark=spark)
+        res = run_restore(opened, opts_for(dst), spark=spark)
         assert res.as_dict()["failed"] == {"mutation": 0, "deletion": 0, "expiration": 0}
         assert node_documents(opts_for(dst)) == expected
