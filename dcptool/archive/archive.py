@@ -107,7 +107,7 @@ class Archive:
     says (`meta`) and, for an encrypted archive, its data key (`key`, None for a plain
     archive) with the id of the key file the passphrase opened (`key_id`). A command opens
     it once (`Archive.open`, `Archive.create`; the CLI with `cli/passphrase.py:
-    opened_archive`) and passes it in; whoever reads or writes a file of the archive uses
+    open_archive`) and passes it in; whoever reads or writes a file of the archive uses
     its key. It pickles with its key for Spark tasks (docs/spark.md: the key travels to
     executors only where the Spark configuration protects it); its repr never shows the key.
     """
