@@ -116,7 +116,7 @@ def _writers(scratch: Path, level: int, n: int) -> list[VBucketWriter]:
     a = Archive.create(path, bucket="bench", vbuckets=1024)
     bw = a.begin_backup("full", level=level)
     bw.lock.release()  # the benchmark commits nothing; leave no lock behind
-    return [VBucketWriter(a.path, bw.id, vb, ArchivePosition.at(UUID, 0), [(UUID, 0)])
+    return [VBucketWriter(a, bw.id, vb, ArchivePosition.at(UUID, 0), [(UUID, 0)])
             for vb in range(n)]
 
 

@@ -421,7 +421,7 @@ def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[in
     archive = Archive.create(scratch, bucket="default", vbuckets=max(plan) + 1)
     bw = archive.begin_backup(FULL)
     # as backup_task does: no fsync per vbucket, one filesystem sync at the end (timed)
-    writers = {vb: VBucketWriter(str(scratch), bw.id, vb,
+    writers = {vb: VBucketWriter(archive, bw.id, vb,
                                  {"uuid": 0, "seqno": 0, "snap_start": 0, "snap_end": 0}, (),
                                  sync=False)
                for vb in plan}

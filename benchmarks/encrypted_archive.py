@@ -46,7 +46,7 @@ def _med(xs: list[float]) -> float:
 def archive_layer(work: Path, n: int, size: int, vbuckets: int, rounds: int) -> dict:
     """Write n documents into a plain and an encrypted archive through the archive API
     and read them back (resolve every vbucket); seconds of each, alternating."""
-    from dcptool.archive import Archive, crypto
+    from dcptool.archive import Archive
 
     per_vb: dict[int, list] = {}
     for i, (k, v) in enumerate(docs(n, size)):
@@ -81,7 +81,6 @@ def archive_layer(work: Path, n: int, size: int, vbuckets: int, rounds: int) -> 
             t[f"read_{kind}"].append(time.perf_counter() - t0)
             assert got == n, got
             shutil.rmtree(path)
-            crypto.forget_keys()
     out = {}
     for k, v in t.items():
         out[f"layer_{k}_median_s"] = _med(v)

@@ -194,7 +194,7 @@ def task_backup(opts: ConnOptions, scratch: Path, node_pid: int, *,
     archive = Archive.create(scratch, bucket=opts.bucket, vbuckets=max(seqnos) + 1)
     bw = archive.begin_backup(FULL)
     zero = {"uuid": 0, "seqno": 0, "snap_start": 0, "snap_end": 0}
-    writers = {vb: VBucketWriter(str(scratch), bw.id, vb, zero, (), sync=False) for vb in seqnos}
+    writers = {vb: VBucketWriter(archive, bw.id, vb, zero, (), sync=False) for vb in seqnos}
     run = {vb: {"opens": 0, "retries": 0, "first_open": None} for vb in seqnos}
     summaries: list = []
     cpu0 = node_cpu_seconds(node_pid)

@@ -90,36 +90,68 @@ def backup_path(archive_root: str | os.PathLike[str], backup_id: str) -> Path:
     return storage.location(archive_root) / BACKUPS_DIR / backup_id
 
 
+def _reopened(path: Any, meta: dict[str, Any], key: tuple[str, bytes] | None,
+              key_id: str | None) -> "Archive":
+    """An opened archive from its pickle (see Archive.__reduce__)."""
+    return Archive(path, meta, None if key is None else crypto.DataKey(*key), key_id)
+
+
 #: manifests this process read and checked, by file identity (see Archive.manifest)
 _MANIFESTS: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 class Archive:
-    """An archive directory. Open with `Archive.open(path)` or make one with `Archive.create`."""
+    """An opened archive: the one object that carries an archive through the layers.
 
-    def __init__(self, path: Any, meta: dict[str, Any]):
+    Its location (`path`: a local path or an object-store location), what archive.json
+    says (`meta`) and, for an encrypted archive, its data key (`key`, None for a plain
+    archive) with the id of the key file the passphrase opened (`key_id`). A command opens
+    it once (`Archive.open`, `Archive.create`; the CLI with `cli/passphrase.py:
+    open_archive`) and passes it in; whoever reads or writes a file of the archive uses
+    its key. It pickles with its key for Spark tasks (docs/spark.md: the key travels to
+    executors only where the Spark configuration protects it); its repr never shows the key.
+    """
+
+    def __init__(self, path: Any, meta: dict[str, Any], key: crypto.DataKey | None = None,
+                 key_id: str | None = None):
         self.path = storage.location(path)
         self.meta = meta
+        self.key = key
+        self.key_id = key_id
+
+    def __reduce__(self):
+        # what a Spark task receives: the location, archive.json and the data key (a
+        # secret: docs/spark.md says when it may travel), never a passphrase
+        key = None if self.key is None else (self.key.uuid, self.key.secret())
+        return (_reopened, (self.path, self.meta, key, self.key_id))
+
+    def without_key(self) -> "Archive":
+        """The same archive, its data key left out (for a channel the key must not take)."""
+        return Archive(self.path, self.meta)
+
+    def at(self, root: Any) -> "Archive":
+        """The same archive (meta, key) rooted at `root`: a merge's staging directory."""
+        return Archive(root, self.meta, self.key, self.key_id)
 
     # -- opening and creating ---------------------------------------------------------------
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, bucket: str, vbuckets: int = 1024,
                exist_ok: bool = False, extra: dict[str, Any] | None = None,
-               passphrase: str | None = None) -> "Archive":
+               passphrase: str | None = None,
+               source: crypto.PassphraseSource | None = None) -> "Archive":
         """Create a new archive (the directory may exist if it is empty).
 
-        With `exist_ok`, an existing archive is opened instead (its bucket must match).
-        With `passphrase` (or one `crypto.request_encryption` left for this location), the
+        With `exist_ok`, an existing archive is opened instead (its bucket must match; an
+        encrypted one unlocks with `passphrase` or from `source`). With `passphrase`, a new
         archive is encrypted: a new data key, wrapped under the passphrase in keys/.
         """
         path = storage.location(path)
-        if passphrase is None:
-            passphrase = crypto.take_request(path)
         if (path / ARCHIVE_JSON).exists():
             if not exist_ok:
                 raise ArchiveError(f"{path} already holds an archive")
-            archive = cls.open(path)
+            archive = cls.open(path, passphrase=passphrase if passphrase is not None
+                               else source)
             if archive.bucket != bucket:
                 raise ArchiveError(f"archive {path} holds bucket {archive.bucket!r}, "
                                    f"not {bucket!r}")
@@ -146,6 +178,7 @@ class Archive:
             "created": iso_time(utc_now()),
             "extra": dict(extra or {}),
         }
+        dk = key_id = None
         if passphrase is not None:
             # version 4 keeps dcptool without encryption from reading or writing it
             meta["version"] = ENCRYPTED_VERSION
@@ -154,13 +187,18 @@ class Archive:
             meta["encryption"]["mac"] = crypto.archive_mac(dk, meta)
             make_dir(crypto.keys_dir(path))
             crypto.write_key_file(path, keydoc)
-            crypto.register(meta["uuid"], dk._key, path)
-        crypto.note_archive(path, meta)
+            key_id = keydoc["id"]
         atomic_write_json(path / ARCHIVE_JSON, meta)
-        return cls(path, meta)
+        return cls(path, meta, dk, key_id)
 
     @classmethod
-    def open(cls, path: Any) -> "Archive":
+    def open(cls, path: Any, *,
+             passphrase: str | crypto.PassphraseSource | None = None,
+             key: crypto.DataKey | None = None) -> "Archive":
+        """Open the archive at `path`; an encrypted one is unlocked here, before any work
+        (a wrong passphrase stops here): with its data key when the caller has it (`key`,
+        e.g. a Spark worker's), else with `passphrase`, or one read from the source given
+        (--passphrase-file, --passphrase-command), the environment or the prompt."""
         path = storage.location(path)
         if storage.is_remote(path):
             if not path.is_dir():
@@ -187,15 +225,24 @@ class Archive:
             raise NotAnArchiveError(f"{meta_path}: format version {version!r} is not supported "
                                     f"(this dcptool reads version {FORMAT_VERSION})",
                                     hint="use a newer dcptool")
-        for key, typ in (("uuid", str), ("bucket", str), ("vbuckets", int), ("created", str)):
-            if not isinstance(meta.get(key), typ):
-                raise NotAnArchiveError(f"{meta_path}: field {key!r} is missing or not a "
+        for field_, typ in (("uuid", str), ("bucket", str), ("vbuckets", int),
+                            ("created", str)):
+            if not isinstance(meta.get(field_), typ):
+                raise NotAnArchiveError(f"{meta_path}: field {field_!r} is missing or not a "
                                         f"{typ.__name__}")
+        if encrypted and key is not None and key.uuid == meta["uuid"]:
+            crypto.check_archive_mac(path, meta, key)
+            return cls(path, meta, key)
         if encrypted:
-            crypto.unlock(path, meta)  # the key, before any work (a wrong passphrase stops here)
-        else:
-            crypto.note_archive(path, meta)
+            dk, key_id = crypto.unlock(path, meta, passphrase)
+            return cls(path, meta, dk, key_id)
         return cls(path, meta)
+
+    @classmethod
+    def opened(cls, archive: "Archive | str | os.PathLike[str]") -> "Archive":
+        """`archive` when it is opened already (what a command passes in), else the
+        archive at that path, opened (library callers, tests)."""
+        return archive if isinstance(archive, Archive) else cls.open(archive)
 
     @property
     def encrypted(self) -> bool:
@@ -223,7 +270,8 @@ class Archive:
         return backup_path(self.path, backup_id)
 
     def __repr__(self) -> str:
-        return f"Archive({str(self.path)!r}, bucket={self.bucket!r})"
+        return f"Archive({str(self.path)!r}, bucket={self.bucket!r}" \
+               f"{', encrypted' if self.key is not None else ''})"
 
     # -- listing ------------------------------------------------------------------------------
 
@@ -262,7 +310,7 @@ class Archive:
             doc = _MANIFESTS.get(ident)
             if doc is not None:
                 return doc
-            doc = json.loads(crypto.read_file(path).decode("utf-8"))
+            doc = read_json(path, self.key)
         except FileNotFoundError:
             if self.backup_dir(backup_id).is_dir():
                 raise ArchiveError(f"backup {backup_id} is partial (it has no manifest)") from None
@@ -297,7 +345,7 @@ class Archive:
         return False
 
     def backup(self, backup_id: str) -> Backup:
-        return Backup(self.path, self.manifest(backup_id))
+        return Backup(self, self.manifest(backup_id))
 
     def manifests(self) -> dict[str, dict[str, Any]]:
         """The manifest of every committed backup, by id (each read and checked once)."""
@@ -497,7 +545,7 @@ class Archive:
                 intent["collections"] = collections
                 if data is not None:
                     intent["data"] = data
-            atomic_write_json(bdir / BACKUP_JSON, intent)
+            atomic_write_json(bdir / BACKUP_JSON, intent, key=self.key)
         except BaseException:
             lock.release()
             raise
@@ -527,6 +575,74 @@ class Archive:
             raise
         return BackupWriter(self, intent, lock, resumed=True)
 
+    # -- what a backup run decides about the archive ------------------------------------------
+
+    @classmethod
+    def for_backup(cls, archive: "Archive | str | os.PathLike[str]", *, bucket: str,
+                   vbuckets: int, node: str, node_uuid: str | None = None,
+                   passphrase: str | None = None) -> tuple["Archive", bool]:
+        """(the archive a backup of `bucket` with `vbuckets` vbuckets from the node
+        `node` writes into, whether it was created now): `archive` opened already, or the
+        archive at that location (opened, an encrypted one with `passphrase` when one is
+        given; created when there is none, encrypted under `passphrase` when one is given).
+        A usage error when it holds another bucket or another vbucket count."""
+        if not isinstance(archive, Archive):
+            where = storage.location(archive)
+            if not (where / ARCHIVE_JSON).exists() and not (
+                    not storage.is_remote(where) and where.exists() and any(where.iterdir())):
+                return cls.create(archive, bucket=bucket, vbuckets=vbuckets,
+                                  passphrase=passphrase), True
+            archive = cls.open(archive, passphrase=passphrase)
+        archive.check_backup_target(bucket, vbuckets, node=node, node_uuid=node_uuid)
+        return archive, False
+
+    def check_backup_target(self, bucket: str, vbuckets: int, *, node: str,
+                            node_uuid: str | None = None) -> None:
+        """A usage error unless a backup of `bucket` (of `vbuckets` vbuckets, served by
+        `node`) may go into this archive."""
+        from dcptool.errors import UsageError
+
+        if self.bucket != bucket:
+            held = self.recorded_bucket_uuid(self.latest_id())
+            raise UsageError(f"archive {self.path} holds bucket '{self.bucket}'"
+                             f"{f' (uuid {held})' if held else ''}, not bucket "
+                             f"'{bucket}'{f' (uuid {node_uuid})' if node_uuid else ''} "
+                             f"that {node} serves",
+                             hint="use another archive directory or -b")
+        if self.vbucket_count != vbuckets:
+            raise UsageError(f"archive {self.path} has {self.vbucket_count} vbuckets but the "
+                             f"node has {vbuckets}")
+
+    def recorded_bucket_uuid(self, backup_id: str | None) -> str | None:
+        """The bucket uuid the newest backup of `backup_id`'s chain recorded (None: no
+        backup recorded one, as with backups of dcptool before it recorded them)."""
+        if backup_id is None:
+            return None
+        for bid in reversed(self.chain_ids(upto=backup_id)):
+            uuid = self.manifest(bid).get("bucket_uuid")
+            if uuid:
+                return str(uuid)
+        return None
+
+    def settle_partial(self, purge: bool) -> tuple["PartialBackup | None", list[str], list[str]]:
+        """What a backup does with a partial backup: (the one it resumes or None, notes for
+        the user, ids discarded). With `purge` (--purge-partial) every partial backup is
+        discarded; so is one begun by a dcptool without collections (format < 3: its files
+        hold keys without collection ids, the streams now send doc keys)."""
+        partial = self.partial_backup()
+        notes: list[str] = []
+        if partial is not None and not purge and \
+                int((partial.intent or {}).get("version", FORMAT_VERSION)) < COLLECTIONS_VERSION:
+            purge = True
+            notes.append(f"partial backup {partial.id} was begun by a dcptool without "
+                         "collections (format version < 3) and cannot be continued: "
+                         "discarded, starting again")
+        removed: list[str] = []
+        if partial is not None and purge:
+            removed = self.purge_partial()
+            partial = None
+        return partial, notes, removed
+
     def purge_partial(self) -> list[str]:
         """Delete every partial backup (under the lock). Returns the ids removed."""
         with self.lock("purge partial backups"):
@@ -547,7 +663,7 @@ class PartialBackup:
         self.id = backup_id
         self.dir = archive.backup_dir(backup_id)
         try:
-            intent = read_json(self.dir / BACKUP_JSON)
+            intent = read_json(self.dir / BACKUP_JSON, archive.key)
             self.intent: dict[str, Any] | None = intent if isinstance(intent, dict) else None
         except (OSError, ValueError):
             self.intent = None
@@ -570,7 +686,7 @@ class PartialBackup:
         With scan=False only the done files are checked (fast); incomplete vbuckets then
         have position None.
         """
-        return recover_backup(self.dir, self.id, scan=scan, rehash=rehash)
+        return recover_backup(self.dir, self.id, scan=scan, rehash=rehash, key=self.archive.key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,22 +713,23 @@ class BackupPlan:
     starts: dict[int, VBucketStart]
 
 
-def _stale_batch(path: Any, by_vb: dict[int, dict[str, Any]]) -> bool:
+def _stale_batch(path: Any, by_vb: dict[int, dict[str, Any]], key: Any) -> bool:
     """A done batch any of whose summaries is not the one committed (a failed attempt's)."""
     def plain(s: Any) -> str:
         if not isinstance(s, dict):
             return ""
         return json.dumps([s.get("files"), s.get("end"), s.get("counts")], sort_keys=True)
 
-    summaries = batch_summaries(path)
+    summaries = batch_summaries(path, key)
     return not summaries or any(plain(s) != plain(by_vb.get(s["vbucket"])) for s in summaries)
 
 
 class BackupProgress:
     """How far a running backup is, from its vbuckets' done files (each read once)."""
 
-    def __init__(self, backup_dir: Any):
+    def __init__(self, backup_dir: Any, key: crypto.DataKey | None = None):
         self.dir = backup_dir
+        self.key = key
         self._read: set[str] = set()
         self._seen: dict[int, tuple[int, int]] = {}  # vbucket: (items, bytes)
 
@@ -627,7 +744,7 @@ class BackupProgress:
             if n in self._read:
                 continue
             try:
-                doc = json.loads(crypto.read_file(self.dir / n))
+                doc = read_json(self.dir / n, self.key)
                 summaries = doc["vbuckets"] if BATCH_RE.match(n) else [doc]
                 got = {d["vbucket"]: (d["counts"]["mutations"] + d["counts"]["deletions"]
                                       + d["counts"]["expirations"], d["bytes"]["files"])
@@ -669,11 +786,11 @@ class BackupWriter:
         if not 0 <= vbucket < self.archive.vbucket_count:
             raise ArchiveError(f"vbucket {vbucket} is out of range for this archive "
                                f"({self.archive.vbucket_count} vbuckets)")
-        return VBucketWriter(self.archive.path, self.id, vbucket, start, failover_log,
+        return VBucketWriter(self.archive, self.id, vbucket, start, failover_log,
                              resume=resume, **kwargs)
 
     def recover(self, *, scan: bool = True, rehash: bool = True) -> dict[int, VBucketRecovery]:
-        return recover_backup(self.dir, self.id, scan=scan, rehash=rehash)
+        return recover_backup(self.dir, self.id, scan=scan, rehash=rehash, key=self.archive.key)
 
     def plan(self, vbuckets: Iterable[int]) -> BackupPlan:
         """Where each of `vbuckets` starts: seqno 0 in a full backup, where the parent's
@@ -704,7 +821,7 @@ class BackupWriter:
 
     def progress(self) -> BackupProgress:
         """A reader of this backup's progress (safe to poll from another thread)."""
-        return BackupProgress(self.dir)
+        return BackupProgress(self.dir, self.archive.key)
 
     def _check_open(self) -> None:
         if self.committed:
@@ -718,10 +835,11 @@ class BackupWriter:
         for name in names:
             if DONE_RE.match(name):
                 try:
-                    out.append(read_json(self.dir / name))
+                    out.append(read_json(self.dir / name, self.archive.key))
                 except (OSError, ValueError) as exc:
                     raise CorruptFileError(self.dir / name, f"unreadable: {exc}") from None
-        batched = done_summaries(self.dir, [n for n in names if BATCH_RE.match(n)])
+        batched = done_summaries(self.dir, [n for n in names if BATCH_RE.match(n)],
+                                 key=self.archive.key)
         return [s for s in out if s.get("vbucket") not in batched] + list(batched.values())
 
     def commit(self, summaries: Sequence[dict[str, Any]] | None = None, *,
@@ -741,6 +859,19 @@ class BackupWriter:
         self._check_open()
         if summaries is None:
             summaries = self._load_done()
+        by_vb = self._summaries_by_vbucket(summaries)
+        sizes = storage.list_sizes(self.dir)
+        self._check_listed_files(by_vb, sizes, rehash)
+        self._remove_unlisted(by_vb, sizes)
+        manifest = self._manifest(by_vb, extra, sorted(set(unchanged)))
+        atomic_write_json(self.dir / MANIFEST_JSON, manifest, key=self.archive.key)
+        self.committed = True
+        self.lock.release()
+        return manifest
+
+    def _summaries_by_vbucket(self, summaries: Sequence[dict[str, Any]]
+                              ) -> dict[int, dict[str, Any]]:
+        """{vbucket: summary}, each summary well-formed and one per vbucket."""
         count = self.archive.vbucket_count
         by_vb: dict[int, dict[str, Any]] = {}
         for s in summaries:
@@ -751,11 +882,12 @@ class BackupWriter:
                 raise SummaryMismatchError(f"backup {self.id}: two summaries for vbucket "
                                            f"{s['vbucket']}")
             by_vb[s["vbucket"]] = s
-        listed = {f["name"] for s in by_vb.values() for f in s["files"] if "pack" not in f}
-        packs = {f["pack"] for s in by_vb.values() for f in s["files"] if "pack" in f}
+        return by_vb
 
-        sizes = storage.list_sizes(self.dir)
-
+    def _check_listed_files(self, by_vb: dict[int, dict[str, Any]], sizes: dict[str, int],
+                            rehash: bool) -> None:
+        """Every file a summary lists is on disk with the size and SHA-256 it records
+        (SummaryMismatchError naming the first that is not)."""
         def measure(f: dict[str, Any]) -> tuple[int, str] | None:
             held = listed_size(f, sizes)
             if held is None:
@@ -788,18 +920,29 @@ class BackupWriter:
                     f"{path}: the file on disk ({size} bytes) is not the one vbucket "
                     f"{s['vbucket']}'s summary describes ({f['size']} bytes, sha256 "
                     f"{f['sha256'][:12]}...)", hint="rerun the task for this vbucket")
+
+    def _remove_unlisted(self, by_vb: dict[int, dict[str, Any]], sizes: dict[str, int]) -> None:
+        """Delete what failed attempts left: data, done, pack and batch files no summary
+        lists, and temporary files."""
+        listed = {f["name"] for s in by_vb.values() for f in s["files"] if "pack" not in f}
+        packs = {f["pack"] for s in by_vb.values() for f in s["files"] if "pack" in f}
         removed = False
         for name in sizes:
             parsed = parse_data_name(name)
             stale = (parsed is not None and name not in listed) or (
                 DONE_RE.match(name) is not None and int(name[3:-10]) not in by_vb) or (
                 PACK_RE.match(name) is not None and name not in packs) or (
-                BATCH_RE.match(name) is not None and _stale_batch(self.dir / name, by_vb))
+                BATCH_RE.match(name) is not None and _stale_batch(self.dir / name, by_vb,
+                                                                     self.archive.key))
             if stale or (name.startswith(".") and name.endswith(".tmp")):
                 storage.unlink(self.dir / name)
                 removed = True
         if removed:
             fsync_dir(self.dir)
+
+    def _manifest(self, by_vb: dict[int, dict[str, Any]], extra: dict[str, Any] | None,
+                  unchanged: list[int]) -> dict[str, Any]:
+        """The manifest of this backup (checked to be well-formed)."""
         entries = [by_vb[vb] for vb in sorted(by_vb)]
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -818,7 +961,6 @@ class BackupWriter:
             "vbuckets": entries,
             "extra": {**self.intent.get("extra", {}), **(extra or {})},
         }
-        unchanged = sorted(set(unchanged))
         if unchanged:
             if self.type == FULL:
                 raise SummaryMismatchError(f"backup {self.id}: a full backup holds every "
@@ -831,9 +973,6 @@ class BackupWriter:
         problems = check_manifest(manifest, self.id, self.archive.meta)
         if problems:
             raise SummaryMismatchError(f"backup {self.id}: {problems[0]}")
-        atomic_write_json(self.dir / MANIFEST_JSON, manifest)
-        self.committed = True
-        self.lock.release()
         return manifest
 
     def abort(self) -> None:

@@ -28,9 +28,11 @@ done files, manifest.json) is one envelope around its JSON. `archive.json` and t
 files stay in the clear; `archive.json` carries an HMAC-SHA256 under a subkey of the data
 key, and so does each key file, so `verify` reports a changed byte in either.
 
-The data key of an archive this process opened is kept in a registry by archive uuid;
-Spark tasks receive it from the driver (`carrying_keys`, `export_keys`/`install_keys`),
-never a passphrase. No function here prints or logs a key or a passphrase.
+Everything here is a function of a key and bytes: this module keeps no state. The data
+key of an archive a command opened lives in its opened-archive handle
+(`archive.Archive.key`), which whoever reads or writes a file of the archive uses; Spark
+tasks receive the handle (the key pickled inside it), never a passphrase. No function here
+prints or logs a key or a passphrase.
 """
 from __future__ import annotations
 
@@ -40,12 +42,12 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import secrets
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import storage
 from .errors import ArchiveError, CorruptFileError
@@ -76,11 +78,6 @@ _TAG = 16
 OVERHEAD = 8 + _HEAD + _TAG
 _INFO = b"dcptool-archive subkey 1"
 
-_ARCHIVE_JSON = "archive.json"
-_BACKUPS = "backups"
-_STAGING = ".merge-staging"
-_BACKUP_ID_RE = re.compile(r"^\d{8}T\d{6}\.\d{6}Z$")
-
 
 class WrongPassphraseError(ArchiveError):
     """No key of the archive opens with the passphrase given."""
@@ -88,6 +85,11 @@ class WrongPassphraseError(ArchiveError):
 
 class PassphraseMissingError(ArchiveError):
     """The archive is encrypted and no passphrase was given."""
+
+
+class SealedWithoutKeyError(PassphraseMissingError, CorruptFileError):
+    """A sealed piece read without a data key: a file of an encrypted archive read as a
+    plain one's (or a sealed piece slipped into a plain archive)."""
 
 
 class TamperedError(ValueError):
@@ -115,8 +117,19 @@ class DataKey:
 
     __str__ = __repr__
 
-    def __reduce__(self):  # pickled only inside export_keys' token
-        raise TypeError("a DataKey is not pickled; use export_keys")
+    def __reduce__(self):  # travels only inside an opened archive (Archive.__reduce__)
+        raise TypeError("a DataKey is not pickled on its own; pickle the opened archive")
+
+    def secret(self) -> bytes:
+        """The key's bytes (for the opened archive's pickle; never print or log them)."""
+        return self._key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DataKey) and other.uuid == self.uuid \
+            and hmac.compare_digest(other._key, self._key)
+
+    def __hash__(self) -> int:
+        return hash(self.uuid)
 
     def aead(self, salt: bytes, *, cache: bool = True) -> Any:
         """The AES-256-GCM object of the subkey for `salt` (kept for the next call with
@@ -139,165 +152,26 @@ class DataKey:
         return hmac.new(k, data, hashlib.sha256).hexdigest()
 
 
+def export_key(dk: DataKey) -> str:
+    """A data key as one opaque string, for a channel that carries strings only (the Spark
+    data source's options): a secret, never print or log it."""
+    return base64.b64encode(json.dumps({"uuid": dk.uuid, "key": _b64(dk._key)}).encode()).decode()
+
+
+def import_key(token: str) -> DataKey:
+    """The data key of `export_key`'s string."""
+    doc = json.loads(base64.b64decode(token))
+    return DataKey(doc["uuid"], base64.b64decode(doc["key"]))
+
+
 def _hkdf(key: bytes, salt: bytes, info: bytes) -> bytes:
     # HKDF-SHA256 (RFC 5869) with a 32-byte output: one extract, one expand block
     prk = hmac.new(salt or b"\0" * 32, key, hashlib.sha256).digest()
     return hmac.new(prk, info + b"\x01", hashlib.sha256).digest()
 
 
-_KEYS: dict[str, DataKey] = {}
-#: archive uuid -> the id of the key file this process's passphrase opened
-_OPENED_WITH: dict[str, str] = {}
-#: archive root (as a string) -> its uuid when encrypted, None when plain or no archive
-_ROOTS: dict[str, str | None] = {}
-_REG_LOCK = threading.Lock()
-
-
-def _root_str(root: Any) -> str:
-    if storage.is_remote(root):
-        return str(root)
-    return os.path.abspath(os.fspath(root))
-
-
-def register(uuid: str, key: bytes, root: Any | None = None) -> DataKey:
-    with _REG_LOCK:
-        dk = _KEYS.get(uuid)
-        if dk is None or dk._key != key:
-            dk = _KEYS[uuid] = DataKey(uuid, key)
-        if root is not None:
-            _ROOTS[_root_str(root)] = uuid
-    return dk
-
-
-def has_data_keys() -> bool:
-    """Has this process opened an encrypted archive (a data key would travel to tasks)?"""
-    return bool(_KEYS)
-
-
-def key_of(uuid: str) -> DataKey | None:
-    return _KEYS.get(uuid)
-
-
-def note_archive(root: Any, meta: dict[str, Any]) -> None:
-    """Remember whether the archive at `root` is encrypted (Archive.open and create)."""
-    _ROOTS[_root_str(root)] = meta["uuid"] if is_encrypted(meta) else None
-
-
 def is_encrypted(meta: dict[str, Any]) -> bool:
     return isinstance(meta, dict) and isinstance(meta.get("encryption"), dict)
-
-
-def export_keys(uuids: Any = None) -> str:
-    """The data keys this process holds (of the archives `uuids`, default all), as one
-    opaque string for Spark tasks (a secret: never print or log it)."""
-    return base64.b64encode(json.dumps(
-        {u: base64.b64encode(k._key).decode() for u, k in list(_KEYS.items())
-         if uuids is None or u in uuids}).encode()).decode()
-
-
-def install_keys(token: str | None) -> None:
-    if not token:
-        return
-    for u, k in json.loads(base64.b64decode(token)).items():
-        if u not in _KEYS:
-            register(u, base64.b64decode(k))
-
-
-class carrying_keys:
-    """A task function that brings the driver's data keys into the executor running it."""
-
-    def __init__(self, fn: Callable[[Any], Any]):
-        self.fn = fn
-        self.token = export_keys() if _KEYS else None
-
-    def __repr__(self) -> str:
-        return f"carrying_keys({self.fn!r})"
-
-    def __call__(self, task: Any) -> Any:
-        install_keys(self.token)
-        return self.fn(task)
-
-
-_REQUESTS: dict[str, str] = {}
-
-
-def request_encryption(root: Any, passphrase: str) -> None:
-    """Make the next `Archive.create` at `root` in this process create it encrypted under
-    `passphrase` (backup --encrypt asks for the passphrase before it connects)."""
-    _REQUESTS[_root_str(storage.location(root))] = passphrase
-
-
-def take_request(root: Any) -> str | None:
-    return _REQUESTS.pop(_root_str(root), None)
-
-
-def opened_with(uuid: str) -> str | None:
-    """The id of the key file the passphrase of this process opened (None: the key came
-    otherwise, e.g. with a Spark task)."""
-    return _OPENED_WITH.get(uuid)
-
-
-def forget_keys() -> None:
-    """Drop every key and root this process knows (tests)."""
-    with _REG_LOCK:
-        _KEYS.clear()
-        _OPENED_WITH.clear()
-        _ROOTS.clear()
-
-
-# -- which key a file is sealed under ---------------------------------------------------------------
-
-
-def _where(path: Any) -> tuple[Any, str] | None:
-    """(archive root, "ID/NAME") for a file under backups/ (or the merge staging
-    directory's backups/), None for any other file."""
-    p = storage.location(path)
-    bdir = p.parent
-    if bdir.parent.name != _BACKUPS or not _BACKUP_ID_RE.match(bdir.name):
-        return None
-    root = bdir.parent.parent
-    if root.name == _STAGING:
-        root = root.parent
-    return root, f"{bdir.name}/{p.name}"
-
-
-def _uuid_of_root(root: Any) -> str | None:
-    rs = _root_str(root)
-    try:
-        return _ROOTS[rs]
-    except KeyError:
-        pass
-    where = storage.location(root) / _ARCHIVE_JSON
-    try:
-        meta = json.loads(storage.read_bytes(where))
-    except (FileNotFoundError, NotADirectoryError):
-        return None  # not in an archive (yet): plain files, not remembered
-    except (OSError, ValueError) as exc:
-        # fail closed: never write or read a file as plain on a guess
-        raise ArchiveError(f"{where}: unreadable ({exc}): cannot tell whether the archive "
-                           "is encrypted") from None
-    uuid = meta.get("uuid") if is_encrypted(meta) else None
-    _ROOTS[rs] = uuid
-    return uuid
-
-
-def file_key(path: Any) -> tuple[DataKey, str] | None:
-    """(data key, the file's name for authentication) when `path` is a file of an
-    encrypted archive's backups, None for a plain archive's. Raises
-    PassphraseMissingError when the archive is encrypted and its key is not loaded."""
-    w = _where(path)
-    if w is None:
-        return None
-    root, rel = w
-    uuid = _uuid_of_root(root)
-    if uuid is None:
-        return None
-    dk = _KEYS.get(uuid)
-    if dk is None:
-        raise PassphraseMissingError(f"archive {root} is encrypted and its key is not loaded",
-                                     hint=f"give the passphrase ({PASSPHRASE_ENV}, "
-                                          "--passphrase-file or the prompt)")
-    return dk, rel
 
 
 # -- sealing ------------------------------------------------------------------------------------------
@@ -353,10 +227,10 @@ class FrameSealer:
         return _envelope(self._dk, self._salt, n, frame, _frame_aad(self._rel, offset))
 
 
-def frame_sealer(path: Any) -> FrameSealer | None:
-    """A sealer for a data file being written, None in a plain archive."""
-    fk = file_key(path)
-    return None if fk is None else FrameSealer(*fk)
+def frame_sealer(key: DataKey | None, name: str | None) -> FrameSealer | None:
+    """A sealer for a data file being written (`name`: "ID/NAME"), None in a plain
+    archive (`key` None)."""
+    return None if key is None or name is None else FrameSealer(key, name)
 
 
 class FrameOpener:
@@ -370,9 +244,9 @@ class FrameOpener:
         return _open(self._dk, body, _frame_aad(self._rel, offset))
 
 
-def frame_opener(path: Any) -> FrameOpener | None:
-    fk = file_key(path)
-    return None if fk is None else FrameOpener(*fk)
+def frame_opener(key: DataKey | None, name: str | None) -> FrameOpener | None:
+    """An opener for a data file's sealed frames, None in a plain archive."""
+    return None if key is None or name is None else FrameOpener(key, name)
 
 
 def envelope_body(data: bytes) -> bytes | None:
@@ -386,20 +260,19 @@ def envelope_body(data: bytes) -> bytes | None:
     return data[8:]
 
 
-def seal_file(path: Any, data: bytes) -> bytes:
-    """What to store for a metadata file's content (as is in a plain archive)."""
-    fk = file_key(path)
-    if fk is None:
+def seal_file(key: DataKey | None, name: str | None, data: bytes) -> bytes:
+    """What to store for a metadata file's content: sealed under `key` when the file
+    `name` ("ID/NAME", None for a file outside backups/) is one of an encrypted archive's
+    backups, as is otherwise."""
+    if key is None or name is None:
         return data
-    dk, rel = fk
-    return _envelope(dk, secrets.token_bytes(16), 0, data, _file_aad(rel), cache=False)
+    return _envelope(key, secrets.token_bytes(16), 0, data, _file_aad(name), cache=False)
 
 
-def open_file(path: Any, data: bytes) -> bytes:
-    """A metadata file's content from what is stored; TamperedError (a ValueError) when it
-    fails authentication or is in the clear in an encrypted archive."""
-    fk = file_key(path)
-    if fk is None:
+def open_file(key: DataKey | None, name: str | None, data: bytes) -> bytes:
+    """A metadata file's content from what is stored (see seal_file); TamperedError (a
+    ValueError) when it fails authentication or is in the clear in an encrypted archive."""
+    if key is None or name is None:
         if data[:4] == ENVELOPE_MAGIC:
             raise TamperedError("is encrypted but the archive is not")
         return data
@@ -407,30 +280,18 @@ def open_file(path: Any, data: bytes) -> bytes:
     if body is None:
         raise TamperedError("is not encrypted in an encrypted archive: the file was tampered "
                             "with")
-    dk, rel = fk
-    return _open(dk, body, _file_aad(rel), cache=False)
-
-
-def read_file(path: Any) -> bytes:
-    """A metadata file's content (storage.read_bytes, opened)."""
-    where = storage.location(path)
-    return open_file(where, storage.read_bytes(where))
+    return _open(key, body, _file_aad(name), cache=False)
 
 
 # -- passphrases -------------------------------------------------------------------------------------
 
-_PASSPHRASE_FILE: list[str | None] = [None]
-_PASSPHRASE_COMMAND: list[str | None] = [None]
+@dataclass(frozen=True)
+class PassphraseSource:
+    """Where a command reads a passphrase from before the environment and the prompt:
+    the CLI's --passphrase-file (`file`) or --passphrase-command (`command`)."""
 
-
-def set_passphrase_file(path: str | os.PathLike[str] | None) -> None:
-    """Where this process reads passphrases from (the CLI's --passphrase-file)."""
-    _PASSPHRASE_FILE[0] = None if path is None else os.fspath(path)
-
-
-def set_passphrase_command(command: str | None) -> None:
-    """The command whose output's first line is the passphrase (--passphrase-command)."""
-    _PASSPHRASE_COMMAND[0] = command or None
+    file: str | None = None
+    command: str | None = None
 
 
 def read_passphrase_file(path: str, label: str) -> str:
@@ -444,16 +305,17 @@ def read_passphrase_file(path: str, label: str) -> str:
     return line
 
 
-def get_passphrase(purpose: str, *, confirm: bool = False) -> str:
-    """A passphrase: --passphrase-file, --passphrase-command, DCPTOOL_ARCHIVE_PASSPHRASE,
-    its _FILE and _COMMAND variants, or a prompt on the terminal (asked twice with
-    `confirm`)."""
+def get_passphrase(purpose: str, *, confirm: bool = False,
+                   source: PassphraseSource | None = None) -> str:
+    """A passphrase: `source` (--passphrase-file, --passphrase-command),
+    DCPTOOL_ARCHIVE_PASSPHRASE, its _FILE and _COMMAND variants, or a prompt on the
+    terminal (asked twice with `confirm`)."""
     from dcptool.procs import run_secret_command
 
-    if _PASSPHRASE_FILE[0]:
-        return read_passphrase_file(_PASSPHRASE_FILE[0], "--passphrase-file")
-    if _PASSPHRASE_COMMAND[0]:
-        return run_secret_command(_PASSPHRASE_COMMAND[0], what="--passphrase-command")
+    if source is not None and source.file:
+        return read_passphrase_file(source.file, "--passphrase-file")
+    if source is not None and source.command:
+        return run_secret_command(source.command, what="--passphrase-command")
     env = os.environ.get(PASSPHRASE_ENV)
     if env:
         return env
@@ -598,38 +460,37 @@ def new_encryption(uuid: str, passphrase: str, created: str,
     return {"cipher": CIPHER, "kdf": "scrypt", "keys": KEYS_DIR + "/"}, dk, doc
 
 
-def unlock(root: Any, meta: dict[str, Any], passphrase: str | None = None) -> DataKey:
-    """The data key of the encrypted archive at `root` (registered for this process):
-    already loaded, or unwrapped from a key file with the passphrase (given, or from
-    `get_passphrase`). Raises WrongPassphraseError, and CorruptFileError when archive.json
+def unlock(root: Any, meta: dict[str, Any],
+           passphrase: str | PassphraseSource | None = None) -> tuple[DataKey, str]:
+    """(data key, id of the key file that opened it) of the encrypted archive at `root`,
+    unwrapped from a key file with the passphrase (given, or from `get_passphrase` with
+    the source given). Raises WrongPassphraseError, and CorruptFileError when archive.json
     fails its check."""
     uuid = meta["uuid"]
-    dk = _KEYS.get(uuid)
-    if dk is None:
-        docs = read_key_files(root)
-        good = {n: d for n, d in docs.items() if isinstance(d, dict)
-                and check_key_doc(d, uuid) is None}
-        if not good:
-            raise ArchiveError(f"archive {root} is encrypted but has no usable key file in "
-                               f"{keys_dir(root)}")
-        if passphrase is None:
-            passphrase = get_passphrase(f"archive {root}")
-        key = None
-        for d in good.values():
-            key = unwrap(d, passphrase)
-            if key is not None:
-                _OPENED_WITH[uuid] = d["id"]
-                break
-        if key is None:
-            raise WrongPassphraseError(f"wrong passphrase for archive {root}: no key of it "
-                                       "opens with it")
-        dk = register(uuid, key)
-    _ROOTS[_root_str(root)] = uuid
+    docs = read_key_files(root)
+    good = {n: d for n, d in docs.items() if isinstance(d, dict)
+            and check_key_doc(d, uuid) is None}
+    if not good:
+        raise ArchiveError(f"archive {root} is encrypted but has no usable key file in "
+                           f"{keys_dir(root)}")
+    if not isinstance(passphrase, str):
+        passphrase = get_passphrase(f"archive {root}", source=passphrase)
+    for d in good.values():
+        key = unwrap(d, passphrase)
+        if key is not None:
+            dk = DataKey(uuid, key)
+            check_archive_mac(root, meta, dk)
+            return dk, d["id"]
+    raise WrongPassphraseError(f"wrong passphrase for archive {root}: no key of it "
+                               "opens with it")
+
+
+def check_archive_mac(root: Any, meta: dict[str, Any], dk: DataKey) -> None:
+    """CorruptFileError unless archive.json's MAC holds under the data key."""
     mac = meta["encryption"].get("mac")
     if not isinstance(mac, str) or not hmac.compare_digest(mac, archive_mac(dk, meta)):
-        raise CorruptFileError(storage.location(root) / _ARCHIVE_JSON,
+        raise CorruptFileError(storage.location(root) / "archive.json",
                                "fails authentication: the file was tampered with")
-    return dk
 
 
 def check_key_files(root: Any, dk: DataKey) -> list[tuple[str, str]]:
@@ -665,18 +526,20 @@ def list_keys(root: Any, meta: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda d: (d["created"], d["id"]))
 
 
-def add_key(root: Any, meta: dict[str, Any], new_passphrase: str, created: str) -> dict[str, Any]:
-    """Wrap the (unlocked) data key under one more passphrase; returns the list entry of
-    the new key file."""
-    dk = unlock(root, meta)
+def add_key(root: Any, meta: dict[str, Any], dk: DataKey, new_passphrase: str,
+            created: str) -> dict[str, Any]:
+    """Wrap the (unlocked) data key `dk` under one more passphrase; returns the list entry
+    of the new key file."""
     doc = make_key_file(meta["uuid"], dk, new_passphrase, created=created)
     write_key_file(root, doc)
     return next(k for k in list_keys(root, meta) if k["id"] == doc["id"])
 
 
-def remove_key(root: Any, meta: dict[str, Any], key_id: str) -> dict[str, Any]:
-    """Delete a key file; refuses the last one (the data would be lost for good)."""
-    unlock(root, meta)
+def remove_key(root: Any, meta: dict[str, Any], dk: DataKey, key_id: str) -> dict[str, Any]:
+    """Delete a key file (the archive unlocked: `dk` is its data key); refuses the last
+    one (the data would be lost for good)."""
+    if dk.uuid != meta["uuid"]:
+        raise ArchiveError(f"archive {root}: the key given is another archive's")
     keys = list_keys(root, meta)
     match = [k for k in keys if k["id"] == key_id]
     if not match:

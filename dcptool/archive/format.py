@@ -283,10 +283,24 @@ def json_lines(obj: Any) -> str:
     return "{\n" + ",\n".join(lines) + "\n}"
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, durable: bool = True) -> None:
-    """Write a metadata file (sealed in an encrypted archive: see crypto.seal_file)."""
+def sealed_name(path: Any) -> str | None:
+    """The name a file of a backup is sealed under in an encrypted archive ("ID/NAME" of
+    ARCHIVE/backups/ID/NAME, or of the merge staging directory's backups/), None for a
+    file outside backups/ (archive.json, keys/, logs/: never sealed)."""
+    p = storage.location(path)
+    bdir = p.parent
+    if bdir.parent.name != BACKUPS_DIR or not BACKUP_ID_RE.match(bdir.name):
+        return None
+    return f"{bdir.name}/{p.name}"
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, key: Any = None,
+                      durable: bool = True) -> None:
+    """Write a metadata file (sealed under `key`, the data key of an encrypted archive:
+    see crypto.seal_file)."""
     where = storage.location(path)
-    atomic_write_bytes(where, crypto.seal_file(where, (json_lines(obj) + "\n").encode("utf-8")),
+    atomic_write_bytes(where, crypto.seal_file(key, sealed_name(where),
+                                               (json_lines(obj) + "\n").encode("utf-8")),
                        durable=durable)
 
 
@@ -297,7 +311,14 @@ def sync_filesystem(path: Any) -> None:
     storage.sync_filesystem(storage.location(path))
 
 
-def read_json(path: Any) -> Any:
-    """Parse a JSON file (opened in an encrypted archive); raises OSError or ValueError (bad
-    JSON or bad UTF-8, or crypto.TamperedError)."""
-    return json.loads(crypto.read_file(path).decode("utf-8"))
+def read_bytes(path: Any, key: Any = None) -> bytes:
+    """A metadata file's content (opened under `key`, the data key of an encrypted archive;
+    None for a plain one)."""
+    where = storage.location(path)
+    return crypto.open_file(key, sealed_name(where), storage.read_bytes(where))
+
+
+def read_json(path: Any, key: Any = None) -> Any:
+    """Parse a JSON file (opened under `key` in an encrypted archive); raises OSError or
+    ValueError (bad JSON or bad UTF-8, or crypto.TamperedError)."""
+    return json.loads(read_bytes(path, key).decode("utf-8"))

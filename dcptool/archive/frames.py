@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator
 
 import msgpack
 import zstandard
@@ -36,6 +36,7 @@ from .format import (
     ROLLBACK,
     SNAPSHOT,
     STREAM,
+    sealed_name,
 )
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -181,23 +182,24 @@ def _is_skippable(buf: bytes | bytearray | memoryview, pos: int) -> bool:
     return magic & 0xFFFFFFF0 == _SKIPPABLE_LOW
 
 
-def scan_frames(f: BinaryIO, path: str, *, start: int = 0) -> Iterator[tuple[int, bytes]]:
+def scan_frames(f: BinaryIO, path: str, *, start: int = 0,
+                key: Any = None) -> Iterator[tuple[int, bytes]]:
     """Yield (file offset, compressed frame bytes) for every complete frame.
 
     Raises TornFrame(offset) when the file ends inside a frame and CorruptFileError when
     the bytes at a frame boundary are not a frame. Skippable frames are passed over. In an
     encrypted archive every frame is sealed (see crypto.py): each is opened and checked as
-    it is read, and the zstd frame inside is yielded.
+    it is read under `key` (the archive's data key), and the zstd frame inside is yielded.
     """
-    for offset, _stored, frame in scan_stored_frames(f, path, start=start):
+    for offset, _stored, frame in scan_stored_frames(f, path, start=start, key=key):
         yield offset, frame
 
 
-def scan_stored_frames(f: BinaryIO, path: str, *,
-                       start: int = 0) -> Iterator[tuple[int, int, bytes]]:
+def scan_stored_frames(f: BinaryIO, path: str, *, start: int = 0,
+                       key: Any = None) -> Iterator[tuple[int, int, bytes]]:
     """Like scan_frames, yielding (file offset, bytes the frame takes in the file, zstd
     frame)."""
-    opener = crypto.frame_opener(path)
+    opener = crypto.frame_opener(key, sealed_name(path))
     f.seek(start)
     buf = bytearray()
     base = start  # file offset of buf[0]
@@ -232,9 +234,10 @@ def scan_stored_frames(f: BinaryIO, path: str, *,
         if opener is None:
             if magic == ZSTD_MAGIC:
                 yield base + pos, end - pos, bytes(buf[pos:end])
-            elif magic == crypto.ENVELOPE_MAGIC:
-                raise CorruptFileError(path, "sealed (encrypted) frame in an archive that is "
-                                             "not encrypted", offset=base + pos)
+            elif magic == crypto.ENVELOPE_MAGIC:  # (or the caller gave no key)
+                raise crypto.SealedWithoutKeyError(path, "sealed (encrypted) frame in an "
+                                                   "archive that is not encrypted",
+                                                   offset=base + pos)
         elif magic == crypto.ENVELOPE_MAGIC:
             try:
                 frame = opener.open(memoryview(buf)[pos + 8:end], base + pos)
@@ -345,8 +348,9 @@ def content_prefix(content: bytes, keep: int, path: str, offset: int) -> list[by
 
 def iter_frame_batches(path: str | os.PathLike[str], *, expect_size: int | None = None,
                        expect_sha256: str | None = None, validate: bool = True,
-                       doc_keys: bool = True) -> Iterator[list[tuple]]:
-    """Yield the records of a data file one frame (~1 MiB uncompressed) at a time.
+                       doc_keys: bool = True, key: Any = None) -> Iterator[list[tuple]]:
+    """Yield the records of a data file one frame (~1 MiB uncompressed) at a time (`key`:
+    the data key of an encrypted archive, None for a plain one).
 
     Item keys come out as doc keys (collection-prefixed): a file whose header names format
     1 or 2 (keys without prefix, all in the default collection) has the 0x00 prefix given
@@ -381,7 +385,8 @@ def iter_frame_batches(path: str | os.PathLike[str], *, expect_size: int | None 
         legacy = False
         first = True
         try:
-            for offset, frame in scan_frames(src, where):  # (a pack member opens by its name)
+            # (a pack member opens by its name)
+            for offset, frame in scan_frames(src, where, key=key):
                 batch = frame_records(decompress_frame(frame, path, offset), path, offset,
                                       validate=validate)
                 if first:
@@ -426,8 +431,8 @@ class _HashingReader:
 
 
 def iter_file_records(path: str | os.PathLike[str], *, validate: bool = True,
-                      doc_keys: bool = True) -> Iterator[tuple]:
+                      doc_keys: bool = True, key: Any = None) -> Iterator[tuple]:
     """Yield every record of one data file in order (header record included); keys as
     `iter_frame_batches` gives them."""
-    for batch in iter_frame_batches(path, validate=validate, doc_keys=doc_keys):
+    for batch in iter_frame_batches(path, validate=validate, doc_keys=doc_keys, key=key):
         yield from batch

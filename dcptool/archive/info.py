@@ -27,7 +27,7 @@ def dir_size(path: Any) -> int:
 def _partial(archive: Archive, bid: str) -> dict[str, Any]:
     bdir = archive.backup_dir(bid)
     try:
-        intent = read_json(bdir / BACKUP_JSON)
+        intent = read_json(bdir / BACKUP_JSON, archive.key)
         if not isinstance(intent, dict):
             intent = {}
     except (OSError, ValueError):
@@ -43,7 +43,7 @@ def _partial(archive: Archive, bid: str) -> dict[str, Any]:
         if parsed:
             started.add(parsed[0])
     # (the done summaries: done files, and done batches of a packed backup)
-    for s in done_summaries(bdir, names).values():
+    for s in done_summaries(bdir, names, key=archive.key).values():
         try:
             for k in _COUNTS:
                 counts[k] += int(s["counts"][k])

@@ -103,10 +103,15 @@ class VBucketMergePlan:
 
 @dataclass(frozen=True, slots=True)
 class MergeTarget:
-    """Where a task writes its vbuckets of the merged backup (picklable)."""
+    """Where a task writes its vbuckets of the merged backup (picklable): the opened
+    archive rooted at its staging directory (its key seals the merged files)."""
 
-    staging: str
+    archive: Archive
     merged_id: str
+
+    @property
+    def staging(self) -> str:
+        return str(self.archive.path)
 
     @property
     def backup_dir(self) -> Path:
@@ -135,7 +140,7 @@ class MergePlan:
 # -- one vbucket (runs in a task) -----------------------------------------------------------------
 
 
-def _resolve_with_markers(parts: Sequence[tuple[str, dict[str, Any]]]
+def _resolve_with_markers(parts: Sequence[tuple[str, dict[str, Any]]], key: Any = None
                           ) -> tuple[list[tuple], list[tuple]]:
     """Over the range's parts of one vbucket (oldest first): the surviving snapshot markers
     in order, and the resolved items with the surviving system events, sorted by seqno."""
@@ -144,7 +149,7 @@ def _resolve_with_markers(parts: Sequence[tuple[str, dict[str, Any]]]
     markers: list[tuple] = []
     events: list[tuple] = []
     for (bdir, entry), cut in zip(parts, cuts):
-        for batch in iter_vbucket_batches(storage.location(bdir), entry):
+        for batch in iter_vbucket_batches(storage.location(bdir), entry, key=key):
             for r in batch:
                 t = r[0]
                 if t == REC_MUTATION:
@@ -209,7 +214,7 @@ def merge_vbuckets(target: MergeTarget, plans: Iterable[VBucketMergePlan]) -> li
     vbucket); every vbucket is read back once the packs are written."""
     if not storage.store_of(target.staging).packs:
         return [merge_vbucket(target, p) for p in plans]
-    packer = Packer(target.backup_dir)
+    packer = Packer(target.backup_dir, key=target.archive.key)
     written = [_write_vbucket(target, p, packer) for p in plans]
     packer.flush()
     storage.sync_filesystem(storage.location(target.backup_dir))
@@ -221,8 +226,8 @@ def merge_vbuckets(target: MergeTarget, plans: Iterable[VBucketMergePlan]) -> li
 
 def _write_vbucket(target: MergeTarget, plan: VBucketMergePlan,
                    packer: Packer | None = None) -> tuple[dict[str, Any], tuple[int, str]]:
-    markers, items = _resolve_with_markers(plan.parts)
-    w = VBucketWriter(target.staging, target.merged_id, plan.vbucket, plan.start,
+    markers, items = _resolve_with_markers(plan.parts, target.archive.key)
+    w = VBucketWriter(target.archive, target.merged_id, plan.vbucket, plan.start,
                       plan.failover_log, packer=packer, sync=packer is None)
     try:
         rb = plan.rollback
@@ -239,7 +244,8 @@ def _write_vbucket(target: MergeTarget, plan: VBucketMergePlan,
 
 def _check_written(target: MergeTarget, summary: dict[str, Any], want: tuple[int, str]) -> None:
     got = _item_digest(r for batch in iter_vbucket_batches(target.backup_dir, summary,
-                                                            check_sha256=True)
+                                                            check_sha256=True,
+                                                            key=target.archive.key)
                        for r in batch
                        if REC_MUTATION <= r[0] <= REC_EXPIRATION or r[0] == REC_SYSTEM_EVENT)
     if got != want:
@@ -359,7 +365,7 @@ class StagedMerge:
         self.info = info
         self.writer = writer
         self.root = archive.path / STAGING
-        self.target = MergeTarget(str(self.root.absolute()), plan.merged_id)
+        self.target = MergeTarget(archive.at(self.root.absolute()), plan.merged_id)
         self.manifest: dict[str, Any] | None = None
 
     @classmethod
@@ -384,8 +390,8 @@ class StagedMerge:
             intent["collections"] = first.get("collections")
             if first.get("data") is not None:
                 intent["data"] = first["data"]
-        atomic_write_json(bdir / BACKUP_JSON, intent)
-        staged = Archive(root, archive.meta)
+        atomic_write_json(bdir / BACKUP_JSON, intent, key=archive.key)
+        staged = archive.at(root)
         writer = BackupWriter(staged, intent, ArchiveLock(root, "merge").acquire())
         return cls(archive, plan, info, writer)
 
@@ -394,7 +400,7 @@ class StagedMerge:
         backup; returns the manifest."""
         manifest = self.writer.commit(summaries, extra={"merge": {
             **self.info, "finished": iso_time(utc_now())}})
-        report = verify_backup_dir(self.target.backup_dir, manifest)
+        report = verify_backup_dir(self.target.backup_dir, manifest, key=self.archive.key)
         if not report.ok:
             p = report.problems[0]
             raise DcptoolError(f"the merged backup failed verification: {p.path}: {p.message}",

@@ -41,8 +41,9 @@ class Packer:
     `sync`: write packs and batches durably at once (False: in the background; the task
     calls `flush()` and then sync_filesystem before it reports its vbuckets done)."""
 
-    def __init__(self, backup_dir: Any, *, sync: bool = False):
+    def __init__(self, backup_dir: Any, *, sync: bool = False, key: Any = None):
         self.dir = storage.location(backup_dir)
+        self.key = key  # the archive's data key (None: plain): done batches are sealed
         self.sync = bool(sync)
         self._new()
         self.packs_written = 0
@@ -88,6 +89,7 @@ class Packer:
         batch = {"format": DONE_BATCH_FORMAT, "pack": name if self._buf else None,
                  "vbuckets": self._dones}
         atomic_write_json(self.dir / batch_name(backup_id_for(utc_now()), self.token), batch,
+                          key=self.key,
                           durable=self.sync)
         self.batches_written += 1
         self._new()

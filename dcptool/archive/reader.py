@@ -12,8 +12,8 @@ from .frames import iter_frame_batches
 
 
 def iter_vbucket_batches(backup_dir: str | os.PathLike[str], entry: dict[str, Any], *,
-                         check_sha256: bool = False,
-                         validate: bool = True) -> Iterator[list[tuple]]:
+                         check_sha256: bool = False, validate: bool = True,
+                         key: Any = None) -> Iterator[list[tuple]]:
     """Record batches (one per zstd frame) of one vbucket of one backup, in order.
 
     `entry` is the vbucket's manifest entry (or done summary). Each file's size is checked
@@ -21,6 +21,7 @@ def iter_vbucket_batches(backup_dir: str | os.PathLike[str], entry: dict[str, An
     it should hold (so misplaced or swapped files are refused); with `check_sha256` the
     SHA-256 is compared once each file is read. `validate` (default) checks that every
     record has its type's field layout, so consumers can index fields without guarding.
+    `key`: the archive's data key (None for a plain archive).
     """
     backup_dir = storage.location(backup_dir)
     vb = entry["vbucket"]
@@ -30,7 +31,7 @@ def iter_vbucket_batches(backup_dir: str | os.PathLike[str], entry: dict[str, An
         first = True
         for batch in iter_frame_batches(path, expect_size=f["size"],
                                         expect_sha256=f["sha256"] if check_sha256 else None,
-                                        validate=validate):
+                                        validate=validate, key=key):
             if first:
                 first = False
                 head = batch[0] if batch else None
@@ -47,18 +48,21 @@ def iter_vbucket_batches(backup_dir: str | os.PathLike[str], entry: dict[str, An
 
 
 def iter_vbucket_records(backup_dir: str | os.PathLike[str], entry: dict[str, Any], *,
-                         check_sha256: bool = False, validate: bool = True) -> Iterator[tuple]:
+                         check_sha256: bool = False, validate: bool = True,
+                         key: Any = None) -> Iterator[tuple]:
     """Every record of one vbucket of one backup, header, stream and end records included."""
     for batch in iter_vbucket_batches(backup_dir, entry, check_sha256=check_sha256,
-                                      validate=validate):
+                                      validate=validate, key=key):
         yield from batch
 
 
 class Backup:
     """A committed backup: its manifest and a way to read each vbucket's records."""
 
-    def __init__(self, archive_path: str | os.PathLike[str], manifest: dict[str, Any]):
-        self.archive_path = storage.location(archive_path)
+    def __init__(self, archive: Any, manifest: dict[str, Any]):
+        self.archive_path = archive.path
+        #: the archive's data key (None: a plain archive)
+        self.key = archive.key
         self.manifest = manifest
         self.id: str = manifest["id"]
         self.parent: str | None = manifest.get("parent")
@@ -90,7 +94,7 @@ class Backup:
         if entry is None:
             return iter(())
         return iter_vbucket_records(self.dir, entry, check_sha256=check_sha256,
-                                    validate=validate)
+                                    validate=validate, key=self.key)
 
     def batches(self, vbucket: int, *, check_sha256: bool = False,
                 validate: bool = True) -> Iterator[list[tuple]]:
@@ -99,7 +103,7 @@ class Backup:
         if entry is None:
             return iter(())
         return iter_vbucket_batches(self.dir, entry, check_sha256=check_sha256,
-                                    validate=validate)
+                                    validate=validate, key=self.key)
 
     def items(self, vbucket: int) -> Iterator[tuple]:
         """Only the mutation, deletion and expiration records."""

@@ -44,6 +44,7 @@ from .format import (
     listed_size,
     fsync_dir,
     read_json,
+    sealed_name,
     uuid_for_seqno,
 )
 from .frames import (
@@ -60,7 +61,7 @@ from .frames import (
 LOOK = object()
 
 
-def done_summaries(backup_dir: Any, names: Iterable[str] | None = None
+def done_summaries(backup_dir: Any, names: Iterable[str] | None = None, *, key: Any = None
                    ) -> dict[int, dict[str, Any]]:
     """The done summaries in a backup directory, {vbucket: summary}: the vbuckets' done
     files, then the done batches oldest first (a newer batch's summary of a vbucket replaces
@@ -77,22 +78,22 @@ def done_summaries(backup_dir: Any, names: Iterable[str] | None = None
         m = DONE_RE.match(name)
         if m:
             try:
-                s = read_json(backup_dir / name)
+                s = read_json(backup_dir / name, key)
                 if isinstance(s, dict) and s.get("vbucket") == int(m.group(1)):
                     out[s["vbucket"]] = s
             except (OSError, ValueError, KeyError, TypeError, ArchiveError):
                 pass
     for name in ordered:
         if BATCH_RE.match(name):
-            for s in batch_summaries(backup_dir / name):
+            for s in batch_summaries(backup_dir / name, key):
                 out[s["vbucket"]] = s
     return out
 
 
-def batch_summaries(path: Any) -> list[dict[str, Any]]:
+def batch_summaries(path: Any, key: Any = None) -> list[dict[str, Any]]:
     """The summaries of one done batch ([] when it is unreadable or malformed)."""
     try:
-        doc = read_json(path)
+        doc = read_json(path, key)
         return [s for s in doc["vbuckets"] if isinstance(s, dict)
                 and isinstance(s.get("vbucket"), int)]
     except (OSError, ValueError, KeyError, TypeError, ArchiveError):
@@ -176,7 +177,7 @@ class _Stop(Exception):
 
 def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
                  files: list[tuple[int, str]] | None = None, *,
-                 rollback_to: int | None = None) -> VBucketScan:
+                 rollback_to: int | None = None, key: Any = None) -> VBucketScan:
     """Read a vbucket's data files of one backup and find the valid prefix.
 
     With `rollback_to=S`, the prefix instead ends at the boundary at seqno S (or just after
@@ -187,7 +188,7 @@ def scan_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: in
     if files is None:
         files = vbucket_files(backup_dir).get(vbucket, [])
     scan = VBucketScan(vbucket=vbucket, files=list(files))
-    state = _PrefixScan(scan, backup_id, rollback_to)
+    state = _PrefixScan(scan, backup_id, rollback_to, key)
     expected_seg = 0
     try:
         for seg_pos, (segment, name) in enumerate(files):
@@ -210,8 +211,11 @@ class _PrefixScan:
     are copied into the `VBucketScan` as its valid prefix (`_mark`). A record that breaks
     the layout raises `_Stop` naming it, and the scan ends there."""
 
-    def __init__(self, scan: VBucketScan, backup_id: str, rollback_to: int | None) -> None:
+    def __init__(self, scan: VBucketScan, backup_id: str, rollback_to: int | None,
+                 key: Any = None) -> None:
         self.scan = scan
+        #: the archive's data key (None: a plain archive)
+        self.key = key
         self.backup_id = backup_id
         self.rollback_to = rollback_to
         self.counts = dict.fromkeys(_ZERO_COUNTS, 0)
@@ -276,7 +280,7 @@ class _PrefixScan:
         # the per-record bookkeeping in locals, written back however the file ends
         here, scanned = self.prev_end, 0
         try:
-            for offset, stored, frame in scan_stored_frames(f, path):
+            for offset, stored, frame in scan_stored_frames(f, path, key=self.key):
                 content = decompress_frame(frame, path, offset)
                 recs = frame_records_with_ends(content, path, offset)
                 clen = recs[-1][1] if recs else 0
@@ -409,7 +413,7 @@ class _PrefixScan:
 
 
 def truncate_to_cut(backup_dir: str | os.PathLike[str], scan: VBucketScan, *,
-                    level: int) -> list[dict[str, Any]]:
+                    level: int, key: Any = None) -> list[dict[str, Any]]:
     """Make the vbucket's files hold exactly the scan's valid prefix.
 
     Returns the file entries ({name, size, sha256, records}) of the segments kept, in order.
@@ -432,9 +436,9 @@ def truncate_to_cut(backup_dir: str | os.PathLike[str], scan: VBucketScan, *,
             storage.replace_prefix_bytes(path, cut.frame_offset + cut.frame_len, b"")
     else:
         frame = storage.read_range(path, cut.frame_offset, cut.frame_len)
-        sealer = crypto.frame_sealer(path)
+        sealer = crypto.frame_sealer(key, sealed_name(path))
         if sealer is not None:  # the frame was opened by the scan: it is genuine
-            frame = crypto.frame_opener(path).open(frame[8:], cut.frame_offset)
+            frame = crypto.FrameOpener(key, sealed_name(path)).open(frame[8:], cut.frame_offset)
         content = decompress_frame(frame, str(path), cut.frame_offset)
         tail = compress_sections(block_compressor(level),
                                  content_prefix(content, cut.keep_bytes, str(path),
@@ -483,7 +487,7 @@ class VBucketRecovery:
 
 def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
                files: list[tuple[int, str]] | None = None, *, rehash: bool = True,
-               summary: Any = LOOK, sizes: dict[str, int] | None = None
+               summary: Any = LOOK, sizes: dict[str, int] | None = None, key: Any = None
                ) -> tuple[dict[str, Any] | None, str | None]:
     """(summary, None) when the vbucket's summary exists and matches its files on disk,
     else (None, reason) — reason None when there simply is no summary. `summary`: the one
@@ -496,11 +500,11 @@ def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
         if done.exists():
             label = done.name
             try:
-                summary = read_json(done)
+                summary = read_json(done, key)
             except (OSError, ValueError) as exc:
                 return None, f"{done.name} is unreadable: {exc}"
         else:
-            summary = done_summaries(backup_dir).get(vbucket)
+            summary = done_summaries(backup_dir, key=key).get(vbucket)
     if summary is None:
         return None, None
     try:
@@ -540,7 +544,7 @@ def check_done(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
 def recover_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket: int,
                     files: list[tuple[int, str]] | None = None, *, scan: bool = True,
                     rehash: bool = True, summary: Any = LOOK,
-                    sizes: dict[str, int] | None = None) -> VBucketRecovery:
+                    sizes: dict[str, int] | None = None, key: Any = None) -> VBucketRecovery:
     """Tell whether a vbucket of a partial backup completed and, if not, where it restarts.
 
     Read-only: nothing is changed on disk (a resuming VBucketWriter keeps the prefix).
@@ -548,7 +552,7 @@ def recover_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket:
     if files is None:
         files = vbucket_files(backup_dir).get(vbucket, [])
     summary, problem = check_done(backup_dir, backup_id, vbucket, files, rehash=rehash,
-                                  summary=summary, sizes=sizes)
+                                  summary=summary, sizes=sizes, key=key)
     if summary is not None:
         return VBucketRecovery(vbucket, True, summary=summary,
                                position=ArchivePosition.coerce(summary["end"]),
@@ -558,7 +562,7 @@ def recover_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket:
     rec = VBucketRecovery(vbucket, False, problem=problem)
     if not scan:
         return rec
-    s = scan_vbucket(backup_dir, backup_id, vbucket, files)
+    s = scan_vbucket(backup_dir, backup_id, vbucket, files, key=key)
     rec.position = s.position
     rec.start = s.start
     rec.failover_log = s.failover_log
@@ -569,12 +573,12 @@ def recover_vbucket(backup_dir: str | os.PathLike[str], backup_id: str, vbucket:
 
 
 def recover_backup(backup_dir: str | os.PathLike[str], backup_id: str, *, scan: bool = True,
-                   rehash: bool = True) -> dict[int, VBucketRecovery]:
+                   rehash: bool = True, key: Any = None) -> dict[int, VBucketRecovery]:
     """recover_vbucket for every vbucket that has data files or a done file in the directory."""
     backup_dir = storage.location(backup_dir)
     sizes = storage.list_sizes(backup_dir)
     files = vbucket_files(backup_dir, sizes)
-    dones = done_summaries(backup_dir, sizes)
+    dones = done_summaries(backup_dir, sizes, key=key)
     vbs = set(files) | set(dones)
     for name in sizes:
         if DONE_RE.match(name):
@@ -582,7 +586,7 @@ def recover_backup(backup_dir: str | os.PathLike[str], backup_id: str, *, scan: 
     with storage.pack_cache():  # one read of each pack, not one per member
         # (a done file that did not read is looked at again, to say why)
         return {vb: recover_vbucket(backup_dir, backup_id, vb, files.get(vb, []), scan=scan,
-                                    rehash=rehash, sizes=sizes,
+                                    rehash=rehash, sizes=sizes, key=key,
                                     summary=dones[vb] if vb in dones else
                                     LOOK if done_file_name(vb) in sizes else None)
                 for vb in sorted(vbs)}

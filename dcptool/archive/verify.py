@@ -294,7 +294,8 @@ class _VBucketCheck:
 
 def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
                            report: VerifyReport, version: int = FORMAT_VERSION,
-                           missing: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+                           missing: set[str] = frozenset(),  # type: ignore[assignment]
+                           key: Any = None) -> None:
     vb = entry["vbucket"]
     check = _VBucketCheck(backup_id, entry, version)
     for segment, f in enumerate(entry["files"]):
@@ -304,7 +305,7 @@ def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
         n_before = check.counts["records"]
         first = True
         try:
-            for batch in iter_frame_batches(path, validate=False, doc_keys=False):
+            for batch in iter_frame_batches(path, validate=False, doc_keys=False, key=key):
                 for rec in batch:
                     why = check.record(rec, segment, first)
                     first = False
@@ -348,11 +349,11 @@ def _summary_problem(summary: Any, entries: dict[int, dict[str, Any]]) -> str | 
 
 
 def _check_done(bdir: Path, name: str, backup_id: str, entries: dict[int, dict[str, Any]],
-                sealed: bool, report: VerifyReport) -> None:
+                sealed: bool, report: VerifyReport, key: Any = None) -> None:
     """A done file or done batch (and, sealed, backup.json): readable, authentic when
     sealed, and saying what the manifest says."""
     try:
-        doc = read_json(bdir / name)
+        doc = read_json(bdir / name, key)
     except crypto.TamperedError as exc:
         report.problems.append(Problem(str(bdir / name), str(exc), backup_id))
         return
@@ -389,13 +390,13 @@ def _check_done(bdir: Path, name: str, backup_id: str, entries: dict[int, dict[s
 
 
 def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
-                 report: VerifyReport, vbuckets: Any = None) -> set[str]:
+                 report: VerifyReport, vbuckets: Any = None, key: Any = None) -> set[str]:
     """Size and SHA-256 of every listed file (members of packs too), of the vbuckets in
     `vbuckets` (None: all); the done files agree with the manifest; returns the names of
     the files that are missing."""
     missing: set[str] = set()
     listed: set[str] = set()
-    sealed = crypto.file_key(bdir / MANIFEST_JSON) is not None
+    sealed = key is not None
     entries = {e["vbucket"]: e for e in manifest["vbuckets"]}
     for entry in manifest["vbuckets"]:
         vb = entry["vbucket"]
@@ -438,7 +439,7 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
         if (sealed and name == BACKUP_JSON) or done or BATCH_RE.match(name):
             # read by no reader of a committed backup, but written with the manifest (and
             # sealed like the rest in an encrypted archive): checked
-            _check_done(bdir, name, backup_id, entries, sealed, report)
+            _check_done(bdir, name, backup_id, entries, sealed, report, key)
         if name in listed or name in known or DONE_RE.match(name) or BATCH_RE.match(name):
             continue
         if DATA_RE.match(name) or PACK_RE.match(name):
@@ -450,18 +451,19 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
 
 
 def _check_backup(bdir: Any, backup_id: str, manifest: dict[str, Any], report: VerifyReport,
-                  records: bool, vbuckets: Any = None) -> None:
+                  records: bool, vbuckets: Any = None, key: Any = None) -> None:
     """One committed backup's files (size, SHA-256, nothing unlisted, done files that agree
     with the manifest) and, with `records`, every record of every vbucket (of those in
     `vbuckets`; None: all) against the manifest."""
     with storage.pack_cache():  # a pack is read once for its members (on S3)
-        missing = _check_files(bdir, backup_id, manifest, report, vbuckets)
+        missing = _check_files(bdir, backup_id, manifest, report, vbuckets, key)
         if records:
             # files that failed the checksum are decoded too: it tells where they went bad
             for entry in manifest["vbuckets"]:
                 if vbuckets is None or entry["vbucket"] in vbuckets:
                     _check_vbucket_records(bdir, backup_id, entry, report,
-                                           manifest.get("version", FORMAT_VERSION), missing)
+                                           manifest.get("version", FORMAT_VERSION), missing,
+                                           key)
 
 
 def _continuity(archive: Archive, manifests: dict[str, dict[str, Any]],
@@ -514,20 +516,21 @@ def _continuity(archive: Archive, manifests: dict[str, dict[str, Any]],
         ends_after[bid] = ends
 
 
-def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> VerifyReport:
-    """Check the whole archive (see module docstring). Raises NotAnArchiveError only when
-    the path is not an archive at all; everything else ends up in the report."""
-    archive = Archive.open(path)
+def verify_archive(archive: Archive | str | os.PathLike[str], *,
+                   records: bool = True) -> VerifyReport:
+    """Check the whole archive (see module docstring): an opened one, or the one at a
+    path (opened here). Raises NotAnArchiveError only when the path is not an archive at
+    all; everything else ends up in the report."""
+    if not isinstance(archive, Archive):
+        archive = Archive.open(archive)
     report = VerifyReport(str(archive.path))
     holder = ArchiveLock(archive.path, "verify").holder()
     if holder is not None:
         report.notes.append(f"{archive.path / LOCK_FILE}: archive is locked by pid "
                             f"{holder.get('pid')} on {holder.get('host')} "
                             f"({holder.get('purpose')}); a backup may be running")
-    if archive.encrypted:
-        dk = crypto.key_of(archive.uuid)
-        assert dk is not None  # Archive.open unlocked it
-        for kpath, why in crypto.check_key_files(archive.path, dk):
+    if archive.key is not None:
+        for kpath, why in crypto.check_key_files(archive.path, archive.key):
             report.problems.append(Problem(kpath, why))
     if not isinstance(archive.meta.get("vbuckets"), int) or archive.meta["vbuckets"] < 1:
         report.problems.append(Problem(str(archive.path / ARCHIVE_JSON),
@@ -557,7 +560,7 @@ def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> Ver
         report.backups_checked += 1
         report.size_on_disk += dir_size(bdir)
         try:
-            doc = read_json(mpath)
+            doc = read_json(mpath, archive.key)
         except (OSError, ValueError) as exc:
             report.problems.append(Problem(str(mpath), f"unreadable: {exc}", name))
             broken.add(name)
@@ -571,7 +574,7 @@ def verify_archive(path: str | os.PathLike[str], *, records: bool = True) -> Ver
             report.notes.append(_damaged_note(archive, name))
             continue
         manifests[name] = doc
-        _check_backup(bdir, name, doc, report, records)
+        _check_backup(bdir, name, doc, report, records, key=archive.key)
     _continuity(archive, manifests, broken, report)
     return report
 
@@ -582,7 +585,7 @@ def _damaged_note(archive: Archive, backup_id: str) -> str:
 
 
 def verify_backup_dir(bdir: str | os.PathLike[str], manifest: dict[str, Any], *,
-                      records: bool = True) -> VerifyReport:
+                      records: bool = True, key: Any = None) -> VerifyReport:
     """Check one committed backup directory on its own: each listed file's size and
     SHA-256, no unlisted data file, and (with `records`) every record, the invariants and
     the counts against `manifest`. No chain checks (parent, continuity). Used to prove a
@@ -591,7 +594,7 @@ def verify_backup_dir(bdir: str | os.PathLike[str], manifest: dict[str, Any], *,
     report = VerifyReport(str(bdir))
     report.backups_checked = 1
     name = manifest["id"]
-    _check_backup(bdir, name, manifest, report, records)
+    _check_backup(bdir, name, manifest, report, records, key=key)
     return report
 
 
@@ -604,10 +607,8 @@ def verify_chain(archive: Archive, chain: list[Any], vbuckets: Any = None, *,
     chain before it ended. The archive's key files are checked as `verify` does."""
     report = VerifyReport(str(archive.path))
     wanted = None if vbuckets is None else frozenset(vbuckets)
-    if archive.encrypted:
-        dk = crypto.key_of(archive.uuid)
-        assert dk is not None  # Archive.open unlocked it
-        for kpath, why in crypto.check_key_files(archive.path, dk):
+    if archive.key is not None:
+        for kpath, why in crypto.check_key_files(archive.path, archive.key):
             report.problems.append(Problem(kpath, why))
     manifests: dict[str, dict[str, Any]] = {}
     broken: set[str] = set()
@@ -620,7 +621,7 @@ def verify_chain(archive: Archive, chain: list[Any], vbuckets: Any = None, *,
             broken.add(b.id)
             continue
         manifests[b.id] = b.manifest
-        _check_backup(b.dir, b.id, b.manifest, report, records, wanted)
+        _check_backup(b.dir, b.id, b.manifest, report, records, wanted, key=archive.key)
     if wanted is not None:  # continuity of the vbuckets restored only
         manifests = {bid: {**m, "vbuckets": [e for e in m["vbuckets"] if e["vbucket"] in wanted]}
                      for bid, m in manifests.items()}

@@ -54,6 +54,7 @@ from .format import (
     done_file_name,
     fsync_dir,
     read_json,
+    sealed_name,
 )
 from .recovery import LOOK, check_done, scan_vbucket, truncate_to_cut, vbucket_files
 
@@ -98,14 +99,15 @@ def shared_compressor(level: int) -> zstandard.ZstdCompressor:
     return cctx
 
 
-def load_backup_intent(archive_path: str | os.PathLike[str], backup_id: str) -> dict[str, Any]:
+def load_backup_intent(archive: Any, backup_id: str) -> dict[str, Any]:
     """The backup.json of a backup that is still being written (raises if it is committed)."""
-    bdir = storage.location(archive_path) / BACKUPS_DIR / backup_id
+    archive_path = archive.path
+    bdir = archive_path / BACKUPS_DIR / backup_id
     if (bdir / MANIFEST_JSON).exists():
         raise ArchiveError(f"backup {backup_id} in {archive_path} is committed; its files are "
                            "immutable")
     try:
-        intent = read_json(bdir / BACKUP_JSON)
+        intent = read_json(bdir / BACKUP_JSON, archive.key)
     except FileNotFoundError:
         raise ArchiveError(f"no backup {backup_id} is being written in {archive_path} "
                            f"({bdir / BACKUP_JSON} is missing)") from None
@@ -128,7 +130,7 @@ class VBucketWriter:
     after it: the caller must stream from `writer.position`.
     """
 
-    def __init__(self, archive_path: str | os.PathLike[str], backup_id: str, vbucket: int,
+    def __init__(self, archive: Any, backup_id: str, vbucket: int,
                  start: Any, failover_log: Iterable[Any] | None = (), *,
                  resume: bool = False, level: int | None = None,
                  block_size: int | None = None, segment_bytes: int | None = None,
@@ -136,7 +138,9 @@ class VBucketWriter:
                  intent: dict[str, Any] | None = None, listing: Collection[str] | None = None,
                  files: list[tuple[int, str]] | None = None, packer: Any = None,
                  known_summary: Any = LOOK):
-        self.archive_path = storage.location(archive_path)
+        self.archive_path = archive.path
+        #: the archive's data key (None: a plain archive): every file is sealed under it
+        self.key = archive.key
         self.backup_id = backup_id
         #: fsync each segment and the done file as they close (False: the caller runs
         #: sync_filesystem once, after closing all its writers, before it reports them done)
@@ -147,7 +151,7 @@ class VBucketWriter:
         # directory once for all of them (`intent`; `listing`: the names in it at its start,
         # `files`: this vbucket's data files among them, as vbucket_files finds them)
         if intent is None:
-            intent = load_backup_intent(archive_path, backup_id)
+            intent = load_backup_intent(archive, backup_id)
         comp = intent.get("compression", {})
         self.level = int(level if level is not None else comp.get("level", DEFAULT_LEVEL))
         #: a block is written out once its content reaches this (BlockBuilder.size())
@@ -199,12 +203,12 @@ class VBucketWriter:
         done = self.dir / done_file_name(self.vbucket)
         if resume:
             summary, _why = check_done(self.dir, backup_id, self.vbucket, files,
-                                       summary=known_summary)
+                                       summary=known_summary, key=self.key)
             if summary is not None:
                 raise ArchiveError(f"vbucket {self.vbucket} of backup {backup_id} is already "
                                    "complete", hint="use its summary from the recovery instead")
             self._unlink(done)
-            scan = scan_vbucket(self.dir, backup_id, self.vbucket, files)
+            scan = scan_vbucket(self.dir, backup_id, self.vbucket, files, key=self.key)
             if scan.cut is None or scan.start is None:
                 self._unlink_all(files)
                 self.position = self.start
@@ -454,7 +458,7 @@ class VBucketWriter:
         """Create the next data file; its header record goes first in the buffer."""
         self._segment = segment
         path = self.dir / data_file_name(self.vbucket, segment)
-        self._sealer = crypto.frame_sealer(path)  # None in a plain archive
+        self._sealer = crypto.frame_sealer(self.key, sealed_name(path))  # None: plain
         self._out = storage.write_new(path, FILE_MODE, hold=self._packer is not None)
         self._fsize = 0
         self._sha = hashlib.sha256()
@@ -486,7 +490,7 @@ class VBucketWriter:
 
     def _adopt(self, scan: Any, files: list[tuple[int, str]]) -> None:
         """Take a scan's valid prefix as this writer's state (truncating the files to it)."""
-        self._files = truncate_to_cut(self.dir, scan, level=self.level)
+        self._files = truncate_to_cut(self.dir, scan, level=self.level, key=self.key)
         c = scan.counts
         self._nm, self._nd, self._ne, self._ns = (c["mutations"], c["deletions"],
                                                   c["expirations"], c["snapshots"])
@@ -517,7 +521,8 @@ class VBucketWriter:
         self._close_segment()
         files = vbucket_files(self.dir).get(self.vbucket, [])
         try:
-            scan = scan_vbucket(self.dir, self.backup_id, self.vbucket, files, rollback_to=seqno)
+            scan = scan_vbucket(self.dir, self.backup_id, self.vbucket, files, rollback_to=seqno,
+                                key=self.key)
         except ValueError as exc:
             self._open_segment(self._segment + 1)
             raise ArchiveError(str(exc), hint="roll back to the end of a snapshot") from None
@@ -603,7 +608,7 @@ class VBucketWriter:
         if self._packer is not None:
             self._packer.done(summary)
         else:
-            atomic_write_json(self.dir / done_file_name(self.vbucket), summary,
+            atomic_write_json(self.dir / done_file_name(self.vbucket), summary, key=self.key,
                               durable=self._sync)
         self.summary = summary
         self.position = end_pos

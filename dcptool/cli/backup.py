@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -148,20 +148,41 @@ def backup(
     from dcptool.pipeline.backup import run_backup
 
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
-    _open_or_plan_encrypted(archive, encrypt)  # a wrong passphrase stops here, before work
+    # a wrong passphrase stops here, before work
+    target, new_passphrase = _open_or_plan_encrypted(archive, encrypt)
     opts = conn_args.options()
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     # before Spark starts and before the archive is touched: a user who may not stream
     # (or register the watermark) is told so in one line and nothing is left behind
     check_privileges(opts, "back up", DCP_PRODUCER,
                      *([] if no_watermark else [WATERMARK_WRITE]))
-    show = show_progress(no_progress or json_out)
-    err = console(stderr=True)
+    bar, progress_cb, on_plan = _backup_progress(show_progress(no_progress or json_out))
+    with live_bar(bar) if bar is not None else nullcontext():
+        result = run_backup(opts, target, passphrase=new_passphrase, full=full,
+                            partitions=partitions, master=master, level=level,
+                            purge_partial=purge_partial, vbuckets=vbs, progress=progress_cb,
+                            on_plan=on_plan, watermark=not no_watermark, watermark_ttl=ttl,
+                            notice=note, include_data=include_data, exclude_data=exclude_data)
+    _report_backup(result.as_dict(), json_out)
+
+
+def _report_backup(d: dict, json_out: bool) -> None:
+    if d["log"]:
+        detail(f"log: {d['log']}")
+    if json_out:
+        print_json(d)
+        return
+    _print_backup(d)
+
+
+def _backup_progress(show: bool) -> tuple[Any, Any, Any]:
+    """(the progress bar or None, the backup's progress callback or None, its on_plan
+    callback): phases "starting Spark", then the bar advances with each item streamed
+    (over the vbuckets' seqnos, so it ends full), then "committing"."""
     progress_cb = None
     bar = None
+    task = None
     if show:
-        # phases: "starting Spark", then the bar advances with each item streamed (over the
-        # vbuckets' seqnos, so it ends full), then "committing"
         bar = new_bar()
         task = bar.add_task("planning", total=None, detail="0 items  0 vbuckets")
 
@@ -181,18 +202,11 @@ def backup(
         if bar is not None:
             bar.update(task, detail=f"0 items  {plan['kept']}/{plan['vbuckets']} vbuckets")
 
-    with live_bar(bar) if bar is not None else nullcontext():
-        result = run_backup(opts, archive, full=full, partitions=partitions, master=master,
-                            level=level, purge_partial=purge_partial, vbuckets=vbs,
-                            progress=progress_cb, on_plan=on_plan, watermark=not no_watermark,
-                            watermark_ttl=ttl, notice=note, include_data=include_data,
-                            exclude_data=exclude_data)
-    d = result.as_dict()
-    if d["log"]:
-        detail(f"log: {d['log']}")
-    if json_out:
-        print_json(d)
-        return
+    return bar, progress_cb, on_plan
+
+
+def _print_backup(d: dict) -> None:
+    """A committed backup's summary as a table."""
     from rich.table import Table
 
     t = Table(title=f"backup {d['backup_id']}", show_header=False)
@@ -241,21 +255,26 @@ def _restore_checks(d: dict) -> list[str]:
     return out
 
 
-def _open_or_plan_encrypted(archive: str, encrypt: bool) -> None:
-    """Unlock an existing encrypted archive now; with --encrypt and no archive yet, take
-    the new passphrase now (the archive is created once the node's vbuckets are known)."""
-    from dcptool.archive import Archive, crypto, storage
+def _open_or_plan_encrypted(archive: str, encrypt: bool) -> tuple[Any, str | None]:
+    """(the archive opened, or where it is to be created; the new archive's passphrase or
+    None): an existing archive is opened (an encrypted one unlocked) now; with --encrypt
+    and no archive yet, the new passphrase is taken now (the archive is created once the
+    node's vbuckets are known)."""
+    from dcptool.archive import crypto, storage
+    from dcptool.cli.passphrase import open_archive, passphrase_source
     from dcptool.errors import UsageError
 
     where = storage.location(archive)
     if (where / "archive.json").exists():
-        a = Archive.open(archive)
+        a = open_archive(archive)
         if encrypt and not a.encrypted:
             raise UsageError(f"--encrypt: archive {archive} exists and is not encrypted",
                              hint="back up into a new archive to encrypt")
-    elif encrypt:
-        crypto.request_encryption(archive, crypto.get_passphrase(f"new archive {archive}",
-                                                                 confirm=True))
+        return a, None
+    if encrypt:
+        return archive, crypto.get_passphrase(f"new archive {archive}", confirm=True,
+                                              source=passphrase_source())
+    return archive, None
 
 
 @app.command()
@@ -333,11 +352,11 @@ def restore(
 
     Example: dcptool restore /backups/travel -c 127.0.0.1:11210 --include-data travel.inventory --map-data inventory=inventory2
     """
-    from dcptool.archive import Archive
+    from dcptool.cli.passphrase import open_archive
     from dcptool.pipeline.restore import run_restore
 
     # a clear error for a missing or foreign directory (or backup id) before connecting
-    opened = Archive.open(archive)
+    opened = open_archive(archive)
     backup_id = backup_id_arg(opened, backup_id)
     held = opened.vbucket_count
     # a dry run checks the target as the restore does
@@ -345,42 +364,51 @@ def restore(
     check_privileges(opts, "restore into", META_WRITE)  # before anything is written
     vbs = parse_vbuckets(vbuckets, limit=held, whose="the archive") if vbuckets else None
     with spark_progress("dry run" if dry_run else "restore", disabled=no_progress or json_out):
-        result = run_restore(str(archive), opts, backup=backup_id, vbuckets=vbs,
+        result = run_restore(opened, opts, backup=backup_id, vbuckets=vbs,
                              key_filter=filter_keys, force=force_updates, dry_run=dry_run,
                              partitions=partitions, master=master, include_data=include_data,
                              exclude_data=exclude_data, map_data=map_data, rest_port=rest_port,
                              notice=note)
-    d = result.as_dict()
+    _report_restore(result.as_dict(), json_out, dry_run)
+
+
+def _report_restore(d: dict, json_out: bool, dry_run: bool) -> None:
+    """The restore's result (exit status 1 when a write failed)."""
     if d["log"]:
         detail(f"log: {d['log']}")
     if json_out:
         print_json(d)
     else:
-        from rich.table import Table
-
-        t = Table(title=f"restore of backup {d['backup_id']}" + (" (dry run)" if dry_run else ""))
-        t.add_column("")
-        for kind in ("mutation", "deletion", "expiration"):
-            t.add_column(kind + "s", justify="right")
-        for row in ("restored", "skipped", "failed"):
-            t.add_row("would write" if (dry_run and row == "restored") else row,
-                      *(f"{d[row][k]:,}" for k in ("mutation", "deletion", "expiration")))
-        console().print(t)
-        written = sum(d["restored"].values())
-        console().print(f"{'read' if dry_run else 'restored'} {plural(written, 'item')} in "
-                        f"{timing(d['seconds'], d['spark_startup_seconds'])}, "
-                        f"{human_rate(d['items_per_second'])} items/s", markup=False)
-        for line in _restore_checks(d):
-            console().print(line, markup=False, soft_wrap=True)
-        colls = d.get("collections") or {}
-        moved = [f"{a} -> {b}" for a, b in (colls.get("restored") or {}).items() if a != b]
-        # the collections created were announced when they were made (a note): not again
-        for label, names in (("would create on the target", colls.get("would_create")),
-                             ("restored under other names", moved),
-                             ("left out", colls.get("excluded"))):
-            if names:
-                console().print(f"{label}: {', '.join(names)}", markup=False)
-        for e in d["errors"]:
-            console(stderr=True).print(f"failed: {e}")
+        _print_restore(d, dry_run)
     if sum(d["failed"].values()):
         raise typer.Exit(1)
+
+
+def _print_restore(d: dict, dry_run: bool) -> None:
+    """A restore's counts as a table, what it checked, and its collections and errors."""
+    from rich.table import Table
+
+    t = Table(title=f"restore of backup {d['backup_id']}" + (" (dry run)" if dry_run else ""))
+    t.add_column("")
+    for kind in ("mutation", "deletion", "expiration"):
+        t.add_column(kind + "s", justify="right")
+    for row in ("restored", "skipped", "failed"):
+        t.add_row("would write" if (dry_run and row == "restored") else row,
+                  *(f"{d[row][k]:,}" for k in ("mutation", "deletion", "expiration")))
+    console().print(t)
+    written = sum(d["restored"].values())
+    console().print(f"{'read' if dry_run else 'restored'} {plural(written, 'item')} in "
+                    f"{timing(d['seconds'], d['spark_startup_seconds'])}, "
+                    f"{human_rate(d['items_per_second'])} items/s", markup=False)
+    for line in _restore_checks(d):
+        console().print(line, markup=False, soft_wrap=True)
+    colls = d.get("collections") or {}
+    moved = [f"{a} -> {b}" for a, b in (colls.get("restored") or {}).items() if a != b]
+    # the collections created were announced when they were made (a note): not again
+    for label, names in (("would create on the target", colls.get("would_create")),
+                         ("restored under other names", moved),
+                         ("left out", colls.get("excluded"))):
+        if names:
+            console().print(f"{label}: {', '.join(names)}", markup=False)
+    for e in d["errors"]:
+        console(stderr=True).print(f"failed: {e}")

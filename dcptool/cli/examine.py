@@ -50,10 +50,12 @@ def examine(
 
     Example: dcptool examine /backups/default airline_10 --values
     """
+    from dcptool.cli.passphrase import open_archive
     from dcptool.pipeline.examine import examine_key
 
-    backup_id = backup_id_arg(archive, backup_id)
-    d = examine_key(archive, key, backup=backup_id, values=show_values, collection=collection)
+    opened = open_archive(archive)
+    backup_id = backup_id_arg(opened, backup_id)
+    d = examine_key(opened, key, backup=backup_id, values=show_values, collection=collection)
     if json_out:
         print_json(d)
         if not d["versions"]:

@@ -54,12 +54,14 @@ def export(
 
     Example: dcptool export /backups/default /tmp/docs --format parquet --resolved
     """
+    from dcptool.cli.passphrase import open_archive
     from dcptool.pipeline.export import run_export
 
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
-    backup_id = backup_id_arg(archive, backup_id)
+    opened = open_archive(archive)
+    backup_id = backup_id_arg(opened, backup_id)
     with spark_progress("export", disabled=no_progress or json_out):
-        result = run_export(archive, out, fmt=fmt.lower(), backup=backup_id, resolved=resolved,
+        result = run_export(opened, out, fmt=fmt.lower(), backup=backup_id, resolved=resolved,
                             vbuckets=vbs, overwrite=overwrite, partitions=partitions,
                             master=master)
     d = result.as_dict()

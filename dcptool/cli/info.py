@@ -89,7 +89,9 @@ def info(
     """
     from dcptool.archive.retention import Policy, preview, select_prune
 
-    arch = Archive.open(archive)
+    from dcptool.cli.passphrase import open_archive
+
+    arch = open_archive(archive)
     desc = describe_archive(arch)
     policy = Policy(last=keep_last, hourly=keep_hourly, daily=keep_daily, weekly=keep_weekly,
                     monthly=keep_monthly)

@@ -54,9 +54,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.
 
 
 def _open(archive: str) -> Any:
-    from dcptool.archive import Archive
+    from dcptool.cli.passphrase import open_archive
 
-    a = Archive.open(archive)  # unlocks: a wrong passphrase is one line here
+    a = open_archive(archive)  # unlocks: a wrong passphrase is one line here
     if not a.encrypted:
         raise UsageError(f"archive {archive} is not encrypted: it has no keys",
                          hint="'dcptool backup --encrypt' creates an encrypted archive")
@@ -92,9 +92,7 @@ def key_list(archive: ArchiveArg, as_json: JsonOpt = False) -> None:
 
 def _current(a: Any) -> str | None:
     """The id of the key the passphrase of this run opened."""
-    from dcptool.archive import crypto
-
-    return crypto.opened_with(a.uuid)
+    return a.key_id
 
 
 def _new_passphrase(path: Optional[Path], archive: str) -> str:
@@ -129,7 +127,7 @@ def key_add(
     a = _open(archive)
     new = _new_passphrase(new_passphrase_file, archive)
     with a.lock("key add"):
-        added = crypto.add_key(a.path, a.meta, new, iso_time(utc_now()))
+        added = crypto.add_key(a.path, a.meta, a.key, new, iso_time(utc_now()))
     if as_json:
         print_json({"archive": str(a.path), "added": added})
     else:
@@ -160,7 +158,7 @@ def key_remove(
 
     a = _open(archive)
     with a.lock("key remove"):
-        removed = crypto.remove_key(a.path, a.meta, key_id)
+        removed = crypto.remove_key(a.path, a.meta, a.key, key_id)
     if as_json:
         print_json({"archive": str(a.path), "removed": removed})
     else:

@@ -53,10 +53,12 @@ def merge(
 
     Example: dcptool merge /backups/default --to 20261122T101502.123456Z
     """
+    from dcptool.cli.passphrase import open_archive
     from dcptool.pipeline.merge import run_merge
 
+    opened = open_archive(archive)
     with spark_progress("merge", disabled=no_progress or json_out):
-        result = run_merge(archive, first=first, last=last, level=level,
+        result = run_merge(opened, first=first, last=last, level=level,
                            partitions=partitions, master=master)
     d = result.as_dict()
     if json_out:

@@ -5,6 +5,10 @@ A passphrase comes from --passphrase-file PATH (or DCPTOOL_ARCHIVE_PASSPHRASE_FI
 --passphrase-command COMMAND (the first line it prints), then DCPTOOL_ARCHIVE_PASSPHRASE,
 then DCPTOOL_ARCHIVE_PASSPHRASE_COMMAND, then a prompt when a terminal is attached
 (see dcptool.archive.crypto.get_passphrase). It is never printed or logged.
+
+The options given are kept for the command being run (in its click context), and
+`open_archive` opens the command's archive once with them: the opened archive (its data
+key with it) is what the command passes on.
 """
 from __future__ import annotations
 
@@ -48,6 +52,28 @@ def _passphrase_command_option() -> Any:
     return typer.main.get_command(t).params[0]
 
 
+#: where a command's --passphrase-file / --passphrase-command are kept (click context meta)
+_SOURCE = "dcptool.passphrase_source"
+
+
+def passphrase_source() -> crypto.PassphraseSource | None:
+    """The --passphrase-file / --passphrase-command of the command being run (None when
+    it was given neither, or outside a command)."""
+    from dcptool.cli.connopts import get_current_context
+
+    ctx = get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(_SOURCE)
+
+
+def open_archive(path: Any) -> Any:
+    """The command's archive, opened once: an encrypted one unlocked with the passphrase
+    its options, the environment or the prompt give (a wrong passphrase is one line here,
+    before any work). The command passes the result on, never the path again."""
+    from dcptool.archive import Archive
+
+    return Archive.open(path, passphrase=passphrase_source())
+
+
 def add_passphrase_file(cmd: Any) -> None:
     """Give a command whose argument is an archive a --passphrase-file option (once)."""
     params = getattr(cmd, "params", None)
@@ -75,8 +101,12 @@ def add_passphrase_file(cmd: Any) -> None:
             if src is not None and src.name == "COMMANDLINE":
                 raise UsageError("give --passphrase-file or --passphrase-command, not both")
             path = None  # the file came from its variable: the command line's command wins
-        crypto.set_passphrase_file(path)
-        crypto.set_passphrase_command(command)
+        from dcptool.cli.connopts import get_current_context
+
+        ctx = get_current_context(silent=True)
+        if ctx is not None:
+            ctx.meta[_SOURCE] = crypto.PassphraseSource(
+                None if path is None else str(path), command or None)
         return inner(*args, **kwargs)
 
     cmd.callback = callback

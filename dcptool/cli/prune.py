@@ -131,10 +131,12 @@ def remove(
     Example: dcptool remove /backups/default --older-than 90d --dry-run
     Example: dcptool remove /backups/default --backup 20261122T101502.123456Z
     """
+    from dcptool.cli.passphrase import open_archive
     from dcptool.pipeline.prune import run_remove
 
+    opened = open_archive(archive)
     with spark_progress("remove", disabled=no_progress or json_out or dry_run):
-        d = run_remove(archive, backups or (), older=older, dry_run=dry_run, level=level,
+        d = run_remove(opened, backups or (), older=older, dry_run=dry_run, level=level,
                        partitions=partitions, master=master)
     _report(d, json_out)
 
@@ -176,7 +178,10 @@ def prune(
 
     policy = Policy(last=keep_last, hourly=keep_hourly, daily=keep_daily, weekly=keep_weekly,
                     monthly=keep_monthly)
+    from dcptool.cli.passphrase import open_archive
+
+    opened = open_archive(archive)
     with spark_progress("prune", disabled=no_progress or json_out or dry_run):
-        d = run_prune(archive, policy, dry_run=dry_run, level=level, partitions=partitions,
+        d = run_prune(opened, policy, dry_run=dry_run, level=level, partitions=partitions,
                       master=master)
     _report(d, json_out)

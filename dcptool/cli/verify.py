@@ -77,7 +77,9 @@ def verify(
         from dcptool.errors import UsageError
 
         raise UsageError("--backup and --vbuckets only apply with --against")
-    report = verify_archive(archive, records=not checksums_only)
+    from dcptool.cli.passphrase import open_archive
+
+    report = verify_archive(open_archive(archive), records=not checksums_only)
     if as_json:
         print_json(report.to_json(), pretty=True)
     else:
@@ -102,19 +104,19 @@ def verify(
 
 def _verify_against(archive, as_json, backup_id, vbuckets, conn_args: ConnArgs, master,
                     partitions, no_progress: bool = False) -> None:
-    from dcptool.archive import Archive
+    from dcptool.cli.passphrase import open_archive
     from dcptool.client.vbspec import parse_vbuckets
     from dcptool.pipeline.compare import run_verify_against
 
     # a clear error for a missing or foreign directory (or backup id) before connecting
-    opened = Archive.open(archive)
+    opened = open_archive(archive)
     backup_id = backup_id_arg(opened, backup_id)
     vbs = parse_vbuckets(vbuckets, limit=opened.vbucket_count, whose="the archive") \
         if vbuckets else None
     opts = conn_args.options()
     check_privileges(opts, "verify an archive against", DCP_PRODUCER)  # before Spark starts
     with spark_progress("compare", disabled=no_progress or as_json):
-        report = run_verify_against(archive, opts, backup=backup_id, vbuckets=vbs,
+        report = run_verify_against(opened, opts, backup=backup_id, vbuckets=vbs,
                                     partitions=partitions, master=master)
     if as_json:
         print_json(report.to_json(), pretty=True)

@@ -34,10 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dcptool.archive import Archive, FULL, INCREMENTAL, storage
-from dcptool.archive.errors import NotAnArchiveError
 from dcptool.archive.info import dir_size
-from dcptool.archive.format import (ARCHIVE_JSON, BACKUPS_DIR, COLLECTIONS_VERSION,
-                                    FORMAT_VERSION, sync_filesystem)
+from dcptool.archive.format import BACKUPS_DIR, sync_filesystem
 from dcptool.client.events import (
     DELETION,
     EV_CAS,
@@ -160,8 +158,7 @@ def archive_watermark(archive: Archive | str | os.PathLike[str]
     (two archives of the same name are two rows), the seqnos are the end positions of the
     newest committed backup's chain: what an incremental backup would start from.
     """
-    if not isinstance(archive, Archive):
-        archive = Archive.open(archive)
+    archive = Archive.opened(archive)
     name = (WATERMARK_PREFIX + archive.path.absolute().name)[:200]
     latest = archive.latest_id()
     seqnos = ({vb: int(p.seqno) for vb, p in archive.end_positions(latest).items()}
@@ -230,47 +227,11 @@ def backup_consumer_config(name: str, **kw: Any) -> SessionConfig:
 def backup_task(task: BackupTask) -> list[VBucketSummary]:
     """Stream one group of vbuckets into the backup's files; one summary per vbucket.
 
-    Runs on a Spark executor (or in the driver for tests): it only needs the archive path.
+    Runs on a Spark executor (or in the driver for tests): it needs only the task, whose
+    opened archive carries the data key of an encrypted archive.
     """
-    from dcptool.archive import VBucketWriter
-    from dcptool.archive.packing import Packer
-    from dcptool.archive.recovery import done_summaries, vbucket_files
-    from dcptool.archive.writer import load_backup_intent
-
-    opts = task.opts
-    archive_path = task.archive
-    backup_id = task.backup_id
     plan: dict[int, VBucketPlan] = {p.vbucket: p for p in task.plans}
-    writers: dict[int, VBucketWriter] = {}
-    starts: dict[int, Position] = {}
-    intent = load_backup_intent(archive_path, backup_id)
-    try:  # each vbucket's files are this task's alone: one listing serves every writer
-        listing = frozenset(storage.listdir(storage.location(archive_path) / BACKUPS_DIR
-                                            / backup_id))
-        by_vb = vbucket_files("", listing)
-    except FileNotFoundError:
-        listing, by_vb = None, None
-    # on object storage the vbuckets' small last segments go into shared packs and their
-    # summaries into done batches: a few objects instead of two per vbucket (packing.py)
-    packer = None
-    dones: dict[int, Any] = {}
-    if storage.is_remote(archive_path):
-        bdir = storage.location(archive_path) / BACKUPS_DIR / backup_id
-        packer = Packer(bdir)
-        if listing is not None and any(p.resume for p in plan.values()):
-            dones = done_summaries(bdir, listing)
-    for vb, p in plan.items():
-        start = p.start
-        # sync=False: no fsync per segment and done file (~3 per vbucket, 10-20 ms each on
-        # the development machine); one sync_filesystem below before the summaries go back
-        w = VBucketWriter(archive_path, backup_id, vb, start.to_archive(), p.failover_log,
-                          resume=p.resume, sync=False, intent=intent, listing=listing,
-                          files=None if by_vb is None else by_vb.get(vb, []), packer=packer,
-                          **({"known_summary": dones.get(vb)} if packer is not None else {}))
-        if p.resume:  # the writer found where the killed attempt's files end
-            start = Position.from_archive(w.position, w.failover_log)
-        writers[vb] = w
-        starts[vb] = start
+    writers, starts, packer = _open_writers(task, plan)
     summaries: list[VBucketSummary] = []
     rollbacks: list[dict[str, int]] = []
     opened: dict[int, Position] = dict(starts)  # the position each stream was last requested from
@@ -283,33 +244,9 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
     report = TaskProgress(writers[next(iter(plan))].dir, task.session.rsplit(":", 1)[-1],
                           writers, plan, starts, {vb: r["base"] for vb, r in run.items()}) \
         if plan else None
-
-    def on_rollback(info):
-        # roll back to the latest snapshot end at or below the node's seqno that the chain
-        # (or this session) holds; the writer records it so restores skip the dead branch
-        vb = info.vbucket
-        chain_pt = Archive.open(archive_path).rollback_point(vb, info.rollback_seqno,
-                                                             upto=task.parent)
-        seen = [s for s in info.before.snapshot_ends if s <= info.rollback_seqno]
-        target = max([chain_pt.seqno, *seen])
-        after = info.before.moved_to(target)
-        writers[vb].rollback(after.seqno, after.uuid)
-        opened[vb] = after
-        rollbacks.append({"vbucket": vb, "node_seqno": info.rollback_seqno, "seqno": after.seqno,
-                          "uuid": after.uuid})
-        return after
-
-    config = backup_consumer_config(task.session, stream_filter=task.stream_filter)
+    on_rollback = _rollback_handler(task, writers, opened, rollbacks)
     t_task = time.monotonic()
-    if task.cluster:
-        # a member of a cluster: each vbucket from its active node, following the map
-        from dcptool.client.topology import ClusterConsumer, ClusterView
-
-        consumer = ClusterConsumer(opts, config, ClusterView(0, (), ()), on_rollback=on_rollback)
-    else:
-        from dcptool.client.consumer import ResumingConsumer  # reconnects on a lost connection
-
-        consumer = ResumingConsumer(lambda: opts.consumer(config, on_rollback=on_rollback))
+    consumer = _task_consumer(task, on_rollback)
     try:
         consumer.add_streams({vb: (starts[vb], plan[vb].end) for vb in plan})
         pending = write_events(consumer, writers, plan, opened, run, summaries, t_task,
@@ -323,7 +260,7 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
         # against the files' sizes and SHA-256)
         if packer is not None:
             packer.flush()
-        sync_filesystem(archive_path)
+        sync_filesystem(task.archive.path)
         # values the node sent snappy-compressed (stored decompressed), for the run log
         compressed = {k: getattr(consumer.session, k, 0) for k in VALUE_COUNTERS}
     except BaseException:
@@ -339,6 +276,81 @@ def backup_task(task: BackupTask) -> list[VBucketSummary]:
         summaries[0].run["snappy"] = compressed  # the task's, once
     return summaries
 
+
+def _open_writers(task: BackupTask, plan: dict[int, VBucketPlan]
+                  ) -> tuple[dict[int, Any], dict[int, Position], Any]:
+    """(a writer per vbucket, where each stream starts, the packer or None): a resumed
+    vbucket starts where the killed attempt's files end."""
+    from dcptool.archive import VBucketWriter
+    from dcptool.archive.packing import Packer
+    from dcptool.archive.recovery import done_summaries, vbucket_files
+    from dcptool.archive.writer import load_backup_intent
+
+    archive = task.archive
+    backup_id = task.backup_id
+    bdir = archive.path / BACKUPS_DIR / backup_id
+    intent = load_backup_intent(archive, backup_id)
+    try:  # each vbucket's files are this task's alone: one listing serves every writer
+        listing = frozenset(storage.listdir(bdir))
+        by_vb = vbucket_files("", listing)
+    except FileNotFoundError:
+        listing, by_vb = None, None
+    # on object storage the vbuckets' small last segments go into shared packs and their
+    # summaries into done batches: a few objects instead of two per vbucket (packing.py)
+    packer = None
+    dones: dict[int, Any] = {}
+    if storage.is_remote(archive.path):
+        packer = Packer(bdir, key=archive.key)
+        if listing is not None and any(p.resume for p in plan.values()):
+            dones = done_summaries(bdir, listing, key=archive.key)
+    writers: dict[int, Any] = {}
+    starts: dict[int, Position] = {}
+    for vb, p in plan.items():
+        start = p.start
+        # sync=False: no fsync per segment and done file (~3 per vbucket, 10-20 ms each on
+        # the development machine); one sync_filesystem below before the summaries go back
+        w = VBucketWriter(archive, backup_id, vb, start.to_archive(), p.failover_log,
+                          resume=p.resume, sync=False, intent=intent, listing=listing,
+                          files=None if by_vb is None else by_vb.get(vb, []), packer=packer,
+                          **({"known_summary": dones.get(vb)} if packer is not None else {}))
+        if p.resume:  # the writer found where the killed attempt's files end
+            start = Position.from_archive(w.position, w.failover_log)
+        writers[vb] = w
+        starts[vb] = start
+    return writers, starts, packer
+
+
+def _rollback_handler(task: BackupTask, writers: dict[int, Any], opened: dict[int, Position],
+                      rollbacks: list[dict[str, int]]) -> Callable[[Any], Position]:
+    def on_rollback(info):
+        # roll back to the latest snapshot end at or below the node's seqno that the chain
+        # (or this session) holds; the writer records it so restores skip the dead branch
+        vb = info.vbucket
+        chain_pt = task.archive.rollback_point(vb, info.rollback_seqno, upto=task.parent)
+        seen = [s for s in info.before.snapshot_ends if s <= info.rollback_seqno]
+        target = max([chain_pt.seqno, *seen])
+        after = info.before.moved_to(target)
+        writers[vb].rollback(after.seqno, after.uuid)
+        opened[vb] = after
+        rollbacks.append({"vbucket": vb, "node_seqno": info.rollback_seqno, "seqno": after.seqno,
+                          "uuid": after.uuid})
+        return after
+
+    return on_rollback
+
+
+def _task_consumer(task: BackupTask, on_rollback: Callable[[Any], Position]) -> Any:
+    """The task's DCP consumer: on a member of a cluster each vbucket from its active
+    node, following the map; else one node, reconnecting on a lost connection."""
+    opts = task.opts
+    config = backup_consumer_config(task.session, stream_filter=task.stream_filter)
+    if task.cluster:
+        from dcptool.client.topology import ClusterConsumer, ClusterView
+
+        return ClusterConsumer(opts, config, ClusterView(0, (), ()), on_rollback=on_rollback)
+    from dcptool.client.consumer import ResumingConsumer
+
+    return ResumingConsumer(lambda: opts.consumer(config, on_rollback=on_rollback))
 
 
 def _items(writer) -> int:
@@ -527,17 +539,52 @@ def _progress_watch(progress, backup_dir, base: dict[str, Any],
                   "work": min(tasks["work"], base["work_total"])})
 
 
-def run_backup(opts, archive_path: str | os.PathLike[str], **kwargs: Any) -> BackupResult:
-    """Run one backup of the node `opts` into the archive at `archive_path`.
+@dataclass(frozen=True)
+class BackupOptions:
+    """What a backup does (the CLI's options): `full` (a new full backup), Spark
+    (`partitions`, `master`, `spark`), the zstd `level`, `purge_partial`, the `vbuckets`
+    (None: all), the data selection (`include_data`/`exclude_data`, lists of names), the
+    watermark (`watermark`: register it after the commit; `watermark_ttl` seconds),
+    `passphrase` (a new archive is created encrypted under it; an existing one given by
+    its location is unlocked with it), and the callbacks:
+    `progress` (a dict per change of phase or count), `on_plan` (the plan, once) and
+    `notice` (a line for the user, e.g. that the node has no watermark support)."""
 
-    Keyword arguments: full, partitions, master, level, purge_partial, vbuckets, progress,
-    on_plan, spark, watermark (register the archive's watermark after the commit, default
-    True), watermark_ttl (seconds, default 7 days), notice (called with a line for the
-    user, e.g. that the node has no watermark support) (see `_run_backup`). The run is
-    logged to `ARCHIVE/logs/backup-*.log`.
+    full: bool = False
+    partitions: int | None = None
+    master: str | None = None
+    level: int = 3
+    purge_partial: bool = False
+    vbuckets: list[int] | None = None
+    progress: Callable[[dict[str, Any]], None] | None = None
+    on_plan: Callable[[dict], None] | None = None
+    spark: Any = None
+    watermark: bool = True
+    watermark_ttl: float = DEFAULT_WATERMARK_TTL
+    notice: Callable[[str], None] | None = None
+    include_data: list[str] | None = None
+    exclude_data: list[str] | None = None
+    passphrase: str | None = None
+
+
+def run_backup(opts: Any, archive: Archive | str | os.PathLike[str], *, full: bool = False,
+               partitions: int | None = None, master: str | None = None, level: int = 3,
+               purge_partial: bool = False, vbuckets: list[int] | None = None,
+               progress: Callable[[dict[str, Any]], None] | None = None,
+               on_plan: Callable[[dict], None] | None = None, spark: Any = None,
+               watermark: bool = True, watermark_ttl: float = DEFAULT_WATERMARK_TTL,
+               notice: Callable[[str], None] | None = None,
+               include_data: list[str] | None = None, exclude_data: list[str] | None = None,
+               passphrase: str | None = None) -> BackupResult:
+    """Run one backup of the node `opts` (ConnOptions) into `archive`: opened already (what
+    a command passes), or where it is (opened, or created for the node's bucket). See
+    BackupOptions for the rest. The run is logged to `ARCHIVE/logs/backup-*.log`.
     """
+    o = BackupOptions(full, partitions, master, level, purge_partial, vbuckets, progress,
+                      on_plan, spark, watermark, watermark_ttl, notice, include_data,
+                      exclude_data, passphrase)
     with RunLog("backup") as rl:
-        result = _run_backup(rl, opts, archive_path, **kwargs)
+        result = _run_backup(rl, opts, archive, o)
     result.log = str(rl.path) if rl.path else None
     return result
 
@@ -576,103 +623,162 @@ def _log_compressed(rl: RunLog, opts, runs: dict[int, dict[str, Any] | None]) ->
                 "not asked for", n, wire, plain, f" ({wire / plain:.3f})" if plain else "")
 
 
-def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full: bool = False,
-                partitions: int | None = None, master: str | None = None, level: int = 3,
-                purge_partial: bool = False, vbuckets: list[int] | None = None,
-                progress: Callable[[dict[str, Any]], None] | None = None,
-                on_plan: Callable[[dict], None] | None = None,
-                spark=None, watermark: bool = True,
-                watermark_ttl: float = DEFAULT_WATERMARK_TTL,
-                notice: Callable[[str], None] | None = None,
-                include_data=None, exclude_data=None) -> BackupResult:
+@dataclass
+class _NodeState:
+    """What the driver learns of the node before it touches the archive: its vbucket
+    count, high seqnos and failover logs (of the active vbuckets), the cluster's members
+    ({node: vbuckets}, None for a single node), the bucket's collections manifest and uuid,
+    and the data selection given."""
+
+    count: int
+    seqnos: dict[int, int]
+    logs: dict[int, Any]
+    members: dict[str, list[int]] | None
+    manifest: Manifest | None
+    uuid: str | None
+    given: Any
+
+
+def _tell(rl: RunLog, o: BackupOptions, msg: str) -> None:
+    rl.warning("%s", msg)
+    if o.notice is not None:
+        o.notice(msg)
+
+
+def _run_backup(rl: RunLog, opts: Any, archive_at: Archive | str | os.PathLike[str],
+                o: BackupOptions) -> BackupResult:
     t0 = time.monotonic()
-    archive_path = str(storage.location(archive_path).absolute())
+    where = archive_at.path if isinstance(archive_at, Archive) else storage.location(archive_at)
+    archive_path = str(where.absolute())
     rl.info("backup of bucket %s on %s into %s (pid %d)", opts.bucket, opts.address,
             archive_path, os.getpid())
-    if spark is None:
-        check_master(master)  # an unreachable master fails before any partial backup exists
+    if o.spark is None:
+        check_master(o.master)  # an unreachable master fails before any partial backup exists
+    node = _node_state(rl, opts, o)
+    archive, created = Archive.for_backup(
+        archive_at.at(where.absolute()) if isinstance(archive_at, Archive) else archive_path,
+        bucket=opts.bucket,
+        vbuckets=node.count, node=opts.address, node_uuid=node.uuid, passphrase=o.passphrase)
+    if created:
+        rl.info("created archive %s for bucket %s with %d vbuckets", archive_path, opts.bucket,
+                node.count)
+    archive = archive.at(where.absolute())  # the executors' working directory is not ours
+    rl.attach(archive_path)
+    writer, resumed, unchanged, filters = _begin_or_resume(rl, archive, opts, node, o)
+    try:
+        manifest, kept, streamed, spark_seconds, state = _stream_and_commit(
+            rl, archive, opts, node, writer, resumed, unchanged, filters, o)
+    except BaseException as exc:
+        writer.abort()
+        if isinstance(exc, KeyboardInterrupt) or was_interrupted():
+            raise Interrupted(f"interrupted: partial backup {writer.id} is kept; the next "
+                              "backup of this archive resumes it") from None
+        raise
+    result = _backup_result(archive, writer, resumed, manifest, kept, unchanged, streamed,
+                            spark_seconds)
+    if o.progress is not None:
+        state.update(phase="done", items=streamed, work=state["work_total"],
+                     vbuckets_done=len(manifest["vbuckets"]) + len(unchanged))
+        o.progress(dict(state))
+    result.seconds = time.monotonic() - t0
+    rl.info("committed %s backup %s: %d vbuckets, %d mutations, %d deletions, %d expirations, "
+            "%d rollbacks, %d bytes of data files (%d bytes on disk) in %.2f s; %d items "
+            "streamed (%.0f items/s)", result.type, writer.id, result.vbuckets,
+            result.mutations, result.deletions, result.expirations, result.rollbacks,
+            result.bytes, result.size_on_disk, result.seconds, streamed,
+            streamed / result.seconds if result.seconds else 0)
+    if o.watermark:
+        result.watermark = _register_watermark(rl, opts, archive, node.members, o)
+    return result
+
+
+def _node_state(rl: RunLog, opts: Any, o: BackupOptions) -> _NodeState:
+    """The node's vbuckets, collections and bucket uuid; the data selection checked
+    against them before anything is written."""
     # on a cluster, seqnos and failover logs come from each vbucket's active node
-    count, seqnos, logs, members = cluster_state(opts, vbuckets)
-    check_vbuckets(vbuckets, count)  # vbuckets the bucket does not have: a usage error
+    count, seqnos, logs, members = cluster_state(opts, o.vbuckets)
+    check_vbuckets(o.vbuckets, count)  # vbuckets the bucket does not have: a usage error
     if members is not None:
         rl.info("cluster member: vbuckets stream from their active nodes (%s)",
                 ", ".join(f"{n}: {len(v)}" for n, v in sorted(members.items())))
     if not seqnos:
         raise DcptoolError(f"{opts.address} holds no active vbuckets to back up")
     # the data selection is checked before anything is written
-    given = selection(include_data, exclude_data, bucket=opts.bucket)
+    given = selection(o.include_data, o.exclude_data, bucket=opts.bucket)
     node_man = node_manifest(opts)
     rl.info("collections: %s", "the node has none (keys of the default collection)"
             if node_man is None else f"manifest uid {node_man.uid:#x}, "
             f"{len(node_man.scopes)} scopes, {node_man.num_collections} collections")
     stream_filter(given, node_man, opts.bucket)  # names given must exist: checked up front
-
     node_uuid = bucket_uuid(opts)
     rl.info("bucket %s: uuid %s", opts.bucket, node_uuid or "(the node gives none)")
-    where = storage.location(archive_path)
-    if (where / ARCHIVE_JSON).exists() or (not storage.is_remote(where) and where.exists()
-                                           and any(where.iterdir())):
-        try:
-            archive = Archive.open(archive_path)
-        except NotAnArchiveError:
-            raise
-        if archive.bucket != opts.bucket:
-            held = _recorded_uuid(archive, archive.latest_id())
-            raise UsageError(f"archive {archive_path} holds bucket '{archive.bucket}'"
-                             f"{f' (uuid {held})' if held else ''}, not bucket "
-                             f"'{opts.bucket}'{f' (uuid {node_uuid})' if node_uuid else ''} "
-                             f"that {opts.address} serves",
-                             hint="use another archive directory or -b")
-        if archive.vbucket_count != count:
-            raise UsageError(f"archive {archive_path} has {archive.vbucket_count} vbuckets but the "
-                             f"node has {count}")
-    else:
-        archive = Archive.create(archive_path, bucket=opts.bucket, vbuckets=count)
-        rl.info("created archive %s for bucket %s with %d vbuckets", archive_path, opts.bucket,
-                count)
-    rl.attach(archive_path)
+    return _NodeState(count, seqnos, logs, members, node_man, node_uuid, given)
 
-    partial = archive.partial_backup()
-    if partial is not None and not purge_partial and \
-            int((partial.intent or {}).get("version", FORMAT_VERSION)) < COLLECTIONS_VERSION:
-        # its files hold keys without collection ids, the streams now send doc keys
-        purge_partial = True
-        msg = (f"partial backup {partial.id} was begun by a dcptool without collections "
-               "(format version < 3) and cannot be continued: discarded, starting again")
-        rl.warning("%s", msg)
-        if notice is not None:
-            notice(msg)
-    if partial is not None and purge_partial:
-        removed = archive.purge_partial()
+
+def _begin_or_resume(rl: RunLog, archive: Archive, opts: Any, node: _NodeState,
+                     o: BackupOptions) -> tuple[Any, bool, set[int], tuple[Any, Any]]:
+    """(the backup writer, resumed, the vbuckets unchanged since the parent, (stream
+    filter, client filter)): the partial backup resumed, or a new full or incremental
+    backup begun, once the bucket is known to be the archive's."""
+    partial, notes, removed = archive.settle_partial(o.purge_partial)
+    for msg in notes:
+        _tell(rl, o, msg)
+    if removed:
         rl.warning("discarded partial backups %s (--purge-partial)", ", ".join(removed))
-        partial = None
     resumed = partial is not None
-    parent_id = None
     if resumed:
         intent = partial.intent or {}
-        _check_same_bucket(rl, archive, opts, node_uuid, logs, intent.get("bucket_uuid"),
+        _check_same_bucket(rl, archive, opts, node.uuid, node.logs, intent.get("bucket_uuid"),
                            partial.parent, partial=partial.id)
-        sel = chain_selection(given, intent.get("data"), opts.bucket, full=False,
+        sel = chain_selection(node.given, intent.get("data"), opts.bucket, full=False,
                               what=f"partial backup {partial.id}")
         parent_id = partial.parent
+        btype = None
     else:
-        btype = FULL if (full or archive.latest_id() is None) else INCREMENTAL
-        parent_id = None if btype == FULL else archive.latest_id()
-        if parent_id is not None:
-            _check_same_bucket(rl, archive, opts, node_uuid, logs,
-                               _recorded_uuid(archive, parent_id), parent_id)
-        elif archive.latest_id() is not None and node_uuid is not None:
-            held = _recorded_uuid(archive, archive.latest_id())
-            if held is not None and held != node_uuid:
-                msg = (f"--full: a new full backup of bucket '{opts.bucket}' (uuid "
-                       f"{node_uuid}) in an archive whose newest backup "
-                       f"{archive.latest_id()} is of bucket uuid {held}; the older backups "
-                       "stay restorable")
-                rl.warning("%s", msg)
-                if notice is not None:
-                    notice(msg)
+        btype, parent_id = _new_backup_type(rl, archive, opts, node, o)
         recorded = None if parent_id is None else archive.manifest(parent_id).get("data")
-        sel = chain_selection(given, recorded, opts.bucket, full=btype == FULL)
+        sel = chain_selection(node.given, recorded, opts.bucket, full=btype == FULL)
+    filters = _stream_filters(rl, archive, opts, parent_id, sel, node.given, node.manifest, o)
+    if resumed:
+        writer = archive.resume_backup()
+        btype = writer.type
+        unchanged = (unchanged_vbuckets(archive, writer.parent, node.seqnos, node.logs)
+                     if btype == INCREMENTAL else set())
+    else:
+        unchanged = (unchanged_vbuckets(archive, parent_id, node.seqnos, node.logs)
+                     if btype == INCREMENTAL else set())
+        # vbuckets_planned: how many vbuckets the backup will hold, for `info` on a partial one
+        writer = archive.begin_backup(
+            btype, level=o.level,
+            collections=node.manifest.to_json() if node.manifest else None,
+            data=selection_json(sel), bucket_uuid=node.uuid,
+            extra={"vbuckets_planned": len(node.seqnos) - len(unchanged)})
+    return writer, resumed, unchanged, filters
+
+
+def _new_backup_type(rl: RunLog, archive: Archive, opts: Any, node: _NodeState,
+                     o: BackupOptions) -> tuple[str, str | None]:
+    """(full or incremental, the parent) of a new backup: an incremental one only of the
+    same bucket; a --full one of another bucket uuid is noted."""
+    btype = FULL if (o.full or archive.latest_id() is None) else INCREMENTAL
+    parent_id = None if btype == FULL else archive.latest_id()
+    if parent_id is not None:
+        _check_same_bucket(rl, archive, opts, node.uuid, node.logs,
+                           archive.recorded_bucket_uuid(parent_id), parent_id)
+    elif archive.latest_id() is not None and node.uuid is not None:
+        held = archive.recorded_bucket_uuid(archive.latest_id())
+        if held is not None and held != node.uuid:
+            _tell(rl, o, f"--full: a new full backup of bucket '{opts.bucket}' (uuid "
+                         f"{node.uuid}) in an archive whose newest backup "
+                         f"{archive.latest_id()} is of bucket uuid {held}; the older backups "
+                         "stay restorable")
+    return btype, parent_id
+
+
+def _stream_filters(rl: RunLog, archive: Archive, opts: Any, parent_id: str | None, sel: Any,
+                    given: Any, node_man: Manifest | None,
+                    o: BackupOptions) -> tuple[Any, Any]:
+    """(the stream filter the node applies, the filter this side applies or None)."""
     previous = archive.manifest(parent_id).get("collections") if parent_id else None
     gone = dropped_since(sel, previous, node_man)
     cfilter = None
@@ -681,122 +787,129 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         # selection (and the drops) on this side, this once
         sfilter = None
         cfilter = client_filter(sel, previous, node_man, gone)
-        msg = (f"selected collections {', '.join(format(c, '#x') for c in sorted(gone))} "
-               "were dropped since the last backup: this backup streams every collection "
-               "and keeps the selected ones, to record the drops")
-        rl.warning("%s", msg)
-        if notice is not None:
-            notice(msg)
+        _tell(rl, o, f"selected collections {', '.join(format(c, '#x') for c in sorted(gone))} "
+                     "were dropped since the last backup: this backup streams every collection "
+                     "and keeps the selected ones, to record the drops")
     else:
         # names given now must exist; a recorded selection's may have been dropped
         sfilter = stream_filter(sel, node_man, opts.bucket, check_names=sel is given)
     if sfilter is not None:
         rl.info("data selection %s: stream filter %s", selection_json(sel),
                 sfilter.to_bytes().decode())
-    if resumed:
-        writer = archive.resume_backup()
-        btype = writer.type
-        unchanged = (unchanged_vbuckets(archive, writer.parent, seqnos, logs)
-                     if btype == INCREMENTAL else set())
-    else:
-        unchanged = (unchanged_vbuckets(archive, parent_id, seqnos, logs)
-                     if btype == INCREMENTAL else set())
-        # vbuckets_planned: how many vbuckets the backup will hold, for `info` on a partial one
-        writer = archive.begin_backup(btype, level=level,
-                                      collections=node_man.to_json() if node_man else None,
-                                      data=selection_json(sel), bucket_uuid=node_uuid,
-                                      extra={"vbuckets_planned": len(seqnos) - len(unchanged)})
+    return sfilter, cfilter
 
+
+def _stream_and_commit(rl: RunLog, archive: Archive, opts: Any, node: _NodeState, writer: Any,
+                       resumed: bool, unchanged: set[int], filters: tuple[Any, Any],
+                       o: BackupOptions) -> tuple[dict[str, Any], dict[int, Any], int, float,
+                                                  dict[str, Any]]:
+    """Plan the backup, stream its vbuckets as Spark tasks and commit it: (the manifest,
+    the summaries kept from a partial backup, items streamed, Spark's start-up seconds,
+    the progress state)."""
+    seqnos, logs = node.seqnos, node.logs
+    # where each vbucket starts is the archive's decision; the node adds where it ends
+    bplan = writer.plan(seqnos)
+    kept = bplan.kept
+    # a vbucket with nothing new costs no file: the manifest lists it as unchanged
+    unchanged.intersection_update({vb for vb in unchanged
+                                   if vb in bplan.starts and not bplan.starts[vb].resume})
+    plan: dict[int, VBucketPlan] = {
+        vb: VBucketPlan(vb, Position.from_archive(st.position, st.failover_log), seqnos[vb],
+                        tuple((int(u), int(q)) for u, q in logs.get(vb, ())), st.resume)
+        for vb, st in bplan.starts.items() if vb not in unchanged}
+    n_resumed = sum(1 for p in plan.values() if p.resume)
+    rl.info("%s backup %s%s, parent %s: %d vbuckets, %d kept from the partial backup, "
+            "%d unchanged since the parent, %d to stream (%d resumed)", writer.type, writer.id,
+            " (resumed)" if resumed else "", writer.parent or "none", len(seqnos),
+            len(kept), len(unchanged), len(plan), n_resumed)
+    if o.on_plan is not None:
+        o.on_plan({"backup_id": writer.id, "type": writer.type, "resumed": resumed,
+                   "vbuckets": len(seqnos), "kept": len(kept), "to_stream": len(plan)})
+    summaries: list[VBucketSummary] = [VBucketSummary(e) for e in kept.values()]
+    spark_seconds = 0.0
+    # what progress reports: the phase, vbuckets (done), items streamed, and the work
+    # (seqnos) done out of work_total (see TaskProgress)
+    state: dict[str, Any] = {
+        "phase": "connecting to engine" if o.progress is not None and o.spark is None
+                 and engine_available(o.master) else "starting Spark",
+        "vbuckets": len(seqnos), "vbuckets_done": len(kept) + len(unchanged),
+        "items": 0, "work": 0,
+        "work_total": sum(max(0, int(p.end) - int(p.start.seqno)) for p in plan.values())}
+    if plan:
+        spark_seconds = _run_backup_tasks(rl, archive, opts, node, writer, resumed, plan,
+                                          filters, state, summaries, o)
+    streamed = sum((s.run or {}).get("streamed", 0) for s in summaries)
+    if o.progress is not None:
+        state.update(phase="committing", items=streamed, work=state["work_total"],
+                     vbuckets_done=len(seqnos))
+        o.progress(dict(state))
+    runs = {s.vbucket: s.run for s in summaries}
+    for s in sorted(summaries, key=lambda x: x.vbucket):
+        _log_vbucket(rl, s.entry, s.run)
+    _log_compressed(rl, opts, runs)
+    manifest = writer.commit([s.entry for s in summaries],
+                             extra={"node": opts.address, "resumed": resumed},
+                             unchanged=unchanged)
+    return manifest, kept, streamed, spark_seconds, state
+
+
+def _run_backup_tasks(rl: RunLog, archive: Archive, opts: Any, node: _NodeState, writer: Any,
+                      resumed: bool, plan: dict[int, VBucketPlan], filters: tuple[Any, Any],
+                      state: dict[str, Any], summaries: list[VBucketSummary],
+                      o: BackupOptions) -> float:
+    """The Spark tasks of the backup, their summaries added to `summaries`; returns the
+    seconds Spark took to start."""
+    if o.progress is not None:
+        o.progress(dict(state))
+    ts = time.monotonic()
+    spark = o.spark or get_context(o.master)  # RDD jobs: no session needed
+    spark_seconds = time.monotonic() - ts
+    n = o.partitions or 2 * default_parallelism(spark)
+    groups = plan_groups(list(plan), n)
+    rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master,
+            len(groups), spark_seconds)
     try:
-        # where each vbucket starts is the archive's decision; the node adds where it ends
-        bplan = writer.plan(seqnos)
-        kept = bplan.kept
-        # a vbucket with nothing new costs no file: the manifest lists it as unchanged
-        unchanged = {vb for vb in unchanged
-                     if vb in bplan.starts and not bplan.starts[vb].resume}
-        plan: dict[int, VBucketPlan] = {
-            vb: VBucketPlan(vb, Position.from_archive(st.position, st.failover_log), seqnos[vb],
-                            tuple((int(u), int(q)) for u, q in logs.get(vb, ())), st.resume)
-            for vb, st in bplan.starts.items() if vb not in unchanged}
-        n_resumed = sum(1 for p in plan.values() if p.resume)
-        rl.info("%s backup %s%s, parent %s: %d vbuckets, %d kept from the partial backup, "
-                "%d unchanged since the parent, %d to stream (%d resumed)", btype, writer.id,
-                " (resumed)" if resumed else "", writer.parent or "none", len(seqnos),
-                len(kept), len(unchanged), len(plan), n_resumed)
-        if on_plan is not None:
-            on_plan({"backup_id": writer.id, "type": btype, "resumed": resumed,
-                     "vbuckets": len(seqnos), "kept": len(kept), "to_stream": len(plan)})
-
-        summaries: list[VBucketSummary] = [VBucketSummary(e) for e in kept.values()]
-        spark_seconds = 0.0
-        # what progress reports: the phase, vbuckets (done), items streamed, and the work
-        # (seqnos) done out of work_total (see TaskProgress)
-        state: dict[str, Any] = {
-            "phase": "connecting to engine" if progress is not None and spark is None
-                     and engine_available(master) else "starting Spark",
-            "vbuckets": len(seqnos), "vbuckets_done": len(kept) + len(unchanged),
-            "items": 0, "work": 0,
-            "work_total": sum(max(0, int(p.end) - int(p.start.seqno)) for p in plan.values())}
-        if plan:
-            if progress is not None:
-                progress(dict(state))
-            ts = time.monotonic()
-            spark = spark or get_context(master)  # RDD jobs: no session needed
-            spark_seconds = time.monotonic() - ts
-            n = partitions or 2 * default_parallelism(spark)
-            groups = plan_groups(list(plan), n)
-            rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master,
-                    len(groups), spark_seconds)
-            try:
-                check_executors_see(spark, archive_path, write=True)  # before streaming
-            except DcptoolError:
-                if not resumed:  # nothing streamed: the backup this run began goes again
-                    storage.remove_tree(archive.backup_dir(writer.id))
-                raise
-            tasks = [BackupTask(opts, archive_path, writer.id, writer.parent,
-                                tuple(plan[vb] for vb in g), f"dcptool-backup:{writer.id}:{i}",
-                                cluster=members is not None, stream_filter=sfilter,
-                                client_filter=cfilter)
-                     for i, g in enumerate(groups)]
-            stop = threading.Event()
-            watcher = None
-            if progress is not None:
-                state["phase"] = "streaming"
-                progress(dict(state))
-                watcher = threading.Thread(target=_progress_watch,
-                                           args=(writer.progress(), writer.dir,
-                                                 {**state}, progress, stop), daemon=True)
-                watcher.start()
-            try:
-                results = run_tasks(spark, reporting_failures(backup_task), tasks)
-            except Exception as exc:  # a task failed: keep the partial backup for a resume
-                raise task_failure(exc, "backup task", "the partial backup is kept; rerun the "
-                                   "backup to resume it") from None
-            finally:
-                stop.set()
-                if watcher is not None:
-                    watcher.join(timeout=2)
-            for r in results:
-                summaries.extend(r)
-        streamed = sum((s.run or {}).get("streamed", 0) for s in summaries)
-        if progress is not None:
-            state.update(phase="committing", items=streamed, work=state["work_total"],
-                         vbuckets_done=len(seqnos))
-            progress(dict(state))
-        runs = {s.vbucket: s.run for s in summaries}
-        for s in sorted(summaries, key=lambda x: x.vbucket):
-            _log_vbucket(rl, s.entry, s.run)
-        _log_compressed(rl, opts, runs)
-        manifest = writer.commit([s.entry for s in summaries],
-                                 extra={"node": opts.address, "resumed": resumed},
-                                 unchanged=unchanged)
-    except BaseException as exc:
-        writer.abort()
-        if isinstance(exc, KeyboardInterrupt) or was_interrupted():
-            raise Interrupted(f"interrupted: partial backup {writer.id} is kept; the next "
-                              "backup of this archive resumes it") from None
+        check_executors_see(spark, str(archive.path), write=True,  # before streaming
+                            key_travels=archive.key is not None)
+    except DcptoolError:
+        if not resumed:  # nothing streamed: the backup this run began goes again
+            storage.remove_tree(archive.backup_dir(writer.id))
         raise
-    result = BackupResult(writer.id, btype, resumed, len(manifest["vbuckets"]) + len(unchanged),
+    sfilter, cfilter = filters
+    tasks = [BackupTask(opts, archive, writer.id, writer.parent,
+                        tuple(plan[vb] for vb in g), f"dcptool-backup:{writer.id}:{i}",
+                        cluster=node.members is not None, stream_filter=sfilter,
+                        client_filter=cfilter)
+             for i, g in enumerate(groups)]
+    stop = threading.Event()
+    watcher = None
+    if o.progress is not None:
+        state["phase"] = "streaming"
+        o.progress(dict(state))
+        watcher = threading.Thread(target=_progress_watch,
+                                   args=(writer.progress(), writer.dir,
+                                         {**state}, o.progress, stop), daemon=True)
+        watcher.start()
+    try:
+        results = run_tasks(spark, reporting_failures(backup_task), tasks)
+    except Exception as exc:  # a task failed: keep the partial backup for a resume
+        raise task_failure(exc, "backup task", "the partial backup is kept; rerun the "
+                           "backup to resume it") from None
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join(timeout=2)
+    for r in results:
+        summaries.extend(r)
+    return spark_seconds
+
+
+def _backup_result(archive: Archive, writer: Any, resumed: bool, manifest: dict[str, Any],
+                   kept: dict[int, Any], unchanged: set[int], streamed: int,
+                   spark_seconds: float) -> BackupResult:
+    """The result of a committed backup, from its manifest."""
+    result = BackupResult(writer.id, writer.type, resumed,
+                          len(manifest["vbuckets"]) + len(unchanged),
                           kept_vbuckets=len(kept), unchanged_vbuckets=len(unchanged),
                           spark_seconds=spark_seconds,
                           items_streamed=streamed,
@@ -815,34 +928,25 @@ def _run_backup(rl: RunLog, opts, archive_path: str | os.PathLike[str], *, full:
         result.value_bytes += e["bytes"]["values"]
         for r in e.get("rollbacks", []):
             result.rollback_details.append({"vbucket": e["vbucket"], **r})
-    if progress is not None:
-        state.update(phase="done", items=streamed, work=state["work_total"],
-                     vbuckets_done=len(manifest["vbuckets"]) + len(unchanged))
-        progress(dict(state))
-    result.seconds = time.monotonic() - t0
-    rl.info("committed %s backup %s: %d vbuckets, %d mutations, %d deletions, %d expirations, "
-            "%d rollbacks, %d bytes of data files (%d bytes on disk) in %.2f s; %d items "
-            "streamed (%.0f items/s)", btype, writer.id, result.vbuckets,
-            result.mutations, result.deletions, result.expirations, result.rollbacks,
-            result.bytes, result.size_on_disk, result.seconds, streamed,
-            streamed / result.seconds if result.seconds else 0)
-    if watermark:
-        def tell(msg: str) -> None:
-            rl.warning("%s", msg)
-            if notice is not None:
-                notice(msg)
-
-        if members is None:
-            result.watermark = register_archive_watermark(opts, Archive.open(archive_path),
-                                                          ttl=watermark_ttl, notice=tell)
-        else:
-            result.watermark = _register_on_cluster(opts, archive_path, members, watermark_ttl,
-                                                    tell)
-        if result.watermark["registered"]:
-            rl.info("registered high watermark %s/%s for %d vbuckets (ttl %.0f s)",
-                    result.watermark["name"], result.watermark["instance"],
-                    result.watermark["vbuckets"], watermark_ttl)
     return result
+
+
+def _register_watermark(rl: RunLog, opts: Any, archive: Archive,
+                        members: dict[str, list[int]] | None,
+                        o: BackupOptions) -> dict[str, Any]:
+    """The archive's watermark registered on the node (on a cluster: on each active node
+    for its own vbuckets)."""
+    def tell(msg: str) -> None:
+        _tell(rl, o, msg)
+
+    if members is None:
+        wm = register_archive_watermark(opts, archive, ttl=o.watermark_ttl, notice=tell)
+    else:
+        wm = _register_on_cluster(opts, archive, members, o.watermark_ttl, tell)
+    if wm["registered"]:
+        rl.info("registered high watermark %s/%s for %d vbuckets (ttl %.0f s)",
+                wm["name"], wm["instance"], wm["vbuckets"], o.watermark_ttl)
+    return wm
 
 
 def unchanged_vbuckets(archive: Archive, parent_id: str | None, seqnos: dict[int, int],
@@ -864,18 +968,6 @@ def unchanged_vbuckets(archive: Archive, parent_id: str | None, seqnos: dict[int
         if mine and mine == theirs:
             out.add(vb)
     return out
-
-
-def _recorded_uuid(archive: Archive, backup_id: str | None) -> str | None:
-    """The bucket uuid the newest backup of `backup_id`'s chain recorded (None: no backup
-    recorded one, as with backups of dcptool before it recorded them)."""
-    if backup_id is None:
-        return None
-    for bid in reversed(archive.chain_ids(upto=backup_id)):
-        uuid = archive.manifest(bid).get("bucket_uuid")
-        if uuid:
-            return str(uuid)
-    return None
 
 
 def shares_history(archive_logs: dict[int, list], node_logs: dict[int, Any]) -> bool | None:
@@ -931,10 +1023,10 @@ def _check_same_bucket(rl: RunLog, archive: Archive, opts, node_uuid: str | None
              "purpose, or use another archive directory")
 
 
-def _register_on_cluster(opts, archive_path: str, groups: dict[str, list[int]], ttl: float,
+def _register_on_cluster(opts, archive: Archive, groups: dict[str, list[int]], ttl: float,
                          notice: Callable[[str], None]) -> dict[str, Any]:
     """The archive's watermark registered on each active node for its own vbuckets."""
-    parts = [register_archive_watermark(node_opts(opts, node), Archive.open(archive_path),
+    parts = [register_archive_watermark(node_opts(opts, node), archive,
                                         ttl=ttl, notice=notice, vbuckets=vbs)
              for node, vbs in sorted(groups.items())]
     first = parts[0]

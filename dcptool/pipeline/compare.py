@@ -96,7 +96,8 @@ def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
     from dcptool.protocol import vbucket_of
     from dcptool.protocol.collections import split_doc_key
 
-    root = task.archive
+    archive = task.archive
+    root = archive.path
     plan: dict[int, VBucketComparePlan] = {p.vbucket: p for p in task.plans}
     node: dict[int, dict[bytes, tuple]] = {vb: {} for vb in plan}
     cross = bool(task.node_streams)
@@ -128,7 +129,8 @@ def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
     out = []
     for vb in sorted(plan):
         p = plan[vb]
-        recs, _owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in p.parts])
+        recs, _owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in p.parts],
+                                      key=archive.key)
         arch = {}
         for r in recs:
             if r[0] == REC_MUTATION:
@@ -175,7 +177,8 @@ class CompareReport:
                 "seconds": round(self.seconds, 3)}
 
 
-def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: str | None = None,
+def run_verify_against(archive_path: Archive | str | os.PathLike[str], opts, *,
+                       backup: str | None = None,
                        vbuckets: list[int] | None = None, partitions: int | None = None,
                        master: str | None = None, max_keys: int = 5,
                        spark=None) -> CompareReport:
@@ -184,7 +187,7 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
     from .nodeinfo import vbucket_count
 
     t0 = time.monotonic()
-    archive = Archive.open(archive_path)
+    archive = Archive.opened(archive_path)
     manifests = archive.manifests()
     if not manifests:
         raise UsageError(f"archive {archive.path} holds no committed backup to compare")
@@ -244,7 +247,7 @@ def run_verify_against(archive_path: str | os.PathLike[str], opts, *, backup: st
         spark = spark or get_context(master)  # RDD jobs: no session needed
         # across vbucket counts each task reads all of the node's keys: fewer tasks
         n = partitions or (1 if cross else 2) * default_parallelism(spark)
-        tasks = [CompareTask(opts, str(archive.path.absolute()),
+        tasks = [CompareTask(opts, archive.at(archive.path.absolute()),
                              f"dcptool-verify:{os.getpid()}:{i}", tuple(plan[vb] for vb in g),
                              max_keys, node_streams=node_streams,
                              archive_vbuckets=archive.vbucket_count if cross else 0)

@@ -44,7 +44,7 @@ def _vbucket_option(vbuckets: str | Iterable[int] | None) -> str | None:
     return format_vbuckets(int(v) for v in vbuckets)
 
 
-def read_archive(spark, path: str | os.PathLike[str], *, backup: str | None = None,
+def read_archive(spark, path: Any, *, backup: str | None = None,
                  vbuckets: str | Iterable[int] | None = None, resolved: bool = False,
                  partitions: int | None = None, values: bool = True):
     """A DataFrame of an archive's records (one row per mutation, deletion, expiration).
@@ -55,11 +55,12 @@ def read_archive(spark, path: str | os.PathLike[str], *, backup: str | None = No
     tombstones kept: exactly what `dcptool restore` writes. `partitions`: Spark tasks,
     each reading a group of vbuckets (default 2x the session's parallelism).
     `values=False` leaves the value column null (faster when only metadata is needed).
+    `path`: where the archive is, or the archive opened (`dcptool.archive.Archive`).
     """
     from dcptool.archive import Archive
     from .runtime import default_parallelism
 
-    archive = Archive.open(path)  # a clear error now rather than a Spark stack trace later
+    archive = Archive.opened(path)  # a clear error now rather than a Spark stack trace later
     if backup is not None:
         archive.manifest(backup)
     register(spark)
@@ -78,7 +79,7 @@ def read_archive(spark, path: str | os.PathLike[str], *, backup: str | None = No
 
         check_key_transport(spark)
 
-        opts[SECRET_OPTION] = crypto.export_keys([archive.uuid])
+        opts[SECRET_OPTION] = crypto.export_key(archive.key)
     for k, v in opts.items():
         if v is not None:
             reader = reader.option(k, v)

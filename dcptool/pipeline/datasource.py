@@ -28,6 +28,7 @@ per-row Python work.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from bisect import bisect_left
@@ -131,7 +132,7 @@ def _balance(units: list[tuple[int, int, Any]], n: int) -> list[list[Any]]:
     return [[u for vb in sorted(g) for u in by_vb[vb]] for g in groups if g]
 
 
-def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
+def plan_scan(path: Archive | str | os.PathLike[str], *, backup: str | None = None,
               vbuckets: Iterable[int] | None = None, resolved: bool = False,
               partitions: int | None = None, values: bool = True,
               validate: bool = False) -> list[ScanPartition]:
@@ -139,9 +140,10 @@ def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
 
     Without `resolved`: the records of every committed backup (or only of `backup`).
     With `resolved`: the state as of `backup` (default the newest) over its chain.
+    `path`: the opened archive (or where it is: opened here).
     """
-    archive = Archive.open(path)
-    root = str(archive.path.absolute())
+    archive = path if isinstance(path, Archive) else Archive.open(path)
+    archive = archive.at(archive.path.absolute())  # the executors' working directory is not ours
     if backup in ("", "latest"):
         backup = None
     wanted = set(vbuckets) if vbuckets is not None else None
@@ -173,7 +175,7 @@ def plan_scan(path: str | os.PathLike[str], *, backup: str | None = None,
                 if wanted is not None and vb not in wanted:
                     continue
                 units.append((vb, e["bytes"]["files"], (bid, e, cuts[bid].get(vb))))
-    return [ScanPartition(root, tuple(g), resolved, values, validate)
+    return [ScanPartition(archive, tuple(g), resolved, values, validate)
             for g in _balance(units, n) or [[]]]
 
 
@@ -195,10 +197,10 @@ class ArchiveNames:
     need: a default-collection-only read never reads them) and the system events the
     partition's records hold (`add_records`)."""
 
-    def __init__(self, root: str | os.PathLike[str] | None):
-        self.root = root
+    def __init__(self, archive: Archive | None):
+        self.archive = archive
         self.names = CollectionNames()
-        self._loaded = root is None
+        self._loaded = archive is None
 
     def add_records(self, records: Iterable[tuple]) -> None:
         self.names.add_records(records)
@@ -206,7 +208,7 @@ class ArchiveNames:
     def display(self, cid: int) -> tuple[str | None, str]:
         if not self._loaded and cid not in self.names.collections:
             self._loaded = True
-            for m in Archive.open(self.root).manifests().values():
+            for m in self.archive.manifests().values():
                 self.names.add_manifest(m.get("collections"))
         return self.names.display(cid)
 
@@ -357,13 +359,14 @@ class _Batches:
 
 def resolve_parts(parts: list[tuple[str, Path, dict[str, Any]]], *,
                   validate: bool = False, names: ArchiveNames | CollectionNames | None = None,
-                  keep_dropped: bool = False) -> tuple[list[tuple], list[str]]:
+                  keep_dropped: bool = False, key: Any = None) -> tuple[list[tuple], list[str]]:
     """Resolve one vbucket over the parts of a chain (oldest first, each (backup id,
     backup dir, manifest entry)): the newest surviving record of each key, and for each
     the id of the backup holding it. Same rule as `dcptool.archive.resolve` (which restore
     uses): records above the lowest rollback seqno of any later part are dead, and the
     documents of a collection a surviving system event dropped are left out (unless
-    `keep_dropped`). The system events read are given to `names`."""
+    `keep_dropped`). The system events read are given to `names`. `key`: the archive's
+    data key (None for a plain archive)."""
     cuts = part_cuts([[r["seqno"] for r in e["rollbacks"]] for _, _, e in parts])
     state: dict[bytes, tuple] = {}
     tops: list[int] = []
@@ -372,7 +375,7 @@ def resolve_parts(parts: list[tuple[str, Path, dict[str, Any]]], *,
     for (bid, bdir, entry), cut in zip(parts, cuts):
         top = -1
         events = _has_events(entry)
-        for batch in iter_vbucket_batches(bdir, entry, validate=validate):
+        for batch in iter_vbucket_batches(bdir, entry, validate=validate, key=key):
             if events:
                 evs = [r for r in batch if r[0] == 8]
                 if names is not None:
@@ -419,14 +422,15 @@ def read_partition(part: ScanPartition) -> Iterator[Any]:
 
 
 def _read_partition(part: ScanPartition) -> Iterator[Any]:
-    root = part.archive
-    names = ArchiveNames(root)
+    archive = part.archive
+    root = archive.path
+    names = ArchiveNames(archive)
     out = _Batches(values=part.values, names=names)
     validate = part.validate
     if part.resolved:
         for vb, parts in part.units:
             recs, owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in parts],
-                                         validate=validate, names=names)
+                                         validate=validate, names=names, key=archive.key)
             for i in range(0, len(recs), BATCH_ROWS):
                 out.add(recs[i:i + BATCH_ROWS], owners[i:i + BATCH_ROWS], vb, None,
                         items_only=True)
@@ -436,7 +440,8 @@ def _read_partition(part: ScanPartition) -> Iterator[Any]:
         for bid, entry, cut in part.units:
             vb = entry["vbucket"]
             events = _has_events(entry)
-            for batch in iter_vbucket_batches(backup_path(root, bid), entry, validate=validate):
+            for batch in iter_vbucket_batches(backup_path(root, bid), entry, validate=validate,
+                                              key=archive.key):
                 if events:
                     names.add_records(batch)
                 out.add(batch, bid, vb, cut)
@@ -491,7 +496,7 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
 #: the option that carries an encrypted archive's data key to the Python workers
 #: (`read_archive` sets it; Spark's default spark.redaction.regex hides options named
 #: *secret* in plans and the UI). Without it a worker unlocks the archive with
-#: DCPTOOL_ARCHIVE_PASSPHRASE.
+#: DCPTOOL_ARCHIVE_PASSPHRASE. (crypto.export_key's token; never printed or logged)
 SECRET_OPTION = "dcptool.secret"
 
 
@@ -506,14 +511,22 @@ class ArchiveReader(DataSourceReader):  # type: ignore[misc]
         return f"ArchiveReader({self.kw!r})"
 
     def partitions(self):
-        crypto.install_keys(self._secret)
         kw = dict(self.kw)
         path = kw.pop("path")
-        return [InputPartition(part) for part in plan_scan(path, **kw)]
+        key = crypto.import_key(self._secret) if self._secret else None
+        parts = plan_scan(Archive.open(path, key=key), **kw)
+        if key is None:
+            # no key given with the read: none travels; each worker unlocks the archive
+            # with its own DCPTOOL_ARCHIVE_PASSPHRASE (see read)
+            parts = [dataclasses.replace(p, archive=p.archive.without_key()) for p in parts]
+        # the partitions carry the opened archive (the key given with it) to the workers
+        return [InputPartition(part) for part in parts]
 
     def read(self, partition):
-        crypto.install_keys(self._secret)
-        return read_partition(partition.value)
+        part = partition.value
+        if part.archive.key is None and crypto.is_encrypted(part.archive.meta):
+            part = dataclasses.replace(part, archive=Archive.open(part.archive.path))
+        return read_partition(part)
 
 
 class ArchiveDataSource(DataSource):  # type: ignore[misc]

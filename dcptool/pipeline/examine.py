@@ -54,7 +54,7 @@ def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
     the versions in collections of that name."""
     from .collnames import CollectionNames
 
-    archive = Archive.open(archive_path)
+    archive = Archive.opened(archive_path)
     k = key.encode("utf-8") if isinstance(key, str) else bytes(key)
     want: tuple[str, str] | None = None
     if collection is not None:
@@ -79,7 +79,7 @@ def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
         if entry is None:
             continue
         cut = cuts[bid].get(vb)
-        for batch in iter_vbucket_batches(archive.backup_dir(bid), entry):
+        for batch in iter_vbucket_batches(archive.backup_dir(bid), entry, key=archive.key):
             for r in batch:
                 t = r[0]
                 if t == 8:

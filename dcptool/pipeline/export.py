@@ -50,7 +50,7 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
     t0 = time.monotonic()
     if fmt not in FORMATS:
         raise UsageError(f"--format must be parquet or jsonl, not {fmt!r}")
-    archive = Archive.open(archive_path)
+    archive = Archive.opened(archive_path)
     if backup is not None:
         archive.manifest(backup)  # a clear error before Spark starts
     elif not archive.committed_ids():
@@ -63,9 +63,10 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
     if out == archive.path.absolute() or archive.path.absolute() in out.parents:
         raise UsageError("the output directory must not be inside the archive")
     spark = spark or get_spark(master)
-    check_executors_see(spark, archive.path, name="archive.json")
+    check_executors_see(spark, archive.path, name="archive.json",
+                        key_travels=archive.key is not None)
     try:
-        df = read_archive(spark, archive.path.absolute(), backup=backup, resolved=resolved,
+        df = read_archive(spark, archive, backup=backup, resolved=resolved,
                           vbuckets=vbuckets, partitions=partitions)
         writer = df.write.mode("overwrite" if (overwrite or out.exists()) else "errorifexists")
         with progress.watch_tasks(spark, "tasks"):  # a command's progress bar, if it draws one

@@ -146,7 +146,7 @@ def _run_merge(rl: RunLog, archive_path: str | os.PathLike[str], *, first: str |
                last: str | None = None, partitions: int | None = None,
                master: str | None = None, level: int | None = None, spark=None) -> MergeResult:
     t0 = time.monotonic()
-    archive = Archive.open(archive_path)
+    archive = Archive.opened(archive_path)
     rl.attach(archive.path.absolute())
     rl.info("merge of %s (range %s..%s) (pid %d)", archive.path, first or "start of chain",
             last or "newest", os.getpid())

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dcptool.archive import Archive
 from dcptool.client.position import Position
 
 
@@ -27,10 +28,11 @@ class VBucketPlan:
 
 @dataclass(frozen=True, slots=True)
 class BackupTask:
-    """One Spark task of a backup: a group of vbuckets and where their files go."""
+    """One Spark task of a backup: a group of vbuckets and where their files go (the
+    opened archive, its data key with it)."""
 
     opts: Any  # picklable connection options
-    archive: str
+    archive: Archive
     backup_id: str
     parent: str | None
     plans: tuple[VBucketPlan, ...]
@@ -65,7 +67,7 @@ class RestoreTask:
     """One Spark task of a restore: write the state of `vbuckets` as of `backup`."""
 
     opts: Any  # picklable connection options (None for a dry run)
-    archive: str
+    archive: Archive
     backup: str
     vbuckets: tuple[int, ...]
     #: the node's vbucket count (records are routed by it)
@@ -109,7 +111,7 @@ class CompareTask:
     """One Spark task of `verify --against`."""
 
     opts: Any  # picklable connection options
-    archive: str
+    archive: Archive
     name: str  # the DCP connection's name
     plans: tuple[VBucketComparePlan, ...]
     max_keys: int = 5
@@ -129,7 +131,7 @@ class ScanPartition:
     records of one vbucket of one backup. With `resolved` each unit is (vbucket, [(backup
     id, manifest entry), ...] along the chain): that vbucket's resolved state."""
 
-    archive: str
+    archive: Archive
     units: tuple[Any, ...]
     resolved: bool = False
     values: bool = True

@@ -43,7 +43,7 @@ def _run(command: str, archive_path: Any, select, *, dry_run: bool, strict: bool
          partitions: int | None, master: str | None, level: int | None, spark,
          selection: dict[str, Any]) -> dict[str, Any]:
     t0 = time.monotonic()
-    archive = Archive.open(archive_path)
+    archive = Archive.opened(archive_path)
     with RunLog(command) as rl:
         if not dry_run:
             rl.attach(archive.path.absolute())

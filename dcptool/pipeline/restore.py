@@ -140,7 +140,7 @@ def _key_mapper(plan: CollectionPlan, vbucket: int):
     return mapkey
 
 
-def resolved_records(archive_path: str, vbucket: int, backup: str | None,
+def resolved_records(archive: Archive | str, vbucket: int, backup: str | None,
                      key_filter: str | None = None, *, chain=None,
                      collections: CollectionPlan | None = None,
                      upto_seqno: int | None = None):
@@ -150,7 +150,7 @@ def resolved_records(archive_path: str, vbucket: int, backup: str | None,
     `collections`; documents of collections dropped as of the point restored are left out.
     `key_filter` (a regex) is matched against the key without its collection prefix."""
     if chain is None:
-        chain = Archive.open(archive_path).chain(backup)
+        chain = Archive.opened(archive).chain(backup)
     plan = collections or _NO_COLLECTIONS
     pattern = re.compile(key_filter.encode()) if key_filter else None
     parts = [VBucketHistory(b, vbucket) for b in chain if b.entry(vbucket) is not None]
@@ -241,7 +241,7 @@ def _restore_task(task: RestoreTask, colls: Any) -> RestoreTaskResult:
     prefixed = not colls.strip
     t0 = time.monotonic()
     counts = mw.WriteCounts()
-    chain = Archive.open(task.archive).chain(task.backup)
+    chain = task.archive.chain(task.backup)
     # records resolved per vbucket (what was sent), for the run log
     per_vb: dict[int, dict[str, int]] = {}
 
@@ -533,17 +533,46 @@ class RestoreResult:
                 "checked": self.checked, "log": self.log}
 
 
-def run_restore(archive_path: str, opts=None, **kwargs: Any) -> RestoreResult:
-    """Restore the archive at `archive_path` into the node `opts` (None with dry_run).
+@dataclass(frozen=True)
+class RestoreOptions:
+    """What a restore does (the CLI's options): which backup and vbuckets, which keys
+    (`key_filter`, a regex) and data (include/exclude/map lists of names, see
+    pipeline/datafilter.py), `force` (overwrite newer data), `dry_run`, Spark (`partitions`,
+    `master`, `spark`), the target's REST port for creating collections (default from its
+    cluster config) and `notice` (a callable for one-line notes)."""
 
-    Keyword arguments: backup, vbuckets, key_filter, force, dry_run, partitions, master,
-    spark, include_data, exclude_data, map_data (lists of names, see pipeline/datafilter.py),
-    rest_port (the target's REST port for creating collections; default from its cluster
-    config), notice (a callable for one-line notes). The run is logged to
-    `ARCHIVE/logs/restore-*.log`.
+    backup: str | None = None
+    vbuckets: list[int] | None = None
+    key_filter: str | None = None
+    force: bool = False
+    dry_run: bool = False
+    partitions: int | None = None
+    master: str | None = None
+    spark: Any = None
+    include_data: list[str] | None = None
+    exclude_data: list[str] | None = None
+    map_data: list[str] | None = None
+    rest_port: int | None = None
+    notice: Any = None
+
+
+def run_restore(archive: Archive | str, opts: ConnOptions | None = None, *,
+                backup: str | None = None, vbuckets: list[int] | None = None,
+                key_filter: str | None = None, force: bool = False, dry_run: bool = False,
+                partitions: int | None = None, master: str | None = None, spark: Any = None,
+                include_data: list[str] | None = None, exclude_data: list[str] | None = None,
+                map_data: list[str] | None = None, rest_port: int | None = None,
+                notice: Any = None) -> RestoreResult:
+    """Restore `archive` (opened, or the one at that path) into the node `opts` (None
+    with dry_run); see RestoreOptions. The run is logged to `ARCHIVE/logs/restore-*.log`.
     """
+    options = RestoreOptions(backup, vbuckets, key_filter, force, dry_run, partitions, master,
+                             spark, include_data, exclude_data, map_data, rest_port, notice)
     with RunLog("restore") as rl:
-        result = _run_restore(rl, archive_path, opts, **kwargs)
+        # tasks may run elsewhere: the archive they get is rooted at its absolute location
+        opened = Archive.opened(archive)
+        label = str(archive) if not isinstance(archive, Archive) else str(archive.path)
+        result = _run_restore(rl, opened.at(opened.path.absolute()), opts, options, label)
     result.log = str(rl.path) if rl.path else None
     return result
 
@@ -553,113 +582,147 @@ def _kinds(c: dict[str, int]) -> str:
             f"{c.get(mw.WRITE_EXPIRATION, 0)} expirations")
 
 
-def _run_restore(rl: RunLog, archive_path: str, opts=None, *, backup: str | None = None,
-                 vbuckets: list[int] | None = None, key_filter: str | None = None,
-                 force: bool = False, dry_run: bool = False, partitions: int | None = None,
-                 master: str | None = None, spark=None, include_data=None, exclude_data=None,
-                 map_data=None, rest_port: int | None = None, notice=None) -> RestoreResult:
+def _run_restore(rl: RunLog, archive: Archive, opts: ConnOptions | None,
+                 o: RestoreOptions, label: str) -> RestoreResult:
     t0 = time.monotonic()
-    archive = Archive.open(storage.location(archive_path).absolute())  # tasks may run elsewhere
-    sel = selection(include_data, exclude_data, map_data, bucket=archive.bucket,
+    sel = selection(o.include_data, o.exclude_data, o.map_data, bucket=archive.bucket,
                     target_bucket=opts.bucket if opts is not None else None)
-    rl.attach(archive.path.absolute())
-    rl.info("restore%s of %s into %s (pid %d)", " dry run" if dry_run else "", archive.path,
+    rl.attach(archive.path)
+    rl.info("restore%s of %s into %s (pid %d)", " dry run" if o.dry_run else "", archive.path,
             "nothing" if opts is None else f"bucket {opts.bucket} on {opts.address}", os.getpid())
-    chain = archive.chain(backup)
-    if not chain:
-        from dcptool.errors import DcptoolError
-        raise DcptoolError(f"archive {archive_path} has no committed backup to restore")
-    target = chain[-1].id
-    held = sorted({vb for b in chain for vb in b.vbuckets})
-    if vbuckets is not None:
-        held = [vb for vb in held if vb in set(vbuckets)]
-    if key_filter:
-        try:
-            re.compile(key_filter)
-        except re.error as exc:
-            from dcptool.errors import UsageError
-            raise UsageError(f"--filter-keys: bad regular expression: {exc}") from None
-    node_vbuckets = archive.vbucket_count
-    routes = None  # on a cluster: {vbucket: its active node}
+    chain, held = _restore_scope(archive, o, label)
     # what verify checks, for the backups and vbuckets read: nothing is written otherwise
     files, nbytes, nrecords, secs = check_chain_files(archive, chain, held)
     rl.info("checked %d files (%d bytes, %d records) as verify does in %.2f s", files, nbytes,
             nrecords, secs)
-    target_info = None
+    target = _RestoreTarget(archive.vbucket_count)
     if opts is not None:
-        # a dry run checks the target as the restore would (connection, login, bucket,
-        # vbucket map, collections), creating and writing nothing
-        copts = with_collections(opts)
-        with copts.connect() as conn:
-            node_vbuckets = vbucket_count(conn)
-            found = active_nodes(copts, conn)
-            setup = plan_collections(chain, held, sel, conn=conn, opts=opts,
-                                     rest_port=rest_port, notice=notice, create=not dry_run)
-        # the tasks speak the key form planned: doc keys, or plain keys for a target
-        # without collections
-        opts = opts if setup.plan.strip else copts
-        if found is not None:
-            routes = {vb: node for node, vbs in found[1].items() for vb in vbs}
-        target_info = {"address": opts.address, "bucket": opts.bucket,
-                       "vbuckets": node_vbuckets, "archive_vbuckets": archive.vbucket_count,
-                       "rerouted": node_vbuckets != archive.vbucket_count,
-                       "nodes": len(found[1]) if found is not None else 1}
+        target = _check_target(archive, opts, chain, held, sel, o)
     else:  # the library's offline count (no target)
-        setup = plan_collections(chain, held, sel)
-    if dry_run:
-        opts, routes = None, None  # the tasks count; they connect to nothing
-    colls = setup.plan
-    rl.info("collections: %s%s%s", ", ".join(f"{a} -> {b}" for a, b in setup.restored.items()),
+        target.setup = plan_collections(chain, held, sel)
+    if o.dry_run:
+        target.opts, target.routes = None, None  # the tasks count; they connect to nothing
+    colls = target.setup.plan
+    rl.info("collections: %s%s%s",
+            ", ".join(f"{a} -> {b}" for a, b in target.setup.restored.items()),
             "; keys as stored" if not colls.per_item else "; keys remapped per item",
-            f"; left out {', '.join(setup.excluded)}" if setup.excluded else "")
-    result = RestoreResult(target, len(held), dry_run, collections=setup.as_json(),
-                           target=target_info,
+            f"; left out {', '.join(target.setup.excluded)}" if target.setup.excluded else "")
+    result = RestoreResult(chain[-1].id, len(held), o.dry_run,
+                           collections=target.setup.as_json(), target=target.info,
                            checked={"backups": len(chain), "files": files, "bytes": nbytes,
                                     "records": nrecords})
-    rl.info("state as of backup %s (chain %s), %d vbuckets%s%s%s", target,
-            " <- ".join(b.id for b in reversed(chain)), len(held),
-            f", keys matching {key_filter!r}" if key_filter else "",
-            ", --force-updates" if force else "", f"; the node has {node_vbuckets} vbuckets"
-            f"{' (keys routed by its map; the archive has ' + str(archive.vbucket_count) + ')' if node_vbuckets != archive.vbucket_count else ''}"
-            if target_info else "")
+    _log_restore_plan(rl, archive, chain, held, target, o)
     if held:
-        ts = time.monotonic()
-        spark = spark or get_context(master)  # RDD jobs: no session needed
-        result.spark_seconds = time.monotonic() - ts
-        check_executors_see(spark, archive.path, name="archive.json")
-        n = partitions or 2 * default_parallelism(spark)
-        root = str(archive.path.absolute())  # the executors' working directory is not ours
-        tasks = [(RestoreTask(opts, root, target, tuple(g), node_vbuckets,
-                              key_filter=key_filter, force=force, dry_run=dry_run, routes=routes,
-                              archive_vbuckets=archive.vbucket_count),
-                  colls)
-                 for g in plan_groups(held, n)]
-        rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master, len(tasks),
-                time.monotonic() - ts)
-        try:
-            results = run_tasks(spark, reporting_failures(restore_task), tasks)
-        except Exception as exc:
-            raise task_failure(exc, "restore task",
-                               "the restore can be rerun: it is idempotent") from None
-        for i, res in enumerate(results):
-            r, run = res.counts, res.run
-            for vb, c in sorted(run.get("vbuckets", {}).items()):
-                rl.info("vbucket %s: %s %s", vb, "would write" if dry_run else "sent", _kinds(c))
-            rl.info("task %d (%d vbuckets): %s %s; skipped (newer on the node) %s; failed "
-                    "%s; %d retries; %.3f s", i, len(run.get("vbuckets", {})),
-                    "would write" if dry_run else "restored",
-                    _kinds(r["restored"]), _kinds(r["skipped"]), _kinds(r["failed"]),
-                    r["retries"], run.get("seconds", 0.0))
-            for e in r["errors"]:
-                # the run log stays in the clear beside an encrypted archive: no keys in it
-                rl.error("task %d: %s", i, _without_key(e) if archive.encrypted else e)
-            part = mw.WriteCounts(restored=r["restored"], skipped=r["skipped"], failed=r["failed"],
-                                  retries=r["retries"], errors=r["errors"])
-            result.counts.add(part)
+        _run_restore_tasks(rl, archive, chain[-1].id, held, target, o, result)
     result.seconds = time.monotonic() - t0
     d = result.counts.as_dict()
     rl.info("%s backup %s in %.2f s: %s %s; skipped %s; failed %s; %d retries",
-            "dry run of" if dry_run else "restored", target, result.seconds,
-            "would write" if dry_run else "restored",
+            "dry run of" if o.dry_run else "restored", chain[-1].id, result.seconds,
+            "would write" if o.dry_run else "restored",
             _kinds(d["restored"]), _kinds(d["skipped"]), _kinds(d["failed"]), d["retries"])
     return result
+
+
+@dataclass
+class _RestoreTarget:
+    """The target as the driver checked it: its vbucket count, the options the tasks
+    connect with, the routes on a cluster ({vbucket: its active node}), the collections
+    set up, and what the result reports of it (None: no target)."""
+
+    vbuckets: int
+    opts: ConnOptions | None = None
+    routes: dict[int, str] | None = None
+    setup: Any = None
+    info: dict[str, Any] | None = None
+
+
+def _restore_scope(archive: Archive, o: RestoreOptions,
+                   label: str) -> tuple[list[Any], list[int]]:
+    """(the chain restored, the vbuckets restored); a usage error for a bad key filter.
+    `label`: the archive as the caller named it."""
+    chain = archive.chain(o.backup)
+    if not chain:
+        raise DcptoolError(f"archive {label} has no committed backup to restore")
+    held = sorted({vb for b in chain for vb in b.vbuckets})
+    if o.vbuckets is not None:
+        held = [vb for vb in held if vb in set(o.vbuckets)]
+    if o.key_filter:
+        try:
+            re.compile(o.key_filter)
+        except re.error as exc:
+            raise UsageError(f"--filter-keys: bad regular expression: {exc}") from None
+    return chain, held
+
+
+def _check_target(archive: Archive, opts: ConnOptions, chain: list[Any], held: list[int],
+                  sel: DataSelection, o: RestoreOptions) -> _RestoreTarget:
+    """A dry run checks the target as the restore would (connection, login, bucket,
+    vbucket map, collections), creating and writing nothing."""
+    copts = with_collections(opts)
+    with copts.connect() as conn:
+        node_vbuckets = vbucket_count(conn)
+        found = active_nodes(copts, conn)
+        setup = plan_collections(chain, held, sel, conn=conn, opts=opts,
+                                 rest_port=o.rest_port, notice=o.notice, create=not o.dry_run)
+    # the tasks speak the key form planned: doc keys, or plain keys for a target
+    # without collections
+    opts = opts if setup.plan.strip else copts
+    routes = None
+    if found is not None:
+        routes = {vb: node for node, vbs in found[1].items() for vb in vbs}
+    info = {"address": opts.address, "bucket": opts.bucket,
+            "vbuckets": node_vbuckets, "archive_vbuckets": archive.vbucket_count,
+            "rerouted": node_vbuckets != archive.vbucket_count,
+            "nodes": len(found[1]) if found is not None else 1}
+    return _RestoreTarget(node_vbuckets, opts, routes, setup, info)
+
+
+def _log_restore_plan(rl: RunLog, archive: Archive, chain: list[Any], held: list[int],
+                      target: _RestoreTarget, o: RestoreOptions) -> None:
+    node_vbuckets = target.vbuckets
+    rl.info("state as of backup %s (chain %s), %d vbuckets%s%s%s", chain[-1].id,
+            " <- ".join(b.id for b in reversed(chain)), len(held),
+            f", keys matching {o.key_filter!r}" if o.key_filter else "",
+            ", --force-updates" if o.force else "", f"; the node has {node_vbuckets} vbuckets"
+            f"{' (keys routed by its map; the archive has ' + str(archive.vbucket_count) + ')' if node_vbuckets != archive.vbucket_count else ''}"
+            if target.info else "")
+
+
+def _run_restore_tasks(rl: RunLog, archive: Archive, backup_id: str, held: list[int],
+                       target: _RestoreTarget, o: RestoreOptions,
+                       result: RestoreResult) -> None:
+    """Write (or, dry, count) the vbuckets `held` as Spark tasks; their counts go into
+    `result` and the run log."""
+    ts = time.monotonic()
+    spark = o.spark or get_context(o.master)  # RDD jobs: no session needed
+    result.spark_seconds = time.monotonic() - ts
+    check_executors_see(spark, archive.path, name="archive.json",
+                        key_travels=archive.key is not None)
+    n = o.partitions or 2 * default_parallelism(spark)
+    tasks = [(RestoreTask(target.opts, archive, backup_id, tuple(g), target.vbuckets,
+                          key_filter=o.key_filter, force=o.force, dry_run=o.dry_run,
+                          routes=target.routes, archive_vbuckets=archive.vbucket_count),
+              target.setup.plan)
+             for g in plan_groups(held, n)]
+    rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master, len(tasks),
+            time.monotonic() - ts)
+    try:
+        results = run_tasks(spark, reporting_failures(restore_task), tasks)
+    except Exception as exc:
+        raise task_failure(exc, "restore task",
+                           "the restore can be rerun: it is idempotent") from None
+    for i, res in enumerate(results):
+        r, run = res.counts, res.run
+        for vb, c in sorted(run.get("vbuckets", {}).items()):
+            rl.info("vbucket %s: %s %s", vb, "would write" if o.dry_run else "sent", _kinds(c))
+        rl.info("task %d (%d vbuckets): %s %s; skipped (newer on the node) %s; failed "
+                "%s; %d retries; %.3f s", i, len(run.get("vbuckets", {})),
+                "would write" if o.dry_run else "restored",
+                _kinds(r["restored"]), _kinds(r["skipped"]), _kinds(r["failed"]),
+                r["retries"], run.get("seconds", 0.0))
+        for e in r["errors"]:
+            # the run log stays in the clear beside an encrypted archive: no keys in it
+            rl.error("task %d: %s", i, _without_key(e) if archive.encrypted else e)
+        part = mw.WriteCounts(restored=r["restored"], skipped=r["skipped"], failed=r["failed"],
+                              retries=r["retries"], errors=r["errors"])
+        result.counts.add(part)

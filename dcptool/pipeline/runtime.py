@@ -260,18 +260,22 @@ def run_tasks(spark, fn, tasks: list) -> list:
     (a command attached to an engine runs them in its own job group)."""
     from .engine import set_job_group
 
-    from dcptool.archive.crypto import carrying_keys
-
-    from dcptool.archive import crypto
-
     sc = context_of(spark)
     set_job_group(sc)
-    # the data keys of the encrypted archives this driver opened go with the tasks; a
-    # command's progress bar counts them done (see pipeline/progress.py)
-    if crypto.has_data_keys():
+    # the data key of an encrypted archive goes with the tasks (inside the opened archive
+    # they carry); a command's progress bar counts them done (see pipeline/progress.py)
+    if any(_carries_key(t) for t in tasks):
         check_key_transport(sc)
     with progress.watch_tasks(sc, "tasks", len(tasks)):
-        return sc.parallelize(tasks, len(tasks)).map(carrying_keys(fn)).collect()
+        return sc.parallelize(tasks, len(tasks)).map(fn).collect()
+
+
+def _carries_key(task: Any) -> bool:
+    """Whether a task (or a tuple of its parts) holds an opened encrypted archive."""
+    for part in task if isinstance(task, tuple) else (task,):
+        if getattr(getattr(part, "archive", None), "key", None) is not None:
+            return True
+    return False
 
 
 def _cache_dir() -> Path:
@@ -720,16 +724,18 @@ def probe_failures(spark, directory: str, name: str, digest: str, *, write: bool
 
 
 def check_executors_see(spark, directory: str | os.PathLike[str], *, write: bool = False,
-                        name: str | None = None, always: bool = False) -> None:
+                        name: str | None = None, always: bool = False,
+                        key_travels: bool = False) -> None:
     """Fail in one line unless Spark's executors see `directory` as the driver does: the
     archive must be on a filesystem the driver and every executor share. Reads file `name`
     of the directory (with `write`, or without `name`: a probe file the driver writes and
-    removes). Local masters share the driver's machine and are not checked unless `always`."""
-    from dcptool.archive import crypto, storage
+    removes). Local masters share the driver's machine and are not checked unless `always`.
+    `key_travels`: an encrypted archive's data key is about to go to the executors."""
+    from dcptool.archive import storage
 
     from .engine import attachment
 
-    if crypto.has_data_keys():  # an encrypted archive: its data key is about to travel (not local)
+    if key_travels:  # an encrypted archive: its data key is about to travel (not local)
         check_key_transport(spark)
     root = storage.location(directory)
     # an engine's executors are the engine's processes, with the engine's environment: an

@@ -183,7 +183,7 @@ def test_resuming_a_version_1_partial_backup_keeps_version_1(tmp_path):
     w.abort()  # killed: a partial backup whose frames hold version 1 records
     bw.abort()
     bw = a.resume_backup()
-    w = VBucketWriter(a.path, bw.id, 0, ArchivePosition.at(W, 0), [(W, 0)], resume=True)
+    w = VBucketWriter(a, bw.id, 0, ArchivePosition.at(W, 0), [(W, 0)], resume=True)
     assert w.version == 1 and 0 < w.position.seqno <= 100
     at = w.position.seqno
     w.marker(at + 1, at + 1)
@@ -204,7 +204,7 @@ def test_deferred_sync_writer_leaves_the_same_files(tmp_path):
     bw = a.begin_backup("full", block_size=2000, segment_bytes=3000)
     sums = []
     for vb, sync in ((0, True), (1, False)):
-        w = VBucketWriter(a.path, bw.id, vb, ArchivePosition.at(W, 0), [(W, 0)], sync=sync)
+        w = VBucketWriter(a, bw.id, vb, ArchivePosition.at(W, 0), [(W, 0)], sync=sync)
         w.marker(1, 400)
         for s in range(1, 401):
             w.mutation(s, 1, s, 0, 0, 1, b"k%d" % s, os.urandom(20).hex().encode())
@@ -263,7 +263,7 @@ def test_open_writers_keep_to_the_block_budget_together(tmp_path):
         return out
 
     events = [(3, 0, s, 1, s, 0, 0, 1, b"k%d" % s, os.urandom(1000)) for s in range(1, 301)]
-    ws = [VBucketWriter(a.path, bw.id, vb, ArchivePosition.at(W, 0), [(W, 0)], block_budget=budget)
+    ws = [VBucketWriter(a, bw.id, vb, ArchivePosition.at(W, 0), [(W, 0)], block_budget=budget)
           for vb in range(8)]
     for w in ws:
         w.marker(1, 300)
@@ -281,7 +281,7 @@ def test_open_writers_keep_to_the_block_budget_together(tmp_path):
     sizes = [len(c) for c in frames_of(sums[0])]
     # frames of a run or two (at least MIN_BLOCK_SIZE of content), not one of 300 KB
     assert len(sizes) >= 2 and max(sizes) < 160 << 10, sizes
-    alone = VBucketWriter(a.path, bw.id, 0, ArchivePosition.at(W, 0), [(W, 0)], block_budget=budget)
+    alone = VBucketWriter(a, bw.id, 0, ArchivePosition.at(W, 0), [(W, 0)], block_budget=budget)
     alone.marker(1, 300)
     alone.mutation_events(events)
     assert len(frames_of(alone.close(ArchivePosition.at(W, 300)))) == 1

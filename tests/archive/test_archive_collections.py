@@ -124,7 +124,7 @@ def test_a_partial_backup_with_system_events_resumes_after_them(tmp_path):
     bw = a.resume_backup()
     assert json.loads((bw.dir / "backup.json").read_text())["collections"] == \
         _manifest().to_json()
-    w = VBucketWriter(a.path, bw.id, 0, ArchivePosition.at(W, 0), [(W, 0)], resume=True)
+    w = VBucketWriter(a, bw.id, 0, ArchivePosition.at(W, 0), [(W, 0)], resume=True)
     at = w.position.seqno
     assert 0 < at <= 40 and at % 4 == 0
     kept = w.counts()["system_events"]

@@ -23,18 +23,14 @@ W = 0xA1A1_0000_0000_0001
 
 @pytest.fixture(autouse=True)
 def passphrase(monkeypatch):
-    """The passphrase in the environment, and no key left over from another test."""
-    crypto.forget_keys()
+    """The passphrase in the environment (no key outlives the handle that holds it)."""
     monkeypatch.setenv(crypto.PASSPHRASE_ENV, PASS)
     monkeypatch.delenv(crypto.PASSPHRASE_FILE_ENV, raising=False)
     yield
-    crypto.forget_keys()
-    crypto.set_passphrase_file(None)
 
 
 def encrypted_chain(path, rounds: int = 4) -> list[str]:
-    crypto.request_encryption(path, PASS)
-    return _chain(path, rounds)
+    return _chain(path, rounds, passphrase=PASS)
 
 
 def test_encrypted_chain_reads_like_a_plain_one_and_hides_the_documents(tmp_path):
@@ -69,7 +65,6 @@ def test_encrypted_chain_reads_like_a_plain_one_and_hides_the_documents(tmp_path
 def test_a_new_process_needs_the_passphrase(tmp_path, monkeypatch):
     encrypted_chain(tmp_path / "enc", rounds=2)
     state = _state(Archive.open(tmp_path / "enc"))
-    crypto.forget_keys()
     monkeypatch.setenv(crypto.PASSPHRASE_ENV, "not it")
     with pytest.raises(crypto.WrongPassphraseError, match="wrong passphrase"):
         Archive.open(tmp_path / "enc")
@@ -79,11 +74,9 @@ def test_a_new_process_needs_the_passphrase(tmp_path, monkeypatch):
     # a passphrase file (its first line)
     pf = tmp_path / "pass.txt"
     pf.write_text(PASS + "\nignored\n")
-    crypto.set_passphrase_file(pf)
-    assert _state(Archive.open(tmp_path / "enc")) == state
+    assert _state(Archive.open(tmp_path / "enc",
+                               passphrase=crypto.PassphraseSource(file=str(pf)))) == state
     # files read without a loaded key fail with a clear error, not garbage
-    crypto.forget_keys()
-    crypto.set_passphrase_file(None)
     bdir = next((tmp_path / "enc" / "backups").iterdir())
     with pytest.raises(crypto.PassphraseMissingError):
         list(iter_file_records(bdir / "vb-0000-000.mpk.zst"))
@@ -96,17 +89,16 @@ def test_passphrase_change_without_rewriting_data(tmp_path, monkeypatch):
     state = _state(a)
     before = {n: d for n, d in tree_bytes(root).items() if n.startswith("backups/")}
     [old] = crypto.list_keys(a.path, a.meta)
-    new = crypto.add_key(a.path, a.meta, "a new passphrase", "2099-01-01T00:00:00.000000Z")
+    new = crypto.add_key(a.path, a.meta, a.key, "a new passphrase",
+                         "2099-01-01T00:00:00.000000Z")
     assert {k["id"] for k in crypto.list_keys(a.path, a.meta)} == {old["id"], new["id"]}
     with pytest.raises(ArchiveError, match="no key"):
-        crypto.remove_key(a.path, a.meta, "0000")
-    crypto.remove_key(a.path, a.meta, old["id"])
+        crypto.remove_key(a.path, a.meta, a.key, "0000")
+    crypto.remove_key(a.path, a.meta, a.key, old["id"])
     with pytest.raises(ArchiveError, match="last key"):
-        crypto.remove_key(a.path, a.meta, new["id"])
-    crypto.forget_keys()
+        crypto.remove_key(a.path, a.meta, a.key, new["id"])
     with pytest.raises(crypto.WrongPassphraseError):
         Archive.open(root)  # the old passphrase no longer opens it
-    crypto.forget_keys()
     monkeypatch.setenv(crypto.PASSPHRASE_ENV, "a new passphrase")
     a = Archive.open(root)
     assert _state(a) == state
@@ -128,7 +120,7 @@ def test_a_tampered_frame_manifest_key_file_and_archive_json_are_each_detected(t
     root = tmp_path / "enc"
     ids = encrypted_chain(root, rounds=2)
     a = Archive.open(root)
-    crypto.add_key(a.path, a.meta, "second", "2099-01-01T00:00:00.000000Z")
+    crypto.add_key(a.path, a.meta, a.key, "second", "2099-01-01T00:00:00.000000Z")
     assert verify_archive(root).ok
     bdir = a.backup_dir(ids[0])
 
@@ -140,7 +132,7 @@ def test_a_tampered_frame_manifest_key_file_and_archive_json_are_each_detected(t
     assert mine and all("tampered" in p.message for p in mine), [str(p) for p in mine]
     assert {p.path for p in report.problems} == {str(data_file)}, [str(p) for p in report.problems]
     with pytest.raises(CorruptFileError, match="tampered"):
-        list(iter_file_records(data_file))
+        list(iter_file_records(data_file, key=a.key))
     _flip(data_file, 60)
 
     # a manifest
@@ -176,7 +168,6 @@ def test_a_tampered_frame_manifest_key_file_and_archive_json_are_each_detected(t
     meta = json.loads((root / "archive.json").read_text())
     meta["vbuckets"] = 8
     (root / "archive.json").write_text(json.dumps(meta))
-    crypto.forget_keys()
     with pytest.raises(CorruptFileError, match="archive.json.*tampered"):
         Archive.open(root)
 
@@ -198,7 +189,7 @@ def test_frames_cannot_be_moved_or_swapped_and_files_cannot_go_plain(tmp_path):
     saved = f1.read_bytes()
     f1.write_bytes(f0.read_bytes())
     with pytest.raises(CorruptFileError, match="tampered"):
-        list(iter_file_records(f1))
+        list(iter_file_records(f1, key=a.key))
     f1.write_bytes(saved)
     # a plain manifest slipped into the encrypted archive
     m1.write_bytes(json.dumps(a.manifest(ids[1])).encode())
@@ -236,7 +227,7 @@ def test_a_torn_encrypted_partial_backup_recovers_and_resumes(tmp_path):
     # the writer sealed the file's frames under one subkey (one salt); the frame that
     # recovery cut and sealed again got a fresh one
     with storage.open_read(path1) as f:
-        offsets = [o for o, _n, _fr in scan_stored_frames(f, str(path1))]
+        offsets = [o for o, _n, _fr in scan_stored_frames(f, str(path1), key=a.key)]
     raw = path1.read_bytes()
     salts = [raw[o + 9:o + 25] for o in offsets]
     assert len(set(salts[:-1])) == 1 and len(salts) > 2
@@ -247,13 +238,13 @@ def test_keys_travel_to_tasks_but_never_show(tmp_path, monkeypatch):
     encrypted_chain(root, rounds=1)
     a = Archive.open(root)
     want = len(_state(a)[0])
-    dk = crypto.key_of(a.uuid)
+    dk = a.key
     assert "<secret>" in repr(dk) and dk._key.hex() not in repr(dk)
+    assert dk._key.hex() not in repr(a)
     with pytest.raises(TypeError):
         pickle.dumps(dk)
-    # what run_tasks ships to an executor: the task function with the driver's keys
-    shipped = pickle.dumps(crypto.carrying_keys(_Task(str(root))))
-    crypto.forget_keys()
+    # what run_tasks ships to an executor: a task holding the opened archive (its key in it)
+    shipped = pickle.dumps(_Task(a))
     monkeypatch.delenv(crypto.PASSPHRASE_ENV)
     with pytest.raises(crypto.PassphraseMissingError):
         _Task(str(root))(0)
@@ -261,18 +252,18 @@ def test_keys_travel_to_tasks_but_never_show(tmp_path, monkeypatch):
 
 
 class _Task:
-    def __init__(self, root: str):
-        self.root = root
+    def __init__(self, archive):
+        self.archive = archive
 
     def __call__(self, vb: int) -> int:
-        return len(Archive.open(self.root).resolve_vbucket(vb))
+        a = self.archive if isinstance(self.archive, Archive) else Archive.open(self.archive)
+        return len(a.resolve_vbucket(vb))
 
 
 def test_encrypted_archive_on_s3(s3, monkeypatch):
     server, bucket = s3
     url = f"s3://{bucket}/enc"
-    crypto.request_encryption(url, PASS)
-    ids = _chain(url, rounds=3)
+    ids = _chain(url, rounds=3, passphrase=PASS)
     a = Archive.open(url)
     assert a.encrypted
     state = _state(a)
@@ -286,7 +277,6 @@ def test_encrypted_archive_on_s3(s3, monkeypatch):
         assert b"k0-1" not in body and b"sha256" not in body, k
     assert verify_archive(url).ok
     _merge(a, last=ids[1])
-    crypto.forget_keys()
     a = Archive.open(url)
     assert _state(a) == state and verify_archive(url).ok
     # a changed byte in an object is reported for that object
@@ -306,8 +296,7 @@ def test_remove_and_prune_on_an_encrypted_archive(tmp_path):
     from dcptool.archive.retention import Policy, remove_archive_backups, select_prune
 
     root = tmp_path / "enc"
-    crypto.request_encryption(root, PASS)
-    archive, ids, model = make_chain(root, times40()[:8], fulls={0, 5})
+    archive, ids, model = make_chain(root, times40()[:8], fulls={0, 5}, passphrase=PASS)
     assert archive.encrypted
     with archive.lock("remove"):
         res = remove_archive_backups(archive, [ids[0], ids[3]])
@@ -321,7 +310,6 @@ def test_remove_and_prune_on_an_encrypted_archive(tmp_path):
     for name, data in tree_bytes(root).items():
         assert b"k0-" not in data and b'"new"' not in data, name
     # a new process (no key loaded) reads what is left only with the passphrase
-    crypto.forget_keys()
     assert len(Archive.open(root).committed_ids()) >= 2
 
 
@@ -331,22 +319,19 @@ def test_new_key_files_use_owasp_scrypt_cost_and_old_cost_files_still_open(tmp_p
     change) opens the archive all the same."""
     assert (crypto.SCRYPT_N, crypto.SCRYPT_R, crypto.SCRYPT_P) == (1 << 17, 8, 1)
     root = tmp_path / "enc"
-    crypto.request_encryption(root, PASS)
-    _chain(root, 1)
+    _chain(root, 1, passphrase=PASS)
     a = Archive.open(root)
     (first,) = crypto.list_keys(a.path, a.meta)
     assert first["kdf"] == {"name": "scrypt", "n": 1 << 17, "r": 8, "p": 1}
     # a key file as the earlier release wrote it: N=2^15
-    dk = crypto.unlock(a.path, a.meta)
+    dk, _key_id = crypto.unlock(a.path, a.meta)
     old = crypto.make_key_file(a.meta["uuid"], dk, "old cost", n=1 << 15, created="2020")
     assert old["kdf"]["n"] == 1 << 15
     crypto.write_key_file(a.path, old)
-    crypto.remove_key(a.path, a.meta, first["id"])
-    crypto.forget_keys()
+    crypto.remove_key(a.path, a.meta, a.key, first["id"])
     with pytest.raises(crypto.WrongPassphraseError):
         Archive.open(root)
-    crypto.forget_keys()
     monkeypatch.setenv(crypto.PASSPHRASE_ENV, "old cost")
     a = Archive.open(root)
-    assert crypto.opened_with(a.meta["uuid"]) == old["id"]
+    assert a.key_id == old["id"]
     assert verify_archive(root).ok

@@ -29,10 +29,10 @@ def _mut(s: int, key: bytes, v: int) -> tuple:
     return (3, s, s, T0 + s, 0, 0, 1, key, b'{"v":%d}' % v, None)
 
 
-def _chain(path, rounds: int = 4) -> list[str]:
+def _chain(path, rounds: int = 4, passphrase: str | None = None) -> list[str]:
     """`rounds` backups: a full one with 20 documents per vbucket, then incrementals that
-    update 5 of them, delete one and add 3."""
-    a = Archive.create(path, bucket="default", vbuckets=VBS)
+    update 5 of them, delete one and add 3 (an encrypted archive with `passphrase`)."""
+    a = Archive.create(path, bucket="default", vbuckets=VBS, passphrase=passphrase)
     seq = [0] * VBS
     ids = []
     for n in range(rounds):

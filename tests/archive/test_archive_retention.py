@@ -103,8 +103,9 @@ def add_backup(archive: Archive, model: Model, i: int, when: datetime, full: boo
     return bid
 
 
-def make_chain(path, times=None, fulls=FULLS) -> tuple[Archive, list[str], Model]:
-    archive = Archive.create(path, bucket="default", vbuckets=VBS)
+def make_chain(path, times=None, fulls=FULLS,
+               passphrase: str | None = None) -> tuple[Archive, list[str], Model]:
+    archive = Archive.create(path, bucket="default", vbuckets=VBS, passphrase=passphrase)
     model = Model()
     ids = [add_backup(archive, model, i, t, i in fulls) for i, t in enumerate(times or times40())]
     return archive, ids, model

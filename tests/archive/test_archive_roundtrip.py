@@ -117,7 +117,7 @@ def test_records_round_trip_every_field(tmp_path, version):
 def test_summary_shape_done_file_and_manifest(tmp_path):
     a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=4)
     bw = a.begin_backup("full")
-    w = VBucketWriter(a.path, bw.id, 1, {"uuid": W, "seqno": 0, "snap_start": 0, "snap_end": 0},
+    w = VBucketWriter(a, bw.id, 1, {"uuid": W, "seqno": 0, "snap_start": 0, "snap_end": 0},
                       [[W, 0]])
     write_events(w, mutations(1, 50))
     s = w.close(ArchivePosition.at(W, 50))
@@ -199,10 +199,10 @@ def test_writer_built_in_another_process_from_plain_values(tmp_path):
     bw = a.begin_backup("full")
     code = textwrap.dedent(f"""
         import json, sys
-        from dcptool.archive import VBucketWriter
+        from dcptool.archive import Archive, VBucketWriter
         out = []
         for vb in (1, 2):
-            w = VBucketWriter({str(a.path)!r}, {bw.id!r}, vb,
+            w = VBucketWriter(Archive.open({str(a.path)!r}), {bw.id!r}, vb,
                               {{"uuid": 7, "seqno": 0, "snap_start": 0, "snap_end": 0}}, [[7, 0]])
             w.marker(1, 3)
             for s in (1, 2, 3):
@@ -353,6 +353,6 @@ def test_committed_backup_refuses_new_writers(tmp_path):
     m = backup(a, "full", {0: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 3),
                                "events": mutations(1, 3)}})
     with pytest.raises(ArchiveError, match="committed"):
-        VBucketWriter(a.path, m["id"], 0, ArchivePosition.at(W, 0), [])
+        VBucketWriter(a, m["id"], 0, ArchivePosition.at(W, 0), [])
     with pytest.raises(ArchiveError, match="no backup"):
-        VBucketWriter(a.path, "20300101T000000.000000Z", 0, ArchivePosition.at(W, 0), [])
+        VBucketWriter(a, "20300101T000000.000000Z", 0, ArchivePosition.at(W, 0), [])

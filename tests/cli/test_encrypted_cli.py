@@ -197,24 +197,18 @@ def test_prune_and_remove_of_an_encrypted_archive(env, tmp_path):
     from dcptool.archive.verify import verify_archive
 
     root = tmp_path / "enc"
-    crypto.forget_keys()
-    crypto.request_encryption(root, PASS)
+    _archive, ids, _model = make_chain(root, times40()[:8], fulls={0, 5}, passphrase=PASS)
+    r = run(dict(env, DCPTOOL_ARCHIVE_PASSPHRASE="nope"), "prune", str(root),
+            "--keep-last", "2")
+    assert r.returncode == 1 and "wrong passphrase" in one_line(r)
+    r = run(env, "remove", str(root), "--backup", ids[3], "--json")
+    assert r.returncode == 0, r.stderr
+    r = run(env, "prune", str(root), "--keep-last", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["kept"]) == 2
+    os.environ[crypto.PASSPHRASE_ENV] = PASS
     try:
-        _archive, ids, _model = make_chain(root, times40()[:8], fulls={0, 5})
-        r = run(dict(env, DCPTOOL_ARCHIVE_PASSPHRASE="nope"), "prune", str(root),
-                "--keep-last", "2")
-        assert r.returncode == 1 and "wrong passphrase" in one_line(r)
-        r = run(env, "remove", str(root), "--backup", ids[3], "--json")
-        assert r.returncode == 0, r.stderr
-        r = run(env, "prune", str(root), "--keep-last", "2", "--json")
-        assert r.returncode == 0, r.stderr
-        assert len(json.loads(r.stdout)["kept"]) == 2
-        crypto.forget_keys()
-        os.environ[crypto.PASSPHRASE_ENV] = PASS
-        try:
-            assert verify_archive(root).ok
-            assert len(Archive.open(root).committed_ids()) == 2
-        finally:
-            del os.environ[crypto.PASSPHRASE_ENV]
+        assert verify_archive(root).ok
+        assert len(Archive.open(root).committed_ids()) == 2
     finally:
-        crypto.forget_keys()
+        del os.environ[crypto.PASSPHRASE_ENV]

@@ -83,8 +83,9 @@ def test_restore_task_planned_before_a_failover_writes_to_the_promoted_node(ab, 
         src.stop()
     from dcptool.archive import Archive
 
-    backup_id = Archive.open(str(archive)).chain(None)[-1].id
-    task = RestoreTask(opts_for(b), str(archive), backup_id, tuple(range(VBS)), VBS,
+    opened = Archive.open(str(archive))
+    backup_id = opened.chain(None)[-1].id
+    task = RestoreTask(opts_for(b), opened, backup_id, tuple(range(VBS)), VBS,
                        routes={0: addr(a), 1: addr(b), 2: addr(a), 3: addr(b)})
     a.kill()
     send_map([a, b], [[1, -1]] * VBS, rev=2, only=[b])

@@ -20,11 +20,9 @@ PASS = "killed but sealed"
 
 @pytest.fixture(autouse=True)
 def passphrase(monkeypatch):
-    crypto.forget_keys()
     monkeypatch.setenv(crypto.PASSPHRASE_ENV, PASS)
     monkeypatch.delenv(crypto.PASSPHRASE_FILE_ENV, raising=False)
     yield
-    crypto.forget_keys()
 
 
 def test_encrypted_backup_killed_mid_file_and_before_the_manifest_resumes(spark, tmp_path):

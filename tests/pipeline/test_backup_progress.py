@@ -16,7 +16,7 @@ def test_task_progress_advances_with_each_item_before_its_vbucket_ends(tmp_path)
     writer = archive.begin_backup(FULL)
     try:
         plan = {vb: VBucketPlan(vb, ZERO, 100, (), False) for vb in (0, 1)}
-        writers = {vb: VBucketWriter(archive.path, writer.id, vb, ZERO.to_archive(), (),
+        writers = {vb: VBucketWriter(archive, writer.id, vb, ZERO.to_archive(), (),
                                      sync=False) for vb in plan}
         report = TaskProgress(writer.dir, "0", writers, plan, {vb: ZERO for vb in plan},
                               {vb: 0 for vb in plan})

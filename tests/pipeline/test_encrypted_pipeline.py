@@ -23,9 +23,7 @@ PASS = "pipeline passphrase"
 def clean_keys(monkeypatch):
     monkeypatch.delenv(crypto.PASSPHRASE_ENV, raising=False)
     monkeypatch.delenv(crypto.PASSPHRASE_FILE_ENV, raising=False)
-    crypto.forget_keys()
     yield
-    crypto.forget_keys()
 
 
 def test_encrypted_backup_read_and_restore_through_spark(spark, tmp_path, monkeypatch):
@@ -34,27 +32,25 @@ def test_encrypted_backup_read_and_restore_through_spark(spark, tmp_path, monkey
         opts = opts_for(node)
         with opts.connect() as conn:
             load(conn, {f"doc::{i:05d}": {"i": i, "v": 1} for i in range(N)}, VBS)
-        crypto.request_encryption(path, PASS)
-        run_backup(opts, path, spark=spark, watermark=False)
+        run_backup(opts, path, spark=spark, watermark=False, passphrase=PASS)
         with opts.connect() as conn:
             load(conn, {f"doc::{i:05d}": {"i": i, "v": 2} for i in range(100)}, VBS)
             delete(conn, [f"doc::{i:05d}" for i in range(100, 150)], VBS)
-        run_backup(opts, path, spark=spark, watermark=False)
+        run_backup(opts, path, spark=spark, watermark=False, passphrase=PASS)
         expected = node_documents(opts)
-    assert Archive.open(path).encrypted
+    assert Archive.open(path, passphrase=PASS).encrypted
     for f in path.rglob("*.mpk.zst"):
         assert b"doc::" not in f.read_bytes()
 
     # a new driver state: only the passphrase opens it, and the workers get the key
-    crypto.forget_keys()
     monkeypatch.setenv(crypto.PASSPHRASE_ENV, PASS)
-    Archive.open(path)
+    opened = Archive.open(path)
     monkeypatch.delenv(crypto.PASSPHRASE_ENV)
-    assert verify_archive(path).ok
-    df = read_archive(spark, str(path), resolved=True)
+    assert verify_archive(opened).ok
+    df = read_archive(spark, opened, resolved=True)
     rows = df.select("key", "deleted").collect()
     assert len(rows) == N and sum(1 for r in rows if r["deleted"]) == 50
     with NodeProcess(tmp_path / "dst", vbuckets=VBS) as dst:
-        res = run_restore(str(path), opts_for(dst), spark=spark)
+        res = run_restore(opened, opts_for(dst), spark=spark)
         assert res.as_dict()["failed"] == {"mutation": 0, "deletion": 0, "expiration": 0}
         assert node_documents(opts_for(dst)) == expected

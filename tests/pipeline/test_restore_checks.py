@@ -248,17 +248,13 @@ def test_restore_refuses_a_changed_done_file_of_an_encrypted_archive(nodes, tmp_
                                                                       admin, monkeypatch):
     src, _t1024, t64 = nodes
     monkeypatch.setenv(crypto.PASSPHRASE_ENV, PASS)
-    crypto.forget_keys()
-    try:
-        archive = tmp_path / "enc"
-        rc, _out, err = cli(capsys, "backup", archive, "-c", _addr(src), "--encrypt",
-                            "--no-progress")
-        assert rc == 0, err
-        (done,) = [p for p in archive.glob("backups/*/vb-0001.done.json")]
-        _flip(done, 40)
-        _refused(capsys, archive, t64, str(done))
-    finally:
-        crypto.forget_keys()
+    archive = tmp_path / "enc"
+    rc, _out, err = cli(capsys, "backup", archive, "-c", _addr(src), "--encrypt",
+                        "--no-progress")
+    assert rc == 0, err
+    (done,) = [p for p in archive.glob("backups/*/vb-0001.done.json")]
+    _flip(done, 40)
+    _refused(capsys, archive, t64, str(done))
 
 
 def test_restore_refuses_a_changed_end_uuid_in_a_manifest(nodes, archive64, tmp_path, capsys,

@@ -57,7 +57,7 @@ class FakeConsumer:
 def _setup(tmp_path, name, vbs):
     a = Archive.create(tmp_path / name, bucket="b", vbuckets=4)
     bw = a.begin_backup(FULL)
-    writers = {vb: VBucketWriter(str(a.path), bw.id, vb, START, (), ) for vb in vbs}
+    writers = {vb: VBucketWriter(a, bw.id, vb, START, (), ) for vb in vbs}
     return a, bw, writers
 
 
