@@ -205,11 +205,12 @@ class RunLog:
         if self._file is not None or self._closed:
             return self.path
         text = str(archive_dir)
-        if text.startswith("s3://"):
-            # an archive on object storage: the log stays on this machine, under the
-            # cache directory, by bucket and prefix
+        scheme, sep, rest = text.partition("://")
+        if sep and scheme.isalnum():
+            # an archive in a store that is not this machine's files (s3://...): the log
+            # stays on this machine, under the cache directory, by store, bucket and prefix
             cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-            directory = Path(cache, "dcptool", "logs", "s3", *text[5:].strip("/").split("/"))
+            directory = Path(cache, "dcptool", "logs", scheme, *rest.strip("/").split("/"))
         else:
             directory = Path(archive_dir) / LOG_DIR
         try:

@@ -200,7 +200,7 @@ class Archive:
         e.g. a Spark worker's), else with `passphrase`, or one read from the source given
         (--passphrase-file, --passphrase-command), the environment or the prompt."""
         path = storage.location(path)
-        if storage.is_remote(path):
+        if not storage.store_of(path).dirs:
             if not path.is_dir():
                 raise NotAnArchiveError(f"no archive at {path}: no objects under that prefix")
         elif not path.exists():
@@ -589,7 +589,7 @@ class Archive:
         if not isinstance(archive, Archive):
             where = storage.location(archive)
             if not (where / ARCHIVE_JSON).exists() and not (
-                    not storage.is_remote(where) and where.exists() and any(where.iterdir())):
+                    storage.store_of(where).dirs and where.exists() and any(where.iterdir())):
                 return cls.create(archive, bucket=bucket, vbuckets=vbuckets,
                                   passphrase=passphrase), True
             archive = cls.open(archive, passphrase=passphrase)

@@ -31,12 +31,6 @@ from .stores.s3 import CLIENTS as _clients  # noqa: F401  (the S3 clients of thi
 from .stores.s3 import SCHEME, held_in_memory, s3_client
 
 
-def is_remote(path: Any) -> bool:
-    """Whether the location is not on this machine's filesystem (prefer asking the store
-    what it can do: `store_of(path).packs`, `.dirs`, ...)."""
-    return not store_of(path).local
-
-
 def absolute(path: Any) -> Any:
     """The location as any process names it (a local path made absolute)."""
     return store_of(path).absolute(location(path))
@@ -187,7 +181,7 @@ def rename_dir(src: Any, dst: Any, *, last: str | None = None) -> None:
 
 
 __all__ = ["S3Path", "S3Settings", "Member", "StorageError", "NewFile", "Store", "LOCAL",
-           "location", "store_of", "is_remote", "absolute", "pack_cache", "range_held",
+           "location", "store_of", "absolute", "pack_cache", "range_held",
            "held_in_memory", "listdir", "list_sizes", "stat_size", "read_bytes",
            "read_range", "open_read", "file_size", "identity", "age_seconds", "write_new",
            "wait_uploads", "abort_uploads", "put_bytes", "unlink", "remove_tree",

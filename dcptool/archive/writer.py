@@ -625,7 +625,7 @@ class VBucketWriter:
                 self._flush()
             except (OSError, ArchiveError):
                 pass
-            if storage.is_remote(self.dir):
+            if not storage.store_of(self.dir).partial_visible:
                 # an object is complete or absent: a segment cut short is not uploaded
                 # (its vbucket restarts after the last segment that was)
                 out, self._out = self._out, None

@@ -299,7 +299,7 @@ def _open_writers(task: BackupTask, plan: dict[int, VBucketPlan]
     # summaries into done batches: a few objects instead of two per vbucket (packing.py)
     packer = None
     dones: dict[int, Any] = {}
-    if storage.is_remote(archive.path):
+    if storage.store_of(archive.path).packs:
         packer = Packer(bdir, key=archive.key)
         if listing is not None and any(p.resume for p in plan.values()):
             dones = done_summaries(bdir, listing, key=archive.key)
@@ -528,7 +528,7 @@ def _progress_watch(progress, backup_dir, base: dict[str, Any],
                     interval: float = 0.25) -> None:
     """Poll the backup's progress every `interval` seconds: vbuckets done from their done
     files, items and work from the tasks' progress files (see TaskProgress)."""
-    remote = storage.is_remote(backup_dir)
+    remote = storage.store_of(backup_dir).packs
     while not stop.wait(interval):
         tasks = poll_task_progress(backup_dir)
         if remote:  # one listing and a file per task, not a read of every done file

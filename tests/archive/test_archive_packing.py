@@ -128,7 +128,7 @@ def test_flipped_byte_in_a_pack_names_the_member(where):
     pack = storage.location(bw.dir) / f["pack"]
     data = bytearray(storage.read_bytes(pack))
     data[f["offset"] + f["size"] // 2] ^= 0x01
-    if storage.is_remote(pack):
+    if not storage.store_of(pack).local:
         storage.put_bytes(pack, bytes(data))
     else:
         pack.write_bytes(bytes(data))
@@ -276,7 +276,7 @@ def test_encrypted_packed_backup_reads_verifies_and_names_a_changed_member(where
         pack = storage.location(bw.dir) / f["pack"]
         data = bytearray(storage.read_bytes(pack))
         data[f["offset"] + 40] ^= 0x01
-        if storage.is_remote(pack):
+        if not storage.store_of(pack).local:
             storage.put_bytes(pack, bytes(data))
         else:
             pack.write_bytes(bytes(data))

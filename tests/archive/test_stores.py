@@ -81,7 +81,6 @@ def test_the_store_is_chosen_once_from_the_location(where, request):
     assert pickle.loads(pickle.dumps(loc / "a" / "b")) == loc / "a" / "b"
     assert (loc / "a" / "b").parent == loc / "a" and (loc / "a").name == "a"
     assert store_of(Member(loc / "p", 0, 1, "m")) is not None
-    assert storage.is_remote(loc) == (not store_of(loc).local)
 
 
 # -- files ---------------------------------------------------------------------------------------
