@@ -48,9 +48,12 @@ def pytest_configure(config):
 def _cache_bytecode(config) -> None:
     """With PYTHONDONTWRITEBYTECODE set, every `python -m dcptool` the tests start (commands,
     nodes, Spark's Python workers) would compile dcptool and what it imports from source
-    again: give the tests' processes a bytecode cache in a directory of the user's under the
-    temporary directory, kept from run to run (Python checks each file against its source),
-    so nothing is written into the checkout or the installed packages."""
+    again, and this process would rewrite the assertions of every test module again (some
+    20 s of a run, in each xdist worker): give the tests' processes, this one included, a
+    bytecode cache in a directory of the user's under the temporary directory, kept from run
+    to run (Python and pytest check each file against its source), so nothing is written
+    into the checkout or the installed packages."""
+    import sys
     import tempfile
 
     if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
@@ -64,6 +67,10 @@ def _cache_bytecode(config) -> None:
         return
     os.environ["PYTHONPYCACHEPREFIX"] = str(d)
     os.environ.pop("PYTHONDONTWRITEBYTECODE")
+    # the same for this process from here on: the test modules pytest rewrites, and the
+    # modules they import
+    sys.pycache_prefix = str(d)
+    sys.dont_write_bytecode = False
 
 
 @pytest.fixture(scope="session")
