@@ -89,6 +89,56 @@ def spark():
     session.stop()
 
 
+# -- a warm Spark engine --------------------------------------------------------------------
+
+#: what the shared engine's process never gets from the test process's environment: secrets,
+#: object-store credentials, fault injection, a master (its executors would otherwise carry
+#: whatever the test that happened to start it had set)
+_ENGINE_ENV_DROPPED = ("AWS_", "DCPTOOL_S3_", "DCPTOOL_PASSWORD", "DCPTOOL_ARCHIVE_",
+                       "DCPTOOL_FAULT", "DCPTOOL_SPARK_", "DCPTOOL_ENGINE", "NO_COLOR")
+
+
+@pytest.fixture(scope="session")
+def warm_engine():
+    """One `dcptool engine` (a Spark driver with its Python workers warmed up) for the test
+    run, or for each xdist worker, started when a test first asks for it, in a directory of
+    its own (never the run's DCPTOOL_ENGINE_DIR, which other tests' commands use): its path.
+    A command attaches to it only where `on_engine` points DCPTOOL_ENGINE_DIR at it."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="dcpeng-")  # short: a Unix socket's path has a length limit
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_ENV_DROPPED)}
+    env["DCPTOOL_ENGINE_DIR"] = d
+
+    def engine(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "dcptool", "engine", *args], env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=300)
+
+    r = engine("start")
+    if r.returncode != 0:
+        shutil.rmtree(d, ignore_errors=True)
+        pytest.fail(f"dcptool engine start failed: {r.stderr}", pytrace=False)
+    yield d
+    engine("stop", "--now", "--timeout", "30")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def on_engine(warm_engine, monkeypatch):
+    """This test's `python -m dcptool` commands (those started with os.environ, or an env
+    made from it, after this fixture) run their Spark jobs on `warm_engine` instead of
+    starting a JVM each: for tests of what a command does, not of how Spark starts. Not for a
+    test whose commands give their Spark tasks something through the environment (fault
+    injection, S3 credentials, a umask), count processes or time Spark's start."""
+    monkeypatch.setenv("DCPTOOL_ENGINE_DIR", warm_engine)
+    monkeypatch.delenv("DCPTOOL_ENGINE", raising=False)
+    return warm_engine
+
+
 # -- reference node fixtures -------------------------------------------------------------
 
 
