@@ -43,6 +43,31 @@ def pytest_configure(config):
 
     config.add_cleanup(cleanup)
     _cache_bytecode(config)
+    _terminal_env_of_the_controller(config)
+
+
+#: what an xdist worker's environment gets that the run's own did not have: GNU readline,
+#: loaded in the worker, sets COLUMNS and LINES (80x24), and a command run with them lays
+#: its tables out for 80 columns instead of a pipe's 200
+_TERMINAL_ENV = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(pytest-xdist, in the controller) tell each worker the run's own COLUMNS and LINES."""
+    node.workerinput["dcptool_terminal_env"] = {k: os.environ.get(k) for k in _TERMINAL_ENV}
+
+
+def _terminal_env_of_the_controller(config) -> None:
+    """In an xdist worker: COLUMNS and LINES as the run that started it had them."""
+    given = getattr(config, "workerinput", {}).get("dcptool_terminal_env")
+    if given is None:
+        return
+    for k, v in given.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def _cache_bytecode(config) -> None:
