@@ -43,14 +43,42 @@ def pytest_configure(config):
 
     config.add_cleanup(cleanup)
     _cache_bytecode(config)
+    _terminal_env_of_the_controller(config)
+
+
+#: what an xdist worker's environment gets that the run's own did not have: GNU readline,
+#: loaded in the worker, sets COLUMNS and LINES (80x24), and a command run with them lays
+#: its tables out for 80 columns instead of a pipe's 200
+_TERMINAL_ENV = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(pytest-xdist, in the controller) tell each worker the run's own COLUMNS and LINES."""
+    node.workerinput["dcptool_terminal_env"] = {k: os.environ.get(k) for k in _TERMINAL_ENV}
+
+
+def _terminal_env_of_the_controller(config) -> None:
+    """In an xdist worker: COLUMNS and LINES as the run that started it had them."""
+    given = getattr(config, "workerinput", {}).get("dcptool_terminal_env")
+    if given is None:
+        return
+    for k, v in given.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def _cache_bytecode(config) -> None:
     """With PYTHONDONTWRITEBYTECODE set, every `python -m dcptool` the tests start (commands,
     nodes, Spark's Python workers) would compile dcptool and what it imports from source
-    again: give the tests' processes a bytecode cache in a directory of the user's under the
-    temporary directory, kept from run to run (Python checks each file against its source),
-    so nothing is written into the checkout or the installed packages."""
+    again, and this process would rewrite the assertions of every test module again (some
+    20 s of a run, in each xdist worker): give the tests' processes, this one included, a
+    bytecode cache in a directory of the user's under the temporary directory, kept from run
+    to run (Python and pytest check each file against its source), so nothing is written
+    into the checkout or the installed packages."""
+    import sys
     import tempfile
 
     if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
@@ -64,6 +92,10 @@ def _cache_bytecode(config) -> None:
         return
     os.environ["PYTHONPYCACHEPREFIX"] = str(d)
     os.environ.pop("PYTHONDONTWRITEBYTECODE")
+    # the same for this process from here on: the test modules pytest rewrites, and the
+    # modules they import
+    sys.pycache_prefix = str(d)
+    sys.dont_write_bytecode = False
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +112,56 @@ def spark():
     session = get_spark("local[2]", app_name="dcptool-tests")
     yield session
     session.stop()
+
+
+# -- a warm Spark engine --------------------------------------------------------------------
+
+#: what the shared engine's process never gets from the test process's environment: secrets,
+#: object-store credentials, fault injection, a master (its executors would otherwise carry
+#: whatever the test that happened to start it had set)
+_ENGINE_ENV_DROPPED = ("AWS_", "DCPTOOL_S3_", "DCPTOOL_PASSWORD", "DCPTOOL_ARCHIVE_",
+                       "DCPTOOL_FAULT", "DCPTOOL_SPARK_", "DCPTOOL_ENGINE", "NO_COLOR")
+
+
+@pytest.fixture(scope="session")
+def warm_engine():
+    """One `dcptool engine` (a Spark driver with its Python workers warmed up) for the test
+    run, or for each xdist worker, started when a test first asks for it, in a directory of
+    its own (never the run's DCPTOOL_ENGINE_DIR, which other tests' commands use): its path.
+    A command attaches to it only where `on_engine` points DCPTOOL_ENGINE_DIR at it."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="dcpeng-")  # short: a Unix socket's path has a length limit
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_ENV_DROPPED)}
+    env["DCPTOOL_ENGINE_DIR"] = d
+
+    def engine(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "dcptool", "engine", *args], env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=300)
+
+    r = engine("start")
+    if r.returncode != 0:
+        shutil.rmtree(d, ignore_errors=True)
+        pytest.fail(f"dcptool engine start failed: {r.stderr}", pytrace=False)
+    yield d
+    engine("stop", "--now", "--timeout", "30")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def on_engine(warm_engine, monkeypatch):
+    """This test's `python -m dcptool` commands (those started with os.environ, or an env
+    made from it, after this fixture) run their Spark jobs on `warm_engine` instead of
+    starting a JVM each: for tests of what a command does, not of how Spark starts. Not for a
+    test whose commands give their Spark tasks something through the environment (fault
+    injection, S3 credentials, a umask), count processes or time Spark's start."""
+    monkeypatch.setenv("DCPTOOL_ENGINE_DIR", warm_engine)
+    monkeypatch.delenv("DCPTOOL_ENGINE", raising=False)
+    return warm_engine
 
 
 # -- reference node fixtures -------------------------------------------------------------

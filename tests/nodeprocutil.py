@@ -9,6 +9,12 @@ line of the management REST port (`--rest-port 0`: a free one; `rest_port`, and 
 to SIGKILL; `kill()` is an unclean stop; `restart()` stops and starts again on the same
 directory (new ports). The node's stderr goes to `DIR/node.stderr.log` so a failing test
 can show it.
+
+Unless the test passes `--auth-failure-delay` itself, the node runs with
+`--auth-failure-delay 10ms` (TEST_AUTH_FAILURE_DELAY): failed logins are still counted and
+slowed down, but a test that tries many wrong passwords, or that logs in after one, does not
+wait out the default's doubling delays up to 5 s. The tests of the delays themselves
+(tests/security/test_node_attacker.py) give their own.
 """
 from __future__ import annotations
 
@@ -22,6 +28,8 @@ from pathlib import Path
 
 DEFAULT_PASSWORD = "password"
 DEFAULT_USER = "Administrator"
+#: the nodes' --auth-failure-delay unless a test gives one (the smallest the node takes)
+TEST_AUTH_FAILURE_DELAY = "10ms"
 
 
 class NodeStartError(RuntimeError):
@@ -61,6 +69,8 @@ class NodeProcess:
             cmd += ["--rest-port", str(self.rest_port_arg)]
         if self.password is not None:
             cmd += ["--password", self.password]
+        if "--auth-failure-delay" not in self.extra_args:
+            cmd += ["--auth-failure-delay", TEST_AUTH_FAILURE_DELAY]
         return cmd + list(self.extra_args)
 
     def start(self, timeout: float = 60.0) -> "NodeProcess":

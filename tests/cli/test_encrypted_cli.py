@@ -1,7 +1,8 @@
 """Encrypted archives as a user runs them: `dcptool backup --encrypt`, an incremental, the
 readers (info, verify, examine, export), merge, restore into a fresh node, `key`; a wrong
 passphrase, a changed passphrase and changed bytes. Each command is a process of its own,
-against a real node process."""
+against a real node process; on local files their Spark jobs run on a warm `dcptool
+engine`, on S3 each command starts its own Spark."""
 from __future__ import annotations
 
 import json
@@ -26,7 +27,9 @@ PASS = "pass phrase of the encrypted archive"
 
 
 @pytest.fixture
-def env():
+def env(on_engine):
+    # the commands' Spark jobs run on the test run's warm engine (tests/conftest.py): the
+    # data keys go with the tasks, whichever Spark runs them
     e = dict(os.environ, DCPTOOL_PASSWORD="password", DCPTOOL_ARCHIVE_PASSPHRASE=PASS)
     for k in ("DCPTOOL_SPARK_MASTER", "DCPTOOL_FAULT", "NO_COLOR",
               "DCPTOOL_ARCHIVE_PASSPHRASE_FILE"):
