@@ -192,14 +192,7 @@ def run_verify_against(archive_path: Archive | str | os.PathLike[str], opts, *,
     if not manifests:
         raise UsageError(f"archive {archive.path} holds no committed backup to compare")
     chain = archive.chain_ids(manifests, backup)
-    parts: dict[int, list] = {}
-    last_entry: dict[int, dict] = {}
-    for bid in chain:
-        for e in manifests[bid]["vbuckets"]:
-            if vbuckets is not None and e["vbucket"] not in vbuckets:
-                continue
-            parts.setdefault(e["vbucket"], []).append((bid, e))
-            last_entry[e["vbucket"]] = e
+    parts, last_entry = _chain_entries(manifests, chain, vbuckets)
     # a collections connection: a legacy one gets the default collection's high seqnos
     with opts.connect(collections=True) as conn:
         count = vbucket_count(conn)
@@ -216,11 +209,55 @@ def run_verify_against(archive_path: Archive | str | os.PathLike[str], opts, *,
             f"the node has {count} vbuckets and archive {archive.path} has "
             f"{archive.vbucket_count}: each archive vbucket was compared by key with every "
             f"document the node holds whose key maps to it")
+    plan, other = _compare_plan(parts, last_entry, highs, logs, cross)
+    if plan:
+        spark = spark or get_context(master)  # RDD jobs: no session needed
+        # across vbucket counts each task reads all of the node's keys: fewer tasks
+        n = partitions or (1 if cross else 2) * default_parallelism(spark)
+        tasks = [CompareTask(opts, archive.at(archive.path.absolute()),
+                             f"dcptool-verify:{os.getpid()}:{i}", tuple(plan[vb] for vb in g),
+                             max_keys, node_streams=node_streams,
+                             archive_vbuckets=archive.vbucket_count if cross else 0)
+                 for i, g in enumerate(plan_groups(sorted(plan), n))]
+        try:
+            results = run_tasks(spark, reporting_failures(compare_task), tasks)
+        except Exception as exc:
+            raise task_failure(exc, "verify task", None) from None
+        for r in results:
+            report.vbuckets.extend(r)
+        report.vbuckets.sort(key=lambda v: v["vbucket"])
+        _explain(report, plan, other, last_entry, cross, count, archive.vbucket_count)
+    else:
+        report.notes.append("the archive holds no vbucket to compare")
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _chain_entries(manifests: dict, chain: list[str], vbuckets: list[int] | None
+                   ) -> tuple[dict[int, list], dict[int, dict]]:
+    """Each vbucket's (backup id, manifest entry) pairs along the chain, oldest first, and
+    its last entry (restricted to `vbuckets` when given)."""
+    parts: dict[int, list] = {}
+    last_entry: dict[int, dict] = {}
+    for bid in chain:
+        for e in manifests[bid]["vbuckets"]:
+            if vbuckets is not None and e["vbucket"] not in vbuckets:
+                continue
+            parts.setdefault(e["vbucket"], []).append((bid, e))
+            last_entry[e["vbucket"]] = e
+    return parts, last_entry
+
+
+def _compare_plan(parts: dict[int, list], last_entry: dict[int, dict], highs: dict[int, int],
+                  logs: dict, cross: bool) -> tuple[dict[int, VBucketComparePlan], set[int]]:
+    """What to compare of each vbucket, and the vbuckets whose history on the node is not
+    the archive's.
+
+    A vbucket's history is another when the archive's vbucket uuid is not in the node's
+    failover log (a node the archive was restored into, or another node). Its seqnos say
+    nothing about the archive's, so all of the node's documents are compared, and only a
+    vbucket that differs says so."""
     plan: dict[int, VBucketComparePlan] = {}
-    # vbuckets whose history on the node is not the archive's: the archive's vbucket uuid
-    # is not in the node's failover log (a node the archive was restored into, or another
-    # node). Their seqnos say nothing about the archive's, so all of the node's documents
-    # are compared, and only a vbucket that differs says so.
     other: set[int] = set()
     for vb, ps in sorted(parts.items()):
         end = last_entry[vb]["end"]
@@ -243,41 +280,29 @@ def run_verify_against(archive_path: Archive | str | os.PathLike[str], opts, *,
                     notes.append(f"the node's high seqno {high} is below the archive's "
                                  f"{end['seqno']} (the node lost data, or rolled back)")
         plan[vb] = VBucketComparePlan(vb, tuple(ps), end["seqno"], high, upto, tuple(notes))
-    if plan:
-        spark = spark or get_context(master)  # RDD jobs: no session needed
-        # across vbucket counts each task reads all of the node's keys: fewer tasks
-        n = partitions or (1 if cross else 2) * default_parallelism(spark)
-        tasks = [CompareTask(opts, archive.at(archive.path.absolute()),
-                             f"dcptool-verify:{os.getpid()}:{i}", tuple(plan[vb] for vb in g),
-                             max_keys, node_streams=node_streams,
-                             archive_vbuckets=archive.vbucket_count if cross else 0)
-                 for i, g in enumerate(plan_groups(sorted(plan), n))]
-        try:
-            results = run_tasks(spark, reporting_failures(compare_task), tasks)
-        except Exception as exc:
-            raise task_failure(exc, "verify task", None) from None
-        for r in results:
-            report.vbuckets.extend(r)
-        report.vbuckets.sort(key=lambda v: v["vbucket"])
-        for v in report.vbuckets:
-            vb = v["vbucket"]
-            v["history"] = "different" if vb in other else "same"
-            v["compared_to_seqno"] = None if cross else plan[vb].stream_end
-            if cross and not v["match"]:
-                v["notes"].append(
-                    f"the node has {count} vbuckets, the archive {archive.vbucket_count}: the "
-                    f"node's documents whose keys map to archive vbucket {vb} were compared, "
-                    f"changes made after the restore included")
-            elif vb in other and not v["match"]:
-                v["notes"].append(
-                    f"different history: the node's failover log does not hold the archive's "
-                    f"vbucket uuid {last_entry[vb]['end']['uuid']} (a restored or another "
-                    f"node), so every document it holds now was compared, changes made "
-                    f"after the restore included")
-    else:
-        report.notes.append("the archive holds no vbucket to compare")
-    report.seconds = time.monotonic() - t0
-    return report
+    return plan, other
+
+
+def _explain(report: CompareReport, plan: dict[int, VBucketComparePlan], other: set[int],
+             last_entry: dict[int, dict], cross: bool, count: int,
+             archive_vbuckets: int) -> None:
+    """Each compared vbucket's history, the seqno it was compared to, and why a vbucket of
+    another history differs."""
+    for v in report.vbuckets:
+        vb = v["vbucket"]
+        v["history"] = "different" if vb in other else "same"
+        v["compared_to_seqno"] = None if cross else plan[vb].stream_end
+        if cross and not v["match"]:
+            v["notes"].append(
+                f"the node has {count} vbuckets, the archive {archive_vbuckets}: the "
+                f"node's documents whose keys map to archive vbucket {vb} were compared, "
+                f"changes made after the restore included")
+        elif vb in other and not v["match"]:
+            v["notes"].append(
+                f"different history: the node's failover log does not hold the archive's "
+                f"vbucket uuid {last_entry[vb]['end']['uuid']} (a restored or another "
+                f"node), so every document it holds now was compared, changes made "
+                f"after the restore included")
 
 
 __all__ = ["run_verify_against", "CompareReport", "summarise", "entry_hash"]
