@@ -243,14 +243,9 @@ def s3_server(tmp_path_factory):
 def s3(s3_server, monkeypatch):
     """This process set up for `s3_server` (endpoint and credentials in the environment, no
     S3 client cached from before) and a new empty bucket: (server, bucket)."""
-    from dcptool.archive import storage
+    from dcptool.archive.stores.s3 import CLIENTS
+    from s3util import aim_at
 
-    for k in list(os.environ):
-        if k.startswith("AWS_") or k.startswith("DCPTOOL_S3_"):
-            monkeypatch.delenv(k)
-    for k, v in s3_server.env().items():
-        if k.startswith("AWS_"):
-            monkeypatch.setenv(k, v)
-    storage._clients.clear()
+    aim_at(monkeypatch, s3_server)
     yield s3_server, s3_server.new_bucket()
-    storage._clients.clear()
+    CLIENTS.clear()

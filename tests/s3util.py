@@ -19,6 +19,21 @@ import time
 from pathlib import Path
 
 
+def aim_at(mp, server: "S3Server") -> None:
+    """Point this process at `server` through `mp` (a pytest MonkeyPatch): no AWS_* or
+    DCPTOOL_S3_* variable from before, the server's endpoint and credentials instead, and
+    no S3 client cached from before."""
+    from dcptool.archive.stores.s3 import CLIENTS
+
+    for k in list(os.environ):
+        if k.startswith("AWS_") or k.startswith("DCPTOOL_S3_"):
+            mp.delenv(k)
+    for k, v in server.env().items():
+        if k.startswith("AWS_"):
+            mp.setenv(k, v)
+    CLIENTS.clear()
+
+
 def _free_ports(n: int) -> list[int]:
     socks, ports = [], []
     for _ in range(n):

@@ -27,7 +27,6 @@ from typing import Any, BinaryIO
 from .stores import (LOCAL, Member, NewFile, S3Path, S3Settings, StorageError, Store,
                      file_size, location, range_held, store_of)
 from .stores.base import PACKS, PART_BYTES, UPLOADS, named
-from .stores.s3 import CLIENTS as _clients  # noqa: F401  (the S3 clients of this process)
 from .stores.s3 import SCHEME, held_in_memory, s3_client
 
 

@@ -10,7 +10,6 @@ store says it can do (its capabilities) is what it does.
 """
 from __future__ import annotations
 
-import os
 import pickle
 import secrets
 import threading
@@ -26,6 +25,7 @@ from dcptool.archive.packing import Packer
 from dcptool.archive.stores import LOCAL, MEMORY, S3, Member, store_of
 from dcptool.archive.stores.s3 import CLIENTS
 from dcptool.archive.verify import verify_archive
+from s3util import aim_at
 
 STORES = {"local": LOCAL, "s3": S3, "memory": MEMORY}
 
@@ -36,13 +36,7 @@ def s3_bucket(s3_server):
     bucket for the module: each test takes a prefix of its own, and the S3 client is made
     once."""
     mp = pytest.MonkeyPatch()
-    for k in list(os.environ):
-        if k.startswith("AWS_") or k.startswith("DCPTOOL_S3_"):
-            mp.delenv(k)
-    for k, v in s3_server.env().items():
-        if k.startswith("AWS_"):
-            mp.setenv(k, v)
-    CLIENTS.clear()
+    aim_at(mp, s3_server)
     yield s3_server.new_bucket()
     mp.undo()
     CLIENTS.clear()
