@@ -122,10 +122,33 @@ def _key_in(vbs, n, prefix):
                 if vbucket_of(k, n.vbuckets) in vbs)
 
 
+def _wait_streaming(node, proc, vbuckets: int, noop_interval: float, timeout: float = 60) -> None:
+    """Until a DCP producer of `node` with that noop interval streams `vbuckets` vbuckets
+    (a tail started from now that is not streaming yet would miss a write)."""
+    from node.mcbputil import connect
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.stderr.read()
+        with connect(node) as c:
+            st = c.stats("dcp")
+        for k, v in st.items():
+            if k.endswith(":num_streams") and v == str(vbuckets):
+                interval = st.get(k.rsplit(":", 1)[0] + ":noop_interval", "")
+                try:
+                    if float(interval) == noop_interval:
+                        return
+                except ValueError:
+                    pass
+        assert time.monotonic() < deadline, f"the tail streams no vbucket after {timeout}s: {st}"
+        time.sleep(0.1)
+
+
 def test_idle_tail_answers_noops_and_stays_connected(shared_node):
     n = shared_node
     p = _spawn_tail(n, "--vbuckets", "0-3", "--noop-interval", "1", "--count", "1", "--json", "-v")
     try:
+        _wait_streaming(n, p, 4, 1.0)
         time.sleep(3.5)  # three noop intervals without a change
         assert p.poll() is None, p.stderr.read()
         key = _key_in(range(4), n, b"noop")
