@@ -52,6 +52,39 @@ def pytest_configure(config):
 _TERMINAL_ENV = ("COLUMNS", "LINES")
 
 
+#: the modules that take longest (whole minutes of end-to-end scenarios, measured with
+#: --durations), longest first: started first, so that two workers do not end with one of
+#: them alone on a long module while the other has nothing left
+LONGEST_FIRST = (
+    "tests/cluster/test_spark_standalone.py",
+    "tests/cli/test_engine.py",
+    "tests/test_readme.py",
+    "tests/cli/test_s3_cli.py",
+    "tests/cli/test_encrypted_cli.py",
+    "tests/faults/test_soak.py",
+    "tests/cluster/test_doc_cluster.py",
+    "tests/pipeline/test_spark_start.py",
+    "tests/cli/test_quiet_spark.py",
+    "tests/security/test_child_env.py",
+    "tests/faults/test_archive_fuzz.py",
+    "tests/security/test_secrets.py",
+    "tests/security/test_permissions.py",
+    "tests/cli/test_progress_numbers.py",
+    "tests/faults/test_dcptool_killed.py",
+    "tests/faults/test_encrypted_killed.py",
+    "tests/pipeline/test_stream.py",
+    "tests/cli/test_help.py",
+    "tests/security/test_role_preflight.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest modules first (LONGEST_FIRST), then the others in their order; the tests
+    of a module keep theirs."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     """(pytest-xdist, in the controller) tell each worker the run's own COLUMNS and LINES."""
