@@ -131,6 +131,20 @@ def _cache_bytecode(config) -> None:
     sys.dont_write_bytecode = False
 
 
+@pytest.fixture(autouse=True)
+def _process_wide_output_as_at_start():
+    """A command run in-process (`cli(...)`, `main([...])`) sets process-wide output state:
+    verbosity (and with it the run logs' echo on stderr) and JSON errors. Each test starts
+    from the defaults, whatever ran before it on the same worker."""
+    from dcptool.cli import output
+
+    output.set_verbosity(output.NORMAL)
+    output.set_json_errors(False)
+    yield
+    output.set_verbosity(output.NORMAL)
+    output.set_json_errors(False)
+
+
 @pytest.fixture(scope="session")
 def vectors_dir() -> Path:
     vector_files()
