@@ -248,8 +248,9 @@ def run_verify_against(archive_path: Archive | str | os.PathLike[str], opts, *,
                              archive_vbuckets=archive.vbucket_count if cross else 0)
                  for i, g in enumerate(plan_groups(sorted(plan), n))]
         try:
+            # (the archive is only read: the bar counts tasks for a master that is not local)
             results = run_tasks(spark, reporting_failures(compare_task), tasks,
-                                total=sum(task_work(t) for t in tasks), near=archive.path)
+                                total=sum(task_work(t) for t in tasks))
         except Exception as exc:
             raise task_failure(exc, "verify task", None) from None
         for r in results:

@@ -69,12 +69,13 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
                         key_travels=archive.key is not None)
     try:
         # a command's progress bar, if it draws one: the records the tasks read out of
-        # the archive's (those of the entries read), else the tasks done
+        # the archive's (those of the entries read), else the tasks done (the archive is
+        # only read: no progress files in it for a master that is not local)
         total = 0
         if progress.active():
             total = sum(sum(unit_records(p)) for p in plan_scan(
                 archive, backup=backup, vbuckets=vbuckets, resolved=resolved, partitions=1))
-        with progress.watch_files(spark, total, "records", near=archive.path) as files:
+        with progress.watch_files(spark, total, "records") as files:
             df = read_archive(spark, archive, backup=backup, resolved=resolved,
                               vbuckets=vbuckets, partitions=partitions, progress_files=files)
             writer = df.write.mode("overwrite" if (overwrite or out.exists())

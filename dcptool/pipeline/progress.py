@@ -11,8 +11,10 @@ and the driver sums the files every `interval` seconds (`poll_files`, `watch_fil
 file, not a Spark accumulator (whose updates reach the driver only when a task ends, so a
 bar would move per task) nor a socket to the driver (executors of a cluster may not reach
 it). With a local master the directory is a temporary one of this machine; with another
-master it is in the archive (a store every executor reaches); when the driver cannot make
-it the bar counts tasks. The task side is `counting` (installed by `run_tasks` around a
+master it is in the directory the command writes (`near`: a merge's staging directory,
+which every executor reaches); a command that only reads the archive (restore, export,
+verify --against) writes nothing into it, and with another master, or when the driver
+cannot make the directory, the bar counts tasks. The task side is `counting` (installed by `run_tasks` around a
 task when the driver watches files) and `add`: a task that runs without one reports
 nothing and pays nothing. The interval is DCPTOOL_PROGRESS_INTERVAL seconds (default
 0.25). `backup` writes the same files (its `TaskProgress` is a TaskReporter).

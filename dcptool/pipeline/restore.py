@@ -744,9 +744,10 @@ def _run_restore_tasks(rl: RunLog, archive: Archive, chain: list[Any], held: lis
     rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master, len(tasks),
             time.monotonic() - ts)
     try:
+        # (the archive is only read: no progress files in it for a master that is not
+        # local, whose tasks the bar counts instead)
         results = run_tasks(spark, reporting_failures(restore_task), tasks,
-                            total=sum(chain_records(chain, vb) for vb in held),
-                            near=archive.path)
+                            total=sum(chain_records(chain, vb) for vb in held))
     except Exception as exc:
         raise task_failure(exc, "restore task",
                            "the restore can be rerun: it is idempotent") from None
