@@ -138,6 +138,19 @@ def test_spark_commands_draw_a_bar_of_records_that_ends_at_100(archive, shared_n
         assert rc == 0, screen
         assert_counted(screen, label, total)
         assert "Traceback" not in screen
+
+    # where the tasks cannot report (here: no temporary directory for their files), the bar
+    # counts Spark's tasks and says so
+    import tempfile
+
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))
+        rc, out, screen = on_terminal(monkeypatch, "restore", archive, "--dry-run", "-c",
+                                      target, "--partitions", "3")
+    assert rc == 0, screen
+    seen = counts(screen, "dry run")
+    assert seen and {(t, u) for _d, t, u in seen} == {(3, "tasks")}, screen
+    assert seen[-1] == (3, 3, "tasks") and percentages(screen, "dry run")[-1] == 100, screen
     # --json and --no-progress: nothing drawn
     rc, out, screen = on_terminal(monkeypatch, "restore", archive, "--dry-run", "-c", target,
                                   "--json")
