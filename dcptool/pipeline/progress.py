@@ -14,10 +14,11 @@ it). With a local master the directory is a temporary one of this machine; with 
 master it is in the directory the command writes (`near`: a merge's staging directory,
 which every executor reaches); a command that only reads the archive (restore, export,
 verify --against) writes nothing into it, and with another master, or when the driver
-cannot make the directory, the bar counts tasks. The task side is `counting` (installed by `run_tasks` around a
-task when the driver watches files) and `add`: a task that runs without one reports
-nothing and pays nothing. The interval is DCPTOOL_PROGRESS_INTERVAL seconds (default
-0.25). `backup` writes the same files (its `TaskProgress` is a TaskReporter).
+cannot make the directory, the bar counts tasks. The task side is `counting` (installed
+by `run_tasks` around a task when the driver watches files) and `add`: a task that runs
+without one reports nothing and pays nothing. The interval is DCPTOOL_PROGRESS_INTERVAL
+seconds (default 0.25). `backup`'s tasks write such files too, in the backup's directory
+(its `TaskProgress` is a TaskReporter), and its own bar sums them.
 
 Tasks: how many of the job's tasks are done out of how many (`watch_tasks`, which polls
 Spark's status tracker in a thread): a task is counted done when Spark says it is, so the

@@ -210,12 +210,12 @@ def test_export_draws_a_bar_of_records_that_ends_at_100(archive, tmp_path):
     assert "exported 402 records" in out
 
 
-def test_merge_and_prune_draw_a_bar_of_records_that_ends_at_100(shared_node, spark, tmp_path,
+def test_merge_prune_and_remove_draw_a_bar_of_records_that_ends_at_100(shared_node, spark, tmp_path,
                                                                monkeypatch, quick_progress):
     from dcptool.archive import Archive
 
     path = tmp_path / "archive"
-    for i in range(3):
+    for i in range(4):
         with opts_for(shared_node).connect() as conn:
             load(conn, {f"m::{i}::{j}": {"i": i} for j in range(100)}, VBS)
         run_backup(opts_for(shared_node), path, spark=spark, watermark=False)
@@ -225,6 +225,12 @@ def test_merge_and_prune_draw_a_bar_of_records_that_ends_at_100(shared_node, spa
         return sum(manifests[b]["totals"]["records"] for b in ids)
 
     # the oldest backup is merged into the next: the records of both are read
+    ids = Archive.open(path).committed_ids()
+    total = records(ids[:2])
+    rc, out, screen = on_terminal(monkeypatch, "remove", path, "--backup", ids[0],
+                                  "--partitions", "1")
+    assert rc == 0, screen
+    assert_counted(screen, "remove", total)
     total = records(Archive.open(path).committed_ids()[:2])
     rc, out, screen = on_terminal(monkeypatch, "prune", path, "--keep-last", "2",
                                   "--partitions", "1")
