@@ -122,7 +122,7 @@ def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
     else:
         ends = {vb: p.stream_end for vb, p in plan.items()}
     streams = {vb: (ZERO, e) for vb, e in ends.items() if e > 0}
-    # the progress bar counts the node's seqnos streamed (each event, the rest once the
+    # the progress bar counts the node's seqnos streamed (one per item, the rest once the
     # streams end) and then the archive's records of each vbucket compared
     node_work = sum(e for _s, e in streams.values())
     counted = progress.counted()
