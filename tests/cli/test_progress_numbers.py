@@ -210,6 +210,17 @@ def test_export_draws_a_bar_of_records_that_ends_at_100(archive, tmp_path):
     assert "exported 402 records" in out
 
 
+@pytest.mark.timeout(900)  # the engine's start-up, when no test of this worker started it
+def test_a_command_on_an_engine_counts_records(archive, shared_node, on_engine):
+    # the engine's Python workers write the progress files; this process reads them
+    rc, out, screen = process_on_terminal(
+        "restore", archive, "--dry-run", "-c", f"{shared_node.host}:{shared_node.port}",
+        "--partitions", "1",
+        env={"DCPTOOL_PASSWORD": shared_node.password, "DCPTOOL_PROGRESS_INTERVAL": "0"})
+    assert rc == 0, screen
+    assert_counted(screen, "dry run", chain_records(archive))
+
+
 def test_merge_prune_and_remove_draw_a_bar_of_records_that_ends_at_100(shared_node, spark, tmp_path,
                                                                monkeypatch, quick_progress):
     from dcptool.archive import Archive
