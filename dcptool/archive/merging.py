@@ -208,14 +208,22 @@ def merge_vbucket(target: MergeTarget, plan: VBucketMergePlan) -> dict[str, Any]
     return summary
 
 
-def merge_vbuckets(target: MergeTarget, plans: Iterable[VBucketMergePlan]) -> list[dict[str, Any]]:
+def merge_vbuckets(target: MergeTarget, plans: Iterable[VBucketMergePlan],
+                   written_one: Callable[[VBucketMergePlan], None] | None = None
+                   ) -> list[dict[str, Any]]:
     """`merge_vbucket` for several vbuckets (one task's). On object storage their small last
     segments and summaries are packed (packing.py: a few objects instead of two per
-    vbucket); every vbucket is read back once the packs are written."""
+    vbucket); every vbucket is read back once the packs are written. `written_one` is
+    called with each plan once its vbucket is written (for a progress bar)."""
+    def each(done: Any, p: VBucketMergePlan) -> Any:
+        if written_one is not None:
+            written_one(p)
+        return done
+
     if not storage.store_of(target.staging).packs:
-        return [merge_vbucket(target, p) for p in plans]
+        return [each(merge_vbucket(target, p), p) for p in plans]
     packer = Packer(target.backup_dir, key=target.archive.key)
-    written = [_write_vbucket(target, p, packer) for p in plans]
+    written = [each(_write_vbucket(target, p, packer), p) for p in plans]
     packer.flush()
     storage.sync_filesystem(storage.location(target.backup_dir))
     with storage.pack_cache():

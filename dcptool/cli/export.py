@@ -19,6 +19,7 @@ manual(
         ("ARCHIVE/", "The archive (read only)."),
         ("OUT/", "The Parquet or JSON lines part files written."),
     ),
+    env=("DCPTOOL_PROGRESS_INTERVAL",),
     see_also=("info", "examine"),
 )
 

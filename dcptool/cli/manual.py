@@ -35,6 +35,8 @@ ENV_DOCS = {
                       "its own Spark).",
     "DCPTOOL_ENGINE_DIR": "Where the dcptool engine keeps its socket, state and log (default "
                           "$XDG_RUNTIME_DIR/dcptool-engine, else ~/.cache/dcptool/engine).",
+    "DCPTOOL_PROGRESS_INTERVAL": "Seconds between the progress reports of a Spark command's "
+                                 "tasks, and between the polls that draw them (default 0.25).",
     "NO_COLOR": "When set to anything but the empty string, output has no colour "
                 "(https://no-color.org). Output that is not a terminal never has colour.",
 }

@@ -21,7 +21,7 @@ manual(
         ("ARCHIVE/logs/merge-TIME.log", "The log of each run (mode 0600). The newest 20 are kept "
                                         "(DCPTOOL_LOG_KEEP)."),
     ),
-    env=("DCPTOOL_LOG_KEEP",),
+    env=("DCPTOOL_LOG_KEEP", "DCPTOOL_PROGRESS_INTERVAL"),
     see_also=("backup", "info", "verify"),
 )
 

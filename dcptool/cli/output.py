@@ -161,8 +161,9 @@ def live_bar(bar) -> Iterator[Any]:
 def spark_progress(label: str, disabled: bool = False) -> Iterator[None]:
     """A progress bar for a Spark command (restore, export, merge, prune, remove, verify
     --against) while the block runs, when `show_progress` allows one: the pipeline's
-    stages ("starting Spark", ...) with no total, then `label` over the Spark tasks done
-    out of their number; it ends at 100% when the block returns (not when it fails)."""
+    stages ("starting Spark", ...) with no total, then `label` over the work done out of
+    its total, in the unit the pipeline reports (records when the tasks report them, else
+    tasks); it ends at 100% when the block returns (not when it fails)."""
     if not show_progress(disabled):
         yield
         return
@@ -170,15 +171,15 @@ def spark_progress(label: str, disabled: bool = False) -> Iterator[None]:
 
     bar = new_bar()
     task = bar.add_task("preparing", total=None, detail="")
-    seen = {"total": None}
+    seen: dict[str, Any] = {"total": None, "unit": "tasks"}
 
     def sink(p: dict[str, Any]) -> None:
-        if p["phase"] == "tasks":
+        if p["phase"] == progress.WORK:
             total = p["total"]
-            seen["total"] = total
+            seen.update(total=total, unit=p["unit"])
             bar.update(task, description=label, total=total, completed=p["done"],
                        detail=f"{p['done']:,}/{total:,} {p['unit']}" if total is not None
-                       else "waiting for Spark's tasks")
+                       else "waiting for Spark's tasks", refresh=True)
         else:
             bar.update(task, description=p["phase"], total=None, completed=0, detail="")
 
@@ -186,7 +187,7 @@ def spark_progress(label: str, disabled: bool = False) -> Iterator[None]:
         yield
         total = seen["total"] or 1
         bar.update(task, description=label, total=total, completed=total,
-                   detail=f"{total:,}/{total:,} tasks" if seen["total"] else "done")
+                   detail=f"{total:,}/{total:,} {seen['unit']}" if seen["total"] else "done")
 
 
 def detail(message: str) -> None:

@@ -25,9 +25,10 @@ _FILES = (
 _EXIT_NOTE = ("A failed or interrupted run leaves a restorable archive; the next remove, prune "
               "or merge finishes what it left.")
 
-manual("remove", exit_codes=(3,), exit_note=_EXIT_NOTE, files=_FILES, env=("DCPTOOL_LOG_KEEP",),
+_ENV = ("DCPTOOL_LOG_KEEP", "DCPTOOL_PROGRESS_INTERVAL")
+manual("remove", exit_codes=(3,), exit_note=_EXIT_NOTE, files=_FILES, env=_ENV,
        see_also=("prune", "merge", "info", "verify"))
-manual("prune", exit_codes=(3,), exit_note=_EXIT_NOTE, files=_FILES, env=("DCPTOOL_LOG_KEEP",),
+manual("prune", exit_codes=(3,), exit_note=_EXIT_NOTE, files=_FILES, env=_ENV,
        see_also=("remove", "merge", "info", "verify"))
 
 KeepLastOpt = Annotated[int, typer.Option(

@@ -24,6 +24,7 @@ manual(
     files=(
         ("ARCHIVE/", "The archive (read only); see docs/archive-format.md."),
     ),
+    env=("DCPTOOL_PROGRESS_INTERVAL",),
     see_also=("backup", "info", "restore"),
 )
 

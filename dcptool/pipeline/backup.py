@@ -25,7 +25,6 @@ the data selected is streamed; incremental backups keep the selection of their c
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -73,6 +72,7 @@ from dcptool.runlog import RunLog
 
 from dcptool.protocol.collections import Manifest
 
+from . import progress
 from .backupdata import (
     chain_selection,
     client_filter,
@@ -364,18 +364,12 @@ def _items(writer) -> int:
 PROGRESS_PREFIX = ".progress-"
 
 
-class TaskProgress:
-    """How far one backup task is, for the driver's progress bar, per item.
-
-    The task rewrites a small JSON file in the backup's directory (first after its first
+class TaskProgress(progress.TaskReporter):
+    """How far one backup task is, for the driver's progress bar, per item: the task's
+    progress file (see pipeline/progress.py: TaskReporter) in the backup's directory,
+    which every executor writes to already. The task writes it first after its first
     batch of events or vbucket end, then at most every `interval` seconds, and once at its
-    end); the
-    driver polls those files (`poll_task_progress`). A file, not a Spark accumulator
-    (whose updates reach the driver only when a task ends, so a bar would move per task)
-    nor a socket to the driver (executors of a cluster may not reach it): the archive is
-    already on a filesystem the driver and every executor share, so this works the same
-    with local[*] and on a cluster. A failed write is ignored: progress never fails a
-    backup.
+    end; the driver polls those files (`poll_task_progress`).
 
     The file holds `items` (streamed by this run), `work` and `work_total`: per vbucket
     the seqnos from its plan's start to its end, done as items arrive (capped at the
@@ -385,22 +379,15 @@ class TaskProgress:
 
     def __init__(self, backup_dir, name: str, writers: dict[int, Any],
                  plan: dict[int, VBucketPlan], starts: dict[int, Position],
-                 base: dict[int, int], interval: float = 0.25):
-        self.path = storage.location(backup_dir) / f"{PROGRESS_PREFIX}{name}.tmp"
+                 base: dict[int, int], interval: float = progress.DEFAULT_INTERVAL):
+        super().__init__(storage.location(backup_dir) / f"{PROGRESS_PREFIX}{name}.tmp",
+                         interval)
         self.writers = writers
         self.base = base
-        self.interval = interval
         # (span of the plan, seqnos a resumed vbucket's files already covered)
         self.spans = {vb: (max(0, int(p.end) - int(p.start.seqno)),
                            max(0, int(starts[vb].seqno) - int(p.start.seqno)))
                       for vb, p in plan.items()}
-        self._next = 0.0
-
-    def __call__(self) -> None:
-        now = time.monotonic()
-        if now >= self._next:
-            self._next = now + self.interval
-            self.write()
 
     def state(self) -> dict[str, int]:
         items = work = total = closed = 0
@@ -413,30 +400,11 @@ class TaskProgress:
             closed += w.closed
         return {"items": items, "work": work, "work_total": total, "vbuckets_closed": closed}
 
-    def write(self) -> None:
-        try:
-            storage.atomic_write_bytes(self.path, json.dumps(self.state()).encode(),
-                                       durable=False)
-        except (OSError, DcptoolError):
-            pass
-
 
 def poll_task_progress(backup_dir) -> dict[str, int]:
     """The sum of every task's progress file in `backup_dir` (see TaskProgress)."""
-    out = {"items": 0, "work": 0, "work_total": 0, "vbuckets_closed": 0}
-    where = storage.location(backup_dir)
-    try:
-        names = [n for n in storage.listdir(where) if n.startswith(PROGRESS_PREFIX)]
-    except (OSError, DcptoolError):
-        return out
-    for n in names:
-        try:
-            d = json.loads(storage.read_bytes(where / n))
-            for k in out:
-                out[k] += int(d.get(k, 0))
-        except (OSError, ValueError, KeyError, TypeError, DcptoolError):
-            continue
-    return out
+    return progress.poll_files(backup_dir, PROGRESS_PREFIX,
+                               ("items", "work", "work_total", "vbuckets_closed"))
 
 
 def write_events(consumer, writers: dict[int, Any], plan: dict[int, VBucketPlan],

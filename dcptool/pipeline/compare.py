@@ -38,6 +38,7 @@ from typing import Any
 from dcptool.archive import REC_MUTATION, Archive, backup_path, storage
 from dcptool.errors import UsageError
 
+from . import progress
 from .datasource import resolve_parts
 from .plans import CompareTask, VBucketComparePlan
 from .runtime import default_parallelism, get_context, plan_groups, run_tasks
@@ -82,6 +83,21 @@ def compare_states(a: dict[bytes, tuple], n: dict[bytes, tuple], limit: int) -> 
     return out
 
 
+def parts_records(parts) -> int:
+    """The records of a vbucket's (backup id, manifest entry) parts."""
+    return sum(int(e["counts"]["records"]) for _bid, e in parts)
+
+
+def task_work(task: CompareTask) -> int:
+    """What the progress bar counts of a task: the seqnos it streams from the node and the
+    records of the archive it resolves (see _compare_task)."""
+    if task.node_streams:
+        node = sum(e for _vb, e in task.node_streams if e > 0)
+    else:
+        node = sum(p.stream_end for p in task.plans if p.stream_end > 0)
+    return node + sum(parts_records(p.parts) for p in task.plans)
+
+
 def compare_task(task: CompareTask) -> list[dict[str, Any]]:
     """Compare one group of vbuckets (see the module docstring)."""
     with storage.pack_cache():  # packs on object storage: each read once, whole
@@ -106,6 +122,11 @@ def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
     else:
         ends = {vb: p.stream_end for vb, p in plan.items()}
     streams = {vb: (ZERO, e) for vb, e in ends.items() if e > 0}
+    # the progress bar counts the node's seqnos streamed (one per item, the rest once the
+    # streams end) and then the archive's records of each vbucket compared
+    node_work = sum(e for _s, e in streams.values())
+    counted = progress.counted()
+    node_done = seen = 0
     if streams:
         config = SessionConfig(name=task.name, no_value=True, consistent=True,
                                collections=True)
@@ -116,6 +137,7 @@ def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
                 for ev in events:
                     kind = ev[EV_KIND]
                     if kind == MUTATION or kind == DELETION or kind == EXPIRATION:
+                        seen += 1
                         vb = ev[EV_VBUCKET]
                         if ev[EV_SEQNO] <= ends[vb]:
                             key = bytes(ev[EV_KEY])
@@ -124,8 +146,13 @@ def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
                                 if vb not in node:
                                     continue
                             node[vb][key] = (ev[EV_REV_SEQNO], ev[EV_CAS], kind != MUTATION)
+                if counted:
+                    n = min(seen - node_done, node_work - node_done)
+                    node_done += n
+                    progress.add(n)
         finally:
             consumer.close()
+    progress.add(node_work - node_done)
     out = []
     for vb in sorted(plan):
         p = plan[vb]
@@ -147,6 +174,7 @@ def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
         if not res["match"]:
             res["differences"] = compare_states(arch, nside, task.max_keys)
         out.append(res)
+        progress.add(parts_records(p.parts))
     return out
 
 
@@ -220,7 +248,9 @@ def run_verify_against(archive_path: Archive | str | os.PathLike[str], opts, *,
                              archive_vbuckets=archive.vbucket_count if cross else 0)
                  for i, g in enumerate(plan_groups(sorted(plan), n))]
         try:
-            results = run_tasks(spark, reporting_failures(compare_task), tasks)
+            # (the archive is only read: the bar counts tasks for a master that is not local)
+            results = run_tasks(spark, reporting_failures(compare_task), tasks,
+                                total=sum(task_work(t) for t in tasks))
         except Exception as exc:
             raise task_failure(exc, "verify task", None) from None
         for r in results:

@@ -46,7 +46,7 @@ def _vbucket_option(vbuckets: str | Iterable[int] | None) -> str | None:
 
 def read_archive(spark, path: Any, *, backup: str | None = None,
                  vbuckets: str | Iterable[int] | None = None, resolved: bool = False,
-                 partitions: int | None = None, values: bool = True):
+                 partitions: int | None = None, values: bool = True, progress_files=None):
     """A DataFrame of an archive's records (one row per mutation, deletion, expiration).
 
     `backup`: only that backup's records, or with `resolved` the state as of that backup.
@@ -56,6 +56,8 @@ def read_archive(spark, path: Any, *, backup: str | None = None,
     each reading a group of vbuckets (default 2x the session's parallelism).
     `values=False` leaves the value column null (faster when only metadata is needed).
     `path`: where the archive is, or the archive opened (`dcptool.archive.Archive`).
+    `progress_files` (a pipeline.progress.ProgressFiles): the tasks count the records they
+    read into it, for a progress bar.
     """
     from dcptool.archive import Archive
     from .runtime import default_parallelism
@@ -80,6 +82,13 @@ def read_archive(spark, path: Any, *, backup: str | None = None,
         check_key_transport(spark)
 
         opts[SECRET_OPTION] = crypto.export_key(archive.key)
+    if progress_files is not None:
+        import json
+
+        from .datasource import PROGRESS_OPTION
+
+        opts[PROGRESS_OPTION] = json.dumps({"dir": progress_files.dir,
+                                            "interval": progress_files.interval})
     for k, v in opts.items():
         if v is not None:
             reader = reader.option(k, v)

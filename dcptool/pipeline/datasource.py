@@ -406,8 +406,9 @@ def resolve_parts(parts: list[tuple[str, Path, dict[str, Any]]], *,
     return recs, [owners[bisect_left(tops, r[1])] for r in recs]
 
 
-def read_partition(part: ScanPartition) -> Iterator[Any]:
-    """pyarrow RecordBatches (schema `arrow_schema()`) of one planned partition.
+def read_partition(part: ScanPartition, on_unit=None) -> Iterator[Any]:
+    """pyarrow RecordBatches (schema `arrow_schema()`) of one planned partition;
+    `on_unit(i)` is called once the partition's unit i is read (for a progress bar).
 
     The cyclic garbage collector is paused while it runs: decoding makes millions of small
     tuples and no reference cycles, and collections over them cost a fifth of the time."""
@@ -415,20 +416,24 @@ def read_partition(part: ScanPartition) -> Iterator[Any]:
     gc.disable()
     try:
         with storage.pack_cache():  # packs on object storage: each read once, whole
-            yield from _read_partition(part)
+            yield from _read_partition(part, on_unit or _nothing)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _read_partition(part: ScanPartition) -> Iterator[Any]:
+def _nothing(_i: int) -> None:
+    pass
+
+
+def _read_partition(part: ScanPartition, on_unit) -> Iterator[Any]:
     archive = part.archive
     root = archive.path
     names = ArchiveNames(archive)
     out = _Batches(values=part.values, names=names)
     validate = part.validate
     if part.resolved:
-        for vb, parts in part.units:
+        for u, (vb, parts) in enumerate(part.units):
             recs, owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in parts],
                                          validate=validate, names=names, key=archive.key)
             for i in range(0, len(recs), BATCH_ROWS):
@@ -436,8 +441,9 @@ def _read_partition(part: ScanPartition) -> Iterator[Any]:
                         items_only=True)
                 if len(out) >= BATCH_ROWS:
                     yield out.flush()
+            on_unit(u)
     else:
-        for bid, entry, cut in part.units:
+        for u, (bid, entry, cut) in enumerate(part.units):
             vb = entry["vbucket"]
             events = _has_events(entry)
             for batch in iter_vbucket_batches(backup_path(root, bid), entry, validate=validate,
@@ -447,6 +453,7 @@ def _read_partition(part: ScanPartition) -> Iterator[Any]:
                 out.add(batch, bid, vb, cut)
                 if len(out) >= BATCH_ROWS:
                     yield out.flush()
+            on_unit(u)
     last = out.flush()
     if last is not None:
         yield last
@@ -500,12 +507,38 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
 SECRET_OPTION = "dcptool.secret"
 
 
+#: the option that asks the Python workers to count the records they read into progress
+#: files (`export` sets it while it draws a bar): JSON {"dir", "interval"} (see
+#: pipeline/progress.py)
+PROGRESS_OPTION = "dcptool.progress"
+
+
+def unit_records(part: ScanPartition) -> list[int]:
+    """The records each unit of a partition reads (its manifest entries' counts): what
+    the progress bar of an export counts."""
+    if part.resolved:
+        return [sum(int(e["counts"]["records"]) for _bid, e in parts)
+                for _vb, parts in part.units]
+    return [int(entry["counts"]["records"]) for _bid, entry, _cut in part.units]
+
+
+def _counted(part: ScanPartition, files) -> Iterator[Any]:
+    """read_partition(part), counting each unit's records into `files` as they are read."""
+    from . import progress
+
+    weights = unit_records(part)
+    with progress.counting(files):
+        yield from read_partition(part, on_unit=lambda i: progress.add(weights[i]))
+
+
 class ArchiveReader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, options: dict[str, str]):
         options = dict(options)
-        self._secret = {str(k).lower(): v for k, v in options.items()}.pop(SECRET_OPTION, None)
+        lower = {str(k).lower(): v for k, v in options.items()}
+        self._secret = lower.pop(SECRET_OPTION, None)
+        self._progress = lower.pop(PROGRESS_OPTION, None)
         self.kw = parse_options({k: v for k, v in options.items()
-                                 if str(k).lower() != SECRET_OPTION})
+                                 if str(k).lower() not in (SECRET_OPTION, PROGRESS_OPTION)})
 
     def __repr__(self) -> str:
         return f"ArchiveReader({self.kw!r})"
@@ -526,6 +559,12 @@ class ArchiveReader(DataSourceReader):  # type: ignore[misc]
         part = partition.value
         if part.archive.key is None and crypto.is_encrypted(part.archive.meta):
             part = dataclasses.replace(part, archive=Archive.open(part.archive.path))
+        if self._progress:
+            import json
+
+            from .progress import ProgressFiles
+
+            return _counted(part, ProgressFiles(**json.loads(self._progress)))
         return read_partition(part)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
                partitions: int | None = None, master: str | None = None,
                spark=None) -> ExportResult:
     from .dataframes import read_archive
+    from .datasource import plan_scan, unit_records
     from . import progress
     from .runtime import check_executors_see, get_spark
 
@@ -66,14 +68,23 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
     check_executors_see(spark, archive.path, name="archive.json",
                         key_travels=archive.key is not None)
     try:
-        df = read_archive(spark, archive, backup=backup, resolved=resolved,
-                          vbuckets=vbuckets, partitions=partitions)
-        writer = df.write.mode("overwrite" if (overwrite or out.exists()) else "errorifexists")
-        with progress.watch_tasks(spark, "tasks"):  # a command's progress bar, if it draws one
-            if fmt == "parquet":
-                writer.parquet(str(out))
-            else:
-                writer.json(str(out))
+        # a command's progress bar, if it draws one: the records the tasks read out of
+        # the archive's (those of the entries read), else the tasks done (the archive is
+        # only read: no progress files in it for a master that is not local)
+        total = 0
+        if progress.active():
+            total = sum(sum(unit_records(p)) for p in plan_scan(
+                archive, backup=backup, vbuckets=vbuckets, resolved=resolved, partitions=1))
+        with progress.watch_files(spark, total, "records") as files:
+            df = read_archive(spark, archive, backup=backup, resolved=resolved,
+                              vbuckets=vbuckets, partitions=partitions, progress_files=files)
+            writer = df.write.mode("overwrite" if (overwrite or out.exists())
+                                   else "errorifexists")
+            with progress.watch_tasks(spark) if files is None else nullcontext():
+                if fmt == "parquet":
+                    writer.parquet(str(out))
+                else:
+                    writer.json(str(out))
     except DcptoolError:
         raise
     except Exception as exc:  # a Spark job failed: its cause, in one line

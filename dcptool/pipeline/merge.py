@@ -25,6 +25,7 @@ from dcptool.archive.merging import (
 )
 from dcptool.runlog import RunLog
 
+from . import progress
 from .runtime import default_parallelism, get_context, plan_groups, run_tasks
 from .tasks import reporting_failures, task_failure
 
@@ -79,13 +80,22 @@ class MergeTask:
     plans: tuple[VBucketMergePlan, ...]
 
 
+def plan_records(plan: VBucketMergePlan) -> int:
+    """The records a merged vbucket is made from (its parts' manifest counts): what the
+    progress bar of a merge counts."""
+    return sum(int(e["counts"]["records"]) for _bdir, e in plan.parts)
+
+
 def merge_task(task: MergeTask) -> list[dict[str, Any]]:
     # no reference cycles are made here: pausing the cyclic collector saves its passes
     # over the millions of record tuples a resolution holds
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return merge_vbuckets(task.target, task.plans)
+        if not progress.counted():
+            return merge_vbuckets(task.target, task.plans)
+        return merge_vbuckets(task.target, task.plans,
+                              lambda p: progress.add(plan_records(p)))
     finally:
         if was_enabled:
             gc.enable()
@@ -106,7 +116,9 @@ def spark_merger(rl: RunLog, spark=None, master: str | None = None,
         tasks = [MergeTask(target, tuple(by_vb[vb] for vb in g))
                  for g in plan_groups(sorted(by_vb), n)]
         try:
-            results = run_tasks(sc, reporting_failures(merge_task), tasks)
+            results = run_tasks(sc, reporting_failures(merge_task), tasks,
+                                total=sum(plan_records(p) for p in plans),
+                                near=target.archive.path)
         except Exception as exc:
             raise task_failure(exc, "merge task",
                                "the archive is unchanged; the merge can be rerun") from None

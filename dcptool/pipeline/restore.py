@@ -47,6 +47,7 @@ from dcptool.protocol.snappy import SNAPPY, plain
 from dcptool.runlog import RunLog
 
 from . import metawriter as mw
+from . import progress
 from .nodeinfo import active_nodes, vbucket_count
 from .collnames import CollectionNames, chain_collections
 from .datafilter import DataSelection, selection, show
@@ -224,6 +225,21 @@ def check_chain_files(archive: Archive, chain, vbuckets) -> tuple[int, int, int,
             time.monotonic() - t0)
 
 
+#: records a restore task writes between two counts for the progress bar
+_COUNT_STEP = 256
+
+
+def chain_records(chain, vbucket: int) -> int:
+    """The records the backups of `chain` hold of `vbucket` (their manifest entries'
+    counts): what the progress bar of a restore counts."""
+    total = 0
+    for b in chain:
+        e = b.entry(vbucket)
+        if e is not None:
+            total += int(e["counts"]["records"])
+    return total
+
+
 def restore_task(task: RestoreTask | tuple) -> RestoreTaskResult:
     """One task: `task` is a RestoreTask, or (RestoreTask, CollectionPlan)."""
     colls = None
@@ -252,15 +268,35 @@ def _restore_task(task: RestoreTask, colls: Any) -> RestoreTaskResult:
         per_vb[vb] = {k: kinds.count(k) for k in mw.WRITE_KINDS}
         return recs
 
+    def counted_records_of(vb):
+        # the bar counts the archive's records of the vbucket (what the driver totals):
+        # as its resolved records are written, and the rest once they all are
+        recs = records_of(vb)
+        weight = chain_records(chain, vb)
+        sent = 0
+        for i in range(0, len(recs), _COUNT_STEP):
+            yield from recs[i:i + _COUNT_STEP]
+            n = min(_COUNT_STEP, len(recs) - i, weight - sent)
+            progress.add(n)
+            sent += n
+        progress.add(weight - sent)
+
     def records():
-        return itertools.chain.from_iterable(map(records_of, task.vbuckets))
+        if not progress.counted():
+            return itertools.chain.from_iterable(map(records_of, task.vbuckets))
+        return itertools.chain.from_iterable(map(counted_records_of, task.vbuckets))
 
     if task.dry_run:
         for rec in records():
             counts.restored[rec[0]] += 1
         out = counts.as_dict()
     elif task.routes:  # a cluster: each vbucket to its active node
-        per_vbucket = ((vb, records_of(vb)) for vb in task.vbuckets)
+        def resolved(vb):
+            recs = records_of(vb)
+            progress.add(chain_records(chain, vb))  # handed to the writers: counted read
+            return recs
+
+        per_vbucket = ((vb, resolved(vb)) for vb in task.vbuckets)
         if task.archive_vbuckets and task.archive_vbuckets != task.node_vbuckets:
             per_vbucket = _by_target_vbucket(per_vbucket, task.node_vbuckets, prefixed)
         out = mw.write_to_actives(task.opts, task.routes, task.node_vbuckets, per_vbucket,
@@ -613,7 +649,7 @@ def _run_restore(rl: RunLog, archive: Archive, opts: ConnOptions | None,
                                     "records": nrecords})
     _log_restore_plan(rl, archive, chain, held, target, o)
     if held:
-        _run_restore_tasks(rl, archive, chain[-1].id, held, target, o, result)
+        _run_restore_tasks(rl, archive, chain, held, target, o, result)
     result.seconds = time.monotonic() - t0
     d = result.counts.as_dict()
     rl.info("%s backup %s in %.2f s: %s %s; skipped %s; failed %s; %d retries",
@@ -688,11 +724,12 @@ def _log_restore_plan(rl: RunLog, archive: Archive, chain: list[Any], held: list
             if target.info else "")
 
 
-def _run_restore_tasks(rl: RunLog, archive: Archive, backup_id: str, held: list[int],
+def _run_restore_tasks(rl: RunLog, archive: Archive, chain: list[Any], held: list[int],
                        target: _RestoreTarget, o: RestoreOptions,
                        result: RestoreResult) -> None:
     """Write (or, dry, count) the vbuckets `held` as Spark tasks; their counts go into
     `result` and the run log."""
+    backup_id = chain[-1].id
     ts = time.monotonic()
     spark = o.spark or get_context(o.master)  # RDD jobs: no session needed
     result.spark_seconds = time.monotonic() - ts
@@ -707,7 +744,10 @@ def _run_restore_tasks(rl: RunLog, archive: Archive, backup_id: str, held: list[
     rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master, len(tasks),
             time.monotonic() - ts)
     try:
-        results = run_tasks(spark, reporting_failures(restore_task), tasks)
+        # (the archive is only read: no progress files in it for a master that is not
+        # local, whose tasks the bar counts instead)
+        results = run_tasks(spark, reporting_failures(restore_task), tasks,
+                            total=sum(chain_records(chain, vb) for vb in held))
     except Exception as exc:
         raise task_failure(exc, "restore task",
                            "the restore can be rerun: it is idempotent") from None

@@ -255,18 +255,29 @@ def check_key_transport(spark) -> None:
                    "see docs/spark.md")
 
 
-def run_tasks(spark, fn, tasks: list) -> list:
+def run_tasks(spark, fn, tasks: list, *, total: int | None = None, unit: str = "records",
+              near: Any = None) -> list:
     """Run `fn` on each of `tasks`, one Spark task each, and return their results in order
-    (a command attached to an engine runs them in its own job group)."""
+    (a command attached to an engine runs them in its own job group).
+
+    A command's progress bar (see pipeline/progress.py) counts what the tasks report with
+    `progress.add` out of `total` `unit` when `total` is given and the tasks can report
+    (progress files in a temporary directory, or under `near` for a master that is not
+    local); otherwise it counts the tasks done."""
     from .engine import set_job_group
 
     sc = context_of(spark)
     set_job_group(sc)
     # the data key of an encrypted archive goes with the tasks (inside the opened archive
-    # they carry); a command's progress bar counts them done (see pipeline/progress.py)
+    # they carry)
     if any(_carries_key(t) for t in tasks):
         check_key_transport(sc)
-    with progress.watch_tasks(sc, "tasks", len(tasks)):
+    if total is not None and progress.active():
+        with progress.watch_files(sc, total, unit, near) as files:
+            if files is not None:
+                return sc.parallelize(tasks, len(tasks)).map(
+                    progress.Counted(fn, files)).collect()
+    with progress.watch_tasks(sc, progress.WORK, len(tasks)):
         return sc.parallelize(tasks, len(tasks)).map(fn).collect()
 
 

@@ -66,6 +66,41 @@ def percentages(text: str, label: str) -> list[int]:
     return [int(p) for p in re.findall(rf"{label}\s.*?(\d+)%", text)]
 
 
+def counts(text: str, label: str) -> list[tuple[int, int, str]]:
+    """(done, total, unit) of each drawing of the bar `label` on the screen."""
+    return [(int(d.replace(",", "")), int(t.replace(",", "")), u)
+            for d, t, u in re.findall(rf"{label}\s.*?\d+%\s+([\d,]+)/([\d,]+) (\w+)", text)]
+
+
+def assert_counted(screen: str, label: str, total: int, unit: str = "records") -> None:
+    """The bar `label` counts `unit` out of `total`, never goes back, is seen between 0 and
+    `total` at least once and ends at total/total (100%)."""
+    seen = counts(screen, label)
+    assert seen, screen
+    assert {(t, u) for _d, t, u in seen} == {(total, unit)}, seen
+    done = [d for d, _t, _u in seen]
+    assert done == sorted(done), done  # never goes back
+    assert any(0 < d < total for d in done), done  # it moved while the tasks ran
+    assert done[-1] == total and percentages(screen, label)[-1] == 100, screen
+
+
+def chain_records(path, backup: str | None = None) -> int:
+    """The records of the manifest entries of the chain of `backup` (default the newest)."""
+    from dcptool.archive import Archive
+
+    archive = Archive.open(path)
+    manifests = archive.manifests()
+    return sum(e["counts"]["records"] for bid in archive.chain_ids(manifests, backup)
+               for e in manifests[bid]["vbuckets"])
+
+
+@pytest.fixture
+def quick_progress(monkeypatch):
+    """Tasks report (and the driver polls) as often as they can: a small run is seen
+    between its start and its end."""
+    monkeypatch.setenv("DCPTOOL_PROGRESS_INTERVAL", "0")
+
+
 @pytest.fixture(scope="module")
 def archive(shared_node, spark, tmp_path_factory):
     """An archive of two backups of the shared node: a full one and a 2-item incremental."""
@@ -79,21 +114,43 @@ def archive(shared_node, spark, tmp_path_factory):
     return path
 
 
-def test_spark_commands_draw_a_bar_that_ends_at_100(archive, shared_node, spark, tmp_path,
-                                                   monkeypatch):
+def test_spark_commands_draw_a_bar_of_records_that_ends_at_100(archive, shared_node, spark,
+                                                              tmp_path, monkeypatch,
+                                                              quick_progress):
+    from dcptool.archive import Archive
+
     monkeypatch.setenv("DCPTOOL_PASSWORD", shared_node.password)
     target = f"{shared_node.host}:{shared_node.port}"
-    for label, args in (
-            ("compare", ("verify", archive, "--against", "-c", target)),
-            ("restore", ("restore", archive, "-c", target, "--force-updates")),
-            ("dry run", ("restore", archive, "--dry-run", "-c", target))):
+    records = chain_records(archive)
+    a = Archive.open(archive)
+    manifests = a.manifests()
+    last = {e["vbucket"]: e["end"]["seqno"] for bid in a.chain_ids(manifests)
+            for e in manifests[bid]["vbuckets"]}
+    # verify --against: the node's seqnos up to where the archive ends, then the records
+    # of the archive it resolves
+    for label, args, total in (
+            ("compare", ("verify", archive, "--against", "-c", target, "--partitions", "1"),
+             sum(last.values()) + records),
+            ("restore", ("restore", archive, "-c", target, "--force-updates",
+                         "--partitions", "1"), records),
+            ("dry run", ("restore", archive, "--dry-run", "-c", target), records)):
         rc, out, screen = on_terminal(monkeypatch, *args)
         assert rc == 0, screen
-        seen = percentages(screen, label)
-        assert seen and seen[-1] == 100, screen
-        assert all(a <= b for a, b in zip(seen, seen[1:])), seen  # never goes back
-        assert re.search(rf"{label}\s.*100%\s+(\d+)/\1 tasks", screen), screen
+        assert_counted(screen, label, total)
         assert "Traceback" not in screen
+
+    # where the tasks cannot report (here: no temporary directory for their files), the bar
+    # counts Spark's tasks and says so
+    import tempfile
+
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))
+        rc, out, screen = on_terminal(monkeypatch, "restore", archive, "--dry-run", "-c",
+                                      target, "--partitions", "3")
+    assert rc == 0, screen
+    seen = counts(screen, "dry run")
+    assert seen and {(t, u) for _d, t, u in seen} == {(3, "tasks")}, screen
+    assert seen[-1] == (3, 3, "tasks") and percentages(screen, "dry run")[-1] == 100, screen
     # --json and --no-progress: nothing drawn
     rc, out, screen = on_terminal(monkeypatch, "restore", archive, "--dry-run", "-c", target,
                                   "--json")
@@ -103,12 +160,12 @@ def test_spark_commands_draw_a_bar_that_ends_at_100(archive, shared_node, spark,
     assert rc == 0 and "%" not in screen
 
 
-def process_on_terminal(*args, columns: int = 120, timeout: float = 600
-                        ) -> tuple[int, str, str]:
+def process_on_terminal(*args, columns: int = 120, timeout: float = 600,
+                        env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """`dcptool ARGS` as a process of its own (its own Spark) with stderr on a
     pseudo-terminal: (exit status, stdout, what the terminal showed, escapes removed)."""
     master, slave = pty.openpty()
-    env = dict(os.environ, COLUMNS=str(columns))
+    env = dict(os.environ, COLUMNS=str(columns), **(env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "dcptool", *map(str, args)], env=env,
                             stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL)
     os.close(slave)
@@ -143,28 +200,58 @@ def process_on_terminal(*args, columns: int = 120, timeout: float = 600
 
 
 @pytest.mark.timeout(900)  # a Spark of its own: its start-up on a busy machine
-def test_export_draws_a_bar_that_ends_at_100(archive, tmp_path):
+def test_export_draws_a_bar_of_records_that_ends_at_100(archive, tmp_path):
     rc, out, screen = process_on_terminal("export", archive, tmp_path / "out", "--format",
-                                          "jsonl", "--master", "local[2]")
+                                          "jsonl", "--master", "local[2]", "--partitions", "1",
+                                          env={"DCPTOOL_PROGRESS_INTERVAL": "0"})
     assert rc == 0, screen
-    seen = percentages(screen, "export")
-    assert seen and seen[-1] == 100 and seen == sorted(seen), screen
+    # the records of every backup's entries (headers and snapshot markers too) are read
+    assert_counted(screen, "export", chain_records(archive))
     assert "exported 402 records" in out
 
 
-def test_merge_and_prune_draw_a_bar_that_ends_at_100(shared_node, spark, tmp_path, monkeypatch):
+@pytest.mark.timeout(900)  # the engine's start-up, when no test of this worker started it
+def test_a_command_on_an_engine_counts_records(archive, shared_node, on_engine):
+    # the engine's Python workers write the progress files; this process reads them
+    rc, out, screen = process_on_terminal(
+        "restore", archive, "--dry-run", "-c", f"{shared_node.host}:{shared_node.port}",
+        "--partitions", "1",
+        env={"DCPTOOL_PASSWORD": shared_node.password, "DCPTOOL_PROGRESS_INTERVAL": "0"})
+    assert rc == 0, screen
+    assert_counted(screen, "dry run", chain_records(archive))
+
+
+def test_merge_prune_and_remove_draw_a_bar_of_records_that_ends_at_100(shared_node, spark, tmp_path,
+                                                               monkeypatch, quick_progress):
+    from dcptool.archive import Archive
+
     path = tmp_path / "archive"
-    for i in range(3):
+    for i in range(4):
         with opts_for(shared_node).connect() as conn:
-            load(conn, {f"m::{i}": {"i": i}}, VBS)
+            load(conn, {f"m::{i}::{j}": {"i": i} for j in range(100)}, VBS)
         run_backup(opts_for(shared_node), path, spark=spark, watermark=False)
-    rc, out, screen = on_terminal(monkeypatch, "prune", path, "--keep-last", "2")
+
+    def records(ids) -> int:
+        manifests = Archive.open(path).manifests()
+        return sum(manifests[b]["totals"]["records"] for b in ids)
+
+    # the oldest backup is merged into the next: the records of both are read
+    ids = Archive.open(path).committed_ids()
+    total = records(ids[:2])
+    rc, out, screen = on_terminal(monkeypatch, "remove", path, "--backup", ids[0],
+                                  "--partitions", "1")
     assert rc == 0, screen
-    assert percentages(screen, "prune")[-1] == 100, screen
+    assert_counted(screen, "remove", total)
+    total = records(Archive.open(path).committed_ids()[:2])
+    rc, out, screen = on_terminal(monkeypatch, "prune", path, "--keep-last", "2",
+                                  "--partitions", "1")
+    assert rc == 0, screen
+    assert_counted(screen, "prune", total)
     assert "keep 2 backups, remove 1 (0 deleted, 1 merged into 1 kept backup)" in out
-    rc, out, screen = on_terminal(monkeypatch, "merge", path)
+    total = records(Archive.open(path).committed_ids())
+    rc, out, screen = on_terminal(monkeypatch, "merge", path, "--partitions", "1")
     assert rc == 0, screen
-    assert percentages(screen, "merge")[-1] == 100, screen
+    assert_counted(screen, "merge", total)
     assert "merged 2 backups" in out
 
 
