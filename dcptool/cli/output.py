@@ -123,17 +123,40 @@ def note(message: str) -> None:
                                                       soft_wrap=True)
 
 
+#: the columns a progress bar leaves free at the right of the terminal: the terminal's echo of
+#: Ctrl-C ("^C", two columns) lands there, after the bar, and does not wrap onto a line of
+#: its own (a bar as wide as the terminal would be pushed up by it, out of reach of the
+#: erasing, and stay on the screen above the line that says what the interruption left)
+BAR_MARGIN = 2
+
+
+class _Narrower:
+    """Render `inner` `margin` columns narrower than the console."""
+
+    def __init__(self, inner: Any, margin: int) -> None:
+        self.inner, self.margin = inner, margin
+
+    def __rich_console__(self, con: Console, options: Any) -> Any:
+        yield from con.render(self.inner,
+                              options.update(width=max(1, options.max_width - self.margin)))
+
+
 def new_bar(detail: bool = True):
     """A rich progress bar on stderr, the one every command draws: the stage, the bar, the
-    percentage, a detail column (counts), the time elapsed. Start it with `live_bar`."""
+    percentage, a detail column (counts), the time elapsed; BAR_MARGIN columns short of the
+    terminal's width. Start it with `live_bar`."""
     from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
                                TimeElapsedColumn)
+
+    class Bar(Progress):
+        def get_renderable(self) -> Any:
+            return _Narrower(super().get_renderable(), BAR_MARGIN)
 
     cols = [TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn()]
     if detail:
         cols.append(TextColumn("{task.fields[detail]}"))
     cols.append(TimeElapsedColumn())
-    return Progress(*cols, console=console(stderr=True))
+    return Bar(*cols, console=console(stderr=True))
 
 
 @contextmanager
