@@ -286,13 +286,15 @@ def timing(seconds: float, startup: float | None = None) -> str:
 
 def print_table(con: Console, columns: list[str], rows: list[list[str]], *,
                 title: str | None = None, right: tuple[str, ...] = (),
-                wrap: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
+                wrap: tuple[str, ...] = (), optional: tuple[str, ...] = (),
+                wrap_at: int = 30) -> None:
     """A table laid out for the width of `con`: every column at full width when the table
     fits; else without the `optional` columns (those that repeat what another says, such
     as a time the backup id holds); else a record view (a block per row: its first cell,
     then `column: value` lines), so no cell is cut off and no column squeezed to nothing.
     A column with no value in any row is left out. Cells may hold rich markup. `wrap`
-    names columns whose cells may wrap (free text), `right` those aligned right."""
+    names columns whose cells may wrap (free text; the table fits when it does with them
+    wrapped at `wrap_at` characters), `right` those aligned right."""
     from rich.markup import render
     from rich.table import Table
 
@@ -318,8 +320,8 @@ def print_table(con: Console, columns: list[str], rows: list[list[str]], *,
 
     wide = con.options.update_width(100_000)
     for names in (cols, [c for c in cols if c not in optional]):
-        # the width the table needs, its free-text columns wrapped at 30 characters
-        if con.measure(table(names, 30), options=wide).maximum <= con.width:
+        # the width the table needs, its free-text columns wrapped at `wrap_at` characters
+        if con.measure(table(names, wrap_at), options=wide).maximum <= con.width:
             con.print(table(names, None))
             return
     if title:
