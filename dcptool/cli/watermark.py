@@ -186,7 +186,7 @@ def list_(
     conn_args: ConnArgs = None,
 ) -> None:
     """List the node's high watermarks: client, instance, vbuckets, lowest and highest
-    seqno, when reported and when it expires (how long ago, in how long; --json: the
+    seqno, when reported and when it expires (how long ago, in how long, with --json the
     times), state (ok, expired or lost) and, per vbucket, how far each holds the purger
     back (old-enough tombstones it keeps, up to which seqno, how long).
 
