@@ -176,6 +176,18 @@ def partials(archive: Path) -> list[Path]:
 # -- without Spark starting: fast ------------------------------------------------------------
 
 
+def test_the_screen_renderer_plays_what_a_terminal_shows():
+    """termutil.render, which the Ctrl-C test below reads the screen with: the cursor waits
+    at the right margin, so what follows a full line wraps; \\r, erasing and moving up."""
+    # a line as wide as the terminal, then the echo of Ctrl-C: the echo starts a new row,
+    # and a redraw from column 0 lands there, leaving the full line above
+    assert render(b"abcd^C\r\x1b[2Kabcd", 4) == ["abcd", "abcd"]
+    # two columns left free: the echo stays on the line, the redraw covers it
+    assert render(b"ab^C\r\x1b[2Kab\r\n\r\x1b[1A\x1b[2Kdone\r\n", 4) == ["done", ""]
+    assert render(b"\x1b[1mbold\x1b[0m x\x1b[?25h\r\x1b[Kno", 10) == ["no"]
+    assert render(b"long line\r\n", 4) == ["long", " lin", "e", ""]
+
+
 def test_unreachable_master_one_line_fast_no_partial_backup_json_too(node, tmp_path):
     archive = tmp_path / "arch"
     master = f"spark://127.0.0.1:{closed_port()}"
