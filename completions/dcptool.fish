@@ -658,7 +658,7 @@ complete -c dcptool -n '__dcptool_at verify' -l passphrase-file -r -F -d 'Read t
 complete -c dcptool -n '__dcptool_at verify' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at verify' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at verify' -F
-complete -c dcptool -n '__dcptool_at watermark' -a 'list' -d 'List the node\'s high watermarks: client, instance, vbuckets, lowest and highest seqno, reported, expires, state (ok, expired or lost) and, per vbucket, how far each holds the purger back (old-enough tombstones it keeps, up to which seqno, how long)'
+complete -c dcptool -n '__dcptool_at watermark' -a 'list' -d 'List the node\'s high watermarks: client, instance, vbuckets, lowest and highest seqno, when reported and when it expires (how long ago, in how long, with --json the times), state (ok, expired or lost) and, per vbucket, how far each holds the purger back (old-enough tombstones it keeps, up to which seqno, how long)'
 complete -c dcptool -n '__dcptool_at watermark' -a 'register' -d 'Register (or renew) a high watermark: the purger keeps every deletion above it'
 complete -c dcptool -n '__dcptool_at watermark' -a 'remove' -d 'Remove a client\'s high watermarks, so the purger no longer waits for it'
 complete -c dcptool -n '__dcptool_at watermark' -s h -l help -d 'Show this message and exit'

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from dcptool.errors import UsageError
 
@@ -252,10 +252,14 @@ def remove_archive_backups(archive: Archive, remove: Iterable[str], *,
                            reasons: Mapping[str, list[str]] | None = None,
                            dry_run: bool = False, strict: bool = False,
                            run_vbuckets: VBucketRunner = merge_here,
-                           level: int | None = None, log: Any = None) -> RemovalResult:
+                           level: int | None = None, log: Any = None,
+                           on_plan: Callable[[RemovalPlan], None] | None = None
+                           ) -> RemovalResult:
     """Remove backups (see the module doc). The caller holds the archive lock (a dry run
     changes nothing and needs none). `strict`: refuse (UsageError) instead of
-    keeping a backup that two kept branches depend on (an explicit `remove --backup`)."""
+    keeping a backup that two kept branches depend on (an explicit `remove --backup`).
+    `on_plan(plan)` runs once the removal is planned, before anything is deleted or
+    merged (a check that may refuse it)."""
     finished = [] if dry_run else finish_interrupted_merges(archive)
     if not dry_run:
         partial = archive.partial_ids()
@@ -276,6 +280,8 @@ def remove_archive_backups(archive: Archive, remove: Iterable[str], *,
     result = RemovalResult(plan, rows, finished_earlier=finished)
     if dry_run:
         return result
+    if on_plan is not None:
+        on_plan(plan)
     if plan.delete:
         if log is not None:
             log.info("deleting %d backups nothing kept depends on: %s", len(plan.delete),

@@ -123,17 +123,40 @@ def note(message: str) -> None:
                                                       soft_wrap=True)
 
 
+#: the columns a progress bar leaves free at the right of the terminal: the terminal's echo of
+#: Ctrl-C ("^C", two columns) lands there, after the bar, and does not wrap onto a line of
+#: its own (a bar as wide as the terminal would be pushed up by it, out of reach of the
+#: erasing, and stay on the screen above the line that says what the interruption left)
+BAR_MARGIN = 2
+
+
+class _Narrower:
+    """Render `inner` `margin` columns narrower than the console."""
+
+    def __init__(self, inner: Any, margin: int) -> None:
+        self.inner, self.margin = inner, margin
+
+    def __rich_console__(self, con: Console, options: Any) -> Any:
+        yield from con.render(self.inner,
+                              options.update(width=max(1, options.max_width - self.margin)))
+
+
 def new_bar(detail: bool = True):
     """A rich progress bar on stderr, the one every command draws: the stage, the bar, the
-    percentage, a detail column (counts), the time elapsed. Start it with `live_bar`."""
+    percentage, a detail column (counts), the time elapsed; BAR_MARGIN columns short of the
+    terminal's width. Start it with `live_bar`."""
     from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
                                TimeElapsedColumn)
+
+    class Bar(Progress):
+        def get_renderable(self) -> Any:
+            return _Narrower(super().get_renderable(), BAR_MARGIN)
 
     cols = [TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn()]
     if detail:
         cols.append(TextColumn("{task.fields[detail]}"))
     cols.append(TimeElapsedColumn())
-    return Progress(*cols, console=console(stderr=True))
+    return Bar(*cols, console=console(stderr=True))
 
 
 @contextmanager
@@ -264,13 +287,15 @@ def timing(seconds: float, startup: float | None = None) -> str:
 
 def print_table(con: Console, columns: list[str], rows: list[list[str]], *,
                 title: str | None = None, right: tuple[str, ...] = (),
-                wrap: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
+                wrap: tuple[str, ...] = (), optional: tuple[str, ...] = (),
+                wrap_at: int = 30) -> None:
     """A table laid out for the width of `con`: every column at full width when the table
     fits; else without the `optional` columns (those that repeat what another says, such
     as a time the backup id holds); else a record view (a block per row: its first cell,
     then `column: value` lines), so no cell is cut off and no column squeezed to nothing.
     A column with no value in any row is left out. Cells may hold rich markup. `wrap`
-    names columns whose cells may wrap (free text), `right` those aligned right."""
+    names columns whose cells may wrap (free text; the table fits when it does with them
+    wrapped at `wrap_at` characters), `right` those aligned right."""
     from rich.markup import render
     from rich.table import Table
 
@@ -296,8 +321,8 @@ def print_table(con: Console, columns: list[str], rows: list[list[str]], *,
 
     wide = con.options.update_width(100_000)
     for names in (cols, [c for c in cols if c not in optional]):
-        # the width the table needs, its free-text columns wrapped at 30 characters
-        if con.measure(table(names, 30), options=wide).maximum <= con.width:
+        # the width the table needs, its free-text columns wrapped at `wrap_at` characters
+        if con.measure(table(names, wrap_at), options=wide).maximum <= con.width:
             con.print(table(names, None))
             return
     if title:

@@ -94,6 +94,17 @@ def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))
 
 
+def _from_now(t: float | None, now: float) -> str:
+    """`5m ago`, `in 1w`: a time of the node's as a person reads a table at a glance, to the
+    nearest unit (a 7-day TTL just renewed expires `in 1w`, not `in 6d`)."""
+    if not t:
+        return "-"
+    s = abs(t - now)
+    half_unit = 0 if s < 120 else 30 if s < 7200 else 1800 if s < 2 * 86400 else 43200
+    text = rough_duration(s + half_unit)
+    return f"in {text}" if t > now else f"{text} ago"
+
+
 @watermark_app.command("register")
 @connection_options(timeout=True)
 def register(
@@ -175,8 +186,9 @@ def list_(
     conn_args: ConnArgs = None,
 ) -> None:
     """List the node's high watermarks: client, instance, vbuckets, lowest and highest
-    seqno, reported, expires, state (ok, expired or lost) and, per vbucket, how far each
-    holds the purger back (old-enough tombstones it keeps, up to which seqno, how long).
+    seqno, when reported and when it expires (how long ago, in how long, with --json the
+    times), state (ok, expired or lost) and, per vbucket, how far each holds the purger
+    back (old-enough tombstones it keeps, up to which seqno, how long).
 
     Example: dcptool watermark list -c 127.0.0.1:11210 --json
     """
@@ -200,6 +212,7 @@ def list_(
         con.print("no high watermarks registered" + (f" as {name}" if name else ""))
         return
     rows = []
+    now = time.time()
     states = {"ok": "ok", "expired": "[yellow]expired[/yellow]", "lost": "[red]lost[/red]"}
     for e in entries:
         holding = e.get("holding") or {}
@@ -210,12 +223,14 @@ def list_(
         else:
             held = "-"
         rows.append([e["name"], e["instance"], states.get(e["state"], e["state"]),
-                     str(len(e["vbuckets"])), str(e["lowest_seqno"]), str(e["highest_seqno"]),
-                     _when(e["reported_at"]), _when(e["expires_at"]), held])
-    # names in full: a table where it fits, a block per watermark where it does not
-    print_table(con, ["name", "instance", "state", "vbuckets", "lowest", "highest", "reported",
+                     str(len(e["vbuckets"])), f"{e['lowest_seqno']}..{e['highest_seqno']}",
+                     _from_now(e["reported_at"], now), _from_now(e["expires_at"], now), held])
+    # names in full: a table where it fits (160 columns: a backup's watermark), a block per
+    # watermark where it does not (80 columns)
+    print_table(con, ["name", "instance", "state", "vbuckets", "seqnos", "reported",
                       "expires", "holding back"], rows,
-                right=("vbuckets", "lowest", "highest"), wrap=("holding back",))
+                right=("vbuckets", "seqnos", "reported", "expires"), wrap=("holding back",),
+                wrap_at=20)
     purge = table.get("purge_seqnos", {})
     details = [(e, vb, h) for e in entries for vb, h in sorted((e.get("holding") or {}).items(),
                                                                 key=lambda kv: int(kv[0]))]
@@ -231,9 +246,9 @@ def list_(
                           str(purge.get(vb, "")), str(h["tombstones"]), str(h["up_to_seqno"]),
                           rough_duration(h["seconds"])])
         print_table(con, ["name", "instance", "vb", "watermark", "purge seqno",
-                          "tombstones kept", "up to seqno", "purgeable for"], drows,
+                          "tombstones", "up to seqno", "purgeable for"], drows,
                     title="per vbucket: what each watermark holds back",
-                    right=("vb", "watermark", "purge seqno", "tombstones kept", "up to seqno",
+                    right=("vb", "watermark", "purge seqno", "tombstones", "up to seqno",
                            "purgeable for"))
         for (n, i), count in shown.items():
             if count > 20:

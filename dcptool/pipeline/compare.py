@@ -41,7 +41,8 @@ from dcptool.errors import UsageError
 from . import progress
 from .datasource import resolve_parts
 from .plans import CompareTask, VBucketComparePlan
-from .runtime import default_parallelism, get_context, plan_groups, run_tasks
+from .runtime import (check_executors_see, default_parallelism, get_context, plan_groups,
+                      run_tasks)
 from .tasks import reporting_failures, task_failure
 
 MASK = (1 << 64) - 1
@@ -240,6 +241,8 @@ def run_verify_against(archive_path: Archive | str | os.PathLike[str], opts, *,
     plan, other = _compare_plan(parts, last_entry, highs, logs, cross)
     if plan:
         spark = spark or get_context(master)  # RDD jobs: no session needed
+        check_executors_see(spark, archive.path, name="archive.json",
+                            key_travels=archive.key is not None)
         # across vbucket counts each task reads all of the node's keys: fewer tasks
         n = partitions or (1 if cross else 2) * default_parallelism(spark)
         tasks = [CompareTask(opts, archive.at(archive.path.absolute()),

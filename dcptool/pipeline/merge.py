@@ -26,7 +26,8 @@ from dcptool.archive.merging import (
 from dcptool.runlog import RunLog
 
 from . import progress
-from .runtime import default_parallelism, get_context, plan_groups, run_tasks
+from .runtime import (check_executors_see, default_parallelism, engine_available,
+                      get_context, plan_groups, run_tasks)
 from .tasks import reporting_failures, task_failure
 
 
@@ -104,14 +105,38 @@ def merge_task(task: MergeTask) -> list[dict[str, Any]]:
 # -- the driver ----------------------------------------------------------------------------------
 
 
-def spark_merger(rl: RunLog, spark=None, master: str | None = None,
-                 partitions: int | None = None) -> VBucketRunner:
-    """A `VBucketRunner` that writes the merged vbuckets as Spark tasks (the context is
-    made on first use: a merge with no vbucket needs none)."""
+class SparkMerger:
+    """A `VBucketRunner` that writes the merged vbuckets of `archive` as Spark tasks (the
+    context is made on first use: a merge with no vbucket needs none). Before the first
+    tasks, the executors are checked to reach the archive (see
+    `runtime.check_executors_see`); `prepare()` makes that check before the archive
+    changes when the tasks will run on a dcptool engine, whose executors have the
+    environment (an object store's credentials) the engine was started with."""
 
-    def run(target: MergeTarget, plans: list[VBucketMergePlan]) -> list[dict[str, Any]]:
-        sc = spark or get_context(master)  # RDD jobs: no session needed
-        n = partitions or 2 * default_parallelism(sc)
+    def __init__(self, rl: RunLog, archive: Archive, spark=None, master: str | None = None,
+                 partitions: int | None = None) -> None:
+        self.rl, self.archive, self.spark = rl, archive, spark
+        self.master, self.partitions = master, partitions
+        self._checked = None  # the context the check passed on
+
+    def _context(self):
+        sc = self.spark or get_context(self.master)  # RDD jobs: no session needed
+        if self._checked is not sc:
+            check_executors_see(sc, str(self.archive.path), write=True,
+                                key_travels=self.archive.key is not None)
+            self._checked = sc
+        return sc
+
+    def prepare(self) -> None:
+        """The check, now, when the merges will run on an engine (attaching costs next to
+        nothing; a Spark of the command's own is started, and checked, at first use)."""
+        if self.spark is None and engine_available(self.master):
+            self._context()
+
+    def __call__(self, target: MergeTarget, plans: list[VBucketMergePlan]
+                 ) -> list[dict[str, Any]]:
+        sc = self._context()
+        n = self.partitions or 2 * default_parallelism(sc)
         by_vb = {p.vbucket: p for p in plans}
         tasks = [MergeTask(target, tuple(by_vb[vb] for vb in g))
                  for g in plan_groups(sorted(by_vb), n)]
@@ -127,12 +152,10 @@ def spark_merger(rl: RunLog, spark=None, master: str | None = None,
             summaries.extend(r)
         for sm in summaries:
             c = sm["counts"]
-            rl.info("vbucket %s: %d mutations, %d deletions, %d expirations, %d rollback "
-                    "records, %d bytes", sm["vbucket"], c["mutations"], c["deletions"],
-                    c["expirations"], c["rollbacks"], sm["bytes"]["files"])
+            self.rl.info("vbucket %s: %d mutations, %d deletions, %d expirations, %d rollback "
+                         "records, %d bytes", sm["vbucket"], c["mutations"], c["deletions"],
+                         c["expirations"], c["rollbacks"], sm["bytes"]["files"])
         return summaries
-
-    return run
 
 
 def run_merge(archive_path: str | os.PathLike[str], **kwargs: Any) -> MergeResult:
@@ -167,8 +190,9 @@ def _run_merge(rl: RunLog, archive_path: str | os.PathLike[str], *, first: str |
         done_before = finish_interrupted_merges(archive)
         # the backups' sizes before the merge removes the ones it replaces
         sizes = {b: dir_size(archive.backup_dir(b)) for b in archive.committed_ids()}
-        plan, manifest = merge_range(archive, first, last, level=level,
-                                     run_vbuckets=spark_merger(rl, spark, master, partitions))
+        merger = SparkMerger(rl, archive, spark, master, partitions)
+        plan, manifest = merge_range(archive, first, last, level=level, run_vbuckets=merger,
+                                     on_plan=lambda p: merger.prepare() if p.vbuckets else None)
         result = MergeResult(plan.merged_id, plan.type, plan.parent, list(plan.replaced), [],
                              len(plan.vbuckets), records_before=plan.records_before,
                              items_before=plan.items_before, bytes_before=plan.bytes_before,

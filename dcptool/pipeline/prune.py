@@ -20,7 +20,7 @@ from dcptool.archive.retention import (
 from dcptool.errors import UsageError
 from dcptool.runlog import RunLog
 
-from .merge import spark_merger
+from .merge import SparkMerger
 
 
 def _result(archive: Archive, res: RemovalResult, dry_run: bool, seconds: float,
@@ -52,9 +52,11 @@ def _run(command: str, archive_path: Any, select, *, dry_run: bool, strict: bool
         # a dry run only reads, as info does: it takes no lock
         with nullcontext() if dry_run else archive.lock(command):
             remove, reasons = select(archive)
+            merger = SparkMerger(rl, archive, spark, master, partitions)
             res = remove_archive_backups(
                 archive, remove, reasons=reasons, dry_run=dry_run, strict=strict,
-                run_vbuckets=spark_merger(rl, spark, master, partitions), level=level, log=rl)
+                run_vbuckets=merger, level=level, log=rl,
+                on_plan=lambda p: merger.prepare() if p.merges else None)
         if not dry_run:
             rl.info("%s: kept %d backups, deleted %s, merged %s; renamed %s", command,
                     len(res.plan.keep), ", ".join(res.deleted) or "nothing",

@@ -223,7 +223,9 @@ def test_an_engine_without_s3_credentials_is_named_before_any_work(s3_server, tm
                                                                    engine_dir):
     """An engine started where no S3 credentials are set, commands run where they are: the
     engine's executors are checked before any work, and the one line says to restart the
-    engine with them; backup leaves no partial backup, export no traceback."""
+    engine with them; backup leaves no partial backup, export no traceback, and merge,
+    prune, remove (each would merge the archive's two backups) and verify --against leave
+    the archive as it was."""
     bucket = s3_server.new_bucket()
     url = f"s3://{bucket}/arch"
     with_s3 = {k: v for k, v in s3_server.env().items()
@@ -236,6 +238,18 @@ def test_an_engine_without_s3_credentials_is_named_before_any_work(s3_server, tm
         # the archive, made without the engine
         r = cli("backup", "-c", cluster, url, "--json", DCPTOOL_ENGINE="off", **with_s3)
         assert r.returncode == 0, r.stderr
+        # a second backup, of no change (no Spark): a chain of two that merge, prune and
+        # remove would merge, every vbucket of it
+        r = cli("backup", "-c", cluster, url, "--json", DCPTOOL_ENGINE="off", **with_s3)
+        assert r.returncode == 0, r.stderr
+        first = json.loads(cli("info", url, "--json", **with_s3).stdout)["backups"][0]["id"]
+
+        def objects() -> list[str]:
+            return sorted(o["Key"] for page in s3_server.client().get_paginator(
+                "list_objects_v2").paginate(Bucket=bucket, Prefix="arch/")
+                for o in page.get("Contents", []) if "/logs/" not in o["Key"])
+
+        made = objects()
         # changes for the next backup to stream (one with none runs no Spark task)
         assert cli("doc", "load", "--count", "10", "--prefix", "more::", "-c", cluster,
                    "-q").returncode == 0
@@ -249,7 +263,11 @@ def test_an_engine_without_s3_credentials_is_named_before_any_work(s3_server, tm
         assert r.returncode == 0, r.stderr
         for args in (["backup", "-c", cluster, url],
                      ["restore", url, "-c", cluster],
-                     ["export", url, str(tmp_path / "out"), "--format", "jsonl"]):
+                     ["export", url, str(tmp_path / "out"), "--format", "jsonl"],
+                     ["merge", url],
+                     ["prune", url, "--keep-last", "1"],
+                     ["remove", url, "--backup", first],
+                     ["verify", url, "--against", "-c", cluster]):
             r = cli(*args, **with_s3)
             assert r.returncode == 1, (args, r.stderr)
             lines = r.stderr.strip().splitlines()
@@ -260,9 +278,9 @@ def test_an_engine_without_s3_credentials_is_named_before_any_work(s3_server, tm
             assert "restart the engine where the S3 endpoint and credentials are set" in lines[0]
             assert "resume" not in lines[0]
             assert_no_noise(r.stdout, r.stderr)
-        keys = [o["Key"] for page in s3_server.client().get_paginator("list_objects_v2")
-                .paginate(Bucket=bucket, Prefix="arch/backups/") for o in page.get("Contents", [])]
-        assert len({k.split("/")[2] for k in keys}) == 1, keys  # the first backup only
+            # nothing was written (the run logs aside): no backup begun, merged or removed
+            assert objects() == made, args
+        assert len({k.split("/")[2] for k in made if k.startswith("arch/backups/")}) == 2, made
         assert not (tmp_path / "out").exists()
     finally:
         src.stop(timeout=15)

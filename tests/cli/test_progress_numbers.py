@@ -385,8 +385,12 @@ def test_tables_fit_80_and_160_columns(shared_node, spark, tmp_path, capsys, mon
         assert rc == 0, err
         # every column has a header (the last one, "current", had none)
         assert _fits(out, width) and "current" in out and "kdf" in out, out
-    # at 160 columns info is one table: a header line naming every column
+    # at 160 columns info is one table: a header line naming every column; so is the
+    # watermark list (the backups' watermarks: names and instances whole)
     assert re.search(r"backup\s.*parent\s.*size on disk", cli(capsys, "info", path)[1])
+    out = cli(capsys, "watermark", "list", "-c", target)[1]
+    assert re.search(r"name\s.*instance\s.*state\s.*vbuckets\s.*seqnos\s.*reported\s.*expires",
+                     out), out
     monkeypatch.setenv("COLUMNS", "80")
     # at 80 a block per backup: each value on a line of its own, named
     out = cli(capsys, "info", path)[1]

@@ -7,14 +7,17 @@ one slow test interrupts a backup under a pseudo-terminal, resumes it, and expor
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -23,6 +26,7 @@ import pytest
 
 from nodeprocutil import NodeProcess
 from noiseutil import assert_no_noise
+from termutil import render
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,11 +75,15 @@ def run(args: list[str], *, timeout: float = 120, **extra: str) -> Run:
                b"".join(chunks["err"]).decode(errors="replace"), seconds, closed)
 
 
-def pty_run(args: list[str], interrupt_when, *, timeout: float = 120, **extra: str):
-    """Run `python -m dcptool ARGS` on a pseudo-terminal; once `interrupt_when()` is true,
-    type Ctrl-C. Returns (exit status, output before Ctrl-C, output after it). The output
-    is read until the terminal has no writer left, so whatever any process the command
-    started writes, even after the command exited, is in it."""
+def pty_session(args: list[str], interrupt_when, *, timeout: float = 120,
+                columns: int | None = None, **extra: str) -> tuple[int, bytes, bytes]:
+    """Run `python -m dcptool ARGS` on a pseudo-terminal (`columns` wide, when given); once
+    `interrupt_when(output so far)` is true, type Ctrl-C. Returns (exit status, the bytes
+    the terminal got before Ctrl-C, the bytes after it). The output is read until the
+    terminal has no writer left, so whatever any process the command started writes, even
+    after the command exited, is in it."""
+    if columns is not None:
+        extra = {"COLUMNS": str(columns), **extra}
     env = env_for(**extra)
     pid, fd = os.forkpty()
     if pid == 0:  # the child: a session leader on the pty, the foreground process group
@@ -83,12 +91,14 @@ def pty_run(args: list[str], interrupt_when, *, timeout: float = 120, **extra: s
             os.execve(sys.executable, [sys.executable, "-m", "dcptool", *args], env)
         finally:
             os._exit(127)
+    if columns is not None:
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     before, after = bytearray(), bytearray()
     sent = False
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            if not sent and interrupt_when():
+            if not sent and interrupt_when(bytes(before)):
                 os.write(fd, b"\x03")  # the terminal turns it into SIGINT for the foreground
                 sent = True
             r, _, _ = select.select([fd], [], [], 0.2)
@@ -106,7 +116,13 @@ def pty_run(args: list[str], interrupt_when, *, timeout: float = 120, **extra: s
     finally:
         _, status = os.waitpid(pid, 0)
         os.close(fd)
-    rc = os.waitstatus_to_exitcode(status)
+    return os.waitstatus_to_exitcode(status), bytes(before), bytes(after)
+
+
+def pty_run(args: list[str], interrupt_when, *, timeout: float = 120, **extra: str):
+    """`pty_session` for a command that draws nothing (--no-progress): (exit status, output
+    before Ctrl-C, output after it as text, without the terminal's echo of the key)."""
+    rc, before, after = pty_session(args, lambda _: interrupt_when(), timeout=timeout, **extra)
     text = after.decode(errors="replace").replace("\r\n", "\n")
     if text.startswith("^C"):  # the terminal's own echo of the key (ECHOCTL)
         text = text[2:]
@@ -158,6 +174,18 @@ def partials(archive: Path) -> list[Path]:
 
 
 # -- without Spark starting: fast ------------------------------------------------------------
+
+
+def test_the_screen_renderer_plays_what_a_terminal_shows():
+    """termutil.render, which the Ctrl-C test below reads the screen with: the cursor waits
+    at the right margin, so what follows a full line wraps; \\r, erasing and moving up."""
+    # a line as wide as the terminal, then the echo of Ctrl-C: the echo starts a new row,
+    # and a redraw from column 0 lands there, leaving the full line above
+    assert render(b"abcd^C\r\x1b[2Kabcd", 4) == ["abcd", "abcd"]
+    # two columns left free: the echo stays on the line, the redraw covers it
+    assert render(b"ab^C\r\x1b[2Kab\r\n\r\x1b[1A\x1b[2Kdone\r\n", 4) == ["done", ""]
+    assert render(b"\x1b[1mbold\x1b[0m x\x1b[?25h\r\x1b[Kno", 10) == ["no"]
+    assert render(b"long line\r\n", 4) == ["long", " lin", "e", ""]
 
 
 def test_unreachable_master_one_line_fast_no_partial_backup_json_too(node, tmp_path):
@@ -222,9 +250,15 @@ def assert_kept_and_resumed(after: str, archive: Path) -> None:
     that the next backup resumes it; the run log ends with the same words."""
     lines = after.strip().splitlines()
     assert len(lines) == 1, after
+    assert_kept_line(lines[0], archive)
+
+
+def assert_kept_line(line: str, archive: Path) -> None:
+    """`line` says that the partial backup is kept and that the next backup resumes it,
+    and the run log ends with the same words."""
     m = re.fullmatch(r"dcptool: error: interrupted: partial backup (\S+) is kept; the next "
-                     r"backup of this archive resumes it", lines[0])
-    assert m, lines[0]
+                     r"backup of this archive resumes it", line)
+    assert m, line
     assert (archive / "backups" / m.group(1)).is_dir()
     assert not (archive / "backups" / m.group(1) / "manifest.json").exists()
     log = sorted((archive / "logs").glob("backup-*.log"))[-1].read_text().splitlines()
@@ -279,6 +313,44 @@ def test_ctrl_c_resume_export_no_spark_noise(node, tmp_path):
     assert r.rc == 0, r.err
     assert_no_noise(r.out, r.err)
     assert r.closed_at_exit
+
+
+BAR = ("━", "╺", "╸", "%")  # what a progress bar draws (rich's bar and its percentage)
+
+
+@pytest.mark.slow
+def test_ctrl_c_takes_the_backup_bar_off_the_screen(node, tmp_path):
+    """Ctrl-C typed while a backup's progress bar fills an 80-column terminal: once the
+    terminal has played everything it got (carriage returns, erased lines, the echo of
+    the key), the line that says the partial backup is kept and resumed starts at column 0
+    of a line of its own, and nothing of the bar is left on the screen."""
+    archive = tmp_path / "arch"
+    columns = 80
+
+    def bar_streaming(out: bytes) -> bool:  # a task stalls after one vbucket; the bar shows it
+        done = any(p.name.endswith(".done.json") for b in partials(archive) for p in b.iterdir())
+        return done and b"vbuckets" in out and b"%" in out
+
+    rc, before, after = pty_session(["backup", "-c", f"{node.host}:{node.port}", str(archive),
+                                     "--partitions", "2"], bar_streaming, columns=columns,
+                                    DCPTOOL_FAULT="stall-after-vbuckets:1")
+    assert rc == 130, (before, after)
+    # the bar was on the screen when the key was typed
+    shown = [r for r in render(before, columns) if r.strip()]
+    assert shown and "backup" in shown[-1] and any(c in shown[-1] for c in BAR), shown
+    screen = render(before + after, columns)
+    while screen and not screen[-1]:
+        screen.pop()
+    starts = [i for i, r in enumerate(screen) if r.startswith("dcptool: ")]
+    assert len(starts) == 1, screen
+    first = starts[0]
+    # nothing else on the screen: no fragment of the bar above the note, nor on its rows
+    assert all(not r for r in screen[:first]), screen
+    assert not any(c in r for r in screen[first:] for c in BAR), screen
+    # one line, from column 0 on (the terminal wraps it at 80 columns: its rows read on)
+    line = "".join(r.ljust(columns) for r in screen[first:-1]) + screen[-1]
+    assert_kept_line(line, archive)
+    assert_no_noise(before.decode(errors="replace"), after.decode(errors="replace"))
 
 
 @pytest.mark.slow

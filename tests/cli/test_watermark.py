@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from client.nodeutil import connect, delete_docs, json_lines, run_cli, write_docs
@@ -59,7 +60,8 @@ def test_register_list_remove(node, tmp_path):
 
     r = run_cli("watermark", "list", node=node)
     assert r.returncode == 0, r.stderr
-    for word in ("name", "instance", "state", "lowest", "highest", "expires", "my-app"):
+    for word in ("name", "instance", "state", "seqnos", "0..7", "reported", "expires", "in 1w",
+                 "my-app"):
         assert word in r.stdout
     assert "purge age 0s" in r.stdout
 
@@ -89,6 +91,52 @@ def test_list_shows_how_far_each_holds_the_purger_back(node):
     assert r.returncode == 0, r.stderr
     assert "40 tombstones in" in r.stdout
     assert "per vbucket: what each watermark holds back" in r.stdout
+
+
+def test_list_fits_80_columns_and_is_one_table_at_160(node, tmp_path):
+    """A backup's watermark (its archive's name, the archive's uuid as instance) and a
+    tail's, both holding tombstones back: at 160 columns `watermark list` is a table with
+    every column and every name whole; at 80 a block per watermark, nothing cut."""
+    keys = [b"w-%02d" % i for i in range(8)]
+    write_docs(node, {k: b"{}" for k in keys})
+    delete_docs(node, keys)
+    wait_persisted(node)
+    seqnos = tmp_path / "seqnos.json"
+    seqnos.write_text(json.dumps({str(vb): 0 for vb in range(16)}))
+    rows = [("dcptool-backup:orders-nightly-archive", "8d6c1a40-3f41-4c6e-9f0e-3c8a1f6c2b77"),
+            ("dcptool-tail:changes.state", "5f0c2a9e7d13b4a6")]
+    for name, instance in rows:
+        r = run_cli("watermark", "register", "--name", name, "--instance", instance,
+                    "--seqnos", str(seqnos), node=node)
+        assert r.returncode == 0, r.stderr
+    columns = ("name", "instance", "state", "vbuckets", "seqnos", "reported", "expires",
+               "holding back")
+    per_vbucket = ("name", "instance", "vb", "watermark", "purge seqno", "tombstones",
+                   "up to seqno", "purgeable for")
+
+    def listed(width: int) -> str:
+        r = run_cli("watermark", "list", node=node, env_extra={"COLUMNS": str(width)})
+        assert r.returncode == 0, r.stderr
+        assert all(len(line) <= width for line in r.stdout.splitlines()), r.stdout
+        assert "…" not in r.stdout
+        for name, instance in rows:  # whole, on one line each time they are shown
+            assert name in r.stdout and instance in r.stdout, r.stdout
+        return r.stdout
+
+    wide = listed(160)
+    # one header line naming every column, in order, for each of the two tables
+    for names in (columns, per_vbucket):
+        assert re.search(r"┃\s*" + r"\s*┃\s*".join(map(re.escape, names)) + r"\s*┃", wide), wide
+    for name, instance in rows:
+        assert re.search(rf"│ {re.escape(name)}\s*│ {instance}\s*│ ok\s*│\s*16 │\s*0\.\.0 │"
+                         r"\s*\d+s ago │\s*in 1w │ \d+ tombstones in", wide), wide
+    narrow = listed(80)
+    # a block per watermark: its name, then every value named on a line of its own
+    for name, instance in rows:
+        assert f"name {name}\n  instance:     {instance}\n" in narrow, narrow
+    for label in ("state:", "vbuckets:", "seqnos:", "reported:", "expires:", "holding back:"):
+        assert len(re.findall(rf"^  {label}", narrow, re.M)) == 2, narrow
+    assert "┃" not in narrow.split("per vbucket")[0]
 
 
 def test_user_errors_are_one_line(node, tmp_path):

@@ -71,9 +71,9 @@ def run_cli(*args, env_extra: dict | None = None, timeout: float = 60, input: st
     if node is not None:
         env.update(DCPTOOL_CLUSTER=f"couchbase://{node.host}:{node.port}",
                    DCPTOOL_USERNAME=node.username, DCPTOOL_PASSWORD=node.password)
-    env.update(env_extra or {})
     env["NO_COLOR"] = "1"
     env["COLUMNS"] = "200"
+    env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "dcptool", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=REPO, stdin=subprocess.DEVNULL
                           if input is None else None, input=input)
