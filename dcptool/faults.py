@@ -17,6 +17,10 @@ fault point returns at once. The points (see docs/reliability.md):
                                   backup taken out of backups/
     enospc-after-bytes:N          a segment write fails with OSError(ENOSPC) once a process
                                   has written N bytes of frames
+    pause-after-progress:MS       a task of restore, export, merge, prune, remove or
+                                  verify --against waits MS milliseconds after each write
+                                  of its progress file (read by the driver, carried to
+                                  the tasks: a small run is seen between 0 and its total)
 
 The kill points end the whole process group (driver, JVM, Spark workers) as `kill -9`
 would: run the dcptool command under test in a session of its own. Counts are per
@@ -56,6 +60,14 @@ def _kill() -> None:
         os.killpg(sid, signal.SIGKILL)
     os.killpg(os.getpgrp(), signal.SIGKILL)
     time.sleep(60)  # not reached: the signal ends this process too
+
+
+def progress_pause() -> float:
+    """Seconds a counting task waits after each progress write (pause-after-progress:MS;
+    0 without it)."""
+    if "DCPTOOL_FAULT" not in os.environ:
+        return 0.0
+    return sum(n for name, n in _specs() if name == "pause-after-progress") / 1000.0
 
 
 def fault_point(where: str, count: int = 0, **ctx: Any) -> None:

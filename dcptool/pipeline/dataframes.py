@@ -88,7 +88,8 @@ def read_archive(spark, path: Any, *, backup: str | None = None,
         from .datasource import PROGRESS_OPTION
 
         opts[PROGRESS_OPTION] = json.dumps({"dir": progress_files.dir,
-                                            "interval": progress_files.interval})
+                                            "interval": progress_files.interval,
+                                            "pause": progress_files.pause})
     for k, v in opts.items():
         if v is not None:
             reader = reader.option(k, v)

@@ -159,9 +159,10 @@ class TaskReporter:
     ignored: progress never fails a task. `add` counts `done` (the subclass of backup
     keeps counts of its own and overrides `state`)."""
 
-    def __init__(self, path, interval: float = DEFAULT_INTERVAL):
+    def __init__(self, path, interval: float = DEFAULT_INTERVAL, pause: float = 0.0):
         self.path = path
         self.interval = interval
+        self.pause = pause  # after each write (DCPTOOL_FAULT pause-after-progress)
         self.done = 0
         self._next = 0.0
 
@@ -189,6 +190,8 @@ class TaskReporter:
                                        durable=False)
         except (OSError, DcptoolError):
             pass
+        if self.pause:
+            time.sleep(self.pause)
 
 
 def poll_files(where, prefix: str, keys: tuple[str, ...]) -> dict[str, int]:
@@ -226,12 +229,16 @@ class ProgressFiles:
 
     dir: str
     interval: float = DEFAULT_INTERVAL
+    #: seconds a task waits after each write (0; DCPTOOL_FAULT pause-after-progress:MS, read
+    #: by the driver, for tests that must see a small run between its start and its end)
+    pause: float = 0.0
 
     def reporter(self) -> TaskReporter:
         from dcptool.archive import storage
 
         where = storage.location(self.dir)
-        return TaskReporter(where / f"{FILE_PREFIX}{uuid.uuid4().hex}.json", self.interval)
+        return TaskReporter(where / f"{FILE_PREFIX}{uuid.uuid4().hex}.json", self.interval,
+                            self.pause)
 
     def poll(self) -> int:
         return poll_files(self.dir, FILE_PREFIX, ("done",))["done"]
@@ -320,7 +327,9 @@ def watch_files(spark, total: int, unit: str = "records",
     if where is None:
         yield None
         return
-    files = ProgressFiles(where, interval())
+    from dcptool.faults import progress_pause
+
+    files = ProgressFiles(where, interval(), progress_pause())
     stop = threading.Event()
 
     def poll() -> None:

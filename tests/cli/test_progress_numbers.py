@@ -94,11 +94,17 @@ def chain_records(path, backup: str | None = None) -> int:
                for e in manifests[bid]["vbuckets"])
 
 
+#: what makes a small run's bar seen between 0 and its total: each task pauses after each
+#: progress report (dcptool/faults.py)
+SEEN_BETWEEN = "pause-after-progress:150"
+
+
 @pytest.fixture
 def quick_progress(monkeypatch):
-    """Tasks report (and the driver polls) as often as they can: a small run is seen
-    between its start and its end."""
+    """Tasks report (and the driver polls) as often as they can, and each task pauses after
+    each report: a small run is seen between its start and its end, however fast it is."""
     monkeypatch.setenv("DCPTOOL_PROGRESS_INTERVAL", "0")
+    monkeypatch.setenv("DCPTOOL_FAULT", SEEN_BETWEEN)
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +209,8 @@ def process_on_terminal(*args, columns: int = 120, timeout: float = 600,
 def test_export_draws_a_bar_of_records_that_ends_at_100(archive, tmp_path):
     rc, out, screen = process_on_terminal("export", archive, tmp_path / "out", "--format",
                                           "jsonl", "--master", "local[2]", "--partitions", "1",
-                                          env={"DCPTOOL_PROGRESS_INTERVAL": "0"})
+                                          env={"DCPTOOL_PROGRESS_INTERVAL": "0",
+                                               "DCPTOOL_FAULT": SEEN_BETWEEN})
     assert rc == 0, screen
     # the records of every backup's entries (headers and snapshot markers too) are read
     assert_counted(screen, "export", chain_records(archive))
@@ -216,7 +223,8 @@ def test_a_command_on_an_engine_counts_records(archive, shared_node, on_engine):
     rc, out, screen = process_on_terminal(
         "restore", archive, "--dry-run", "-c", f"{shared_node.host}:{shared_node.port}",
         "--partitions", "1",
-        env={"DCPTOOL_PASSWORD": shared_node.password, "DCPTOOL_PROGRESS_INTERVAL": "0"})
+        env={"DCPTOOL_PASSWORD": shared_node.password, "DCPTOOL_PROGRESS_INTERVAL": "0",
+             "DCPTOOL_FAULT": SEEN_BETWEEN})
     assert rc == 0, screen
     assert_counted(screen, "dry run", chain_records(archive))
 
