@@ -17,12 +17,9 @@ def cli(capsys, *args) -> tuple[int, str, str]:
 def run_dcptool(env: dict[str, str], *args, timeout: float = 240):
     """`dcptool ARGS` as a process of its own with `env` (its own Spark): CompletedProcess
     with text output."""
-    import subprocess
-    import sys
+    import zygote
 
-    return subprocess.run([sys.executable, "-m", "dcptool", *map(str, args)], env=env,
-                          text=True, capture_output=True, stdin=subprocess.DEVNULL,
-                          timeout=timeout)
+    return zygote.run(args, env=env, timeout=timeout)
 
 
 def one_error_line(res) -> str:

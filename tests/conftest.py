@@ -44,6 +44,38 @@ def pytest_configure(config):
     config.add_cleanup(cleanup)
     _cache_bytecode(config)
     _terminal_env_of_the_controller(config)
+    # nodes and `run_cli` commands are forked from a warm dcptool (tests/zygote.py)
+    import nodeprocutil
+    import zygote
+
+    nodeprocutil.LAUNCH = zygote.popen
+
+
+#: the modules whose tests read what a process is from outside (its command line, its
+#: environment in /proc, process listings): their `python -m dcptool` processes are real
+#: interpreters, never forked by the zygote
+REAL_PROCESSES = (
+    "tests/cli/test_engine.py",
+    "tests/cli/test_quiet_spark.py",
+    "tests/pipeline/test_spark_start.py",
+    "tests/security/test_child_env.py",
+    "tests/security/test_secrets.py",
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _real_processes_where_they_are_looked_at(request):
+    path = Path(str(request.node.path)).resolve().relative_to(REPO).as_posix()
+    if path not in REAL_PROCESSES:
+        yield
+        return
+    before = os.environ.get("DCPTOOL_TEST_ZYGOTE")
+    os.environ["DCPTOOL_TEST_ZYGOTE"] = "0"
+    yield
+    if before is None:
+        os.environ.pop("DCPTOOL_TEST_ZYGOTE", None)
+    else:
+        os.environ["DCPTOOL_TEST_ZYGOTE"] = before
 
 
 #: what an xdist worker's environment gets that the run's own did not have: GNU readline,

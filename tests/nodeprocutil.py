@@ -30,6 +30,9 @@ DEFAULT_PASSWORD = "password"
 DEFAULT_USER = "Administrator"
 #: the nodes' --auth-failure-delay unless a test gives one (the smallest the node takes)
 TEST_AUTH_FAILURE_DELAY = "10ms"
+#: what starts `python -m dcptool ARGS` (args, env=, stdin=, stdout=, stderr=) -> a Popen-like
+#: object; None: subprocess.Popen. The test suite sets tests/zygote.py's `popen`.
+LAUNCH = None
 
 
 class NodeStartError(RuntimeError):
@@ -80,8 +83,12 @@ class NodeProcess:
         if self.env:
             env.update(self.env)
         err = open(self.data_dir / "node.stderr.log", "ab")
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=err,
-                                     stdin=subprocess.DEVNULL, env=env)
+        if LAUNCH is not None:
+            self.proc = LAUNCH(self.command()[3:], env=env, stdout=subprocess.PIPE, stderr=err,
+                               stdin=subprocess.DEVNULL)
+        else:
+            self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=err,
+                                         stdin=subprocess.DEVNULL, env=env)
         err.close()
         found = threading.Event()
         lines = self.stdout_lines = []

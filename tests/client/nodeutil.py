@@ -74,9 +74,9 @@ def run_cli(*args, env_extra: dict | None = None, timeout: float = 60, input: st
     env["NO_COLOR"] = "1"
     env["COLUMNS"] = "200"
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "dcptool", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO, stdin=subprocess.DEVNULL
-                          if input is None else None, input=input)
+    import zygote
+
+    return zygote.run(args, env=env, cwd=REPO, input=input, timeout=timeout)
 
 
 def json_lines(text: str) -> list[dict]:
