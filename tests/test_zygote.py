@@ -5,7 +5,18 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import zygote
+
+
+@pytest.fixture(scope="module")
+def z():
+    """A zygote of this module's own (whether or not the suite forks its commands:
+    DCPTOOL_TEST_ZYGOTE=0 turns that off, not this)."""
+    made = zygote.Zygote()
+    yield made
+    made.stop()
 
 
 def real(args, env, cwd):
@@ -13,21 +24,22 @@ def real(args, env, cwd):
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
 
 
-def test_a_forked_command_answers_as_a_real_one(tmp_path):
-    env = dict(os.environ, NO_COLOR="1", COLUMNS="100")
+def test_a_forked_command_answers_as_a_real_one(z, tmp_path):
+    env = dict(z.env, NO_COLOR="1", COLUMNS="100")
     for args in (["--version"], ["no-such-command"], ["info", "relative/archive"]):
-        forked = zygote.run(args, env=env, cwd=tmp_path, timeout=120)
+        forked = zygote.run(args, env=env, cwd=tmp_path, timeout=120, zygote=z)
         proc = real(args, env, tmp_path)
         assert (forked.returncode, forked.stdout, forked.stderr) == \
             (proc.returncode, proc.stdout, proc.stderr), args
-    assert zygote._get() is not None  # forked, not the fallback
+    proc = zygote.popen(["--version"], env=env, stdout=subprocess.DEVNULL, zygote=z)
+    assert isinstance(proc, zygote.ZygoteProcess) and proc.wait(60) == 0  # forked
 
 
-def test_a_forked_node_is_a_process_with_a_session_of_its_own(tmp_path):
+def test_a_forked_node_is_a_process_with_a_session_of_its_own(z, tmp_path):
     proc = zygote.popen(["node", "start", "--data", str(tmp_path / "n"), "--port", "0",
                          "--host", "127.0.0.1", "--password", "password"],
-                        env=dict(os.environ), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                        stderr=subprocess.DEVNULL)
+                        env=dict(z.env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL, zygote=z)
     assert isinstance(proc, zygote.ZygoteProcess)
     try:
         assert proc.stdout.readline().startswith(b"listening on ")
@@ -41,7 +53,10 @@ def test_a_forked_node_is_a_process_with_a_session_of_its_own(tmp_path):
         proc.stdout.close()
 
 
-def test_a_changed_module_path_runs_a_real_interpreter(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    z = zygote._get()
-    assert z is not None and not z.fits(env) and z.fits(dict(os.environ))
+def test_a_changed_module_path_runs_a_real_interpreter(z, tmp_path):
+    assert z.fits(dict(z.env))
+    assert not z.fits(dict(z.env, PYTHONPATH=str(tmp_path)))
+    assert not z.fits(dict(z.env, DCPTOOL_TEST_ZYGOTE="0"))
+    proc = zygote.popen(["--version"], env=dict(z.env, DCPTOOL_TEST_ZYGOTE="0"),
+                        stdout=subprocess.DEVNULL, zygote=z)
+    assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 0

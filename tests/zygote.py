@@ -253,7 +253,7 @@ class Zygote:
     def __init__(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="dcpzyg-")  # short: a socket path's limit
         self.path = os.path.join(self._dir, "z.sock")
-        self.env = dict(os.environ)
+        self.env = {k: v for k, v in os.environ.items() if k != "DCPTOOL_TEST_ZYGOTE"}
         code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
                 f"import zygote; zygote.serve({self.path!r})")
         self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=self.env,
@@ -326,10 +326,11 @@ def _fd_of(spec, default: int, mode: str, opened: list[int]) -> int:
 
 
 def popen(args: list[str], *, env: dict[str, str], cwd=None, stdin=None, stdout=None,
-          stderr=None):
+          stderr=None, zygote: Zygote | None = None):
     """`python -m dcptool ARGS` started as subprocess.Popen would (stdin, stdout and
-    stderr: None, DEVNULL, PIPE for stdout, or a file), forked by the zygote when it can."""
-    z = _get()
+    stderr: None, DEVNULL, PIPE for stdout, or a file), forked by the zygote (this test
+    process's, or `zygote`) when it can."""
+    z = zygote or _get()
     if z is None or not z.fits(env):
         return subprocess.Popen([sys.executable, "-m", "dcptool", *map(str, args)], env=env,
                                 cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr)
@@ -352,11 +353,13 @@ def popen(args: list[str], *, env: dict[str, str], cwd=None, stdin=None, stdout=
 
 
 def run(args, *, env: dict[str, str], cwd=None, input: str | None = None,
-        timeout: float | None = None) -> subprocess.CompletedProcess:
+        timeout: float | None = None, zygote: Zygote | None = None
+        ) -> subprocess.CompletedProcess:
     """subprocess.run(`python -m dcptool ARGS`, capture_output=True, text=True, stdin
-    DEVNULL or `input`), forked by the zygote when it can."""
+    DEVNULL or `input`), forked by the zygote (this test process's, or `zygote`) when it
+    can."""
     args = [str(a) for a in args]
-    z = _get()
+    z = zygote or _get()
     if z is None or not z.fits(env):
         return subprocess.run([sys.executable, "-m", "dcptool", *args], capture_output=True,
                               text=True, timeout=timeout, env=env, cwd=cwd,
@@ -369,7 +372,7 @@ def run(args, *, env: dict[str, str], cwd=None, input: str | None = None,
             inp.flush()
             inp.seek(0)
         stdin = inp if input is not None else subprocess.DEVNULL
-        proc = popen(args, env=env, cwd=cwd, stdin=stdin, stdout=out, stderr=err)
+        proc = popen(args, env=env, cwd=cwd, stdin=stdin, stdout=out, stderr=err, zygote=z)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
