@@ -242,9 +242,10 @@ def _restore_checks(d: dict) -> list[str]:
     out = []
     c = d.get("checked")
     if c:
-        out.append(f"archive: {c['backups']} backup{'s' if c['backups'] != 1 else ''}, "
-                   f"{c['files']:,} files ({human_bytes(c['bytes'])}), {c['records']:,} "
-                   "records checked as verify does")
+        # the backups' size as `info` and `verify` give it (the bytes of their files)
+        out.append(f"archive: {plural(c['backups'], 'backup')} "
+                   f"({human_bytes(c['size_on_disk'])}), {plural(c['files'], 'file')}, "
+                   f"{c['records']:,} records checked as verify does")
     t = d.get("target")
     if t:
         how = (f"keys routed by its own map (the archive has {t['archive_vbuckets']})"

@@ -28,6 +28,7 @@ from typing import Any
 
 from dcptool.archive import (REC_DELETION, REC_EXPIRATION, REC_MUTATION, Archive, VBucketHistory,
                              storage)
+from dcptool.archive.info import dir_size
 from dcptool.archive.resolve import resolve
 from dcptool.client.options import ConnOptions
 from dcptool.errors import DcptoolError, UsageError
@@ -646,7 +647,10 @@ def _run_restore(rl: RunLog, archive: Archive, opts: ConnOptions | None,
     result = RestoreResult(chain[-1].id, len(held), o.dry_run,
                            collections=target.setup.as_json(), target=target.info,
                            checked={"backups": len(chain), "files": files, "bytes": nbytes,
-                                    "records": nrecords})
+                                    "records": nrecords,
+                                    # the backups' size as `info` and `verify` give it
+                                    "size_on_disk": sum(dir_size(archive.backup_dir(b.id))
+                                                        for b in chain)})
     _log_restore_plan(rl, archive, chain, held, target, o)
     if held:
         _run_restore_tasks(rl, archive, chain, held, target, o, result)

@@ -148,8 +148,19 @@ def test_a_dry_run_reports_the_target_and_writes_nothing(nodes, archive64, capsy
     assert d["collections"]["created"] == []
     assert d["checked"]["backups"] == 1 and d["checked"]["files"] > 0
     assert d["checked"]["records"] >= DOCS
+    # the backups' size is the one `info` and `verify` give (the bytes of their files)
+    rc, info_out, err = cli(capsys, "info", archive64, "--json")
+    assert rc == 0, err
+    size = json.loads(info_out)["backups"][0]["size_on_disk"]
+    assert d["checked"]["size_on_disk"] == size
+    rc, verify_out, err = cli(capsys, "verify", archive64)
+    assert rc == 0, err
+    from dcptool.cli.output import human_bytes
+
+    assert f"1 backup ({human_bytes(size)})" in verify_out
     rc, out, err = cli(capsys, "restore", archive64, "-c", _addr(t1024), "--dry-run")
     assert rc == 0, err
+    assert f"archive: 1 backup ({human_bytes(size)}), " in out
     assert (f"target: bucket default on {_addr(t1024)}: logged in, privileges held, 1024 "
             "vbuckets, keys routed by its own map (the archive has 64)") in out
     assert "would create on the target: s1 (scope), s1.c1" in out
