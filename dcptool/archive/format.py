@@ -117,6 +117,12 @@ def entry_location(backup_dir: Any, entry: dict[str, Any]) -> Any:
     return storage.Member(where / pack, entry["offset"], entry["size"], entry["name"])
 
 
+def entries_records(entries: Iterable[dict[str, Any]]) -> int:
+    """The records a set of vbucket summaries (manifest entries) hold, by their counts:
+    what the progress bars of the commands that read them count."""
+    return sum(int(e["counts"]["records"]) for e in entries)
+
+
 def listed_size(entry: dict[str, Any], sizes: dict[str, int]) -> int | None:
     """The size a directory listing ({name: size}) shows for the data file `entry` names
     (a pack member: what of its range the pack holds); None when it is not listed."""

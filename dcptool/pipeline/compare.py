@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dcptool.archive import REC_MUTATION, Archive, backup_path, storage
+from dcptool.archive.format import entries_records
 from dcptool.errors import UsageError
 
 from . import progress
@@ -86,7 +87,7 @@ def compare_states(a: dict[bytes, tuple], n: dict[bytes, tuple], limit: int) -> 
 
 def parts_records(parts) -> int:
     """The records of a vbucket's (backup id, manifest entry) parts."""
-    return sum(int(e["counts"]["records"]) for _bid, e in parts)
+    return entries_records(e for _bid, e in parts)
 
 
 def task_work(task: CompareTask) -> int:

@@ -83,13 +83,12 @@ def read_archive(spark, path: Any, *, backup: str | None = None,
 
         opts[SECRET_OPTION] = crypto.export_key(archive.key)
     if progress_files is not None:
+        import dataclasses
         import json
 
         from .datasource import PROGRESS_OPTION
 
-        opts[PROGRESS_OPTION] = json.dumps({"dir": progress_files.dir,
-                                            "interval": progress_files.interval,
-                                            "pause": progress_files.pause})
+        opts[PROGRESS_OPTION] = json.dumps(dataclasses.asdict(progress_files))
     for k, v in opts.items():
         if v is not None:
             reader = reader.option(k, v)

@@ -38,6 +38,7 @@ from typing import Any, Iterable, Iterator
 
 from dcptool.archive import Archive, backup_path, crypto, storage
 from dcptool.archive.chain import descendant_cuts
+from dcptool.archive.format import entries_records
 from dcptool.archive.reader import iter_vbucket_batches
 from dcptool.archive.resolve import Drops, drop_dropped, part_cuts
 from dcptool.errors import UsageError
@@ -517,9 +518,8 @@ def unit_records(part: ScanPartition) -> list[int]:
     """The records each unit of a partition reads (its manifest entries' counts): what
     the progress bar of an export counts."""
     if part.resolved:
-        return [sum(int(e["counts"]["records"]) for _bid, e in parts)
-                for _vb, parts in part.units]
-    return [int(entry["counts"]["records"]) for _bid, entry, _cut in part.units]
+        return [entries_records(e for _bid, e in parts) for _vb, parts in part.units]
+    return [entries_records((entry,)) for _bid, entry, _cut in part.units]
 
 
 def _counted(part: ScanPartition, files) -> Iterator[Any]:

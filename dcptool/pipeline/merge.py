@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dcptool.archive import Archive
+from dcptool.archive.format import entries_records
 from dcptool.archive.info import dir_size
 from dcptool.archive.merging import (
     MergeTarget,
@@ -84,7 +85,7 @@ class MergeTask:
 def plan_records(plan: VBucketMergePlan) -> int:
     """The records a merged vbucket is made from (its parts' manifest counts): what the
     progress bar of a merge counts."""
-    return sum(int(e["counts"]["records"]) for _bdir, e in plan.parts)
+    return entries_records(e for _bdir, e in plan.parts)
 
 
 def merge_task(task: MergeTask) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from typing import Any
 
 from dcptool.archive import (REC_DELETION, REC_EXPIRATION, REC_MUTATION, Archive, VBucketHistory,
                              storage)
+from dcptool.archive.format import entries_records
 from dcptool.archive.info import dir_size
 from dcptool.archive.resolve import resolve
 from dcptool.client.options import ConnOptions
@@ -233,12 +234,7 @@ _COUNT_STEP = 256
 def chain_records(chain, vbucket: int) -> int:
     """The records the backups of `chain` hold of `vbucket` (their manifest entries'
     counts): what the progress bar of a restore counts."""
-    total = 0
-    for b in chain:
-        e = b.entry(vbucket)
-        if e is not None:
-            total += int(e["counts"]["records"])
-    return total
+    return entries_records(e for e in (b.entry(vbucket) for b in chain) if e is not None)
 
 
 def restore_task(task: RestoreTask | tuple) -> RestoreTaskResult:
