@@ -10,8 +10,8 @@ import deferred to run time is still a dependency). Three rules:
    Imports under `if TYPE_CHECKING:` (annotations only) do not count for this rule.
 2. No import cycle between modules, those under `if TYPE_CHECKING:` included (an
    annotation naming its owner's class is a back pointer all the same), except the typer
-   registration in cli/ (app.py imports the command modules, which import app for the
-   shared context).
+   registration in cli/ (app.py imports the command modules by name, those a command line
+   needs, and they import app for the shared context).
 3. No module uses another module's private names (`_x`): not by `from m import _x`, nor
    as `m._x` on a module it imported. What is shared is named publicly.
 """
@@ -193,7 +193,7 @@ def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _without_cli_registration(g: dict[str, set[str]]) -> dict[str, set[str]]:
-    # the typer registration: cli.app imports every command module to register it
+    # the typer registration: cli.app imports the command modules (by name) to register them
     for dep in list(g.get("dcptool.cli.app", ())):
         if dep.startswith("dcptool.cli."):
             g["dcptool.cli.app"].discard(dep)

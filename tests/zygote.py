@@ -139,8 +139,10 @@ def serve(path: str) -> None:
     """The zygote: import dcptool once, then fork a command for each request on the Unix
     socket at `path` and report its exit status on the request's connection."""
     import dcptool  # noqa: F401
-    import dcptool.cli.app  # noqa: F401 - every command's module
+    import dcptool.cli.app
     import dcptool.node.server  # noqa: F401
+
+    dcptool.cli.app.register()  # every command's module
 
     parent = os.getppid()
     lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -353,31 +353,71 @@ def _root(
     output.set_verbosity(output.QUIET if quiet else verbose)
 
 
-def _register() -> None:
-    from dcptool.cli import decode  # noqa: F401  (registers its commands)
-    from dcptool.cli import node  # noqa: F401
-    from dcptool.cli import doc  # noqa: F401
-    from dcptool.cli import collection  # noqa: F401
-    from dcptool.cli import failover_log  # noqa: F401
-    from dcptool.cli import tail  # noqa: F401
-    from dcptool.cli import info, verify  # noqa: F401
-    from dcptool.cli import backup  # noqa: F401  (backup, restore)
-    from dcptool.cli import quickstart  # noqa: F401
-    from dcptool.cli import merge  # noqa: F401
-    from dcptool.cli import prune  # noqa: F401  (remove, prune)
-    from dcptool.cli import export  # noqa: F401
-    from dcptool.cli import examine  # noqa: F401
-    from dcptool.cli import cluster  # noqa: F401
-    from dcptool.cli import watermark  # noqa: F401
-    from dcptool.cli import engine  # noqa: F401
-    from dcptool.cli import key  # noqa: F401
+#: the module (dcptool.cli.NAME) that registers each command, in the order the help lists
+#: them: a command line imports only its command's module; help, completion and a name
+#: that is no command import them all
+COMMAND_MODULES: dict[str, str] = {
+    "decode": "decode",
+    "node": "node",
+    "doc": "doc",
+    "collection": "collection",
+    "failover-log": "failover_log",
+    "tail": "tail",
+    "remove": "prune",
+    "prune": "prune",
+    "info": "info",
+    "verify": "verify",
+    "backup": "backup",
+    "restore": "backup",
+    "quickstart": "quickstart",
+    "merge": "merge",
+    "export": "export",
+    "examine": "examine",
+    "cluster": "cluster",
+    "watermark": "watermark",
+    "engine": "engine",
+    "key": "key",
+}
+_ORDER = {m: i for i, m in enumerate(dict.fromkeys(COMMAND_MODULES.values()))}
 
 
-_register()
+def register(names: list[str] | None = None) -> None:
+    """Import the modules that register the commands `names` (every command when None) on
+    `app`, keeping the help's order whatever was imported first."""
+    import importlib
+
+    modules = (list(_ORDER) if names is None
+               else list(dict.fromkeys(COMMAND_MODULES[n] for n in names)))
+    for m in modules:
+        importlib.import_module(f"dcptool.cli.{m}")
+
+    def rank(info: Any) -> int:  # a group ranks by the module of its first command
+        group = getattr(info, "typer_instance", None)
+        fn = group.registered_commands[0].callback if group is not None else info.callback
+        return _ORDER.get(fn.__module__.rsplit(".", 1)[-1], len(_ORDER))
+
+    app.registered_commands.sort(key=rank)
+    app.registered_groups.sort(key=rank)
 
 
-def build_command():
-    """The click command tree of the app, polished (what `main` runs and the docs describe)."""
+#: root options (none takes a value): what may come before the command's name
+_ROOT_FLAGS = re.compile(r"^-(q|v+|h|-quiet|-verbose|-version|-help)$")
+
+
+def command_named(argv: list[str]) -> str | None:
+    """The command a command line runs (its first word after the root options), when it is
+    one of dcptool's; None for help, completion or a name that is no command."""
+    for word in argv:
+        if _ROOT_FLAGS.match(word):
+            continue
+        return word if word in COMMAND_MODULES else None
+    return None
+
+
+def build_command(only: str | None = None):
+    """The click command tree of the app, polished (what `main` runs and the docs describe);
+    with `only`, a tree that has that command (and maybe others imported before)."""
+    register(None if only is None else [only])
     cmd = typer.main.get_command(app)
     polish(cmd)
     return cmd
@@ -486,8 +526,9 @@ def _run(command: Any, argv: list[str] | None) -> Any:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every user error ends as one line on stderr and a meaningful exit code."""
     output.set_verbosity(output.NORMAL)
-    output.set_json_errors(_wants_json(list(sys.argv[1:] if argv is None else argv)))
-    command = build_command()
+    args = list(sys.argv[1:] if argv is None else argv)
+    output.set_json_errors(_wants_json(args))
+    command = build_command(command_named(args))
     try:
         rc = _run(command, argv)
     except SystemExit:

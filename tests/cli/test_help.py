@@ -503,3 +503,44 @@ def test_every_command_that_prints_results_has_json(tree):
                if not c.subcommands and c.path and c.path not in NO_RESULTS
                and not any("--json" in p.all_opts for p in c.options)]
     assert not missing, f"without --json: {missing}"
+
+
+def test_every_command_is_found_in_the_module_that_registers_it():
+    """`COMMAND_MODULES` names, for every command of the whole tree, the module whose import
+    registers it: a command line that imports only that module finds its command."""
+    cli_app.register()
+    found = {}
+    for info in cli_app.app.registered_commands:
+        found[info.name or info.callback.__name__.replace("_", "-")] = info.callback.__module__
+    for info in cli_app.app.registered_groups:
+        found[info.name] = info.typer_instance.registered_commands[0].callback.__module__
+    assert set(found) == set(cli_app.build_command().commands)
+    assert {n: f"dcptool.cli.{m}" for n, m in cli_app.COMMAND_MODULES.items()} == found
+
+
+def test_a_command_line_imports_its_command_alone():
+    """`dcptool backup ...` imports the backup command's module, not every command's (the
+    node server, decode, tail, ...): a command pays for its own imports only. Help and a
+    name that is no command still see the whole tree."""
+    probe = ("import sys\n"
+             "from dcptool.cli import app\n"
+             "try:\n"
+             "    app.main(sys.argv[1:])\n"
+             "except SystemExit:\n"
+             "    pass\n"
+             "import json\n"
+             "print(json.dumps([m for m in sys.modules if m.startswith('dcptool.')]),"
+             " file=sys.stderr)\n")
+
+    def imported(*argv: str) -> set[str]:
+        r = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
+                           text=True, timeout=60, stdin=subprocess.DEVNULL)
+        return set(json.loads(r.stderr.strip().splitlines()[-1]))
+
+    alone = imported("-q", "backup", "--help")
+    assert "dcptool.cli.backup" in alone
+    assert not alone & {"dcptool.cli.node", "dcptool.cli.decode", "dcptool.cli.tail",
+                        "dcptool.node.server", "dcptool.cli.cluster"}, sorted(alone)
+    every = {f"dcptool.cli.{m}" for m in cli_app.COMMAND_MODULES.values()}
+    assert every <= imported("--help")
+    assert every <= imported("bakup")
