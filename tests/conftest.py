@@ -185,10 +185,16 @@ def vectors_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def spark():
-    """The one local SparkSession of the test run (Spark start-up costs seconds)."""
-    from dcptool.pipeline.runtime import get_spark
+    """The one local SparkSession of the test run (Spark start-up costs seconds). It runs
+    short jobs on small data: its JVM compiles with the client compiler only and collects
+    with the serial collector, as dcptool's own commands start theirs (pipeline/runtime.py),
+    which spends a fraction of the default's CPU on such jobs."""
+    from dcptool.pipeline import runtime
 
-    session = get_spark("local[2]", app_name="dcptool-tests")
+    log4j = Path(runtime.__file__).with_name("log4j2.properties")
+    session = runtime.get_spark("local[2]", app_name="dcptool-tests", conf={
+        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{log4j} "
+                                         "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
     yield session
     session.stop()
 
@@ -203,11 +209,15 @@ _ENGINE_ENV_DROPPED = ("AWS_", "DCPTOOL_S3_", "DCPTOOL_PASSWORD", "DCPTOOL_ARCHI
 
 
 @pytest.fixture(scope="session")
-def warm_engine():
+def warm_engine(s3_server):
     """One `dcptool engine` (a Spark driver with its Python workers warmed up) for the test
     run, or for each xdist worker, started when a test first asks for it, in a directory of
     its own (never the run's DCPTOOL_ENGINE_DIR, which other tests' commands use): its path.
-    A command attaches to it only where `on_engine` points DCPTOOL_ENGINE_DIR at it."""
+    A command attaches to it only where `on_engine` points DCPTOOL_ENGINE_DIR at it.
+
+    Its executors have the run's S3 server's endpoint and credentials (`s3_server`, and
+    never a test's own), as a cluster's machines are given theirs: commands on archives in
+    that server's buckets run on it too."""
     import shutil
     import subprocess
     import sys
@@ -215,6 +225,7 @@ def warm_engine():
 
     d = tempfile.mkdtemp(prefix="dcpeng-")  # short: a Unix socket's path has a length limit
     env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_ENV_DROPPED)}
+    env.update({k: v for k, v in s3_server.env().items() if k.startswith("AWS_")})
     env["DCPTOOL_ENGINE_DIR"] = d
 
     def engine(*args: str) -> subprocess.CompletedProcess:
@@ -237,7 +248,8 @@ def on_engine(warm_engine, monkeypatch):
     made from it, after this fixture) run their Spark jobs on `warm_engine` instead of
     starting a JVM each: for tests of what a command does, not of how Spark starts. Not for a
     test whose commands give their Spark tasks something through the environment (fault
-    injection, S3 credentials, a umask), count processes or time Spark's start."""
+    injection, S3 credentials other than `s3_server`'s, a umask), count processes or time
+    Spark's start."""
     monkeypatch.setenv("DCPTOOL_ENGINE_DIR", warm_engine)
     monkeypatch.delenv("DCPTOOL_ENGINE", raising=False)
     return warm_engine

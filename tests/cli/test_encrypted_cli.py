@@ -1,8 +1,8 @@
 """Encrypted archives as a user runs them: `dcptool backup --encrypt`, an incremental, the
 readers (info, verify, examine, export), merge, restore into a fresh node, `key`; a wrong
 passphrase, a changed passphrase and changed bytes. Each command is a process of its own,
-against a real node process; on local files their Spark jobs run on a warm `dcptool
-engine`, on S3 each command starts its own Spark."""
+against a real node process; their Spark jobs run on the test run's warm `dcptool engine`
+(tests/conftest.py), on local files and on S3 alike: the data keys go with the tasks."""
 from __future__ import annotations
 
 import json
@@ -153,9 +153,10 @@ def test_encrypted_full_incremental_merge_restore_and_tampering(env, tmp_path):
         assert node_documents(opts_for(dst)) == {}
 
 
-def test_encrypted_archive_on_s3_backup_incremental_restore(s3, tmp_path):
+def test_encrypted_archive_on_s3_backup_incremental_restore(s3, warm_engine, tmp_path):
     server, bucket = s3
-    env = server.env(DCPTOOL_PASSWORD="password", DCPTOOL_ARCHIVE_PASSPHRASE=PASS)
+    env = server.env(DCPTOOL_PASSWORD="password", DCPTOOL_ARCHIVE_PASSPHRASE=PASS,
+                     DCPTOOL_ENGINE_DIR=warm_engine)
     for k in ("DCPTOOL_SPARK_MASTER", "DCPTOOL_FAULT", "NO_COLOR",
               "DCPTOOL_ARCHIVE_PASSPHRASE_FILE"):
         env.pop(k, None)

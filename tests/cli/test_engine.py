@@ -219,8 +219,8 @@ def _interrupted_and_killed(src, tmp_path: Path, engine_dir: str) -> None:
 
 
 @pytest.mark.slow
-def test_an_engine_without_s3_credentials_is_named_before_any_work(s3_server, tmp_path,
-                                                                   engine_dir):
+def test_an_engine_without_s3_credentials_is_named_before_any_work(s3_server, warm_engine,
+                                                                   tmp_path, engine_dir):
     """An engine started where no S3 credentials are set, commands run where they are: the
     engine's executors are checked before any work, and the one line says to restart the
     engine with them; backup leaves no partial backup, export no traceback, and merge,
@@ -235,12 +235,14 @@ def test_an_engine_without_s3_credentials_is_named_before_any_work(s3_server, tm
     try:
         cluster = f"{src.host}:{src.port}"
         assert cli("doc", "load", "--count", "50", "-c", cluster, "-q").returncode == 0
-        # the archive, made without the engine
-        r = cli("backup", "-c", cluster, url, "--json", DCPTOOL_ENGINE="off", **with_s3)
+        # the archive, made on the test run's warm engine (its executors have the S3
+        # server's credentials)
+        made_by = dict(with_s3, DCPTOOL_ENGINE_DIR=warm_engine)
+        r = cli("backup", "-c", cluster, url, "--json", **made_by)
         assert r.returncode == 0, r.stderr
         # a second backup, of no change (no Spark): a chain of two that merge, prune and
         # remove would merge, every vbucket of it
-        r = cli("backup", "-c", cluster, url, "--json", DCPTOOL_ENGINE="off", **with_s3)
+        r = cli("backup", "-c", cluster, url, "--json", **made_by)
         assert r.returncode == 0, r.stderr
         first = json.loads(cli("info", url, "--json", **with_s3).stdout)["backups"][0]["id"]
 

@@ -1,9 +1,11 @@
 """Backups to S3 as a user runs them: `dcptool backup|info|verify|restore s3://BUCKET/PREFIX`
 as processes, against a real node process and a real S3 server process (SeaweedFS).
 
-Each command runs as its own process (its own Spark), with the S3 server's endpoint and
-credentials in its environment as a user would set them (AWS_ENDPOINT_URL,
-AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)."""
+Each command runs as its own process, with the S3 server's endpoint and credentials in its
+environment as a user would set them (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY). A first backup, a killed one and racing ones start their own Spark;
+the commands after them run their Spark jobs on the test run's warm `dcptool engine`, whose
+executors have the same server's credentials (tests/conftest.py)."""
 from __future__ import annotations
 
 import json
@@ -41,12 +43,18 @@ def env(s3):
     return e
 
 
+@pytest.fixture
+def engine_env(env, warm_engine):
+    """`env`, with the commands' Spark jobs on the warm engine."""
+    return dict(env, DCPTOOL_ENGINE_DIR=warm_engine)
+
+
 def docs(n: int, tag: str) -> dict[str, dict]:
     return {f"doc::{i:05d}": {"i": i, "tag": tag, "name": f"hotel {i}", "city": "Lyon"}
             for i in range(n)}
 
 
-def test_full_incremental_verify_restore_on_s3(s3, env, tmp_path):
+def test_full_incremental_verify_restore_on_s3(s3, env, engine_env, tmp_path):
     server, bucket = s3
     url = f"s3://{bucket}/backups/travel"
     with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
@@ -61,7 +69,7 @@ def test_full_incremental_verify_restore_on_s3(s3, env, tmp_path):
         with opts.connect() as conn:
             load(conn, {k: v for k, v in list(docs(N, "two").items())[:100]}, VBS)
             delete(conn, [f"doc::{i:05d}" for i in range(200, 220)], VBS)
-        r = run(env, "backup", "-c", f"{node.host}:{node.port}", url, "--json")
+        r = run(engine_env, "backup", "-c", f"{node.host}:{node.port}", url, "--json")
         assert r.returncode == 0, r.stderr
         inc = json.loads(r.stdout)
         assert inc["type"] == "incremental"
@@ -84,37 +92,37 @@ def test_full_incremental_verify_restore_on_s3(s3, env, tmp_path):
     assert packs and batches and not [n for n in names if n.startswith("vb-")], names
     assert len(names) == len(packs) + len(batches) + 2  # backup.json, manifest.json
 
-    r = run(env, "info", url, "--json")
+    r = run(engine_env, "info", url, "--json")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert [b["type"] for b in info["backups"]] == ["full", "incremental"]
-    r = run(env, "verify", url)
+    r = run(engine_env, "verify", url)
     assert r.returncode == 0, r.stdout + r.stderr
 
     with NodeProcess(tmp_path / "dst", vbuckets=VBS) as dst:
-        r = run(env, "restore", url, "-c", f"{dst.host}:{dst.port}", "--json")
+        r = run(engine_env, "restore", url, "-c", f"{dst.host}:{dst.port}", "--json")
         assert r.returncode == 0, r.stderr
         assert_no_noise(r.stdout, r.stderr)
         assert node_documents(opts_for(dst)) == expected
 
     # the other readers and writers of an archive, on the same objects
-    r = run(env, "examine", url, "doc::00201", "--json")
+    r = run(engine_env, "examine", url, "doc::00201", "--json")
     assert r.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)["versions"]) == 2  # written, then deleted
-    r = run(env, "export", url, str(tmp_path / "out"), "--format", "jsonl", "--resolved")
+    r = run(engine_env, "export", url, str(tmp_path / "out"), "--format", "jsonl", "--resolved")
     assert r.returncode == 0, r.stderr
     exported = [json.loads(line) for f in (tmp_path / "out").glob("*.jsonl")
                 for line in f.read_text().splitlines()]
     assert len([d for d in exported if not d.get("deleted")]) == N - 20
-    r = run(env, "merge", url, "--json")
+    r = run(engine_env, "merge", url, "--json")
     assert r.returncode == 0, r.stderr
-    r = run(env, "info", url, "--json")
+    r = run(engine_env, "info", url, "--json")
     assert [b["type"] for b in json.loads(r.stdout)["backups"]] == ["full"]
     assert not [o["Key"] for o in server.client().list_objects_v2(
         Bucket=bucket, Prefix="backups/travel/.merge-staging/").get("Contents", [])]
-    assert run(env, "verify", url).returncode == 0
+    assert run(engine_env, "verify", url).returncode == 0
     with NodeProcess(tmp_path / "dst2", vbuckets=VBS) as dst:
-        r = run(env, "restore", url, "-c", f"{dst.host}:{dst.port}", "--json")
+        r = run(engine_env, "restore", url, "-c", f"{dst.host}:{dst.port}", "--json")
         assert r.returncode == 0, r.stderr
         assert node_documents(opts_for(dst)) == expected
 
@@ -135,7 +143,7 @@ def test_executors_that_cannot_reach_the_archive_are_told_in_one_line(spark, s3)
     assert "credentials" in msg and "\n" not in msg
 
 
-def test_backup_killed_mid_upload_resumes_with_nothing_lost(s3, env, tmp_path):
+def test_backup_killed_mid_upload_resumes_with_nothing_lost(s3, env, engine_env, tmp_path):
     server, bucket = s3
     url = f"s3://{bucket}/k"
     with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
@@ -148,20 +156,21 @@ def test_backup_killed_mid_upload_resumes_with_nothing_lost(s3, env, tmp_path):
                      "--partitions", "2", "--master", "local[2]")
         out, err = proc.communicate(timeout=240)
         assert proc.returncode == -9, err[-2000:]
-        r = run(env, "info", url, "--json")
+        r = run(engine_env, "info", url, "--json")
         info = json.loads(r.stdout)
         assert [b["state"] for b in info["backups"]] == ["partial"], info
-        r = run(env, "backup", "-c", f"{node.host}:{node.port}", url, "--json", "--no-watermark")
+        r = run(engine_env, "backup", "-c", f"{node.host}:{node.port}", url, "--json",
+                "--no-watermark")
         assert r.returncode == 0, r.stderr
         res = json.loads(r.stdout)
         assert res["resumed"] is True
-        r = run(env, "verify", url)
+        r = run(engine_env, "verify", url)
         assert r.returncode == 0, r.stdout + r.stderr
         # no upload left open by the killed run
         assert server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
         expected = node_documents(opts)
     with NodeProcess(tmp_path / "dst", vbuckets=VBS) as dst:
-        r = run(env, "restore", url, "-c", f"{dst.host}:{dst.port}", "--json")
+        r = run(engine_env, "restore", url, "-c", f"{dst.host}:{dst.port}", "--json")
         assert r.returncode == 0, r.stderr
         assert node_documents(opts_for(dst)) == expected
 

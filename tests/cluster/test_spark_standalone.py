@@ -39,6 +39,8 @@ SPARK_HOME = Path(importlib.util.find_spec("pyspark").origin).parent
 VBS = 16
 N = 400
 DELETED = [f"doc::{i:04d}" for i in range(0, N, 20)]  # 20 tombstones
+EXECUTOR_JAVA_OPTIONS = ('--conf "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 '
+                         '-XX:+UseSerialGC" pyspark-shell')
 
 
 class Daemon:
@@ -144,6 +146,9 @@ def run(args: list[str], *, timeout: float = 180, env: dict[str, str] | None = N
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
     for k in ("DCPTOOL_SPARK_MASTER", "DCPTOOL_SPARK_LOG", "DCPTOOL_FAULT", "NO_COLOR"):
         env.pop(k, None)
+    # the executors' JVMs tuned as a small cluster's operator would for short jobs (PySpark's
+    # own way to pass spark-submit options): the client compiler only, the serial collector
+    env["PYSPARK_SUBMIT_ARGS"] = EXECUTOR_JAVA_OPTIONS
     return subprocess.run(args, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                           env=env, timeout=timeout, cwd=cwd)
 
