@@ -4,7 +4,8 @@
    save every byte the node sent (handshake replies, failover logs, markers, mutations,
    noops, stream ends) to a file, with a JSON sidecar describing the session that asked.
    By default the script starts a reference node in a temporary directory, loads
-   `--mutations` documents of `--value-size` bytes and records from it. `-c HOST:PORT`
+   `--mutations` JSON documents of ~`--value-size` bytes on average (`benchmarks/docs.py`)
+   and records from it. `-c HOST:PORT`
    records from a running node instead; `--synthetic` builds the stream with the codec.
 2. Replay: a separate sender process writes the file to a loopback socket as fast as the
    kernel allows; this process decodes it
@@ -35,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.docs import values  # noqa: E402
 from dcptool.client import (  # noqa: E402
     ZERO,
     Connection,
@@ -131,7 +133,7 @@ def record_synthetic(out: Path, mutations: int, value_size: int, vbuckets: int) 
             elif isinstance(m, DcpStreamReq):
                 opaques[m.vbucket] = m.opaque
                 f.write(StreamReqOk(opaque=m.opaque, failover_log=((0x1234, 0),)).encode())
-        value = (b'{"v":"' + b"x" * max(0, value_size - 8) + b'"}')[:value_size]
+        docs = values(mutations, value_size)
         cas = 0x17E2C5A4B1000000
         seq = {vb: 0 for vb in opaques}
         chunk = bytearray()
@@ -148,7 +150,7 @@ def record_synthetic(out: Path, mutations: int, value_size: int, vbuckets: int) 
                     sq = start + i
                     chunk += DcpMutation(vbucket=vb, opaque=opaques[vb], by_seqno=sq, rev_seqno=1,
                                          cas=cas + sq, datatype=1, key=b"doc::%010d" % (sq * vbuckets + vb),
-                                         value=value).encode()
+                                         value=next(docs)).encode()
                 seq[vb] += n
                 remaining[vb] = left - n
                 if remaining[vb] == 0:
@@ -191,14 +193,14 @@ def start_node_and_load(tmp: Path, mutations: int, value_size: int, vbuckets: in
     from dcptool.protocol.messages import Set
     from dcptool.protocol.vbucket import vbucket_of
 
-    value = (b'{"v":"' + b"x" * max(0, value_size - 8) + b'"}')[:value_size]
+    docs = values(mutations, value_size)
     with Connection.open("127.0.0.1", port, username=USER, password=PASSWORD, timeout=60) as c:
         batch = 2000
         t0 = time.perf_counter()
         for base in range(0, mutations, batch):
             out = bytearray()
             ops = []
-            for i in range(base, min(mutations, base + batch)):
+            for i, value in zip(range(base, min(mutations, base + batch)), docs):
                 key = b"doc::%010d" % i
                 frame = Set(key=key, value=value, vbucket=vbucket_of(key, vbuckets),
                             datatype=1).to_frame()
@@ -355,10 +357,11 @@ def run_headers(sender: Sender, total_bytes: int) -> tuple[int, float]:
 
 
 def run_pack_zstd(sender: Sender, total_bytes: int, out_path: Path, level: int = 3,
-                  block: int = 1 << 20) -> tuple[int, float]:
+                  block: int = 1 << 20) -> tuple[int, float, int]:
     """Limit 1c: parse, build a record tuple, msgpack it into one buffer, zstd-`level` each
     ~1 MiB block and write it to a file. The plain-Python ceiling for a backup task (keys
-    and values are slices of a bytes copy of each chunk: cheaper than bytes(view[a:b]))."""
+    and values are slices of a bytes copy of each chunk: cheaper than bytes(view[a:b])).
+    Returns (records, seconds, bytes of the file)."""
     import msgpack
     import zstandard
 
@@ -404,7 +407,7 @@ def run_pack_zstd(sender: Sender, total_bytes: int, out_path: Path, level: int =
             f.write(cctx.compress(out))
     secs = time.perf_counter() - t0
     sock.close()
-    return msgs, secs
+    return msgs, secs, out_path.stat().st_size
 
 
 def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[int, float, int]:
