@@ -47,7 +47,7 @@ from dcptool.client import (  # noqa: E402
     get_vbucket_seqnos,
 )
 from dcptool.protocol import FrameDecoder, decode_message, encode_frame  # noqa: E402
-from dcptool.protocol.constants import Magic, Opcode  # noqa: E402
+from dcptool.protocol.constants import Feature, Magic, Opcode  # noqa: E402
 from dcptool.protocol.messages import (  # noqa: E402
     DcpControl,
     DcpMutation,
@@ -65,6 +65,7 @@ USER = "Administrator"
 # --------------------------------------------------------------------------- recording
 
 def _config(meta: dict, **kw) -> SessionConfig:
+    kw.setdefault("collections", int(Feature.COLLECTIONS) in meta.get("features", ()))
     return SessionConfig(name=meta["name"], buffer_size=meta["buffer_size"],
                          noop_interval=meta["noop_interval"], **kw)
 
@@ -75,12 +76,21 @@ def _plan(meta: dict) -> dict[int, tuple[Position, int]]:
 
 def record_from_node(host: str, port: int, out: Path, *, bucket: str, user: str,
                      password: str) -> dict:
+    """Record the session a backup task opens (`backup_consumer_config`, HELLO with
+    Collections as `dcptool backup` negotiates it: doc keys, as the task meets them)."""
+    from dcptool.client.connection import COLLECTION_FEATURES
+    from dcptool.pipeline.backup import backup_consumer_config
+
     with Connection.open(host, port, username=user, password=password, bucket=bucket) as c:
         seqnos = get_vbucket_seqnos(c, state=1)
     meta = {"name": "bench-replay", "buffer_size": 16 * 1024 * 1024, "noop_interval": 60.0,
             "ends": {str(vb): s for vb, s in sorted(seqnos.items()) if s > 0}}
-    conn = Connection.open(host, port, username=user, password=password, bucket=bucket)
-    consumer = DcpConsumer(conn, _config(meta))
+    conn = Connection.open(host, port, username=user, password=password, bucket=bucket,
+                           features=COLLECTION_FEATURES)
+    meta["features"] = sorted(int(f) for f in conn.features)
+    consumer = DcpConsumer(conn, backup_consumer_config(meta["name"],
+                                                        buffer_size=meta["buffer_size"],
+                                                        noop_interval=meta["noop_interval"]))
     # record every byte: wrap the socket's recv_into
     sink = open(out, "wb")
     real = conn.sock
@@ -149,7 +159,8 @@ def record_synthetic(out: Path, mutations: int, value_size: int, vbuckets: int) 
                 for i in range(n):
                     sq = start + i
                     chunk += DcpMutation(vbucket=vb, opaque=opaques[vb], by_seqno=sq, rev_seqno=1,
-                                         cas=cas + sq, datatype=1, key=b"doc::%010d" % (sq * vbuckets + vb),
+                                         cas=cas + sq, datatype=1,
+                                         key=b"\x00doc::%010d" % (sq * vbuckets + vb),
                                          value=next(docs)).encode()
                 seq[vb] += n
                 remaining[vb] = left - n
@@ -163,6 +174,8 @@ def record_synthetic(out: Path, mutations: int, value_size: int, vbuckets: int) 
     meta["mutations"] = mutations
     meta["bytes"] = out.stat().st_size
     meta["recorded_from"] = "synthetic"
+    # keys are doc keys (the default collection's 0x00 in front): a Collections session's
+    meta["features"] = [int(Feature.COLLECTIONS)]
     return meta
 
 
@@ -430,7 +443,7 @@ def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[in
                for vb in plan}
     run = {vb: {"opens": 0, "retries": 0, "first_open": None} for vb in plan}
     sock = sender.connect()
-    conn = Connection(sock, "replay", sender.port, timeout=30)
+    conn = replay_connection(sock, sender, meta)
     config = backup_consumer_config(meta["name"], buffer_size=meta["buffer_size"],
                                     noop_interval=meta["noop_interval"], **kw)
     consumer = DcpConsumer(conn, config)
@@ -455,9 +468,17 @@ def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[in
     return items, secs, size
 
 
+def replay_connection(sock: socket.socket, sender: Sender, meta: dict) -> Connection:
+    """A connection on the replay's socket that negotiated what the recorded one did
+    (Collections: the stream's keys are doc keys)."""
+    conn = Connection(sock, "replay", sender.port, timeout=30)
+    conn.features = frozenset(meta.get("features", ()))
+    return conn
+
+
 def run_session(sender: Sender, meta: dict, **kw) -> tuple[int, float]:
     sock = sender.connect()
-    conn = Connection(sock, "replay", sender.port, timeout=30)
+    conn = replay_connection(sock, sender, meta)
     consumer = DcpConsumer(conn, _config(meta, **kw))
     consumer.start()
     consumer.add_streams(_plan(meta))
