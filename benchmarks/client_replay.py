@@ -423,6 +423,10 @@ def run_pack_zstd(sender: Sender, total_bytes: int, out_path: Path, level: int =
     return msgs, secs, out_path.stat().st_size
 
 
+#: seconds of the last run_backup_task's filesystem sync (part of its seconds)
+last_sync_seconds = 0.0
+
+
 def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[int, float, int]:
     """dcptool's backup task loop (`dcptool.pipeline.backup.write_events`, the code a Spark
     task runs) on the replayed stream, into a fresh archive under `scratch`.
@@ -454,7 +458,10 @@ def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[in
     pending = write_events(consumer, writers, {vb: VBucketPlan(vb, p, end) for vb, (p, end) in plan.items()},
                            {vb: p for vb, (p, _) in plan.items()},
                            run, summaries, time.monotonic(), tick=30)
+    ts = time.perf_counter()
     sync_filesystem(scratch)
+    global last_sync_seconds
+    last_sync_seconds = time.perf_counter() - ts
     secs = time.perf_counter() - t0
     consumer.close()
     if pending:
