@@ -1,8 +1,10 @@
-"""Back up N documents of S bytes from a local node with local Spark, then restore them.
+"""Back up N JSON documents of ~S bytes from a local node with local Spark, then restore them.
 
     python benchmarks/backup_restore.py -n 1000000 -s 256 [--vbuckets 1024] [--json out.json]
 
-Reports, measured in one run on this machine: load rate, Spark start-up, backup wall time,
+Reports, measured in one run on this machine: load rate, (with --cold) the wall time of a
+cold `dcptool backup` command of the same node and its Spark start-up, Spark start-up in
+this process, backup wall time,
 items/s and MB/s of values, archive size against the raw values and against `zstd -3` of
 the concatenated raw values, Spark's per-job overhead (an empty job with as many tasks),
 and the restore rate into a second node (until every write was confirmed, then until the
@@ -17,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import secrets
 import shutil
 import struct
@@ -31,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import zstandard  # noqa: E402
 
+from benchmarks import docs  # noqa: E402
+
 from dcptool.client.options import ConnOptions  # noqa: E402
 from dcptool.node.launcher import LocalNode  # noqa: E402
 from dcptool.pipeline.backup import run_backup  # noqa: E402
@@ -40,16 +43,6 @@ from dcptool.protocol import HEADER, vbucket_of  # noqa: E402
 from dcptool.protocol.constants import Magic, Opcode  # noqa: E402
 
 SET_EXTRAS = struct.Struct(">II")
-
-
-def make_value(i: int, size: int, rnd: random.Random) -> bytes:
-    """A JSON document of exactly `size` bytes with realistic repeated field names."""
-    head = (f'{{"id":{i},"type":"order","status":"{rnd.choice(["new", "paid", "shipped"])}",'
-            f'"customer":"cust-{rnd.randrange(100000):06d}","total":{rnd.randrange(100000) / 100},'
-            f'"note":"')
-    pad = size - len(head) - 2
-    body = "".join(rnd.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(max(0, pad)))
-    return (head + body + '"}').encode()[:size]
 
 
 def set_documents(opts: ConnOptions, docs, vbuckets: int, window: int = 5000) -> None:
@@ -75,8 +68,8 @@ def set_documents(opts: ConnOptions, docs, vbuckets: int, window: int = 5000) ->
 
 
 def load(opts: ConnOptions, n: int, size: int, vbuckets: int, window: int = 5000) -> list[bytes]:
-    rnd = random.Random(42)
-    values = [make_value(i, size, rnd) for i in range(n)]
+    """SETQ `n` JSON documents of ~`size` bytes on average (`benchmarks/docs.py`)."""
+    values = list(docs.values(n, size))
     set_documents(opts, ((f"order::{i:09d}".encode(), v) for i, v in enumerate(values)),
                   vbuckets, window)
     return values
@@ -113,9 +106,37 @@ def measure_restore(archive: Path, node_dir: Path, password: str, vbuckets: int,
     return res
 
 
+def cold_command(host: str, port: int, password: str, archive: Path) -> dict:
+    """`python -m dcptool backup` of the node as a process of its own (a cold JVM, no
+    engine: what a user's first command pays), this tree's dcptool: its wall time, from
+    exec to exit, and its --json's Spark start-up."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, DCPTOOL_PASSWORD=password, DCPTOOL_ENGINE="off",
+               PYTHONPATH=os.pathsep.join(filter(None, (str(repo), os.environ.get("PYTHONPATH")))))
+    env.pop("DCPTOOL_SPARK_MASTER", None)
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "dcptool", "backup", str(archive),
+                        "-c", f"couchbase://{host}:{port}", "--json"], env=env, cwd=repo,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    wall = time.perf_counter() - t
+    if p.returncode != 0:
+        raise RuntimeError(f"dcptool backup: exit {p.returncode}: {p.stderr.strip()[-2000:]}")
+    d = json.loads(p.stdout)
+    items = d["mutations"] + d["deletions"] + d["expirations"]
+    return {"cold_command_wall_s": round(wall, 2),
+            "cold_command_seconds": d["seconds"],  # the command's own timing (after imports)
+            "cold_command_spark_startup_s": d["spark_startup_seconds"],
+            "cold_command_spark_share": round(d["spark_startup_seconds"] / wall, 3),
+            "cold_command_items_per_s": round(items / wall)}
+
+
 def run(n: int, size: int, vbuckets: int = 1024, *, master: str = "local[*]",
-        partitions: int | None = None, work_dir: str | None = None) -> dict:
-    """Load, back up and restore; the measurements as a dict (see the module's doc)."""
+        partitions: int | None = None, work_dir: str | None = None,
+        cold: bool = False) -> dict:
+    """Load, back up and restore; the measurements as a dict (see the module's doc).
+    `cold`: first time a cold `dcptool backup` command of the same node (`cold_command`)."""
     args = SimpleNamespace(n=n, s=size, vbuckets=vbuckets, master=master, partitions=partitions,
                            dir=work_dir)
     work = Path(args.dir or tempfile.mkdtemp(prefix="dcptool-bench-"))
@@ -134,6 +155,9 @@ def run(n: int, size: int, vbuckets: int = 1024, *, master: str = "local[*]",
             res["zstd3_seconds"] = round(time.perf_counter() - t, 2)
             del raw
 
+            if cold:  # before this process's Spark starts: nothing of it warm or busy
+                res.update(cold_command(a.host, a.port, password, work / "cold-archive"))
+                shutil.rmtree(work / "cold-archive", ignore_errors=True)
             t = time.perf_counter()
             spark = get_spark(args.master)
             spark.sparkContext.parallelize([0], 1).count()
@@ -184,6 +208,8 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=None)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--cold", action="store_true",
+                    help="first time a cold `dcptool backup` command of the same node")
     ap.add_argument("--restore-only", metavar="ARCHIVE", default=None,
                     help="only restore this archive (made by an earlier run with --dir) into a "
                          "fresh node, --repeat times")
@@ -204,7 +230,7 @@ def main() -> None:
                   flush=True)
         return
     res = run(args.n, args.s, args.vbuckets, master=args.master, partitions=args.partitions,
-              work_dir=args.dir)
+              work_dir=args.dir, cold=args.cold)
     report(res, args.json_out)
 
 

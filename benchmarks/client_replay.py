@@ -4,7 +4,8 @@
    save every byte the node sent (handshake replies, failover logs, markers, mutations,
    noops, stream ends) to a file, with a JSON sidecar describing the session that asked.
    By default the script starts a reference node in a temporary directory, loads
-   `--mutations` documents of `--value-size` bytes and records from it. `-c HOST:PORT`
+   `--mutations` JSON documents of ~`--value-size` bytes on average (`benchmarks/docs.py`)
+   and records from it. `-c HOST:PORT`
    records from a running node instead; `--synthetic` builds the stream with the codec.
 2. Replay: a separate sender process writes the file to a loopback socket as fast as the
    kernel allows; this process decodes it
@@ -35,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.docs import values  # noqa: E402
 from dcptool.client import (  # noqa: E402
     ZERO,
     Connection,
@@ -45,7 +47,7 @@ from dcptool.client import (  # noqa: E402
     get_vbucket_seqnos,
 )
 from dcptool.protocol import FrameDecoder, decode_message, encode_frame  # noqa: E402
-from dcptool.protocol.constants import Magic, Opcode  # noqa: E402
+from dcptool.protocol.constants import Feature, Magic, Opcode  # noqa: E402
 from dcptool.protocol.messages import (  # noqa: E402
     DcpControl,
     DcpMutation,
@@ -63,6 +65,7 @@ USER = "Administrator"
 # --------------------------------------------------------------------------- recording
 
 def _config(meta: dict, **kw) -> SessionConfig:
+    kw.setdefault("collections", int(Feature.COLLECTIONS) in meta.get("features", ()))
     return SessionConfig(name=meta["name"], buffer_size=meta["buffer_size"],
                          noop_interval=meta["noop_interval"], **kw)
 
@@ -73,12 +76,21 @@ def _plan(meta: dict) -> dict[int, tuple[Position, int]]:
 
 def record_from_node(host: str, port: int, out: Path, *, bucket: str, user: str,
                      password: str) -> dict:
+    """Record the session a backup task opens (`backup_consumer_config`, HELLO with
+    Collections as `dcptool backup` negotiates it: doc keys, as the task meets them)."""
+    from dcptool.client.connection import COLLECTION_FEATURES
+    from dcptool.pipeline.backup import backup_consumer_config
+
     with Connection.open(host, port, username=user, password=password, bucket=bucket) as c:
         seqnos = get_vbucket_seqnos(c, state=1)
     meta = {"name": "bench-replay", "buffer_size": 16 * 1024 * 1024, "noop_interval": 60.0,
             "ends": {str(vb): s for vb, s in sorted(seqnos.items()) if s > 0}}
-    conn = Connection.open(host, port, username=user, password=password, bucket=bucket)
-    consumer = DcpConsumer(conn, _config(meta))
+    conn = Connection.open(host, port, username=user, password=password, bucket=bucket,
+                           features=COLLECTION_FEATURES)
+    meta["features"] = sorted(int(f) for f in conn.features)
+    consumer = DcpConsumer(conn, backup_consumer_config(meta["name"],
+                                                        buffer_size=meta["buffer_size"],
+                                                        noop_interval=meta["noop_interval"]))
     # record every byte: wrap the socket's recv_into
     sink = open(out, "wb")
     real = conn.sock
@@ -131,7 +143,7 @@ def record_synthetic(out: Path, mutations: int, value_size: int, vbuckets: int) 
             elif isinstance(m, DcpStreamReq):
                 opaques[m.vbucket] = m.opaque
                 f.write(StreamReqOk(opaque=m.opaque, failover_log=((0x1234, 0),)).encode())
-        value = (b'{"v":"' + b"x" * max(0, value_size - 8) + b'"}')[:value_size]
+        docs = values(mutations, value_size)
         cas = 0x17E2C5A4B1000000
         seq = {vb: 0 for vb in opaques}
         chunk = bytearray()
@@ -147,8 +159,9 @@ def record_synthetic(out: Path, mutations: int, value_size: int, vbuckets: int) 
                 for i in range(n):
                     sq = start + i
                     chunk += DcpMutation(vbucket=vb, opaque=opaques[vb], by_seqno=sq, rev_seqno=1,
-                                         cas=cas + sq, datatype=1, key=b"doc::%010d" % (sq * vbuckets + vb),
-                                         value=value).encode()
+                                         cas=cas + sq, datatype=1,
+                                         key=b"\x00doc::%010d" % (sq * vbuckets + vb),
+                                         value=next(docs)).encode()
                 seq[vb] += n
                 remaining[vb] = left - n
                 if remaining[vb] == 0:
@@ -161,6 +174,8 @@ def record_synthetic(out: Path, mutations: int, value_size: int, vbuckets: int) 
     meta["mutations"] = mutations
     meta["bytes"] = out.stat().st_size
     meta["recorded_from"] = "synthetic"
+    # keys are doc keys (the default collection's 0x00 in front): a Collections session's
+    meta["features"] = [int(Feature.COLLECTIONS)]
     return meta
 
 
@@ -191,14 +206,14 @@ def start_node_and_load(tmp: Path, mutations: int, value_size: int, vbuckets: in
     from dcptool.protocol.messages import Set
     from dcptool.protocol.vbucket import vbucket_of
 
-    value = (b'{"v":"' + b"x" * max(0, value_size - 8) + b'"}')[:value_size]
+    docs = values(mutations, value_size)
     with Connection.open("127.0.0.1", port, username=USER, password=PASSWORD, timeout=60) as c:
         batch = 2000
         t0 = time.perf_counter()
         for base in range(0, mutations, batch):
             out = bytearray()
             ops = []
-            for i in range(base, min(mutations, base + batch)):
+            for i, value in zip(range(base, min(mutations, base + batch)), docs):
                 key = b"doc::%010d" % i
                 frame = Set(key=key, value=value, vbucket=vbucket_of(key, vbuckets),
                             datatype=1).to_frame()
@@ -355,10 +370,11 @@ def run_headers(sender: Sender, total_bytes: int) -> tuple[int, float]:
 
 
 def run_pack_zstd(sender: Sender, total_bytes: int, out_path: Path, level: int = 3,
-                  block: int = 1 << 20) -> tuple[int, float]:
+                  block: int = 1 << 20) -> tuple[int, float, int]:
     """Limit 1c: parse, build a record tuple, msgpack it into one buffer, zstd-`level` each
     ~1 MiB block and write it to a file. The plain-Python ceiling for a backup task (keys
-    and values are slices of a bytes copy of each chunk: cheaper than bytes(view[a:b]))."""
+    and values are slices of a bytes copy of each chunk: cheaper than bytes(view[a:b])).
+    Returns (records, seconds, bytes of the file)."""
     import msgpack
     import zstandard
 
@@ -404,7 +420,11 @@ def run_pack_zstd(sender: Sender, total_bytes: int, out_path: Path, level: int =
             f.write(cctx.compress(out))
     secs = time.perf_counter() - t0
     sock.close()
-    return msgs, secs
+    return msgs, secs, out_path.stat().st_size
+
+
+#: seconds of the last run_backup_task's filesystem sync (part of its seconds)
+last_sync_seconds = 0.0
 
 
 def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[int, float, int]:
@@ -427,7 +447,7 @@ def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[in
                for vb in plan}
     run = {vb: {"opens": 0, "retries": 0, "first_open": None} for vb in plan}
     sock = sender.connect()
-    conn = Connection(sock, "replay", sender.port, timeout=30)
+    conn = replay_connection(sock, sender, meta)
     config = backup_consumer_config(meta["name"], buffer_size=meta["buffer_size"],
                                     noop_interval=meta["noop_interval"], **kw)
     consumer = DcpConsumer(conn, config)
@@ -438,7 +458,10 @@ def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[in
     pending = write_events(consumer, writers, {vb: VBucketPlan(vb, p, end) for vb, (p, end) in plan.items()},
                            {vb: p for vb, (p, _) in plan.items()},
                            run, summaries, time.monotonic(), tick=30)
+    ts = time.perf_counter()
     sync_filesystem(scratch)
+    global last_sync_seconds
+    last_sync_seconds = time.perf_counter() - ts
     secs = time.perf_counter() - t0
     consumer.close()
     if pending:
@@ -452,9 +475,17 @@ def run_backup_task(sender: Sender, meta: dict, scratch: Path, **kw) -> tuple[in
     return items, secs, size
 
 
+def replay_connection(sock: socket.socket, sender: Sender, meta: dict) -> Connection:
+    """A connection on the replay's socket that negotiated what the recorded one did
+    (Collections: the stream's keys are doc keys)."""
+    conn = Connection(sock, "replay", sender.port, timeout=30)
+    conn.features = frozenset(meta.get("features", ()))
+    return conn
+
+
 def run_session(sender: Sender, meta: dict, **kw) -> tuple[int, float]:
     sock = sender.connect()
-    conn = Connection(sock, "replay", sender.port, timeout=30)
+    conn = replay_connection(sock, sender, meta)
     consumer = DcpConsumer(conn, _config(meta, **kw))
     consumer.start()
     consumer.add_streams(_plan(meta))

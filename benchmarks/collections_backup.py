@@ -4,7 +4,7 @@
     python -m benchmarks run --only collections
 
 Two reference nodes hold the same N JSON documents (built like the travel sample's, see
-`benchmarks/snappy_backup.py`: ~0.9 KB on average, `zstd -3` takes them to ~0.22 of their
+`benchmarks/docs.py`: ~0.9 KB on average, `zstd -3` takes them to ~0.24 of their
 size): one all in the default collection, the other spread evenly over 100 collections
 (10 scopes of 10, created over the node's REST port). The backup task's loop
 (`dcptool.pipeline.backup.write_events` into archive writers, no Spark) then streams each
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import secrets
 import shutil
 import statistics
@@ -41,7 +40,8 @@ from dcptool.protocol import HEADER, vbucket_of  # noqa: E402
 from dcptool.protocol.collections import doc_key  # noqa: E402
 from dcptool.protocol.constants import Magic, Opcode  # noqa: E402
 from benchmarks.backup_restore import SET_EXTRAS  # noqa: E402
-from benchmarks.snappy_backup import document  # noqa: E402
+from benchmarks.docs import values  # noqa: E402
+from benchmarks.snappy_backup import DOC_SIZE  # noqa: E402
 from benchmarks.snappy_backup import task_backup as snappy_task_backup  # noqa: E402
 
 MODES = ("legacy", "default", "100-coll")
@@ -69,15 +69,14 @@ def load(opts: ConnOptions, n: int, vbuckets: int, cids: list[int] | None,
          window: int = 5000) -> int:
     """SETQ `n` documents (JSON datatype), round-robin over `cids` (None: the default
     collection on a legacy connection); the bytes of their values."""
-    rnd = random.Random(42)
     raw = 0
     i = 0
+    docs = values(n, DOC_SIZE)
     with opts.connect(collections=cids is not None) as conn:
         while i < n:
             buf = bytearray()
-            for j in range(i, min(n, i + window)):
+            for j, val in zip(range(i, min(n, i + window)), docs):
                 key = f"doc::{j:09d}".encode()
-                val = document(j, rnd)
                 raw += len(val)
                 wire_key = doc_key(cids[j % len(cids)], key) if cids else key
                 buf += HEADER.pack(Magic.REQUEST, Opcode.SETQ, len(wire_key), 8, 1,

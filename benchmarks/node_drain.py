@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.docs import values  # noqa: E402
 from dcptool.protocol import FrameDecoder, encode_frame, vbucket_of  # noqa: E402
 from dcptool.protocol.constants import Feature, Opcode  # noqa: E402
 
@@ -65,7 +66,7 @@ def session(host: str, port: int, password: str) -> tuple[socket.socket, callabl
 def _load(args) -> None:
     host, port, password, lo, hi, size, vbuckets = args
     s, _ = session(host, port, password)
-    body = (b'{"pad":"' + b"x" * (size - 11) + b'"}')[:size]
+    bodies = values(hi - lo, size, start=lo)
     window = 1024
     sent = received = 0
     count = hi - lo
@@ -76,7 +77,7 @@ def _load(args) -> None:
             s.sendall(b"".join(
                 encode_frame(0x80, Opcode.SET, vbucket_of(b"doc-%09d" % i, vbuckets), 0,
                              datatype=1, extras=b"\x00" * 8, key=b"doc-%09d" % i, value=body)
-                for i in range(lo + sent, lo + sent + n)))
+                for i, body in zip(range(lo + sent, lo + sent + n), bodies)))
             sent += n
             continue
         buf += s.recv(1 << 20)
@@ -94,6 +95,10 @@ def _load(args) -> None:
 
 
 def load(host, port, password, n, size, vbuckets, procs=3) -> float:
+    # the documents (benchmarks/docs.py), made once in this process: the forked loaders
+    # inherit them, and so do the next loads of the same documents
+    for _ in values(n, size):
+        pass
     t0 = time.perf_counter()
     per = (n + procs - 1) // procs
     jobs = [(host, port, password, i * per, min(n, (i + 1) * per), size, vbuckets)

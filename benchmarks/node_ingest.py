@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.docs import values  # noqa: E402
 from dcptool.protocol import FrameDecoder, encode_frame, vbucket_of  # noqa: E402
 from dcptool.protocol.constants import Feature, Opcode  # noqa: E402
 
@@ -55,12 +56,13 @@ def _session(host: str, port: int, password: str) -> socket.socket:
 def _load(args, barrier=None) -> tuple[int, float, float]:
     host, port, password, start, count, size, vbuckets, window, prefix = args
     s = _session(host, port, password)
-    body = (b'{"pad":"' + b"x" * max(0, size - 11) + b'"}')[:size] if size >= 11 else b"x" * size
+    # JSON documents of ~size bytes (benchmarks/docs.py); raw bytes below a JSON's least
+    bodies = values(count, size, start=start) if size >= 64 else iter(lambda: b"x" * size, None)
     frames = []
-    for i in range(start, start + count):
+    for i, body in zip(range(start, start + count), bodies):
         key = b"%s%010d" % (prefix, i)
         frames.append(encode_frame(0x80, Opcode.SET, vbucket_of(key, vbuckets), i,
-                                   datatype=0x01 if size >= 11 else 0, extras=b"\x00" * 8,
+                                   datatype=0x01 if size >= 64 else 0, extras=b"\x00" * 8,
                                    key=key, value=body))
     buf = bytearray()
     received = 0
@@ -98,6 +100,9 @@ def run(host, port, password, n, size, vbuckets, conns, window, prefix) -> dict:
     per = n // conns
     jobs = [(host, port, password, i * per, per if i < conns - 1 else n - per * (conns - 1),
              size, vbuckets, window, prefix) for i in range(conns)]
+    if size >= 64:  # the documents, made once here: forked loaders inherit them
+        for _ in values(n, size):
+            pass
     if conns == 1:
         results = [_load(jobs[0])]
     else:

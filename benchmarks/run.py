@@ -2,15 +2,19 @@
 
     python -m benchmarks run [--quick] [--json FILE] [--only limit,task,node,ingest,e2e,rss,snappy,collections]
 
-1. limit: a DCP stream recorded from a reference node (N mutations, 256-byte JSON values,
-   16 vbuckets) replayed from a socket into (a) receive only, (b) header parsing only,
-   (c) parse + msgpack + zstd-3 to a file, in plain Python ("limit 1c");
+1. limit: a DCP stream recorded from a reference node (N mutations, JSON documents of ~256
+   bytes like the travel sample's, `benchmarks/docs.py`, 16 vbuckets) replayed from a
+   socket into (a) receive only, (b) header parsing only, (c) parse + msgpack + zstd-3 to
+   a file, in plain Python ("limit 1c");
 2. task: dcptool's backup task loop (`dcptool.pipeline.backup.write_events`) on the same
-   replayed stream: items/s, MB/s and the ratio to limit 1c;
+   replayed stream: items/s, MB/s and the ratio to limit 1c; and how the documents
+   compress: the task's archive bytes / the stream's bytes;
 3. node: the node's DCP producer draining N documents from disk (backfill) and from memory,
    and ingest over 1 and 4 connections;
-4-5. e2e: `run_backup` end to end from a local node with local Spark, then `run_restore`
-   into a second node;
+4-5. e2e: a cold `python -m dcptool backup` command of a local node (its wall time and the
+   Spark start-up its --json reports), then `run_backup` end to end from the same node with
+   local Spark started in this process, then `run_restore` into a second node (items/s,
+   and as a ratio to the node's ingest over 4 connections of item 3);
 6. rss: peak RSS of the backup task (a fresh process replaying a synthetic stream of 1024
    vbuckets, all in one task) and of the node (disk drain, after a restart) for N and 4N
    documents (4N skipped with --quick);
@@ -46,6 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import (  # noqa: E402
     backup_restore,
+    docs,
     client_replay as cr,
     collections_backup,
     node_drain,
@@ -58,12 +63,19 @@ SECTIONS = ("limit", "task", "node", "ingest", "e2e", "rss", "snappy", "collecti
 
 
 def _best(fn, repeat: int) -> tuple:
+    """The fastest of `repeat` runs of `fn` (by its seconds, r[1]), and the least CPU
+    seconds this process spent in one of them (the replay's sender is a process of its
+    own: this is the loop's own work, which the machine's other load inflates less)."""
     best = None
+    cpu = None
     for _ in range(repeat):
+        c = time.process_time()
         r = fn()
+        c = time.process_time() - c
+        cpu = c if cpu is None else min(cpu, c)
         if best is None or r[1] < best[1]:
             best = r
-    return best
+    return best, cpu
 
 
 def measure_replay(n: int, tmp: Path, repeat: int, sections: set[str]) -> dict:
@@ -89,19 +101,26 @@ def measure_replay(n: int, tmp: Path, repeat: int, sections: set[str]) -> dict:
                       ("1c parse+msgpack+zstd-3 to file",
                        lambda: cr.run_pack_zstd(sender, total, tmp / "limit.zst"))]
         if "task" in sections or "limit" in sections:
+            # (the task's seconds include its one filesystem sync at the end, as
+            # backup_task's do: sync_s, of the fastest run)
             modes += [("2 backup task (write_events)",
-                       lambda: cr.run_backup_task(sender, meta, tmp / "task-archive")),
+                       lambda: cr.run_backup_task(sender, meta, tmp / "task-archive")
+                       + (cr.last_sync_seconds,)),
                       ("2 backup task, memoryview values",
                        lambda: cr.run_backup_task(sender, meta, tmp / "task-archive",
-                                                  copy_values=False))]
+                                                  copy_values=False)
+                       + (cr.last_sync_seconds,))]
         for name, fn in modes:
-            r = _best(fn, repeat)
+            r, cpu = _best(fn, repeat)
             secs = r[1]
             rows[name] = {"seconds": round(secs, 3),
                           "items_per_s": round(meta["mutations"] / secs),
-                          "MB_per_s": round(total / secs / 1e6, 1)}
+                          "MB_per_s": round(total / secs / 1e6, 1),
+                          "cpu_s": round(cpu, 3)}
             if len(r) > 2:
                 rows[name]["archive_bytes"] = r[2]
+            if len(r) > 3:
+                rows[name]["sync_s"] = round(r[3], 3)
             print(f"  {name}: {rows[name]}", file=sys.stderr, flush=True)
     finally:
         sender.close()
@@ -109,7 +128,15 @@ def measure_replay(n: int, tmp: Path, repeat: int, sections: set[str]) -> dict:
     if lim:
         for name, r in rows.items():
             r["ratio_to_1c"] = round(r["items_per_s"] / lim["items_per_s"], 3)
+            r["cpu_ratio_to_1c"] = round(lim["cpu_s"] / r["cpu_s"], 3)
     out["modes"] = rows
+    # how the documents compress: archive bytes / stream bytes (the task's archive, and
+    # limit 1c's file: msgpack records in zstd-3 blocks of 1 MiB)
+    task = rows.get("2 backup task (write_events)")
+    if task and task.get("archive_bytes"):
+        out["archive_vs_stream"] = round(task["archive_bytes"] / total, 3)
+    if lim and lim.get("archive_bytes"):
+        out["limit_1c_file_vs_stream"] = round(lim["archive_bytes"] / total, 3)
     return out
 
 
@@ -227,6 +254,18 @@ def table(res: dict) -> str:
         for name, r in rp["modes"].items():
             row(name, r["items_per_s"], f"items/s, {r['MB_per_s']} MB/s, "
                                         f"{r.get('ratio_to_1c', '-')} of 1c")
+        task = rp["modes"].get("2 backup task (write_events)", {})
+        if "ratio_to_1c" in task:
+            row("2 backup task / limit 1c", task["ratio_to_1c"],
+                f"x (items/s; its file sync {task.get('sync_s', '-')} s of "
+                f"{task['seconds']} s)")
+            row("2 backup task / limit 1c, CPU seconds", task["cpu_ratio_to_1c"],
+                f"x ({task['cpu_s']} s against {rp['modes']['1c parse+msgpack+zstd-3 to file']['cpu_s']} s)")
+        if "archive_vs_stream" in rp:
+            row("1-2 archive / stream (compression)", rp["archive_vs_stream"],
+                f"x; {rp['stream_bytes']:,} B of stream, {rp['mutations']:,} documents")
+        if "limit_1c_file_vs_stream" in rp:
+            row("1c file / stream", rp["limit_1c_file_vs_stream"], "x")
     nd = res.get("node", {})
     for mode, name in (("disk", "disk"), ("memory", "memory"), ("disk_full", "disk, full eviction")):
         r = nd.get(f"drain_{mode}")
@@ -238,12 +277,24 @@ def table(res: dict) -> str:
             row(f"3 node ingest, {c} connection(s)", r["sets_per_s"], "sets/s")
     e = res.get("e2e")
     if e:
+        if "cold_command_wall_s" in e:
+            row("4 cold `dcptool backup` command, wall", e["cold_command_wall_s"],
+                f"s, {e['cold_command_items_per_s']} items/s (exec to exit; "
+                f"its own timing {e['cold_command_seconds']} s)")
+            row("4 cold command's Spark start-up", e["cold_command_spark_startup_s"],
+                f"s (its --json), share {e['cold_command_spark_share']} of its wall")
         row("4 backup end to end, wall", e["backup_wall_s"], "s (Spark already started)")
         row("4 backup end to end", e["backup_items_per_s"], "items/s")
-        row("4 Spark start-up", e["spark_startup_s"], f"s, share {e['spark_overhead_share']}")
+        row("4 Spark start-up in the benchmark", e["spark_startup_s"],
+            f"s (get_spark + first job), share {e['spark_overhead_share']}")
         row("4 archive / raw values", e["archive_vs_raw"], "")
         row("4 archive / zstd -3 of raw values", e["archive_vs_zstd3"], "")
         row("5 restore end to end", e["restore_items_per_s"], "items/s")
+        ing = nd.get("ingest_4")
+        if ing:
+            row("5 restore / node ingest, 4 connections", round(
+                e["restore_items_per_s"] / ing["sets_per_s"], 3),
+                f"x; {e['restore_items_per_s']} against {ing['sets_per_s']} sets/s")
     sn = res.get("snappy")
     if sn:
         for way, name in (("task", "task loop"), ("e2e", "end to end")):
@@ -302,7 +353,7 @@ def main(argv: list[str] | None = None) -> dict:
             res["node"] = measure_node(n, sections)
         if "e2e" in sections:
             print("backup and restore end to end (items 4-5)", file=sys.stderr, flush=True)
-            res["e2e"] = backup_restore.run(n, VALUE_SIZE, 1024)
+            res["e2e"] = backup_restore.run(n, VALUE_SIZE, 1024, cold=True)
             # stop Spark before the memory section, so its JVM and Python workers take no
             # CPU or memory from the processes measured there (pyspark's worker daemon may
             # print a BrokenPipeError as it goes: that is Spark's, not a failure)
@@ -325,8 +376,10 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     res["seconds"] = round(time.perf_counter() - t0, 1)
+    res["documents_made_seconds"] = round(docs.made_seconds, 1)  # of res["seconds"]
     res["machine"]["loadavg_end"] = os.getloadavg()
     print(table(res))
+    print(f"(documents made in {res['documents_made_seconds']} s of the run's {res['seconds']} s)")
     if a.json:
         a.json.write_text(json.dumps(res, indent=2))
     return res

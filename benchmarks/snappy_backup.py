@@ -3,9 +3,10 @@
     python benchmarks/snappy_backup.py [-n 200000] [--vbuckets 64] [--rounds 3] [--json out.json]
     python -m benchmarks run --only snappy
 
-One reference node is loaded with N JSON documents built like the travel sample's (routes
-with schedules, hotels with reviews in text of natural word frequencies, airlines; ~0.9 KB
-on average, Snappy takes each to ~0.68 of its size and `zstd -3` all of them to ~0.22).
+One reference node is loaded with N JSON documents built like the travel sample's
+(`benchmarks/docs.py`: routes with schedules, hotels with reviews in text of natural word
+frequencies, airlines; ~0.9 KB on average, Snappy takes each to ~0.68 of its size and
+`zstd -3` all of them to ~0.24).
 Then the same full backup is taken again and again, the two modes alternating in each
 round (A B, then B A, ...):
 
@@ -28,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import os
-import random
 import secrets
 import shutil
 import statistics
@@ -45,120 +44,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dcptool.client.options import ConnOptions  # noqa: E402
 from dcptool.node.launcher import LocalNode  # noqa: E402
 from benchmarks.backup_restore import set_documents  # noqa: E402
+from benchmarks.docs import values  # noqa: E402
 
 MODES = ("off", "snappy")
 
 # ------------------------------------------------------------------ documents
 
-_WORDS = (
-    "the of and to a in is it you that he was for on are with as his they be at one have this "
-    "from or had by hot word but what some we can out other were all there when up use your "
-    "how said an each she which do their time if will way about many then them write would "
-    "like so these her long make thing see him two has look more day could go come did number "
-    "sound no most people my over know water than call first who may down side been now find "
-    "any new work part take get place made live where after back little only round man year "
-    "came show every good me give our under name very through just form great think say help "
-    "low line turn cause much mean before move right old too same tell does set three want air "
-    "well also play small end put home read hand port large add even land here must big high "
-    "such follow act why ask men change went light kind off need house picture try us again "
-    "point world near build self earth head stand own page should country found answer school "
-    "grow study still learn plant cover food sun four between state keep eye never last let "
-    "thought city tree cross farm hard start might story saw far sea draw left late run while "
-    "press close night real life few north room breakfast parking staff clean quiet friendly "
-    "comfortable walk station beach view pool restaurant bar wifi location service price value "
-    "recommend stay hotel").split()
-#: word k (by rank) with weight 1/(k+1): the frequencies of natural text (Zipf)
-_CUM = list(itertools.accumulate(1 / (k + 1) for k in range(len(_WORDS))))
-_CITIES = [("Paris", "France"), ("London", "United Kingdom"), ("San Francisco", "United States"),
-           ("Lyon", "France"), ("Manchester", "United Kingdom"), ("Los Angeles", "United States"),
-           ("Nice", "France"), ("Edinburgh", "United Kingdom")]
-_FIRST = ("Ann Bob Carl Dora Emil Fay Gus Hana Ivan Jill Kurt Lena Mia Ned Otto Pia Quin Rosa "
-          "Sam Tess Uma Vic Wes Xena Yuri Zoe").split()
-_LAST = ("Smith Jones Brown Taylor Wilson Davies Evans Thomas Johnson Roberts Walker Wright "
-         "Robinson Thompson White Hughes").split()
-_AIRPORTS = "CDG ORY LHR LGW SFO LAX NCE EDI MAN LYS JFK AMS FRA MUC BCN MAD FCO DUB".split()
-_AIRLINES = [("AF", "Air France"), ("BA", "British Airways"), ("UA", "United Airlines"),
-             ("KL", "KLM"), ("LH", "Lufthansa"), ("IB", "Iberia"), ("EI", "Aer Lingus")]
-_EQUIPMENT = ["319", "320", "321", "738", "73H", "77W", "388", "E90"]
-
-
-def _text(r: random.Random, n: int) -> str:
-    return " ".join(r.choices(_WORDS, cum_weights=_CUM, k=n))
-
-
-def _person(r: random.Random) -> str:
-    return f"{r.choice(_FIRST)} {r.choice(_LAST)}"
-
-
-def _when(r: random.Random, fmt: str) -> str:
-    return time.strftime(fmt, time.gmtime(1_500_000_000 + r.randrange(300_000_000)))
-
-
-def _route(i: int, r: random.Random) -> dict:
-    code, _ = r.choice(_AIRLINES)
-    src, dst = r.sample(_AIRPORTS, 2)
-    return {"id": i, "type": "route", "airline": code,
-            "airlineid": f"airline_{r.randint(10, 9999)}", "sourceairport": src, "destinationairport": dst, "stops": r.choice([0, 0, 0, 1]),
-            "equipment": " ".join(r.sample(_EQUIPMENT, r.randint(1, 3))),
-            "distance": round(r.uniform(200, 9000), 6),
-            "schedule": [{"day": r.randint(0, 6),
-                          "utc": f"{r.randint(0, 23):02d}:{r.randint(0, 59):02d}:00",
-                          "flight": f"{code}{r.randint(1, 999):03d}"}
-                         for _ in range(r.randint(5, 30))]}
-
-
-def _airline(i: int, r: random.Random) -> dict:
-    code, name = r.choice(_AIRLINES)
-    return {"id": i, "type": "airline", "name": name, "iata": code,
-            "icao": code + r.choice("ABCDEFG"), "callsign": name.upper().split()[0],
-            "country": r.choice(_CITIES)[1]}
-
-
-def _hotel(i: int, r: random.Random) -> dict:
-    city, country = r.choice(_CITIES)
-    return {
-        "id": i, "type": "hotel",
-        "name": _text(r, r.randint(1, 3)).title() + " " + r.choice(["Hotel", "Inn", "Lodge"]),
-        "address": f"{r.randint(1, 400)} {_text(r, 2).title()} "
-                   f"{r.choice(['Street', 'Road', 'Avenue'])}",
-        "city": city, "country": country,
-        "phone": f"+{r.randint(1, 99)} {r.randint(100, 999)} {r.randint(1000, 9999)}",
-        "email": f"info@{_text(r, 1)}{i % 1000}.example.com" if r.random() < 0.6 else None,
-        "geo": {"lat": round(r.uniform(-60, 60), 6), "lon": round(r.uniform(-180, 180), 6),
-                "accuracy": r.choice(["ROOFTOP", "RANGE_INTERPOLATED", "APPROXIMATE"])},
-        "price": round(r.uniform(40, 400), 2), "vacancy": r.random() < 0.5,
-        "pets_ok": r.random() < 0.3, "free_breakfast": r.random() < 0.5,
-        "free_internet": r.random() < 0.7,
-        "description": _text(r, r.randint(10, 60)).capitalize() + ".",
-        "reviews": [{"author": _person(r), "date": _when(r, "%Y-%m-%d %H:%M:%S"),
-                     "content": _text(r, r.randint(8, 50)).capitalize() + ".",
-                     "ratings": {k: r.randint(1, 5) for k in
-                                 ("Cleanliness", "Location", "Overall", "Rooms", "Service",
-                                  "Value")}}
-                    for _ in range(r.choice([0, 1, 2, 3, 4]))],
-        "public_likes": [_person(r) for _ in range(r.randint(0, 6))],
-        "updated": _when(r, "%Y-%m-%dT%H:%M:%SZ"),
-    }
-
-
-def document(i: int, r: random.Random) -> bytes:
-    """Document `i`: 40 % routes, 15 % airlines, 45 % hotels, compact JSON."""
-    x = r.random()
-    doc = _route(i, r) if x < 0.4 else _airline(i, r) if x < 0.55 else _hotel(i, r)
-    return json.dumps(doc, separators=(",", ":")).encode()
+#: documents like the travel sample's (`benchmarks/docs.py`), ~0.9 KB on average
+DOC_SIZE = 900
 
 
 def load(opts: ConnOptions, n: int, vbuckets: int, window: int = 5000) -> dict:
     """SETQ `n` documents (JSON datatype); their sizes and a sampled Snappy ratio."""
     import cramjam
 
-    rnd = random.Random(42)
     raw = snappy = 0
 
     def docs():
         nonlocal raw, snappy
-        for i in range(n):
-            val = document(i, rnd)
+        for i, val in enumerate(values(n, DOC_SIZE)):
             raw += len(val)
             if i % 16 == 0:  # a sample is enough for the ratio
                 snappy += 16 * len(cramjam.snappy.compress_raw(val))
