@@ -9,7 +9,9 @@ Loads N documents of S bytes into a reference node (1024 vbuckets), then times w
 * cold: DCPTOOL_ENGINE=off, every command starts its own Spark (the baseline);
 * engine: `dcptool engine start` first, then the same full backup into a fresh archive;
 * incremental: CHANGES documents changed, then `dcptool backup` into an archive that holds a
-  full backup, on the engine (and cold, for the ratio).
+  full backup, on the engine (and cold, for the ratio);
+* no change: then `dcptool backup` again on the engine with nothing changed (the floor: the
+  node's seqnos read, no Spark job).
 
 By default all cold commands run first, then the engine starts; with --interleave the engine
 starts first and cold and engine commands alternate (on a machine with other load).
@@ -152,6 +154,7 @@ def run(n: int = 200_000, size: int = 256, vbuckets: int = 1024, changes: int = 
 
             cold, cold_wait, inc_cold = [], [], []
             warm, warm_wait, inc_warm = [], [], []
+            none_warm: list[float] = []  # incrementals of no change at all, on the engine
 
             def cold_full(i: int) -> None:
                 wall, out = backup(work / f"cold-{i}", cold_env)
@@ -176,6 +179,11 @@ def run(n: int = 200_000, size: int = 256, vbuckets: int = 1024, changes: int = 
                 wall, out = backup(work / "warm-0", env)
                 assert out.get("type") == "incremental", out
                 inc_warm.append(wall)
+
+            def warm_none(i: int) -> None:
+                wall, out = backup(work / "warm-0", env)
+                assert out.get("type") == "incremental" and not out.get("mutations"), out
+                none_warm.append(wall)
 
             def start_engine() -> None:
                 t = time.perf_counter()
@@ -203,6 +211,8 @@ def run(n: int = 200_000, size: int = 256, vbuckets: int = 1024, changes: int = 
                     warm_full(i)
                 for i in range(rounds):
                     warm_inc(i)
+            for i in range(rounds):
+                warm_none(i)
             cli(["engine", "stop", "--json"], env)
     finally:
         subprocess.run([sys.executable, "-m", "dcptool", "engine", "stop", "--now"], env=env,
@@ -216,6 +226,8 @@ def run(n: int = 200_000, size: int = 256, vbuckets: int = 1024, changes: int = 
         "cold_incremental_median_s": _med(inc_cold),
         "engine_incremental_s": [round(x, 2) for x in inc_warm],
         "engine_incremental_median_s": _med(inc_warm),
+        "engine_no_change_s": [round(x, 2) for x in none_warm],
+        "engine_no_change_median_s": _med(none_warm),
         "engine_vs_cold_full": round(_med(warm) / _med(cold), 3),
         "engine_vs_cold_incremental": round(_med(inc_warm) / _med(inc_cold), 3),
         "spark_share_cold": round((_med(cold) - _med(warm)) / _med(cold), 3),
