@@ -1,6 +1,8 @@
 """The manifest of a committed backup and the checks that it is well-formed."""
 from __future__ import annotations
 
+import bisect
+
 from typing import Any
 
 from .format import (
@@ -95,6 +97,17 @@ def check_summary(s: Any, backup_id: str | None, vbucket_count: int | None) -> l
     return out
 
 
+def _overlaps(ranges: list[list[int]], listed: list[int]) -> bool:
+    """Whether a [first, last] range holds one of the sorted vbuckets `listed`: a binary
+    search per range (every range against every vbucket took a million steps for a manifest
+    of 1,024 vbuckets)."""
+    for lo, hi in ranges:
+        i = bisect.bisect_left(listed, lo)
+        if i < len(listed) and listed[i] <= hi:
+            return True
+    return False
+
+
 def check_manifest(doc: Any, dir_name: str | None = None,
                    archive_meta: dict[str, Any] | None = None) -> list[str]:
     """Problems with a manifest document, [] when it is well-formed."""
@@ -146,7 +159,7 @@ def check_manifest(doc: Any, dir_name: str | None = None,
                 not isinstance(r, list) or len(r) != 2 or not all(_is_uint(x) for x in r)
                 or r[0] > r[1] or (count is not None and r[1] >= count) for r in unchanged):
             out.append("unchanged is not a list of [first, last] vbucket ranges")
-        elif any(lo <= vb <= hi for lo, hi in unchanged for vb in seen):
+        elif _overlaps(unchanged, sorted(seen)):
             out.append("a vbucket is both listed and unchanged")
     if doc["version"] >= COLLECTIONS_VERSION:
         out.extend(check_collections_fields(doc))
