@@ -116,7 +116,7 @@ def _prime_cds() -> None:
     the next run adopts it)."""
     from dcptool.pipeline import runtime
 
-    for flags in ([], runtime._JVM_FLAGS):
+    for flags in ([], runtime.JVM_FLAGS):
         fast = {**_OFF, "jvm_flags": bool(flags), "cds": True}
         key = runtime._cds_key(flags)
         final = runtime._cache_dir() / "spark-cds" / f"{key}.jsa"

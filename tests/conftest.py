@@ -185,16 +185,15 @@ def vectors_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def spark():
-    """The one local SparkSession of the test run (Spark start-up costs seconds). It runs
-    short jobs on small data: its JVM compiles with the client compiler only and collects
-    with the serial collector, as dcptool's own commands start theirs (pipeline/runtime.py),
-    which spends a fraction of the default's CPU on such jobs."""
+    """The one local SparkSession of the test run (Spark start-up costs seconds). Its JVM
+    takes the flags dcptool's own commands start theirs with (`runtime.JVM_FLAGS`: the
+    client compiler only, the serial collector), not the full JIT of the long-running
+    engine: the run's jobs are many and small."""
     from dcptool.pipeline import runtime
 
-    log4j = Path(runtime.__file__).with_name("log4j2.properties")
     session = runtime.get_spark("local[2]", app_name="dcptool-tests", conf={
-        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{log4j} "
-                                         "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
+        "spark.driver.extraJavaOptions": " ".join(
+            [f"-Dlog4j.configurationFile=file:{runtime.LOG4J_PROPERTIES}", *runtime.JVM_FLAGS])})
     yield session
     session.stop()
 

@@ -62,7 +62,9 @@ def long_lived_jvm() -> None:
 
 #: C1 only: Spark's start-up runs a lot of code once, which C2 would compile on the same two
 #: cores; a serial collector suits the driver's small heap and starts faster
-_JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+#: the driver's logging set-up: Spark's own lines off the terminal
+LOG4J_PROPERTIES = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 #: an archive the JVM cannot use (another JDK, another class path) is skipped without a word
 _CDS_QUIET = "-Xlog:cds=off,cds+dynamic=off"
 _CDS_MAGIC = 0xF00BABA8  # the first four bytes (little-endian) of a complete dynamic archive
@@ -603,7 +605,6 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
             return attached.sparkContext
         master = master or os.environ.get("DCPTOOL_SPARK_MASTER") or DEFAULT_MASTER
         check_master(master)
-        log4j = os.path.join(os.path.dirname(__file__), "log4j2.properties")
         settings = {
             "spark.master": master,
             "spark.app.name": app_name,
@@ -611,7 +612,7 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
             "spark.ui.showConsoleProgress": "false",
             "spark.sql.shuffle.partitions": "8",
             "spark.python.worker.reuse": "true",
-            "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{log4j}",
+            "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG4J_PROPERTIES}",
             **worker_env(master),
         }
         if master.startswith("local"):
@@ -625,7 +626,7 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         cds: list[str] = []
         if _jvm_output is not None:
-            flags = _JVM_FLAGS if _fast["jvm_flags"] else []
+            flags = JVM_FLAGS if _fast["jvm_flags"] else []
             cds = _cds_options(flags) if _fast["cds"] else []
             settings["spark.driver.extraJavaOptions"] = " ".join(
                 [settings["spark.driver.extraJavaOptions"], *flags, *cds])

@@ -32,6 +32,8 @@ from docutil import delete, load, node_documents, opts_for
 from noiseutil import assert_no_noise
 from nodeprocutil import NodeProcess
 
+from dcptool.pipeline.runtime import JVM_FLAGS
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,8 +41,8 @@ SPARK_HOME = Path(importlib.util.find_spec("pyspark").origin).parent
 VBS = 16
 N = 400
 DELETED = [f"doc::{i:04d}" for i in range(0, N, 20)]  # 20 tombstones
-EXECUTOR_JAVA_OPTIONS = ('--conf "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 '
-                         '-XX:+UseSerialGC" pyspark-shell')
+EXECUTOR_JAVA_OPTIONS = (f'--conf "spark.executor.extraJavaOptions={" ".join(JVM_FLAGS)}" '
+                         'pyspark-shell')
 
 
 class Daemon:
