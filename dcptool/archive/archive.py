@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 from .errors import (
     ArchiveError,
+    ArchiveExistsError,
     ChainError,
     CorruptFileError,
     NotAnArchiveError,
@@ -36,6 +37,7 @@ from .format import (
     DEFAULT_LEVEL,
     DEFAULT_SEGMENT_BYTES,
     DIR_MODE,
+    FILE_MODE,
     BATCH_RE,
     DONE_RE,
     PACK_RE,
@@ -52,6 +54,7 @@ from .format import (
     backup_id_for,
     fsync_dir,
     iso_time,
+    json_lines,
     make_dir,
     parse_backup_id,
     parse_data_name,
@@ -98,6 +101,25 @@ def _reopened(path: Any, meta: dict[str, Any], key: tuple[str, bytes] | None,
 
 #: manifests this process read and checked, by file identity (see Archive.manifest)
 _MANIFESTS: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+#: what Archive.create makes before archive.json: a location holding only these (and
+#: hidden temporary files) is an archive another run is creating at this moment
+_CREATED_FIRST = frozenset({BACKUPS_DIR, crypto.KEYS_DIR})
+
+
+def _being_created(names: Iterable[str]) -> bool:
+    """Whether a location holding `names` (and no archive.json) holds only what a run
+    creating an archive there makes before its archive.json (or nothing)."""
+    return all(n in _CREATED_FIRST or n.startswith(".") for n in names)
+
+
+def _made_by_either(make) -> None:
+    """Make a directory of a new archive that another run creating it at this moment may
+    have made first."""
+    try:
+        make()
+    except FileExistsError:
+        pass
 
 
 class Archive:
@@ -147,15 +169,19 @@ class Archive:
         archive is encrypted: a new data key, wrapped under the passphrase in keys/.
         """
         path = storage.location(path)
-        if (path / ARCHIVE_JSON).exists():
+
+        def existing() -> "Archive":
             if not exist_ok:
-                raise ArchiveError(f"{path} already holds an archive")
+                raise ArchiveExistsError(f"{path} already holds an archive")
             archive = cls.open(path, passphrase=passphrase if passphrase is not None
                                else source)
             if archive.bucket != bucket:
                 raise ArchiveError(f"archive {path} holds bucket {archive.bucket!r}, "
                                    f"not {bucket!r}")
             return archive
+
+        if (path / ARCHIVE_JSON).exists():
+            return existing()
         if not isinstance(vbuckets, int) or not 1 <= vbuckets <= 65536:
             raise ArchiveError(f"vbucket count {vbuckets!r} is out of range")
         try:
@@ -164,11 +190,15 @@ class Archive:
             names = []
         except NotADirectoryError:
             raise ArchiveError(f"{path} exists and is not a directory") from None
-        if names:
+        # what another run creating an archive here at this moment has made before its
+        # archive.json: that run or this one creates archive.json, exclusively, below
+        if ARCHIVE_JSON in names:  # created since the check above
+            return existing()
+        if not _being_created(names):
             raise ArchiveError(f"{path} is not empty and is not an archive",
                                hint="choose a new or empty directory (or prefix)")
-        storage.prepare_dir(path, DIR_MODE)
-        make_dir(path / BACKUPS_DIR)
+        _made_by_either(lambda: storage.prepare_dir(path, DIR_MODE))
+        _made_by_either(lambda: make_dir(path / BACKUPS_DIR))
         meta = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -185,10 +215,19 @@ class Archive:
             enc, dk, keydoc = crypto.new_encryption(meta["uuid"], passphrase, meta["created"])
             meta["encryption"] = enc
             meta["encryption"]["mac"] = crypto.archive_mac(dk, meta)
-            make_dir(crypto.keys_dir(path))
-            crypto.write_key_file(path, keydoc)
+            _made_by_either(lambda: make_dir(crypto.keys_dir(path)))
+            key_file = crypto.write_key_file(path, keydoc)
             key_id = keydoc["id"]
-        atomic_write_json(path / ARCHIVE_JSON, meta)
+        try:
+            # exclusive: of two runs creating an archive at one location at once, exactly
+            # one creates it; the other opens that one (exist_ok) or is told it exists
+            storage.create_exclusive(path / ARCHIVE_JSON,
+                                     (json_lines(meta) + "\n").encode("utf-8"), FILE_MODE)
+        except FileExistsError:
+            if key_id is not None:
+                # this run's key file wraps a data key the archive does not use
+                storage.unlink(key_file)
+            return existing()
         return cls(path, meta, dk, key_id)
 
     @classmethod
@@ -589,9 +628,13 @@ class Archive:
         if not isinstance(archive, Archive):
             where = storage.location(archive)
             if not (where / ARCHIVE_JSON).exists() and not (
-                    storage.store_of(where).dirs and where.exists() and any(where.iterdir())):
-                return cls.create(archive, bucket=bucket, vbuckets=vbuckets,
-                                  passphrase=passphrase), True
+                    storage.store_of(where).dirs and where.exists()
+                    and not _being_created(p.name for p in where.iterdir())):
+                try:
+                    return cls.create(archive, bucket=bucket, vbuckets=vbuckets,
+                                      passphrase=passphrase), True
+                except ArchiveExistsError:
+                    pass  # another run created it a moment ago: open that one
             archive = cls.open(archive, passphrase=passphrase)
         archive.check_backup_target(bucket, vbuckets, node=node, node_uuid=node_uuid)
         return archive, False

@@ -16,6 +16,10 @@ class NotAnArchiveError(ArchiveError):
     exit_code = 2
 
 
+class ArchiveExistsError(ArchiveError):
+    """An archive is already there (created by another run, perhaps a moment ago)."""
+
+
 class ArchiveLockedError(ArchiveError):
     """Another writer holds the archive lock."""
 

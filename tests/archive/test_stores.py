@@ -18,7 +18,7 @@ import pytest
 from archiveutil import W, mutations, seed_004_archive, write_events
 
 from dcptool.archive import Archive, ArchivePosition, storage
-from dcptool.archive.errors import ArchiveLockedError
+from dcptool.archive.errors import ArchiveExistsError, ArchiveLockedError
 from dcptool.archive.lock import ArchiveLock
 from dcptool.archive.merging import StagedMerge, merge_vbuckets, plan_merge
 from dcptool.archive.packing import Packer
@@ -244,6 +244,41 @@ def test_create_if_absent_has_one_winner(root):
         t.join()
     assert len(won) == 1 and len(lost) == 5
     assert storage.read_bytes(p) == won[0]
+
+
+@pytest.mark.parametrize("passphrase", [None, "racing passphrase"])
+def test_runs_creating_one_archive_at_once_share_the_one_created(where, passphrase):
+    """Backups started at once on a new location: exactly one creates the archive, the
+    others open that one (not "already holds an archive", nor "not empty"), and an
+    encrypted archive keeps the key file of its creator only."""
+    start = threading.Barrier(5)
+    got: list[tuple[str, bool]] = []
+    failed: list[BaseException] = []
+
+    def create() -> None:
+        start.wait()
+        try:
+            archive, created = Archive.for_backup(where, bucket="b", vbuckets=8,
+                                                  node="n:1", passphrase=passphrase)
+            got.append((archive.meta["uuid"], created))
+        except BaseException as exc:
+            failed.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failed, failed
+    assert sum(created for _, created in got) == 1
+    opened = Archive.open(where, passphrase=passphrase)
+    assert {uuid for uuid, _ in got} == {opened.meta["uuid"]}
+    if passphrase is not None:
+        keys = storage.location(where) / "keys"
+        assert [n for n in storage.listdir(keys) if not n.startswith(".")] == \
+            [f"{opened.key_id}.json"]
+    with pytest.raises(ArchiveExistsError):
+        Archive.create(where, bucket="b", vbuckets=8)
 
 
 def test_pack_members_read_as_files(root):

@@ -3,6 +3,7 @@ locations). Files are written in place (O_EXCL) and fsynced; a file replaced ato
 temporary file renamed over it; a directory is renamed at once."""
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
@@ -263,8 +264,34 @@ class LocalStore(Store):
             self.sync_dir(path.parent)
 
     def create_exclusive(self, path: Any, data: bytes, mode: int = 0o600) -> None:
-        """O_EXCL; the file removed again if its content cannot be written (an empty lock
-        would shut the next run out)."""
+        """A complete temporary file hard-linked to its name (link(2) fails when the name
+        exists), so a reader never sees it half-written; where the filesystem has no hard
+        links, O_EXCL, the file removed again if its content cannot be written (an empty
+        lock would shut the next run out)."""
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            try:
+                os.fchmod(fd, mode)
+                write_all(fd, data, path)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP,
+                                     errno.EMLINK):
+                    raise named(exc, path) from None
+            else:
+                self.sync_dir(path.parent)
+                return
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
         f = LocalNewFile(path, mode)
         try:
             f.write(data)
