@@ -118,6 +118,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """(pytest-xdist, in the controller) modules that mostly wait run beside modules that
+    keep the CPUs busy (tests/pairing.py)."""
+    import pairing
+
+    return pairing.make_scheduler(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     """(pytest-xdist, in the controller) tell each worker the run's own COLUMNS and LINES."""
     node.workerinput["dcptool_terminal_env"] = {k: os.environ.get(k) for k in _TERMINAL_ENV}
