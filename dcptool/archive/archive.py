@@ -113,7 +113,7 @@ def _being_created(names: Iterable[str]) -> bool:
     return all(n in _CREATED_FIRST or n.startswith(".") for n in names)
 
 
-def _made_by_either(make) -> None:
+def made_by_either(make) -> None:
     """Make a directory of a new archive that another run creating it at this moment may
     have made first."""
     try:
@@ -197,8 +197,8 @@ class Archive:
         if not _being_created(names):
             raise ArchiveError(f"{path} is not empty and is not an archive",
                                hint="choose a new or empty directory (or prefix)")
-        _made_by_either(lambda: storage.prepare_dir(path, DIR_MODE))
-        _made_by_either(lambda: make_dir(path / BACKUPS_DIR))
+        made_by_either(lambda: storage.prepare_dir(path, DIR_MODE))
+        made_by_either(lambda: make_dir(path / BACKUPS_DIR))
         meta = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -215,7 +215,7 @@ class Archive:
             enc, dk, keydoc = crypto.new_encryption(meta["uuid"], passphrase, meta["created"])
             meta["encryption"] = enc
             meta["encryption"]["mac"] = crypto.archive_mac(dk, meta)
-            _made_by_either(lambda: make_dir(crypto.keys_dir(path)))
+            made_by_either(lambda: make_dir(crypto.keys_dir(path)))
             key_file = crypto.write_key_file(path, keydoc)
             key_id = keydoc["id"]
         try:

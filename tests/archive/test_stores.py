@@ -11,7 +11,6 @@ store says it can do (its capabilities) is what it does.
 from __future__ import annotations
 
 import pickle
-import secrets
 import threading
 
 import pytest
@@ -23,37 +22,10 @@ from dcptool.archive.lock import ArchiveLock
 from dcptool.archive.merging import StagedMerge, merge_vbuckets, plan_merge
 from dcptool.archive.packing import Packer
 from dcptool.archive.stores import LOCAL, MEMORY, S3, Member, store_of
-from dcptool.archive.stores.s3 import CLIENTS
 from dcptool.archive.verify import verify_archive
-from s3util import aim_at
 
+#: the store objects behind conftest.STORE_NAMES (the `where` fixture's params)
 STORES = {"local": LOCAL, "s3": S3, "memory": MEMORY}
-
-
-@pytest.fixture(scope="module")
-def s3_bucket(s3_server):
-    """This process set up for the suite's S3 server (as the `s3` fixture does) and one
-    bucket for the module: each test takes a prefix of its own, and the S3 client is made
-    once."""
-    mp = pytest.MonkeyPatch()
-    aim_at(mp, s3_server)
-    yield s3_server.new_bucket()
-    mp.undo()
-    CLIENTS.clear()
-
-
-@pytest.fixture(params=list(STORES))
-def where(request, tmp_path):
-    """A location (as a user names it) on one store, where nothing is yet."""
-    if request.param == "local":
-        yield str(tmp_path / "store")
-    elif request.param == "s3":
-        bucket = request.getfixturevalue("s3_bucket")
-        yield f"s3://{bucket}/{secrets.token_hex(4)}/store"
-    else:
-        name = f"t-{secrets.token_hex(4)}"
-        yield f"mem://{name}/store"
-        MEMORY.clear(name)
 
 
 @pytest.fixture
