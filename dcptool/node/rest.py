@@ -58,6 +58,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from dcptool.protocol.collections import MAX_NAME_LENGTH, ManifestError, hex_id, valid_name
 
+from . import rbac
 from .access import Privilege
 from .bucketconfig import (
     bucket_config,
@@ -189,6 +190,7 @@ class RestApp:
             routes.pop()  # --no-collections: a server without them has no such endpoints
         for path, privilege, handler in routes:
             app.router.add_get(path, self._guard(handler, privilege))
+        rbac.register(app, self)  # /settings/rbac/...
         if config is not None and not config.collections_enabled:
             app.on_response_prepare.append(self._headers)
             return app
@@ -208,7 +210,7 @@ class RestApp:
             name = await self.auth.user(request)
             if name is None:
                 return web.Response(status=401, headers={hdrs.WWW_AUTHENTICATE: CHALLENGE})
-            held = self.node.users.privileges(name)
+            held = self.node.users.privileges(name, bucket=request.match_info.get("name"))
             allowed = bool(held) if privilege is ANY else privilege in held
             if not allowed:
                 need = "any role" if privilege is ANY else privilege.value
@@ -294,7 +296,7 @@ class RestApp:
 
     async def pools(self, request: web.Request, user: str) -> web.Response:
         uuid = self.node.bucket_uuid
-        admin = "admin" in self.node.users.roles(user)
+        admin = "admin" in self.node.users.effective_roles(user)
         return _json({
             "pools": [{"name": "default", "uri": f"/pools/default?uuid={uuid}",
                        "streamingUri": f"/poolsStreaming/default?uuid={uuid}"}],
