@@ -28,6 +28,8 @@ cluster the member that took a change sends the whole manifest to every other me
 (SET_COLLECTIONS_MANIFEST, 0xb9, over the data port with the map's credentials); each
 member writes the system events into its active vbuckets, replicas get them over DCP.
 
+Users and groups: Couchbase's /settings/rbac endpoints, `dcptool.node.rbac`.
+
 Everything else is read-only and JSON. The cluster the answers describe is the one
 GET_CLUSTER_CONFIG describes (`bucketconfig.cluster_members`, `bucket_config`): alone,
 this node; in a cluster, every member with its data and REST ports.
