@@ -646,10 +646,9 @@ def group_add(
 
     Example: dcptool node group add readers --role 'data_reader[travel]' --data ./node
     """
-    from dcptool.node.access import check_roles
-    from dcptool.node.rbac import BAD_GROUP, _bad_name
+    from dcptool.node.access import BAD_GROUP, bad_name, check_roles
 
-    if _bad_name(name):
+    if bad_name(name):
         raise UsageError(BAD_GROUP)
     try:
         roles = check_roles(role or [], what="group", allow_empty=True)

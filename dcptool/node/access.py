@@ -100,6 +100,20 @@ DEFAULT_ROLES = ("admin",)
 UNKNOWN_ROLES = ("Cannot assign roles to {what} because the following roles are unknown, "
                  "malformed or role parameters are undefined: [{roles}]")
 
+_BAD_NAME_CHARS = set('()<>@,;:\\"/[]?={}')
+BAD_USERNAME = ("Username must not contain spaces, control or any of ()<>@,;:\\\"/[]?={} "
+                "characters and must be valid utf8")
+BAD_GROUP = ("Group name must not contain spaces, control or any of ()<>@,;:\\\"/[]?={} "
+             "characters and must be valid utf8")
+
+
+def bad_name(name: str) -> bool:
+    """Is `name` no user or group name Couchbase Server accepts?"""
+    return (not name or len(name) > 128 or any(c in _BAD_NAME_CHARS or c.isspace()
+                                               or ord(c) < 0x20 or ord(c) == 0x7F
+                                               for c in name))
+
+
 _NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._%-")
 
 

@@ -34,13 +34,15 @@ Couchbase's need the Full or Security Administrator. A change is written to
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from typing import Any
 
 from aiohttp import hdrs, web
 
 from .access import (
-    BUCKET_ROLES, CLUSTER_ROLES, ROLES, _COLLECTION, _SCOPED, check_roles, parse_role,
+    BAD_GROUP, BAD_USERNAME, BUCKET_ROLES, CLUSTER_ROLES, ROLES, _COLLECTION, _SCOPED,
+    bad_name, check_roles, parse_role,
 )
 from .auth import MECHANISMS, Users
 
@@ -48,11 +50,6 @@ from .auth import MECHANISMS, Users
 ADMIN_ROLES = ("admin", "security_admin")
 #: Couchbase's default password policy: at least this many characters
 MIN_PASSWORD = 6
-_BAD_NAME_CHARS = set('()<>@,;:\\"/[]?={}')
-BAD_USERNAME = ("Username must not contain spaces, control or any of ()<>@,;:\\\"/[]?={} "
-                "characters and must be valid utf8")
-BAD_GROUP = ("Group name must not contain spaces, control or any of ()<>@,;:\\\"/[]?={} "
-             "characters and must be valid utf8")
 
 _DESCRIPTIONS = {
     "admin": ("Full Admin", "Can manage all cluster features (including security)."),
@@ -85,12 +82,6 @@ def _json(doc: Any, status: int = 200) -> web.Response:
 
 def _errors(field: str, message: str, status: int = 400) -> web.Response:
     return _json({"errors": {field: message}}, status=status)
-
-
-def _bad_name(name: str) -> bool:
-    return (not name or len(name) > 128 or any(c in _BAD_NAME_CHARS or c.isspace()
-                                               or ord(c) < 0x20 or ord(c) == 0x7F
-                                               for c in name))
 
 
 def role_entries(users: Users, username: str) -> list[dict]:
@@ -172,8 +163,6 @@ def _auth_import(auth: Any) -> dict:
         hashes = cred.get("hashes") or []
         if not hashes or not isinstance(hashes[0], dict):
             raise ValueError(f"{iana.lower()} has no hashes")
-        import base64
-
         for part in (cred["salt"], hashes[0]["stored_key"], hashes[0]["server_key"]):
             base64.b64decode(part, validate=True)
         out[cb_name] = {"salt": cred["salt"], "iterations": int(cred["iterations"]),
@@ -231,14 +220,14 @@ def restore_backup(users: Users, doc: Any, can_overwrite: bool) -> dict:
                            "groupsSkipped": [], "groupsOverwritten": []}
     groups: list[tuple[str, list[str], str]] = []
     for g in groups_in:
-        if not isinstance(g, dict) or not isinstance(g.get("name"), str) or _bad_name(g["name"]):
+        if not isinstance(g, dict) or not isinstance(g.get("name"), str) or bad_name(g["name"]):
             raise ValueError(f"invalid group {g!r:.80}")
         roles = check_roles(g.get("roles") or [], what="group", allow_empty=True)
         groups.append((g["name"], roles, str(g.get("description") or "")))
     known = set(users.groups) | {g[0] for g in groups}
     entries: list[tuple[str, dict]] = []
     for u in users_in:
-        if not isinstance(u, dict) or not isinstance(u.get("id"), str) or _bad_name(u["id"]):
+        if not isinstance(u, dict) or not isinstance(u.get("id"), str) or bad_name(u["id"]):
             raise ValueError(f"invalid user {u!r:.80}")
         if u.get("domain", "local") != "local":
             continue  # no external users on this node
@@ -356,7 +345,7 @@ class RbacApp:
     async def put_user(self, request: web.Request) -> web.Response:
         name = request.match_info["id"]
         form = await request.post()
-        if _bad_name(name):
+        if bad_name(name):
             return _errors("_", BAD_USERNAME)
         password = form.get("password")
         if password is not None and len(str(password)) < MIN_PASSWORD:
@@ -407,7 +396,7 @@ class RbacApp:
     async def put_group(self, request: web.Request) -> web.Response:
         name = request.match_info["id"]
         form = await request.post()
-        if _bad_name(name):
+        if bad_name(name):
             return _errors("_", BAD_GROUP)
         try:
             roles = check_roles([str(form.get("roles", ""))], what="group", allow_empty=True)

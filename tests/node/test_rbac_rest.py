@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
