@@ -92,8 +92,8 @@ BUCKET_ROLES: dict[str, frozenset[Privilege]] = {
     "scope_admin": _BASE | {Privilege.MANAGE_COLLECTIONS},
 }
 #: bucket roles that may be narrowed to a scope (and those to a collection)
-_SCOPED = {"data_reader", "data_writer", "data_dcp_reader", "data_monitoring", "scope_admin"}
-_COLLECTION = {"data_reader", "data_writer", "data_dcp_reader", "data_monitoring"}
+SCOPE_ROLES = {"data_reader", "data_writer", "data_dcp_reader", "data_monitoring", "scope_admin"}
+COLLECTION_ROLES = {"data_reader", "data_writer", "data_dcp_reader", "data_monitoring"}
 #: the roles of a user whose entry names none
 DEFAULT_ROLES = ("admin",)
 #: Couchbase's 400 for a role it does not know or that lacks its bucket
@@ -199,7 +199,7 @@ def parse_role(text: str) -> Role:
             raise ValueError(raw)
         return Role(name)
     if name in BUCKET_ROLES:
-        limit = 3 if name in _COLLECTION else 2 if name in _SCOPED else 1
+        limit = 3 if name in COLLECTION_ROLES else 2 if name in SCOPE_ROLES else 1
         if not params or len(params) > limit:
             raise ValueError(raw)
         if "*" in params[:-1] and params[-1] != "*":  # data_reader[*:s] names nothing

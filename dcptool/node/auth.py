@@ -39,6 +39,10 @@ MECHANISM_LIST = ("SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SHA1", "PLAIN")
 
 USERS_FILE = "users.json"
 
+#: the REST port's HTTP Basic challenge (Couchbase Server's realm), for its endpoints and
+#: the /settings/rbac ones alike
+REST_CHALLENGE = 'Basic realm="Couchbase Server Admin / REST"'
+
 
 def _b64(b: bytes) -> str:
     return base64.b64encode(b).decode("ascii")

@@ -41,10 +41,10 @@ from typing import Any
 from aiohttp import hdrs, web
 
 from .access import (
-    BAD_GROUP, BAD_USERNAME, BUCKET_ROLES, CLUSTER_ROLES, ROLES, _COLLECTION, _SCOPED,
+    BAD_GROUP, BAD_USERNAME, BUCKET_ROLES, CLUSTER_ROLES, ROLES, COLLECTION_ROLES, SCOPE_ROLES,
     bad_name, check_roles, parse_role,
 )
-from .auth import MECHANISMS, Users
+from .auth import MECHANISMS, REST_CHALLENGE, Users
 
 #: roles that may use these endpoints
 ADMIN_ROLES = ("admin", "security_admin")
@@ -128,9 +128,9 @@ def roles_doc() -> list[dict]:
         doc: dict[str, Any] = {"role": name, "name": title, "desc": desc}
         if name in BUCKET_ROLES:
             doc["bucket_name"] = "*"
-            if name in _SCOPED:
+            if name in SCOPE_ROLES:
                 doc["scope_name"] = "*"
-            if name in _COLLECTION:
+            if name in COLLECTION_ROLES:
                 doc["collection_name"] = "*"
         out.append(doc)
     return out
@@ -296,12 +296,10 @@ class RbacApp:
             app.router.add_route(method, base + path, self._guard(handler, write))
 
     def _guard(self, handler, write: bool):
-        from .rest import CHALLENGE
-
         async def guarded(request: web.Request) -> web.StreamResponse:
             name = await self.rest.auth.user(request)
             if name is None:
-                return web.Response(status=401, headers={hdrs.WWW_AUTHENTICATE: CHALLENGE})
+                return web.Response(status=401, headers={hdrs.WWW_AUTHENTICATE: REST_CHALLENGE})
             held = self.node.users.effective_roles(name)
             if not any(r in held for r in ADMIN_ROLES):
                 need = "cluster.admin.security!" + ("write" if write else "read")

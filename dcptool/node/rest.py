@@ -62,6 +62,7 @@ from dcptool.protocol.collections import MAX_NAME_LENGTH, ManifestError, hex_id,
 
 from . import rbac
 from .access import Privilege
+from .auth import REST_CHALLENGE
 from .bucketconfig import (
     bucket_config,
     cluster_members,
@@ -76,7 +77,6 @@ from dcptool.logsafe import shown
 log = logging.getLogger("dcptool.node.rest")
 
 #: the challenge of a 401, as Couchbase Server sends it
-CHALLENGE = 'Basic realm="Couchbase Server Admin / REST"'
 #: how long a successful password check is remembered, and for how many logins at most
 AUTH_CACHE_SECONDS = 10.0
 AUTH_CACHE_SIZE = 1024
@@ -211,7 +211,7 @@ class RestApp:
         async def guarded(request: web.Request) -> web.StreamResponse:
             name = await self.auth.user(request)
             if name is None:
-                return web.Response(status=401, headers={hdrs.WWW_AUTHENTICATE: CHALLENGE})
+                return web.Response(status=401, headers={hdrs.WWW_AUTHENTICATE: REST_CHALLENGE})
             held = self.node.users.privileges(name, bucket=request.match_info.get("name"))
             allowed = bool(held) if privilege is ANY else privilege in held
             if not allowed:
