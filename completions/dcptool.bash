@@ -10,7 +10,8 @@ _dcptool_subcommands() {
         "doc") echo "delete get load set" ;;
         "engine") echo "start status stop" ;;
         "key") echo "add list remove" ;;
-        "node") echo "start status user" ;;
+        "node") echo "group start status user" ;;
+        "node group") echo "add list remove" ;;
         "node user") echo "add list remove" ;;
         "watermark") echo "list register remove" ;;
     esac
@@ -49,10 +50,14 @@ _dcptool_options() {
         "key remove") echo "--json --passphrase-file --passphrase-command -h --help" ;;
         "merge") echo "--from --to --level --master --partitions --no-progress --json --passphrase-file --passphrase-command -h --help" ;;
         "node") echo "-h --help" ;;
+        "node group") echo "-h --help" ;;
+        "node group add") echo "--data -r --role --description --json -h --help" ;;
+        "node group list") echo "--data --json -h --help" ;;
+        "node group remove") echo "--data --json -h --help" ;;
         "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --client-ca --client-auth --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --max-input-memory --max-unauth-connections --max-unauth-per-address --auth-failure-delay --eviction --memory-quota --log-level -h --help" ;;
         "node status") echo "--data --json --username --password --password-file -h --help" ;;
         "node user") echo "-h --help" ;;
-        "node user add") echo "--data -r --role --password-file --json -h --help" ;;
+        "node user add") echo "--data -r --role -g --group --password-file --json -h --help" ;;
         "node user list") echo "--data --json -h --help" ;;
         "node user remove") echo "--data --json -h --help" ;;
         "prune") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --dry-run --level --master --partitions --no-progress --json --passphrase-file --passphrase-command -h --help" ;;
@@ -92,9 +97,12 @@ _dcptool_valued_options() {
         "key list") echo "--passphrase-file --passphrase-command" ;;
         "key remove") echo "--passphrase-file --passphrase-command" ;;
         "merge") echo "--from --to --level --master --partitions --passphrase-file --passphrase-command" ;;
+        "node group add") echo "--data -r --role --description" ;;
+        "node group list") echo "--data" ;;
+        "node group remove") echo "--data" ;;
         "node start") echo "--data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --client-ca --client-auth --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --max-input-memory --max-unauth-connections --max-unauth-per-address --auth-failure-delay --eviction --memory-quota --log-level" ;;
         "node status") echo "--data --username --password --password-file" ;;
-        "node user add") echo "--data -r --role --password-file" ;;
+        "node user add") echo "--data -r --role -g --group --password-file" ;;
         "node user list") echo "--data" ;;
         "node user remove") echo "--data" ;;
         "prune") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --level --master --partitions --passphrase-file --passphrase-command" ;;
@@ -205,6 +213,9 @@ _dcptool_option_files() {
         "key list|--passphrase-file") echo "file" ;;
         "key remove|--passphrase-file") echo "file" ;;
         "merge|--passphrase-file") echo "file" ;;
+        "node group add|--data") echo "file" ;;
+        "node group list|--data") echo "file" ;;
+        "node group remove|--data") echo "file" ;;
         "node start|--data") echo "file" ;;
         "node start|--password-file") echo "file" ;;
         "node start|--tls-cert") echo "file" ;;

@@ -16,7 +16,9 @@ function __dcptool_subcommands
         case 'key'
             echo 'add' 'list' 'remove'
         case 'node'
-            echo 'start' 'status' 'user'
+            echo 'group' 'start' 'status' 'user'
+        case 'node group'
+            echo 'add' 'list' 'remove'
         case 'node user'
             echo 'add' 'list' 'remove'
         case 'watermark'
@@ -70,12 +72,18 @@ function __dcptool_valued_options
             echo --passphrase-file --passphrase-command
         case 'merge'
             echo --from --to --level --master --partitions --passphrase-file --passphrase-command
+        case 'node group add'
+            echo --data -r --role --description
+        case 'node group list'
+            echo --data
+        case 'node group remove'
+            echo --data
         case 'node start'
             echo --data --host --port --vbuckets --bucket --username --password --password-file --checkpoint-memory --checkpoint-max-items --flush-interval --expiry-pager-interval --max-backfills --purge-age --compaction-interval --hwt-max-hold --tls-cert --tls-key --tls-port --client-ca --client-auth --rest-port --rest-tls-port --max-connections --max-body --max-pending-output --stuck-timeout --auth-timeout --max-input-memory --max-unauth-connections --max-unauth-per-address --auth-failure-delay --eviction --memory-quota --log-level
         case 'node status'
             echo --data --username --password --password-file
         case 'node user add'
-            echo --data -r --role --password-file
+            echo --data -r --role -g --group --password-file
         case 'node user list'
             echo --data
         case 'node user remove'
@@ -483,10 +491,26 @@ complete -c dcptool -n '__dcptool_at merge' -l passphrase-file -r -F -d 'Read th
 complete -c dcptool -n '__dcptool_at merge' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at merge' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at merge' -F
+complete -c dcptool -n '__dcptool_at node' -a 'group' -d 'Manage the node\'s user groups (in DIR/users.json, with the users)'
 complete -c dcptool -n '__dcptool_at node' -a 'start' -d 'Run a node in the foreground until SIGTERM or SIGINT'
 complete -c dcptool -n '__dcptool_at node' -a 'status' -d 'Whether the node runs, its port, and per-vbucket seqnos and failover log heads'
 complete -c dcptool -n '__dcptool_at node' -a 'user' -d 'Manage the node\'s users (in DIR/users.json)'
 complete -c dcptool -n '__dcptool_at node' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at node group' -a 'add' -d 'Create a group, or replace an existing group\'s roles and description'
+complete -c dcptool -n '__dcptool_at node group' -a 'list' -d 'List the groups, their roles, descriptions and members'
+complete -c dcptool -n '__dcptool_at node group' -a 'remove' -d 'Remove a group'
+complete -c dcptool -n '__dcptool_at node group' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at node group add' -l data -r -F -d 'The node\'s directory'
+complete -c dcptool -n '__dcptool_at node group add' -s r -l role -x -d 'Role of the group\'s members (repeat, or comma-separate, for several)'
+complete -c dcptool -n '__dcptool_at node group add' -l description -x -d 'What the group is for'
+complete -c dcptool -n '__dcptool_at node group add' -l json -d 'Print JSON'
+complete -c dcptool -n '__dcptool_at node group add' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at node group list' -l data -r -F -d 'The node\'s directory'
+complete -c dcptool -n '__dcptool_at node group list' -l json -d 'Print JSON'
+complete -c dcptool -n '__dcptool_at node group list' -s h -l help -d 'Show this message and exit'
+complete -c dcptool -n '__dcptool_at node group remove' -l data -r -F -d 'The node\'s directory'
+complete -c dcptool -n '__dcptool_at node group remove' -l json -d 'Print JSON'
+complete -c dcptool -n '__dcptool_at node group remove' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at node start' -l data -r -F -d 'Directory for the node\'s database, users, node.json and logs'
 complete -c dcptool -n '__dcptool_at node start' -l host -x -d 'Address to listen on'
 complete -c dcptool -n '__dcptool_at node start' -l port -x -d 'TCP port (0 picks a free one)'
@@ -529,12 +553,13 @@ complete -c dcptool -n '__dcptool_at node status' -l username -x -d 'User for li
 complete -c dcptool -n '__dcptool_at node status' -l password -x -d 'Password for live figures (default: $DCPTOOL_PASSWORD)'
 complete -c dcptool -n '__dcptool_at node status' -l password-file -r -F -d 'Read the password for live figures from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at node status' -s h -l help -d 'Show this message and exit'
-complete -c dcptool -n '__dcptool_at node user' -a 'add' -d 'Create a user, or replace an existing user\'s password and roles'
-complete -c dcptool -n '__dcptool_at node user' -a 'list' -d 'List the users and their roles (never any credential)'
+complete -c dcptool -n '__dcptool_at node user' -a 'add' -d 'Create a user, or replace an existing user\'s password, roles and groups'
+complete -c dcptool -n '__dcptool_at node user' -a 'list' -d 'List the users, their roles and groups (never any credential)'
 complete -c dcptool -n '__dcptool_at node user' -a 'remove' -d 'Remove a user'
 complete -c dcptool -n '__dcptool_at node user' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at node user add' -l data -r -F -d 'The node\'s directory'
-complete -c dcptool -n '__dcptool_at node user add' -s r -l role -x -d 'Role: admin, backup, restore, reader, writer or scope_admin (create and drop scopes and collections'
+complete -c dcptool -n '__dcptool_at node user add' -s r -l role -x -d 'Role: admin, backup, restore, reader, writer, scope_admin, or Couchbase\'s, e.g'
+complete -c dcptool -n '__dcptool_at node user add' -s g -l group -x -d 'A group the user belongs to, holding its roles (repeat for several)'
 complete -c dcptool -n '__dcptool_at node user add' -l password-file -r -F -d 'Read the password from FILE\'s first line (default: $DCPTOOL_PASSWORD or a prompt)'
 complete -c dcptool -n '__dcptool_at node user add' -l json -d 'Print JSON'
 complete -c dcptool -n '__dcptool_at node user add' -s h -l help -d 'Show this message and exit'

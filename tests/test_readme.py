@@ -384,6 +384,7 @@ NOT_CHECKED_HERE = {"dcptool quickstart", "dcptool cluster create", "dcptool clu
                     # adding or removing users would change the tour node's users
                     # (tests/security/test_users_cli.py covers them)
                     "dcptool node user add", "dcptool node user remove",
+                    "dcptool node group add", "dcptool node group remove",
                     # the tour's archive is not encrypted (tests/cli/test_encrypted_cli.py
                     # checks these against docs/json-output.md)
                     "dcptool key add", "dcptool key list", "dcptool key remove"}
@@ -410,6 +411,7 @@ def test_json_output_has_the_documented_fields(tour):
         "dcptool doc load": f"dcptool doc load --count 3 --prefix json:: -c {node2} --json",
         "dcptool node status": "dcptool node status --data tour/node --json",
         "dcptool node user list": "dcptool node user list --data tour/node --json",
+        "dcptool node group list": "dcptool node group list --data tour/node --json",
         "dcptool watermark list": f"dcptool watermark list -c {node} --json",
         "dcptool merge": "dcptool merge tour/archive --json",
         "dcptool prune": "dcptool prune tour/archive --keep-last 1 --dry-run --json",

@@ -456,16 +456,24 @@ user_app = typer.Typer(
     name="user",
     help="""Manage the node's users (in DIR/users.json). A running node applies a change
     within a second, to connections already open too (the DCP streams of a user who lost
-    the backup role end), as Couchbase Server applies a role change.
+    the backup role end), as Couchbase Server applies a role change. The REST port's
+    /settings/rbac endpoints manage the same users and groups.
 
     Roles: admin (everything), backup (DCP streams, failover logs, watermarks), restore
-    (the *_WITH_META writes), reader (GET), writer (SET, DELETE). Every role may also read
-    the bucket's layout (cluster config, seqnos, failover logs) and STAT.
+    (the *_WITH_META writes), reader (GET), writer (SET, DELETE), scope_admin (scopes and
+    collections); without a bucket they hold in every bucket, ROLE[BUCKET] in one. Couchbase
+    Server's roles as it spells them: data_backup[BUCKET], data_reader[BUCKET],
+    data_writer[BUCKET], data_dcp_reader[BUCKET], bucket_full_access[BUCKET],
+    bucket_admin[BUCKET], scope_admin[BUCKET:SCOPE], replication_target[BUCKET],
+    data_monitoring[BUCKET] (BUCKET * for every bucket), ro_admin, cluster_admin,
+    security_admin. Every role may also read the bucket's layout (cluster config, seqnos,
+    failover logs) and STAT. A user also holds the roles of its groups ('dcptool node
+    group').
 
     Passwords are stored as salted SCRAM credentials only; they come from DCPTOOL_PASSWORD,
     --password-file or a prompt, never from the command line.
 
-    Example: DCPTOOL_PASSWORD=secret dcptool node user add backup1 --role backup --data ./node
+    Example: DCPTOOL_PASSWORD=secret dcptool node user add backup1 --role 'data_backup[travel]' --data ./node
     """,
     no_args_is_help=True,
 )
@@ -518,38 +526,48 @@ def _load_users(data: Path, *, create: bool = False):
 def user_add(
     username: Annotated[str, typer.Argument(help="User name.")],
     data: Annotated[Path, typer.Option("--data", metavar="DIR", help="The node's directory.")],
-    role: Annotated[list[str], typer.Option(
-        "--role", "-r", metavar="ROLE", help="Role: admin, backup, restore, reader, writer or "
-                                             "scope_admin (create and drop scopes and "
-                                             "collections; repeat for several).")],
+    role: Annotated[Optional[list[str]], typer.Option(
+        "--role", "-r", metavar="ROLE", help="Role: admin, backup, restore, reader, writer, "
+                                             "scope_admin, or Couchbase's, e.g. "
+                                             "data_backup[travel], data_reader[*], ro_admin "
+                                             "(repeat, or comma-separate, for several).")] = None,
+    group: Annotated[Optional[list[str]], typer.Option(
+        "--group", "-g", metavar="GROUP", help="A group the user belongs to, holding its "
+                                               "roles (repeat for several).")] = None,
     password_file: Annotated[Optional[Path], typer.Option(
         "--password-file", metavar="FILE", help="Read the password from FILE's first "
                                                 "line (default: $DCPTOOL_PASSWORD or a prompt).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Create a user, or replace an existing user's password and roles.
+    """Create a user, or replace an existing user's password, roles and groups.
 
-    Example: dcptool node user add restorer --role restore --password-file pw.txt --data ./node
+    Example: dcptool node user add restorer --role 'data_backup[travel]' --password-file pw.txt --data ./node
     """
     from dcptool.node.access import check_roles
 
     if not username or len(username) > 128 or any(c in username for c in "\x00\n\r"):
         raise UsageError("the user name must be 1 to 128 characters without NUL or newlines")
     try:
-        roles = check_roles(role)
+        roles = check_roles(role or [], allow_empty=bool(group))
     except ValueError as exc:
         raise UsageError(f"--role: {exc}") from None
-    password = _read_password(password_file, username)
     users = _load_users(data, create=True)
+    try:
+        groups = users.check_groups(group or [])
+    except ValueError as exc:
+        raise UsageError(f"--group: {exc}") from None
+    password = _read_password(password_file, username)
     existed = username in users.users
-    users.add(username, password, roles)
+    users.add(username, password, roles, groups)
     users.save()
     if as_json:
         from dcptool.cli.output import print_json
 
-        print_json({"username": username, "roles": roles, "created": not existed})
+        print_json({"username": username, "roles": roles, "groups": groups,
+                    "created": not existed})
         return
-    print(f"{'updated' if existed else 'added'} user {username} ({', '.join(roles)})")
+    held = ", ".join(roles + [f"group {g}" for g in groups])
+    print(f"{'updated' if existed else 'added'} user {username} ({held})")
 
 
 @user_app.command("remove")
@@ -579,12 +597,13 @@ def user_list(
     data: Annotated[Path, typer.Option("--data", metavar="DIR", help="The node's directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List the users and their roles (never any credential).
+    """List the users, their roles and groups (never any credential).
 
     Example: dcptool node user list --data ./node --json
     """
     users = _load_users(data)
-    rows = [{"username": name, "roles": users.roles(name)} for name in sorted(users.users)]
+    rows = [{"username": name, "roles": users.roles(name), "groups": users.user_groups(name)}
+            for name in sorted(users.users)]
     if as_json:
         from dcptool.cli.output import print_json
 
@@ -593,4 +612,104 @@ def user_list(
     if not rows:
         print("no users")
     for row in rows:
-        print(f"{row['username']}\t{','.join(row['roles'])}")
+        line = f"{row['username']}\t{','.join(row['roles'])}"
+        if row["groups"]:
+            line += f"\tgroups: {','.join(row['groups'])}"
+        print(line)
+
+
+group_app = typer.Typer(
+    name="group",
+    help="""Manage the node's user groups (in DIR/users.json, with the users). A user holds
+    its own roles and those of every group it belongs to ('dcptool node user add --group').
+    Roles as for 'dcptool node user'. A running node applies a change within a second.
+
+    Example: dcptool node group add backups --role 'data_backup[*]' --data ./node
+    """,
+    no_args_is_help=True,
+)
+node_app.add_typer(group_app, name="group")
+
+
+@group_app.command("add")
+def group_add(
+    name: Annotated[str, typer.Argument(help="Group name.")],
+    data: Annotated[Path, typer.Option("--data", metavar="DIR", help="The node's directory.")],
+    role: Annotated[Optional[list[str]], typer.Option(
+        "--role", "-r", metavar="ROLE", help="Role of the group's members (repeat, or "
+                                             "comma-separate, for several).")] = None,
+    description: Annotated[str, typer.Option(
+        "--description", metavar="TEXT", help="What the group is for.")] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Create a group, or replace an existing group's roles and description.
+
+    Example: dcptool node group add readers --role 'data_reader[travel]' --data ./node
+    """
+    from dcptool.node.access import BAD_GROUP, bad_name, check_roles
+
+    if bad_name(name):
+        raise UsageError(BAD_GROUP)
+    try:
+        roles = check_roles(role or [], what="group", allow_empty=True)
+    except ValueError as exc:
+        raise UsageError(f"--role: {exc}") from None
+    users = _load_users(data, create=True)
+    existed = name in users.groups
+    users.set_group(name, roles, description)
+    users.save()
+    if as_json:
+        from dcptool.cli.output import print_json
+
+        print_json({"group": name, "roles": roles, "description": description,
+                    "created": not existed})
+        return
+    print(f"{'updated' if existed else 'added'} group {name} ({', '.join(roles) or 'no roles'})")
+
+
+@group_app.command("remove")
+def group_remove(
+    name: Annotated[str, typer.Argument(help="Group name.")],
+    data: Annotated[Path, typer.Option("--data", metavar="DIR", help="The node's directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Remove a group; its members lose its roles.
+
+    Example: dcptool node group remove readers --data ./node
+    """
+    users = _load_users(data)
+    if not users.remove_group(name):
+        raise DcptoolError(f"no group {name} in {data}")
+    users.save()
+    if as_json:
+        from dcptool.cli.output import print_json
+
+        print_json({"group": name, "removed": True})
+        return
+    print(f"removed group {name}")
+
+
+@group_app.command("list")
+def group_list(
+    data: Annotated[Path, typer.Option("--data", metavar="DIR", help="The node's directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the groups, their roles, descriptions and members.
+
+    Example: dcptool node group list --data ./node --json
+    """
+    users = _load_users(data)
+    rows = [{"group": g, "roles": users.group_roles(g),
+             "description": users.groups[g].get("description", ""),
+             "members": sorted(u for u in users.users if g in users.user_groups(u))}
+            for g in sorted(users.groups)]
+    if as_json:
+        from dcptool.cli.output import print_json
+
+        print_json({"groups": rows})
+        return
+    if not rows:
+        print("no groups")
+    for row in rows:
+        print(f"{row['group']}\t{','.join(row['roles'])}\t{','.join(row['members'])}"
+              f"\t{row['description']}")

@@ -1,8 +1,9 @@
 """Users and SASL: salted SCRAM credentials on disk, SCRAM-SHA* and PLAIN on the wire.
 
 The users file (`DIR/users.json`, mode 0600) holds, per user, its roles (see
-`dcptool.node.access`) and, per hash, the SCRAM salt, iteration count, StoredKey and
-ServerKey (RFC 5802). The password itself is never written. PLAIN logins are checked by
+`dcptool.node.access`), its groups and, per hash, the SCRAM salt, iteration count, StoredKey and
+ServerKey (RFC 5802); and the groups, each with its roles and description. The password
+itself is never written. PLAIN logins are checked by
 deriving the StoredKey from the given password with the stored salt and comparing it.
 
 Couchbase spells the mechanisms `SCRAM-SHA512`, `SCRAM-SHA256`, `SCRAM-SHA1`; scramp
@@ -38,6 +39,10 @@ MECHANISM_LIST = ("SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SHA1", "PLAIN")
 
 USERS_FILE = "users.json"
 
+#: the REST port's HTTP Basic challenge (Couchbase Server's realm), for its endpoints and
+#: the /settings/rbac ones alike
+REST_CHALLENGE = 'Basic realm="Couchbase Server Admin / REST"'
+
 
 def _b64(b: bytes) -> str:
     return base64.b64encode(b).decode("ascii")
@@ -59,12 +64,28 @@ def make_credentials(password: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-class Users:
-    """The user database of one node directory."""
+def _now() -> str:
+    """Couchbase's password_change_date format."""
+    import datetime
 
-    def __init__(self, path: Path, users: dict[str, dict[str, Any]] | None = None) -> None:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+
+
+class Users:
+    """The user database of one node directory: users (credentials, own roles, groups,
+    full name) and groups (roles, description).
+
+    A user's privileges in a bucket are those its own roles and its groups' roles grant
+    there (`privileges`). Entries written before groups existed have no `groups`; before
+    roles existed, no `roles` (an administrator); both load unchanged.
+    """
+
+    def __init__(self, path: Path, users: dict[str, dict[str, Any]] | None = None,
+                 groups: dict[str, dict[str, Any]] | None = None) -> None:
         self.path = Path(path)
         self.users: dict[str, dict[str, Any]] = users or {}
+        self.groups: dict[str, dict[str, Any]] = groups or {}
 
     @classmethod
     def load(cls, data_dir: Path) -> "Users":
@@ -74,14 +95,19 @@ class Users:
         try:
             doc = json.loads(path.read_text())
             users = doc["users"]
+            groups = doc.get("groups", {})
             if not isinstance(users, dict):
                 raise ValueError("users is not an object")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            if not isinstance(groups, dict):
+                raise ValueError("groups is not an object")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DcptoolError(f"cannot read {path}: {exc}") from None
-        return cls(path, users)
+        return cls(path, users, groups)
 
     def save(self) -> None:
-        doc = {"version": 1, "users": self.users}
+        doc: dict[str, Any] = {"version": 2 if self.groups else 1, "users": self.users}
+        if self.groups:
+            doc["groups"] = self.groups
         tmp = self.path.with_suffix(".json.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -90,28 +116,95 @@ class Users:
         os.replace(tmp, self.path)
 
     def set_password(self, username: str, password: str) -> None:
-        """Create `username` (an admin) or change its password (its roles stay)."""
-        roles = self.roles(username) if username in self.users else list(DEFAULT_ROLES)
-        self.users[username] = {"scram": make_credentials(password), "roles": roles}
+        """Create `username` (an admin) or change its password (its roles and groups stay)."""
+        entry = dict(self.users.get(username, {}))
+        if username not in self.users:
+            entry["roles"] = list(DEFAULT_ROLES)
+        entry["scram"] = make_credentials(password)
+        entry["password_change_date"] = _now()
+        self.users[username] = entry
 
-    def add(self, username: str, password: str, roles) -> None:
-        """Create or replace `username` with these roles (ValueError for unknown roles)."""
-        self.users[username] = {"scram": make_credentials(password), "roles": check_roles(roles)}
+    def add(self, username: str, password: str | None, roles, groups=(), *,
+            name: str | None = None, allow_no_roles: bool = False) -> None:
+        """Create or replace `username` with these roles and groups (ValueError for unknown
+        roles or groups); password None keeps an existing user's password."""
+        groups = self.check_groups(groups)
+        roles = check_roles(roles, allow_empty=allow_no_roles or bool(groups))
+        if password is None:
+            if username not in self.users:
+                raise ValueError("a new user needs a password")
+            scram = self.users[username]["scram"]
+        else:
+            scram = make_credentials(password)
+        entry: dict[str, Any] = {"scram": scram, "roles": roles}
+        if groups:
+            entry["groups"] = groups
+        if name:
+            entry["name"] = name
+        if password is not None:
+            entry["password_change_date"] = _now()
+        self.users[username] = entry
 
     def remove(self, username: str) -> bool:
         return self.users.pop(username, None) is not None
 
     def roles(self, username: str) -> list[str]:
-        """The user's roles (admin for entries written before roles existed)."""
+        """The user's own roles (admin for entries written before roles existed)."""
         roles = self.users.get(username, {}).get("roles")
         if roles is None:
             return list(DEFAULT_ROLES)
         return [r for r in roles if isinstance(r, str)]
 
-    def privileges(self, username: str) -> frozenset:
+    def user_groups(self, username: str) -> list[str]:
+        """The groups the user belongs to (as stored; a removed group grants nothing)."""
+        groups = self.users.get(username, {}).get("groups") or []
+        return [g for g in groups if isinstance(g, str)]
+
+    def group_roles(self, group: str) -> list[str]:
+        roles = self.groups.get(group, {}).get("roles") or []
+        return [r for r in roles if isinstance(r, str)]
+
+    def effective_roles(self, username: str) -> list[str]:
+        """The user's own roles, then its groups' (each once)."""
+        out = list(self.roles(username))
+        for g in self.user_groups(username):
+            out.extend(r for r in self.group_roles(g) if r not in out)
+        return out
+
+    def check_groups(self, groups) -> list[str]:
+        """The group names, each once; ValueError (Couchbase's wording) for unknown ones."""
+        out: list[str] = []
+        for g in groups:
+            for one in str(g).split(","):
+                one = one.strip()
+                if one and one not in out:
+                    out.append(one)
+        missing = [g for g in out if g not in self.groups]
+        if missing:
+            raise ValueError(f"Groups do not exist: {','.join(missing)}")
+        return out
+
+    def set_group(self, group: str, roles, description: str = "") -> None:
+        """Create or replace a group (ValueError for unknown roles)."""
+        self.groups[group] = {"roles": check_roles(roles, what="group", allow_empty=True),
+                              "description": description}
+
+    def remove_group(self, group: str) -> bool:
+        """Drop a group and every user's membership of it."""
+        if self.groups.pop(group, None) is None:
+            return False
+        for entry in self.users.values():
+            if group in (entry.get("groups") or []):
+                entry["groups"] = [g for g in entry["groups"] if g != group]
+        return True
+
+    def privileges(self, username: str, bucket: str | None = None) -> frozenset:
+        """What `username` may do in `bucket`: the privileges its own and its groups'
+        roles grant there. bucket=None: without naming a bucket, i.e. node-wide roles and
+        roles for every bucket (`access.privileges_of`)."""
         if username not in self.users:
             return frozenset()
-        return privileges_of(self.roles(username))
+        return privileges_of(self.effective_roles(username), bucket)
 
     def __bool__(self) -> bool:
         return bool(self.users)

@@ -28,6 +28,8 @@ cluster the member that took a change sends the whole manifest to every other me
 (SET_COLLECTIONS_MANIFEST, 0xb9, over the data port with the map's credentials); each
 member writes the system events into its active vbuckets, replicas get them over DCP.
 
+Users and groups: Couchbase's /settings/rbac endpoints, `dcptool.node.rbac`.
+
 Everything else is read-only and JSON. The cluster the answers describe is the one
 GET_CLUSTER_CONFIG describes (`bucketconfig.cluster_members`, `bucket_config`): alone,
 this node; in a cluster, every member with its data and REST ports.
@@ -58,7 +60,9 @@ from aiohttp.abc import AbstractAccessLogger
 
 from dcptool.protocol.collections import MAX_NAME_LENGTH, ManifestError, hex_id, valid_name
 
+from . import rbac
 from .access import Privilege
+from .auth import REST_CHALLENGE
 from .bucketconfig import (
     bucket_config,
     cluster_members,
@@ -73,7 +77,6 @@ from dcptool.logsafe import shown
 log = logging.getLogger("dcptool.node.rest")
 
 #: the challenge of a 401, as Couchbase Server sends it
-CHALLENGE = 'Basic realm="Couchbase Server Admin / REST"'
 #: how long a successful password check is remembered, and for how many logins at most
 AUTH_CACHE_SECONDS = 10.0
 AUTH_CACHE_SIZE = 1024
@@ -189,6 +192,7 @@ class RestApp:
             routes.pop()  # --no-collections: a server without them has no such endpoints
         for path, privilege, handler in routes:
             app.router.add_get(path, self._guard(handler, privilege))
+        rbac.register(app, self)  # /settings/rbac/...
         if config is not None and not config.collections_enabled:
             app.on_response_prepare.append(self._headers)
             return app
@@ -207,8 +211,8 @@ class RestApp:
         async def guarded(request: web.Request) -> web.StreamResponse:
             name = await self.auth.user(request)
             if name is None:
-                return web.Response(status=401, headers={hdrs.WWW_AUTHENTICATE: CHALLENGE})
-            held = self.node.users.privileges(name)
+                return web.Response(status=401, headers={hdrs.WWW_AUTHENTICATE: REST_CHALLENGE})
+            held = self.node.users.privileges(name, bucket=request.match_info.get("name"))
             allowed = bool(held) if privilege is ANY else privilege in held
             if not allowed:
                 need = "any role" if privilege is ANY else privilege.value
@@ -294,7 +298,7 @@ class RestApp:
 
     async def pools(self, request: web.Request, user: str) -> web.Response:
         uuid = self.node.bucket_uuid
-        admin = "admin" in self.node.users.roles(user)
+        admin = "admin" in self.node.users.effective_roles(user)
         return _json({
             "pools": [{"name": "default", "uri": f"/pools/default?uuid={uuid}",
                        "streamingUri": f"/poolsStreaming/default?uuid={uuid}"}],

@@ -434,7 +434,7 @@ class Node:
         for conn in list(self.connections):
             if not getattr(conn, "authenticated", False) or conn.user is None:
                 continue
-            conn.privileges = self.users.privileges(conn.user)
+            conn.privileges = self.users.privileges(conn.user, bucket=self.bucket.name)
             producer = conn.producer
             if producer is not None and Privilege.DCP_PRODUCER not in conn.privileges:
                 streams = list(producer.streams.values())

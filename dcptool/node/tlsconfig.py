@@ -191,7 +191,7 @@ def login_by_certificate(conn: Any, transport: Any) -> None:
         return
     conn.authenticated = True
     conn.user = name
-    conn.privileges = conn.node.users.privileges(name)
+    conn.privileges = conn.node.users.privileges(name, bucket=conn.node.bucket.name)
     timer = conn._timers.pop("auth", None)
     if timer is not None:
         timer.cancel()

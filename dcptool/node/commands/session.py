@@ -73,7 +73,7 @@ def _sasl_result(conn, frame, result) -> None:
     guard = getattr(node, "login_guard", None)
     if status == "ok":
         conn.logged_in(username)
-        conn.privileges = node.users.privileges(username)
+        conn.privileges = node.users.privileges(username, bucket=node.bucket.name)
         conn.sasl = None
         if guard is not None:
             guard.succeeded(username, conn.peer_host)
