@@ -108,7 +108,7 @@ class Users:
             return list(DEFAULT_ROLES)
         return [r for r in roles if isinstance(r, str)]
 
-    def privileges(self, username: str) -> frozenset:
+    def privileges(self, username: str, bucket: str | None = None) -> frozenset:
         if username not in self.users:
             return frozenset()
         return privileges_of(self.roles(username))

@@ -298,7 +298,7 @@ class Connection(asyncio.BufferedProtocol):
                 self._account_partial(buf)
             if self.wrote:
                 self.wrote = False
-                mem = self.node.bucket.memory
+                mem = (self.bucket or self.node.bucket).memory
                 if mem.used > mem.budget:
                     self.node.throttle(self)
 

@@ -78,8 +78,9 @@ def _sasl_result(conn, frame, result) -> None:
         if guard is not None:
             guard.succeeded(username, conn.peer_host)
         # kv_engine selects the bucket named like the user
-        if username == node.bucket.name and conn.bucket is None:
-            conn.bucket = node.bucket
+        if conn.bucket is None and username in node.buckets:
+            conn.bucket = node.buckets[username]
+            conn.privileges = node.users.privileges(username, bucket=username)
         conn.reply(frame, value=payload)
     elif status == "continue":
         conn.reply(frame, Status.AUTH_CONTINUE, value=payload)
@@ -164,10 +165,21 @@ def select_bucket(conn, frame, msg) -> None:
         conn.bucket = None
         conn.reply(frame)
         return
-    if msg.bucket != conn.node.bucket.name:
+    bucket = conn.node.buckets.get(msg.bucket)
+    if bucket is None:
+        # kv_engine: no bucket of that name (ENOENT)
         conn.reply(frame, Status.KEY_ENOENT)
         return
-    conn.bucket = conn.node.bucket
+    privileges = conn.node.users.privileges(conn.user, bucket=bucket.name)
+    if not privileges:
+        # kv_engine: a user with no role on the bucket may not select it
+        conn.reply(frame, Status.EACCESS)
+        return
+    if conn.producer is not None and bucket is not conn.bucket:
+        conn.reply(frame, Status.NOT_SUPPORTED)
+        return
+    conn.bucket = bucket
+    conn.privileges = privileges
     conn.reply(frame)
 
 
