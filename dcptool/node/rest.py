@@ -195,7 +195,7 @@ class RestApp:
         if config is not None and not config.collections_enabled:
             from .restbuckets import add_routes
 
-            add_routes(self, app)
+            add_routes(app, self.node, self._guard)
             app.on_response_prepare.append(self._headers)
             return app
         base = "/pools/default/buckets/{name}/scopes"
@@ -208,7 +208,7 @@ class RestApp:
         app.router.add_delete(base + "/{scope}", self._guard(self.drop_scope, manage))
         from .restbuckets import add_routes
 
-        add_routes(self, app)
+        add_routes(app, self.node, self._guard)
         app.on_response_prepare.append(self._headers)
         return app
 

@@ -27,7 +27,6 @@ from aiohttp import web
 
 from .access import Privilege
 from .bucketset import SettingsError, default_settings, parse_settings, valid_bucket_name
-from .rest import _not_found
 
 
 def settings_doc(bucket, replicas: int = 0) -> dict[str, Any]:
@@ -47,9 +46,9 @@ def settings_doc(bucket, replicas: int = 0) -> dict[str, Any]:
     return out
 
 
-def add_routes(rest_app, app: web.Application) -> None:
-    """Register the bucket endpoints on `app` (RestApp `rest_app`'s guard and node)."""
-    node = rest_app.node
+def add_routes(app: web.Application, node, guard) -> None:
+    """Register the bucket endpoints of `node` on `app`; `guard(handler, privilege)` wraps
+    a handler in the REST port's authentication and privilege check."""
     manage = Privilege.NODE_MANAGEMENT
 
     def error(errors: dict[str, str]) -> web.Response:
@@ -99,9 +98,9 @@ def add_routes(rest_app, app: web.Application) -> None:
         await node.drop_bucket(bucket)
         return web.Response(status=200)
 
-    app.router.add_post("/pools/default/buckets", rest_app._guard(create, manage))
-    app.router.add_post("/pools/default/buckets/{name}", rest_app._guard(edit, manage))
-    app.router.add_delete("/pools/default/buckets/{name}", rest_app._guard(drop, manage))
+    app.router.add_post("/pools/default/buckets", guard(create, manage))
+    app.router.add_post("/pools/default/buckets/{name}", guard(edit, manage))
+    app.router.add_delete("/pools/default/buckets/{name}", guard(drop, manage))
 
 
 def _base(node) -> dict[str, Any]:
@@ -111,3 +110,7 @@ def _base(node) -> dict[str, Any]:
     del base["ramQuota"]
     del base["numVBuckets"]
     return base
+
+
+def _not_found() -> web.Response:
+    return web.Response(status=404, text="Requested resource not found.\r\n")
