@@ -9,8 +9,8 @@ Snappy-compressed value, an expiry to convert, unusual meta options or extras, a
 that might be JSON without saying so, a vbucket this node does not hold active, a user
 without the privilege, a key whose collection prefix is anything but the default
 collection's or a live collection's one-byte id, a SET into a collection with a max TTL
-or a bucket with a maxTTL, ...) ends the run: the generic dispatch (`Connection.dispatch`) takes that frame with all
-its checks, so the answers are the same either way.
+or a bucket with a maxTTL, ...) ends the run: the generic dispatch (`Connection.dispatch`)
+takes that frame with all its checks, so the answers are the same either way.
 
 Keys become doc keys here too: a legacy connection's key gets the 0x00 prefix, a
 collections connection's key is stored as sent.
