@@ -19,7 +19,8 @@ removed; a bucket created again with the same name gets a new uuid.
 What takes effect: maxTTL (`effective_ttl`: a document written without expiry, or with a
 later one, in a collection without its own maxTTL expires maxTTL seconds after the write,
 as Couchbase Server applies a bucket's maxTTL), evictionPolicy and ramQuota (the bucket's
-eviction, from its next open: an edit takes effect when the node starts again), numVBuckets.
+eviction, from its next open: an edit takes effect when the node starts again; the first
+bucket's are the node's --eviction and --memory-quota), numVBuckets.
 The others are kept and returned as given.
 """
 from __future__ import annotations

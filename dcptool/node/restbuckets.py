@@ -13,7 +13,9 @@ when absent) and flushEnabled 0|1. An edit may not change the name, type, confli
 resolution or vbucket count. Invalid settings are answered 400 `{"errors": {FIELD: MSG}}`,
 a name already taken 400 `{"errors": {"name": "Bucket with given name already exists"}}`,
 an unknown bucket 404 "Requested resource not found.". The node's first bucket (--bucket)
-holds its data in the data directory itself and is not dropped over REST (400).
+holds its data in the data directory itself and is not dropped over REST (400); its
+evictionPolicy and ramQuota are the node's --eviction and --memory-quota (an edit of
+either is 400).
 
 Each needs the NodeManagement privilege (the admin role); Couchbase asks the same of
 cluster.buckets!create and cluster.bucket[NAME].settings!write. The bucket listing and
@@ -34,7 +36,7 @@ def settings_doc(bucket, replicas: int = 0) -> dict[str, Any]:
     the cluster map's replica count, which a cluster's first bucket reports)."""
     s = bucket.settings
     out: dict[str, Any] = {}
-    for field in ("maxTTL", "compressionMode", "conflictResolutionType",
+    for field in ("evictionPolicy", "maxTTL", "compressionMode", "conflictResolutionType",
                   "durabilityMinLevel"):
         if field in s:
             out[field] = s[field]
@@ -85,6 +87,14 @@ def add_routes(app: web.Application, node, guard) -> None:
                                       node_vbuckets=node.config.vbuckets)
         except SettingsError as exc:
             return error(exc.errors)
+        if bucket is node.bucket:
+            # the first bucket's eviction and quota are the node's options
+            fixed = {"evictionPolicy": "--eviction", "ramQuota": "--memory-quota"}
+            changed = {f: f"The node's first bucket takes its {f} from the node's {opt} "
+                          "option" for f, opt in fixed.items()
+                       if settings.get(f) != bucket.settings.get(f)}
+            if changed:
+                return error(changed)
         node.edit_bucket(bucket, settings)
         return web.Response(status=200)
 

@@ -129,6 +129,10 @@ def test_edit_changes_what_couchbase_lets_change(node):
         status, body = rest(node, "POST", "/pools/default/buckets/small", form)
         assert status == 400 and field in json.loads(body)["errors"], body
     assert rest(node, "POST", "/pools/default/buckets/nosuch", {"maxTTL": "1"})[0] == 404
+    # the first bucket's eviction and quota are the node's options
+    status, body = rest(node, "POST", "/pools/default/buckets/default",
+                        {"evictionPolicy": "fullEviction"})
+    assert status == 400 and "evictionPolicy" in json.loads(body)["errors"]
 
 
 def test_changing_buckets_needs_the_admin_role(node):
@@ -165,6 +169,11 @@ def test_select_bucket_keeps_documents_in_their_bucket(node):
             f = c.get(b"only-" + other.encode())
             assert (f.status == Status.SUCCESS) == (other == name), (name, other)
     assert s.get(b"shared").value == b"small"
+    policies = {}
+    for name in ("default", "evicted"):
+        assert c.select_bucket(name).status == Status.SUCCESS
+        policies[name] = c.stats()["ep_item_eviction_policy"]
+    assert policies == {"default": "value_only", "evicted": "full_eviction"}
     cfg = json.loads(s.call(Opcode.GET_CLUSTER_CONFIG).value)
     assert cfg["name"] == "small" and len(cfg["vBucketServerMap"]["vBucketMap"]) == 64
     c.close()
@@ -241,6 +250,9 @@ def test_restart_keeps_every_bucket(tmp_path):
     with NodeProcess(tmp_path / "node", vbuckets=VBS) as n:
         create(n, "second", ramQuota="100", evictionPolicy="fullEviction", maxTTL="600")
         create(n, "third", ramQuota="100", numVBuckets="64")
+        status, _ = rest(n, "POST", "/pools/default/buckets/third",
+                         {"evictionPolicy": "fullEviction"})
+        assert status == 200
         before = {d["name"]: d for d in get_json(n, "/pools/default/buckets")}
         for name, vbs in (("default", VBS), ("second", VBS), ("third", 64)):
             c = client(n, name, vbs)
@@ -256,6 +268,10 @@ def test_restart_keeps_every_bucket(tmp_path):
             c.close()
         assert after["second"]["evictionPolicy"] == "fullEviction"
         assert after["second"]["maxTTL"] == 600 and after["third"]["numVBuckets"] == 64
+        # the eviction policy edited before the restart is the bucket's now
+        c = client(n, "third", 64)
+        assert c.stats()["ep_item_eviction_policy"] == "full_eviction"
+        c.close()
 
 
 def test_one_bucket_data_directory_opens_unchanged(tmp_path):
