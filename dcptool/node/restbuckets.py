@@ -63,7 +63,7 @@ def add_routes(app: web.Application, node, guard) -> None:
         bad = valid_bucket_name(name)
         if bad:
             errors["name"] = bad
-        elif name in node.buckets or name.lower() in {n.lower() for n in node.buckets}:
+        elif name.lower() in {n.lower() for n in (*node.buckets, *node.busy_buckets)}:
             errors["name"] = "Bucket with given name already exists"
         try:
             settings = parse_settings(form, _base(node), create=True,

@@ -74,6 +74,9 @@ class Node:
                 self.buckets[name] = self._make_bucket(name, dict(entry["settings"]))
         #: each bucket's compaction task (started with the bucket, cancelled at its drop)
         self._bucket_tasks: dict[str, asyncio.Task] = {}
+        #: names of the buckets being created or dropped (a second request for one waits
+        #: for nothing: it is refused as if the bucket existed)
+        self.busy_buckets: set[str] = set()
         self.connections: set[Connection] = set()
         self.throttled: set[Connection] = set()
         self.write_throttles = 0
@@ -186,12 +189,15 @@ class Node:
         import shutil
 
         loop = asyncio.get_running_loop()
-        data_dir = self.registry.bucket_dir(name, self.config.bucket)
-        if data_dir.exists():  # left over by a drop that did not finish
-            await loop.run_in_executor(None, shutil.rmtree, data_dir)
-        bucket = await loop.run_in_executor(None, self._make_bucket, name, settings)
-        uuid = new_uuid()
-        await loop.run_in_executor(None, self._warm_up, bucket, uuid)
+        self.busy_buckets.add(name)
+        try:
+            data_dir = self.registry.bucket_dir(name, self.config.bucket)
+            if data_dir.exists():  # left over by a drop that did not finish
+                await loop.run_in_executor(None, shutil.rmtree, data_dir)
+            bucket = await loop.run_in_executor(None, self._make_bucket, name, settings)
+            await loop.run_in_executor(None, self._warm_up, bucket, new_uuid())
+        finally:
+            self.busy_buckets.discard(name)
         self.buckets[name] = bucket
         self.registry.put(name, bucket.uuid, settings)
         self._start_bucket(bucket, loop)
@@ -215,6 +221,7 @@ class Node:
 
         name = bucket.name
         del self.buckets[name]
+        self.busy_buckets.add(name)
         self.registry.remove(name)
         task = self._bucket_tasks.pop(name, None)
         if task is not None:
@@ -223,8 +230,11 @@ class Node:
             if conn.bucket is bucket:
                 conn.close()
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, lambda: bucket.stop(clean=True))
-        await loop.run_in_executor(None, shutil.rmtree, bucket.data_dir, True)
+        try:
+            await loop.run_in_executor(None, lambda: bucket.stop(clean=True))
+            await loop.run_in_executor(None, shutil.rmtree, bucket.data_dir, True)
+        finally:
+            self.busy_buckets.discard(name)
         self.config_rev += 1
         log.info("bucket %s dropped", shown(name))
 
