@@ -22,6 +22,17 @@ def listed(node) -> dict[str, dict]:
     return {b["name"]: b for b in json.loads(r.stdout)}
 
 
+def test_list_json_has_the_documented_fields(node):
+    from pathlib import Path
+
+    from cliutil import documented_examples
+
+    doc = documented_examples(Path(__file__).resolve().parents[2] / "docs" / "json-output.md")
+    row = listed(node)["default"]
+    assert set(row) == set(doc["dcptool bucket list"][0])
+    assert row["numVBuckets"] == 8 and row["evictionPolicy"] == "valueOnly"
+
+
 def test_create_edit_list_drop(node):
     r = run_cli("bucket", "create", "travel", "--ram-quota", "256", "--eviction-policy",
                 "fullEviction", "--max-ttl", "600", "--num-vbuckets", "64",
