@@ -1,4 +1,8 @@
-"""Connection set-up: HELLO, SASL, SELECT_BUCKET, VERSION, NOOP, QUIT, GET_ERROR_MAP."""
+"""Connection set-up: HELLO, SASL, SELECT_BUCKET, VERSION, NOOP, QUIT, GET_ERROR_MAP.
+
+SELECT_BUCKET selects any bucket of the node (KEY_ENOENT for an unknown one, EACCESS for a
+user with no privilege on it, as kv_engine answers); the connection's privileges are then
+its user's for that bucket. A login selects the bucket named like the user, if any."""
 from __future__ import annotations
 
 import logging
