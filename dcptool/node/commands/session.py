@@ -1,7 +1,7 @@
 """Connection set-up: HELLO, SASL, SELECT_BUCKET, VERSION, NOOP, QUIT, GET_ERROR_MAP.
 
-SELECT_BUCKET selects any bucket of the node (KEY_ENOENT for an unknown one, EACCESS for a
-user with no privilege on it, as kv_engine answers); the connection's privileges are then
+SELECT_BUCKET selects any bucket of the node (EACCESS for a user with no privilege on the
+name, else KEY_ENOENT for an unknown bucket, as kv_engine answers); the connection's privileges are then
 its user's for that bucket. A login selects the bucket named like the user, if any."""
 from __future__ import annotations
 
@@ -169,15 +169,15 @@ def select_bucket(conn, frame, msg) -> None:
         conn.bucket = None
         conn.reply(frame)
         return
+    # as kv_engine: a user with no privilege on the name is refused (EACCESS) before the
+    # name is looked up, so the answer says nothing of buckets the user may not see
+    privileges = conn.node.users.privileges(conn.user, bucket=msg.bucket)
+    if not privileges:
+        conn.reply(frame, Status.EACCESS)
+        return
     bucket = conn.node.buckets.get(msg.bucket)
     if bucket is None:
-        # kv_engine: no bucket of that name (ENOENT)
         conn.reply(frame, Status.KEY_ENOENT)
-        return
-    privileges = conn.node.users.privileges(conn.user, bucket=bucket.name)
-    if not privileges:
-        # kv_engine: a user with no role on the bucket may not select it
-        conn.reply(frame, Status.EACCESS)
         return
     if conn.producer is not None and bucket is not conn.bucket:
         conn.reply(frame, Status.NOT_SUPPORTED)
