@@ -115,6 +115,9 @@ def bucket_config(node, host: str, bucket=None) -> dict:
     if bucket is None:
         bucket = node.bucket
     members = cluster_members(node, host)
+    if bucket is not node.bucket:
+        # a bucket created over REST lives on this node alone
+        members = [m for m in members if m["this"]] or members[:1]
     nodes = [{"hostname": member_hostname(m), "ports": {"direct": m["kv"]}} for m in members]
     nodes_ext = [{"services": m["services"], "thisNode": m["this"], "hostname": m["host"]}
                  for m in members]
