@@ -225,7 +225,7 @@ def edit(
     json_out: JsonOpt = False,
 ) -> None:
     """Change a bucket's settings (not its name, conflict resolution or vbucket count). A
-    new eviction policy or RAM quota takes effect when the node starts again.
+    new eviction policy or RAM quota restarts the bucket: its connections are closed.
 
     Example: dcptool bucket edit travel --max-ttl 3600
     """

@@ -16,11 +16,12 @@ bucket's settings then come from the node's options. The file is written whole
 (write-and-rename) after every create, edit and drop. A dropped bucket's directory is
 removed; a bucket created again with the same name gets a new uuid.
 
-What takes effect: maxTTL (`effective_ttl`: a document written without expiry, or with a
-later one, in a collection without its own maxTTL expires maxTTL seconds after the write,
-as Couchbase Server applies a bucket's maxTTL), evictionPolicy and ramQuota (the bucket's
-eviction, from its next open: an edit takes effect when the node starts again; the first
-bucket's are the node's --eviction and --memory-quota), numVBuckets.
+What takes effect: maxTTL (`commands.common.cap_expiry`: a document written without
+expiry, or with a later one, in a collection without its own maxTTL expires maxTTL seconds
+after the write, as Couchbase Server applies a bucket's maxTTL), evictionPolicy and
+ramQuota (the bucket's eviction; an edit restarts the bucket, as Couchbase Server does: its
+connections are closed and it opens again under the new policy; the first bucket's are the
+node's --eviction and --memory-quota), numVBuckets.
 The others are kept and returned as given.
 """
 from __future__ import annotations
@@ -194,13 +195,6 @@ def parse_settings(form, base: dict[str, Any], *, create: bool,
     if errors:
         raise SettingsError(errors)
     return out
-
-
-def effective_ttl(bucket, cid: int) -> int:
-    """The max TTL a document of collection `cid` gets: the collection's own, else the
-    bucket's maxTTL (0: none)."""
-    ttl = bucket.collections.get(cid, 0)
-    return ttl or getattr(bucket, "max_ttl", 0)
 
 
 class Registry:

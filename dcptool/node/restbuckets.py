@@ -95,7 +95,7 @@ def add_routes(app: web.Application, node, guard) -> None:
                        if settings.get(f) != bucket.settings.get(f)}
             if changed:
                 return error(changed)
-        node.edit_bucket(bucket, settings)
+        await node.edit_bucket(bucket, settings)
         return web.Response(status=200)
 
     async def drop(request: web.Request, user: str) -> web.Response:

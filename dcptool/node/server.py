@@ -206,13 +206,44 @@ class Node:
                  bucket.num_vbuckets, settings["evictionPolicy"])
         return bucket
 
-    def edit_bucket(self, bucket: Bucket, settings: dict) -> None:
-        """Keep `bucket`'s new settings; maxTTL applies at once, the eviction policy and
-        RAM quota when the bucket is opened again (the node's next start)."""
+    async def edit_bucket(self, bucket: Bucket, settings: dict) -> None:
+        """Keep `bucket`'s new settings; maxTTL applies at once. A new eviction policy or
+        RAM quota restarts the bucket, as Couchbase Server does: its connections are
+        closed, its data flushed and opened again under the new policy."""
+        restart = any(settings.get(k) != bucket.settings.get(k)
+                      for k in ("evictionPolicy", "ramQuota"))
         bucket.settings = settings
         bucket.max_ttl = int(settings.get("maxTTL", 0))
         self.registry.put(bucket.name, bucket.uuid, settings)
+        if restart and bucket is not self.bucket:
+            await self._restart_bucket(bucket)
         self.config_rev += 1
+
+    async def _restart_bucket(self, bucket: Bucket) -> None:
+        name = bucket.name
+        loop = asyncio.get_running_loop()
+        self.busy_buckets.add(name)
+        try:
+            self._stop_bucket(bucket)
+            await loop.run_in_executor(None, lambda: bucket.stop(clean=True))
+            new = await loop.run_in_executor(None, self._make_bucket, name, bucket.settings)
+            await loop.run_in_executor(None, self._warm_up, new, bucket.uuid)
+        finally:
+            self.busy_buckets.discard(name)
+        self.buckets[name] = new
+        self._start_bucket(new, loop)
+        log.info("bucket %s restarted (%s)", shown(name), new.settings["evictionPolicy"])
+
+    def _stop_bucket(self, bucket: Bucket) -> None:
+        """Take `bucket` out of service: its compaction task ends, the connections that
+        selected it are closed (as kv_engine does)."""
+        self.buckets.pop(bucket.name, None)
+        task = self._bucket_tasks.pop(bucket.name, None)
+        if task is not None:
+            task.cancel()
+        for conn in list(self.connections):
+            if conn.bucket is bucket:
+                conn.close()
 
     async def drop_bucket(self, bucket: Bucket) -> None:
         """Drop `bucket`: close the connections that selected it (as kv_engine does), stop
@@ -220,15 +251,9 @@ class Node:
         import shutil
 
         name = bucket.name
-        del self.buckets[name]
         self.busy_buckets.add(name)
         self.registry.remove(name)
-        task = self._bucket_tasks.pop(name, None)
-        if task is not None:
-            task.cancel()
-        for conn in list(self.connections):
-            if conn.bucket is bucket:
-                conn.close()
+        self._stop_bucket(bucket)
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, lambda: bucket.stop(clean=True))

@@ -253,14 +253,25 @@ def test_restart_keeps_every_bucket(tmp_path):
     with NodeProcess(tmp_path / "node", vbuckets=VBS) as n:
         create(n, "second", ramQuota="100", evictionPolicy="fullEviction", maxTTL="600")
         create(n, "third", ramQuota="100", numVBuckets="64")
-        status, _ = rest(n, "POST", "/pools/default/buckets/third",
-                         {"evictionPolicy": "fullEviction"})
-        assert status == 200
         before = {d["name"]: d for d in get_json(n, "/pools/default/buckets")}
         for name, vbs in (("default", VBS), ("second", VBS), ("third", 64)):
             c = client(n, name, vbs)
             assert c.set(b"k", name.encode()).status == Status.SUCCESS
             c.close()
+        # a new eviction policy restarts the bucket: its connections close, its data stays
+        c = client(n, "third", 64)
+        assert c.stats()["ep_item_eviction_policy"] == "value_only"
+        status, _ = rest(n, "POST", "/pools/default/buckets/third",
+                         {"evictionPolicy": "fullEviction"})
+        assert status == 200
+        with pytest.raises((ConnectionError, OSError, EOFError, AssertionError)):
+            c.get(b"k")
+        c.close()
+        c = client(n, "third", 64)
+        assert c.stats()["ep_item_eviction_policy"] == "full_eviction"
+        assert c.get(b"k").value == b"third"
+        c.close()
+        assert get_json(n, "/pools/default/buckets/third")["uuid"] == before["third"]["uuid"]
         n.restart()
         after = {d["name"]: d for d in get_json(n, "/pools/default/buckets")}
         assert list(after) == ["default", "second", "third"]
@@ -271,7 +282,7 @@ def test_restart_keeps_every_bucket(tmp_path):
             c.close()
         assert after["second"]["evictionPolicy"] == "fullEviction"
         assert after["second"]["maxTTL"] == 600 and after["third"]["numVBuckets"] == 64
-        # the eviction policy edited before the restart is the bucket's now
+        # the eviction policy edited before the restart is still the bucket's
         c = client(n, "third", 64)
         assert c.stats()["ep_item_eviction_policy"] == "full_eviction"
         c.close()
