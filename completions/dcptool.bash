@@ -4,7 +4,8 @@
 
 _dcptool_subcommands() {
     case "$1" in
-        "") echo "backup cluster collection decode doc engine examine export failover-log info key merge node prune quickstart remove restore tail verify watermark" ;;
+        "") echo "backup bucket cluster collection decode doc engine examine export failover-log info key merge node prune quickstart remove restore tail verify watermark" ;;
+        "bucket") echo "create drop edit list" ;;
         "cluster") echo "create failover move status" ;;
         "collection") echo "create drop list" ;;
         "doc") echo "delete get load set" ;;
@@ -21,6 +22,11 @@ _dcptool_options() {
     case "$1" in
         "") echo "--version -q --quiet -v --verbose -h --help" ;;
         "backup") echo "-c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --snappy --no-snappy --client-cert --client-key --client-key-passphrase-file --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl --include-data --exclude-data --encrypt --passphrase-file --passphrase-command -h --help" ;;
+        "bucket") echo "-h --help" ;;
+        "bucket create") echo "--ram-quota --eviction-policy --max-ttl --compression-mode --durability-min-level --replicas --flush --no-flush --conflict-resolution --num-vbuckets --rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --timeout --client-cert --client-key --client-key-passphrase-file --json -h --help" ;;
+        "bucket drop") echo "--rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --timeout --client-cert --client-key --client-key-passphrase-file --json -h --help" ;;
+        "bucket edit") echo "--ram-quota --eviction-policy --max-ttl --compression-mode --durability-min-level --replicas --flush --no-flush --rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --timeout --client-cert --client-key --client-key-passphrase-file --json -h --help" ;;
+        "bucket list") echo "--rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --timeout --client-cert --client-key --client-key-passphrase-file --json -h --help" ;;
         "cluster") echo "-h --help" ;;
         "cluster create") echo "-c --cluster --replicas --topology --json -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --timeout --client-cert --client-key --client-key-passphrase-file -h --help" ;;
         "cluster failover") echo "-c --cluster --via --promote --json -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --timeout --client-cert --client-key --client-key-passphrase-file -h --help" ;;
@@ -76,6 +82,10 @@ _dcptool_options() {
 _dcptool_valued_options() {
     case "$1" in
         "backup") echo "-c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data --passphrase-file --passphrase-command" ;;
+        "bucket create") echo "--ram-quota --eviction-policy --max-ttl --compression-mode --durability-min-level --replicas --conflict-resolution --num-vbuckets --rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;
+        "bucket drop") echo "--rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;
+        "bucket edit") echo "--ram-quota --eviction-policy --max-ttl --compression-mode --durability-min-level --replicas --rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;
+        "bucket list") echo "--rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;
         "cluster create") echo "-c --cluster --replicas --topology -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;
         "cluster failover") echo "-c --cluster --via --promote -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;
         "cluster move") echo "-c --cluster --vbuckets --to --vbucket-timeout -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;
@@ -119,6 +129,13 @@ _dcptool_valued_options() {
 
 _dcptool_option_values() {
     case "$1" in
+        "bucket create|--eviction-policy") echo "valueOnly fullEviction" ;;
+        "bucket create|--compression-mode") echo "off passive active" ;;
+        "bucket create|--durability-min-level") echo "none majority majorityAndPersistActive persistToMajority" ;;
+        "bucket create|--conflict-resolution") echo "seqno lww" ;;
+        "bucket edit|--eviction-policy") echo "valueOnly fullEviction" ;;
+        "bucket edit|--compression-mode") echo "off passive active" ;;
+        "bucket edit|--durability-min-level") echo "none majority majorityAndPersistActive persistToMajority" ;;
         "cluster create|--topology") echo "star chain" ;;
         "export|--format") echo "parquet jsonl" ;;
         "node start|--compaction-interval") echo "off" ;;
@@ -140,6 +157,26 @@ _dcptool_option_files() {
         "backup|--client-key") echo "file" ;;
         "backup|--client-key-passphrase-file") echo "file" ;;
         "backup|--passphrase-file") echo "file" ;;
+        "bucket create|--password-file") echo "file" ;;
+        "bucket create|--cacert") echo "file" ;;
+        "bucket create|--client-cert") echo "file" ;;
+        "bucket create|--client-key") echo "file" ;;
+        "bucket create|--client-key-passphrase-file") echo "file" ;;
+        "bucket drop|--password-file") echo "file" ;;
+        "bucket drop|--cacert") echo "file" ;;
+        "bucket drop|--client-cert") echo "file" ;;
+        "bucket drop|--client-key") echo "file" ;;
+        "bucket drop|--client-key-passphrase-file") echo "file" ;;
+        "bucket edit|--password-file") echo "file" ;;
+        "bucket edit|--cacert") echo "file" ;;
+        "bucket edit|--client-cert") echo "file" ;;
+        "bucket edit|--client-key") echo "file" ;;
+        "bucket edit|--client-key-passphrase-file") echo "file" ;;
+        "bucket list|--password-file") echo "file" ;;
+        "bucket list|--cacert") echo "file" ;;
+        "bucket list|--client-cert") echo "file" ;;
+        "bucket list|--client-key") echo "file" ;;
+        "bucket list|--client-key-passphrase-file") echo "file" ;;
         "cluster create|--password-file") echo "file" ;;
         "cluster create|--cacert") echo "file" ;;
         "cluster create|--client-cert") echo "file" ;;

@@ -361,6 +361,7 @@ COMMAND_MODULES: dict[str, str] = {
     "node": "node",
     "doc": "doc",
     "collection": "collection",
+    "bucket": "bucket",
     "failover-log": "failover_log",
     "tail": "tail",
     "remove": "prune",

@@ -79,6 +79,12 @@ class Bucket:
     ) -> None:
         self.data_dir = Path(data_dir)
         self.name = name
+        #: the bucket's uuid (kept in its database; set at warm-up by the node), its
+        #: settings with Couchbase Server's REST names (`dcptool.node.bucketset`) and the
+        #: maxTTL documents without a collection maxTTL get (0: none)
+        self.uuid = ""
+        self.settings: dict[str, Any] = {}
+        self.max_ttl = 0
         self.num_vbuckets = num_vbuckets
         self.memory = CheckpointMemory(checkpoint_memory)
         if checkpoint_max_bytes is None:

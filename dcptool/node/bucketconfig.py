@@ -108,11 +108,16 @@ def global_config(node, host: str) -> dict:
     }
 
 
-def bucket_config(node, host: str) -> dict:
-    """The bucket's cluster map, in the shape Couchbase clients parse (GET_CLUSTER_CONFIG,
-    and the REST port's terse bucket config); `host` is this node's advertised address."""
-    bucket = node.bucket
+def bucket_config(node, host: str, bucket=None) -> dict:
+    """The cluster map of `bucket` (the node's first when None), in the shape Couchbase
+    clients parse (GET_CLUSTER_CONFIG, and the REST port's terse bucket config); `host` is
+    this node's advertised address. A cluster's map is the first bucket's only."""
+    if bucket is None:
+        bucket = node.bucket
     members = cluster_members(node, host)
+    if bucket is not node.bucket:
+        # a bucket created over REST lives on this node alone
+        members = [m for m in members if m["this"]] or members[:1]
     nodes = [{"hostname": member_hostname(m), "ports": {"direct": m["kv"]}} for m in members]
     nodes_ext = [{"services": m["services"], "thisNode": m["this"], "hostname": m["host"]}
                  for m in members]
@@ -122,7 +127,7 @@ def bucket_config(node, host: str) -> dict:
     replicas = 0
     map_rev = 0
     cmap = getattr(getattr(node, "replication", None), "map", None)
-    if cmap is not None:
+    if cmap is not None and bucket is node.bucket:
         # a member of a cluster: the whole map (dcptool cluster create)
         server_list = list(cmap.nodes)
         vbmap = [list(chain) for chain in cmap.vbmap]
@@ -134,7 +139,7 @@ def bucket_config(node, host: str) -> dict:
         "revEpoch": epoch,
         "dcptoolMapRev": map_rev,  # the cluster map's rev (`rev` counts this node's changes)
         "name": bucket.name,
-        "uuid": node.bucket_uuid,
+        "uuid": getattr(bucket, "uuid", "") or node.bucket_uuid,
         "nodeLocator": "vbucket",
         "bucketCapabilitiesVer": "",
         "bucketCapabilities": ["xattr", "dcp", "cbhello", "touch", "cccp", "nodesExt",
@@ -157,7 +162,7 @@ def cluster_config(conn) -> dict:
     global configuration when the connection has no bucket selected."""
     if conn.bucket is None:
         return global_config(conn.node, advertised_host(conn))
-    return bucket_config(conn.node, advertised_host(conn))
+    return bucket_config(conn.node, advertised_host(conn), conn.bucket)
 
 
 def cluster_config_json(conn) -> bytes:

@@ -103,12 +103,13 @@ FLUSH_BYTES = 256 * 1024
 
 class ConnectionHost(Protocol):
     """What a connection needs of the node that accepted it (`server.Node`): its
-    configuration and bucket, the admission and throttling it decides for every
-    connection, and the counters a connection adds to. The command handlers reach the
+    configuration and buckets (`bucket`: the first), the admission and throttling it
+    decides for every connection, and the counters a connection adds to. The command handlers reach the
     rest of the node's state through `Connection.node` too."""
 
     config: Any
     bucket: Any
+    buckets: Any
     throttled: Any
     pre_auth_too_big: int
     frames_too_big: int
@@ -298,7 +299,7 @@ class Connection(asyncio.BufferedProtocol):
                 self._account_partial(buf)
             if self.wrote:
                 self.wrote = False
-                mem = self.node.bucket.memory
+                mem = (self.bucket or self.node.bucket).memory
                 if mem.used > mem.budget:
                     self.node.throttle(self)
 

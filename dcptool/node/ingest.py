@@ -8,9 +8,9 @@ that needs anything out of the ordinary (flexible framing, a request CAS, xattrs
 Snappy-compressed value, an expiry to convert, unusual meta options or extras, a value
 that might be JSON without saying so, a vbucket this node does not hold active, a user
 without the privilege, a key whose collection prefix is anything but the default
-collection's or a live collection's one-byte id, a SET into a collection with a max TTL,
-...) ends the run: the generic dispatch (`Connection.dispatch`) takes that frame with all
-its checks, so the answers are the same either way.
+collection's or a live collection's one-byte id, a SET into a collection with a max TTL
+or a bucket with a maxTTL, ...) ends the run: the generic dispatch (`Connection.dispatch`)
+takes that frame with all its checks, so the answers are the same either way.
 
 Keys become doc keys here too: a legacy connection's key gets the 0x00 prefix, a
 collections connection's key is stored as sent.
@@ -211,7 +211,7 @@ def _set(conn, vb, buf, mv, p: int, kend: int, end: int, op: int, elen: int, dt:
     elif end > kend and buf[kend] in b"{[":
         return None  # might be JSON: the generic path looks
     flags, expiry = _SET_EXTRAS(buf, p)
-    if expiry:
+    if expiry or conn.bucket.max_ttl:
         return None
     if vb is None or vb.state != _ACTIVE:
         return None

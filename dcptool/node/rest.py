@@ -4,10 +4,13 @@ that tools and SDKs read to find their way around a cluster (docs/rest.md).
     GET /pools                                  the pools (one: default) and the version
     GET /pools/default                          the cluster: its nodes, where its buckets are
     GET /pools/default/nodeServices             every node's service ports (nodesExt)
-    GET /pools/default/buckets                  [the bucket]
+    GET /pools/default/buckets                  every bucket
     GET /pools/default/buckets/NAME             the bucket with its vBucketServerMap
     GET /pools/default/b/NAME                   the terse bucket config (GET_CLUSTER_CONFIG)
     GET /pools/default/buckets/NAME/ddocs       design documents: none ({"rows": []})
+
+Creating, editing and dropping buckets (POST /pools/default/buckets, POST and DELETE
+/pools/default/buckets/NAME) are `dcptool.node.restbuckets`'s.
 
 Scopes and collections (Couchbase's endpoints and shapes; `dcptool.node.bucket`):
 
@@ -194,6 +197,9 @@ class RestApp:
             app.router.add_get(path, self._guard(handler, privilege))
         rbac.register(app, self)  # /settings/rbac/...
         if config is not None and not config.collections_enabled:
+            from .restbuckets import add_routes
+
+            add_routes(app, self.node, self._guard)
             app.on_response_prepare.append(self._headers)
             return app
         base = "/pools/default/buckets/{name}/scopes"
@@ -204,6 +210,9 @@ class RestApp:
         app.router.add_delete(base + "/{scope}/collections/{collection}",
                               self._guard(self.drop_collection, manage))
         app.router.add_delete(base + "/{scope}", self._guard(self.drop_scope, manage))
+        from .restbuckets import add_routes
+
+        add_routes(app, self.node, self._guard)
         app.on_response_prepare.append(self._headers)
         return app
 
@@ -272,11 +281,14 @@ class RestApp:
                 })
         return out
 
-    def _bucket_doc(self, host: str) -> dict[str, Any]:
+    def _bucket_doc(self, host: str, bucket=None) -> dict[str, Any]:
+        from .restbuckets import settings_doc
+
         node = self.node
-        doc = bucket_config(node, host)
+        bucket = bucket or node.bucket
+        doc = bucket_config(node, host, bucket)
         name, uuid = doc["name"], doc["uuid"]
-        quota = node.config.memory_quota
+        quota = bucket.settings.get("ramQuota", node.config.memory_quota)
         doc.update({
             "nodes": self._nodes(host),
             "bucketType": "membase",
@@ -284,15 +296,17 @@ class RestApp:
             "streamingUri": f"/pools/default/bucketsStreaming/{name}?bucket_uuid={uuid}",
             "ddocs": {"uri": f"/pools/default/buckets/{name}/ddocs"},
             "replicaNumber": doc["vBucketServerMap"]["numReplicas"],
-            "numVBuckets": node.bucket.num_vbuckets,
-            "evictionPolicy": "fullEviction" if node.config.eviction == "full" else "valueOnly",
+            "numVBuckets": bucket.num_vbuckets,
+            "evictionPolicy": "fullEviction" if bucket.full_eviction else "valueOnly",
             "conflictResolutionType": "seqno",
             "quota": {"ram": quota, "rawRAM": quota},
         })
+        doc.update(settings_doc(bucket, doc["replicaNumber"]))
         return doc
 
-    def _bucket_named(self, request: web.Request) -> bool:
-        return request.match_info["name"] == self.node.bucket.name
+    def _bucket_named(self, request: web.Request):
+        """The bucket the path names (None: no such bucket)."""
+        return self.node.buckets.get(request.match_info["name"])
 
     # -- endpoints -----------------------------------------------------------------------
 
@@ -331,17 +345,20 @@ class RestApp:
         return _json(global_config(self.node, self._host(request)))
 
     async def buckets(self, request: web.Request, user: str) -> web.Response:
-        return _json([self._bucket_doc(self._host(request))])
+        host = self._host(request)
+        return _json([self._bucket_doc(host, b) for b in list(self.node.buckets.values())])
 
     async def bucket(self, request: web.Request, user: str) -> web.Response:
-        if not self._bucket_named(request):
+        bucket = self._bucket_named(request)
+        if bucket is None:
             return _not_found()
-        return _json(self._bucket_doc(self._host(request)))
+        return _json(self._bucket_doc(self._host(request), bucket))
 
     async def terse_bucket(self, request: web.Request, user: str) -> web.Response:
-        if not self._bucket_named(request):
+        bucket = self._bucket_named(request)
+        if bucket is None:
             return _not_found()
-        return _json(bucket_config(self.node, self._host(request)))
+        return _json(bucket_config(self.node, self._host(request), bucket))
 
     async def ddocs(self, request: web.Request, user: str) -> web.Response:
         if not self._bucket_named(request):
@@ -352,16 +369,17 @@ class RestApp:
     # -- scopes and collections ---------------------------------------------------------
 
     async def scopes(self, request: web.Request, user: str) -> web.Response:
-        if not self._bucket_named(request):
+        bucket = self._bucket_named(request)
+        if bucket is None:
             return _not_found()
-        return _json(self.node.bucket.manifest.to_json())
+        return _json(bucket.manifest.to_json())
 
     async def _change(self, request: web.Request, change) -> web.Response:
         """Run `change(bucket)` (a Bucket method call), answer {"uid": ...} or the error
         Couchbase answers, then send the new manifest to the other members."""
-        if not self._bucket_named(request):
+        bucket = self._bucket_named(request)
+        if bucket is None:
             return _not_found()
-        bucket = self.node.bucket
         try:
             change(bucket)
         except ManifestError as exc:
@@ -370,7 +388,8 @@ class RestApp:
             return _json({"errors": {exc.field: exc.message}}, status=400)
         from .manifestshare import share_manifest
 
-        await share_manifest(self.node)
+        if bucket is self.node.bucket:  # a cluster serves the first bucket only
+            await share_manifest(self.node)
         return _json({"uid": hex_id(bucket.manifest.uid)})
 
     async def create_scope(self, request: web.Request, user: str) -> web.Response:

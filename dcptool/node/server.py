@@ -8,7 +8,12 @@ everything, marks a clean shutdown and returns.
 
 Shared state, and why it exists:
 
-* `bucket`: the one bucket this node serves (vbuckets, storage, checkpoints).
+* `buckets`: name -> Bucket, every bucket this node holds (vbuckets, storage,
+  checkpoints, producers, purger each), in creation order; `bucket` is the first, made
+  from --bucket at start with its data in DIR itself (a one-bucket data directory opens
+  unchanged); the others are created and dropped over REST (`dcptool.node.restbuckets`)
+  and live in DIR/buckets/NAME (`dcptool.node.bucketset`, registry DIR/buckets.json).
+  Clustering and replication use the first bucket only.
 * `users`: credentials and roles for SASL and REST, read again when `DIR/users.json`
   changes (`dcptool node user add` on a running node): open connections get their
   user's new privileges, and the streams of a DCP producer whose user lost DcpProducer
@@ -20,7 +25,8 @@ Shared state, and why it exists:
   (`dcptool.node.loginguard`), for KV and REST alike.
 * `backfills`: admission control for disk backfills (read transactions).
 * `config_rev`: revision of the cluster map; bumped when a vbucket changes state.
-* `bucket_uuid`: stable identity of the bucket, kept in the database.
+* `bucket_uuid`: the first bucket's uuid (`Bucket.uuid`: each bucket's, kept in its
+  database; a bucket created again under a dropped one's name gets a new one).
 """
 from __future__ import annotations
 
@@ -32,7 +38,6 @@ import os
 import signal
 import sys
 import time
-import uuid as uuidlib
 from pathlib import Path
 
 from dcptool import __version__
@@ -40,6 +45,7 @@ from dcptool import __version__
 from .auth import Users
 from .backfill import BackfillManager
 from .bucket import Bucket
+from .bucketset import Registry, default_settings, new_uuid
 from .config import NodeConfig
 from .connection import Connection
 from .datalock import NODE_FILE
@@ -54,15 +60,23 @@ class Node:
     def __init__(self, config: NodeConfig, users: Users) -> None:
         self.config = config
         self.users = users
-        self.bucket = Bucket(
-            config.data_dir, name=config.bucket, num_vbuckets=config.vbuckets,
-            flush_interval=config.flush_interval, checkpoint_memory=config.checkpoint_memory,
-            checkpoint_max_items=config.checkpoint_max_items,
-            purge_age=config.purge_age, hwt_max_hold=config.hwt_max_hold,
-            compaction_interval=config.compaction_interval,
-            hwt_default_ttl=config.hwt_default_ttl,
-            eviction=config.eviction, memory_quota=config.memory_quota,
-        )
+        self.registry = Registry(config.data_dir)
+        self.buckets: dict[str, Bucket] = {}
+        first = default_settings(config)
+        entry = self.registry.entries.get(config.bucket)
+        if entry is not None:
+            # the node's options keep deciding the first bucket's layout and eviction
+            kept = {k: first[k] for k in ("numVBuckets", "evictionPolicy", "ramQuota")}
+            first.update(entry.get("settings", {}), **kept)
+        self.buckets[config.bucket] = self._make_bucket(config.bucket, first)
+        for name, entry in self.registry.entries.items():
+            if name not in self.buckets:
+                self.buckets[name] = self._make_bucket(name, dict(entry["settings"]))
+        #: each bucket's compaction task (started with the bucket, cancelled at its drop)
+        self._bucket_tasks: dict[str, asyncio.Task] = {}
+        #: names of the buckets being created or dropped (a second request for one waits
+        #: for nothing: it is refused as if the bucket existed)
+        self.busy_buckets: set[str] = set()
         self.connections: set[Connection] = set()
         self.throttled: set[Connection] = set()
         self.write_throttles = 0
@@ -104,7 +118,6 @@ class Node:
         self._rejected_logged_at = 0.0
         self._rejected_unlogged = 0
         self.config_rev = 1
-        self.bucket_uuid = ""
         self.started_at = time.time()
         self.backfills = BackfillManager(config.max_backfills)
         self.port = config.port
@@ -125,6 +138,130 @@ class Node:
             self.client_auth = ClientAuth.load(config.client_auth)
         self._tasks: list[asyncio.Task] = []
         self.replication = Replication(self)
+
+    # -- buckets -----------------------------------------------------------------------
+
+    @property
+    def bucket(self) -> Bucket:
+        """The first bucket (--bucket): the one clustering and replication serve."""
+        return self.buckets[self.config.bucket]
+
+    @property
+    def bucket_uuid(self) -> str:
+        return self.bucket.uuid
+
+    def _make_bucket(self, name: str, settings: dict) -> Bucket:
+        config = self.config
+        data_dir = self.registry.bucket_dir(name, config.bucket)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        bucket = Bucket(
+            data_dir, name=name, num_vbuckets=int(settings["numVBuckets"]),
+            flush_interval=config.flush_interval, checkpoint_memory=config.checkpoint_memory,
+            checkpoint_max_items=config.checkpoint_max_items,
+            purge_age=config.purge_age, hwt_max_hold=config.hwt_max_hold,
+            compaction_interval=config.compaction_interval,
+            hwt_default_ttl=config.hwt_default_ttl,
+            eviction="full" if settings["evictionPolicy"] == "fullEviction" else "value",
+            memory_quota=int(settings["ramQuota"]),
+        )
+        bucket.settings = settings
+        bucket.max_ttl = int(settings.get("maxTTL", 0))
+        return bucket
+
+    def _warm_up(self, bucket: Bucket, uuid: str | None = None) -> None:
+        """Load `bucket` from disk and give it its uuid (a new one for a new bucket)."""
+        bucket.warm_up()
+        meta = bucket.storage.get_meta()
+        bucket.uuid = meta.get("bucket_uuid") or uuid or new_uuid()
+        if "bucket_uuid" not in meta:
+            bucket.storage.set_meta(bucket_uuid=bucket.uuid)
+
+    def _start_bucket(self, bucket: Bucket, loop) -> None:
+        for vb in bucket.vbuckets.values():
+            # a state change first ends the vbucket's DCP streams, then tells the node
+            vb.state_listeners.append(end_streams_on_state_change)
+            vb.state_listeners.append(self._vbucket_state_changed)
+        bucket.start(loop)
+        self._bucket_tasks[bucket.name] = loop.create_task(bucket.purger.run_scheduled())
+
+    async def create_bucket(self, name: str, settings: dict) -> Bucket:
+        """Create bucket `name` (a new uuid, an empty data directory) and serve it."""
+        import shutil
+
+        loop = asyncio.get_running_loop()
+        self.busy_buckets.add(name)
+        try:
+            data_dir = self.registry.bucket_dir(name, self.config.bucket)
+            if data_dir.exists():  # left over by a drop that did not finish
+                await loop.run_in_executor(None, shutil.rmtree, data_dir)
+            bucket = await loop.run_in_executor(None, self._make_bucket, name, settings)
+            await loop.run_in_executor(None, self._warm_up, bucket, new_uuid())
+        finally:
+            self.busy_buckets.discard(name)
+        self.buckets[name] = bucket
+        self.registry.put(name, bucket.uuid, settings)
+        self._start_bucket(bucket, loop)
+        self.config_rev += 1
+        log.info("bucket %s created (uuid %s, %d vbuckets, %s)", shown(name), bucket.uuid,
+                 bucket.num_vbuckets, settings["evictionPolicy"])
+        return bucket
+
+    async def edit_bucket(self, bucket: Bucket, settings: dict) -> None:
+        """Keep `bucket`'s new settings; maxTTL applies at once. A new eviction policy or
+        RAM quota restarts the bucket, as Couchbase Server does: its connections are
+        closed, its data flushed and opened again under the new policy."""
+        restart = any(settings.get(k) != bucket.settings.get(k)
+                      for k in ("evictionPolicy", "ramQuota"))
+        bucket.settings = settings
+        bucket.max_ttl = int(settings.get("maxTTL", 0))
+        self.registry.put(bucket.name, bucket.uuid, settings)
+        if restart and bucket is not self.bucket:
+            await self._restart_bucket(bucket)
+        self.config_rev += 1
+
+    async def _restart_bucket(self, bucket: Bucket) -> None:
+        name = bucket.name
+        loop = asyncio.get_running_loop()
+        self.busy_buckets.add(name)
+        try:
+            self._stop_bucket(bucket)
+            await loop.run_in_executor(None, lambda: bucket.stop(clean=True))
+            new = await loop.run_in_executor(None, self._make_bucket, name, bucket.settings)
+            await loop.run_in_executor(None, self._warm_up, new, bucket.uuid)
+        finally:
+            self.busy_buckets.discard(name)
+        self.buckets[name] = new
+        self._start_bucket(new, loop)
+        log.info("bucket %s restarted (%s)", shown(name), new.settings["evictionPolicy"])
+
+    def _stop_bucket(self, bucket: Bucket) -> None:
+        """Take `bucket` out of service: its compaction task ends, the connections that
+        selected it are closed (as kv_engine does)."""
+        self.buckets.pop(bucket.name, None)
+        task = self._bucket_tasks.pop(bucket.name, None)
+        if task is not None:
+            task.cancel()
+        for conn in list(self.connections):
+            if conn.bucket is bucket:
+                conn.close()
+
+    async def drop_bucket(self, bucket: Bucket) -> None:
+        """Drop `bucket`: close the connections that selected it (as kv_engine does), stop
+        its tasks and flusher, remove its files."""
+        import shutil
+
+        name = bucket.name
+        self.busy_buckets.add(name)
+        self.registry.remove(name)
+        self._stop_bucket(bucket)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, lambda: bucket.stop(clean=True))
+            await loop.run_in_executor(None, shutil.rmtree, bucket.data_dir, True)
+        finally:
+            self.busy_buckets.discard(name)
+        self.config_rev += 1
+        log.info("bucket %s dropped", shown(name))
 
     # -- connections -------------------------------------------------------------------
 
@@ -252,7 +389,7 @@ class Node:
             self.throttled.add(conn)
             self.write_throttles += 1
             conn.pause_reading()
-            self.bucket.storage.kick()
+            (conn.bucket or self.bucket).storage.kick()
             if self._throttle_timer is None:
                 self._throttle_timer = asyncio.get_event_loop().call_later(0.05, self._unthrottle_check)
 
@@ -260,14 +397,19 @@ class Node:
         self._throttle_timer = None
         if not self.throttled:
             return
-        mem = self.bucket.memory
-        mem.maybe_reduce()
-        if mem.used <= mem.budget * 0.9 or not self.bucket.storage.dirty:
+        busy = []
+        for bucket in self.buckets.values():
+            mem = bucket.memory
+            mem.maybe_reduce()
+            if mem.used > mem.budget * 0.9 and bucket.storage.dirty:
+                busy.append(bucket)
+        if not busy:
             for conn in list(self.throttled):
                 conn.resume_reading()
             self.throttled.clear()
         else:
-            self.bucket.storage.kick()
+            for bucket in busy:
+                bucket.storage.kick()
             self._throttle_timer = asyncio.get_event_loop().call_later(0.01, self._unthrottle_check)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -286,17 +428,13 @@ class Node:
                 loop.add_signal_handler(sig, self.request_stop)
             except (NotImplementedError, RuntimeError):  # pragma: no cover
                 pass
-        bucket = self.bucket
-        bucket.warm_up()
-        meta = bucket.storage.get_meta()
-        self.bucket_uuid = meta.get("bucket_uuid") or uuidlib.uuid4().hex
-        if "bucket_uuid" not in meta:
-            bucket.storage.set_meta(bucket_uuid=self.bucket_uuid)
-        for vb in bucket.vbuckets.values():
-            # a state change first ends the vbucket's DCP streams, then tells the node
-            vb.state_listeners.append(end_streams_on_state_change)
-            vb.state_listeners.append(self._vbucket_state_changed)
-        bucket.start(loop)
+        for name, bucket in self.buckets.items():
+            entry = self.registry.entries.get(name)
+            self._warm_up(bucket, entry.get("uuid") if entry else None)
+        if self.config.bucket not in self.registry.entries:
+            self.registry.put(self.config.bucket, self.bucket.uuid, self.bucket.settings)
+        for bucket in self.buckets.values():
+            self._start_bucket(bucket, loop)
         await self.replication.start()
         # The node holds millions of small acyclic objects (items); the cyclic collector
         # would walk them again and again. Keep what warm-up loaded out of its way and
@@ -325,7 +463,6 @@ class Node:
             await self.rest.start(self.config.host, rest_port, rest_tls_port, ssl_ctx)
             self.rest_port, self.rest_tls_port = self.rest.port, self.rest.tls_port
             self._tasks.append(loop.create_task(self._expiry_pager()))
-            self._tasks.append(loop.create_task(bucket.purger.run_scheduled()))
             self._tasks.append(loop.create_task(self._users_watcher()))
             self._write_node_file()
             announce(f"listening on {self.config.host}:{self.port}")
@@ -345,7 +482,7 @@ class Node:
             self._tls_server.close()
         if self.rest is not None:
             await self.rest.stop()
-        for t in self._tasks:
+        for t in self._tasks + list(self._bucket_tasks.values()):
             t.cancel()
         await self.replication.stop_all()
         for conn in list(self.connections):
@@ -359,7 +496,8 @@ class Node:
             conn.abort()
         await asyncio.sleep(0)
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, lambda: self.bucket.stop(clean=clean))
+        for bucket in list(self.buckets.values()):
+            await loop.run_in_executor(None, lambda b=bucket: b.stop(clean=clean))
         log.info("stopped (clean=%s)", clean)
 
     def _ssl_context(self):
@@ -391,10 +529,11 @@ class Node:
         interval = self.config.expiry_pager_interval
         while True:
             await asyncio.sleep(interval)
-            try:
-                self.bucket.run_expiry_pager()
-            except Exception:  # pragma: no cover - keep paging
-                log.exception("expiry pager failed")
+            for bucket in list(self.buckets.values()):
+                try:
+                    bucket.run_expiry_pager()
+                except Exception:  # pragma: no cover - keep paging
+                    log.exception("expiry pager failed (bucket %s)", shown(bucket.name))
 
     async def _users_watcher(self, interval: float = 0.25) -> None:
         """Read the users file again when it changes and apply it to open connections."""
@@ -434,7 +573,8 @@ class Node:
         for conn in list(self.connections):
             if not getattr(conn, "authenticated", False) or conn.user is None:
                 continue
-            conn.privileges = self.users.privileges(conn.user, bucket=self.bucket.name)
+            bucket = conn.bucket.name if conn.bucket is not None else None
+            conn.privileges = self.users.privileges(conn.user, bucket=bucket)
             producer = conn.producer
             if producer is not None and Privilege.DCP_PRODUCER not in conn.privileges:
                 streams = list(producer.streams.values())

@@ -191,9 +191,11 @@ def login_by_certificate(conn: Any, transport: Any) -> None:
         return
     conn.authenticated = True
     conn.user = name
-    conn.privileges = conn.node.users.privileges(name, bucket=conn.node.bucket.name)
+    conn.privileges = conn.node.users.privileges(name)
     timer = conn._timers.pop("auth", None)
     if timer is not None:
         timer.cancel()
-    if name == conn.node.bucket.name and conn.bucket is None:
-        conn.bucket = conn.node.bucket  # kv_engine selects the bucket named like the user
+    if conn.bucket is None and name in conn.node.buckets:
+        # kv_engine selects the bucket named like the user
+        conn.bucket = conn.node.buckets[name]
+        conn.privileges = conn.node.users.privileges(name, bucket=name)

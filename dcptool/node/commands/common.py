@@ -160,13 +160,13 @@ def request_doc_key(conn, frame, key) -> bytes | None:
 
 
 def cap_expiry(bucket, dkey: bytes, expiry: int, now: int) -> int:
-    """A write's absolute expiry under its collection's max TTL, as kv_engine applies it:
-    no expiry, or one later than now + maxTTL, becomes now + maxTTL."""
-    if not dkey[0]:
-        return expiry
+    """A write's absolute expiry under its collection's max TTL, or the bucket's maxTTL
+    when the collection has none, as kv_engine applies it: no expiry, or one later than
+    now + maxTTL, becomes now + maxTTL."""
     from dcptool.protocol.collections import doc_key_cid
 
-    ttl = bucket.collections.get(doc_key_cid(dkey), 0)
+    ttl = bucket.collections.get(doc_key_cid(dkey), 0) if dkey[0] else 0
+    ttl = ttl or getattr(bucket, "max_ttl", 0)
     if ttl and (not expiry or expiry > now + ttl):
         return now + ttl
     return expiry

@@ -97,7 +97,7 @@ def arithmetic(conn, frame) -> None:
             return
         count = initial
         expiry = decisions.absolute_expiry(expiry, int(now))
-        if key[0]:
+        if key[0] or conn.bucket.max_ttl:
             expiry = cap_expiry(conn.bucket, key, expiry, int(now))
         xattrs, flags, dt, mode, cas = b"", 0, _JSON, 1, 0
     else:
@@ -159,7 +159,7 @@ def touch(conn, frame) -> None:
         conn.reply(frame, Status.KEY_EEXISTS)
         return
     expiry = decisions.absolute_expiry(_U32.unpack(frame.extras)[0], int(now))
-    if key[0]:
+    if key[0] or conn.bucket.max_ttl:
         expiry = cap_expiry(conn.bucket, key, expiry, int(now))
     conn.wrote = True
     res = vb.store(key, old.value, old.flags, expiry, old.datatype, cas=held or old.cas,

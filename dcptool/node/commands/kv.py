@@ -12,7 +12,8 @@ keeps values decompressed, so reads never carry the bit (docs/snappy.md).
 Keys are doc keys inside the node (`common.request_doc_key`): a legacy connection's key
 gets the default collection's prefix, a collections connection's key is checked (EINVAL,
 UNKNOWN_COLLECTION). Answers that carry a key (GETK) echo the key as the client sent it.
-A collection's max TTL caps the expiry of SET/ADD/REPLACE (`common.cap_expiry`).
+A collection's max TTL, or else the bucket's maxTTL, caps the expiry of SET/ADD/REPLACE
+(`common.cap_expiry`).
 """
 from __future__ import annotations
 
@@ -198,7 +199,7 @@ def store(conn, frame) -> None:
     now = time.time()
     if expiry:
         expiry = decisions.absolute_expiry(expiry, int(now))
-    if key[0]:
+    if key[0] or conn.bucket.max_ttl:
         expiry = cap_expiry(conn.bucket, key, expiry, int(now))
     conn.wrote = True
     res = vb.store(key, value, flags, expiry, dt, cas=frame.cas, mode=_SET_MODE[frame.opcode],

@@ -1,4 +1,8 @@
-"""Connection set-up: HELLO, SASL, SELECT_BUCKET, VERSION, NOOP, QUIT, GET_ERROR_MAP."""
+"""Connection set-up: HELLO, SASL, SELECT_BUCKET, VERSION, NOOP, QUIT, GET_ERROR_MAP.
+
+SELECT_BUCKET selects any bucket of the node (EACCESS for a user with no privilege on the
+name, else KEY_ENOENT for an unknown bucket, as kv_engine answers); the connection's privileges are then
+its user's for that bucket. A login selects the bucket named like the user, if any."""
 from __future__ import annotations
 
 import logging
@@ -73,13 +77,14 @@ def _sasl_result(conn, frame, result) -> None:
     guard = getattr(node, "login_guard", None)
     if status == "ok":
         conn.logged_in(username)
-        conn.privileges = node.users.privileges(username, bucket=node.bucket.name)
+        conn.privileges = node.users.privileges(username)
         conn.sasl = None
         if guard is not None:
             guard.succeeded(username, conn.peer_host)
         # kv_engine selects the bucket named like the user
-        if username == node.bucket.name and conn.bucket is None:
-            conn.bucket = node.bucket
+        if conn.bucket is None and username in node.buckets:
+            conn.bucket = node.buckets[username]
+            conn.privileges = node.users.privileges(username, bucket=username)
         conn.reply(frame, value=payload)
     elif status == "continue":
         conn.reply(frame, Status.AUTH_CONTINUE, value=payload)
@@ -164,10 +169,21 @@ def select_bucket(conn, frame, msg) -> None:
         conn.bucket = None
         conn.reply(frame)
         return
-    if msg.bucket != conn.node.bucket.name:
+    # as kv_engine: a user with no privilege on the name is refused (EACCESS) before the
+    # name is looked up, so the answer says nothing of buckets the user may not see
+    privileges = conn.node.users.privileges(conn.user, bucket=msg.bucket)
+    if not privileges:
+        conn.reply(frame, Status.EACCESS)
+        return
+    bucket = conn.node.buckets.get(msg.bucket)
+    if bucket is None:
         conn.reply(frame, Status.KEY_ENOENT)
         return
-    conn.bucket = conn.node.bucket
+    if conn.producer is not None and bucket is not conn.bucket:
+        conn.reply(frame, Status.NOT_SUPPORTED)
+        return
+    conn.bucket = bucket
+    conn.privileges = privileges
     conn.reply(frame)
 
 

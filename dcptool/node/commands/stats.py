@@ -23,8 +23,8 @@ def _rss_bytes() -> int:
         return 0
 
 
-def default_stats(node) -> list[tuple[str, object]]:
-    b = node.bucket
+def default_stats(node, bucket=None) -> list[tuple[str, object]]:
+    b = bucket or node.bucket
     totals = b.totals()
     active = sum(1 for vb in b.vbuckets.values() if vb.state == VBucketState.ACTIVE)
     replica = sum(1 for vb in b.vbuckets.values() if vb.state == VBucketState.REPLICA)
@@ -148,9 +148,10 @@ def checkpoint_stats(vbs) -> list[tuple[str, object]]:
     return out
 
 
-def dcp_stats(node) -> list[tuple[str, object]]:
-    out: list[tuple[str, object]] = [("ep_dcp_count", len(node.bucket.producers))]
-    for name, prod in sorted(node.bucket.producers.items()):
+def dcp_stats(node, bucket=None) -> list[tuple[str, object]]:
+    b = bucket or node.bucket
+    out: list[tuple[str, object]] = [("ep_dcp_count", len(b.producers))]
+    for name, prod in sorted(b.producers.items()):
         for k, v in prod.stats().items():
             out.append((f"eq_dcpq:{name}:{k}", v))
     return out
@@ -162,7 +163,7 @@ def stat(conn, frame, msg) -> None:
     arg = arg.strip()
     node = conn.node
     if group == "":
-        stats = default_stats(node)
+        stats = default_stats(node, conn.bucket)
     elif group in ("vbucket-seqno", "vbucket-seqno-details"):
         vbs = _vb_filter(conn, arg)
         if vbs is None:
@@ -185,9 +186,9 @@ def stat(conn, frame, msg) -> None:
             return
         stats = checkpoint_stats(vbs) + [("ep_checkpoint_memory", conn.bucket.memory.used)]
     elif group == "dcp":
-        stats = dcp_stats(node)
+        stats = dcp_stats(node, conn.bucket)
     elif group == "warmup":
-        stats = [(f"ep_warmup_{k}", v) for k, v in node.bucket.warmup.items()]
+        stats = [(f"ep_warmup_{k}", v) for k, v in (conn.bucket or node.bucket).warmup.items()]
     else:
         conn.reply(frame, Status.KEY_ENOENT)
         return

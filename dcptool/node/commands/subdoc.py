@@ -609,7 +609,7 @@ def _new_xattrs(conn, frame, multi, vb, doc, expand, body):
 def _new_expiry(conn, key, expiry, now: float) -> int:
     """The new version's absolute expiry (0: none), capped by its collection's max TTL."""
     exp = 0 if expiry is None else decisions.absolute_expiry(expiry, int(now))
-    if key[0]:
+    if key[0] or conn.bucket.max_ttl:
         exp = cap_expiry(conn.bucket, key, exp, int(now))
     return exp
 
