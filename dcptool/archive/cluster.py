@@ -92,6 +92,11 @@ class ClusterArchive:
         return self.meta["uuid"]
 
     @property
+    def passphrase(self) -> str | None:
+        """What its bucket archives open with (None: not encrypted). Not in its repr."""
+        return self._passphrase
+
+    @property
     def encrypted(self) -> bool:
         return self.key is not None
 
@@ -142,7 +147,11 @@ class ClusterArchive:
         return cls(path, meta, dk, passphrase)
 
     @classmethod
-    def open(cls, path: Any, *, passphrase: str | None = None) -> "ClusterArchive":
+    def open(cls, path: Any, *,
+             passphrase: str | crypto.PassphraseSource | None = None) -> "ClusterArchive":
+        """Open the cluster archive at `path`; an encrypted one is unlocked here with
+        `passphrase` or one its source (--passphrase-file, --passphrase-command), the
+        environment or the prompt gives; its bucket archives open with the same."""
         path = storage.location(path)
         meta_path = path / ARCHIVE_JSON
         try:
@@ -163,6 +172,8 @@ class ClusterArchive:
             if not isinstance(meta.get(field_), str):
                 raise NotAnArchiveError(f"{meta_path}: field {field_!r} is missing or not a str")
         if crypto.is_encrypted(meta):
+            if not isinstance(passphrase, str):  # from its source, the environment or a prompt
+                passphrase = crypto.get_passphrase(f"archive {path}", source=passphrase)
             dk, _ = crypto.unlock(path, meta, passphrase)
             return cls(path, meta, dk, passphrase)
         return cls(path, meta)

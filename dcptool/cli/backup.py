@@ -66,7 +66,7 @@ manual(
 
 
 @app.command()
-@connection_options(snappy=True)
+@connection_options(snappy=True, bucket_default=None)
 def backup(
     archive: Annotated[str, typer.Argument(
         metavar="ARCHIVE", help="Archive directory (created when missing), or s3://BUCKET/PREFIX.",
@@ -103,8 +103,21 @@ def backup(
         "--encrypt", help="Create the new archive encrypted (AES-256-GCM) under a passphrase "
                           "(DCPTOOL_ARCHIVE_PASSPHRASE, --passphrase-file or a prompt, asked "
                           "twice). An encrypted archive needs no --encrypt afterwards.")] = False,
+    all_buckets: Annotated[bool, typer.Option(
+        "--all-buckets", help="Back up every bucket the user may back up into a cluster "
+                              "archive (a bucket archive per bucket in ARCHIVE/buckets/, and "
+                              "per run the buckets' settings, scopes and collections, users "
+                              "and groups). A cluster archive is always backed up so; -b "
+                              "then backs up that one bucket of it.")] = False,
+    disable_bucket_config: Annotated[bool, typer.Option(
+        "--disable-bucket-config", help="Cluster archives: leave the buckets' settings, "
+                                        "scopes and collections out of the run.")] = False,
+    disable_users: Annotated[bool, typer.Option(
+        "--disable-users", help="Cluster archives: leave users and groups out of the run "
+                                "(reading them needs an administrator).")] = False,
 ) -> None:
-    """Back up a bucket into an archive: full the first time, incremental afterwards.
+    """Back up a bucket, or every bucket of a cluster, into an archive: full the first
+    time, incremental afterwards.
 
     Each vbucket streams from where the archive's last backup ended to the node's high
     seqno at the start of the run, ending on a snapshot boundary; a vbucket with nothing
@@ -143,14 +156,39 @@ def backup(
     that reads or writes an encrypted archive asks for its passphrase first.
 
     Example: DCPTOOL_ARCHIVE_PASSPHRASE_FILE=~/.dcptool-pass dcptool backup -c 127.0.0.1 /backups/secret --encrypt
+
+    With --all-buckets (or into a cluster archive) every bucket the user may back up is
+    backed up, each into its own bucket archive under ARCHIVE/buckets/NAME (its chain
+    incremental on its own; a new bucket starts full, one dropped and created again
+    starts a new full backup), one after the other on one Spark start-up. The run then
+    records, in ARCHIVE/runs/, each bucket's backup, settings, scopes and collections, and
+    the cluster's users and groups with their password hashes as the cluster exports them
+    for backup (never a plain password); buckets the node no longer has are kept and
+    reported.
+
+    Example: dcptool backup -c 127.0.0.1 /backups/cluster --all-buckets
     """
+    from dcptool.archive.cluster import archive_kind
     from dcptool.cli.options import parse_ttl
     from dcptool.pipeline.backup import run_backup
 
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
+    if all_buckets or archive_kind(archive) == "cluster":
+        _cluster_backup(archive, conn_args, encrypt=encrypt, bucket_config=not disable_bucket_config,
+                        users=not disable_users, json_out=json_out, no_progress=no_progress,
+                        full=full, partitions=partitions, master=master, level=level,
+                        purge_partial=purge_partial, watermark=not no_watermark,
+                        watermark_ttl=ttl, include_data=include_data, exclude_data=exclude_data,
+                        vbuckets=vbuckets)
+        return
+    if disable_bucket_config or disable_users:
+        from dcptool.errors import UsageError
+
+        raise UsageError("--disable-bucket-config and --disable-users are for cluster archives",
+                         hint="add --all-buckets")
     # a wrong passphrase stops here, before work
     target, new_passphrase = _open_or_plan_encrypted(archive, encrypt)
-    opts = conn_args.options()
+    opts = conn_args.options(bucket=conn_args.bucket or "default")
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     # before Spark starts and before the archive is touched: a user who may not stream
     # (or register the watermark) is told so in one line and nothing is left behind
@@ -164,6 +202,64 @@ def backup(
                             on_plan=on_plan, watermark=not no_watermark, watermark_ttl=ttl,
                             notice=note, include_data=include_data, exclude_data=exclude_data)
     _report_backup(result.as_dict(), json_out)
+
+
+def _cluster_backup(archive: str, conn_args: Any, *, encrypt: bool, bucket_config: bool,
+                    users: bool, json_out: bool, no_progress: bool, vbuckets: str | None,
+                    **backup: Any) -> None:
+    """`backup --all-buckets`, or into a cluster archive."""
+    from dcptool.archive import crypto
+    from dcptool.archive.cluster import ClusterArchive, archive_kind
+    from dcptool.cli.passphrase import passphrase_source
+    from dcptool.errors import UsageError
+    from dcptool.pipeline.clusterbackup import run_cluster_backup
+
+    if vbuckets:
+        raise UsageError("--vbuckets selects vbuckets of one bucket", hint="leave it out, or "
+                         "back up one bucket with -b into a bucket archive")
+    new_passphrase = None
+    passphrase: Any = passphrase_source()
+    kind = archive_kind(archive)
+    if kind == "cluster":
+        # a wrong passphrase stops here, before any work
+        cluster = ClusterArchive.open(archive, passphrase=passphrase)
+        if encrypt and not cluster.encrypted:
+            raise UsageError(f"--encrypt: archive {archive} exists and is not encrypted",
+                             hint="back up into a new archive to encrypt")
+        passphrase = cluster.passphrase
+    elif kind is None and encrypt:
+        new_passphrase = crypto.get_passphrase(f"new archive {archive}", confirm=True,
+                                               source=passphrase)
+    opts = conn_args.options(bucket=conn_args.bucket or "default")
+    show = show_progress(no_progress or json_out)
+
+    def on_bucket(name: str, i: int, n: int) -> None:
+        if show:
+            note(f"bucket {name} ({i + 1}/{n})")
+
+    result = run_cluster_backup(
+        opts, archive, passphrase=passphrase, new_passphrase=new_passphrase,
+        buckets=[conn_args.bucket] if conn_args.bucket else None, bucket_config=bucket_config,
+        users=users, notice=note, on_bucket=on_bucket, **backup)
+    d = result.as_dict()
+    if json_out:
+        print_json(d)
+        return
+    from rich.table import Table
+
+    t = Table(title=f"cluster backup run {d['run_id']}")
+    for col in ("bucket", "backup", "type", "items", "size on disk"):
+        t.add_column(col, justify="right" if col in ("items", "size on disk") else "left")
+    for name, b in d["buckets"].items():
+        s = b["backup"]
+        t.add_row(name, s["backup_id"], b["status"],
+                  f"{s['mutations'] + s['deletions'] + s['expirations']:,}",
+                  human_bytes(s["size_on_disk"]))
+    for name in d["dropped"]:
+        t.add_row(name, "-", "dropped (kept)", "-", "-")
+    console().print(t)
+    if d["users"] is not None:
+        console().print(f"users: {d['users']}  groups: {d['groups']}")
 
 
 def _report_backup(d: dict, json_out: bool) -> None:

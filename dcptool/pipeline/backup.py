@@ -952,6 +952,11 @@ def shares_history(archive_logs: dict[int, list], node_logs: dict[int, Any]) -> 
     return False
 
 
+class AnotherBucketError(UsageError):
+    """The node's bucket of the archive's name is another bucket (dropped and created
+    again, another cluster's): an incremental backup cannot continue the archive."""
+
+
 def _check_same_bucket(rl: RunLog, archive: Archive, opts, node_uuid: str | None,
                        node_logs: dict, recorded: str | None, parent_id: str | None, *,
                        partial: str | None = None) -> None:
@@ -983,7 +988,7 @@ def _check_same_bucket(rl: RunLog, archive: Archive, opts, node_uuid: str | None
             f"bucket{why}; the partial backup cannot be resumed from it",
             hint="--purge-partial discards the partial backup (then --full starts a new full "
                  "backup of this bucket in the same archive), or use another archive directory")
-    raise UsageError(
+    raise AnotherBucketError(
         f"archive {archive.path} holds bucket '{archive.bucket}' ({held}) as of {what}, "
         f"but {opts.address} serves bucket '{opts.bucket}' ({serves}): another bucket{why}; "
         "an incremental backup cannot continue the archive",

@@ -1,0 +1,203 @@
+"""A backup of every bucket of a cluster into a cluster archive (`archive/cluster.py`).
+
+One run: the cluster archive's lock is taken; the buckets the user may back up are listed
+over the node's REST port (Couchbase's `GET /pools/default/buckets`, which lists only
+those); users and groups are read from Couchbase's backup endpoint (`GET
+/settings/rbac/backup`) before any data moves, so a user who may not read them is told
+before any work; then each bucket is backed up into its bucket archive, one after the
+other on the one Spark context the first starts (its chain incremental on its own; a
+bucket new since the last run starts full; one dropped and created again since then,
+whose history no longer continues its archive's, starts a new full backup in the same
+bucket archive); buckets the archive holds that the node no longer has are kept and
+reported as dropped. Last, the run's record (`runs/RUN-ID.json`) commits the run: each
+bucket's backup id, its settings, its scopes and collections, and the users and groups.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from dcptool.archive import storage
+from dcptool.archive.cluster import BUCKET_NAME_RE, ClusterArchive, archive_kind
+from dcptool.archive.format import iso_time, utc_now
+from dcptool.errors import DcptoolError, UsageError
+
+#: the fields of a Couchbase bucket document that are its settings (what a restore that
+#: creates the bucket gives back), as Couchbase Server names them
+SETTINGS_FIELDS = ("bucketType", "storageBackend", "replicaNumber", "replicaIndex",
+                   "evictionPolicy", "maxTTL", "compressionMode", "conflictResolutionType",
+                   "durabilityMinLevel", "numVBuckets", "quota", "flushEnabled",
+                   "threadsNumber", "purgeInterval")
+
+
+@dataclass
+class ClusterBackupResult:
+    run_id: str
+    archive: str
+    #: bucket -> {"status": "full" | "incremental" | "recreated", "backup": backup summary}
+    buckets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: buckets the archive holds that the node no longer has
+    dropped: list[str] = field(default_factory=list)
+    #: how many users and groups the run recorded (None: left out)
+    users: int | None = None
+    groups: int | None = None
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        totals = {k: sum(b["backup"][k] for b in self.buckets.values())
+                  for k in ("mutations", "deletions", "expirations", "items_streamed",
+                            "size_on_disk")}
+        return {"run_id": self.run_id, "archive": self.archive, "buckets": self.buckets,
+                "dropped": self.dropped, "users": self.users, "groups": self.groups,
+                "totals": totals, "seconds": round(self.seconds, 3)}
+
+
+def rest_client(opts: Any, rest_port: int | None = None) -> Any:
+    """A REST client of the node of `opts`: on `rest_port`, or where the node's cluster
+    config says its REST port is."""
+    from dcptool.client.rest import RestClient, rest_port_of
+    from dcptool.client.topology import cluster_config
+
+    port = rest_port
+    if port is None:
+        with opts.connect() as conn:
+            port = rest_port_of(cluster_config(conn), tls=bool(opts.tls))
+        if port is None:
+            raise DcptoolError(f"{opts.address} names no REST port in its cluster config",
+                               hint="pass --rest-port")
+    return RestClient.for_options(opts, port)
+
+
+def settings_of(doc: dict[str, Any]) -> dict[str, Any]:
+    """A bucket's settings from its Couchbase bucket document."""
+    out = {k: doc[k] for k in SETTINGS_FIELDS if k in doc}
+    if "numVBuckets" not in out and isinstance(doc.get("vBucketServerMap"), dict):
+        out["numVBuckets"] = len(doc["vBucketServerMap"].get("vBucketMap") or [])
+    return out
+
+
+def open_or_create(location: str, *, passphrase: Any,
+                   new_passphrase: str | None) -> tuple[ClusterArchive, bool]:
+    """(the cluster archive at `location`, whether it was created now)."""
+    kind = archive_kind(location)
+    if kind == "bucket":
+        raise UsageError(f"{location} is an archive of one bucket, not of a cluster",
+                         hint="back up that bucket with -b, or the cluster into a new archive")
+    if kind == "cluster":
+        return ClusterArchive.open(location, passphrase=passphrase), False
+    from dcptool.archive.errors import ArchiveExistsError
+
+    try:
+        return ClusterArchive.create(location, passphrase=new_passphrase), True
+    except ArchiveExistsError:  # another run created it a moment ago
+        return ClusterArchive.open(location, passphrase=new_passphrase or passphrase), False
+
+
+def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
+                       new_passphrase: str | None = None, buckets: list[str] | None = None,
+                       bucket_config: bool = True, users: bool = True,
+                       rest_port: int | None = None,
+                       notice: Callable[[str], None] | None = None,
+                       on_bucket: Callable[[str, int, int], None] | None = None,
+                       **backup: Any) -> ClusterBackupResult:
+    """Back up every bucket of the node `opts` the user may back up (or those named in
+    `buckets`) into the cluster archive at `location` (created when there is none,
+    encrypted under `new_passphrase` when given; an encrypted one opens with
+    `passphrase`). `backup`: run_backup's options, for each bucket. `on_bucket(name, i,
+    n)` is called as each bucket's backup begins."""
+    from dcptool.client.rest import RestError
+    from dcptool.pipeline.backup import AnotherBucketError, run_backup
+
+    started = time.monotonic()
+    tell = notice or (lambda _msg: None)
+    cluster, _created = open_or_create(location, passphrase=passphrase,
+                                       new_passphrase=new_passphrase)
+    key = cluster.passphrase
+    with cluster.lock("backup"):
+        rest = rest_client(opts, rest_port)
+        try:
+            listed = rest.request("GET", "/pools/default/buckets") or []
+            rbac = rest.request("GET", "/settings/rbac/backup") if users else None
+        except RestError as exc:
+            if exc.forbidden and users:
+                raise UsageError(f"{opts.username} may not read the cluster's users and groups "
+                                 f"({exc})", hint="--disable-users leaves them out") from None
+            raise
+        on_node = {b["name"]: b for b in listed
+                   if isinstance(b, dict) and isinstance(b.get("name"), str)
+                   and BUCKET_NAME_RE.fullmatch(b["name"])}
+        include = _names(backup.pop("include_data", None))
+        exclude = _names(backup.pop("exclude_data", None))
+        if include:
+            buckets = sorted({n.split(".", 1)[0] for n in include} | set(buckets or ()))
+        if buckets:
+            missing = sorted(set(buckets) - set(on_node))
+            if missing:
+                raise UsageError(f"{opts.address} has no bucket {', '.join(missing)} "
+                                 "(or the user may not see it)")
+            on_node = {n: on_node[n] for n in buckets}
+        on_node = {n: d for n, d in on_node.items() if n not in exclude}
+        if not on_node:
+            raise UsageError(f"{opts.address} has no bucket {opts.username} may back up"
+                             + (" that the selection leaves in" if exclude else ""))
+        run_id = cluster.new_run_id()
+        result = ClusterBackupResult(run_id, str(storage.location(location)))
+        record: dict[str, Any] = {"time": iso_time(utc_now()), "node": opts.address,
+                                  "buckets": {}}
+        for i, name in enumerate(sorted(on_node)):
+            doc = on_node[name]
+            if on_bucket is not None:
+                on_bucket(name, i, len(on_node))
+            b_opts = dataclasses.replace(opts, bucket=name)
+            status = None
+            backup["include_data"] = _of_bucket(include, name)
+            backup["exclude_data"] = _of_bucket(exclude, name)
+            try:
+                r = run_backup(b_opts, cluster.bucket_path(name), passphrase=key, notice=notice,
+                               **backup)
+            except AnotherBucketError:
+                tell(f"bucket {name} was dropped and created again since its last backup: "
+                     "a new full backup of it")
+                r = run_backup(b_opts, cluster.bucket_path(name), passphrase=key, notice=notice,
+                               **{**backup, "full": True})
+                status = "recreated"
+            entry: dict[str, Any] = {"backup": r.backup_id, "uuid": doc.get("uuid"),
+                                     "status": status or r.type}
+            if bucket_config:
+                entry["settings"] = settings_of(doc)
+                try:
+                    entry["scopes"] = rest.request(
+                        "GET", f"/pools/default/buckets/{name}/scopes")
+                except RestError as exc:
+                    if exc.status != 404:  # a node without collections has no such endpoint
+                        raise
+            record["buckets"][name] = entry
+            result.buckets[name] = {"status": entry["status"], "backup": r.as_dict()}
+        if not buckets:
+            for name in cluster.bucket_names():
+                if name not in on_node:
+                    result.dropped.append(name)
+                    record["buckets"][name] = {"status": "dropped"}
+                    tell(f"bucket {name} is in the archive but no longer on {opts.address}: "
+                         "its backups are kept")
+        if rbac is not None:
+            record["users"] = rbac.get("users", []) if isinstance(rbac, dict) else []
+            record["groups"] = rbac.get("groups", []) if isinstance(rbac, dict) else []
+            result.users, result.groups = len(record["users"]), len(record["groups"])
+        cluster.write_run(run_id, record)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _names(given: list[str] | None) -> list[str]:
+    """--include-data/--exclude-data's names (comma-separated, repeatable)."""
+    return [n.strip() for g in given or () for n in g.split(",") if n.strip()]
+
+
+def _of_bucket(names: list[str], bucket: str) -> list[str] | None:
+    """The names of `bucket`'s scopes and collections among `names` (None: none, so the
+    whole bucket; a bare bucket name selects it whole)."""
+    mine = [n for n in names if n.startswith(bucket + ".")]
+    return mine or None
