@@ -116,8 +116,8 @@ def backup(
         "--disable-users", help="Cluster archives: leave users and groups out of the run "
                                 "(reading them needs an administrator).")] = False,
 ) -> None:
-    """Back up a bucket, or every bucket of a cluster, into an archive: full the first
-    time, incremental afterwards.
+    """Back up a bucket into an archive (or every bucket of a cluster with --all-buckets):
+    full the first time, incremental afterwards.
 
     Each vbucket streams from where the archive's last backup ended to the node's high
     seqno at the start of the run, ending on a snapshot boundary; a vbucket with nothing
@@ -231,16 +231,26 @@ def _cluster_backup(archive: str, conn_args: Any, *, encrypt: bool, bucket_confi
         new_passphrase = crypto.get_passphrase(f"new archive {archive}", confirm=True,
                                                source=passphrase)
     opts = conn_args.options(bucket=conn_args.bucket or "default")
-    show = show_progress(no_progress or json_out)
+    bar, progress_cb, on_plan = _backup_progress(show_progress(no_progress or json_out))
+    task = bar.tasks[0].id if bar is not None else None
+    which = {"bucket": ""}
 
     def on_bucket(name: str, i: int, n: int) -> None:
-        if show:
-            note(f"bucket {name} ({i + 1}/{n})")
+        which["bucket"] = f"{name} ({i + 1}/{n})"
+        if bar is not None:
+            bar.reset(task, total=None, description=f"{which['bucket']}: planning")
 
-    result = run_cluster_backup(
-        opts, archive, passphrase=passphrase, new_passphrase=new_passphrase,
-        buckets=[conn_args.bucket] if conn_args.bucket else None, bucket_config=bucket_config,
-        users=users, notice=note, on_bucket=on_bucket, **backup)
+    def bucket_progress(p: dict) -> None:
+        progress_cb(p)
+        phase = "backup" if p["phase"] == "streaming" else p["phase"]
+        bar.update(task, description=f"{which['bucket']}: {phase}")
+
+    with live_bar(bar) if bar is not None else nullcontext():
+        result = run_cluster_backup(
+            opts, archive, passphrase=passphrase, new_passphrase=new_passphrase,
+            buckets=[conn_args.bucket] if conn_args.bucket else None,
+            bucket_config=bucket_config, users=users, notice=note, on_bucket=on_bucket,
+            progress=bucket_progress if bar is not None else None, on_plan=on_plan, **backup)
     d = result.as_dict()
     if json_out:
         print_json(d)

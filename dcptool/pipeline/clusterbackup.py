@@ -56,13 +56,13 @@ class ClusterBackupResult:
 
 def rest_client(opts: Any, rest_port: int | None = None) -> Any:
     """A REST client of the node of `opts`: on `rest_port`, or where the node's cluster
-    config says its REST port is."""
+    config (the global one: no bucket selected) says its REST port is."""
     from dcptool.client.rest import RestClient, rest_port_of
     from dcptool.client.topology import cluster_config
 
     port = rest_port
     if port is None:
-        with opts.connect() as conn:
+        with opts.connect(bucket=None) as conn:  # the node's global config
             port = rest_port_of(cluster_config(conn), tls=bool(opts.tls))
         if port is None:
             raise DcptoolError(f"{opts.address} names no REST port in its cluster config",

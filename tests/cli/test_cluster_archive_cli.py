@@ -1,0 +1,151 @@
+"""`dcptool backup --all-buckets`: every bucket of a node into a cluster archive, with the
+buckets' settings, scopes and collections, users and groups (docs/archive-format.md,
+"Cluster archives"). Real node processes, real commands; Spark jobs on the run's warm
+engine (`on_engine`)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nodeprocutil import NodeProcess
+
+from dcptool.archive import Archive
+from dcptool.archive.cluster import ClusterArchive
+
+PASSWORD = "password"
+JSON_DOC = Path(__file__).resolve().parents[2] / "docs" / "json-output.md"
+
+
+def documented_run() -> dict:
+    """docs/json-output.md's example of `dcptool backup --all-buckets --json`."""
+    text = JSON_DOC.read_text()
+    at = text.index("### dcptool backup --all-buckets")
+    block = text[text.index("```json\n", at) + 8:]
+    return json.loads(block[:block.index("```")])
+
+
+def run(*args: str, ok: bool = True, env: dict[str, str] | None = None,
+        timeout: float = 240) -> subprocess.CompletedProcess:
+    e = dict(os.environ if env is None else env)
+    e["DCPTOOL_PASSWORD"] = PASSWORD
+    r = subprocess.run([sys.executable, "-m", "dcptool", *args], capture_output=True, text=True,
+                       env=e, stdin=subprocess.DEVNULL, timeout=timeout)
+    if ok:
+        assert r.returncode == 0, (args, r.stderr)
+    return r
+
+
+@pytest.fixture
+def node(tmp_path, on_engine):
+    """A node of three buckets with different settings, data in several collections, and
+    two users with roles in one bucket each."""
+    with NodeProcess(tmp_path / "node", vbuckets=8) as n:
+        c = f"{n.host}:{n.port}"
+        run("bucket", "create", "travel", "-c", c, "--eviction-policy", "fullEviction")
+        run("bucket", "create", "ttl", "-c", c, "--max-ttl", "3600")
+        run("bucket", "create", "big", "-c", c, "--num-vbuckets", "64")
+        run("collection", "create", "inventory", "-c", c, "-b", "travel")
+        run("collection", "create", "inventory.hotels", "-c", c, "-b", "travel")
+        run("doc", "load", "--count", "40", "-c", c, "-b", "travel", "-q")
+        run("doc", "load", "--count", "25", "-c", c, "-b", "travel", "-q",
+            "--collection", "inventory.hotels")
+        run("doc", "load", "--count", "30", "-c", c, "-b", "ttl", "-q")
+        run("doc", "load", "--count", "50", "-c", c, "-b", "big", "-q")
+        run("doc", "load", "--count", "10", "-c", c, "-q")  # the node's first bucket, default
+        n.cluster = c
+        yield n
+
+
+def test_all_buckets_full_incremental_recreated_and_dropped(node, tmp_path):
+    c = node.cluster
+    for user, role in (("ann", "data_backup[travel]"), ("bob", "data_reader[big]")):
+        pw = tmp_path / f"{user}.pw"
+        pw.write_text(f"{user}-pw\n")
+        run("node", "user", "add", user, "--role", role, "--data", str(node.data_dir),
+            "--password-file", str(pw))
+    archive = tmp_path / "cluster"
+    r = run("backup", "-c", c, str(archive), "--all-buckets", "--json", "--no-watermark")
+    first = json.loads(r.stdout)
+    assert sorted(first["buckets"]) == ["big", "default", "travel", "ttl"]
+    assert {b["status"] for b in first["buckets"].values()} == {"full"}
+    items = {n: b["backup"]["mutations"] for n, b in first["buckets"].items()}
+    assert items == {"big": 50, "default": 10, "travel": 65, "ttl": 30}
+    assert first["totals"]["mutations"] == 155
+    assert first["dropped"] == [] and first["users"] >= 2
+    assert set(first) == set(documented_run()), "docs/json-output.md"
+
+    cluster = ClusterArchive.open(archive)
+    assert cluster.bucket_names() == ["big", "default", "travel", "ttl"]
+    rec = cluster.run()
+    assert rec["id"] == first["run_id"]
+    assert rec["buckets"]["travel"]["settings"]["evictionPolicy"] == "fullEviction"
+    assert rec["buckets"]["ttl"]["settings"]["maxTTL"] == 3600
+    assert rec["buckets"]["big"]["settings"]["numVBuckets"] == 64
+    scopes = {s["name"]: [c["name"] for c in s["collections"]]
+              for s in rec["buckets"]["travel"]["scopes"]["scopes"]}
+    assert scopes["inventory"] == ["hotels"]
+    users = {u["id"]: u for u in rec["users"]}
+    assert {"ann", "bob"} <= set(users)
+    # password hashes as the node exports them for backup, never a password
+    text = json.dumps(rec)
+    assert "ann-pw" not in text and "bob-pw" not in text
+    # each bucket archive is a whole archive, readable alone
+    big = Archive.open(cluster.bucket_path("big"))
+    assert big.bucket == "big" and big.meta["vbuckets"] == 64
+
+    # an incremental run: one bucket changed, one dropped and created again, one dropped
+    run("doc", "load", "--count", "5", "--prefix", "more::", "-c", c, "-b", "travel", "-q")
+    run("bucket", "drop", "ttl", "-c", c)
+    run("bucket", "create", "ttl", "-c", c)
+    run("doc", "load", "--count", "3", "-c", c, "-b", "ttl", "-q")
+    run("bucket", "drop", "big", "-c", c)
+    r = run("backup", "-c", c, str(archive), "--json", "--no-watermark")  # a cluster archive
+    second = json.loads(r.stdout)
+    assert second["run_id"] > first["run_id"]
+    assert second["buckets"]["travel"]["status"] == "incremental"
+    assert second["buckets"]["travel"]["backup"]["mutations"] == 5
+    assert second["buckets"]["default"]["status"] == "incremental"
+    assert second["buckets"]["ttl"]["status"] == "recreated"
+    assert second["buckets"]["ttl"]["backup"]["type"] == "full"
+    assert second["buckets"]["ttl"]["backup"]["mutations"] == 3
+    assert second["dropped"] == ["big"]
+    assert "big" in r.stderr and "kept" in r.stderr
+    cluster = ClusterArchive.open(archive)
+    assert cluster.run_ids() == [first["run_id"], second["run_id"]]
+    assert cluster.run()["buckets"]["big"] == {"status": "dropped"}
+    # the first run still names the backups it made
+    assert cluster.run(first["run_id"])["buckets"]["big"]["backup"] == \
+        first["buckets"]["big"]["backup"]["backup_id"]
+
+
+def test_selection_encryption_and_errors(node, tmp_path):
+    c = node.cluster
+    archive = tmp_path / "sel"
+    env = {**os.environ, "DCPTOOL_ARCHIVE_PASSPHRASE": "cluster secret"}
+    r = run("backup", "-c", c, str(archive), "--all-buckets", "--encrypt", "--json",
+            "--no-watermark", "--include-data", "travel.inventory", "--exclude-data", "big",
+            "--disable-users", env=env)
+    d = json.loads(r.stdout)
+    assert sorted(d["buckets"]) == ["travel"]
+    assert d["buckets"]["travel"]["backup"]["mutations"] == 25
+    assert d["users"] is None
+    cluster = ClusterArchive.open(archive, passphrase="cluster secret")
+    assert cluster.encrypted and "users" not in cluster.run()
+    assert Archive.open(cluster.bucket_path("travel"), passphrase="cluster secret").encrypted
+    # errors: one line each, nothing left behind
+    r = run("backup", "-c", c, str(archive), "--json", env={**os.environ,
+            "DCPTOOL_ARCHIVE_PASSPHRASE": "wrong"}, ok=False)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "wrong passphrase" in r.stderr
+    r = run("backup", "-c", c, str(tmp_path / "one"), "--disable-users", ok=False)
+    assert r.returncode == 2 and "cluster archives" in r.stderr
+    r = run("backup", "-c", c, str(tmp_path / "none"), "--all-buckets", "-b", "nosuch",
+            ok=False)
+    assert r.returncode == 2 and "no bucket nosuch" in r.stderr
+    # a bucket archive is not a cluster archive
+    run("backup", "-c", c, "-b", "travel", str(tmp_path / "bucket"), "--no-watermark")
+    r = run("backup", "-c", c, str(tmp_path / "bucket"), "--all-buckets", ok=False)
+    assert r.returncode == 2 and "archive of one bucket" in r.stderr
