@@ -105,7 +105,7 @@ function __dcptool_valued_options
         case 'remove'
             echo --backup --older-than --level --master --partitions --passphrase-file --passphrase-command
         case 'restore'
-            echo -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions --passphrase-file --passphrase-command
+            echo -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions --run --bucket-ram-quota --passphrase-file --passphrase-command
         case 'tail'
             echo --from --vbuckets --filter --state --until-idle --count --noop-interval --collection --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'verify'
@@ -721,6 +721,12 @@ complete -c dcptool -n '__dcptool_at restore' -l master -x -d 'Spark master URL 
 complete -c dcptool -n '__dcptool_at restore' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at restore' -l no-progress -d 'No progress bar (there is none anyway unless stderr is a terminal, nor with --json)'
 complete -c dcptool -n '__dcptool_at restore' -l json -d 'Print the counts as JSON'
+complete -c dcptool -n '__dcptool_at restore' -l run -x -d 'Cluster archives: restore this run (default: the newest)'
+complete -c dcptool -n '__dcptool_at restore' -l auto-create-buckets -d 'Cluster archives: create the buckets the target lacks, with their recorded settings'
+complete -c dcptool -n '__dcptool_at restore' -l bucket-ram-quota -x -d 'Cluster archives: the RAM quota of the buckets --auto-create-buckets creates (default: each one\'s recorded quota)'
+complete -c dcptool -n '__dcptool_at restore' -l enable-bucket-config -d 'Cluster archives: give the target\'s existing buckets their recorded settings (those a bucket may change)'
+complete -c dcptool -n '__dcptool_at restore' -l enable-users -d 'Cluster archives: restore the run\'s users and groups (existing ones are left alone)'
+complete -c dcptool -n '__dcptool_at restore' -l force-users -d 'With --enable-users: overwrite the target\'s users and groups of the same names'
 complete -c dcptool -n '__dcptool_at restore' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at restore' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at restore' -s h -l help -d 'Show this message and exit'

@@ -385,7 +385,7 @@ def _open_or_plan_encrypted(archive: str, encrypt: bool) -> tuple[Any, str | Non
 
 
 @app.command()
-@connection_options()
+@connection_options(bucket_default=None)
 def restore(
     archive: Annotated[str, typer.Argument(
         metavar="ARCHIVE", help="Archive directory, or s3://BUCKET/PREFIX.",
@@ -427,6 +427,25 @@ def restore(
     partitions: PartitionsOpt = None,
     no_progress: NoProgressOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
+    run_id: Annotated[Optional[str], typer.Option(
+        "--run", metavar="RUN-ID", help="Cluster archives: restore this run (default: the "
+                                        "newest).")] = None,
+    auto_create_buckets: Annotated[bool, typer.Option(
+        "--auto-create-buckets", help="Cluster archives: create the buckets the target lacks, "
+                                      "with their recorded settings.")] = False,
+    bucket_ram_quota: Annotated[Optional[int], typer.Option(
+        "--bucket-ram-quota", metavar="MIB", min=1,
+        help="Cluster archives: the RAM quota of the buckets --auto-create-buckets creates "
+             "(default: each one's recorded quota).")] = None,
+    enable_bucket_config: Annotated[bool, typer.Option(
+        "--enable-bucket-config", help="Cluster archives: give the target's existing buckets "
+                                       "their recorded settings (those a bucket may change).")] = False,
+    enable_users: Annotated[bool, typer.Option(
+        "--enable-users", help="Cluster archives: restore the run's users and groups "
+                               "(existing ones are left alone).")] = False,
+    force_users: Annotated[bool, typer.Option(
+        "--force-users", help="With --enable-users: overwrite the target's users and groups "
+                              "of the same names.")] = False,
 ) -> None:
     """Restore an archive (or the state as of one backup) into a node, keeping metadata.
 
@@ -458,16 +477,52 @@ def restore(
     Example: dcptool restore /backups/default -c 127.0.0.1:11210 --backup 20261122T101502.123456Z
 
     Example: dcptool restore /backups/travel -c 127.0.0.1:11210 --include-data travel.inventory --map-data inventory=inventory2
+
+    A cluster archive ('dcptool backup --all-buckets') restores every bucket of its newest
+    run (--run: another), each into the target's bucket of its name; --include-data and
+    --exclude-data take bare bucket names too, and --map-data OLD=NEW, where OLD is a
+    bucket of the run, restores it into bucket NEW. A bucket the target lacks stops the
+    restore before anything is written, unless --auto-create-buckets creates it with its
+    recorded settings; --enable-bucket-config gives existing buckets their recorded
+    settings, --enable-users restores users and groups. --dry-run reports the buckets it
+    would create, the settings it would change and the users it would add.
+
+    Example: dcptool restore /backups/cluster -c 127.0.0.1 --auto-create-buckets --enable-users
     """
+    from dcptool.archive.cluster import archive_kind
     from dcptool.cli.passphrase import open_archive
+    from dcptool.errors import UsageError
     from dcptool.pipeline.restore import run_restore
 
+    cluster_only = {"--run": run_id, "--auto-create-buckets": auto_create_buckets,
+                    "--bucket-ram-quota": bucket_ram_quota,
+                    "--enable-bucket-config": enable_bucket_config,
+                    "--enable-users": enable_users, "--force-users": force_users}
+    if archive_kind(archive) == "cluster":
+        for name, value in (("--backup", backup_id), ("--vbuckets", vbuckets),
+                            ("-b/--bucket", conn_args.bucket)):
+            if value:
+                raise UsageError(f"{name} is for an archive of one bucket",
+                                 hint="a cluster archive restores runs: --run, and "
+                                      "--include-data BUCKET selects buckets")
+        _cluster_restore(archive, conn_args, run_id=run_id, auto_create=auto_create_buckets,
+                         ram_quota=bucket_ram_quota, bucket_config=enable_bucket_config,
+                         users=enable_users, force_users=force_users, dry_run=dry_run,
+                         rest_port=rest_port, json_out=json_out, no_progress=no_progress,
+                         key_filter=filter_keys, force=force_updates, partitions=partitions,
+                         master=master, include_data=include_data, exclude_data=exclude_data,
+                         map_data=map_data)
+        return
+    given = [name for name, value in cluster_only.items() if value]
+    if given:
+        raise UsageError(f"{given[0]} is for cluster archives",
+                         hint="back up with --all-buckets to make one")
     # a clear error for a missing or foreign directory (or backup id) before connecting
     opened = open_archive(archive)
     backup_id = backup_id_arg(opened, backup_id)
     held = opened.vbucket_count
     # a dry run checks the target as the restore does
-    opts = conn_args.options()
+    opts = conn_args.options(bucket=conn_args.bucket or "default")
     check_privileges(opts, "restore into", META_WRITE)  # before anything is written
     vbs = parse_vbuckets(vbuckets, limit=held, whose="the archive") if vbuckets else None
     with spark_progress("dry run" if dry_run else "restore", disabled=no_progress or json_out):
@@ -477,6 +532,59 @@ def restore(
                              exclude_data=exclude_data, map_data=map_data, rest_port=rest_port,
                              notice=note)
     _report_restore(result.as_dict(), json_out, dry_run)
+
+
+def _cluster_restore(archive: str, conn_args: Any, *, json_out: bool, no_progress: bool,
+                     dry_run: bool, **restore: Any) -> None:
+    """`restore` of a cluster archive."""
+    from dcptool.archive.cluster import ClusterArchive
+    from dcptool.cli.passphrase import passphrase_source
+    from dcptool.pipeline.clusterrestore import run_cluster_restore
+
+    # a wrong passphrase stops here, before any work
+    cluster = ClusterArchive.open(archive, passphrase=passphrase_source())
+    opts = conn_args.options(bucket="default")
+    which = {"bucket": ""}
+
+    def on_bucket(name: str, i: int, n: int) -> None:
+        which["bucket"] = f"{name} ({i + 1}/{n})"
+
+    with spark_progress("dry run" if dry_run else "restore", disabled=no_progress or json_out):
+        result = run_cluster_restore(opts, cluster, dry_run=dry_run, notice=note,
+                                     on_bucket=on_bucket, **restore)
+    d = result.as_dict()
+    failed = sum(sum(b["restore"]["failed"].values()) for b in d["buckets"].values()
+                 if b["restore"] is not None)
+    if json_out:
+        print_json(d)
+    else:
+        from rich.table import Table
+
+        t = Table(title=f"restore of run {d['run_id']}" + (" (dry run)" if dry_run else ""))
+        for col in ("bucket", "into", "backup", "restored", "skipped", "failed"):
+            t.add_column(col, justify="right" if col in ("restored", "skipped", "failed")
+                         else "left")
+        for name, b in d["buckets"].items():
+            r = b["restore"]
+            counts = (["(bucket created first)"] * 3 if r is None
+                      else [f"{sum(r[k].values()):,}" for k in ("restored", "skipped", "failed")])
+            t.add_row(name, b["target"], b["backup"], *counts)
+        console().print(t)
+        verb = "would create" if dry_run else "created"
+        if d["created_buckets"]:
+            console().print(f"{verb} buckets: {', '.join(d['created_buckets'])}", markup=False)
+        for name, change in d["configured_buckets"].items():
+            console().print(f"{'would change' if dry_run else 'changed'} bucket {name}: "
+                            + ", ".join(f"{k}={v}" for k, v in change.items()), markup=False)
+        if d["users"] is not None:
+            u = d["users"]
+            console().print(f"{'would add' if dry_run else 'added'} users: "
+                            f"{', '.join(u['users']) or 'none'}; groups: "
+                            f"{', '.join(u['groups']) or 'none'}"
+                            + (f"; kept: {', '.join(u['kept_users'])}" if u["kept_users"] else ""),
+                            markup=False)
+    if failed:
+        raise typer.Exit(1)
 
 
 def _report_restore(d: dict, json_out: bool, dry_run: bool) -> None:

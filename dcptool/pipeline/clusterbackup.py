@@ -73,6 +73,8 @@ def rest_client(opts: Any, rest_port: int | None = None) -> Any:
 def settings_of(doc: dict[str, Any]) -> dict[str, Any]:
     """A bucket's settings from its Couchbase bucket document."""
     out = {k: doc[k] for k in SETTINGS_FIELDS if k in doc}
+    if "flushEnabled" not in out:  # Couchbase shows it as the flush controller
+        out["flushEnabled"] = "flush" in (doc.get("controllers") or {})
     if "numVBuckets" not in out and isinstance(doc.get("vBucketServerMap"), dict):
         out["numVBuckets"] = len(doc["vBucketServerMap"].get("vBucketMap") or [])
     return out
@@ -185,6 +187,7 @@ def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
         if rbac is not None:
             record["users"] = rbac.get("users", []) if isinstance(rbac, dict) else []
             record["groups"] = rbac.get("groups", []) if isinstance(rbac, dict) else []
+            record["rbac_version"] = rbac.get("version") if isinstance(rbac, dict) else None
             result.users, result.groups = len(record["users"]), len(record["groups"])
         cluster.write_run(run_id, record)
     result.seconds = time.monotonic() - started

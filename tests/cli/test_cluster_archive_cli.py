@@ -20,10 +20,10 @@ PASSWORD = "password"
 JSON_DOC = Path(__file__).resolve().parents[2] / "docs" / "json-output.md"
 
 
-def documented_run() -> dict:
-    """docs/json-output.md's example of `dcptool backup --all-buckets --json`."""
+def documented_run(title: str = "### dcptool backup --all-buckets") -> dict:
+    """docs/json-output.md's example under `title` (`dcptool backup --all-buckets --json`)."""
     text = JSON_DOC.read_text()
-    at = text.index("### dcptool backup --all-buckets")
+    at = text.index(title)
     block = text[text.index("```json\n", at) + 8:]
     return json.loads(block[:block.index("```")])
 
@@ -149,3 +149,60 @@ def test_selection_encryption_and_errors(node, tmp_path):
     run("backup", "-c", c, "-b", "travel", str(tmp_path / "bucket"), "--no-watermark")
     r = run("backup", "-c", c, str(tmp_path / "bucket"), "--all-buckets", ok=False)
     assert r.returncode == 2 and "archive of one bucket" in r.stderr
+
+
+def test_restore_builds_the_cluster_again(node, tmp_path):
+    """A run restored into a node that has only its first bucket: --dry-run reports what
+    it would build and builds nothing; then --auto-create-buckets --enable-users gives the
+    same buckets with their settings, collections, documents with their metadata, and
+    users who log in with their passwords."""
+    from docutil import node_documents, opts_for
+
+    from dcptool.client.options import ConnOptions
+
+    c = node.cluster
+    pw = tmp_path / "ann.pw"
+    pw.write_text("ann-pw\n")
+    run("node", "user", "add", "ann", "--role", "data_reader[travel]", "--data",
+        str(node.data_dir), "--password-file", str(pw))
+    archive = tmp_path / "cluster"
+    run("backup", "-c", c, str(archive), "--all-buckets", "--no-watermark", "-q")
+    source = {b: node_documents(opts_for(node, b)) for b in ("default", "travel", "ttl", "big")}
+    with NodeProcess(tmp_path / "target", vbuckets=8) as target:
+        t = f"{target.host}:{target.port}"
+        r = run("restore", str(archive), "-c", t, "--dry-run", "--auto-create-buckets",
+                "--enable-users", "--json")
+        plan = json.loads(r.stdout)
+        assert plan["dry_run"] and sorted(plan["created_buckets"]) == ["big", "travel", "ttl"]
+        assert set(plan) == set(documented_run("### dcptool restore of a cluster archive"))
+        assert "ann" in plan["users"]["users"]
+        listed = json.loads(run("bucket", "list", "-c", t, "--json").stdout)
+        assert [b["name"] for b in listed] == ["default"]  # nothing built
+        # without --auto-create-buckets: one line, nothing written
+        r = run("restore", str(archive), "-c", t, ok=False)
+        assert r.returncode == 2 and "--auto-create-buckets" in r.stderr
+        assert r.stderr.strip().count("\n") == 0
+        r = run("restore", str(archive), "-c", t, "--auto-create-buckets", "--enable-users",
+                "--json")
+        done = json.loads(r.stdout)
+        assert sorted(done["buckets"]) == ["big", "default", "travel", "ttl"]
+        assert done["buckets"]["travel"]["restore"]["restored"]["mutation"] == 65
+        got = {b["name"]: b for b in json.loads(run("bucket", "list", "-c", t,
+                                                      "--json").stdout)}
+        assert sorted(got) == ["big", "default", "travel", "ttl"]
+        assert got["travel"]["evictionPolicy"] == "fullEviction"
+        assert got["ttl"]["maxTTL"] == 3600
+        assert got["big"]["numVBuckets"] == 64
+        for b, docs in source.items():
+            assert node_documents(opts_for(target, b)) == docs, b
+        hotel = run("doc", "get", "doc::3", "-c", t, "-b", "travel", "--collection",
+                    "inventory.hotels", "--json")
+        assert json.loads(hotel.stdout)["key"] == "doc::3"
+        # the user logs in on the target with the password it had
+        ann = ConnOptions(target.host, target.port, "ann", "ann-pw", bucket="travel")
+        with ann.connect():
+            pass
+        # again: the buckets are there now, the user kept
+        r = run("restore", str(archive), "-c", t, "--enable-users", "--json")
+        again = json.loads(r.stdout)
+        assert again["created_buckets"] == [] and "ann" in again["users"]["kept_users"]
