@@ -105,7 +105,7 @@ class Cmd:
 
     @property
     def help(self) -> str:
-        return self.command.help or ""
+        return plain(self.command.help or "")
 
     @property
     def options(self) -> list[Param]:
@@ -119,6 +119,12 @@ class Cmd:
         yield self
         for s in self.subcommands:
             yield from s.walk()
+
+
+def plain(text: str) -> str:
+    """A help text as written: the markup escapes the command line's help needs
+    (`dcptool.cli.app.markup_safe`) taken out."""
+    return re.sub(r"\\(\[)", r"\1", text)
 
 
 def _help_option(command: Any, ctx: Any) -> Any:
@@ -141,7 +147,7 @@ def _param(p: Any) -> Param:
         # short options first; the help option's names come from a set, so sort them all
         opts=[] if is_arg else sorted(p.opts, key=lambda o: (o.startswith("--"), o)),
         secondary=[] if is_arg else list(getattr(p, "secondary_opts", []) or []),
-        help=p.help or "" if hasattr(p, "help") else "", metavar=metavar, kind=kind,
+        help=plain(p.help or "") if hasattr(p, "help") else "", metavar=metavar, kind=kind,
         choices=choices, envvars=list(env), default=default,
         show_default=bool(getattr(p, "show_default", False)),
         required=bool(p.required), argument=is_arg,

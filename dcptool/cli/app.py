@@ -116,6 +116,16 @@ def reflow(text: str | None) -> str | None:
     return "\n\n".join(out) + (sep + tail if sep else "")
 
 
+def markup_safe(text: str | None) -> str | None:
+    """A help text as rich's markup shows it: what looks like a markup tag escaped, so
+    `data_backup[travel]` shows as written (scripts/docgen.py reads the texts back plain)."""
+    if not text:
+        return text
+    from rich.markup import escape
+
+    return escape(text)
+
+
 def _is_flag(param: Any) -> bool:
     return bool(getattr(param, "is_flag", False) or getattr(param, "count", False))
 
@@ -186,12 +196,12 @@ def polish(cmd: Any) -> None:
     add_password_file(cmd)  # every command with -p/--password also takes --password-file
     add_passphrase_file(cmd)  # every command with an ARCHIVE takes --passphrase-file
     add_trailing_verbosity(cmd)
-    cmd.help = reflow(cmd.help)
+    cmd.help = markup_safe(reflow(cmd.help))
     if getattr(cmd, "short_help", None):
-        cmd.short_help = reflow(cmd.short_help)
+        cmd.short_help = markup_safe(reflow(cmd.short_help))
     for p in getattr(cmd, "params", ()):
         if getattr(p, "help", None):
-            p.help = reflow(p.help)
+            p.help = markup_safe(reflow(p.help))
         if getattr(p, "param_type_name", "") == "argument":
             if not p.metavar:
                 p.metavar = (p.name or "arg").upper()

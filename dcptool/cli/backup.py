@@ -487,7 +487,7 @@ def restore(
     settings, --enable-users restores users and groups. --dry-run reports the buckets it
     would create, the settings it would change and the users it would add.
 
-    Example: dcptool restore /backups/cluster -c 127.0.0.1 --auto-create-buckets --enable-users
+    Example: dcptool restore /backups/all -c 127.0.0.1 --auto-create-buckets
     """
     from dcptool.archive.cluster import archive_kind
     from dcptool.cli.passphrase import open_archive

@@ -644,7 +644,7 @@ def group_add(
 ) -> None:
     """Create a group, or replace an existing group's roles and description.
 
-    Example: dcptool node group add readers --role 'data_reader[travel]' --data ./node
+    Example: dcptool node group add readers -r 'data_reader[travel]' --data ./node
     """
     from dcptool.node.access import BAD_GROUP, bad_name, check_roles
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from storefixtures import s3_bucket, where  # noqa: F401 (fixtures)
 from archiveutil import W, backup, mutations
 
 from dcptool.archive import Archive, ArchivePosition, storage

@@ -14,6 +14,7 @@ import pickle
 import threading
 
 import pytest
+from storefixtures import s3_bucket, where  # noqa: F401 (fixtures)
 from archiveutil import W, mutations, seed_004_archive, write_events
 
 from dcptool.archive import Archive, ArchivePosition, storage
@@ -24,7 +25,7 @@ from dcptool.archive.packing import Packer
 from dcptool.archive.stores import LOCAL, MEMORY, S3, Member, store_of
 from dcptool.archive.verify import verify_archive
 
-#: the store objects behind conftest.STORE_NAMES (the `where` fixture's params)
+#: the store objects behind storefixtures.STORE_NAMES (the `where` fixture's params)
 STORES = {"local": LOCAL, "s3": S3, "memory": MEMORY}
 
 

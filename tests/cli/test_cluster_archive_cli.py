@@ -206,3 +206,53 @@ def test_restore_builds_the_cluster_again(node, tmp_path):
         r = run("restore", str(archive), "-c", t, "--enable-users", "--json")
         again = json.loads(r.stdout)
         assert again["created_buckets"] == [] and "ann" in again["users"]["kept_users"]
+
+
+def test_restore_selects_renames_configures_and_overwrites_users(node, tmp_path):
+    """--include-data by bucket, --map-data OLD=NEW for a bucket, --bucket-ram-quota for
+    the buckets it creates, --enable-bucket-config for one that exists, --force-users for
+    a user the target has already."""
+    from dcptool.client.errors import ClientError
+    from dcptool.client.options import ConnOptions
+
+    c = node.cluster
+    pw = tmp_path / "ann.pw"
+    pw.write_text("ann-pw\n")
+    run("node", "user", "add", "ann", "--role", "data_reader[travel2]", "--data",
+        str(node.data_dir), "--password-file", str(pw))
+    archive = tmp_path / "cluster"
+    run("backup", "-c", c, str(archive), "--all-buckets", "--no-watermark", "-q")
+    with NodeProcess(tmp_path / "target", vbuckets=8) as target:
+        t = f"{target.host}:{target.port}"
+        run("bucket", "create", "ttl", "-c", t)  # exists, without the recorded max TTL
+        old = tmp_path / "old.pw"
+        old.write_text("old-pw\n")
+        run("node", "user", "add", "ann", "--role", "reader", "--data",
+            str(target.data_dir), "--password-file", str(old))
+        r = run("restore", str(archive), "-c", t, "--include-data", "travel,ttl",
+                "--map-data", "travel=travel2", "--auto-create-buckets", "--bucket-ram-quota",
+                "128", "--enable-bucket-config", "--enable-users", "--force-users", "--json")
+        d = json.loads(r.stdout)
+        assert sorted(d["buckets"]) == ["travel", "ttl"]
+        assert d["buckets"]["travel"]["target"] == "travel2"
+        assert d["buckets"]["travel"]["restore"]["restored"]["mutation"] == 65
+        assert d["created_buckets"] == ["travel2"]
+        assert d["configured_buckets"] == {"ttl": {"maxTTL": 3600}}
+        assert "ann" in d["users"]["users"] and d["users"]["kept_users"] == []
+        got = {b["name"]: b for b in json.loads(run("bucket", "list", "-c", t,
+                                                      "--json").stdout)}
+        assert sorted(got) == ["default", "travel2", "ttl"]
+        assert got["travel2"]["ramQuotaMB"] == 128
+        assert got["travel2"]["evictionPolicy"] == "fullEviction"
+        assert got["ttl"]["maxTTL"] == 3600
+        # the user is the run's now: its password and its role in travel2
+        with ConnOptions(target.host, target.port, "ann", "ann-pw", bucket="travel2").connect():
+            pass
+        with pytest.raises(ClientError):
+            ConnOptions(target.host, target.port, "ann", "old-pw", bucket="travel2").connect()
+        r = run("restore", str(archive), "-c", t, "--map-data", "travel=a.b", ok=False)
+        assert r.returncode == 2 and "maps to a bucket name" in r.stderr
+        r = run("restore", str(archive), "-c", t, "--include-data", "nosuch", ok=False)
+        assert r.returncode == 2 and "holds no bucket nosuch" in r.stderr
+        r = run("restore", str(archive), "-c", t, "--backup", "x", ok=False)
+        assert r.returncode == 2 and "--backup is for an archive of one bucket" in r.stderr

@@ -1,6 +1,7 @@
 """The archive tests' stores: `where`, a location on each store the archive code has
 (tests/archive/test_stores.py proves the store contract with it; any archive test that
-takes `where` runs on every store, parametrised)."""
+imports `where` and `s3_bucket` from here and takes `where` runs on every store,
+parametrised)."""
 from __future__ import annotations
 
 import secrets
