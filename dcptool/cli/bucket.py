@@ -87,17 +87,9 @@ FlushOpt = Annotated[Optional[bool], typer.Option(
 
 
 def _rest(opts, rest_port: int | None):
-    from dcptool.client.rest import RestClient, rest_port_of
-    from dcptool.client.topology import cluster_config
+    from dcptool.client.rest import rest_client_for
 
-    port = rest_port
-    if port is None:
-        with opts.connect() as conn:
-            port = rest_port_of(cluster_config(conn), tls=bool(opts.tls))
-        if port is None:
-            raise DcptoolError(f"{opts.address} names no REST port in its cluster config",
-                               hint="pass --rest-port")
-    return RestClient.for_options(opts, port)
+    return rest_client_for(opts, rest_port)
 
 
 def _call(rest, method: str, path: str, form: dict[str, Any] | None = None) -> Any:

@@ -50,17 +50,9 @@ def _split(path: str) -> tuple[str, str | None]:
 
 
 def _rest(opts, rest_port: int | None):
-    from dcptool.client.rest import RestClient, rest_port_of
-    from dcptool.client.topology import cluster_config
+    from dcptool.client.rest import rest_client_for
 
-    port = rest_port
-    if port is None:
-        with opts.connect() as conn:
-            port = rest_port_of(cluster_config(conn), tls=bool(opts.tls))
-        if port is None:
-            raise DcptoolError(f"{opts.address} names no REST port in its cluster config",
-                               hint="pass --rest-port")
-    return RestClient.for_options(opts, port)
+    return rest_client_for(opts, rest_port, select_bucket=True)
 
 
 def _call(fn, *args):

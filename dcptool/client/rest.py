@@ -169,6 +169,25 @@ def _reason(body: bytes) -> str:
     return f" ({text})" if text else ""
 
 
+def rest_client_for(opts: Any, rest_port: int | None = None, *,
+                    select_bucket: bool = False) -> RestClient:
+    """A REST client of the node of connection options `opts`: on `rest_port`, or on the
+    port the node's cluster config names (the node's global config, or, with
+    `select_bucket`, the config of `opts`' bucket: an unknown bucket is told at once)."""
+    from dcptool.errors import DcptoolError
+
+    from .topology import cluster_config
+
+    port = rest_port
+    if port is None:
+        with (opts.connect() if select_bucket else opts.connect(bucket=None)) as conn:
+            port = rest_port_of(cluster_config(conn), tls=bool(opts.tls))
+        if port is None:
+            raise DcptoolError(f"{opts.address} names no REST port in its cluster config",
+                               hint="pass --rest-port")
+    return RestClient.for_options(opts, port)
+
+
 def rest_port_of(config: dict[str, Any], *, tls: bool = False) -> int | None:
     """The REST (mgmt, or mgmtSSL with `tls`) port of the node that answered a cluster
     config (`nodesExt` entry with `thisNode`, or the only one). None when it lists none."""

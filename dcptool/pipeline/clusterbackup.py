@@ -22,7 +22,7 @@ from typing import Any, Callable
 from dcptool.archive import storage
 from dcptool.archive.cluster import BUCKET_NAME_RE, ClusterArchive, archive_kind
 from dcptool.archive.format import iso_time, utc_now
-from dcptool.errors import DcptoolError, UsageError
+from dcptool.errors import UsageError
 
 #: the fields of a Couchbase bucket document that are its settings (what a restore that
 #: creates the bucket gives back), as Couchbase Server names them
@@ -52,22 +52,6 @@ class ClusterBackupResult:
         return {"run_id": self.run_id, "archive": self.archive, "buckets": self.buckets,
                 "dropped": self.dropped, "users": self.users, "groups": self.groups,
                 "totals": totals, "seconds": round(self.seconds, 3)}
-
-
-def rest_client(opts: Any, rest_port: int | None = None) -> Any:
-    """A REST client of the node of `opts`: on `rest_port`, or where the node's cluster
-    config (the global one: no bucket selected) says its REST port is."""
-    from dcptool.client.rest import RestClient, rest_port_of
-    from dcptool.client.topology import cluster_config
-
-    port = rest_port
-    if port is None:
-        with opts.connect(bucket=None) as conn:  # the node's global config
-            port = rest_port_of(cluster_config(conn), tls=bool(opts.tls))
-        if port is None:
-            raise DcptoolError(f"{opts.address} names no REST port in its cluster config",
-                               hint="pass --rest-port")
-    return RestClient.for_options(opts, port)
 
 
 def settings_of(doc: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +93,7 @@ def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
     encrypted under `new_passphrase` when given; an encrypted one opens with
     `passphrase`). `backup`: run_backup's options, for each bucket. `on_bucket(name, i,
     n)` is called as each bucket's backup begins."""
-    from dcptool.client.rest import RestError
+    from dcptool.client.rest import RestError, rest_client_for
     from dcptool.pipeline.backup import AnotherBucketError, run_backup
 
     started = time.monotonic()
@@ -118,7 +102,7 @@ def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
                                        new_passphrase=new_passphrase)
     key = cluster.passphrase
     with cluster.lock("backup"):
-        rest = rest_client(opts, rest_port)
+        rest = rest_client_for(opts, rest_port)
         try:
             listed = rest.request("GET", "/pools/default/buckets") or []
             rbac = rest.request("GET", "/settings/rbac/backup") if users else None
@@ -130,8 +114,8 @@ def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
         on_node = {b["name"]: b for b in listed
                    if isinstance(b, dict) and isinstance(b.get("name"), str)
                    and BUCKET_NAME_RE.fullmatch(b["name"])}
-        include = _names(backup.pop("include_data", None))
-        exclude = _names(backup.pop("exclude_data", None))
+        include = data_names(backup.pop("include_data", None))
+        exclude = data_names(backup.pop("exclude_data", None))
         if include:
             buckets = sorted({n.split(".", 1)[0] for n in include} | set(buckets or ()))
         if buckets:
@@ -154,8 +138,8 @@ def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
                 on_bucket(name, i, len(on_node))
             b_opts = dataclasses.replace(opts, bucket=name)
             status = None
-            backup["include_data"] = _of_bucket(include, name)
-            backup["exclude_data"] = _of_bucket(exclude, name)
+            backup["include_data"] = names_of_bucket(include, name)
+            backup["exclude_data"] = names_of_bucket(exclude, name)
             try:
                 r = run_backup(b_opts, cluster.bucket_path(name), passphrase=key, notice=notice,
                                **backup)
@@ -194,12 +178,12 @@ def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
     return result
 
 
-def _names(given: list[str] | None) -> list[str]:
+def data_names(given: list[str] | None) -> list[str]:
     """--include-data/--exclude-data's names (comma-separated, repeatable)."""
     return [n.strip() for g in given or () for n in g.split(",") if n.strip()]
 
 
-def _of_bucket(names: list[str], bucket: str) -> list[str] | None:
+def names_of_bucket(names: list[str], bucket: str) -> list[str] | None:
     """The names of `bucket`'s scopes and collections among `names` (None: none, so the
     whole bucket; a bare bucket name selects it whole)."""
     mine = [n for n in names if n.startswith(bucket + ".")]

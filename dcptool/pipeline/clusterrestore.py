@@ -23,7 +23,7 @@ from typing import Any, Callable
 from dcptool.archive.cluster import ClusterArchive
 from dcptool.errors import UsageError
 
-from .clusterbackup import rest_client
+from .clusterbackup import data_names, names_of_bucket
 
 #: recorded settings a bucket takes at creation, as Couchbase's create parameters
 CREATE_FIELDS = ("bucketType", "replicaNumber", "evictionPolicy", "maxTTL", "compressionMode",
@@ -107,7 +107,7 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
     """Restore run `run_id` (default: the latest) of `cluster` into the node `opts`;
     `restore`: run_restore's options for each bucket (include_data/exclude_data names
     select buckets too: a bare bucket name, or bucket.scope[.collection])."""
-    from dcptool.client.rest import RestError
+    from dcptool.client.rest import RestError, rest_client_for
     from dcptool.pipeline.restore import run_restore
 
     started = time.monotonic()
@@ -117,8 +117,8 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
     in_run = {n: b for n, b in record.get("buckets", {}).items()
               if isinstance(b, dict) and b.get("backup")}
     renames, scope_maps = bucket_maps(map_data, set(in_run))
-    include = _names(restore.pop("include_data", None))
-    exclude = _names(restore.pop("exclude_data", None))
+    include = data_names(restore.pop("include_data", None))
+    exclude = data_names(restore.pop("exclude_data", None))
     wanted = set(buckets or ()) | {n.split(".", 1)[0] for n in include}
     if wanted:
         unknown = sorted(wanted - set(in_run))
@@ -130,7 +130,7 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
     if not in_run:
         raise UsageError(f"run {record['id']} holds no bucket to restore"
                          + (" that the selection leaves in" if (wanted or exclude) else ""))
-    rest = rest_client(opts, rest_port)
+    rest = rest_client_for(opts, rest_port)
     on_target = {b["name"]: b for b in rest.request("GET", "/pools/default/buckets") or []
                  if isinstance(b, dict) and isinstance(b.get("name"), str)}
     missing = sorted(renames.get(n, n) for n in in_run if renames.get(n, n) not in on_target)
@@ -173,8 +173,8 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
             continue
         r = run_restore(cluster.open_bucket(name), dataclasses.replace(opts, bucket=target),
                         backup=in_run[name]["backup"], dry_run=dry_run, map_data=scope_maps,
-                        include_data=_of_bucket(include, name),
-                        exclude_data=_of_bucket(exclude, name), rest_port=rest_port,
+                        include_data=names_of_bucket(include, name),
+                        exclude_data=names_of_bucket(exclude, name), rest_port=rest_port,
                         notice=notice, **restore)
         result.buckets[name] = {"target": target, "backup": in_run[name]["backup"],
                                 "restore": r.as_dict()}
@@ -211,12 +211,3 @@ def _restore_users(rest: Any, record: dict[str, Any], force: bool, dry_run: bool
                      {"backup": json.dumps(doc), "canOverwrite": "true" if force else "false"})
         tell(f"restored {len(out['users'])} users and {len(out['groups'])} groups")
     return out
-
-
-def _names(given: list[str] | None) -> list[str]:
-    return [n.strip() for g in given or () for n in g.split(",") if n.strip()]
-
-
-def _of_bucket(names: list[str], bucket: str) -> list[str] | None:
-    mine = [n for n in names if n.startswith(bucket + ".")]
-    return mine or None
