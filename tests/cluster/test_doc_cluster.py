@@ -179,8 +179,13 @@ def test_failover_while_loading_loses_nothing_and_reports_nothing_failed(cluster
     count = 120_000
     loader = _loader(b, count, "f::")
     try:
-        wait_until(lambda: loader.poll() is not None or _written(cluster3) > 3000,
-                   timeout=60, what="the load under way")
+        # under way, and A past its first windows: the loader sends a window (1,000 items,
+        # a third for each member) only once every member answered the one before, so A
+        # holding more than a window's worth means it acknowledged writes (the members
+        # count below); on a loaded machine the first 3,000 could all be B's and C's
+        wait_until(lambda: loader.poll() is not None or (
+            _written(cluster3) > 3000 and active_counts({"a": a})["a"] > 1000),
+            timeout=60, what="the load under way")
         assert loader.poll() is None, "the load ended before the failover"
         loader.send_signal(signal.SIGSTOP)
         # what A took (stable once the paused loader's window is applied) is on its replicas
