@@ -29,6 +29,7 @@ from .errors import (
 )
 from .format import (
     ARCHIVE_JSON,
+    CLUSTER_FORMAT_NAME,
     BACKUP_ID_RE,
     BACKUP_JSON,
     BACKUP_TYPES,
@@ -254,6 +255,11 @@ class Archive:
                                     f"(no {ARCHIVE_JSON})") from None
         except (OSError, ValueError) as exc:
             raise NotAnArchiveError(f"{meta_path} is unreadable: {exc}") from None
+        if isinstance(meta, dict) and meta.get("format") == CLUSTER_FORMAT_NAME:
+            # archive/cluster.py: every bucket in an archive of its own under buckets/
+            raise NotAnArchiveError(
+                f"{path} is a cluster archive: this command reads one bucket's archive",
+                hint=f"name one of its buckets' archives, {path / 'buckets'}/NAME")
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
             raise NotAnArchiveError(f"{meta_path} does not describe a dcptool archive")
         version = meta.get("version")

@@ -30,6 +30,7 @@ from .archive import Archive, made_by_either
 from .errors import ArchiveError, ArchiveExistsError, NotAnArchiveError
 from .format import (
     ARCHIVE_JSON,
+    CLUSTER_FORMAT_NAME,
     DIR_MODE,
     FILE_MODE,
     backup_id_for,
@@ -42,7 +43,7 @@ from .format import (
 )
 from .lock import ArchiveLock
 
-CLUSTER_FORMAT = "dcptool-cluster-archive"
+CLUSTER_FORMAT = CLUSTER_FORMAT_NAME
 CLUSTER_VERSION = 1
 BUCKETS_DIR = "buckets"
 RUNS_DIR = "runs"

@@ -17,6 +17,8 @@ from . import crypto, storage
 
 #: archive.json "format" value and the format version this code writes and reads.
 FORMAT_NAME = "dcptool-archive"
+#: archive.json's format name for an archive of a whole cluster (archive/cluster.py)
+CLUSTER_FORMAT_NAME = "dcptool-cluster-archive"
 FORMAT_VERSION = 3
 #: every format version this code reads (1 and 2: keys without a collection prefix, all in
 #: the default collection; a reader gives them the 0x00 prefix)
