@@ -1,13 +1,15 @@
 """prune, remove, merge and watermarks of a cluster archive: the unit is the backup run.
 
-One node (module-scoped) with three buckets of 64 vbuckets; four backup runs with changes
+One node (module-scoped) with three buckets of 64 vbuckets; three backup runs with changes
 between them (the documents each bucket held at each run are kept); bucket `events` is
-dropped and created again before the fourth run (two chains in its archive). Each test that
-changes the archive works on a copy. Restores go into fresh node processes and are
-compared with what the node held at the run's time. Spark jobs run on the warm engine.
+dropped and created again before the third run (two chains in its archive). Each test that
+changes the archive works on a copy. Restores go into a second node (module-scoped), each
+into buckets of new names (--map-data), and are compared with what the node held at the
+run's time. Spark jobs run on the warm engine.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -76,7 +78,7 @@ def prepared(tmp_path_factory, warm_engine):
 
         archive = root / "cluster"
         runs, states = [], []
-        for i in range(4):
+        for i in range(3):
             if i == 0:
                 write("default", {f"d{n}": {"v": n} for n in range(30)})
                 write("travel", {f"t{n}": {"v": n} for n in range(20)})
@@ -85,7 +87,7 @@ def prepared(tmp_path_factory, warm_engine):
                 write("default", {f"d{n}": {"v": n, "run": i} for n in range(5 * i, 5 * i + 8)},
                       gone=[f"d{20 + i}"])
                 write("travel", {f"t{20 + i}": {"v": i}, f"t{i}": {"v": -i}}, gone=[f"t{10 + i}"])
-                if i == 3:  # dropped and created again: a new chain in its archive
+                if i == 2:  # dropped and created again: a new chain in its archive
                     run("bucket", "drop", "events", "-c", c)
                     run("bucket", "create", "events", "-c", c, "--num-vbuckets", str(VBS))
                     write("events", {f"new{n}": {"n": n} for n in range(4)})
@@ -101,6 +103,14 @@ def prepared(tmp_path_factory, warm_engine):
         mp.undo()
 
 
+@pytest.fixture(scope="module")
+def target(prepared, tmp_path_factory):
+    """The node restores go into."""
+    with NodeProcess(tmp_path_factory.mktemp("target") / "node", vbuckets=VBS) as t:
+        t.cluster = f"{t.host}:{t.port}"
+        yield t
+
+
 @pytest.fixture
 def copy(prepared, tmp_path):
     """A copy of the prepared archive for a test that changes it."""
@@ -114,93 +124,121 @@ def committed(archive: Path, bucket: str) -> list[str]:
     return ClusterArchive.open(archive).open_bucket(bucket).committed_ids()
 
 
-def restore_equals(archive: Path, run_id: str | None, want: dict, tmp_path: Path,
-                   name: str) -> None:
-    """Restore `run_id` into a fresh node and compare each bucket with `want`."""
-    with NodeProcess(tmp_path / name, vbuckets=VBS) as target:
-        t = f"{target.host}:{target.port}"
-        args = ["restore", str(archive), "-c", t, "--auto-create-buckets", "--json",
-                "--no-progress"]
-        if run_id is not None:
-            args += ["--run", run_id]
-        run(*args)
-        for b in BUCKETS:
-            assert live(target, b) == want[b], (run_id, b)
+_TAGS = itertools.count(1)
 
 
-def test_prune_keep_last_2_then_kept_runs_restore_as_they_were(prepared, copy, tmp_path):
+def restore_equals(archive: Path, run_id: str | None, want: dict, target) -> None:
+    """Restore `run_id` (None: the latest) into new buckets of `target` and compare each
+    bucket with `want`."""
+    tag = next(_TAGS)
+    renames = ",".join(f"{b}={b}_{tag}" for b in BUCKETS)
+    args = ["restore", str(archive), "-c", target.cluster, "--auto-create-buckets", "--json",
+            "--no-progress", "--map-data", renames, "--bucket-ram-quota", "100"]
+    if run_id is not None:
+        args += ["--run", run_id]
+    d = json.loads(run(*args).stdout)
+    assert sorted(d["created_buckets"]) == [f"{b}_{tag}" for b in BUCKETS]
+    for b in BUCKETS:
+        assert live(target, f"{b}_{tag}") == want[b], (run_id, b)
+
+
+def test_prune_keep_last_2_then_kept_runs_restore_as_they_were(prepared, copy, target):
     node, _archive, runs, states = prepared
     before = {b: committed(copy, b) for b in BUCKETS}
     r = run("prune", str(copy), "--keep-last", "2", "--json", "--no-progress")
     d = json.loads(r.stdout)
     assert set(d) == set(documented("### dcptool prune of a cluster archive"))
-    assert d["kept_runs"] == runs[2:] and d["dropped_runs"] == runs[:2]
-    assert d["deleted_runs"] == runs[:2] and d["incomplete_runs"] == {}
-    assert ClusterArchive.open(copy).run_ids() == runs[2:]
-    # default and travel: the first two runs' backups merged forward into the third's
-    for b in ("default", "travel"):
+    assert d["kept_runs"] == runs[1:] and d["dropped_runs"] == runs[:1]
+    assert d["deleted_runs"] == runs[:1] and d["incomplete_runs"] == {}
+    assert ClusterArchive.open(copy).run_ids() == runs[1:]
+    # the first run's backups merged forward into the second's (its events backup too:
+    # the end of that bucket's first chain; the third run's starts a new one)
+    for b in BUCKETS:
         m = d["buckets"][b]["merges"]
-        assert len(m) == 1 and m[0]["replaced"] == before[b][:3] and m[0]["type"] == "full"
-        assert committed(copy, b) == [m[0]["merged_id"], before[b][3]]
-    # events: its first chain ends at the third run, the fourth starts a new one
-    assert d["buckets"]["events"]["merges"][0]["replaced"] == before["events"][:3]
-    assert len(committed(copy, "events")) == 2
-    restore_equals(copy, runs[2], states[2], tmp_path, "t3")
-    restore_equals(copy, runs[3], states[3], tmp_path, "t4")
+        assert len(m) == 1 and m[0]["replaced"] == before[b][:2] and m[0]["type"] == "full"
+        assert committed(copy, b) == [m[0]["merged_id"], before[b][2]]
+    restore_equals(copy, runs[1], states[1], target)
+    restore_equals(copy, runs[2], states[2], target)
 
 
-def test_merge_all_runs_then_the_last_restores_the_node(prepared, copy, tmp_path):
+def test_merge_all_runs_then_the_last_restores_the_node(prepared, copy, target):
     node, _archive, runs, states = prepared
     r = run("merge", str(copy), "--json", "--no-progress")
     d = json.loads(r.stdout)
     assert set(d) == set(documented("### dcptool merge of a cluster archive"))
     assert d["runs"] == runs
-    assert d["buckets"]["default"]["status"] == "merged"
-    assert d["buckets"]["travel"]["status"] == "merged"
-    assert len(d["buckets"]["default"]["merge"]["replaced"]) == 4
+    for b in ("default", "travel"):
+        assert d["buckets"][b]["status"] == "merged"
+        assert len(d["buckets"][b]["merge"]["replaced"]) == 3
+        assert committed(copy, b) == [d["buckets"][b]["merge"]["merged_id"]]
     # the bucket dropped and created again: two chains in the range, reported and left
     assert d["buckets"]["events"]["status"] == "left"
     assert "two chains" in d["buckets"]["events"]["reason"]
-    assert len(committed(copy, "events")) == 4
-    assert d["deleted_runs"] == runs[:3]
-    assert ClusterArchive.open(copy).run_ids() == [runs[3]]
-    assert committed(copy, "default") == [d["buckets"]["default"]["merge"]["merged_id"]]
-    restore_equals(copy, None, {b: live(node, b) for b in BUCKETS}, tmp_path, "t")
+    assert len(committed(copy, "events")) == 3
+    assert d["deleted_runs"] == runs[:2]
+    assert ClusterArchive.open(copy).run_ids() == [runs[2]]
+    restore_equals(copy, None, {b: live(node, b) for b in BUCKETS}, target)
 
 
-def test_remove_a_run_and_an_incomplete_run_is_refused(prepared, copy, tmp_path):
+def test_merge_a_range_of_runs(prepared, copy, target):
+    """--from/--to: each bucket's backups of the first two runs merged (events too: both
+    on its first chain); the first run's file deleted, the second restores as it was
+    through the merged backups, the third is untouched."""
+    _node, _archive, runs, states = prepared
+    before = {b: committed(copy, b) for b in BUCKETS}
+    r = run("merge", str(copy), "--from", runs[0], "--to", runs[1], "--json")
+    d = json.loads(r.stdout)
+    assert d["runs"] == runs[:2] and d["deleted_runs"] == [runs[0]]
+    for b in BUCKETS:
+        x = d["buckets"][b]
+        assert x["status"] == "merged" and x["merge"]["replaced"] == before[b][:2], b
+        assert committed(copy, b) == [x["merge"]["merged_id"], before[b][2]]
+    assert ClusterArchive.open(copy).run_ids() == runs[1:]
+    assert RunResolver(ClusterArchive.open(copy)).state(runs[2]).complete
+    restore_equals(copy, runs[1], states[1], target)
+    # a range of one run: nothing to merge, nothing deleted
+    d = json.loads(run("merge", str(copy), "--from", runs[2], "--json").stdout)
+    assert {x["status"] for x in d["buckets"].values()} == {"nothing"}
+    assert d["deleted_runs"] == [] and ClusterArchive.open(copy).run_ids() == runs[1:]
+    r = run("merge", str(copy), "--from", runs[2], "--to", runs[1], ok=False)
+    assert r.returncode == 2 and "after" in r.stderr
+
+
+def test_remove_a_run_and_an_incomplete_run_is_refused(prepared, copy, target):
     node, _archive, runs, states = prepared
     before = committed(copy, "travel")
+    events = committed(copy, "events")
     r = run("remove", str(copy), "--run", runs[1], "--json", "--no-progress")
     d = json.loads(r.stdout)
     assert set(d) == set(documented("### dcptool remove of a cluster archive"))
     assert d["dropped_runs"] == [runs[1]] and d["deleted_runs"] == [runs[1]]
-    # the second run's backup merged into the third's; the others stay
+    # the second run's backup merged into the third's; the first run's stays
     m = d["buckets"]["travel"]["merges"]
     assert [x["replaced"] for x in m] == [before[1:3]]
-    assert committed(copy, "travel") == [before[0], m[0]["merged_id"], before[3]]
-    cluster = ClusterArchive.open(copy)
-    assert cluster.run_ids() == [runs[0], runs[2], runs[3]]
-    # then the first run's backups of travel only (--bucket): its file is kept and it is
+    assert committed(copy, "travel") == [before[0], m[0]["merged_id"]]
+    # events: nothing kept depends on the second run's backup (the third is a new chain)
+    assert d["buckets"]["events"]["deleted"] == [events[1]]
+    assert committed(copy, "events") == [events[0], events[2]]
+    assert ClusterArchive.open(copy).run_ids() == [runs[0], runs[2]]
+    # then the first run's backup of travel only (--bucket): its file is kept and it is
     # incomplete; the third run resolves through a merged backup merged again
     r = run("remove", str(copy), "--run", runs[0], "--bucket", "travel", "--json",
             "--no-progress")
     d = json.loads(r.stdout)
     assert d["deleted_runs"] == [] and list(d["buckets"]) == ["travel"]
     assert d["incomplete_runs"] == {runs[0]: {"travel": before[0]}}
-    assert ClusterArchive.open(copy).run_ids() == [runs[0], runs[2], runs[3]]
+    assert ClusterArchive.open(copy).run_ids() == [runs[0], runs[2]]
     resolver = RunResolver(ClusterArchive.open(copy))
     assert resolver.state(runs[2]).complete and not resolver.state(runs[0]).complete
-    with NodeProcess(tmp_path / "t", vbuckets=VBS) as target:
-        t = f"{target.host}:{target.port}"
-        r = run("restore", str(copy), "-c", t, "--run", runs[0], "--auto-create-buckets",
-                ok=False)
-        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
-        assert "incomplete" in r.stderr and "travel" in r.stderr and before[0] in r.stderr
-        assert "Traceback" not in r.stderr
-    restore_equals(copy, runs[2], states[2], tmp_path, "t3")
+    r = run("restore", str(copy), "-c", target.cluster, "--run", runs[0],
+            "--auto-create-buckets", "--map-data", "travel=refused", ok=False)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "incomplete" in r.stderr and "travel" in r.stderr and before[0] in r.stderr
+    listed = json.loads(run("bucket", "list", "-c", target.cluster, "--json").stdout)
+    assert "refused" not in [b["name"] for b in listed]  # nothing built
+    restore_equals(copy, runs[2], states[2], target)
     # the newest run is never removed
-    r = run("remove", str(copy), "--run", runs[3], ok=False)
+    r = run("remove", str(copy), "--run", runs[2], ok=False)
     assert r.returncode == 2 and "newest" in r.stderr and r.stderr.strip().count("\n") == 0
 
 
@@ -209,12 +247,15 @@ def test_dry_run_changes_nothing(prepared, copy):
     snap = tree(copy)
     r = run("prune", str(copy), "--keep-last", "1", "--dry-run", "--json")
     d = json.loads(r.stdout)
-    assert d["dry_run"] and d["dropped_runs"] == runs[:3] and d["deleted_runs"] == []
-    assert [x["action"] for x in d["runs"]] == ["drop"] * 3 + ["keep"]
+    assert d["dry_run"] and d["dropped_runs"] == runs[:2] and d["deleted_runs"] == []
+    assert [x["action"] for x in d["runs"]] == ["drop", "drop", "keep"]
     actions = [x["action"] for x in d["buckets"]["default"]["backups"]]
-    assert actions == ["merge", "merge", "merge", "merge-into"]
+    assert actions == ["merge", "merge", "merge-into"]
+    # events: the old chain's backups nothing kept depends on are deleted
+    assert [x["action"] for x in d["buckets"]["events"]["backups"]] == \
+        ["delete", "delete", "keep"]
     r = run("prune", str(copy), "--keep-last", "1", "--dry-run")
-    assert "would drop 3 runs" in r.stdout
+    assert "would drop 2 runs" in r.stdout
     run("merge", str(copy), "--bucket", "nosuch", ok=False)
     assert tree(copy) == snap
 
@@ -228,7 +269,7 @@ def test_bucket_selection_prunes_only_those_buckets(prepared, copy):
     assert len(committed(copy, "travel")) == 2
     assert committed(copy, "default") == default_before
     assert ClusterArchive.open(copy).run_ids() == runs
-    assert sorted(d["incomplete_runs"]) == runs[:2]
+    assert sorted(d["incomplete_runs"]) == runs[:1]
     assert set(d["incomplete_runs"][runs[0]]) == {"travel"}
     # merge of one bucket keeps the run files too
     r = run("merge", str(copy), "--bucket", "default", "--json")
@@ -255,23 +296,32 @@ def test_the_cluster_lock_is_met_as_a_bucket_archives(prepared, copy):
     # bucket-archive options on a cluster archive, and the reverse: one line
     r = run("remove", str(copy), "--backup", "20261122T101502.123456Z", ok=False)
     assert r.returncode == 2 and "--run" in r.stderr
+    r = run("prune", str(copy / "buckets" / "travel"), "--keep-last", "1", "--bucket", "x",
+            ok=False)
+    assert r.returncode == 2 and "--bucket is for cluster archives" in r.stderr
 
 
 def test_watermarks_of_a_cluster_archive(prepared):
+    """register --archive of a cluster archive: each bucket archive's watermark in the
+    node's bucket of its name (each bucket's table holds its own archive's only); remove
+    --archive takes them all out."""
+    from dcptool.client.watermark import list_watermarks
+
     node, archive, _runs, _states = prepared
     c = node.cluster
+
+    def entries(bucket: str) -> list[dict]:
+        with opts_for(node, bucket).connect() as conn:
+            return list_watermarks(conn)["entries"]
+
     r = run("watermark", "register", "-c", c, "--archive", str(archive), "--json")
     d = json.loads(r.stdout)
     assert sorted(d["buckets"]) == list(BUCKETS) and d["skipped"] == {}
     uuids = {b: ClusterArchive.open(archive).open_bucket(b).uuid for b in BUCKETS}
     for b in BUCKETS:
-        listed = json.loads(run("watermark", "list", "-c", c, "-b", b, "--json").stdout)
-        mine = [e for e in listed["entries"] if e["instance"] == uuids[b]]
-        assert len(mine) == 1 and len(mine[0]["vbuckets"]) == VBS, b
-        # each bucket's table holds its own archive's watermark only
-        assert not [e for e in listed["entries"]
-                    if e["instance"] in set(uuids.values()) - {uuids[b]}]
+        mine = [e for e in entries(b) if e["instance"] in set(uuids.values())]
+        assert [e["instance"] for e in mine] == [uuids[b]], b
+        assert len(mine[0]["vbuckets"]) == VBS
     r = run("watermark", "remove", "-c", c, "--archive", str(archive), "--json")
     assert sorted(x["bucket"] for x in json.loads(r.stdout)["removed"]) == list(BUCKETS)
-    listed = json.loads(run("watermark", "list", "-c", c, "-b", "travel", "--json").stdout)
-    assert not [e for e in listed["entries"] if e["instance"] == uuids["travel"]]
+    assert not [e for e in entries("travel") if e["instance"] == uuids["travel"]]
