@@ -185,6 +185,8 @@ def run_cluster_remove(cluster: ClusterArchive, runs: Iterable[str] = (), *,
         raise UsageError("give --run RUN-ID (one or more) or --older-than DURATION",
                          hint="e.g. dcptool remove ARCHIVE --older-than 30d")
     ids = cluster.run_ids()
+    if not ids:
+        raise UsageError(f"{cluster.path} holds no committed backup run to remove")
     if older is not None:
         drop = [r for r in older_than(ids, parse_duration(older)) if r != ids[-1]]
     else:
