@@ -54,7 +54,7 @@ _dcptool_options() {
         "key add") echo "--new-passphrase-file --json --passphrase-file --passphrase-command -h --help" ;;
         "key list") echo "--json --passphrase-file --passphrase-command -h --help" ;;
         "key remove") echo "--json --passphrase-file --passphrase-command -h --help" ;;
-        "merge") echo "--from --to --level --master --partitions --no-progress --json --passphrase-file --passphrase-command -h --help" ;;
+        "merge") echo "--from --to --bucket --level --master --partitions --no-progress --json --passphrase-file --passphrase-command -h --help" ;;
         "node") echo "-h --help" ;;
         "node group") echo "-h --help" ;;
         "node group add") echo "--data -r --role --description --json -h --help" ;;
@@ -66,9 +66,9 @@ _dcptool_options() {
         "node user add") echo "--data -r --role -g --group --password-file --json -h --help" ;;
         "node user list") echo "--data --json -h --help" ;;
         "node user remove") echo "--data --json -h --help" ;;
-        "prune") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --dry-run --level --master --partitions --no-progress --json --passphrase-file --passphrase-command -h --help" ;;
+        "prune") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --bucket --dry-run --level --master --partitions --no-progress --json --passphrase-file --passphrase-command -h --help" ;;
         "quickstart") echo "--dir --docs --vbuckets --master --json -h --help" ;;
-        "remove") echo "--backup --older-than --dry-run --level --master --partitions --no-progress --json --passphrase-file --passphrase-command -h --help" ;;
+        "remove") echo "--backup --run --older-than --bucket --dry-run --level --master --partitions --no-progress --json --passphrase-file --passphrase-command -h --help" ;;
         "restore") echo "-c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --client-cert --client-key --client-key-passphrase-file --backup --vbuckets --filter-keys --force-updates --dry-run --include-data --exclude-data --map-data --rest-port --master --partitions --no-progress --json --run --auto-create-buckets --bucket-ram-quota --enable-bucket-config --enable-users --force-users --passphrase-file --passphrase-command -h --help" ;;
         "tail") echo "--from --vbuckets --keys-only --filter --state --until-idle --count --json --noop-interval --fail-on-rollback --collection --watermark --watermark-name --watermark-interval --watermark-ttl -v --verbose -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --timeout --snappy --no-snappy --client-cert --client-key --client-key-passphrase-file -h --help" ;;
         "verify") echo "--json --checksums-only --against --backup --vbuckets -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --client-cert --client-key --client-key-passphrase-file --master --partitions --no-progress --passphrase-file --passphrase-command -h --help" ;;
@@ -106,7 +106,7 @@ _dcptool_valued_options() {
         "key add") echo "--new-passphrase-file --passphrase-file --passphrase-command" ;;
         "key list") echo "--passphrase-file --passphrase-command" ;;
         "key remove") echo "--passphrase-file --passphrase-command" ;;
-        "merge") echo "--from --to --level --master --partitions --passphrase-file --passphrase-command" ;;
+        "merge") echo "--from --to --bucket --level --master --partitions --passphrase-file --passphrase-command" ;;
         "node group add") echo "--data -r --role --description" ;;
         "node group list") echo "--data" ;;
         "node group remove") echo "--data" ;;
@@ -115,9 +115,9 @@ _dcptool_valued_options() {
         "node user add") echo "--data -r --role -g --group --password-file" ;;
         "node user list") echo "--data" ;;
         "node user remove") echo "--data" ;;
-        "prune") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --level --master --partitions --passphrase-file --passphrase-command" ;;
+        "prune") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --bucket --level --master --partitions --passphrase-file --passphrase-command" ;;
         "quickstart") echo "--dir --docs --vbuckets --master" ;;
-        "remove") echo "--backup --older-than --level --master --partitions --passphrase-file --passphrase-command" ;;
+        "remove") echo "--backup --run --older-than --bucket --level --master --partitions --passphrase-file --passphrase-command" ;;
         "restore") echo "-c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions --run --bucket-ram-quota --passphrase-file --passphrase-command" ;;
         "tail") echo "--from --vbuckets --filter --state --until-idle --count --noop-interval --collection --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;
         "verify") echo "--backup --vbuckets -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --master --partitions --passphrase-file --passphrase-command" ;;

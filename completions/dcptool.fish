@@ -81,7 +81,7 @@ function __dcptool_valued_options
         case 'key remove'
             echo --passphrase-file --passphrase-command
         case 'merge'
-            echo --from --to --level --master --partitions --passphrase-file --passphrase-command
+            echo --from --to --bucket --level --master --partitions --passphrase-file --passphrase-command
         case 'node group add'
             echo --data -r --role --description
         case 'node group list'
@@ -99,11 +99,11 @@ function __dcptool_valued_options
         case 'node user remove'
             echo --data
         case 'prune'
-            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --level --master --partitions --passphrase-file --passphrase-command
+            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --bucket --level --master --partitions --passphrase-file --passphrase-command
         case 'quickstart'
             echo --dir --docs --vbuckets --master
         case 'remove'
-            echo --backup --older-than --level --master --partitions --passphrase-file --passphrase-command
+            echo --backup --run --older-than --bucket --level --master --partitions --passphrase-file --passphrase-command
         case 'restore'
             echo -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions --run --bucket-ram-quota --passphrase-file --passphrase-command
         case 'tail'
@@ -577,6 +577,7 @@ complete -c dcptool -n '__dcptool_at key remove' -s h -l help -d 'Show this mess
 complete -c dcptool -n '__dcptool_at key remove' -F
 complete -c dcptool -n '__dcptool_at merge' -l from -x -d 'First backup of the range (default: the full backup the chain starts with)'
 complete -c dcptool -n '__dcptool_at merge' -l to -x -d 'Last backup of the range (default: the newest)'
+complete -c dcptool -n '__dcptool_at merge' -l bucket -x -d 'Cluster archives: only this bucket\'s archive (repeat for more)'
 complete -c dcptool -n '__dcptool_at merge' -l level -x -d 'zstd level of the merged backup (default: the last backup\'s)'
 complete -c dcptool -n '__dcptool_at merge' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
 complete -c dcptool -n '__dcptool_at merge' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
@@ -669,6 +670,7 @@ complete -c dcptool -n '__dcptool_at prune' -l keep-hourly -x -d 'Keep the newes
 complete -c dcptool -n '__dcptool_at prune' -l keep-daily -x -d 'Keep the newest backup of each of the N newest days that have backups (UTC)'
 complete -c dcptool -n '__dcptool_at prune' -l keep-weekly -x -d 'Keep the newest backup of each of the N newest ISO weeks that have backups'
 complete -c dcptool -n '__dcptool_at prune' -l keep-monthly -x -d 'Keep the newest backup of each of the N newest months that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at prune' -l bucket -x -d 'Cluster archives: only this bucket\'s archive (repeat for more)'
 complete -c dcptool -n '__dcptool_at prune' -l dry-run -d 'Only show what would be kept, deleted and merged'
 complete -c dcptool -n '__dcptool_at prune' -l level -x -d 'zstd level of merged backups (default: the kept backup\'s)'
 complete -c dcptool -n '__dcptool_at prune' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
@@ -686,7 +688,9 @@ complete -c dcptool -n '__dcptool_at quickstart' -l master -x -d 'Spark master U
 complete -c dcptool -n '__dcptool_at quickstart' -l json -d 'Print what each step did as one JSON object (no progress lines)'
 complete -c dcptool -n '__dcptool_at quickstart' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at remove' -l backup -x -d 'A backup to remove (repeat for more)'
+complete -c dcptool -n '__dcptool_at remove' -l run -x -d 'Cluster archives: a backup run to remove (repeat for more)'
 complete -c dcptool -n '__dcptool_at remove' -l older-than -x -d 'Remove the backups older than this (s, m, h, d, w: 30d, 12h, 1d12h), by the time in their ids'
+complete -c dcptool -n '__dcptool_at remove' -l bucket -x -d 'Cluster archives: only this bucket\'s archive (repeat for more)'
 complete -c dcptool -n '__dcptool_at remove' -l dry-run -d 'Only show what would be kept, deleted and merged'
 complete -c dcptool -n '__dcptool_at remove' -l level -x -d 'zstd level of merged backups (default: the kept backup\'s)'
 complete -c dcptool -n '__dcptool_at remove' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'

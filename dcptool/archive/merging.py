@@ -363,6 +363,22 @@ def plan_merge(archive: Archive, first: str | None = None, last: str | None = No
 # -- staging, commit, publish (driver, archive lock held) -----------------------------------------
 
 
+def ends_as(last_manifest: dict[str, Any], last: str) -> list[str]:
+    """The ids whose end a merged backup of a range ending at `last` restores exactly:
+    `last`, and when `last` is itself merged, the ids it ended as (`extra.merge.ends_as`,
+    else the last it replaced), so that the backup an outside record names (a cluster
+    archive's run) is found after a merged backup is merged again."""
+    out = [last]
+    merge = (last_manifest.get("extra") or {}).get("merge")
+    if isinstance(merge, dict):
+        prior = merge.get("ends_as")
+        if not isinstance(prior, list):
+            replaced = merged_from(last_manifest) or []
+            prior = replaced[-1:]
+        out.extend(str(b) for b in prior if b != last and str(b) not in out)
+    return out
+
+
 class StagedMerge:
     """The merged backup being written in the staging directory."""
 
@@ -386,6 +402,7 @@ class StagedMerge:
         bdir = backup_path(root, plan.merged_id)
         make_dir(bdir)
         info = {"replaced": list(plan.replaced), "from": plan.first, "to": plan.last,
+                "ends_as": ends_as(archive.manifest(plan.last), plan.last),
                 "items_before": plan.items_before, "finished": None}
         intent = {
             "format": "dcptool-backup", "version": FORMAT_VERSION, "archive": archive.uuid,
@@ -537,6 +554,6 @@ def merge_range(archive: Archive, first: str | None = None, last: str | None = N
     return plan, manifest
 
 
-__all__ = ["STAGING", "VBucketMergePlan", "MergeTarget", "MergePlan", "StagedMerge",
+__all__ = ["STAGING", "ends_as", "VBucketMergePlan", "MergeTarget", "MergePlan", "StagedMerge",
            "plan_merge", "merge_vbucket", "merge_vbuckets", "remove_backups", "finish_interrupted_merges",
            "discard_staging", "merge_range", "merge_here", "VBucketRunner"]

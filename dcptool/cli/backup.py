@@ -485,7 +485,10 @@ def restore(
     restore before anything is written, unless --auto-create-buckets creates it with its
     recorded settings; --enable-bucket-config gives existing buckets their recorded
     settings, --enable-users restores users and groups. --dry-run reports the buckets it
-    would create, the settings it would change and the users it would add.
+    would create, the settings it would change and the users it would add. A run restores
+    the same after prune, remove or merge (through the merged backups that end where its
+    backups ended); a run whose backup of a bucket is gone (removed with --bucket, or left
+    by a prune that was killed) is refused before anything is written.
 
     Example: dcptool restore /backups/all -c 127.0.0.1 --auto-create-buckets
     """

@@ -33,9 +33,15 @@ def merge(
         show_default=False)],
     first: Annotated[Optional[str], typer.Option(
         "--from", metavar="ID", help="First backup of the range (default: the full backup "
-                                     "the chain starts with).")] = None,
+                                     "the chain starts with); of a cluster archive, the "
+                                     "first run (default: the oldest).")] = None,
     last: Annotated[Optional[str], typer.Option(
-        "--to", metavar="ID", help="Last backup of the range (default: the newest).")] = None,
+        "--to", metavar="ID", help="Last backup of the range (default: the newest); of a "
+                                   "cluster archive, the last run.")] = None,
+    buckets: Annotated[Optional[list[str]], typer.Option(
+        "--bucket", metavar="NAME",
+        help="Cluster archives: only this bucket's archive (repeat for more); the run files "
+             "are then kept.")] = None,
     level: Annotated[Optional[int], typer.Option(
         "--level", min=1, max=22, help="zstd level of the merged backup (default: the last "
                                        "backup's).")] = None,
@@ -51,11 +57,31 @@ def merge(
     backup continues from it. The originals are removed only once the merged backup is
     committed and verified; backups taken after the range are re-linked to it.
 
+    A cluster archive ('dcptool backup --all-buckets') merges backup runs: in each
+    bucket's archive, the backups from the one the first run names (default: the start of
+    the bucket's chain) to the one the last run naming the bucket names are merged; then
+    the files of the runs before the last, which the merges leave incomplete, are deleted
+    (the last run restores as before, through the merged backups). A bucket dropped and
+    created again within the range (two chains) is reported and left as it is.
+
     Example: dcptool merge /backups/default --to 20261122T101502.123456Z
+    Example: dcptool merge /backups/cluster --to 20261122T020000.000000Z
     """
     from dcptool.cli.passphrase import open_archive
     from dcptool.pipeline.merge import run_merge
 
+    from dcptool.cli.prune import _cluster_or_none, _no_cluster_options
+
+    cluster = _cluster_or_none(archive)
+    if cluster is not None:
+        from dcptool.pipeline.clusterprune import run_cluster_merge
+
+        with spark_progress("merge", disabled=no_progress or json_out):
+            d = run_cluster_merge(cluster, first=first, last=last, buckets=buckets,
+                                  level=level, partitions=partitions, master=master)
+        _report_cluster(d, json_out)
+        return
+    _no_cluster_options(buckets=buckets)
     opened = open_archive(archive)
     with spark_progress("merge", disabled=no_progress or json_out):
         result = run_merge(opened, first=first, last=last, level=level,
@@ -79,3 +105,27 @@ def merge(
               f"{d['seconds']:.1f} s")
     for child in d["relinked"]:
         con.print(f"  backup {child} now continues from {d['merged_id']}")
+
+
+def _report_cluster(d: dict, json_out: bool) -> None:
+    if json_out:
+        print_json(d)
+        return
+    con = console()
+    con.print(f"runs {d['from']} .. {d['to']} ({plural(len(d['runs']), 'run')})", markup=False)
+    for name, b in d["buckets"].items():
+        m = b["merge"]
+        if b["status"] == "merged":
+            con.print(f"bucket {name}: merged {plural(len(m['replaced']), 'backup')} "
+                      f"({m['replaced'][0]} .. {m['replaced'][-1]}) into {m['type']} backup "
+                      f"{m['merged_id']}, {human_bytes(m['size_before'])} -> "
+                      f"{human_bytes(m['size_after'])}", markup=False)
+        elif b["status"] == "left":
+            con.print(f"bucket {name}: [yellow]left as it is[/yellow]: {b['reason']}")
+        else:
+            con.print(f"bucket {name}: nothing to merge ({b['reason']})", markup=False)
+    if d["deleted_runs"]:
+        con.print(f"deleted {plural(len(d['deleted_runs']), 'run')} the merges replaced: "
+                  f"{', '.join(d['deleted_runs'])}; run {d['runs'][-1]} restores as before",
+                  markup=False)
+    con.print(f"{d['seconds']:.1f} s")

@@ -10,6 +10,7 @@ import typer
 from dcptool.cli.app import app
 from dcptool.cli.options import MasterOpt, NoProgressOpt, PartitionsOpt
 from dcptool.cli.manual import manual
+from dcptool.errors import UsageError
 from dcptool.cli.output import (
     console, plural, print_json, print_table, spark_progress, table_console,
 )
@@ -54,6 +55,10 @@ DryRunOpt = Annotated[bool, typer.Option(
 LevelOpt = Annotated[Optional[int], typer.Option(
     "--level", min=1, max=22, help="zstd level of merged backups (default: the kept backup's).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+BucketsOpt = Annotated[Optional[list[str]], typer.Option(
+    "--bucket", metavar="NAME",
+    help="Cluster archives: only this bucket's archive (repeat for more); the run files are "
+         "then kept.")]
 
 _ACTION = {"keep": "keep", "delete": "[red]delete[/red]", "merge": "[yellow]merge[/yellow]",
            "merge-into": "keep (merged)"}
@@ -94,15 +99,71 @@ def _report(d: dict[str, Any], json_out: bool) -> None:
         con.print(f"nothing {verb} change")
 
 
+def _cluster_or_none(archive: str) -> Any:
+    """The cluster archive at `archive`, opened (a wrong passphrase stops here), or None
+    when it is not one."""
+    from dcptool.archive.cluster import ClusterArchive, archive_kind
+    from dcptool.cli.passphrase import passphrase_source
+
+    if archive_kind(archive) != "cluster":
+        return None
+    return ClusterArchive.open(archive, passphrase=passphrase_source())
+
+
+def _no_cluster_options(**given: Any) -> None:
+    for name, value in given.items():
+        if value:
+            raise UsageError(f"--{name.rstrip('s')} is for cluster archives",
+                             hint="this archive holds one bucket")
+
+
+def _report_cluster(d: dict[str, Any], json_out: bool) -> None:
+    """prune / remove of a cluster archive: the runs, then per bucket its backups."""
+    if json_out:
+        print_json(d)
+        return
+    con = console()
+    print_table(table_console(), ["run", "action", "why"],
+                [[r["id"], "keep" if r["action"] == "keep" else "[red]drop[/red]",
+                  "; ".join(r["reasons"])] for r in d["runs"]], wrap=("why",),
+                title="runs")
+    for name, b in d["buckets"].items():
+        changes = b["removed"]
+        n_merged = sum(len(m["replaced"]) - 1 for m in b["merges"])
+        if d["dry_run"]:
+            con.print(f"bucket {name}:", markup=False)
+            print_rows(b["backups"])
+        verb = "would remove" if d["dry_run"] else "removed"
+        con.print(f"bucket {name}: {verb} {plural(len(changes), 'backup')} "
+                  f"({len(b['deleted']):,} deleted, {n_merged:,} merged into "
+                  f"{plural(len(b['merges']), 'kept backup')})", markup=False)
+        for old, new in b["renamed"].items():
+            con.print(f"  backup {old} is now {new} (merged)", markup=False)
+    verb = "dry run: would drop" if d["dry_run"] else "dropped"
+    con.print(f"{verb} {plural(len(d['dropped_runs']), 'run')}, kept "
+              f"{len(d['kept_runs']):,}" + ("" if d["dry_run"] else
+                                           f" in {d['seconds']:.1f} s"))
+    if d["dropped_runs"] and not d["deleted_runs"] and not d["dry_run"]:
+        con.print("the run files are kept (--bucket)")
+    for rid, gone in d["incomplete_runs"].items():
+        con.print(f"run {rid} is incomplete: " + ", ".join(f"{b}'s backup {i} is gone"
+                                                            for b, i in gone.items()),
+                  markup=False)
+
+
 @app.command()
 def remove(
     archive: ArchiveArg,
     backups: Annotated[Optional[list[str]], typer.Option(
         "--backup", metavar="ID", help="A backup to remove (repeat for more).")] = None,
+    runs: Annotated[Optional[list[str]], typer.Option(
+        "--run", metavar="RUN-ID",
+        help="Cluster archives: a backup run to remove (repeat for more).")] = None,
     older: Annotated[Optional[str], typer.Option(
         "--older-than", metavar="DURATION",
         help="Remove the backups older than this (s, m, h, d, w: 30d, 12h, 1d12h), by the "
              "time in their ids.")] = None,
+    buckets: BucketsOpt = None,
     dry_run: DryRunOpt = False,
     level: LevelOpt = None,
     master: MasterOpt = None,
@@ -129,12 +190,34 @@ def remove(
     backups that continue from it must be named too). The next backup then continues from
     the newest readable one.
 
+    A cluster archive ('dcptool backup --all-buckets') removes backup runs: --run RUN-ID,
+    or --older-than by the time in the run ids (the newest run is never removed). In each
+    bucket's archive the backups only the removed runs name are removed as above (merged
+    forward where a kept backup depends on them), then the runs' files are deleted; a
+    kept run restores exactly as before. --bucket NAME works on those buckets only and
+    keeps the run files.
+
     Example: dcptool remove /backups/default --older-than 90d --dry-run
     Example: dcptool remove /backups/default --backup 20261122T101502.123456Z
+    Example: dcptool remove /backups/cluster --run 20261120T020000.000000Z
     """
     from dcptool.cli.passphrase import open_archive
     from dcptool.pipeline.prune import run_remove
 
+    cluster = _cluster_or_none(archive)
+    if cluster is not None:
+        if backups:
+            raise UsageError("--backup names a backup of one bucket's archive",
+                             hint="a cluster archive removes runs: --run RUN-ID")
+        from dcptool.pipeline.clusterprune import run_cluster_remove
+
+        with spark_progress("remove", disabled=no_progress or json_out or dry_run):
+            d = run_cluster_remove(cluster, runs or (), older=older, buckets=buckets,
+                                   dry_run=dry_run, level=level, partitions=partitions,
+                                   master=master)
+        _report_cluster(d, json_out)
+        return
+    _no_cluster_options(runs=runs, buckets=buckets)
     opened = open_archive(archive)
     with spark_progress("remove", disabled=no_progress or json_out or dry_run):
         d = run_remove(opened, backups or (), older=older, dry_run=dry_run, level=level,
@@ -150,6 +233,7 @@ def prune(
     keep_daily: KeepDailyOpt = 0,
     keep_weekly: KeepWeeklyOpt = 0,
     keep_monthly: KeepMonthlyOpt = 0,
+    buckets: BucketsOpt = None,
     dry_run: DryRunOpt = False,
     level: LevelOpt = None,
     master: MasterOpt = None,
@@ -171,8 +255,17 @@ def prune(
     info ARCHIVE --keep-daily 7 ...' shows what a policy would keep without changing
     anything.
 
+    A cluster archive ('dcptool backup --all-buckets') is pruned by its backup runs: the
+    policy chooses among the runs (placed in time by their ids), and in each bucket's
+    archive the backups that only the dropped runs name are removed as above (merged
+    forward into the backups of kept runs that depend on them; a bucket's newest backup
+    and backups no run names are kept); the dropped runs' files are deleted last. Every
+    kept run restores exactly as before. --bucket NAME prunes those buckets' archives only
+    and keeps the run files.
+
     Example: dcptool prune /backups/default --keep-last 3 --keep-daily 7 --keep-weekly 4 --keep-monthly 12
     Example: dcptool prune /backups/default --keep-hourly 24 --dry-run
+    Example: dcptool prune /backups/cluster --keep-daily 7 --dry-run
     """
     from dcptool.archive.retention import Policy
     from dcptool.pipeline.prune import run_prune
@@ -181,6 +274,16 @@ def prune(
                     monthly=keep_monthly)
     from dcptool.cli.passphrase import open_archive
 
+    cluster = _cluster_or_none(archive)
+    if cluster is not None:
+        from dcptool.pipeline.clusterprune import run_cluster_prune
+
+        with spark_progress("prune", disabled=no_progress or json_out or dry_run):
+            d = run_cluster_prune(cluster, policy, buckets=buckets, dry_run=dry_run,
+                                  level=level, partitions=partitions, master=master)
+        _report_cluster(d, json_out)
+        return
+    _no_cluster_options(buckets=buckets)
     opened = open_archive(archive)
     with spark_progress("prune", disabled=no_progress or json_out or dry_run):
         d = run_prune(opened, policy, dry_run=dry_run, level=level, partitions=partitions,

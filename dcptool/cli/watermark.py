@@ -88,6 +88,89 @@ def _archive_identity(archive: Path) -> tuple[str, str, dict[int, int], dict[str
     return archive_watermark(archive)
 
 
+def _is_cluster(archive: Path) -> bool:
+    from dcptool.archive.cluster import archive_kind
+
+    return archive_kind(archive) == "cluster"
+
+
+def _cluster_buckets(archive: Path) -> list[tuple[str, Any]]:
+    """[(bucket name, its bucket archive)] of a cluster archive."""
+    from dcptool.archive.cluster import ClusterArchive
+    from dcptool.cli.passphrase import passphrase_source
+
+    cluster = ClusterArchive.open(archive, passphrase=passphrase_source())
+    return [(b, cluster.open_bucket(b)) for b in cluster.bucket_names()]
+
+
+def _register_cluster(archive: Path, conn_args: ConnArgs, ttl_s: float,
+                      meta_doc: dict[str, Any], json_out: bool) -> None:
+    """Each bucket archive's watermark, registered with the node's bucket of its name (as
+    the backup of a cluster registers them): the node keeps a watermark table per bucket,
+    and a connection works on the bucket it selected (SELECT_BUCKET)."""
+    from dcptool.client.errors import UnknownBucketError
+    from dcptool.client.watermark import register_watermark
+
+    done: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    for bucket, barchive in _cluster_buckets(archive):
+        a_name, a_instance, vbs, a_meta = _archive_identity(barchive)
+        if not vbs:
+            skipped[bucket] = "no backed-up vbucket yet"
+            continue
+        opts = conn_args.options(bucket=bucket)
+        try:
+            check_privileges(opts, f"register a high watermark in bucket {bucket} of",
+                             WATERMARK_WRITE)
+            with opts.connect() as conn:
+                done[bucket] = register_watermark(conn, a_name, a_instance, vbs, ttl=ttl_s,
+                                                  meta={**a_meta, **meta_doc})
+        except UnknownBucketError:
+            skipped[bucket] = f"{opts.address} has no bucket {bucket}"
+    if not done and not skipped:
+        raise UsageError(f"cluster archive {archive} holds no bucket archive yet")
+    if json_out:
+        print_json({"buckets": done, "skipped": skipped})
+        return
+    con = console()
+    for bucket, answer in done.items():
+        con.print(f"bucket {bucket}: {'renewed' if answer.get('replaced') else 'registered'} "
+                  f"{answer.get('name')}/{answer.get('instance')}: {answer.get('vbuckets')} "
+                  f"vbuckets, expires {_when(answer.get('expires_at'))}", markup=False)
+    for bucket, why in skipped.items():
+        con.print(f"bucket {bucket}: skipped: {why}", markup=False)
+
+
+def _remove_cluster(archive: Path, conn_args: ConnArgs, json_out: bool) -> None:
+    """Each bucket archive's watermark removed from the node's bucket of its name."""
+    from dcptool.client.errors import UnknownBucketError
+    from dcptool.client.watermark import WatermarkNotFound, remove_watermark
+
+    removed: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    for bucket, barchive in _cluster_buckets(archive):
+        a_name, a_instance, _vbs, _meta = _archive_identity(barchive)
+        opts = conn_args.options(bucket=bucket)
+        try:
+            check_privileges(opts, f"remove a high watermark from bucket {bucket} of",
+                             WATERMARK_WRITE)
+            with opts.connect() as conn:
+                removed.extend({**r, "bucket": bucket}
+                               for r in remove_watermark(conn, a_name, a_instance))
+        except UnknownBucketError:
+            skipped[bucket] = f"{opts.address} has no bucket {bucket}"
+        except WatermarkNotFound:
+            skipped[bucket] = "no watermark registered"
+    if json_out:
+        print_json({"removed": removed, "skipped": skipped})
+        return
+    for r in removed:
+        console().print(f"bucket {r['bucket']}: removed {r['name']}/{r['instance']}",
+                        markup=False)
+    for bucket, why in skipped.items():
+        console().print(f"bucket {bucket}: skipped: {why}", markup=False)
+
+
 def _when(t: float | None) -> str:
     if not t:
         return "-"
@@ -130,7 +213,11 @@ def register(
 ) -> None:
     """Register (or renew) a high watermark: the purger keeps every deletion above it.
 
+    A cluster archive's --archive registers each bucket archive's watermark with the
+    node's bucket of that name (buckets the node lacks are skipped).
+
     Example: dcptool watermark register -c 127.0.0.1 --archive /backups/default
+    Example: dcptool watermark register -c 127.0.0.1 --archive /backups/cluster
     Example: dcptool watermark register -c 127.0.0.1 --name my-app --seqnos seqnos.json --ttl 1d
     """
     from dcptool.client.watermark import register_watermark
@@ -146,6 +233,12 @@ def register(
             raise UsageError(f"--meta is not JSON: {exc}") from None
         if not isinstance(meta_doc, dict):
             raise UsageError("--meta must be a JSON object")
+    if archive is not None and _is_cluster(archive):
+        if name is not None or instance is not None:
+            raise UsageError("--name and --instance come from each bucket's archive of a "
+                             "cluster archive", hint="leave them out")
+        _register_cluster(archive, conn_args, ttl_s, meta_doc, json_out)
+        return
     if archive is not None:
         a_name, a_instance, vbs, a_meta = _archive_identity(archive)
         name = name or a_name
@@ -272,10 +365,19 @@ def remove(
 ) -> None:
     """Remove a client's high watermarks, so the purger no longer waits for it.
 
+    A cluster archive's --archive removes each bucket archive's watermark from the
+    node's bucket of that name.
+
     Example: dcptool watermark remove -c 127.0.0.1:11210 --name my-app
+    Example: dcptool watermark remove -c 127.0.0.1:11210 --archive /backups/cluster
     """
     from dcptool.client.watermark import WatermarkNotFound, remove_watermark
 
+    if archive is not None and _is_cluster(archive):
+        if name is not None or instance is not None:
+            raise UsageError("give --name or --archive, not both")
+        _remove_cluster(archive, conn_args, json_out)
+        return
     if archive is not None:
         if name is not None:
             raise UsageError("give --name or --archive, not both")

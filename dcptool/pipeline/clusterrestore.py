@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dcptool.archive.cluster import ClusterArchive
+from dcptool.archive.clusterruns import RunResolver, incomplete_message
 from dcptool.errors import UsageError
 
 from .clusterbackup import data_names, names_of_bucket
@@ -130,6 +131,15 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
     if not in_run:
         raise UsageError(f"run {record['id']} holds no bucket to restore"
                          + (" that the selection leaves in" if (wanted or exclude) else ""))
+    # what the run names, resolved through the merges since (a merged backup that ends
+    # where the named one ended restores the same); a backup gone stops the restore here
+    state = RunResolver(cluster).state(record["id"], in_run)
+    if not state.complete:
+        bucket = next(iter(state.gone))
+        raise UsageError(incomplete_message(state),
+                         hint=f"restore another run, or leave the bucket out with "
+                              f"--exclude-data {bucket}")
+    in_run = {n: {**b, "backup": state.resolved[n]} for n, b in in_run.items()}
     rest = rest_client_for(opts, rest_port)
     on_target = {b["name"]: b for b in rest.request("GET", "/pools/default/buckets") or []
                  if isinstance(b, dict) and isinstance(b.get("name"), str)}
