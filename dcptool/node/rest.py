@@ -345,8 +345,11 @@ class RestApp:
         return _json(global_config(self.node, self._host(request)))
 
     async def buckets(self, request: web.Request, user: str) -> web.Response:
+        """The buckets `user` may see (a role in each), as Couchbase lists them."""
         host = self._host(request)
-        return _json([self._bucket_doc(host, b) for b in list(self.node.buckets.values())])
+        users = self.node.users
+        return _json([self._bucket_doc(host, b) for b in list(self.node.buckets.values())
+                      if users.privileges(user, bucket=b.name)])
 
     async def bucket(self, request: web.Request, user: str) -> web.Response:
         bucket = self._bucket_named(request)

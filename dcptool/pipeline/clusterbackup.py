@@ -1,8 +1,9 @@
 """A backup of every bucket of a cluster into a cluster archive (`archive/cluster.py`).
 
 One run: the cluster archive's lock is taken; the buckets the user may back up are listed
-over the node's REST port (Couchbase's `GET /pools/default/buckets`, which lists only
-those); users and groups are read from Couchbase's backup endpoint (`GET
+over the node's REST port (Couchbase's `GET /pools/default/buckets`, which lists those
+the user may see) and each is checked for the privileges a backup needs (a bucket the user
+may see but not back up is left out with a notice, or refused when named); users and groups are read from Couchbase's backup endpoint (`GET
 /settings/rbac/backup`) before any data moves, so a user who may not read them is told
 before any work; then each bucket is backed up into its bucket archive, one after the
 other on the one Spark context the first starts (its chain incremental on its own; a
@@ -40,6 +41,8 @@ class ClusterBackupResult:
     buckets: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: buckets the archive holds that the node no longer has
     dropped: list[str] = field(default_factory=list)
+    #: buckets the user may see but not back up, left out of the run (sorted)
+    left_out: list[str] = field(default_factory=list)
     #: how many users and groups the run recorded (None: left out)
     users: int | None = None
     groups: int | None = None
@@ -50,7 +53,7 @@ class ClusterBackupResult:
                   for k in ("mutations", "deletions", "expirations", "items_streamed",
                             "size_on_disk")}
         return {"run_id": self.run_id, "archive": self.archive, "buckets": self.buckets,
-                "dropped": self.dropped, "users": self.users, "groups": self.groups,
+                "dropped": self.dropped, "left_out": self.left_out, "users": self.users, "groups": self.groups,
                 "totals": totals, "seconds": round(self.seconds, 3)}
 
 
@@ -125,11 +128,15 @@ def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
                                  "(or the user may not see it)")
             on_node = {n: on_node[n] for n in buckets}
         on_node = {n: d for n, d in on_node.items() if n not in exclude}
+        left_out = left_out_for_privileges(opts, on_node, named=bool(buckets),
+                                                  watermark=backup.get("watermark", True),
+                                                  tell=tell)
         if not on_node:
             raise UsageError(f"{opts.address} has no bucket {opts.username} may back up"
                              + (" that the selection leaves in" if exclude else ""))
         run_id = cluster.new_run_id()
-        result = ClusterBackupResult(run_id, str(storage.location(location)))
+        result = ClusterBackupResult(run_id, str(storage.location(location)),
+                                     left_out=left_out)
         record: dict[str, Any] = {"time": iso_time(utc_now()), "node": opts.address,
                                   "buckets": {}}
         for i, name in enumerate(sorted(on_node)):
@@ -176,6 +183,32 @@ def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
         cluster.write_run(run_id, record)
     result.seconds = time.monotonic() - started
     return result
+
+
+def left_out_for_privileges(opts: Any, on_node: dict[str, Any], *, named: bool,
+                            watermark: bool, tell: Callable[[str], None]) -> list[str]:
+    """Check, before any data moves, that the user may back up each bucket of `on_node`
+    (stream it over DCP, and register its watermark unless `watermark` is off): a bucket
+    the user may list but not back up is taken out of `on_node` with a notice, or, when
+    the buckets were `named` (-b, --include-data), is the run's one-line PrivilegeError.
+    The buckets left out, sorted."""
+    from dcptool.client.errors import UnknownBucketError
+    from dcptool.client.privileges import (
+        DCP_PRODUCER, WATERMARK_WRITE, PrivilegeError, check_privileges,
+    )
+
+    wanted = [DCP_PRODUCER, *([WATERMARK_WRITE] if watermark else [])]
+    left_out = []
+    for name in sorted(on_node):
+        try:
+            check_privileges(dataclasses.replace(opts, bucket=name), "back up", *wanted)
+        except (PrivilegeError, UnknownBucketError) as exc:  # refused: no role in it
+            if named:
+                raise
+            del on_node[name]
+            left_out.append(name)
+            tell(f"bucket {name} left out: {exc}")
+    return left_out
 
 
 def data_names(given: list[str] | None) -> list[str]:

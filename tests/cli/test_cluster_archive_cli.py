@@ -151,6 +151,22 @@ def test_selection_encryption_and_errors(node, tmp_path):
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.count("\n") == 1 and "is a cluster archive" in r.stderr
         assert str(archive / "buckets") in r.stderr
+    # a bucket the user may see but not back up is left out, before any data moves, or
+    # refused when named
+    pw = tmp_path / "carl.pw"
+    pw.write_text(PASSWORD + "\n")
+    run("node", "user", "add", "carl", "--role", "data_backup[ttl],data_reader[big]",
+        "--data", str(node.data_dir), "--password-file", str(pw))
+    r = run("backup", "-c", c, "-u", "carl", str(tmp_path / "carl"), "--all-buckets",
+            "--json", "--disable-users")
+    d = json.loads(r.stdout)
+    assert sorted(d["buckets"]) == ["ttl"] and d["left_out"] == ["big"]
+    assert "bucket big left out" in r.stderr and "DcpProducer" in r.stderr
+    assert ClusterArchive.open(tmp_path / "carl").bucket_names() == ["ttl"]
+    r = run("backup", "-c", c, "-u", "carl", str(tmp_path / "carl2"), "--all-buckets",
+            "-b", "big", "--disable-users", ok=False)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "DcpProducer" in r.stderr
+    assert not (tmp_path / "carl2" / "buckets" / "big").exists()
     # a bucket archive is not a cluster archive
     run("backup", "-c", c, "-b", "travel", str(tmp_path / "bucket"), "--no-watermark")
     r = run("backup", "-c", c, str(tmp_path / "bucket"), "--all-buckets", ok=False)

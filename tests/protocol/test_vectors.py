@@ -62,11 +62,12 @@ def test_a_missing_vector_set_is_an_error_not_a_skip(tmp_path, monkeypatch):
     with pytest.raises(pytest.fail.Exception, match="no captured client vectors"):
         conftest.vector_files()
     # and with this project's settings any parametrised test left with no parameters fails
-    # the run instead of being skipped
+    # the run instead of being skipped (in one process: `-n 0` after the settings' `-n auto`
+    # only spares starting a worker per core for one empty test)
     (tmp_path / "test_empty.py").write_text(
         "import pytest\n\n@pytest.mark.parametrize('name', [])\n"
         "def test_each(name):\n    pass\n")
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
                           "-c", str(conftest.REPO / "pyproject.toml"),
                           str(tmp_path / "test_empty.py")],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
