@@ -70,9 +70,9 @@ def merge(
     from dcptool.cli.passphrase import open_archive
     from dcptool.pipeline.merge import run_merge
 
-    from dcptool.cli.prune import _cluster_or_none, _no_cluster_options
+    from dcptool.cli.prune import cluster_or_none, no_cluster_options
 
-    cluster = _cluster_or_none(archive)
+    cluster = cluster_or_none(archive)
     if cluster is not None:
         from dcptool.pipeline.clusterprune import run_cluster_merge
 
@@ -81,7 +81,7 @@ def merge(
                                   level=level, partitions=partitions, master=master)
         _report_cluster(d, json_out)
         return
-    _no_cluster_options(buckets=buckets)
+    no_cluster_options(buckets=buckets)
     opened = open_archive(archive)
     with spark_progress("merge", disabled=no_progress or json_out):
         result = run_merge(opened, first=first, last=last, level=level,

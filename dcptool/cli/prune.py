@@ -99,7 +99,7 @@ def _report(d: dict[str, Any], json_out: bool) -> None:
         con.print(f"nothing {verb} change")
 
 
-def _cluster_or_none(archive: str) -> Any:
+def cluster_or_none(archive: str) -> Any:
     """The cluster archive at `archive`, opened (a wrong passphrase stops here), or None
     when it is not one."""
     from dcptool.archive.cluster import ClusterArchive, archive_kind
@@ -110,7 +110,7 @@ def _cluster_or_none(archive: str) -> Any:
     return ClusterArchive.open(archive, passphrase=passphrase_source())
 
 
-def _no_cluster_options(**given: Any) -> None:
+def no_cluster_options(**given: Any) -> None:
     for name, value in given.items():
         if value:
             raise UsageError(f"--{name.rstrip('s')} is for cluster archives",
@@ -204,7 +204,7 @@ def remove(
     from dcptool.cli.passphrase import open_archive
     from dcptool.pipeline.prune import run_remove
 
-    cluster = _cluster_or_none(archive)
+    cluster = cluster_or_none(archive)
     if cluster is not None:
         if backups:
             raise UsageError("--backup names a backup of one bucket's archive",
@@ -217,7 +217,7 @@ def remove(
                                    master=master)
         _report_cluster(d, json_out)
         return
-    _no_cluster_options(runs=runs, buckets=buckets)
+    no_cluster_options(runs=runs, buckets=buckets)
     opened = open_archive(archive)
     with spark_progress("remove", disabled=no_progress or json_out or dry_run):
         d = run_remove(opened, backups or (), older=older, dry_run=dry_run, level=level,
@@ -274,7 +274,7 @@ def prune(
                     monthly=keep_monthly)
     from dcptool.cli.passphrase import open_archive
 
-    cluster = _cluster_or_none(archive)
+    cluster = cluster_or_none(archive)
     if cluster is not None:
         from dcptool.pipeline.clusterprune import run_cluster_prune
 
@@ -283,7 +283,7 @@ def prune(
                                   level=level, partitions=partitions, master=master)
         _report_cluster(d, json_out)
         return
-    _no_cluster_options(buckets=buckets)
+    no_cluster_options(buckets=buckets)
     opened = open_archive(archive)
     with spark_progress("prune", disabled=no_progress or json_out or dry_run):
         d = run_prune(opened, policy, dry_run=dry_run, level=level, partitions=partitions,

@@ -79,7 +79,7 @@ def _drop_runs(command: str, cluster: ClusterArchive, drop: Iterable[str],
                reasons: dict[str, list[str]], *, buckets: Iterable[str] | None,
                dry_run: bool, partitions: int | None, master: str | None,
                level: int | None, spark: Any, selection: dict[str, Any]) -> dict[str, Any]:
-    from .prune import _run
+    from .prune import run_removal
 
     t0 = time.monotonic()
     run_ids = cluster.run_ids()
@@ -140,7 +140,7 @@ def _drop_runs(command: str, cluster: ClusterArchive, drop: Iterable[str],
             archive = resolver.archive(b)
             remove, _ = wanted(b)
             only_read = dry_run or not remove  # then no lock is taken: nothing is finished
-            res = _run(command, archive,
+            res = run_removal(command, archive,
                        lambda a, b=b, r=only_read: wanted(b, None if r else a),
                        dry_run=only_read, strict=False, partitions=partitions,
                        master=master, level=level, spark=spark, selection={})

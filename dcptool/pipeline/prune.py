@@ -39,9 +39,11 @@ def _result(archive: Archive, res: RemovalResult, dry_run: bool, seconds: float,
     }
 
 
-def _run(command: str, archive_path: Any, select, *, dry_run: bool, strict: bool,
-         partitions: int | None, master: str | None, level: int | None, spark,
-         selection: dict[str, Any]) -> dict[str, Any]:
+def run_removal(command: str, archive_path: Any, select, *, dry_run: bool, strict: bool,
+                partitions: int | None, master: str | None, level: int | None, spark,
+                selection: dict[str, Any]) -> dict[str, Any]:
+    """One `prune` or `remove` (`command`) of one bucket archive: the backups `select(archive)`
+    names removed under its lock, merged forward where kept ones depend on them."""
     t0 = time.monotonic()
     archive = Archive.opened(archive_path)
     with RunLog(command) as rl:
@@ -75,7 +77,7 @@ def run_prune(archive_path: Any, policy: Policy, *, dry_run: bool = False,
         raise UsageError("prune needs a policy: give at least one --keep-* option",
                          hint="e.g. --keep-last 3 --keep-daily 7")
 
-    return _run("prune", archive_path, lambda archive: select_prune(archive, policy),
+    return run_removal("prune", archive_path, lambda archive: select_prune(archive, policy),
                 dry_run=dry_run, strict=False, partitions=partitions, master=master,
                 level=level, spark=spark, selection={"policy": policy.as_dict()})
 
@@ -102,6 +104,6 @@ def run_remove(archive_path: Any, backups: Iterable[str] = (), *, older: str | N
         # the newest backup is never removed (see dcptool.archive.retention)
         return [b for b in older_than(ids, age) if b != ids[-1]], None
 
-    return _run("remove", archive_path, select, dry_run=dry_run, strict=age is None,
+    return run_removal("remove", archive_path, select, dry_run=dry_run, strict=age is None,
                 partitions=partitions, master=master, level=level, spark=spark,
                 selection={"selection": {"backups": backups, "older_than": older}})
