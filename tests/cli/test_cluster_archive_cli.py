@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cliutil import run_dcptool
 from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
@@ -32,8 +32,7 @@ def run(*args: str, ok: bool = True, env: dict[str, str] | None = None,
         timeout: float = 240) -> subprocess.CompletedProcess:
     e = dict(os.environ if env is None else env)
     e["DCPTOOL_PASSWORD"] = PASSWORD
-    r = subprocess.run([sys.executable, "-m", "dcptool", *args], capture_output=True, text=True,
-                       env=e, stdin=subprocess.DEVNULL, timeout=timeout)
+    r = run_dcptool(e, *args, timeout=timeout)  # forked from the warm zygote
     if ok:
         assert r.returncode == 0, (args, r.stderr)
     return r

@@ -14,10 +14,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cliutil import run_dcptool
 from docutil import delete, load, node_documents, opts_for
 from nodeprocutil import NodeProcess
 
@@ -40,8 +40,7 @@ def documented(title: str) -> dict:
 def run(*args: str, ok: bool = True, timeout: float = 240) -> subprocess.CompletedProcess:
     e = dict(os.environ)
     e["DCPTOOL_PASSWORD"] = PASSWORD
-    r = subprocess.run([sys.executable, "-m", "dcptool", *args], capture_output=True, text=True,
-                       env=e, stdin=subprocess.DEVNULL, timeout=timeout)
+    r = run_dcptool(e, *args, timeout=timeout)  # forked from the warm zygote
     if ok:
         assert r.returncode == 0, (args, r.stderr)
     return r
