@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 
 import pytest
+from cliutil import run_dcptool
 from docutil import load, opts_for
 
 
@@ -16,8 +16,7 @@ def run(*args, password="password", timeout=120):
     env.pop("DCPTOOL_PASSWORD", None)
     if password is not None:
         env["DCPTOOL_PASSWORD"] = password
-    return subprocess.run([sys.executable, "-m", "dcptool", *args], capture_output=True, text=True,
-                          env=env, stdin=subprocess.DEVNULL, timeout=timeout)
+    return run_dcptool(env, *args, timeout=timeout)  # forked from the warm zygote
 
 
 def one_error_line(res) -> str:

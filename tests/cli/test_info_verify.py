@@ -5,9 +5,9 @@ import json
 import re
 import os
 import subprocess
-import sys
 
 import pytest
+from cliutil import run_dcptool
 
 from dcptool.archive import Archive, ArchivePosition
 
@@ -15,8 +15,7 @@ W = 0x1234_5678_9ABC_DEF0
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dcptool", *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"})
+    return run_dcptool({**os.environ, "NO_COLOR": "1"}, *args, timeout=120)
 
 
 def write_backup(a: Archive, btype: str, first: int, last: int, *, vbuckets=(0, 1),

@@ -5,10 +5,9 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 
 import pytest
+from cliutil import run_dcptool
 
 from dcptool.protocol.constants import Opcode, Status
 
@@ -20,8 +19,7 @@ def run(*args, env=None, timeout=60):
     e.pop("DCPTOOL_PASSWORD", None)
     if env:
         e.update(env)
-    return subprocess.run([sys.executable, "-m", "dcptool", *args], capture_output=True,
-                          text=True, env=e, timeout=timeout)
+    return run_dcptool(e, *args, timeout=timeout)  # forked from the warm zygote
 
 
 def assert_one_error_line(proc, fragment: str) -> None:

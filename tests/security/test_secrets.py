@@ -20,6 +20,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+import zygote
 
 from dcptool.cli.app import build_command, main
 from dcptool.protocol import vbucket_of
@@ -60,9 +61,7 @@ def cli(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.Com
     full = {k: v for k, v in os.environ.items()
             if k not in ("DCPTOOL_PASSWORD", "DCPTOOL_PASSWORD_FILE", "DCPTOOL_CLUSTER")}
     full.update(env, NO_COLOR="1", COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "dcptool", *args], capture_output=True,
-                          text=True, timeout=timeout, env=full, cwd=REPO,
-                          stdin=subprocess.DEVNULL)
+    return zygote.run(args, env=full, cwd=REPO, timeout=timeout)  # forked from the warm zygote
 
 
 def addr(n) -> str:
