@@ -34,7 +34,7 @@ LEVEL = {"base": 0, "protocol": 1, "client": 2, "archive": 2, "node": 2, "pipeli
 #: the high watermark table's replication, the collections manifest sent to members): the one
 #: allowed crossing between siblings
 NODE_CLIENT_USERS = {"dcptool.node.replication", "dcptool.node.takeover",
-                     "dcptool.node.manifestshare",
+                     "dcptool.node.manifestshare", "dcptool.node.bucketshare",
                      "dcptool.node.hwtrepl"}
 
 
