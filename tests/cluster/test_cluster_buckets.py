@@ -1,0 +1,292 @@
+"""Every bucket of a cluster: buckets created, written, replicated, failed over and dropped
+across two real node processes.
+
+Two nodes, `dcptool cluster create --replicas 1`, then three buckets of different settings
+created through one member (`dcptool bucket create` against A): one fullEviction, one with
+a maxTTL, one of 64 vbuckets beside the nodes' first bucket of 8. Each exists on both
+members with its own map (the same on both); documents written by a client that follows
+each bucket's map land on both members' actives and reach the replicas; a bucket dropped
+through one member is gone on both; `cluster failover` promotes the replicas of every
+bucket and no acknowledged document is lost; `cluster create` refuses a bucket that only
+some members hold, or that has different vbucket counts, naming it.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from client.nodeutil import run_cli
+from clusterutil import addr, start_nodes, stop_nodes, wait_until
+from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
+from dcptool.client.topology import cluster_config, node_status
+from dcptool.protocol import Get, Set, vbucket_of
+from dcptool.protocol.constants import Opcode, Status, VBucketState
+from dcptool.protocol.messages import GenericRequest
+from docutil import opts_for
+
+VBS = 8  # the nodes' first bucket
+#: the buckets created through A: name -> `dcptool bucket create` options
+BUCKETS = {
+    "full": ("--eviction-policy", "fullEviction", "--replicas", "1", "--num-vbuckets", "8"),
+    "ttl": ("--max-ttl", "3600", "--replicas", "1", "--num-vbuckets", "8"),
+    "wide": ("--num-vbuckets", "64", "--replicas", "1"),
+}
+NVB = {"default": VBS, "full": 8, "ttl": 8, "wide": 64}
+DOCS = 120  # documents per bucket
+
+
+def rest(node, path: str, method: str = "GET"):
+    req = urllib.request.Request(f"http://127.0.0.1:{node.rest_port}{path}", method=method)
+    token = base64.b64encode(f"{node.username}:{node.password}".encode()).decode()
+    req.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(req, timeout=10) as rsp:
+        body = rsp.read()
+        return json.loads(body) if body else None
+
+
+def rest_status(node, path: str) -> int:
+    try:
+        rest(node, path)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    return 200
+
+
+def make_buckets(a) -> None:
+    for name, args in BUCKETS.items():
+        r = run_cli("bucket", "create", name, "--ram-quota", "100", *args, node=a)
+        assert r.returncode == 0, r.stderr
+
+
+def kv_map(node, bucket: str) -> dict:
+    with opts_for(node, bucket).connect() as conn:
+        return cluster_config(conn)
+
+
+def write_by_map(nodes, bucket: str, docs: dict[str, dict]) -> dict[str, str]:
+    """SET each document on the member the bucket's map names active for its vbucket (the
+    map read with GET_CLUSTER_CONFIG, as a Couchbase client does). Returns {key: member}."""
+    by_addr = {addr(n): n for n in nodes}
+    smap = kv_map(nodes[0], bucket)["vBucketServerMap"]
+    conns = {}
+    where = {}
+    try:
+        for key, doc in docs.items():
+            vb = vbucket_of(key.encode(), len(smap["vBucketMap"]))
+            member = smap["serverList"][smap["vBucketMap"][vb][0]]
+            if member not in conns:
+                conns[member] = opts_for(by_addr[member], bucket).connect()
+            rsp = conns[member].request(Set(key=key.encode(), value=json.dumps(doc).encode(),
+                                            vbucket=vb, datatype=1))
+            assert rsp.status == Status.SUCCESS, (bucket, key, member, rsp.status)
+            where[key] = member
+    finally:
+        for c in conns.values():
+            c.close()
+    return where
+
+
+def seqnos(node, bucket: str) -> dict[int, int]:
+    with opts_for(node, bucket).connect() as conn:
+        return get_vbucket_seqnos(conn)
+
+
+def states(node, bucket: str) -> dict[int, int]:
+    with opts_for(node, bucket).connect() as conn:
+        return {int(vb): d["state"] for vb, d in node_status(conn)["vbuckets"].items()}
+
+
+def caught_up(nodes, bucket: str) -> bool:
+    """Every vbucket of `bucket` is at the same high seqno on both members."""
+    a, b = (seqnos(n, bucket) for n in nodes)
+    return set(a) == set(b) == set(range(NVB[bucket])) and a == b
+
+
+def get(node, bucket: str, key: str, vbuckets: int):
+    with opts_for(node, bucket).connect() as conn:
+        return conn.request(Get(key=key.encode(), vbucket=vbucket_of(key.encode(), vbuckets)))
+
+
+@pytest.fixture(scope="module")
+def ab(tmp_path_factory):
+    """Two members, one cluster (`cluster create --replicas 1`), three buckets created
+    through A afterwards, documents written to every bucket by map."""
+    nodes = start_nodes(tmp_path_factory.mktemp("clbuckets"), ["a", "b"], vbuckets=VBS)
+    a, b = nodes["a"], nodes["b"]
+    try:
+        r = run_cli("cluster", "create", "-c", addr(a), "-c", addr(b), "--replicas", "1",
+                    node=a)
+        assert r.returncode == 0, r.stderr
+        make_buckets(a)
+        written = {}
+        for name in NVB:
+            docs = {f"{name}-{i:04d}": {"bucket": name, "n": i} for i in range(DOCS)}
+            written[name] = write_by_map([a, b], name, docs)
+        nodes["written"] = written
+        yield nodes
+    finally:
+        stop_nodes({k: v for k, v in nodes.items() if k in ("a", "b")})
+
+
+def test_buckets_created_through_one_member_have_one_map_on_both(ab):
+    a, b = ab["a"], ab["b"]
+    for name, nvb in NVB.items():
+        docs = [rest(n, f"/pools/default/buckets/{name}") for n in (a, b)]
+        maps = [d["vBucketServerMap"] for d in docs]
+        assert maps[0] == maps[1], name
+        assert maps[0]["serverList"] == [addr(a), addr(b)]
+        assert maps[0]["numReplicas"] == 1
+        assert len(maps[0]["vBucketMap"]) == nvb and docs[1]["numVBuckets"] == nvb
+        assert {tuple(c) for c in maps[0]["vBucketMap"]} == {(0, 1), (1, 0)}
+        assert [n["hostname"] for n in docs[1]["nodes"]] == \
+            [f"127.0.0.1:{x.rest_port}" for x in (a, b)]
+        # GET_CLUSTER_CONFIG with the bucket selected answers the same map on both
+        for n in (a, b):
+            cfg = kv_map(n, name)
+            assert cfg["name"] == name and cfg["vBucketServerMap"] == maps[0]
+            assert rest(n, f"/pools/default/b/{name}") == cfg
+    # the settings were made on B too
+    assert rest(b, "/pools/default/buckets/full")["evictionPolicy"] == "fullEviction"
+    assert rest(b, "/pools/default/buckets/ttl")["maxTTL"] == 3600
+    # each member's vbucket states follow each bucket's own map
+    for name, nvb in NVB.items():
+        sa, sb = states(a, name), states(b, name)
+        assert sorted(sa.values()).count(VBucketState.ACTIVE) == nvb // 2
+        for vb in range(nvb):
+            assert {sa[vb], sb[vb]} == {VBucketState.ACTIVE, VBucketState.REPLICA}
+
+
+def test_documents_written_by_map_land_on_both_actives_and_reach_the_replicas(ab):
+    a, b = ab["a"], ab["b"]
+    for name, nvb in NVB.items():
+        where = ab["written"][name]
+        assert set(where.values()) == {addr(a), addr(b)}, name  # both members hold actives
+        wait_until(lambda: caught_up((a, b), name), timeout=30,
+                   what=f"the replicas of bucket {name}")
+        # a document read from either member: the replica holds what the active took
+        smap = kv_map(a, name)["vBucketServerMap"]
+        for key in list(where)[:10]:
+            vb = vbucket_of(key.encode(), nvb)
+            replica = smap["serverList"][smap["vBucketMap"][vb][1]]
+            node = a if replica == addr(a) else b
+            with opts_for(node, name).connect() as conn:
+                rsp = conn.request(GenericRequest(op=Opcode.GET_REPLICA, key=key.encode(),
+                                                  vbucket=vb))
+                assert rsp.status == Status.SUCCESS, (name, key)
+                assert json.loads(bytes(rsp.value))["bucket"] == name
+
+
+def test_not_my_vbucket_follows_each_buckets_map(ab):
+    a, b = ab["a"], ab["b"]
+    for name, nvb in NVB.items():
+        smap = kv_map(a, name)["vBucketServerMap"]
+        key = next(iter(ab["written"][name]))
+        vb = vbucket_of(key.encode(), nvb)
+        active = smap["serverList"][smap["vBucketMap"][vb][0]]
+        other = b if active == addr(a) else a
+        rsp = get(other, name, key, nvb)
+        assert rsp.status == Status.NOT_MY_VBUCKET, name
+        # the answer carries the bucket's own map
+        body = json.loads(bytes(rsp.value))
+        assert body["name"] == name and len(body["vBucketServerMap"]["vBucketMap"]) == nvb
+        assert get(a if other is b else b, name, key, nvb).status == Status.SUCCESS
+
+
+def test_cluster_status_shows_every_bucket(ab):
+    a = ab["a"]
+    r = run_cli("cluster", "status", "-c", addr(a), "--json", node=a)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc["buckets"]) == set(NVB)
+    for name, nvb in NVB.items():
+        rows = doc["buckets"][name]["nodes"]
+        assert doc["buckets"][name]["vbuckets"] == nvb
+        assert [(r["active"], r["replica"]) for r in rows] == [(nvb // 2, nvb // 2)] * 2, name
+    r = run_cli("cluster", "status", "-c", addr(a), node=a)
+    assert r.returncode == 0, r.stderr
+    for name in BUCKETS:
+        assert f"Bucket {name}: map rev" in r.stdout
+
+
+def test_a_bucket_dropped_through_one_member_is_gone_on_both(ab):
+    a, b = ab["a"], ab["b"]
+    r = run_cli("bucket", "create", "scratch", "--ram-quota", "100", node=b)
+    assert r.returncode == 0, r.stderr
+    assert rest(a, "/pools/default/buckets/scratch")["vBucketServerMap"]["serverList"] == \
+        [addr(a), addr(b)]
+    r = run_cli("bucket", "drop", "scratch", node=b)
+    assert r.returncode == 0, r.stderr
+    for n in (a, b):
+        assert rest_status(n, "/pools/default/buckets/scratch") == 404
+        assert "scratch" not in {d["name"] for d in rest(n, "/pools/default/buckets")}
+    assert not (a.data_dir / "buckets" / "scratch").exists()
+
+
+def test_failover_loses_no_acknowledged_document_of_any_bucket(tmp_path):
+    nodes = start_nodes(tmp_path, ["a", "b"], vbuckets=VBS)
+    a, b = nodes["a"], nodes["b"]
+    try:
+        r = run_cli("cluster", "create", "-c", addr(a), "-c", addr(b), "--replicas", "1",
+                    node=a)
+        assert r.returncode == 0, r.stderr
+        make_buckets(a)
+        written = {}
+        for name in NVB:
+            docs = {f"{name}-{i:04d}": {"n": i} for i in range(DOCS)}
+            written[name] = write_by_map([a, b], name, docs)
+            wait_until(lambda: caught_up((a, b), name), timeout=30,
+                       what=f"the replicas of bucket {name}")
+        logs_before = {}
+        for name in NVB:
+            with opts_for(a, name).connect() as conn:
+                logs_before[name] = get_failover_logs(conn, list(range(NVB[name])))
+        b.kill()
+        r = run_cli("cluster", "failover", "-c", addr(b), "--via", addr(a), "--json", node=a)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert set(doc["buckets"]) == set(NVB)
+        for name, nvb in NVB.items():
+            assert len(doc["buckets"][name]["promoted"]) == nvb // 2, name
+            smap = kv_map(a, name)["vBucketServerMap"]
+            assert smap["serverList"] == [addr(a)]
+            assert all(chain[0] == 0 for chain in smap["vBucketMap"])
+            assert set(states(a, name).values()) == {VBucketState.ACTIVE}
+            # every acknowledged document is on A
+            for key in written[name]:
+                rsp = get(a, name, key, nvb)
+                assert rsp.status == Status.SUCCESS, (name, key)
+            # the promoted vbuckets started a new history (a new failover entry), per bucket
+            with opts_for(a, name).connect() as conn:
+                logs = get_failover_logs(conn, list(range(nvb)))
+            for vb in map(int, doc["buckets"][name]["promoted"]):
+                assert len(logs[vb]) == len(logs_before[name][vb]) + 1, (name, vb)
+    finally:
+        stop_nodes(nodes)
+
+
+def test_cluster_create_refuses_a_bucket_some_members_lack(tmp_path):
+    nodes = start_nodes(tmp_path, ["a", "b"], vbuckets=VBS)
+    a, b = nodes["a"], nodes["b"]
+    try:
+        r = run_cli("bucket", "create", "lonely", "--ram-quota", "100", node=a)
+        assert r.returncode == 0, r.stderr
+        r = run_cli("cluster", "create", "-c", addr(a), "-c", addr(b), node=a)
+        assert r.returncode != 0
+        line = r.stderr.strip()
+        assert "\n" not in line and "Traceback" not in r.stderr
+        assert "lonely" in line and addr(b) in line
+        r = run_cli("bucket", "create", "lonely", "--ram-quota", "100", "--num-vbuckets",
+                    "64", node=b)
+        assert r.returncode == 0, r.stderr
+        r = run_cli("cluster", "create", "-c", addr(a), "-c", addr(b), node=a)
+        assert r.returncode != 0
+        line = r.stderr.strip()
+        assert "\n" not in line and "lonely" in line and "vbucket counts" in line
+        # nothing was mapped: both still alone
+        assert kv_map(a, "default")["vBucketServerMap"]["serverList"] == [addr(a)]
+    finally:
+        stop_nodes(nodes)
