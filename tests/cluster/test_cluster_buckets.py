@@ -268,7 +268,7 @@ def test_failover_loses_no_acknowledged_document_of_any_bucket(tmp_path):
         stop_nodes(nodes)
 
 
-def test_cluster_create_refuses_a_bucket_some_members_lack(tmp_path):
+def test_cluster_create_refuses_a_bucket_some_members_lack_and_maps_shared_ones(tmp_path):
     nodes = start_nodes(tmp_path, ["a", "b"], vbuckets=VBS)
     a, b = nodes["a"], nodes["b"]
     try:
@@ -288,5 +288,20 @@ def test_cluster_create_refuses_a_bucket_some_members_lack(tmp_path):
         assert "\n" not in line and "lonely" in line and "vbucket counts" in line
         # nothing was mapped: both still alone
         assert kv_map(a, "default")["vBucketServerMap"]["serverList"] == [addr(a)]
+        # the same bucket on both (made before the cluster): mapped with the others
+        r = run_cli("bucket", "drop", "lonely", node=b)
+        assert r.returncode == 0, r.stderr
+        r = run_cli("bucket", "create", "lonely", "--ram-quota", "100", "--replicas", "1",
+                    node=b)
+        assert r.returncode == 0, r.stderr
+        r = run_cli("cluster", "create", "-c", addr(a), "-c", addr(b), "--json", node=a)
+        assert r.returncode == 0, r.stderr
+        assert sorted(json.loads(r.stdout)["buckets"]) == ["default", "lonely"]
+        for n in (a, b):
+            smap = kv_map(n, "lonely")["vBucketServerMap"]
+            # A's copy says replicaNumber 0: fewer than the cluster's 1, so none
+            assert smap["serverList"] == [addr(a), addr(b)] and smap["numReplicas"] == 0
+            assert len(smap["vBucketMap"]) == VBS
+            assert {tuple(c) for c in smap["vBucketMap"]} == {(0,), (1,)}
     finally:
         stop_nodes(nodes)
