@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -39,8 +40,10 @@ NVB = {"default": VBS, "full": 8, "ttl": 8, "wide": 64}
 DOCS = 120  # documents per bucket
 
 
-def rest(node, path: str, method: str = "GET"):
-    req = urllib.request.Request(f"http://127.0.0.1:{node.rest_port}{path}", method=method)
+def rest(node, path: str, method: str = "GET", form: dict | None = None):
+    data = None if form is None else urllib.parse.urlencode(form).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{node.rest_port}{path}", method=method,
+                                 data=data)
     token = base64.b64encode(f"{node.username}:{node.password}".encode()).decode()
     req.add_header("Authorization", f"Basic {token}")
     with urllib.request.urlopen(req, timeout=10) as rsp:
@@ -212,12 +215,18 @@ def test_cluster_status_shows_every_bucket(ab):
         assert f"Bucket {name}: map rev" in r.stdout
 
 
-def test_a_bucket_dropped_through_one_member_is_gone_on_both(ab):
+def test_a_bucket_edited_or_dropped_through_one_member_is_so_on_both(ab):
     a, b = ab["a"], ab["b"]
-    r = run_cli("bucket", "create", "scratch", "--ram-quota", "100", node=b)
+    # created with a plain REST POST (as an SDK's bucket manager or curl sends it)
+    rest(b, "/pools/default/buckets", "POST",
+         {"name": "scratch", "ramQuota": "100", "replicaNumber": "1", "numVBuckets": "64"})
+    docs = [rest(n, "/pools/default/buckets/scratch") for n in (a, b)]
+    assert docs[0]["vBucketServerMap"] == docs[1]["vBucketServerMap"]
+    assert docs[0]["vBucketServerMap"]["serverList"] == [addr(a), addr(b)]
+    assert docs[0]["numVBuckets"] == 64 and docs[0]["uuid"] != docs[1]["uuid"]
+    r = run_cli("bucket", "edit", "scratch", "--max-ttl", "60", node=a)
     assert r.returncode == 0, r.stderr
-    assert rest(a, "/pools/default/buckets/scratch")["vBucketServerMap"]["serverList"] == \
-        [addr(a), addr(b)]
+    assert [rest(n, "/pools/default/buckets/scratch")["maxTTL"] for n in (a, b)] == [60, 60]
     r = run_cli("bucket", "drop", "scratch", node=b)
     assert r.returncode == 0, r.stderr
     for n in (a, b):
@@ -245,6 +254,10 @@ def test_failover_loses_no_acknowledged_document_of_any_bucket(tmp_path):
             with opts_for(a, name).connect() as conn:
                 logs_before[name] = get_failover_logs(conn, list(range(NVB[name])))
         b.kill()
+        # a bucket needs every member: with B gone, a create through A is refused and undone
+        r = run_cli("bucket", "create", "late", "--ram-quota", "100", node=a)
+        assert r.returncode != 0 and addr(b) in r.stderr and "Traceback" not in r.stderr
+        assert rest_status(a, "/pools/default/buckets/late") == 404
         r = run_cli("cluster", "failover", "-c", addr(b), "--via", addr(a), "--json", node=a)
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
@@ -264,6 +277,15 @@ def test_failover_loses_no_acknowledged_document_of_any_bucket(tmp_path):
                 logs = get_failover_logs(conn, list(range(nvb)))
             for vb in map(int, doc["buckets"][name]["promoted"]):
                 assert len(logs[vb]) == len(logs_before[name][vb]) + 1, (name, vb)
+        # each bucket's map is kept in its data directory: A restarts with every one
+        assert (a.data_dir / "buckets" / "wide" / "cluster.json").exists()
+        member = addr(a)
+        a.restart()  # (on new ports; the map keeps naming A as it did)
+        for name, nvb in NVB.items():
+            smap = kv_map(a, name)["vBucketServerMap"]
+            assert smap["serverList"] == [member] and len(smap["vBucketMap"]) == nvb
+            assert set(states(a, name).values()) == {VBucketState.ACTIVE}
+            assert get(a, name, next(iter(written[name])), nvb).status == Status.SUCCESS
     finally:
         stop_nodes(nodes)
 
