@@ -291,7 +291,7 @@ complete -c dcptool -n '__dcptool_at bucket list' -l json -d 'Print the result a
 complete -c dcptool -n '__dcptool_at bucket list' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at cluster' -a 'create' -d 'Make the nodes one cluster: actives spread evenly, replicas on other nodes'
 complete -c dcptool -n '__dcptool_at cluster' -a 'failover' -d 'Take a node out of the cluster and promote replicas of the vbuckets active there'
-complete -c dcptool -n '__dcptool_at cluster' -a 'move' -d 'Move the active copy of vbuckets of the nodes\' first bucket to another member, without a history branch'
+complete -c dcptool -n '__dcptool_at cluster' -a 'move' -d 'Move the active copy of vbuckets of a bucket (-b) to another member, without a history branch'
 complete -c dcptool -n '__dcptool_at cluster' -a 'status' -d 'Show the nodes, their vbuckets per state and their replication lag, bucket by bucket (the nodes failed over are listed last, as failed over)'
 complete -c dcptool -n '__dcptool_at cluster' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at cluster create' -s c -l cluster -x -d 'A node (repeat for every member)'

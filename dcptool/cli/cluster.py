@@ -3,8 +3,7 @@
 The maps go out with dcptool's admin opcodes (docs/protocol-extensions.md); every member
 keeps the whole map of each bucket and serves it with GET_CLUSTER_CONFIG. Every bucket the
 members share has its own map (same members, its own vbucket count and replicas);
-`create`, `status` and `failover` work on each of them, `move` on the first bucket (the one
-`-b` selects) only.
+`create`, `status` and `failover` work on each of them, `move` on the bucket `-b` selects.
 """
 from __future__ import annotations
 
@@ -136,7 +135,10 @@ def create(
         raise DcptoolError(f"the nodes hold different vbucket counts ({sorted(counts)})")
     nvb = counts.pop()
     nodes = [o.address for o in opts]
-    first = opts[0].bucket
+    # the nodes' first bucket (--bucket) has the cluster's replica count whatever its
+    # replicaNumber says
+    first = next((n for n, b in (statuses[0].get("buckets") or {}).items() if b.get("first")),
+                 opts[0].bucket)
     # every bucket the members share gets its own map; one some lack, or with different
     # vbucket counts, cannot be mapped: refused before any member changes
     plans: dict[str, tuple[int, list[list[int]]]] = {}
@@ -413,8 +415,8 @@ def move(
     as_json: Annotated[bool, typer.Option("--json", help="Print the moves as JSON.")] = False,
     conn_args: ConnArgs = None,
 ) -> None:
-    """Move the active copy of vbuckets of the nodes' first bucket to another member,
-    without a history branch.
+    """Move the active copy of vbuckets of a bucket (-b) to another member, without a
+    history branch.
 
     For each vbucket the destination opens a takeover stream from the current active,
     receives everything, and the SET_VBUCKET_STATE handshake hands the vbucket over: the

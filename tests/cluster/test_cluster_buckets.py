@@ -8,7 +8,8 @@ members with its own map (the same on both); documents written by a client that 
 each bucket's map land on both members' actives and reach the replicas; a bucket dropped
 through one member is gone on both; `cluster failover` promotes the replicas of every
 bucket and no acknowledged document is lost; `cluster create` refuses a bucket that only
-some members hold, or that has different vbucket counts, naming it.
+some members hold, or that has different vbucket counts, naming it, and maps one both hold;
+`cluster move -b NAME` moves a vbucket of that bucket only.
 """
 from __future__ import annotations
 
@@ -290,7 +291,7 @@ def test_failover_loses_no_acknowledged_document_of_any_bucket(tmp_path):
         stop_nodes(nodes)
 
 
-def test_cluster_create_refuses_a_bucket_some_members_lack_and_maps_shared_ones(tmp_path):
+def test_cluster_create_refuses_unshared_buckets_maps_shared_ones_and_move_takes_any(tmp_path):
     nodes = start_nodes(tmp_path, ["a", "b"], vbuckets=VBS)
     a, b = nodes["a"], nodes["b"]
     try:
@@ -325,5 +326,18 @@ def test_cluster_create_refuses_a_bucket_some_members_lack_and_maps_shared_ones(
             assert smap["serverList"] == [addr(a), addr(b)] and smap["numReplicas"] == 0
             assert len(smap["vBucketMap"]) == VBS
             assert {tuple(c) for c in smap["vBucketMap"]} == {(0,), (1,)}
+        # a vbucket of that bucket moves to B (which held no copy): only its map changes
+        keys = [k for k in (f"m{i:03d}" for i in range(200)) if vbucket_of(k.encode(), VBS) == 0]
+        assert kv_map(a, "lonely")["vBucketServerMap"]["vBucketMap"][0] == [0]
+        write_by_map([a, b], "lonely", {k: {"k": k} for k in keys})
+        r = run_cli("cluster", "move", "-b", "lonely", "-c", addr(a), "--vbuckets", "0",
+                    "--to", addr(b), "--json", node=a)
+        assert r.returncode == 0, r.stderr
+        assert [m["vbucket"] for m in json.loads(r.stdout)["moved"]] == [0]
+        for n in (a, b):
+            assert kv_map(n, "lonely")["vBucketServerMap"]["vBucketMap"][0] == [1]
+            assert kv_map(n, "default")["vBucketServerMap"]["vBucketMap"][0] == [0, 1]
+        assert all(get(b, "lonely", k, VBS).status == Status.SUCCESS for k in keys)
+        assert get(a, "lonely", keys[0], VBS).status == Status.NOT_MY_VBUCKET
     finally:
         stop_nodes(nodes)

@@ -17,7 +17,6 @@ of a cluster has its own map and replica streams (`Node.replications`).
   "auth": {...}, "timeout": s}: this node takes the vbucket over from its active by a
   takeover stream (`dcptool.node.takeover`) and answers once it is active here (JSON
   summary), or EINVAL / NOT_MY_VBUCKET / KEY_EEXISTS / EINTERNAL with an error context.
-  Moves serve the node's first bucket only (EINVAL on another).
 """
 from __future__ import annotations
 
@@ -132,12 +131,8 @@ def vbucket_takeover(conn, frame) -> None:
     if not _allowed(conn, frame):
         return
     vbid = frame.specific
-    if _bucket(conn) is not conn.node.bucket:
-        _send(conn, frame, {"error": {"context": "vbucket moves serve the node's first bucket "
-                                                 f"({conn.node.bucket.name}) only"}},
-              Status.EINVAL)
-        return
-    vb = _bucket(conn).vbuckets.get(vbid)
+    bucket = _bucket(conn)
+    vb = bucket.vbuckets.get(vbid)
     if vb is None:
         _send(conn, frame, {"error": {"context": f"no vbucket {vbid}"}}, Status.NOT_MY_VBUCKET)
         return
@@ -147,7 +142,8 @@ def vbucket_takeover(conn, frame) -> None:
         address = (host.strip("[]"), int(port))
         auth = doc.get("auth")
         if auth is None:
-            cmap = conn.node.replication.map
+            repl = _replication(conn)
+            cmap = repl.map if repl is not None else None
             auth = cmap.auth if cmap is not None else {}
         auth = {str(k): str(v) for k, v in dict(auth).items()}
         timeout = float(doc.get("timeout", 600.0))
@@ -162,7 +158,8 @@ def vbucket_takeover(conn, frame) -> None:
 
     async def work() -> None:
         try:
-            summary = await take_over(conn.node, vbid, address, auth, timeout=timeout)
+            summary = await take_over(conn.node, vbid, address, auth, timeout=timeout,
+                                      bucket=bucket)
         except (TakeoverError, OSError, Exception) as exc:  # noqa: BLE001 - told to the caller
             text = str(exc) or type(exc).__name__
             _send(conn, frame, {"error": {"context": f"takeover of vbucket {vbid} from "
