@@ -21,7 +21,10 @@ import urllib.request
 
 import pytest
 
+from pathlib import Path
+
 from client.nodeutil import run_cli
+from cliutil import documented_examples
 from clusterutil import addr, start_nodes, stop_nodes, wait_until
 from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
 from dcptool.client.topology import cluster_config, node_status
@@ -39,6 +42,16 @@ BUCKETS = {
 }
 NVB = {"default": VBS, "full": 8, "ttl": 8, "wide": 64}
 DOCS = 120  # documents per bucket
+DOCUMENTED = documented_examples(Path(__file__).resolve().parents[2] / "docs" / "json-output.md")
+
+
+def same_fields(doc: dict, title: str) -> None:
+    """`doc` has the fields docs/json-output.md shows for `title`, per bucket too."""
+    shown = DOCUMENTED[title]
+    assert set(doc) == set(shown), title
+    one = next(iter(shown["buckets"].values()))
+    for name, b in doc["buckets"].items():
+        assert set(b) == set(one), (title, name)
 
 
 def rest(node, path: str, method: str = "GET", form: dict | None = None):
@@ -206,6 +219,7 @@ def test_cluster_status_shows_every_bucket(ab):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert set(doc["buckets"]) == set(NVB)
+    same_fields(doc, "dcptool cluster status")
     for name, nvb in NVB.items():
         rows = doc["buckets"][name]["nodes"]
         assert doc["buckets"][name]["vbuckets"] == nvb
@@ -263,6 +277,7 @@ def test_failover_loses_no_acknowledged_document_of_any_bucket(tmp_path):
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
         assert set(doc["buckets"]) == set(NVB)
+        same_fields(doc, "dcptool cluster failover")
         for name, nvb in NVB.items():
             assert len(doc["buckets"][name]["promoted"]) == nvb // 2, name
             smap = kv_map(a, name)["vBucketServerMap"]
@@ -320,6 +335,7 @@ def test_cluster_create_refuses_unshared_buckets_maps_shared_ones_and_move_takes
         r = run_cli("cluster", "create", "-c", addr(a), "-c", addr(b), "--json", node=a)
         assert r.returncode == 0, r.stderr
         assert sorted(json.loads(r.stdout)["buckets"]) == ["default", "lonely"]
+        same_fields(json.loads(r.stdout), "dcptool cluster create")
         for n in (a, b):
             smap = kv_map(n, "lonely")["vBucketServerMap"]
             # A's copy says replicaNumber 0: fewer than the cluster's 1, so none
