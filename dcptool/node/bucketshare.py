@@ -40,9 +40,9 @@ FORWARD_TIMEOUT = 60.0
 
 
 def clustered(node) -> bool:
-    """Is `node` a member of a cluster of several nodes?"""
-    cmap = node.cluster_map()
-    return cmap is not None and len(cmap.nodes) > 1
+    """Is `node` a member of a cluster (its first bucket has a map; the others may have
+    been failed over, its buckets are still mapped)?"""
+    return node.cluster_map() is not None
 
 
 def forwarded(request) -> bool:
@@ -125,14 +125,12 @@ def bucket_map(node, bucket) -> dict[str, Any]:
 
 async def map_bucket(node, bucket) -> dict[str, str]:
     """Give `bucket` its map on this member and every other one. Returns {member: error}."""
-    from .clustermap import ClusterMap as _Map
-
     doc = bucket_map(node, bucket)
+    cmap = node.cluster_map()
     repl = node.replication_of(bucket)
     if repl is None:
-        return {node.cluster_map().nodes[node.cluster_map().this]: "the bucket is gone"}
-    await repl.apply(_Map.from_doc(doc, bucket.num_vbuckets))
-    cmap = node.cluster_map()
+        return {cmap.nodes[cmap.this]: "the bucket is gone"}
+    await repl.apply(ClusterMap.from_doc(doc, bucket.num_vbuckets))
     loop = asyncio.get_running_loop()
     errors: dict[str, str] = {}
     others = _others(cmap)

@@ -148,7 +148,8 @@ class Node:
 
     @property
     def bucket(self) -> Bucket:
-        """The first bucket (--bucket): the one clustering and replication serve."""
+        """The first bucket (--bucket), its data in DIR itself; its cluster map says who
+        the cluster's members are (`cluster_map`)."""
         return self.buckets[self.config.bucket]
 
     @property

@@ -293,6 +293,12 @@ def test_failover_loses_no_acknowledged_document_of_any_bucket(tmp_path):
                 logs = get_failover_logs(conn, list(range(nvb)))
             for vb in map(int, doc["buckets"][name]["promoted"]):
                 assert len(logs[vb]) == len(logs_before[name][vb]) + 1, (name, vb)
+        # a bucket created on what is left of the cluster is mapped there too
+        r = run_cli("bucket", "create", "late", "--ram-quota", "100", node=a)
+        assert r.returncode == 0, r.stderr
+        cfg = kv_map(a, "late")
+        assert cfg["vBucketServerMap"]["serverList"] == [addr(a)]
+        assert cfg["dcptoolMapRev"] == doc["rev"]
         # each bucket's map is kept in its data directory: A restarts with every one
         assert (a.data_dir / "buckets" / "wide" / "cluster.json").exists()
         member = addr(a)
