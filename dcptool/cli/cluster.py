@@ -203,10 +203,15 @@ def status(
     check_privileges(opts, MANAGE, NODE_MANAGEMENT, bucket=False)
     view, statuses = gather(opts, conn_args.options)
     doc = _status_doc(view, statuses, conn_args)
+    from dcptool.client.errors import ClientError
+
     others = {}
     for name in _bucket_names(statuses, opts.bucket)[1:]:
-        bview, bstatuses = gather(_with_bucket(opts, name),
-                                  lambda url, n=name: _with_bucket(conn_args.options(url), n))
+        try:
+            bview, bstatuses = gather(_with_bucket(opts, name),
+                                      lambda url, n=name: _with_bucket(conn_args.options(url), n))
+        except ClientError:  # dropped meanwhile, or not on the member asked
+            continue
         others[name] = _status_doc(bview, bstatuses, conn_args)
     doc["buckets"] = {opts.bucket: {k: doc[k] for k in ("rev", "config_rev", "vbuckets",
                                                          "nodes")}, **others}
@@ -329,8 +334,11 @@ def failover(
     # every map gets the same new rev
     views = {o.bucket: (view, statuses)}
     for name in _bucket_names(statuses, o.bucket)[1:]:
-        bview, bstatuses = gather(_with_bucket(o, name),
-                                  lambda url, n=name: _with_bucket(conn_args.options(url), n))
+        try:
+            bview, bstatuses = gather(_with_bucket(o, name),
+                                      lambda url, n=name: _with_bucket(conn_args.options(url), n))
+        except ClientError:  # not on the member asked: nothing of it to fail over there
+            continue
         if bview.clustered and failed in bview.nodes:
             views[name] = (bview, bstatuses)
     revs = [0]
