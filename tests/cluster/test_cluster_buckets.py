@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import struct
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -29,9 +30,10 @@ from clusterutil import addr, start_nodes, stop_nodes, wait_until
 from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
 from dcptool.client.topology import cluster_config, node_status
 from dcptool.protocol import Get, Set, vbucket_of
-from dcptool.protocol.constants import Opcode, Status, VBucketState
+from dcptool.protocol.constants import Feature, Opcode, Status, VBucketState
 from dcptool.protocol.messages import GenericRequest
 from docutil import opts_for
+from node.mcbputil import Client
 
 VBS = 8  # the nodes' first bucket
 #: the buckets created through A: name -> `dcptool bucket create` options
@@ -268,6 +270,14 @@ def test_failover_loses_no_acknowledged_document_of_any_bucket(tmp_path):
         for name in NVB:
             with opts_for(a, name).connect() as conn:
                 logs_before[name] = get_failover_logs(conn, list(range(NVB[name])))
+        # connections that asked for map changes, one per bucket
+        pushed = {}
+        for name in NVB:
+            c = Client(a.host, a.port)
+            c.setup(a.username, a.password, bucket=name,
+                    features=(Feature.XERROR, Feature.JSON, Feature.SELECT_BUCKET,
+                              Feature.DUPLEX, Feature.CLUSTERMAP_CHANGE_NOTIFICATION))
+            pushed[name] = c
         b.kill()
         # a bucket needs every member: with B gone, a create through A is refused and undone
         r = run_cli("bucket", "create", "late", "--ram-quota", "100", node=a)
@@ -278,6 +288,20 @@ def test_failover_loses_no_acknowledged_document_of_any_bucket(tmp_path):
         doc = json.loads(r.stdout)
         assert set(doc["buckets"]) == set(NVB)
         same_fields(doc, "dcptool cluster failover")
+        # each connection was pushed its own bucket's new map
+        for name, c in pushed.items():
+            while True:
+                f = c.recv(timeout=10)
+                if (f.magic, f.opcode) != (0x82, 0x01):
+                    continue
+                epoch, rev = struct.unpack(">QQ", f.extras)
+                if rev == doc["rev"]:
+                    break
+            cfg = json.loads(f.value)
+            assert epoch == 2 and f.key == name.encode() and cfg["name"] == name
+            assert cfg["vBucketServerMap"]["serverList"] == [addr(a)]
+            assert len(cfg["vBucketServerMap"]["vBucketMap"]) == NVB[name]
+            c.close()
         for name, nvb in NVB.items():
             assert len(doc["buckets"][name]["promoted"]) == nvb // 2, name
             smap = kv_map(a, name)["vBucketServerMap"]
