@@ -215,6 +215,21 @@ def test_not_my_vbucket_follows_each_buckets_map(ab):
         assert get(a if other is b else b, name, key, nvb).status == Status.SUCCESS
 
 
+def test_a_buckets_collections_reach_every_member(ab):
+    a, b = ab["a"], ab["b"]
+    r = run_cli("collection", "create", "inventory", "-b", "wide", node=a)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("collection", "create", "inventory.hotels", "-b", "wide", node=a)
+    assert r.returncode == 0, r.stderr
+    for n in (a, b):
+        scopes = {s["name"]: [c["name"] for c in s["collections"]]
+                  for s in rest(n, "/pools/default/buckets/wide/scopes")["scopes"]}
+        assert scopes.get("inventory") == ["hotels"], n.data_dir.name
+    # the other buckets' manifests did not change
+    names = {s["name"] for s in rest(b, "/pools/default/buckets/full/scopes")["scopes"]}
+    assert names == {"_default"}
+
+
 def test_cluster_status_shows_every_bucket(ab):
     a = ab["a"]
     r = run_cli("cluster", "status", "-c", addr(a), "--json", node=a)
