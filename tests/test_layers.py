@@ -31,10 +31,11 @@ BASE = {"dcptool", "dcptool.errors", "dcptool.faults", "dcptool.runlog", "dcptoo
 LEVEL = {"base": 0, "protocol": 1, "client": 2, "archive": 2, "node": 2, "pipeline": 3,
          "spark": 4, "cli": 5, "__main__": 6}
 #: the node modules that run DCP client connections (replication and takeover streams,
-#: the high watermark table's replication, the collections manifest sent to members): the one
+#: the high watermark table's replication, the collections manifest sent to members, the
+#: buckets created, dropped and mapped on every member): the one
 #: allowed crossing between siblings
 NODE_CLIENT_USERS = {"dcptool.node.replication", "dcptool.node.takeover",
-                     "dcptool.node.manifestshare",
+                     "dcptool.node.manifestshare", "dcptool.node.bucketshare",
                      "dcptool.node.hwtrepl"}
 
 

@@ -1,7 +1,9 @@
 """`dcptool cluster`: make reference nodes one cluster, show it, fail a node over.
 
 The maps go out with dcptool's admin opcodes (docs/protocol-extensions.md); every member
-keeps the whole map and serves it with GET_CLUSTER_CONFIG.
+keeps the whole map of each bucket and serves it with GET_CLUSTER_CONFIG. Every bucket the
+members share has its own map (same members, its own vbucket count and replicas);
+`create`, `status` and `failover` work on each of them, `move` on the bucket `-b` selects.
 """
 from __future__ import annotations
 
@@ -24,6 +26,23 @@ from dcptool.client.vbmove import (
     node_address,
 )
 from dcptool.errors import DcptoolError, UsageError
+
+
+def _with_bucket(opts, name: str):
+    """`opts` with bucket `name` selected."""
+    from dataclasses import replace
+
+    return replace(opts, bucket=name)
+
+
+def _bucket_names(statuses, first: str) -> list[str]:
+    """The buckets the members' statuses list, `first` (the one -b selects) first; a
+    member without a bucket list (an older node) holds `first` only."""
+    names: dict[str, None] = {first: None}
+    for st in statuses.values():
+        if st:
+            names.update(dict.fromkeys(st.get("buckets") or {first: {}}))
+    return list(names)
 
 
 manual(
@@ -81,8 +100,12 @@ def create(
 ) -> None:
     """Make the nodes one cluster: actives spread evenly, replicas on other nodes.
 
-    Every node gets the whole map; a vbucket that is a replica on a node is fed over DCP
-    from its active (its data there is replaced by the active's history).
+    Every node gets the whole map of every bucket the nodes share (each bucket its own
+    map, with its own vbucket count; the --replicas count, or fewer where a bucket's
+    replicaNumber says so). A vbucket that is a replica on a node is fed over DCP from its
+    active (its data there is replaced by the active's history). A bucket some nodes lack,
+    or with different vbucket counts, is refused. Buckets created or dropped later on a
+    member are created or dropped on every member.
 
     Example: dcptool cluster create -c 127.0.0.1:11210 -c 127.0.0.1:11211 -c 127.0.0.1:11212 --replicas 2
     """
@@ -106,22 +129,57 @@ def create(
             counts.add(len(cluster_map(conn).vbmap))
             statuses[i] = node_status(conn)
             revs.append(int(statuses[i].get("rev") or 0))
+            revs.extend(int(b.get("rev") or 0)
+                        for b in (statuses[i].get("buckets") or {}).values())
     if len(counts) != 1:
         raise DcptoolError(f"the nodes hold different vbucket counts ({sorted(counts)})")
     nvb = counts.pop()
-    vbmap = plan_map(len(opts), nvb, replicas)
     nodes = [o.address for o in opts]
+    # the nodes' first bucket (--bucket) has the cluster's replica count whatever its
+    # replicaNumber says
+    first = next((n for n, b in (statuses[0].get("buckets") or {}).items() if b.get("first")),
+                 opts[0].bucket)
+    # every bucket the members share gets its own map; one some lack, or with different
+    # vbucket counts, cannot be mapped: refused before any member changes
+    plans: dict[str, tuple[int, list[list[int]]]] = {}
+    for name in _bucket_names(statuses, first):
+        held = {i: (statuses[i].get("buckets") or {first: {"vbuckets": nvb}}).get(name)
+                for i in range(len(opts))}
+        lacking = [nodes[i] for i, b in held.items() if b is None]
+        if lacking:
+            have = [nodes[i] for i, b in held.items() if b is not None]
+            raise DcptoolError(f"bucket {name} is on {', '.join(have)} only, not on "
+                               f"{', '.join(lacking)}: create or drop it so that every "
+                               "member holds the same buckets")
+        bcounts = {int(b.get("vbuckets", nvb)) for b in held.values()}
+        if len(bcounts) != 1:
+            raise DcptoolError(f"bucket {name} has different vbucket counts on the members "
+                               f"({sorted(bcounts)})")
+        reps = replicas
+        if name != first:
+            reps = min([replicas] + [int(b.get("replicaNumber", replicas))
+                                     for b in held.values()])
+        bvb = bcounts.pop()
+        plans[name] = (reps, plan_map(len(opts), bvb, reps))
     rev = max(revs) + 1
     services = member_services(statuses, len(opts))
     for i, o in enumerate(opts):
-        with o.connect() as conn:
-            set_map(conn, map_doc(o, rev, nodes, i, vbmap, replicas, topology, services))
+        for name, (reps, bmap) in plans.items():
+            with o.connect(bucket=name) as conn:
+                set_map(conn, map_doc(o, rev, nodes, i, bmap, reps, topology, services))
+    vbmap = plans[first][1]
     if as_json:
         print_json({"rev": rev, "nodes": nodes, "replicas": replicas, "topology": topology,
-                    "vbmap": vbmap})
+                    "vbmap": vbmap,
+                    "buckets": {name: {"vbuckets": len(bmap), "replicas": reps, "vbmap": bmap}
+                                for name, (reps, bmap) in plans.items()}})
         return
-    console().print(f"cluster of {len(nodes)} nodes, {nvb} vbuckets, {replicas} replica(s), "
-                    f"map rev {rev}")
+    out = console()
+    out.print(f"cluster of {len(nodes)} nodes, {nvb} vbuckets, {replicas} replica(s), "
+              f"map rev {rev}")
+    for name, (reps, bmap) in plans.items():
+        if name != first:
+            out.print(f"bucket {name}: {len(bmap)} vbuckets, {reps} replica(s)")
 
 
 @cluster_app.command("status")
@@ -133,8 +191,8 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
     conn_args: ConnArgs = None,
 ) -> None:
-    """Show the nodes, their vbuckets per state and their replication lag (the nodes
-    failed over are listed last, as failed over).
+    """Show the nodes, their vbuckets per state and their replication lag, bucket by
+    bucket (the nodes failed over are listed last, as failed over).
 
     The lag of a node is the sum, over its replica vbuckets, of how many seqnos the
     replica is behind its active.
@@ -144,6 +202,32 @@ def status(
     opts = conn_args.options(cluster)
     check_privileges(opts, MANAGE, NODE_MANAGEMENT, bucket=False)
     view, statuses = gather(opts, conn_args.options)
+    doc = _status_doc(view, statuses, conn_args)
+    from dcptool.client.errors import ClientError
+
+    others = {}
+    for name in _bucket_names(statuses, opts.bucket)[1:]:
+        try:
+            bview, bstatuses = gather(_with_bucket(opts, name),
+                                      lambda url, n=name: _with_bucket(conn_args.options(url), n))
+        except ClientError:  # dropped meanwhile, or not on the member asked
+            continue
+        others[name] = _status_doc(bview, bstatuses, conn_args)
+    doc["buckets"] = {opts.bucket: {k: doc[k] for k in ("rev", "config_rev", "vbuckets",
+                                                         "nodes")}, **others}
+    if as_json:
+        print_json(doc)
+        return
+    out = console()
+    for name, bdoc in doc["buckets"].items():
+        title = f"Cluster map rev {bdoc['rev']}, {bdoc['vbuckets']} vbuckets"
+        if name != opts.bucket:
+            title = f"Bucket {name}: map rev {bdoc['rev']}, {bdoc['vbuckets']} vbuckets"
+        _status_table(out, title, bdoc["nodes"])
+
+
+def _status_doc(view, statuses, conn_args) -> dict:
+    """The status of one bucket's map: its revs, vbucket count and a row per node."""
     high: dict[int, dict[int, int]] = {}
     for i, st in statuses.items():
         if st:
@@ -184,11 +268,11 @@ def status(
     # the map's own rev (what `cluster create|failover|move` print); a node's config rev
     # also counts its own changes
     map_rev = view.map_rev or view.rev
-    doc = {"rev": map_rev, "config_rev": view.rev, "vbuckets": len(view.vbmap), "nodes": rows}
-    if as_json:
-        print_json(doc)
-        return
-    table = Table(title=f"Cluster map rev {map_rev}, {len(view.vbmap)} vbuckets")
+    return {"rev": map_rev, "config_rev": view.rev, "vbuckets": len(view.vbmap), "nodes": rows}
+
+
+def _status_table(out, title: str, rows: list[dict]) -> None:
+    table = Table(title=title)
     for col in ("node", "up", "active", "replica", "dead", "lag"):
         table.add_column(col, justify="left" if col == "node" else "right")
     for r in rows:
@@ -197,7 +281,7 @@ def status(
             state = ("up, " if r["up"] else "") + "failed over"
         table.add_row(r["node"], state, str(r["active"]),
                       str(r["replica"]), str(r["dead"]), str(r["lag"]))
-    console().print(table)
+    out.print(table)
 
 
 @cluster_app.command("failover")
@@ -216,15 +300,15 @@ def failover(
 ) -> None:
     """Take a node out of the cluster and promote replicas of the vbuckets active there.
 
-    For each such vbucket the replica with the highest seqno becomes active (a new
-    failover entry: a new history starts at its seqno); the other replicas stream from
+    For each such vbucket of every bucket the replica with the highest seqno becomes
+    active (a new failover entry: a new history starts at its seqno); the other replicas stream from
     it and roll back where they were ahead. The node leaves the bucket's map (clients
     stop using it at once); the REST port lists it as inactiveFailed.
 
     Example: dcptool cluster failover -c 127.0.0.1:11210 --via 127.0.0.1:11211
     """
     from dcptool.client.errors import ClientError
-    from dcptool.client.topology import failover_map, set_map
+    from dcptool.client.topology import set_map
 
     failed = node_address(cluster)
     view = statuses = None
@@ -242,19 +326,67 @@ def failover(
                          hint="name a live member with --via")
     if failed not in view.nodes:
         raise UsageError(f"{failed} is not a member of the cluster ({', '.join(view.nodes)})")
+    if promote is not None:
+        pn = node_address(promote)
+        if pn not in view.nodes or pn == failed:
+            raise UsageError(f"--promote {promote}: not another member of the cluster")
+    # every bucket has its own map: each is failed over with its own replicas' seqnos, and
+    # every map gets the same new rev
+    views = {o.bucket: (view, statuses)}
+    for name in _bucket_names(statuses, o.bucket)[1:]:
+        try:
+            bview, bstatuses = gather(_with_bucket(o, name),
+                                      lambda url, n=name: _with_bucket(conn_args.options(url), n))
+        except ClientError:  # not on the member asked: nothing of it to fail over there
+            continue
+        if bview.clustered and failed in bview.nodes:
+            views[name] = (bview, bstatuses)
+    revs = [0]
+    for _v, sts in views.values():
+        for st in sts.values():
+            if st:
+                revs.append(int(st.get("rev") or 0))
+                revs.extend(int(b.get("rev") or 0) for b in (st.get("buckets") or {}).values())
+    rev = max(revs) + 1
+    results = {}
+    for name, (bview, bstatuses) in views.items():
+        plan = _failover_plan(bview, bstatuses, failed, promote)
+        for i in plan["order"]:
+            bo = _with_bucket(conn_args.options(bview.nodes[i]), name)
+            with bo.connect() as conn:
+                set_map(conn, map_doc(bo, rev, plan["nodes"], plan["index"][i],
+                                      plan["vbmap"], plan["replicas"], plan["topology"],
+                                      plan["services"], plan["gone"]))
+        results[name] = {str(vb): bview.nodes[n] for vb, n in sorted(plan["promoted"].items())}
+    promoted = results[o.bucket]
+    doc = {"rev": rev, "failed": failed, "promoted": promoted,
+           "buckets": {name: {"promoted": p} for name, p in results.items()}}
+    if as_json:
+        print_json(doc)
+        return
+    out = console()
+    out.print(f"{failed} failed over; {len(promoted)} vbucket(s) promoted; map rev {rev}")
+    for name, p in results.items():
+        if name != o.bucket:
+            out.print(f"bucket {name}: {len(p)} vbucket(s) promoted")
+
+
+def _failover_plan(view, statuses, failed: str, promote: str | None) -> dict:
+    """One bucket's map once `failed` is out: its promotions, and the order the members
+    get it (the promoted ones first)."""
+    from dcptool.client.topology import failover_map
+
     fi = view.nodes.index(failed)
     seqnos = {i: {int(vb): d["high_seqno"] for vb, d in st["vbuckets"].items()
                   if d["state"] == 2}
               for i, st in statuses.items() if st and i != fi}
     if promote is not None:
         pn = node_address(promote)
-        if pn not in view.nodes or view.nodes.index(pn) == fi:
-            raise UsageError(f"--promote {promote}: not another member of the cluster")
-        pi = view.nodes.index(pn)
-        for vb in seqnos.get(pi, {}):
-            seqnos[pi][vb] = 1 << 62
+        if pn in view.nodes and view.nodes.index(pn) != fi:
+            pi = view.nodes.index(pn)
+            for vb in seqnos.get(pi, {}):
+                seqnos[pi][vb] = 1 << 62
     vbmap, promoted = failover_map([list(c) for c in view.vbmap], fi, seqnos)
-    rev = max(int(st.get("rev") or 0) for st in statuses.values() if st) + 1
     replicas = max(len(c) for c in vbmap) - 1
     topology = next((st.get("topology") for st in statuses.values() if st), None) or "star"
     services = member_services(statuses, len(view.nodes))
@@ -269,17 +401,9 @@ def failover(
         {"node": failed, "services": services[fi]}]
     order = sorted((i for i in statuses if i != fi and statuses[i]),
                    key=lambda i: i not in promoted.values())
-    for i in order:
-        o = conn_args.options(view.nodes[i])
-        with o.connect() as conn:
-            set_map(conn, map_doc(o, rev, nodes, index[i], new_vbmap, replicas, topology,
-                                  [services[j] for j in keep], gone))
-    doc = {"rev": rev, "failed": failed,
-           "promoted": {str(vb): view.nodes[n] for vb, n in sorted(promoted.items())}}
-    if as_json:
-        print_json(doc)
-        return
-    console().print(f"{failed} failed over; {len(promoted)} vbucket(s) promoted; map rev {rev}")
+    return {"nodes": nodes, "index": index, "vbmap": new_vbmap, "replicas": replicas,
+            "topology": topology, "services": [services[j] for j in keep], "gone": gone,
+            "order": order, "promoted": promoted}
 
 
 @cluster_app.command("move")
@@ -299,7 +423,8 @@ def move(
     as_json: Annotated[bool, typer.Option("--json", help="Print the moves as JSON.")] = False,
     conn_args: ConnArgs = None,
 ) -> None:
-    """Move the active copy of vbuckets to another member, without a history branch.
+    """Move the active copy of vbuckets of a bucket (-b) to another member, without a
+    history branch.
 
     For each vbucket the destination opens a takeover stream from the current active,
     receives everything, and the SET_VBUCKET_STATE handshake hands the vbucket over: the

@@ -1,20 +1,21 @@
 """The cluster as clients see it: the bucket config of GET_CLUSTER_CONFIG and the REST port.
 
-A node alone describes itself; a member of a cluster describes every node of its map
-(`dcptool.node.clustermap`), each with the service ports it advertises. The vbucket
+A node alone describes itself; a member of a cluster describes every node of the bucket's
+map (`dcptool.node.clustermap`: every bucket of a cluster has its own map, with the same
+members), each with the service ports it advertises. The vbucket
 commands, the NOT_MY_VBUCKET answer and `dcptool.node.rest` all build their answers here.
 
 **Revisions.** Clients keep the newest map by (`revEpoch`, `rev`). A node alone counts
 its own changes (`rev` = `Node.config_rev`, epoch 1); the members of a cluster all serve
-the cluster map's rev (`dcptool cluster` raises it on every change) with epoch 2, so every
+the bucket's cluster map's rev (`dcptool cluster` raises it on every change) with epoch 2, so every
 member gives the same revision for the same map and any cluster map is newer than what a
 member served while it was alone. A node failed over leaves the bucket's `nodes`,
 `nodesExt` and `serverList` (as ns_server's failover does): clients drop their sessions to
 it at once.
 
 **The global configuration** (GET_CLUSTER_CONFIG on a connection with no bucket selected,
-Couchbase 6.5's GCCCP) has the same revision and the nodes and their services, without the
-bucket's parts.
+Couchbase 6.5's GCCCP) has the first bucket's revision and the nodes and their services,
+without the bucket's parts.
 """
 from __future__ import annotations
 
@@ -54,14 +55,24 @@ def own_services(node) -> dict[str, int]:
     return out
 
 
-def cluster_members(node, host: str) -> list[dict]:
-    """The nodes of this node's cluster, in map order: {"host", "kv", "services", "this"}.
+def map_of(node, bucket=None):
+    """The cluster map of `bucket` (the node's first when None) on `node`; None when the
+    bucket is not mapped (a node alone)."""
+    if bucket is None or bucket is getattr(node, "bucket", None):
+        return getattr(getattr(node, "replication", None), "map", None)
+    repl = node.replication_of(bucket) if hasattr(node, "replication_of") else None
+    return repl.map if repl is not None else None
+
+
+def cluster_members(node, host: str, bucket=None) -> list[dict]:
+    """The nodes of `bucket`'s cluster map (the first bucket's when None), in map order:
+    {"host", "kv", "services", "this"}.
 
     Alone, this node only, at `host`. A member of a cluster (dcptool cluster create): every
     node of the map, at its map address, with the services the map gives it (its own as it
     listens). GET_CLUSTER_CONFIG and the REST port both describe the cluster from this.
     """
-    cmap = getattr(getattr(node, "replication", None), "map", None)
+    cmap = map_of(node, bucket)
     if cmap is None:
         return [{"host": host, "kv": node.port, "services": own_services(node), "this": True}]
     out = []
@@ -86,9 +97,10 @@ ALONE_EPOCH = 1
 CLUSTER_EPOCH = 2
 
 
-def revision(node) -> tuple[int, int]:
-    """(revEpoch, rev) of what `node` serves now."""
-    cmap = getattr(getattr(node, "replication", None), "map", None)
+def revision(node, bucket=None) -> tuple[int, int]:
+    """(revEpoch, rev) of what `node` serves now for `bucket` (the first bucket's, which
+    the global configuration has, when None)."""
+    cmap = map_of(node, bucket)
     if cmap is None:
         return ALONE_EPOCH, node.config_rev
     return CLUSTER_EPOCH, cmap.rev
@@ -111,13 +123,11 @@ def global_config(node, host: str) -> dict:
 def bucket_config(node, host: str, bucket=None) -> dict:
     """The cluster map of `bucket` (the node's first when None), in the shape Couchbase
     clients parse (GET_CLUSTER_CONFIG, and the REST port's terse bucket config); `host` is
-    this node's advertised address. A cluster's map is the first bucket's only."""
+    this node's advertised address. Each bucket of a cluster answers its own map."""
     if bucket is None:
         bucket = node.bucket
-    members = cluster_members(node, host)
-    if bucket is not node.bucket:
-        # a bucket created over REST lives on this node alone
-        members = [m for m in members if m["this"]] or members[:1]
+    cmap = map_of(node, bucket)
+    members = cluster_members(node, host, bucket)
     nodes = [{"hostname": member_hostname(m), "ports": {"direct": m["kv"]}} for m in members]
     nodes_ext = [{"services": m["services"], "thisNode": m["this"], "hostname": m["host"]}
                  for m in members]
@@ -126,14 +136,13 @@ def bucket_config(node, host: str, bucket=None) -> dict:
              for _, vb in sorted(bucket.vbuckets.items())]
     replicas = 0
     map_rev = 0
-    cmap = getattr(getattr(node, "replication", None), "map", None)
-    if cmap is not None and bucket is node.bucket:
+    if cmap is not None:
         # a member of a cluster: the whole map (dcptool cluster create)
         server_list = list(cmap.nodes)
         vbmap = [list(chain) for chain in cmap.vbmap]
         replicas = cmap.replicas
         map_rev = cmap.rev
-    epoch, rev = revision(node)
+    epoch, rev = revision(node, bucket)
     return {
         "rev": rev,
         "revEpoch": epoch,

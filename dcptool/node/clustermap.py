@@ -1,10 +1,12 @@
 """The node's place in a cluster: the cluster map, and what it means for each vbucket.
 
 A node starts alone: every vbucket active, GET_CLUSTER_CONFIG describes this node only.
-`dcptool cluster create/failover/move` send every member the whole map with
-CLUSTER_SET_MAP (0xe8, docs/protocol-extensions.md); the node keeps it in
-`DIR/cluster.json` (mode 0600: it holds the credentials replication connects with) and
-applies it:
+`dcptool cluster create/failover/move` send every member the whole map of each bucket with
+CLUSTER_SET_MAP (0xe8, docs/protocol-extensions.md; the connection's bucket is the one
+mapped); the node keeps each bucket's map in the bucket's data directory, `cluster.json`
+(mode 0600: it holds the credentials replication connects with; the first bucket's is
+`DIR/cluster.json`, where a one-bucket node always kept it) and applies it to that
+bucket's vbuckets:
 
 * a vbucket whose chain starts with this node is active (a replica that becomes active
   starts a new history: `VBucket.set_state` adds the failover entry);

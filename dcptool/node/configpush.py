@@ -3,8 +3,8 @@ asked for it, as kv_engine does, so clients need not poll GET_CLUSTER_CONFIG.
 
 A connection subscribes with HELLO: DUPLEX (the node may send it requests) and
 CLUSTERMAP_CHANGE_NOTIFICATION (the whole map) or CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF
-(only its revision). When the revision the node serves changes (a vbucket changes state
-on a node alone, a new cluster map arrives), every subscribed connection gets one server
+(only its revision). When the revision the node serves for the connection's bucket changes
+(a vbucket changes state on a node alone, a new cluster map of the bucket arrives), every subscribed connection gets one server
 request (magic 0x82, opcode 0x01): extras the revision epoch and the revision (two u64),
 key the bucket's name (empty for the global configuration of a connection without a
 bucket), value the configuration as GET_CLUSTER_CONFIG would answer it on that connection
@@ -46,11 +46,12 @@ def notification(conn, epoch: int, rev: int) -> bytes:
 
 
 def push(node) -> None:
-    """Send the current revision to every subscribed connection that has not had it."""
-    current = revision(node)
+    """Send the current revision (of the connection's bucket: each bucket of a cluster has
+    its own map) to every subscribed connection that has not had it."""
     for conn in list(node.connections):
         if conn.closing or not conn.authenticated or not subscribed(conn):
             continue
+        current = revision(node, conn.bucket)
         if getattr(conn, "pushed_rev", None) == current:
             continue
         conn.pushed_rev = current

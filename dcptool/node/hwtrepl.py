@@ -350,7 +350,7 @@ async def stop(repl: Replicating) -> None:
 
 
 async def adopt(node, vbid: int, address: tuple[str, int], auth: dict[str, str], *,
-                timeout: float = 30.0) -> int:
+                timeout: float = 30.0, bucket=None) -> int:
     """After a takeover of `vbid` from `address` (a controlled move): install the old
     active's rows of the vbucket here, as a replica would have, so the purger of the new
     active keeps what the clients of the old one registered. Rows are installed once this
@@ -361,7 +361,7 @@ async def adopt(node, vbid: int, address: tuple[str, int], auth: dict[str, str],
     from dcptool.client.watermark import WatermarkUnsupported, list_watermarks
 
     loop = asyncio.get_running_loop()
-    bucket = node.bucket
+    bucket = node.bucket if bucket is None else bucket
     source = f"{address[0]}:{address[1]}"
 
     def fetch() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Cluster members share the collections manifest: the member that takes a REST change
+"""Cluster members share each bucket's collections manifest: the member that takes a REST change
 sends its whole manifest to every other member (SET_COLLECTIONS_MANIFEST 0xb9 over the data
 port, with the cluster map's credentials). Like the replication streams, this is the node
 acting as a client of its peers, so it is one of the node modules that use `dcptool.client`.
@@ -11,18 +11,21 @@ import logging
 log = logging.getLogger("dcptool.node.rest")
 
 
-async def share_manifest(node) -> None:
-    """Send the node's manifest to every other member of its cluster (0xb9 over the data
-    port with the map's credentials). A member that cannot be reached is logged; it gets
-    the whole manifest with the next change, and its replicas follow their actives."""
-    cmap = node.replication.map
+async def share_manifest(node, bucket=None) -> None:
+    """Send `bucket`'s manifest (the node's first bucket's when None) to every other member
+    of its cluster map (0xb9 over the data port with the map's credentials). A member that
+    cannot be reached is logged; it gets the whole manifest with the next change, and its
+    replicas follow their actives."""
+    bucket = node.bucket if bucket is None else bucket
+    repl = node.replication_of(bucket)
+    cmap = repl.map if repl is not None else None
     if cmap is None or len(cmap.nodes) < 2:
         return
-    doc = node.bucket.manifest.to_bytes(internal=True)
+    doc = bucket.manifest.to_bytes(internal=True)
     members = [cmap.address(i) for i in range(len(cmap.nodes)) if i != cmap.this]
     loop = asyncio.get_running_loop()
     results = await asyncio.gather(*(
-        loop.run_in_executor(None, _send_manifest, addr, cmap.auth, node.bucket.name, doc)
+        loop.run_in_executor(None, _send_manifest, addr, cmap.auth, bucket.name, doc)
         for addr in members), return_exceptions=True)
     for addr, res in zip(members, results):
         if isinstance(res, BaseException):

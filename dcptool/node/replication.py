@@ -1,7 +1,8 @@
 """Replica vbuckets: fed over DCP from their source node, the way seeds 001 and 004 describe.
 
-`Replication` (one per node, `node.replication`) holds the cluster map (see
-`dcptool.node.clustermap`) and one `ReplicaStream` per replica vbucket. A ReplicaStream is
+`Replication` (one per bucket, `node.replications[NAME]`; `node.replication` is the first
+bucket's) holds the bucket's cluster map (see `dcptool.node.clustermap`; kept in the
+bucket's data directory) and one `ReplicaStream` per replica vbucket of the bucket. A ReplicaStream is
 a thread running a `dcptool.client.DcpConsumer` against the source node (this module
 is the node's replication consumer, the one part of `node/` that uses the client). It
 asks for the vbucket from the replica's own position (newest failover entry, high seqno):
@@ -516,8 +517,9 @@ class ReplicaStream(threading.Thread):
 
 
 class ReplicationHost(Protocol):
-    """What replication needs of its node (`server.Node`): the bucket it replicates into,
-    and the cluster config revision it raises when the map changes."""
+    """What replication needs of its node (`server.Node`): its first bucket (the one
+    replicated into when no bucket is given), and the cluster config revision it raises
+    when a map changes."""
 
     bucket: Any
     config_rev: int
@@ -526,11 +528,12 @@ class ReplicationHost(Protocol):
 
 
 class Replication:
-    """The cluster map of this node and the streams that feed its replica vbuckets."""
+    """The cluster map of one bucket of this node and the streams that feed its replica
+    vbuckets."""
 
-    def __init__(self, node: ReplicationHost) -> None:
+    def __init__(self, node: ReplicationHost, bucket: Any = None) -> None:
         self.node = node
-        self.bucket = node.bucket
+        self.bucket = node.bucket if bucket is None else bucket
         self.map: ClusterMap | None = None
         self.streams: dict[int, ReplicaStream] = {}
         self.holds: dict[int, int] = {}
@@ -573,6 +576,8 @@ class Replication:
                     src = cmap.source(vb)
                     if src is not None:
                         me = cmap.nodes[cmap.this]
+                        if self.bucket is not self.node.bucket:
+                            me = f"{me}:{self.bucket.name}"
                         s = ReplicaStream(self, vb, src, cmap.address(src), cmap.auth,
                                           f"replication:{me}:{vb}")
                         self.streams[vb] = s
@@ -607,7 +612,8 @@ class Replication:
 
     def status(self) -> dict[str, Any]:
         cmap = self.map
-        out: dict[str, Any] = {"rev": cmap.rev if cmap else None,
+        out: dict[str, Any] = {"bucket": self.bucket.name,
+                               "rev": cmap.rev if cmap else None,
                                "this": cmap.this if cmap else None,
                                "nodes": cmap.nodes if cmap else [],
                                "topology": cmap.topology if cmap else None,

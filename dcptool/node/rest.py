@@ -35,7 +35,8 @@ Users and groups: Couchbase's /settings/rbac endpoints, `dcptool.node.rbac`.
 
 Everything else is read-only and JSON. The cluster the answers describe is the one
 GET_CLUSTER_CONFIG describes (`bucketconfig.cluster_members`, `bucket_config`): alone,
-this node; in a cluster, every member with its data and REST ports.
+this node; in a cluster, every member with its data and REST ports, and for each bucket its
+own map (vBucketServerMap).
 
 Users and roles are the data port's (`Users`, `access`), given with HTTP Basic auth: no or
 wrong credentials are answered 401 with a `WWW-Authenticate` challenge, a user without the
@@ -69,6 +70,7 @@ from .auth import REST_CHALLENGE
 from .bucketconfig import (
     bucket_config,
     cluster_members,
+    map_of,
     global_config,
     host_of,
     host_port,
@@ -246,14 +248,15 @@ class RestApp:
     def _host(self, request: web.Request) -> str:
         return host_of(self.node, request.transport)
 
-    def _nodes(self, host: str, *, failed: bool = False) -> list[dict[str, Any]]:
+    def _nodes(self, host: str, *, failed: bool = False, bucket=None) -> list[dict[str, Any]]:
         """`nodes[]` of /pools/default and the bucket: the members as Couchbase describes
-        them (`hostname` is host:REST port, `ports.direct` the data port); with `failed`
-        (/pools/default) the nodes failed over too, as inactiveFailed."""
-        cmap = self.node.replication.map
+        them (`hostname` is host:REST port, `ports.direct` the data port), as `bucket`'s map
+        (the first bucket's when None) has them; with `failed` (/pools/default) the nodes
+        failed over too, as inactiveFailed."""
+        cmap = map_of(self.node, bucket)
         in_chains = None if cmap is None else {i for c in cmap.vbmap for i in c if i >= 0}
         out = []
-        for i, m in enumerate(cluster_members(self.node, host)):
+        for i, m in enumerate(cluster_members(self.node, host, bucket)):
             ports: dict[str, int] = {"direct": m["kv"]}
             if "mgmtSSL" in m["services"]:
                 ports["httpsMgmt"] = m["services"]["mgmtSSL"]
@@ -290,7 +293,7 @@ class RestApp:
         name, uuid = doc["name"], doc["uuid"]
         quota = bucket.settings.get("ramQuota", node.config.memory_quota)
         doc.update({
-            "nodes": self._nodes(host),
+            "nodes": self._nodes(host, bucket=bucket),
             "bucketType": "membase",
             "uri": f"/pools/default/buckets/{name}?bucket_uuid={uuid}",
             "streamingUri": f"/pools/default/bucketsStreaming/{name}?bucket_uuid={uuid}",
@@ -391,8 +394,7 @@ class RestApp:
             return _json({"errors": {exc.field: exc.message}}, status=400)
         from .manifestshare import share_manifest
 
-        if bucket is self.node.bucket:  # a cluster serves the first bucket only
-            await share_manifest(self.node)
+        await share_manifest(self.node, bucket)
         return _json({"uid": hex_id(bucket.manifest.uid)})
 
     async def create_scope(self, request: web.Request, user: str) -> web.Response:

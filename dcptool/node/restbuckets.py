@@ -17,6 +17,11 @@ holds its data in the data directory itself and is not dropped over REST (400); 
 evictionPolicy and ramQuota are the node's --eviction and --memory-quota (an edit of
 either is 400).
 
+On a member of a cluster each change is made on every member (`dcptool.node.bucketshare`:
+the member forwards the request to the others with the caller's credentials) and a new
+bucket gets its cluster map on every member. A member that could not do it is named in a
+503 `{"errors": {"_": "..."}}`; a create that failed on a member is undone on the others.
+
 Each needs the NodeManagement privilege (the admin role); Couchbase asks the same of
 cluster.buckets!create and cluster.bucket[NAME].settings!write. The bucket listing and
 the bucket documents, with the settings under their Couchbase names, are `dcptool.node.rest`'s.
@@ -27,6 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import bucketshare
 from .access import Privilege
 from .bucketset import SettingsError, default_settings, parse_settings, valid_bucket_name
 
@@ -56,6 +62,9 @@ def add_routes(app: web.Application, node, guard) -> None:
     def error(errors: dict[str, str]) -> web.Response:
         return web.json_response({"errors": errors}, status=400)
 
+    def unavailable(text: str) -> web.Response:
+        return web.json_response({"errors": {"_": text}}, status=503)
+
     async def create(request: web.Request, user: str) -> web.Response:
         form = await request.post()
         name = str(form.get("name", ""))
@@ -74,7 +83,24 @@ def add_routes(app: web.Application, node, guard) -> None:
             errors.setdefault("ramQuota", "The RAM Quota value must be a number.")
         if errors:
             return error(errors)
-        await node.create_bucket(name, settings)
+        bucket = await node.create_bucket(name, settings)
+        if bucketshare.clustered(node) and not bucketshare.forwarded(request):
+            fwd = {k: str(v) for k, v in form.items()}
+            failed = await bucketshare.forward(node, request, "POST",
+                                               "/pools/default/buckets", fwd)
+            if failed:
+                # undone where it was done: a bucket exists on every member or on none
+                done = [m for m in bucketshare.other_members(node) if m not in failed]
+                if done:
+                    await bucketshare.forward(node, request, "DELETE",
+                                              f"/pools/default/buckets/{name}", members=done)
+                await node.drop_bucket(bucket)
+                return unavailable(f"Bucket {name} was not created: the member(s) could not "
+                                   f"create it: {bucketshare.failed_text(failed)}")
+            failed = await bucketshare.map_bucket(node, bucket)
+            if failed:
+                return unavailable(f"Bucket {name} was created but not mapped on "
+                                   f"{bucketshare.failed_text(failed)}")
         return web.Response(status=202)
 
     async def edit(request: web.Request, user: str) -> web.Response:
@@ -96,6 +122,13 @@ def add_routes(app: web.Application, node, guard) -> None:
             if changed:
                 return error(changed)
         await node.edit_bucket(bucket, settings)
+        if bucketshare.clustered(node) and not bucketshare.forwarded(request):
+            failed = await bucketshare.forward(
+                node, request, "POST", f"/pools/default/buckets/{bucket.name}",
+                {k: str(v) for k, v in form.items()})
+            if failed:
+                return unavailable(f"Bucket {bucket.name} was not changed on "
+                                   f"{bucketshare.failed_text(failed)}")
         return web.Response(status=200)
 
     async def drop(request: web.Request, user: str) -> web.Response:
@@ -105,7 +138,14 @@ def add_routes(app: web.Application, node, guard) -> None:
         if bucket is node.bucket:
             return error({"_": f"Bucket {bucket.name} is the node's first bucket (--bucket) "
                                "and cannot be dropped"})
+        name = bucket.name
         await node.drop_bucket(bucket)
+        if bucketshare.clustered(node) and not bucketshare.forwarded(request):
+            failed = await bucketshare.forward(node, request, "DELETE",
+                                               f"/pools/default/buckets/{name}")
+            if failed:
+                return unavailable(f"Bucket {name} was not dropped on "
+                                   f"{bucketshare.failed_text(failed)}")
         return web.Response(status=200)
 
     app.router.add_post("/pools/default/buckets", guard(create, manage))

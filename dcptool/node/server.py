@@ -13,7 +13,10 @@ Shared state, and why it exists:
   from --bucket at start with its data in DIR itself (a one-bucket data directory opens
   unchanged); the others are created and dropped over REST (`dcptool.node.restbuckets`)
   and live in DIR/buckets/NAME (`dcptool.node.bucketset`, registry DIR/buckets.json).
-  Clustering and replication use the first bucket only.
+* `replications`: name -> Replication, each bucket's cluster map and replica streams
+  (`dcptool.node.replication`); `replication` is the first bucket's. In a cluster every
+  bucket has its own map (same members, its own vbucket count and replicas), kept in its
+  data directory (the first bucket's in DIR/cluster.json, where it always was).
 * `users`: credentials and roles for SASL and REST, read again when `DIR/users.json`
   changes (`dcptool node user add` on a running node): open connections get their
   user's new privileges, and the streams of a DCP producer whose user lost DcpProducer
@@ -137,14 +140,32 @@ class Node:
 
             self.client_auth = ClientAuth.load(config.client_auth)
         self._tasks: list[asyncio.Task] = []
-        self.replication = Replication(self)
+        #: each bucket's cluster map and replica streams
+        self.replications: dict[str, Replication] = {
+            name: Replication(self, bucket) for name, bucket in self.buckets.items()}
 
     # -- buckets -----------------------------------------------------------------------
 
     @property
     def bucket(self) -> Bucket:
-        """The first bucket (--bucket): the one clustering and replication serve."""
+        """The first bucket (--bucket), its data in DIR itself; its cluster map says who
+        the cluster's members are (`cluster_map`)."""
         return self.buckets[self.config.bucket]
+
+    @property
+    def replication(self) -> Replication:
+        """The first bucket's cluster map and replica streams."""
+        return self.replications[self.config.bucket]
+
+    def replication_of(self, bucket) -> Replication | None:
+        """`bucket`'s cluster map and replica streams (None: a bucket no longer served)."""
+        repl = self.replications.get(bucket.name)
+        return repl if repl is not None and repl.bucket is bucket else None
+
+    def cluster_map(self):
+        """The cluster this node is a member of, as its first bucket's map says (None:
+        alone). Every bucket of a cluster has the same members."""
+        return self.replication.map
 
     @property
     def bucket_uuid(self) -> str:
@@ -201,6 +222,8 @@ class Node:
         self.buckets[name] = bucket
         self.registry.put(name, bucket.uuid, settings)
         self._start_bucket(bucket, loop)
+        self.replications[name] = Replication(self, bucket)
+        await self.replications[name].start()
         self.config_rev += 1
         log.info("bucket %s created (uuid %s, %d vbuckets, %s)", shown(name), bucket.uuid,
                  bucket.num_vbuckets, settings["evictionPolicy"])
@@ -224,6 +247,7 @@ class Node:
         loop = asyncio.get_running_loop()
         self.busy_buckets.add(name)
         try:
+            await self._stop_replication(name)
             self._stop_bucket(bucket)
             await loop.run_in_executor(None, lambda: bucket.stop(clean=True))
             new = await loop.run_in_executor(None, self._make_bucket, name, bucket.settings)
@@ -232,7 +256,15 @@ class Node:
             self.busy_buckets.discard(name)
         self.buckets[name] = new
         self._start_bucket(new, loop)
+        # the map stayed in the bucket's directory: the replicas resume from it
+        self.replications[name] = Replication(self, new)
+        await self.replications[name].start()
         log.info("bucket %s restarted (%s)", shown(name), new.settings["evictionPolicy"])
+
+    async def _stop_replication(self, name: str) -> None:
+        repl = self.replications.pop(name, None)
+        if repl is not None and repl.loop is not None:
+            await repl.stop_all()
 
     def _stop_bucket(self, bucket: Bucket) -> None:
         """Take `bucket` out of service: its compaction task ends, the connections that
@@ -253,9 +285,10 @@ class Node:
         name = bucket.name
         self.busy_buckets.add(name)
         self.registry.remove(name)
-        self._stop_bucket(bucket)
         loop = asyncio.get_running_loop()
         try:
+            await self._stop_replication(name)
+            self._stop_bucket(bucket)
             await loop.run_in_executor(None, lambda: bucket.stop(clean=True))
             await loop.run_in_executor(None, shutil.rmtree, bucket.data_dir, True)
         finally:
@@ -435,7 +468,8 @@ class Node:
             self.registry.put(self.config.bucket, self.bucket.uuid, self.bucket.settings)
         for bucket in self.buckets.values():
             self._start_bucket(bucket, loop)
-        await self.replication.start()
+        for repl in list(self.replications.values()):
+            await repl.start()
         # The node holds millions of small acyclic objects (items); the cyclic collector
         # would walk them again and again. Keep what warm-up loaded out of its way and
         # collect young objects less often.
@@ -484,7 +518,9 @@ class Node:
             await self.rest.stop()
         for t in self._tasks + list(self._bucket_tasks.values()):
             t.cancel()
-        await self.replication.stop_all()
+        for repl in list(self.replications.values()):
+            if repl.loop is not None:
+                await repl.stop_all()
         for conn in list(self.connections):
             conn.close()
         # give transports a moment to flush and run connection_lost

@@ -65,9 +65,9 @@ class _Takeover:
     """One takeover stream, run by a thread; `done` is set on the loop when it ends."""
 
     def __init__(self, node: TakeoverHost, vbid: int, address: tuple[str, int],
-                 auth: dict[str, str], timeout: float) -> None:
+                 auth: dict[str, str], timeout: float, bucket: Any = None) -> None:
         self.node = node
-        self.bucket = node.bucket
+        self.bucket = node.bucket if bucket is None else bucket
         self.vbid = vbid
         self.address = address
         self.auth = auth
@@ -220,15 +220,18 @@ class _Takeover:
 
 
 async def take_over(node: TakeoverHost, vbid: int, address: tuple[str, int], auth: dict[str, str],
-                    *, timeout: float = 600.0) -> dict[str, Any]:
-    """Make this node's copy of `vbid` active by a takeover stream from `address`."""
-    bucket = node.bucket
+                    *, timeout: float = 600.0, bucket: Any = None) -> dict[str, Any]:
+    """Make this node's copy of `vbid` of `bucket` (the node's first when None) active by a
+    takeover stream from `address`."""
+    bucket = node.bucket if bucket is None else bucket
     vb = bucket.vbuckets.get(vbid)
     if vb is None:
         raise TakeoverError(f"no vbucket {vbid}")
     if vb.state == _ACTIVE:
         raise TakeoverError(f"vbucket {vbid} is already active on this node")
-    repl = node.replication
+    repl = node.replication if bucket is node.bucket else node.replication_of(bucket)
+    if repl is None:
+        raise TakeoverError(f"bucket {bucket.name} is being dropped")
     started = time.monotonic()
     # this node's replication stream of the vbucket must not apply anything meanwhile
     lock = repl._lock
@@ -243,7 +246,7 @@ async def take_over(node: TakeoverHost, vbid: int, address: tuple[str, int], aut
     finally:
         if lock is not None:
             lock.release()
-    t = _Takeover(node, vbid, address, auth, timeout)
+    t = _Takeover(node, vbid, address, auth, timeout, bucket)
     before = vb.high_seqno
     thread = threading.Thread(target=t.run, name=f"dcptool-takeover-{vbid}", daemon=True)
     thread.start()
@@ -254,7 +257,7 @@ async def take_over(node: TakeoverHost, vbid: int, address: tuple[str, int], aut
         if vb.state == _PENDING:
             vb.set_state(_REPLICA)  # the source is still active (or dead: see the CLI)
         raise
-    await adopt(node, vbid, address, auth)  # the old active's HWT rows (seed 002)
+    await adopt(node, vbid, address, auth, bucket=bucket)  # the old active's HWT rows (seed 002)
     vb = bucket.vbuckets[vbid]
     log.info("vbucket %d taken over from %s:%d at seqno %d (%d items, from %d)", vbid,
              address[0], address[1], vb.high_seqno, t.items, before)
