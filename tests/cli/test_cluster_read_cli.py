@@ -1,0 +1,132 @@
+"""The reading commands on a cluster archive (`backup --all-buckets`): info, verify
+(alone and --against the node), examine, export and the Spark data source work on its
+buckets. One node of three buckets (one of 64 vbuckets, one with two collections), one
+cluster archive of a full and an incremental run, made once for the module and only read
+by its tests (a test that damages the archive works on a copy)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nodeprocutil import NodeProcess
+
+PASSWORD = "password"
+JSON_DOC = Path(__file__).resolve().parents[2] / "docs" / "json-output.md"
+BUCKETS = ["big", "default", "travel"]
+#: documents per bucket after the incremental run
+ITEMS = {"default": 10, "travel": 20 + 12 + 4, "big": 30}
+
+
+def documented(title: str) -> dict:
+    """docs/json-output.md's example under `title`."""
+    text = JSON_DOC.read_text()
+    at = text.index(title)
+    block = text[text.index("```json\n", at) + 8:]
+    return json.loads(block[:block.index("```")])
+
+
+@pytest.fixture(scope="module")
+def env(warm_engine):
+    """The commands' environment: the node's password, Spark jobs on the run's warm
+    engine."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DCPTOOL_ARCHIVE_PASS")}
+    e["DCPTOOL_PASSWORD"] = PASSWORD
+    e["DCPTOOL_ENGINE_DIR"] = warm_engine
+    e.pop("DCPTOOL_ENGINE", None)
+    e.pop("DCPTOOL_BUCKET", None)
+    return e
+
+
+def run(env: dict[str, str], *args: str, ok: bool = True, extra: dict[str, str] | None = None,
+        timeout: float = 240) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "dcptool", *args], capture_output=True,
+                       text=True, env={**env, **(extra or {})}, stdin=subprocess.DEVNULL,
+                       timeout=timeout)
+    if ok:
+        assert r.returncode == 0, (args, r.stdout, r.stderr)
+    return r
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, env):
+    """(node, its address, a cluster archive of a full and an incremental run, the
+    runs' JSON): default (8 vbuckets, 10 documents), travel (8 vbuckets, 20 in the
+    default collection and 12 in inventory.hotels, 4 more in the incremental run) and big
+    (64 vbuckets, 30)."""
+    root = tmp_path_factory.mktemp("clread")
+    with NodeProcess(root / "node", vbuckets=8) as n:
+        c = f"{n.host}:{n.port}"
+        run(env, "bucket", "create", "travel", "-c", c)
+        run(env, "bucket", "create", "big", "-c", c, "--num-vbuckets", "64")
+        run(env, "collection", "create", "inventory", "-c", c, "-b", "travel")
+        run(env, "collection", "create", "inventory.hotels", "-c", c, "-b", "travel")
+        run(env, "doc", "load", "--count", "20", "-c", c, "-b", "travel", "-q")
+        run(env, "doc", "load", "--count", "12", "-c", c, "-b", "travel", "-q",
+            "--collection", "inventory.hotels", "--prefix", "hotel::")
+        run(env, "doc", "load", "--count", "30", "-c", c, "-b", "big", "-q")
+        run(env, "doc", "load", "--count", "10", "-c", c, "-q")
+        archive = root / "cluster"
+        first = json.loads(run(env, "backup", "-c", c, str(archive), "--all-buckets",
+                               "--json", "--no-watermark").stdout)
+        run(env, "doc", "load", "--count", "4", "--prefix", "more::", "-c", c, "-b",
+            "travel", "-q")
+        second = json.loads(run(env, "backup", "-c", c, str(archive), "--json",
+                                "--no-watermark").stdout)
+        yield n, c, archive, [first, second]
+
+
+# -- info ------------------------------------------------------------------------------------
+
+
+def test_info_shows_a_row_per_bucket_totals_and_runs(made, env):
+    _n, _c, archive, runs = made
+    out = run(env, "info", str(archive)).stdout
+    assert "cluster archive" in out and "3 buckets" in out and "2 runs" in out
+    for name in BUCKETS:
+        assert name in out
+    assert f"{sum(ITEMS.values())}" in out  # the total of items
+    assert runs[0]["run_id"] in out and runs[1]["run_id"] in out
+    assert "incremental" in out  # the latest run's status of the buckets
+
+
+def test_info_json_is_the_documented_cluster_shape(made, env):
+    _n, _c, archive, runs = made
+    d = json.loads(run(env, "info", str(archive), "--json").stdout)
+    doc = documented("### dcptool info of a cluster archive")
+    assert set(d) == set(doc)
+    assert d["kind"] == "cluster" and not d["encrypted"]
+    assert sorted(d["buckets"]) == BUCKETS
+    # each bucket's entry is the bucket-archive info JSON (and its summary)
+    bucket_doc = json.loads(run(env, "info", str(archive / "buckets" / "travel"),
+                                "--json").stdout)
+    travel = d["buckets"]["travel"]
+    assert set(travel) == set(bucket_doc) | {"summary"}
+    assert travel["archive"]["bucket"] == "travel" and len(travel["backups"]) == 2
+    assert set(travel["summary"]) == set(doc["buckets"]["travel-sample"]["summary"])
+    assert {n: b["summary"]["items"] for n, b in d["buckets"].items()} == ITEMS
+    assert d["buckets"]["big"]["archive"]["vbuckets"] == 64
+    assert d["totals"]["items"] == sum(ITEMS.values()) and d["totals"]["buckets"] == 3
+    assert d["totals"]["backups"] == 6
+    assert [r["id"] for r in d["runs"]] == [r["run_id"] for r in runs]
+    assert d["runs"][0]["backed_up"] == BUCKETS
+    assert d["runs"][1]["buckets"]["travel"]["status"] == "incremental"
+    assert isinstance(d["runs"][0]["users"], int)
+    assert set(d["runs"][0]) == set(doc["runs"][0])
+
+
+def test_info_bucket_shows_that_buckets_full_info(made, env):
+    _n, _c, archive, _runs = made
+    out = run(env, "info", str(archive), "-b", "travel").stdout
+    assert "bucket travel" in out and "mutations" in out and "big" not in out
+    d = json.loads(run(env, "info", str(archive), "--bucket", "travel,big", "--json").stdout)
+    assert sorted(d["buckets"]) == ["big", "travel"]
+    r = run(env, "info", str(archive), "-b", "nosuch", ok=False)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "nosuch" in r.stderr and "big, default, travel" in r.stderr
+    r = run(env, "info", str(archive), "--keep-last", "1", ok=False)
+    assert r.returncode == 2 and "cluster archive" in r.stderr
