@@ -122,11 +122,19 @@ def describe_cluster(cluster: ClusterArchive, buckets: list[str]) -> dict[str, A
     }
 
 
-def check_runs(cluster: ClusterArchive) -> tuple[int, list[tuple[str, str]]]:
-    """(runs checked, problems as (path, message)): every run file opens (a sealed one
-    under the cluster archive's key) and each backup it names is in its bucket archive,
-    committed, or was merged into a backup there (whose manifest lists it as replaced)."""
+def check_cluster(cluster: ClusterArchive, buckets: Iterable[str] | None = None
+                  ) -> tuple[int, list[tuple[str, str]]]:
+    """(runs checked, problems as (path, message)) of the cluster archive's own files: its
+    key files (encrypted), every run file opens (a sealed one under the cluster archive's
+    key) and each backup a run names of `buckets` (default: every bucket) is in its bucket
+    archive, committed, or was merged into a backup there (whose manifest lists it as
+    replaced)."""
+    from . import crypto
+
+    wanted = None if buckets is None else set(buckets)
     problems: list[tuple[str, str]] = []
+    if cluster.key is not None:
+        problems += [(str(p), why) for p, why in crypto.check_key_files(cluster.path, cluster.key)]
     opened: dict[str, Any] = {}
     ids = cluster.run_ids()
     for rid in ids:
@@ -142,7 +150,7 @@ def check_runs(cluster: ClusterArchive) -> tuple[int, list[tuple[str, str]]]:
             continue
         for name, entry in sorted(buckets.items()):
             backup = (entry or {}).get("backup") if isinstance(entry, dict) else None
-            if not backup:
+            if not backup or (wanted is not None and name not in wanted):
                 continue  # dropped (its earlier backups are kept), or nothing backed up
             if name not in opened:
                 try:
@@ -165,5 +173,5 @@ def check_runs(cluster: ClusterArchive) -> tuple[int, list[tuple[str, str]]]:
     return len(ids), problems
 
 
-__all__ = ["check_runs", "describe_cluster", "one_bucket", "run_summary", "select_buckets",
+__all__ = ["check_cluster", "describe_cluster", "one_bucket", "run_summary", "select_buckets",
            "split_names"]

@@ -130,3 +130,65 @@ def test_info_bucket_shows_that_buckets_full_info(made, env):
     assert "nosuch" in r.stderr and "big, default, travel" in r.stderr
     r = run(env, "info", str(archive), "--keep-last", "1", ok=False)
     assert r.returncode == 2 and "cluster archive" in r.stderr
+
+
+# -- verify ------------------------------------------------------------------------------------
+
+
+def test_verify_checks_every_bucket_and_run(made, env):
+    _n, _c, archive, _runs = made
+    out = run(env, "verify", str(archive)).stdout
+    for name in BUCKETS:
+        assert f"bucket {name}: OK" in out
+    assert out.strip().splitlines()[-1] == "OK: 3 buckets and 2 runs verified"
+    d = json.loads(run(env, "verify", str(archive), "--json", "-b", "big").stdout)
+    assert set(d) == set(documented("### dcptool verify of a cluster archive"))
+    assert d["ok"] and d["kind"] == "cluster" and list(d["buckets"]) == ["big"]
+    assert d["runs_checked"] == 2 and d["problems"] == []
+    # each bucket's report is the bucket-archive verify JSON
+    assert set(d["buckets"]["big"]) == set(documented("## dcptool verify"))
+    assert d["buckets"]["big"]["backups_checked"] == 2
+
+
+def test_verify_names_the_damaged_bucket(made, env, tmp_path):
+    _n, _c, archive, _runs = made
+    copy = tmp_path / "copy"
+    shutil.copytree(archive, copy)
+    data = sorted(p for p in (copy / "buckets" / "travel" / "backups").rglob("*")
+                  if p.is_file() and not p.name.endswith(".json") and p.stat().st_size > 64)
+    victim = data[0]
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    r = run(env, "verify", str(copy), ok=False)
+    assert r.returncode == 1
+    assert "bucket travel: FAILED" in r.stdout and "bucket big: OK" in r.stdout
+    assert str(victim) in r.stdout
+    assert r.stdout.strip().splitlines()[-1].startswith("FAILED: bucket travel")
+    d = json.loads(run(env, "verify", str(copy), "--json", ok=False).stdout)
+    assert not d["ok"] and not d["buckets"]["travel"]["ok"] and d["buckets"]["default"]["ok"]
+    # a run file that names a backup the bucket archive does not hold
+    runs = sorted((copy / "runs").iterdir())
+    rec = json.loads(runs[0].read_text())
+    rec["buckets"]["big"]["backup"] = "20200101T000000.000000Z"
+    runs[0].write_text(json.dumps(rec))
+    d = json.loads(run(env, "verify", str(copy), "-b", "big", "--json", ok=False).stdout)
+    assert d["buckets"]["big"]["ok"] and not d["ok"]
+    assert [p["path"] for p in d["problems"]] == [str(runs[0])]
+    assert "bucket big: backup 20200101T000000.000000Z" in d["problems"][0]["message"]
+
+
+def test_verify_against_the_node_compares_each_bucket(made, env):
+    _n, c, archive, _runs = made
+    out = run(env, "verify", str(archive), "--against", "-c", c).stdout
+    for name in BUCKETS:
+        assert f"bucket {name}: OK" in out
+    assert out.strip().splitlines()[-1] == "OK: 3 buckets match the node"
+    # a document changed on the node since the backup: its bucket differs, the others match
+    # (the module's last use of the node)
+    run(env, "doc", "set", "doc::1", '{"changed": true}', "-c", c, "-b", "big")
+    r = run(env, "verify", str(archive), "--against", "-c", c, "--json", ok=False)
+    assert r.returncode == 1
+    d = json.loads(r.stdout)
+    assert not d["ok"] and not d["buckets"]["big"]["ok"] and d["buckets"]["travel"]["ok"]
+    assert set(d["buckets"]["travel"]) == set(documented("With `--against -c CLUSTER`"))
