@@ -192,3 +192,55 @@ def test_verify_against_the_node_compares_each_bucket(made, env):
     d = json.loads(r.stdout)
     assert not d["ok"] and not d["buckets"]["big"]["ok"] and d["buckets"]["travel"]["ok"]
     assert set(d["buckets"]["travel"]) == set(documented("With `--against -c CLUSTER`"))
+
+
+# -- examine and export --------------------------------------------------------------------------
+
+
+def test_examine_needs_the_bucket_of_a_cluster_archive(made, env):
+    _n, _c, archive, runs = made
+    r = run(env, "examine", str(archive), "more::1", ok=False)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "3 buckets (big, default, travel)" in r.stderr and "--bucket" in r.stderr
+    d = json.loads(run(env, "examine", str(archive), "more::1", "-b", "travel",
+                       "--json").stdout)
+    assert [v["backup"] for v in d["versions"]] == \
+        [runs[1]["buckets"]["travel"]["backup"]["backup_id"]]
+    out = run(env, "examine", str(archive), "hotel::3", "--bucket", "travel").stdout
+    assert "hotels" in out and "would restore" in out
+    r = run(env, "examine", str(archive), "doc::1", "-b", "nosuch", ok=False)
+    assert r.returncode == 2 and "nosuch" in r.stderr and r.stderr.count("\n") == 1
+    # a bucket archive: -b names its own bucket or nothing
+    run(env, "examine", str(archive / "buckets" / "big"), "doc::1", "-b", "big")
+    r = run(env, "examine", str(archive / "buckets" / "big"), "doc::1", "-b", "travel",
+            ok=False)
+    assert r.returncode == 2 and "'big' only" in r.stderr
+
+
+def _jsonl(out: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(out.glob("part-*.jsonl"))
+            for line in f.read_text().splitlines()]
+
+
+def test_export_writes_every_bucket_with_a_bucket_field(made, env, tmp_path):
+    _n, _c, archive, _runs = made
+    d = json.loads(run(env, "export", str(archive), str(tmp_path / "all"), "--format",
+                       "jsonl", "--resolved", "--json").stdout)
+    rows = _jsonl(tmp_path / "all")
+    assert d["rows"] == len(rows) == sum(ITEMS.values())
+    per = {}
+    for r in rows:
+        per[r["bucket"]] = per.get(r["bucket"], 0) + 1
+    assert per == ITEMS
+    hotels = {r["key"] for r in rows if r["collection"] == "hotels"}
+    assert len(hotels) == 12 and all(r["bucket"] == "travel" for r in rows
+                                     if r["collection"] == "hotels")
+    # one bucket, as Parquet: the same column
+    run(env, "export", str(archive), str(tmp_path / "big"), "-b", "big")
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(tmp_path / "big")
+    assert t.num_rows == ITEMS["big"] and set(t.column("bucket").to_pylist()) == {"big"}
+    # --backup is one bucket's
+    r = run(env, "export", str(archive), str(tmp_path / "x"), "--backup", "2026", ok=False)
+    assert r.returncode == 2 and "-b NAME" in r.stderr and r.stderr.count("\n") == 1
