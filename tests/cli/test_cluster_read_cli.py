@@ -185,7 +185,7 @@ def test_verify_against_the_node_compares_each_bucket(made, env):
         assert f"bucket {name}: OK" in out
     assert out.strip().splitlines()[-1] == "OK: 3 buckets match the node"
     # a document changed on the node since the backup: its bucket differs, the others match
-    # (the module's last use of the node)
+    # (the node no longer holds what the archive does: later tests only read the archive)
     run(env, "doc", "set", "doc::1", '{"changed": true}', "-c", c, "-b", "big")
     r = run(env, "verify", str(archive), "--against", "-c", c, "--json", ok=False)
     assert r.returncode == 1
@@ -244,3 +244,58 @@ def test_export_writes_every_bucket_with_a_bucket_field(made, env, tmp_path):
     # --backup is one bucket's
     r = run(env, "export", str(archive), str(tmp_path / "x"), "--backup", "2026", ok=False)
     assert r.returncode == 2 and "-b NAME" in r.stderr and r.stderr.count("\n") == 1
+
+
+# -- the Spark data source -------------------------------------------------------------------------
+
+
+def test_data_source_reads_every_bucket_with_a_bucket_column(made, spark):
+    from dcptool.pipeline.datasource import CLUSTER_COLUMNS, COLUMNS
+    from dcptool.spark import read_archive
+
+    _n, _c, archive, _runs = made
+    df = read_archive(spark, archive, resolved=True, values=False)
+    assert [(f.name, f.dataType.simpleString()) for f in df.schema.fields] == \
+        list(CLUSTER_COLUMNS)
+    assert {r["bucket"]: r["count"] for r in df.groupBy("bucket").count().collect()} == ITEMS
+    # option bucket: one, or a comma list; on the format itself too
+    two = read_archive(spark, str(archive), resolved=True, bucket="travel,big")
+    assert sorted(r["bucket"] for r in two.select("bucket").distinct().collect()) == \
+        ["big", "travel"]
+    assert two.count() == ITEMS["travel"] + ITEMS["big"]
+    one = spark.read.format("dcptool").option("bucket", "default").load(str(archive))
+    assert one.filter("type = 'mutation'").count() == ITEMS["default"]
+    with pytest.raises(Exception, match="nosuch"):
+        read_archive(spark, archive, bucket="nosuch")
+    # a bucket archive read alone keeps its documented columns: no bucket column
+    alone = read_archive(spark, archive / "buckets" / "big")
+    assert [f.name for f in alone.schema.fields] == [n for n, _t in COLUMNS]
+    assert alone.filter("type = 'mutation'").count() == ITEMS["big"]
+
+
+# -- an encrypted cluster archive -----------------------------------------------------------------
+
+
+def test_encrypted_cluster_archive_opens_with_the_passphrase_variable(made, env, spark,
+                                                                      tmp_path, monkeypatch):
+    from dcptool.spark import read_archive
+
+    _n, c, _archive, _runs = made
+    archive = tmp_path / "sealed"
+    secret = {"DCPTOOL_ARCHIVE_PASSPHRASE": "cluster secret"}
+    run(env, "backup", "-c", c, str(archive), "--all-buckets", "--encrypt", "-q",
+        "--no-watermark", "--include-data", "travel,default", extra=secret)
+    d = json.loads(run(env, "info", str(archive), "--json", extra=secret).stdout)
+    assert d["encrypted"] and sorted(d["buckets"]) == ["default", "travel"]
+    assert d["buckets"]["travel"]["archive"]["encrypted"]
+    assert d["buckets"]["travel"]["summary"]["items"] == ITEMS["travel"]
+    assert isinstance(d["runs"][0]["users"], int)  # the sealed run file opened
+    out = run(env, "verify", str(archive), extra=secret).stdout
+    assert out.strip().splitlines()[-1] == "OK: 2 buckets and 1 run verified"
+    run(env, "examine", str(archive), "hotel::1", "-b", "travel", extra=secret)
+    r = run(env, "info", str(archive), extra={"DCPTOOL_ARCHIVE_PASSPHRASE": "wrong"}, ok=False)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "passphrase" in r.stderr
+    monkeypatch.setenv("DCPTOOL_ARCHIVE_PASSPHRASE", "cluster secret")
+    df = read_archive(spark, archive, resolved=True, values=False)
+    assert {r["bucket"]: r["count"] for r in df.groupBy("bucket").count().collect()} == \
+        {"default": ITEMS["default"], "travel": ITEMS["travel"]}
