@@ -315,8 +315,9 @@ def _cluster_verify_against(archive, buckets, as_json: bool, backup_id, vbuckets
             else:
                 _print_against(r, prefix=f"bucket {name}: ")
         if failed:
-            typer.echo(f"FAILED: {', '.join(failed)} of {plural(len(names), 'bucket')} "
-                       "differ from the node")
+            typer.echo(f"FAILED: {len(failed)} of {plural(len(names), 'bucket')} "
+                       f"{'differs' if len(failed) == 1 else 'differ'} from the node: "
+                       + ", ".join(failed))
         else:
             typer.echo(f"OK: {plural(len(names), 'bucket')} match the node")
     if failed:

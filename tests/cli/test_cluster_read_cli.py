@@ -187,6 +187,10 @@ def test_verify_against_the_node_compares_each_bucket(made, env):
     # a document changed on the node since the backup: its bucket differs, the others match
     # (the node no longer holds what the archive does: later tests only read the archive)
     run(env, "doc", "set", "doc::1", '{"changed": true}', "-c", c, "-b", "big")
+    r = run(env, "verify", str(archive), "--against", "-c", c, ok=False)
+    assert r.returncode == 1 and "bucket big:   doc::1: archive live" in r.stdout
+    assert r.stdout.strip().splitlines()[-1] == \
+        "FAILED: 1 of 3 buckets differs from the node: big"
     r = run(env, "verify", str(archive), "--against", "-c", c, "--json", ok=False)
     assert r.returncode == 1
     d = json.loads(r.stdout)
