@@ -178,6 +178,20 @@ def test_verify_names_the_damaged_bucket(made, env, tmp_path):
     assert "bucket big: backup 20200101T000000.000000Z" in d["problems"][0]["message"]
 
 
+def test_verify_accepts_runs_naming_merged_backups(made, env, tmp_path):
+    """A bucket archive's backups merged (merge of ARCHIVE/buckets/NAME): the runs name
+    backups the merged one replaced, and the cluster archive verifies."""
+    _n, _c, archive, runs = made
+    copy = tmp_path / "copy"
+    shutil.copytree(archive, copy)
+    run(env, "merge", str(copy / "buckets" / "default"), "-q")
+    d = json.loads(run(env, "info", str(copy / "buckets" / "default"), "--json").stdout)
+    assert [b["merged_from"] for b in d["backups"]] == \
+        [[r["buckets"]["default"]["backup"]["backup_id"] for r in runs]]
+    out = run(env, "verify", str(copy), "-b", "default").stdout
+    assert out.strip().splitlines()[-1] == "OK: 1 bucket and 2 runs verified"
+
+
 def test_verify_against_the_node_compares_each_bucket(made, env):
     _n, c, archive, _runs = made
     out = run(env, "verify", str(archive), "--against", "-c", c).stdout
