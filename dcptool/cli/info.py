@@ -48,7 +48,7 @@ InfoBucketOpt = Annotated[Optional[list[str]], typer.Option(
     "-b", "--bucket", rich_help_panel=PANEL, metavar="NAME", show_default=False,
     help="Bucket on the node (default: the archive's bucket). Of a cluster archive: show "
          "this bucket's full info (repeatable, or a comma list; default: a row per "
-         "bucket).")]
+         "bucket), checked with -c against the node's bucket of the same name.")]
 
 
 def _short_time(iso: str | None) -> str:
@@ -91,7 +91,8 @@ def info(
 
     Of a cluster archive (backup --all-buckets) it shows a row per bucket (backups, items,
     size, newest backup, the latest run's status of the bucket), totals and the runs;
-    -b NAME shows that bucket's full info as for a bucket archive.
+    -b NAME shows that bucket's full info as for a bucket archive. With -c each bucket is
+    checked against the node's bucket of the same name. --keep-* needs a bucket archive.
 
     Example: dcptool info /backups/cluster
     Example: dcptool info /backups/cluster -b travel-sample
@@ -231,6 +232,9 @@ def _print_node_check(check: dict[str, Any], archive: Path) -> None:
     import time
 
     con = console()
+    if "error" in check:  # a cluster archive's bucket the node could not be asked about
+        con.print(f"[yellow]node {check['node']}: {check['error']}[/yellow]")
+        return
     wm = check["watermark"]
     if not wm["supported"]:
         con.print(f"node {check['node']}: no high watermark table (its purger does not wait "
@@ -271,10 +275,12 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
     from dcptool.archive.clusterread import describe_cluster
     from dcptool.cli.clusterarchive import open_cluster, pick_buckets, refuse_options
 
-    refuse_options(**{"-c/--cluster": conn_args.cluster, "--keep-*": keep})
+    refuse_options(**{"--keep-*": keep})
     cluster = open_cluster(archive)
     wanted = conn_args.bucket
     desc = describe_cluster(cluster, pick_buckets(cluster, wanted))
+    if conn_args.cluster is not None:
+        _cluster_node_checks(cluster, desc, conn_args)
     if as_json:
         print_json(desc, pretty=True)
         return
@@ -323,3 +329,23 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
                     wrap=("buckets backed up",), right=("users", "groups"))
     else:
         con.print("no committed run yet")
+    for name, d in desc["buckets"].items():
+        if "node_check" in d:
+            con.print(f"[bold]bucket {name}[/bold]")
+            _print_node_check(d["node_check"], f"{archive}/buckets/{name}")
+
+
+def _cluster_node_checks(cluster, desc: dict[str, Any], conn_args: ConnArgs) -> None:
+    """-c of a cluster archive: each described bucket's node check against the node's
+    bucket of the same name (`node_check` in its description; `{"node", "error"}` when
+    the node cannot be asked, e.g. it has no such bucket)."""
+    from dcptool.errors import DcptoolError
+
+    for name, d in desc["buckets"].items():
+        if "error" in d:
+            continue
+        opts = conn_args.options(bucket=name)
+        try:
+            d["node_check"] = node_check(cluster.open_bucket(name), opts)
+        except DcptoolError as exc:
+            d["node_check"] = {"node": opts.address, "error": exc.message}

@@ -125,6 +125,13 @@ def test_info_bucket_shows_that_buckets_full_info(made, env):
     assert "bucket travel" in out and "mutations" in out and "big" not in out
     d = json.loads(run(env, "info", str(archive), "--bucket", "travel,big", "--json").stdout)
     assert sorted(d["buckets"]) == ["big", "travel"]
+    # -c: each bucket checked against the node's bucket of the same name
+    d = json.loads(run(env, "info", str(archive), "-c", made[1], "--json").stdout)
+    for name in BUCKETS:
+        check = d["buckets"][name]["node_check"]
+        assert check["warnings"] == [] and check["watermark"]["state"] is None, name
+    out = run(env, "info", str(archive), "-c", made[1], "-b", "big").stdout
+    assert "no deletion the archive still needs was purged" in out
     r = run(env, "info", str(archive), "-b", "nosuch", ok=False)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "nosuch" in r.stderr and "big, default, travel" in r.stderr
