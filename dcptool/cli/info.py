@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 
 from dcptool.archive import Archive
 from dcptool.archive.info import describe_archive
@@ -233,7 +234,7 @@ def _print_node_check(check: dict[str, Any], archive: Path) -> None:
 
     con = console()
     if "error" in check:  # a cluster archive's bucket the node could not be asked about
-        con.print(f"[yellow]node {check['node']}: {check['error']}[/yellow]")
+        con.print(f"[yellow]node {check['node']}: {escape(check['error'])}[/yellow]")
         return
     wm = check["watermark"]
     if not wm["supported"]:
@@ -287,7 +288,7 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
     if wanted:
         for name, d in desc["buckets"].items():
             if "error" in d:
-                console().print(f"[red]bucket {name}: {d['error']}[/red]")
+                console().print(f"[red]bucket {name}: {escape(d['error'])}[/red]")
                 continue
             table_console().print(f"[bold]bucket {name}[/bold]")
             _print_bucket_info(d, f"{archive}/buckets/{name}")
@@ -304,7 +305,7 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
     rows = []
     for name, d in desc["buckets"].items():
         if "error" in d:
-            rows.append([name, "", "", "", "", f"[red]{d['error']}[/red]"])
+            rows.append([name, "", "", "", "", f"[red]{escape(d['error'])}[/red]"])
             continue
         r = d["summary"]
         backups = str(r["backups"]) + (f" (+{r['partial_backups']} partial)"
@@ -320,7 +321,7 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
         rows = []
         for run in desc["runs"]:
             if "error" in run:
-                rows.append([run["id"], f"[red]{run['error']}[/red]", "", ""])
+                rows.append([run["id"], f"[red]{escape(run['error'])}[/red]", "", ""])
                 continue
             rows.append([run["id"], ", ".join(run["backed_up"]) or "-",
                          "-" if run["users"] is None else str(run["users"]),
