@@ -318,6 +318,16 @@ def test_encrypted_cluster_archive_opens_with_the_passphrase_variable(made, env,
     out = run(env, "verify", str(archive), extra=secret).stdout
     assert out.strip().splitlines()[-1] == "OK: 2 buckets and 1 run verified"
     run(env, "examine", str(archive), "hotel::1", "-b", "travel", extra=secret)
+    # a sealed run file changed: verify names it
+    runfile = next((archive / "runs").iterdir())
+    raw = bytearray(runfile.read_bytes())
+    raw[-5] ^= 0x01
+    runfile.write_bytes(bytes(raw))
+    r = run(env, "verify", str(archive), "--json", extra=secret, ok=False)
+    d = json.loads(r.stdout)
+    assert r.returncode == 1 and not d["ok"] and all(b["ok"] for b in d["buckets"].values())
+    assert [p["path"] for p in d["problems"]] == [str(runfile)]
+    runfile.write_bytes(bytes(raw[:-5]) + bytes([raw[-5] ^ 0x01]) + bytes(raw[-4:]))
     r = run(env, "info", str(archive), extra={"DCPTOOL_ARCHIVE_PASSPHRASE": "wrong"}, ok=False)
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "passphrase" in r.stderr
     monkeypatch.setenv("DCPTOOL_ARCHIVE_PASSPHRASE", "cluster secret")
