@@ -46,8 +46,8 @@ _dcptool_options() {
         "engine start") echo "--master --foreground --timeout --json -h --help" ;;
         "engine status") echo "--json -h --help" ;;
         "engine stop") echo "--now --timeout --json -h --help" ;;
-        "examine") echo "--backup --collection --values --json --passphrase-file --passphrase-command -h --help" ;;
-        "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --no-progress --json --passphrase-file --passphrase-command -h --help" ;;
+        "examine") echo "--backup --collection --values --json -b --bucket --passphrase-file --passphrase-command -h --help" ;;
+        "export") echo "--format --backup --resolved --vbuckets --overwrite --master --partitions --no-progress --json -b --bucket --passphrase-file --passphrase-command -h --help" ;;
         "failover-log") echo "--vbuckets --json -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --timeout --client-cert --client-key --client-key-passphrase-file -h --help" ;;
         "info") echo "--json --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --timeout --client-cert --client-key --client-key-passphrase-file --passphrase-file --passphrase-command -h --help" ;;
         "key") echo "-h --help" ;;
@@ -99,8 +99,8 @@ _dcptool_valued_options() {
         "doc set") echo "--flags --expiry --collection -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;
         "engine start") echo "--master --timeout" ;;
         "engine stop") echo "--timeout" ;;
-        "examine") echo "--backup --collection --passphrase-file --passphrase-command" ;;
-        "export") echo "--format --backup --vbuckets --master --partitions --passphrase-file --passphrase-command" ;;
+        "examine") echo "--backup --collection -b --bucket --passphrase-file --passphrase-command" ;;
+        "export") echo "--format --backup --vbuckets --master --partitions -b --bucket --passphrase-file --passphrase-command" ;;
         "failover-log") echo "--vbuckets -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;
         "info") echo "--keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file --passphrase-file --passphrase-command" ;;
         "key add") echo "--new-passphrase-file --passphrase-file --passphrase-command" ;;

@@ -67,9 +67,9 @@ function __dcptool_valued_options
         case 'engine stop'
             echo --timeout
         case 'examine'
-            echo --backup --collection --passphrase-file --passphrase-command
+            echo --backup --collection -b --bucket --passphrase-file --passphrase-command
         case 'export'
-            echo --format --backup --vbuckets --master --partitions --passphrase-file --passphrase-command
+            echo --format --backup --vbuckets --master --partitions -b --bucket --passphrase-file --passphrase-command
         case 'failover-log'
             echo --vbuckets -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'info'
@@ -501,6 +501,7 @@ complete -c dcptool -n '__dcptool_at examine' -l backup -x -d 'Only the chain of
 complete -c dcptool -n '__dcptool_at examine' -l collection -x -d 'Only the versions in this collection (default: the key in every collection)'
 complete -c dcptool -n '__dcptool_at examine' -l values -d 'Show each version\'s value'
 complete -c dcptool -n '__dcptool_at examine' -l json -d 'Print the timeline as JSON'
+complete -c dcptool -n '__dcptool_at examine' -s b -l bucket -x -d 'Of a cluster archive: the bucket whose archive to read (needed when it holds more than one)'
 complete -c dcptool -n '__dcptool_at examine' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at examine' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at examine' -s h -l help -d 'Show this message and exit'
@@ -514,6 +515,7 @@ complete -c dcptool -n '__dcptool_at export' -l master -x -d 'Spark master URL (
 complete -c dcptool -n '__dcptool_at export' -l partitions -x -d 'Spark tasks, each streaming a group of vbuckets (default 2x the cores)'
 complete -c dcptool -n '__dcptool_at export' -l no-progress -d 'No progress bar (there is none anyway unless stderr is a terminal, nor with --json)'
 complete -c dcptool -n '__dcptool_at export' -l json -d 'Print the result as JSON'
+complete -c dcptool -n '__dcptool_at export' -s b -l bucket -x -d 'Of a cluster archive: only this bucket (repeatable, or a comma list'
 complete -c dcptool -n '__dcptool_at export' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at export' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at export' -s h -l help -d 'Show this message and exit'
@@ -775,7 +777,7 @@ complete -c dcptool -n '__dcptool_at verify' -s u -l username -x -d 'User name (
 complete -c dcptool -n '__dcptool_at verify' -s p -l password -x -d 'Password'
 complete -c dcptool -n '__dcptool_at verify' -l password-file -r -F -d 'Read the password from FILE\'s first line (keep FILE mode 0600)'
 complete -c dcptool -n '__dcptool_at verify' -l password-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the password, e.g'
-complete -c dcptool -n '__dcptool_at verify' -s b -l bucket -x -d 'Bucket name'
+complete -c dcptool -n '__dcptool_at verify' -s b -l bucket -x -d 'With --against: the bucket on the node (default: default)'
 complete -c dcptool -n '__dcptool_at verify' -l cacert -r -F -d 'CA certificate (PEM) to trust for couchbases://'
 complete -c dcptool -n '__dcptool_at verify' -l no-verify -d 'Do not verify the node\'s TLS certificate (couchbases:// only)'
 complete -c dcptool -n '__dcptool_at verify' -l client-cert -r -F -d 'Client certificate (PEM'

@@ -39,6 +39,10 @@ def examine(
              "collection).")] = None,
     show_values: Annotated[bool, typer.Option("--values", help="Show each version's value.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the timeline as JSON.")] = False,
+    bucket: Annotated[Optional[str], typer.Option(
+        "-b", "--bucket", metavar="NAME", show_default=False,
+        help="Of a cluster archive: the bucket whose archive to read (needed when it holds "
+             "more than one).")] = None,
 ) -> None:
     """Show every version of one key across the archive's backups.
 
@@ -48,12 +52,16 @@ def examine(
     versions of a collection that was later dropped are marked so; the version a restore
     would write is marked "would restore". Needs no node.
 
+    Of a cluster archive (backup --all-buckets) it reads the archive of the bucket -b
+    names (or of its only bucket).
+
     Example: dcptool examine /backups/default airline_10 --values
+    Example: dcptool examine /backups/cluster airline_10 -b travel-sample
     """
-    from dcptool.cli.passphrase import open_archive
+    from dcptool.cli.clusterarchive import open_bucket_archive
     from dcptool.pipeline.examine import examine_key
 
-    opened = open_archive(archive)
+    opened = open_bucket_archive(archive, bucket)
     backup_id = backup_id_arg(opened, backup_id)
     d = examine_key(opened, key, backup=backup_id, values=show_values, collection=collection)
     if json_out:

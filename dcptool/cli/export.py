@@ -47,24 +47,37 @@ def export(
     partitions: PartitionsOpt = None,
     no_progress: NoProgressOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    bucket: Annotated[Optional[list[str]], typer.Option(
+        "-b", "--bucket", metavar="NAME", show_default=False,
+        help="Of a cluster archive: only this bucket (repeatable, or a comma list; default: "
+             "every bucket).")] = None,
 ) -> None:
     """Write an archive's records (or resolved documents) as Parquet or JSON lines.
 
     The columns are those of the dcptool Spark data source (see docs/spark.md); binary
     columns are base64 in JSON lines.
 
+    Of a cluster archive (backup --all-buckets) it writes every bucket's rows (-b: those
+    buckets') into OUT, each with a bucket column; --backup then needs one -b NAME.
+
     Example: dcptool export /backups/default /tmp/docs --format parquet --resolved
+    Example: dcptool export /backups/cluster /tmp/all --format jsonl -b travel-sample
     """
-    from dcptool.cli.passphrase import open_archive
+    from dcptool.cli.clusterarchive import is_cluster_archive
     from dcptool.pipeline.export import run_export
 
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
-    opened = open_archive(archive)
-    backup_id = backup_id_arg(opened, backup_id)
+    if is_cluster_archive(archive):
+        opened, names, backup_id = _cluster_export_source(archive, bucket, backup_id)
+    else:
+        from dcptool.cli.clusterarchive import open_bucket_archive
+
+        opened, names = open_bucket_archive(archive, bucket), None  # -b: its bucket only
+        backup_id = backup_id_arg(opened, backup_id)
     with spark_progress("export", disabled=no_progress or json_out):
         result = run_export(opened, out, fmt=fmt.lower(), backup=backup_id, resolved=resolved,
                             vbuckets=vbs, overwrite=overwrite, partitions=partitions,
-                            master=master)
+                            master=master, buckets=names)
     d = result.as_dict()
     if json_out:
         print_json(d)
@@ -72,3 +85,19 @@ def export(
     what = "resolved documents" if resolved else "records"
     console().print(f"exported {d['rows']:,} {what} to {d['out']} ({d['format']}, "
                     f"{plural(d['files'], 'file')}, {human_bytes(d['bytes'])}) in {d['seconds']:.1f} s")
+
+
+def _cluster_export_source(archive: str, bucket, backup_id):
+    """(the cluster archive opened, the buckets -b names (all when none), the --backup id
+    in its one bucket)."""
+    from dcptool.cli.clusterarchive import open_cluster, pick_buckets
+    from dcptool.errors import UsageError
+
+    cluster = open_cluster(archive)
+    names = pick_buckets(cluster, bucket)
+    if backup_id is not None:
+        if len(names) != 1:
+            raise UsageError("--backup names a backup of one bucket: give -b NAME too "
+                             f"(one of {', '.join(names)})")
+        backup_id = backup_id_arg(cluster.open_bucket(names[0]), backup_id)
+    return cluster, names, backup_id

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 
 from dcptool.archive import Archive
 from dcptool.archive.info import describe_archive
@@ -44,9 +45,11 @@ InfoClusterOpt = Annotated[Optional[str], typer.Option(
 
 
 #: info's own -b: the node's bucket defaults to the archive's
-InfoBucketOpt = Annotated[Optional[str], typer.Option(
-    "-b", "--bucket", rich_help_panel=PANEL,
-    help="Bucket on the node (default: the archive's bucket).")]
+InfoBucketOpt = Annotated[Optional[list[str]], typer.Option(
+    "-b", "--bucket", rich_help_panel=PANEL, metavar="NAME", show_default=False,
+    help="Bucket on the node (default: the archive's bucket). Of a cluster archive: show "
+         "this bucket's full info (repeatable, or a comma list; default: a row per "
+         "bucket), checked with -c against the node's bucket of the same name.")]
 
 
 def _short_time(iso: str | None) -> str:
@@ -86,11 +89,24 @@ def info(
     Example: dcptool info /backups/default
     Example: dcptool info /backups/default --keep-daily 7 --keep-weekly 4
     Example: dcptool info /backups/default -c couchbase://127.0.0.1
+
+    Of a cluster archive (backup --all-buckets) it shows a row per bucket (backups, items,
+    size, newest backup, the latest run's status of the bucket), totals and the runs;
+    -b NAME shows that bucket's full info as for a bucket archive. With -c each bucket is
+    checked against the node's bucket of the same name. --keep-* needs a bucket archive.
+
+    Example: dcptool info /backups/cluster
+    Example: dcptool info /backups/cluster -b travel-sample
     """
     from dcptool.archive.retention import Policy, preview, select_prune
 
+    from dcptool.cli.clusterarchive import is_cluster_archive
     from dcptool.cli.passphrase import open_archive
 
+    if is_cluster_archive(archive):
+        _cluster_info(archive, as_json, conn_args, keep_last or keep_hourly or keep_daily
+                      or keep_weekly or keep_monthly)
+        return
     arch = open_archive(archive)
     desc = describe_archive(arch)
     policy = Policy(last=keep_last, hourly=keep_hourly, daily=keep_daily, weekly=keep_weekly,
@@ -100,11 +116,28 @@ def info(
         _plan, rows = preview(arch, remove, reasons)
         desc["retention"] = {"policy": policy.as_dict(), "backups": rows}
     if conn_args.cluster is not None:
-        opts = conn_args.options(bucket=conn_args.bucket or arch.bucket)
+        opts = conn_args.options(bucket=_node_bucket(conn_args.bucket) or arch.bucket)
         desc["node_check"] = node_check(arch, opts)
     if as_json:
         print_json(desc, pretty=True)
         return
+    _print_bucket_info(desc, archive)
+
+
+def _node_bucket(names: list[str] | None) -> str | None:
+    """-b of a bucket archive: the one bucket on the node."""
+    from dcptool.archive.clusterread import split_names
+    from dcptool.errors import UsageError
+
+    names = split_names(names)
+    if len(names) > 1:
+        raise UsageError("-b/--bucket: one bucket on the node for a bucket archive, not "
+                         f"{len(names)}")
+    return names[0] if names else None
+
+
+def _print_bucket_info(desc: dict[str, Any], archive: str) -> None:
+    """A bucket archive's description (describe_archive's), as info prints it."""
     a = desc["archive"]
     con = table_console()
     con.print(f"archive [bold]{a['path']}[/bold]  bucket {a['bucket']}  "
@@ -200,6 +233,9 @@ def _print_node_check(check: dict[str, Any], archive: Path) -> None:
     import time
 
     con = console()
+    if "error" in check:  # a cluster archive's bucket the node could not be asked about
+        con.print(f"[yellow]node {check['node']}: {escape(check['error'])}[/yellow]")
+        return
     wm = check["watermark"]
     if not wm["supported"]:
         con.print(f"node {check['node']}: no high watermark table (its purger does not wait "
@@ -228,3 +264,89 @@ def _print_node_check(check: dict[str, Any], archive: Path) -> None:
               "archive's high watermark registered (backup does it unless --no-watermark; "
               f"'dcptool watermark register --archive {archive}' does it by hand)",
               markup=False, soft_wrap=True)
+
+
+# -- cluster archives -------------------------------------------------------------------------
+
+
+def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -> None:
+    """info of a cluster archive: a row per bucket, totals and runs; with -b the full
+    info of those buckets. JSON: docs/json-output.md, "dcptool info of a cluster
+    archive"."""
+    from dcptool.archive.clusterread import describe_cluster
+    from dcptool.cli.clusterarchive import open_cluster, pick_buckets, refuse_options
+
+    refuse_options(**{"--keep-*": keep})
+    cluster = open_cluster(archive)
+    wanted = conn_args.bucket
+    desc = describe_cluster(cluster, pick_buckets(cluster, wanted))
+    if conn_args.cluster is not None:
+        _cluster_node_checks(cluster, desc, conn_args)
+    if as_json:
+        print_json(desc, pretty=True)
+        return
+    if wanted:
+        for name, d in desc["buckets"].items():
+            if "error" in d:
+                console().print(f"[red]bucket {name}: {escape(d['error'])}[/red]")
+                continue
+            table_console().print(f"[bold]bucket {name}[/bold]")
+            _print_bucket_info(d, f"{archive}/buckets/{name}")
+        return
+    con = table_console()
+    con.print(f"cluster archive [bold]{desc['path']}[/bold]  created {desc['created']}  "
+              f"format {desc['format']} v{desc['version']}"
+              f"{'  encrypted' if desc['encrypted'] else ''}  "
+              f"{plural(len(desc['buckets']), 'bucket')}  {plural(len(desc['runs']), 'run')}")
+    if desc["locked_by"] is not None:
+        who = desc["locked_by"] or {}
+        con.print(f"[yellow]locked by pid {who.get('pid')} on {who.get('host')} since "
+                  f"{who.get('time')} ({who.get('purpose')})[/yellow]")
+    rows = []
+    for name, d in desc["buckets"].items():
+        if "error" in d:
+            rows.append([name, "", "", "", "", f"[red]{escape(d['error'])}[/red]"])
+            continue
+        r = d["summary"]
+        backups = str(r["backups"]) + (f" (+{r['partial_backups']} partial)"
+                                       if r["partial_backups"] else "")
+        rows.append([name, backups, f"{r['items']:,}", human_bytes(r["size_on_disk"]),
+                     r["newest_backup"] or "-", r["latest_run_status"] or "-"])
+    t = desc["totals"]
+    rows.append(["total", str(t["backups"]), f"{t['items']:,}", human_bytes(t["size_on_disk"]),
+                 "", ""])
+    print_table(con, ["bucket", "backups", "items", "size on disk", "newest backup",
+                      "latest run"], rows, right=("backups", "items", "size on disk"))
+    if desc["runs"]:
+        rows = []
+        for run in desc["runs"]:
+            if "error" in run:
+                rows.append([run["id"], f"[red]{escape(run['error'])}[/red]", "", ""])
+                continue
+            rows.append([run["id"], ", ".join(run["backed_up"]) or "-",
+                         "-" if run["users"] is None else str(run["users"]),
+                         "-" if run["groups"] is None else str(run["groups"])])
+        print_table(con, ["run", "buckets backed up", "users", "groups"], rows,
+                    wrap=("buckets backed up",), right=("users", "groups"))
+    else:
+        con.print("no committed run yet")
+    for name, d in desc["buckets"].items():
+        if "node_check" in d:
+            con.print(f"[bold]bucket {name}[/bold]")
+            _print_node_check(d["node_check"], f"{archive}/buckets/{name}")
+
+
+def _cluster_node_checks(cluster, desc: dict[str, Any], conn_args: ConnArgs) -> None:
+    """-c of a cluster archive: each described bucket's node check against the node's
+    bucket of the same name (`node_check` in its description; `{"node", "error"}` when
+    the node cannot be asked, e.g. it has no such bucket)."""
+    from dcptool.errors import DcptoolError
+
+    for name, d in desc["buckets"].items():
+        if "error" in d:
+            continue
+        opts = conn_args.options(bucket=name)
+        try:
+            d["node_check"] = node_check(cluster.open_bucket(name), opts)
+        except DcptoolError as exc:
+            d["node_check"] = {"node": opts.address, "error": exc.message}

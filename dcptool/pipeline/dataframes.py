@@ -46,7 +46,8 @@ def _vbucket_option(vbuckets: str | Iterable[int] | None) -> str | None:
 
 def read_archive(spark, path: Any, *, backup: str | None = None,
                  vbuckets: str | Iterable[int] | None = None, resolved: bool = False,
-                 partitions: int | None = None, values: bool = True, progress_files=None):
+                 partitions: int | None = None, values: bool = True, progress_files=None,
+                 bucket: str | Iterable[str] | None = None):
     """A DataFrame of an archive's records (one row per mutation, deletion, expiration).
 
     `backup`: only that backup's records, or with `resolved` the state as of that backup.
@@ -58,13 +59,32 @@ def read_archive(spark, path: Any, *, backup: str | None = None,
     `path`: where the archive is, or the archive opened (`dcptool.archive.Archive`).
     `progress_files` (a pipeline.progress.ProgressFiles): the tasks count the records they
     read into it, for a progress bar.
+
+    A cluster archive (`path`, or a `dcptool.archive.cluster.ClusterArchive`) gives every
+    bucket's rows with a `bucket` column last; `bucket` (a name, a comma list or a list)
+    reads only those buckets, and `backup` then needs one. A bucket archive's read has no
+    `bucket` column (its `bucket` may only name its own bucket).
     """
     from dcptool.archive import Archive
+    from dcptool.archive.cluster import ClusterArchive
+    from .datasource import check_bucket_option, is_cluster_path
     from .runtime import default_parallelism
 
-    archive = Archive.opened(path)  # a clear error now rather than a Spark stack trace later
-    if backup is not None:
-        archive.manifest(backup)
+    if isinstance(path, ClusterArchive) or (not isinstance(path, Archive)
+                                            and is_cluster_path(path)):
+        where, secret, names = _cluster_read(path, bucket, backup)
+    else:
+        archive = Archive.opened(path)  # a clear error now rather than a Spark stack trace later
+        if backup is not None:
+            archive.manifest(backup)
+        check_bucket_option(archive, None if bucket is None else ",".join(
+            [bucket] if isinstance(bucket, str) else bucket))
+        where, names = archive.path, None
+        secret = None
+        if archive.encrypted:
+            from dcptool.archive import crypto
+
+            secret = crypto.export_key(archive.key)
     register(spark)
     reader = spark.read.format(ARCHIVE_FORMAT)
     opts: dict[str, Any] = {
@@ -73,15 +93,15 @@ def read_archive(spark, path: Any, *, backup: str | None = None,
         "resolved": "true" if resolved else "false",
         "partitions": str(partitions or 2 * default_parallelism(spark)),
         "values": "true" if values else "false",
+        "bucket": names,
     }
-    if archive.encrypted:  # the data key, for the Python workers (never the passphrase)
-        from dcptool.archive import crypto
+    if secret is not None:  # the data key(s), for the Python workers (never the passphrase)
         from .datasource import SECRET_OPTION
         from .runtime import check_key_transport
 
         check_key_transport(spark)
 
-        opts[SECRET_OPTION] = crypto.export_key(archive.key)
+        opts[SECRET_OPTION] = secret
     if progress_files is not None:
         import dataclasses
         import json
@@ -92,7 +112,36 @@ def read_archive(spark, path: Any, *, backup: str | None = None,
     for k, v in opts.items():
         if v is not None:
             reader = reader.option(k, v)
-    return reader.load(str(archive.path.absolute()))
+    return reader.load(str(where.absolute()))
+
+
+def _cluster_read(path: Any, bucket: str | Iterable[str] | None,
+                  backup: str | None) -> tuple[Any, str | None, str]:
+    """(where the cluster archive is, the secret option of its buckets' keys or None,
+    option bucket) of a read of a cluster archive: opened (unlocked) here, the buckets
+    checked, `backup` checked in its one bucket, before any Spark work."""
+    import json
+
+    from dcptool.archive import crypto
+    from dcptool.archive.cluster import ClusterArchive
+    from dcptool.archive.clusterread import select_buckets
+    from dcptool.archive.errors import ArchiveError
+    from dcptool.errors import UsageError
+
+    cluster = path if isinstance(path, ClusterArchive) else ClusterArchive.open(path)
+    try:
+        names = select_buckets(cluster, bucket, option="bucket")
+    except ArchiveError as exc:
+        raise UsageError(exc.message) from None
+    if backup is not None:
+        if len(names) != 1:
+            raise UsageError("a backup id is one bucket's: give its bucket too (one of "
+                             f"{', '.join(names)})")
+        cluster.open_bucket(names[0]).manifest(backup)
+    secret = None
+    if cluster.encrypted:
+        secret = json.dumps({n: crypto.export_key(cluster.open_bucket(n).key) for n in names})
+    return cluster.path, secret, ",".join(names)
 
 
 def read_changes(spark, cluster: str, *, bucket: str = "default",

@@ -73,6 +73,10 @@ COLUMNS = (
     ("collection_id", "bigint"),
 )
 SCHEMA_DDL = ", ".join(f"{n} {t}" for n, t in COLUMNS)
+#: the columns of a cluster archive's read: every bucket's rows, each with its bucket's
+#: name last (a bucket archive's read keeps COLUMNS: its schema is pinned in docs/spark.md)
+CLUSTER_COLUMNS = COLUMNS + (("bucket", "string"),)
+CLUSTER_SCHEMA_DDL = ", ".join(f"{n} {t}" for n, t in CLUSTER_COLUMNS)
 
 #: rows per Arrow batch handed to Spark
 BATCH_ROWS = 32768
@@ -178,6 +182,59 @@ def plan_scan(path: Archive | str | os.PathLike[str], *, backup: str | None = No
                 units.append((vb, e["bytes"]["files"], (bid, e, cuts[bid].get(vb))))
     return [ScanPartition(archive, tuple(g), resolved, values, validate)
             for g in _balance(units, n) or [[]]]
+
+
+def is_cluster_path(path: Any) -> bool:
+    """`path` holds a cluster archive (`backup --all-buckets`)."""
+    from dcptool.archive.cluster import archive_kind
+
+    return archive_kind(path) == "cluster"
+
+
+def plan_cluster_scan(path: Any, *, buckets: Iterable[str] | str | None = None,
+                      keys: dict[str, Any] | None = None, backup: str | None = None,
+                      partitions: int | None = None, **kw: Any) -> list[ScanPartition]:
+    """The partitions of a read of a cluster archive: those of each bucket's archive (the
+    buckets `buckets` names, or all), each marked with its bucket. `keys`: {bucket: data
+    key} of an encrypted archive's buckets (a bucket without one is unlocked with the
+    passphrase of the environment or the prompt). `backup` is one bucket's backup: it
+    needs one bucket. The partitions are shared out over the buckets."""
+    from dcptool.archive.cluster import ClusterArchive
+    from dcptool.archive.clusterread import select_buckets
+    from dcptool.archive.errors import ArchiveError
+
+    cluster = path if isinstance(path, ClusterArchive) else \
+        ClusterArchive(storage.location(path), {})  # only listed: its key is not needed
+    try:
+        names = select_buckets(cluster, buckets, option="option bucket")
+    except ArchiveError as exc:
+        raise UsageError(exc.message) from None
+    if backup not in (None, "", "latest") and len(names) != 1:
+        raise UsageError("option backup names a backup of one bucket: give option bucket "
+                         f"too (one of {', '.join(names)})")
+    n = partitions or default_partitions()
+    share = max(1, -(-n // max(1, len(names))))
+    keys = keys or {}
+    out: list[ScanPartition] = []
+    for name in names:
+        archive = Archive.open(cluster.bucket_path(name), key=keys.get(name))
+        if not archive.committed_ids():
+            continue  # a bucket whose first backup never committed: no rows
+        out += [dataclasses.replace(p, bucket=name)
+                for p in plan_scan(archive, backup=backup, partitions=share, **kw)
+                if p.units]
+    return out
+
+
+def _with_bucket(batches: Iterator[Any], bucket: str) -> Iterator[Any]:
+    """Each RecordBatch with the `bucket` column added (CLUSTER_COLUMNS)."""
+    import pyarrow as pa
+
+    schema = arrow_schema(CLUSTER_COLUMNS)
+    name = pa.scalar(bucket, pa.string())
+    for b in batches:
+        yield pa.RecordBatch.from_arrays([*b.columns, pa.repeat(name, b.num_rows)],
+                                         schema=schema)
 
 
 # -- decoding -----------------------------------------------------------------------------------
@@ -417,7 +474,10 @@ def read_partition(part: ScanPartition, on_unit=None) -> Iterator[Any]:
     gc.disable()
     try:
         with storage.pack_cache():  # packs on object storage: each read once, whole
-            yield from _read_partition(part, on_unit or _nothing)
+            batches = _read_partition(part, on_unit or _nothing)
+            if part.bucket is not None:
+                batches = _with_bucket(batches, part.bucket)
+            yield from batches
     finally:
         if was_enabled:
             gc.enable()
@@ -492,6 +552,7 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
         raise UsageError("option partitions must be at least 1")
     return {
         "path": path,
+        "bucket": options.get("bucket") or None,
         "backup": options.get("backup") or None,
         "vbuckets": parse_vbuckets(options.get("vbuckets"), option="option vbuckets"),
         "resolved": _flag(options, "resolved"),
@@ -499,6 +560,12 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
         "values": _flag(options, "values", True),
         "validate": _flag(options, "validate", False),
     }
+
+
+def split_bucket_option(kw: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """(plan_scan's keyword arguments, option bucket) of parse_options' arguments."""
+    kw = dict(kw)
+    return kw, kw.pop("bucket", None)
 
 
 #: the option that carries an encrypted archive's data key to the Python workers
@@ -544,11 +611,17 @@ class ArchiveReader(DataSourceReader):  # type: ignore[misc]
         return f"ArchiveReader({self.kw!r})"
 
     def partitions(self):
-        kw = dict(self.kw)
+        kw, bucket = split_bucket_option(self.kw)
         path = kw.pop("path")
-        key = crypto.import_key(self._secret) if self._secret else None
-        parts = plan_scan(Archive.open(path, key=key), **kw)
-        if key is None:
+        if is_cluster_path(path):
+            parts = plan_cluster_scan(path, buckets=bucket, keys=cluster_keys(self._secret),
+                                      **kw)
+        else:
+            key = crypto.import_key(self._secret) if self._secret else None
+            archive = Archive.open(path, key=key)
+            check_bucket_option(archive, bucket)
+            parts = plan_scan(archive, **kw)
+        if not self._secret:
             # no key given with the read: none travels; each worker unlocks the archive
             # with its own DCPTOOL_ARCHIVE_PASSPHRASE (see read)
             parts = [dataclasses.replace(p, archive=p.archive.without_key()) for p in parts]
@@ -568,6 +641,26 @@ class ArchiveReader(DataSourceReader):  # type: ignore[misc]
         return read_partition(part)
 
 
+def cluster_keys(secret: str | None) -> dict[str, Any]:
+    """{bucket: data key} of SECRET_OPTION for a cluster archive (a JSON object of each
+    bucket's exported key; `read_archive` sets it)."""
+    import json
+
+    if not secret:
+        return {}
+    return {name: crypto.import_key(token) for name, token in json.loads(secret).items()}
+
+
+def check_bucket_option(archive: Archive, bucket: str | None) -> None:
+    """Option bucket of a bucket archive's read: its own bucket, or none."""
+    from dcptool.archive.clusterread import split_names
+
+    names = split_names(bucket)
+    if names and names != [archive.bucket]:
+        raise UsageError(f"option bucket {','.join(names)}: archive {archive.path} holds "
+                         f"bucket {archive.bucket!r} only")
+
+
 class ArchiveDataSource(DataSource):  # type: ignore[misc]
     """`spark.read.format("dcptool").load(ARCHIVE)`; see the module docstring."""
 
@@ -576,7 +669,8 @@ class ArchiveDataSource(DataSource):  # type: ignore[misc]
         return NAME
 
     def schema(self) -> str:
-        return SCHEMA_DDL
+        path = {str(k).lower(): v for k, v in dict(self.options).items()}.get("path")
+        return CLUSTER_SCHEMA_DDL if path and is_cluster_path(path) else SCHEMA_DDL
 
     def reader(self, schema):
         return ArchiveReader(self.options)

@@ -7,6 +7,7 @@ binary columns (`value`, `xattrs`) are base64 strings, as Spark's JSON writer en
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from contextlib import nullcontext
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dcptool.archive import Archive
+from dcptool.archive.cluster import ClusterArchive
 from dcptool.errors import DcptoolError, UsageError
 
 from .tasks import task_failure
@@ -39,24 +41,37 @@ class ExportResult:
                 "bytes": self.bytes, "seconds": round(self.seconds, 3)}
 
 
-def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str], *,
+def run_export(archive_path: str | os.PathLike[str] | Archive | ClusterArchive,
+               out: str | os.PathLike[str], *,
                fmt: str = "parquet", backup: str | None = None, resolved: bool = False,
                vbuckets: list[int] | None = None, overwrite: bool = False,
                partitions: int | None = None, master: str | None = None,
-               spark=None) -> ExportResult:
+               spark=None, buckets: list[str] | None = None) -> ExportResult:
+    """Export a bucket archive, or the buckets of an opened cluster archive (`buckets`,
+    default all) into one output whose rows carry a `bucket` column."""
     from .dataframes import read_archive
-    from .datasource import plan_scan, unit_records
+    from .datasource import plan_cluster_scan, plan_scan, unit_records
     from . import progress
     from .runtime import check_executors_see, get_spark
 
     t0 = time.monotonic()
     if fmt not in FORMATS:
         raise UsageError(f"--format must be parquet or jsonl, not {fmt!r}")
-    archive = Archive.opened(archive_path)
-    if backup is not None:
-        archive.manifest(backup)  # a clear error before Spark starts
-    elif not archive.committed_ids():
-        raise UsageError(f"archive {archive.path} holds no committed backup to export")
+    if isinstance(archive_path, ClusterArchive):
+        archive = archive_path
+        keys = _cluster_checks(archive, buckets, backup)
+        plan = functools.partial(plan_cluster_scan, archive, buckets=buckets, keys=keys)
+        read = functools.partial(read_archive, bucket=buckets)
+        key_travels = archive.encrypted
+    else:
+        archive = Archive.opened(archive_path)
+        if backup is not None:
+            archive.manifest(backup)  # a clear error before Spark starts
+        elif not archive.committed_ids():
+            raise UsageError(f"archive {archive.path} holds no committed backup to export")
+        plan = functools.partial(plan_scan, archive)
+        read = read_archive
+        key_travels = archive.key is not None
     out = Path(out).absolute()
     if out.exists() and not overwrite:
         if not out.is_dir() or any(out.iterdir()):
@@ -65,19 +80,18 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
     if out == archive.path.absolute() or archive.path.absolute() in out.parents:
         raise UsageError("the output directory must not be inside the archive")
     spark = spark or get_spark(master)
-    check_executors_see(spark, archive.path, name="archive.json",
-                        key_travels=archive.key is not None)
+    check_executors_see(spark, archive.path, name="archive.json", key_travels=key_travels)
     try:
         # a command's progress bar, if it draws one: the records the tasks read out of
         # the archive's (those of the entries read), else the tasks done (the archive is
         # only read: no progress files in it for a master that is not local)
         total = 0
         if progress.active():
-            total = sum(sum(unit_records(p)) for p in plan_scan(
-                archive, backup=backup, vbuckets=vbuckets, resolved=resolved, partitions=1))
+            total = sum(sum(unit_records(p)) for p in plan(
+                backup=backup, vbuckets=vbuckets, resolved=resolved, partitions=1))
         with progress.watch_files(spark, total, "records") as files:
-            df = read_archive(spark, archive, backup=backup, resolved=resolved,
-                              vbuckets=vbuckets, partitions=partitions, progress_files=files)
+            df = read(spark, archive, backup=backup, resolved=resolved,
+                      vbuckets=vbuckets, partitions=partitions, progress_files=files)
             writer = df.write.mode("overwrite" if (overwrite or out.exists())
                                    else "errorifexists")
             with progress.watch_tasks(spark) if files is None else nullcontext():
@@ -105,6 +119,23 @@ def run_export(archive_path: str | os.PathLike[str], out: str | os.PathLike[str]
         rows = spark.read.parquet(str(out)).count()  # from the footers
     return ExportResult(str(out), fmt, rows, backup, resolved, files, size,
                         time.monotonic() - t0)
+
+
+def _cluster_checks(cluster: ClusterArchive, buckets: list[str] | None,
+                    backup: str | None) -> dict[str, Any]:
+    """The export of a cluster archive's buckets checked before Spark starts (a backup
+    id is one bucket's; something to export); {bucket: data key} of its buckets."""
+    from dcptool.archive.clusterread import select_buckets
+
+    names = select_buckets(cluster, buckets)
+    opened = {n: cluster.open_bucket(n) for n in names}
+    if backup is not None:
+        if len(names) != 1:
+            raise UsageError("--backup names a backup of one bucket: give --bucket NAME too")
+        opened[names[0]].manifest(backup)
+    elif not any(a.committed_ids() for a in opened.values()):
+        raise UsageError(f"cluster archive {cluster.path} holds no committed backup to export")
+    return {n: a.key for n, a in opened.items() if a.key is not None}
 
 
 def _jsonl_names(out: Path) -> None:

@@ -136,6 +136,9 @@ class ScanPartition:
     resolved: bool = False
     values: bool = True
     validate: bool = False
+    #: the bucket of a cluster archive this partition reads (its rows get a `bucket`
+    #: column); None for a bucket archive read alone
+    bucket: str | None = None
 
 
 
