@@ -62,15 +62,18 @@ def delete(conn: Connection, keys: Iterable[str], vbuckets: int) -> None:
         _pipeline(conn, msgs)
 
 
-def node_documents(opts: ConnOptions) -> dict[bytes, tuple]:
+def node_documents(opts: ConnOptions, *, collections: bool = False) -> dict[bytes, tuple]:
     """Everything the node holds, read through DCP: {key: (kind, value, cas, rev, flags, expiry)}.
 
     kind is "live" or "deleted"; deleted documents carry no value, flags or expiry.
+    `collections`: of every collection, keyed by the collection-prefixed key (else of the
+    default collection, by the plain key).
     """
     with opts.connect() as conn:
         seqnos = get_vbucket_seqnos(conn, state=1)
     out: dict[bytes, tuple] = {}
-    consumer = opts.consumer(SessionConfig(name="test-reader", consistent=True))
+    consumer = opts.consumer(SessionConfig(name="test-reader", consistent=True,
+                                           collections=collections))
     try:
         consumer.add_streams({vb: (ZERO, hi) for vb, hi in seqnos.items()})
         for events in consumer.batches(tick=1.0):

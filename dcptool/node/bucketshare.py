@@ -59,9 +59,10 @@ def other_members(node) -> list[str]:
 
 
 async def forward(node, request, method: str, path: str,
-                  form: dict[str, str] | None = None,
+                  form: dict[str, str] | bytes | None = None,
                   members: list[str] | None = None) -> dict[str, str]:
-    """Send `method path` (with `form`) to every other member's REST port (or those of
+    """Send `method path` (with `form`: a form's fields, or the request's own body as
+    bytes, sent with its Content-Type) to every other member's REST port (or those of
     `members`), with the caller's credentials. Returns {member: error} for the members
     that did not do it."""
     cmap = node.cluster_map()
@@ -69,6 +70,8 @@ async def forward(node, request, method: str, path: str,
         return {}
     targets = [i for i in _others(cmap) if members is None or cmap.nodes[i] in members]
     headers = {FORWARDED: "1"}
+    if isinstance(form, bytes) and request.content_type:
+        headers[hdrs.CONTENT_TYPE] = request.content_type
     auth = request.headers.get(hdrs.AUTHORIZATION)
     if auth:
         headers[hdrs.AUTHORIZATION] = auth

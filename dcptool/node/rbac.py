@@ -30,6 +30,13 @@ password. This node keeps no separate built-in administrator, so the document ha
 Every endpoint needs the `admin` or `security_admin` role (own or a group's), as
 Couchbase's need the Full or Security Administrator. A change is written to
 `DIR/users.json` and applied at once to the node's open connections.
+
+Users and groups are the cluster's, as in Couchbase Server: on a member of a cluster, a
+change made over REST is made there and then forwarded, the same request with the caller's
+credentials, to every other member (node/bucketshare.py `forward`; a forwarded request is
+not forwarded again). A member that did not take it is named in a 503 answer; the change
+stays made where it was made (sending it again makes it everywhere: each change sets, it
+does not add). `dcptool node user|group` edit one stopped node's file and are not shared.
 """
 from __future__ import annotations
 
@@ -305,8 +312,25 @@ class RbacApp:
                 need = "cluster.admin.security!" + ("write" if write else "read")
                 return _json({"message": "Forbidden. User needs the following permissions",
                               "permissions": [need]}, status=403)
-            return await handler(request)
+            response = await handler(request)
+            if write and response.status == 200:
+                return await self._share(request, response)
+            return response
         return guarded
+
+    async def _share(self, request: web.Request, response: web.Response) -> web.Response:
+        """A change made here, made on every other member of the cluster too."""
+        from . import bucketshare
+
+        if not bucketshare.clustered(self.node) or bucketshare.forwarded(request):
+            return response
+        body = await request.read()  # the body the handler read, kept by aiohttp
+        failed = await bucketshare.forward(self.node, request, request.method,
+                                           request.path_qs, body)
+        if failed:
+            return _json({"message": f"Done on this node, not on "
+                                     f"{bucketshare.failed_text(failed)}"}, status=503)
+        return response
 
     async def _change(self, fn) -> Any:
         """Run `fn(users)` on the users file as it is now, save, and apply the result to

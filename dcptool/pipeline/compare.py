@@ -13,7 +13,10 @@ do not. Each side is summarised by a count and an order-independent hash of
 differing keys.
 
 One Spark task per group of vbuckets: it resolves the group from the archive files and
-reads the same vbuckets from the node over its own DCP connection.
+reads the same vbuckets from the node over its own DCP connection. On a member of a cluster
+each vbucket's seqno and failover log come from its active member, and each task reads
+the vbuckets of one member from that member (`pipeline/nodeinfo.cluster_state`), so
+`--against` any member compares the whole bucket of the cluster.
 
 A node with another vbucket count than the archive (the archive restored into a bucket of
 1024, 128 or 64 vbuckets) is compared by key: each task streams all of the node's vbuckets
@@ -212,9 +215,7 @@ def run_verify_against(archive_path: Archive | str | os.PathLike[str], opts, *,
                        vbuckets: list[int] | None = None, partitions: int | None = None,
                        master: str | None = None, max_keys: int = 5,
                        spark=None) -> CompareReport:
-    from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
-
-    from .nodeinfo import vbucket_count
+    from .nodeinfo import cluster_state
 
     t0 = time.monotonic()
     archive = Archive.opened(archive_path)
@@ -223,11 +224,9 @@ def run_verify_against(archive_path: Archive | str | os.PathLike[str], opts, *,
         raise UsageError(f"archive {archive.path} holds no committed backup to compare")
     chain = archive.chain_ids(manifests, backup)
     parts, last_entry = _chain_entries(manifests, chain, vbuckets)
-    # a collections connection: a legacy one gets the default collection's high seqnos
-    with opts.connect(collections=True) as conn:
-        count = vbucket_count(conn)
-        highs = get_vbucket_seqnos(conn, state=1)
-        logs = get_failover_logs(conn, sorted(v for v in parts if v in highs)) if parts else {}
+    # over collections connections (a legacy one gets the default collection's high
+    # seqnos); on a member of a cluster, each vbucket's from its active member
+    count, highs, logs, members = cluster_state(opts)
     # a node of another vbucket count (the archive restored into it): its seqnos and
     # vbuckets say nothing of the archive's; documents are compared by key, all it holds
     cross = bool(count) and count != archive.vbucket_count
@@ -246,11 +245,11 @@ def run_verify_against(archive_path: Archive | str | os.PathLike[str], opts, *,
                             key_travels=archive.key is not None)
         # across vbucket counts each task reads all of the node's keys: fewer tasks
         n = partitions or (1 if cross else 2) * default_parallelism(spark)
-        tasks = [CompareTask(opts, archive.at(archive.path.absolute()),
+        tasks = [CompareTask(o, archive.at(archive.path.absolute()),
                              f"dcptool-verify:{os.getpid()}:{i}", tuple(plan[vb] for vb in g),
                              max_keys, node_streams=node_streams,
                              archive_vbuckets=archive.vbucket_count if cross else 0)
-                 for i, g in enumerate(plan_groups(sorted(plan), n))]
+                 for i, (o, g) in enumerate(_task_groups(opts, plan, members, n, cross))]
         try:
             # (the archive is only read: the bar counts tasks for a master that is not local)
             results = run_tasks(spark, reporting_failures(compare_task), tasks,
@@ -265,6 +264,26 @@ def run_verify_against(archive_path: Archive | str | os.PathLike[str], opts, *,
         report.notes.append("the archive holds no vbucket to compare")
     report.seconds = time.monotonic() - t0
     return report
+
+
+def _task_groups(opts, plan: dict[int, Any], members: dict[str, list[int]] | None, n: int,
+                 cross: bool) -> list[tuple[Any, list[int]]]:
+    """(connection options, vbuckets) of each task: on a member of a cluster, the
+    vbuckets of each member where they are active, read from that member (a vbucket
+    active nowhere, from the node named); on a node alone, or compared by key across
+    vbucket counts, everything from the node named."""
+    if members is None or cross:
+        return [(opts, g) for g in plan_groups(sorted(plan), n)]
+    from .nodeinfo import node_opts
+
+    placed = {vb: address for address, vbs in members.items() for vb in vbs}
+    by_member: dict[str | None, list[int]] = {}
+    for vb in sorted(plan):
+        by_member.setdefault(placed.get(vb), []).append(vb)
+    each = max(1, n // len(by_member))
+    return [(opts if address is None else node_opts(opts, address), g)
+            for address, vbs in sorted(by_member.items(), key=lambda kv: kv[0] or "")
+            for g in plan_groups(vbs, each)]
 
 
 def _chain_entries(manifests: dict, chain: list[str], vbuckets: list[int] | None
