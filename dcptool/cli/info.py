@@ -313,7 +313,7 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
         rows.append([name, backups, f"{r['items']:,}", human_bytes(r["size_on_disk"]),
                      r["newest_backup"] or "-", r["latest_run_status"] or "-"])
     t = desc["totals"]
-    rows.append(["total", str(t["backups"]), f"{t['items']:,}", human_bytes(t["size_on_disk"]),
+    rows.append(["(all)", str(t["backups"]), f"{t['items']:,}", human_bytes(t["size_on_disk"]),
                  "", ""])
     print_table(con, ["bucket", "backups", "items", "size on disk", "newest backup",
                       "latest run"], rows, right=("backups", "items", "size on disk"))
