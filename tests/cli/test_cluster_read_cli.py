@@ -9,10 +9,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cliutil import run_dcptool
 from nodeprocutil import NodeProcess
 
 PASSWORD = "password"
@@ -44,9 +44,7 @@ def env(warm_engine):
 
 def run(env: dict[str, str], *args: str, ok: bool = True, extra: dict[str, str] | None = None,
         timeout: float = 240) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "dcptool", *args], capture_output=True,
-                       text=True, env={**env, **(extra or {})}, stdin=subprocess.DEVNULL,
-                       timeout=timeout)
+    r = run_dcptool({**env, **(extra or {})}, *args, timeout=timeout)  # from the warm zygote
     if ok:
         assert r.returncode == 0, (args, r.stdout, r.stderr)
     return r
