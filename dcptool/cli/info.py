@@ -136,6 +136,14 @@ def _node_bucket(names: list[str] | None) -> str | None:
     return names[0] if names else None
 
 
+def _print_lock(con: Any, locked_by: dict[str, Any] | None) -> None:
+    """The archive lock's holder, when a run holds it (`{}`: held, holder unknown)."""
+    if locked_by is not None:
+        who = locked_by or {}
+        con.print(f"[yellow]locked by pid {who.get('pid')} on {who.get('host')} since "
+                  f"{who.get('time')} ({who.get('purpose')})[/yellow]")
+
+
 def _print_bucket_info(desc: dict[str, Any], archive: str) -> None:
     """A bucket archive's description (describe_archive's), as info prints it."""
     a = desc["archive"]
@@ -144,10 +152,7 @@ def _print_bucket_info(desc: dict[str, Any], archive: str) -> None:
               f"{a['vbuckets']} vbuckets  created {a['created']}  format {a['format']} "
               f"v{a['version']}{'  encrypted' if a.get('encrypted') else ''}  "
               f"{human_bytes(a['size_on_disk'])}")
-    if a["locked_by"] is not None:
-        who = a["locked_by"] or {}
-        con.print(f"[yellow]locked by pid {who.get('pid')} on {who.get('host')} since "
-                  f"{who.get('time')} ({who.get('purpose')})[/yellow]")
+    _print_lock(con, a["locked_by"])
     backups = desc["backups"]
     if not backups:
         con.print("no backups yet")
@@ -298,10 +303,7 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
               f"format {desc['format']} v{desc['version']}"
               f"{'  encrypted' if desc['encrypted'] else ''}  "
               f"{plural(len(desc['buckets']), 'bucket')}  {plural(len(desc['runs']), 'run')}")
-    if desc["locked_by"] is not None:
-        who = desc["locked_by"] or {}
-        con.print(f"[yellow]locked by pid {who.get('pid')} on {who.get('host')} since "
-                  f"{who.get('time')} ({who.get('purpose')})[/yellow]")
+    _print_lock(con, desc["locked_by"])
     rows = []
     for name, d in desc["buckets"].items():
         if "error" in d:

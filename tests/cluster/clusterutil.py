@@ -8,7 +8,11 @@ written with SET and read back over DCP.
 """
 from __future__ import annotations
 
+import base64
+import json
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -41,6 +45,20 @@ def stop_nodes(nodes: dict[str, NodeProcess]) -> None:
     for n in nodes.values():
         if n.running():
             n.stop()
+
+
+def rest(node: NodeProcess, path: str, method: str = "GET", form: dict | None = None,
+         timeout: float = 30):
+    """A REST request to the node as its administrator (a form body with `form`): the
+    answer's JSON (None when empty). HTTP errors raise urllib.error.HTTPError."""
+    data = None if form is None else urllib.parse.urlencode(form).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{node.rest_port}{path}", method=method,
+                                 data=data)
+    token = base64.b64encode(f"{node.username}:{node.password}".encode()).decode()
+    req.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(req, timeout=timeout) as rsp:
+        body = rsp.read()
+        return json.loads(body) if body else None
 
 
 def addr(node: NodeProcess) -> str:

@@ -13,12 +13,9 @@ some members hold, or that has different vbucket counts, naming it, and maps one
 """
 from __future__ import annotations
 
-import base64
 import json
 import struct
 import urllib.error
-import urllib.parse
-import urllib.request
 
 import pytest
 
@@ -26,7 +23,7 @@ from pathlib import Path
 
 from client.nodeutil import run_cli
 from cliutil import documented_examples
-from clusterutil import addr, start_nodes, stop_nodes, wait_until
+from clusterutil import addr, rest, start_nodes, stop_nodes, wait_until
 from dcptool.client.ops import get_failover_logs, get_vbucket_seqnos
 from dcptool.client.topology import cluster_config, node_status
 from dcptool.protocol import Get, Set, vbucket_of
@@ -54,17 +51,6 @@ def same_fields(doc: dict, title: str) -> None:
     one = next(iter(shown["buckets"].values()))
     for name, b in doc["buckets"].items():
         assert set(b) == set(one), (title, name)
-
-
-def rest(node, path: str, method: str = "GET", form: dict | None = None):
-    data = None if form is None else urllib.parse.urlencode(form).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{node.rest_port}{path}", method=method,
-                                 data=data)
-    token = base64.b64encode(f"{node.username}:{node.password}".encode()).decode()
-    req.add_header("Authorization", f"Basic {token}")
-    with urllib.request.urlopen(req, timeout=10) as rsp:
-        body = rsp.read()
-        return json.loads(body) if body else None
 
 
 def rest_status(node, path: str) -> int:
@@ -130,6 +116,18 @@ def get(node, bucket: str, key: str, vbuckets: int):
         return conn.request(Get(key=key.encode(), vbucket=vbucket_of(key.encode(), vbuckets)))
 
 
+def cluster_of_buckets(a, b, doc) -> dict[str, dict[str, str]]:
+    """A and B made one cluster (`cluster create --replicas 1`), the buckets created through
+    A, and DOCS documents `doc(bucket, i)` written to every bucket by its map: {bucket:
+    {key: the member it was written to}}."""
+    r = run_cli("cluster", "create", "-c", addr(a), "-c", addr(b), "--replicas", "1", node=a)
+    assert r.returncode == 0, r.stderr
+    make_buckets(a)
+    return {name: write_by_map([a, b], name, {f"{name}-{i:04d}": doc(name, i)
+                                              for i in range(DOCS)})
+            for name in NVB}
+
+
 @pytest.fixture(scope="module")
 def ab(tmp_path_factory):
     """Two members, one cluster (`cluster create --replicas 1`), three buckets created
@@ -137,15 +135,7 @@ def ab(tmp_path_factory):
     nodes = start_nodes(tmp_path_factory.mktemp("clbuckets"), ["a", "b"], vbuckets=VBS)
     a, b = nodes["a"], nodes["b"]
     try:
-        r = run_cli("cluster", "create", "-c", addr(a), "-c", addr(b), "--replicas", "1",
-                    node=a)
-        assert r.returncode == 0, r.stderr
-        make_buckets(a)
-        written = {}
-        for name in NVB:
-            docs = {f"{name}-{i:04d}": {"bucket": name, "n": i} for i in range(DOCS)}
-            written[name] = write_by_map([a, b], name, docs)
-        nodes["written"] = written
+        nodes["written"] = cluster_of_buckets(a, b, lambda name, i: {"bucket": name, "n": i})
         yield nodes
     finally:
         stop_nodes({k: v for k, v in nodes.items() if k in ("a", "b")})
@@ -271,14 +261,8 @@ def test_failover_loses_no_acknowledged_document_of_any_bucket(tmp_path):
     nodes = start_nodes(tmp_path, ["a", "b"], vbuckets=VBS)
     a, b = nodes["a"], nodes["b"]
     try:
-        r = run_cli("cluster", "create", "-c", addr(a), "-c", addr(b), "--replicas", "1",
-                    node=a)
-        assert r.returncode == 0, r.stderr
-        make_buckets(a)
-        written = {}
+        written = cluster_of_buckets(a, b, lambda name, i: {"n": i})
         for name in NVB:
-            docs = {f"{name}-{i:04d}": {"n": i} for i in range(DOCS)}
-            written[name] = write_by_map([a, b], name, docs)
             wait_until(lambda: caught_up((a, b), name), timeout=30,
                        what=f"the replicas of bucket {name}")
         logs_before = {}

@@ -15,13 +15,10 @@ single-bucket archive of the source's first bucket keeps working beside it.
 """
 from __future__ import annotations
 
-import base64
 import json
-import urllib.parse
-import urllib.request
 
 from client.nodeutil import run_cli
-from clusterutil import addr, start_nodes, stop_nodes
+from clusterutil import addr, rest, start_nodes, stop_nodes
 from docutil import node_documents, opts_for
 
 from dcptool.client.options import ConnOptions
@@ -39,17 +36,6 @@ def ok(*args, node, timeout: float = 240):
     r = run_cli(*args, node=node, timeout=timeout)
     assert r.returncode == 0, (args, r.stderr)
     return r
-
-
-def rest(node, path: str, method: str = "GET", form: dict | None = None):
-    data = None if form is None else urllib.parse.urlencode(form).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{node.rest_port}{path}", method=method,
-                                 data=data)
-    token = base64.b64encode(f"{node.username}:{node.password}".encode()).decode()
-    req.add_header("Authorization", f"Basic {token}")
-    with urllib.request.urlopen(req, timeout=30) as rsp:
-        body = rsp.read()
-        return json.loads(body) if body else None
 
 
 def cluster_documents(members, bucket: str) -> dict[tuple[str, bytes], tuple]:
