@@ -32,6 +32,7 @@ def run(*args: str, ok: bool = True, env: dict[str, str] | None = None,
         timeout: float = 240) -> subprocess.CompletedProcess:
     e = dict(os.environ if env is None else env)
     e["DCPTOOL_PASSWORD"] = PASSWORD
+    e.pop("DCPTOOL_BUCKET", None)  # without -b a backup is of every bucket
     r = run_dcptool(e, *args, timeout=timeout)  # forked from the warm zygote
     if ok:
         assert r.returncode == 0, (args, r.stderr)
@@ -139,7 +140,8 @@ def test_selection_encryption_and_errors(node, tmp_path):
     r = run("backup", "-c", c, str(archive), "--json", env={**os.environ,
             "DCPTOOL_ARCHIVE_PASSPHRASE": "wrong"}, ok=False)
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "wrong passphrase" in r.stderr
-    r = run("backup", "-c", c, str(tmp_path / "one"), "--disable-users", ok=False)
+    r = run("backup", "-c", c, "-b", "travel", str(tmp_path / "one"), "--disable-users",
+            ok=False)
     assert r.returncode == 2 and "cluster archives" in r.stderr
     r = run("backup", "-c", c, str(tmp_path / "none"), "--all-buckets", "-b", "nosuch",
             ok=False)
