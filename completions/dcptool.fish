@@ -151,7 +151,7 @@ function __dcptool_at
 end
 
 complete -c dcptool -f
-complete -c dcptool -n '__dcptool_at' -a 'backup' -d 'Back up a bucket into an archive (or every bucket of a cluster with --all-buckets): full the first time, incremental afterwards'
+complete -c dcptool -n '__dcptool_at' -a 'backup' -d 'Back up every bucket of a cluster into a cluster archive, or one bucket (-b) into a bucket archive: full the first time, incremental afterwards'
 complete -c dcptool -n '__dcptool_at' -a 'bucket' -d 'List, create, edit and drop a node\'s buckets (over its REST port)'
 complete -c dcptool -n '__dcptool_at' -a 'cluster' -d 'Run several reference nodes as one cluster: replicas, failover'
 complete -c dcptool -n '__dcptool_at' -a 'collection' -d 'List, create and drop a bucket\'s scopes and collections (over its REST port)'
@@ -201,7 +201,7 @@ complete -c dcptool -n '__dcptool_at backup' -l watermark-ttl -x -d 'How long th
 complete -c dcptool -n '__dcptool_at backup' -l include-data -x -d 'Only these collections: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
 complete -c dcptool -n '__dcptool_at backup' -l exclude-data -x -d 'Leave these collections out: bucket.scope.collection or bucket.scope, comma-separated, repeatable'
 complete -c dcptool -n '__dcptool_at backup' -l encrypt -d 'Create the new archive encrypted (AES-256-GCM) under a passphrase (DCPTOOL_ARCHIVE_PASSPHRASE, --passphrase-file or a prompt, asked twice)'
-complete -c dcptool -n '__dcptool_at backup' -l all-buckets -d 'Back up every bucket the user may back up into a cluster archive (a bucket archive per bucket in ARCHIVE/buckets/, and per run the buckets\' settings, scopes and collections, users and groups)'
+complete -c dcptool -n '__dcptool_at backup' -l all-buckets -d 'Back up every bucket the user may back up into a cluster archive (a bucket archive per bucket in ARCHIVE/buckets/, and per run the buckets\' settings, scopes and collections, users and groups): what a backup without -b into a new ARCHIVE does'
 complete -c dcptool -n '__dcptool_at backup' -l disable-bucket-config -d 'Cluster archives: leave the buckets\' settings, scopes and collections out of the run'
 complete -c dcptool -n '__dcptool_at backup' -l disable-users -d 'Cluster archives: leave users and groups out of the run (reading them needs an administrator)'
 complete -c dcptool -n '__dcptool_at backup' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'

@@ -61,16 +61,34 @@ def check_bucket_name(name: str) -> str:
     return name
 
 
-def archive_kind(path: Any) -> str | None:
-    """'cluster' or 'bucket' for the archive at `path` by what its archive.json says,
-    None where there is none (or it is no dcptool archive)."""
+def _meta_of(path: Any) -> dict[str, Any] | None:
     try:
         meta = read_json(storage.location(path) / ARCHIVE_JSON)
     except (OSError, ValueError):
         return None
-    if not isinstance(meta, dict):
+    return meta if isinstance(meta, dict) else None
+
+
+def archive_kind(path: Any) -> str | None:
+    """'cluster' or 'bucket' for the archive at `path` by what its archive.json says,
+    None where there is none (or it is no dcptool archive)."""
+    return _kind(_meta_of(path))
+
+
+def _kind(meta: dict[str, Any] | None) -> str | None:
+    if meta is None:
         return None
     return {CLUSTER_FORMAT: "cluster", "dcptool-archive": "bucket"}.get(meta.get("format"))
+
+
+def bucket_of_archive(path: Any) -> str | None:
+    """The bucket a bucket archive at `path` holds, by its archive.json (None: no bucket
+    archive there)."""
+    meta = _meta_of(path)
+    if meta is None or _kind(meta) != "bucket":
+        return None
+    bucket = meta.get("bucket")
+    return bucket if isinstance(bucket, str) else None
 
 
 class ClusterArchive:
@@ -262,4 +280,5 @@ class ClusterArchive:
         return doc
 
 
-__all__ = ["CLUSTER_FORMAT", "ClusterArchive", "archive_kind", "check_bucket_name"]
+__all__ = ["CLUSTER_FORMAT", "ClusterArchive", "archive_kind", "bucket_of_archive",
+           "check_bucket_name"]

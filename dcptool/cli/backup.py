@@ -107,8 +107,9 @@ def backup(
         "--all-buckets", help="Back up every bucket the user may back up into a cluster "
                               "archive (a bucket archive per bucket in ARCHIVE/buckets/, and "
                               "per run the buckets' settings, scopes and collections, users "
-                              "and groups). A cluster archive is always backed up so; -b "
-                              "then backs up that one bucket of it.")] = False,
+                              "and groups): what a backup without -b into a new ARCHIVE "
+                              "does. A cluster archive is always backed up so; -b then "
+                              "backs up that one bucket of it.")] = False,
     disable_bucket_config: Annotated[bool, typer.Option(
         "--disable-bucket-config", help="Cluster archives: leave the buckets' settings, "
                                         "scopes and collections out of the run.")] = False,
@@ -116,17 +117,21 @@ def backup(
         "--disable-users", help="Cluster archives: leave users and groups out of the run "
                                 "(reading them needs an administrator).")] = False,
 ) -> None:
-    """Back up a bucket into an archive (or every bucket of a cluster with --all-buckets):
-    full the first time, incremental afterwards.
+    """Back up every bucket of a cluster into a cluster archive, or one bucket (-b) into a
+    bucket archive: full the first time, incremental afterwards.
+
+    Without -b (or DCPTOOL_BUCKET) a new ARCHIVE becomes a cluster archive of every bucket
+    the user may back up (see below); an existing archive of one bucket goes on with its
+    bucket, and a cluster archive with all of them.
 
     Each vbucket streams from where the archive's last backup ended to the node's high
     seqno at the start of the run, ending on a snapshot boundary; a vbucket with nothing
     new since then is not streamed and costs no file. A run that was killed is resumed by
     the next one. Each run writes a log to ARCHIVE/logs/.
 
-    An archive holds one bucket: an incremental backup of another bucket (another bucket
-    uuid, e.g. another node's, or one deleted and created again with the same name) is
-    refused in one line naming both; --full starts a new full backup of it in the same
+    A bucket archive holds one bucket: an incremental backup of another bucket (another
+    bucket uuid, e.g. another node's, or one deleted and created again with the same name)
+    is refused in one line naming both; --full starts a new full backup of it in the same
     archive on purpose.
 
     After each backup the archive's end positions are registered with the node as a high
@@ -146,7 +151,9 @@ def backup(
     an S3 archive must be reachable from every executor; the run checks that before it
     streams.
 
-    Example: DCPTOOL_PASSWORD=... dcptool backup -c couchbase://127.0.0.1 /backups/default
+    Example: DCPTOOL_PASSWORD=... dcptool backup -c couchbase://127.0.0.1 /backups/cluster
+
+    Example: dcptool backup -c couchbase://127.0.0.1 -b default /backups/default
 
     Example: dcptool backup -c 127.0.0.1 -b travel /backups/travel --include-data travel.inventory
 
@@ -157,8 +164,8 @@ def backup(
 
     Example: DCPTOOL_ARCHIVE_PASSPHRASE_FILE=~/.dcptool-pass dcptool backup -c 127.0.0.1 /backups/secret --encrypt
 
-    With --all-buckets (or into a cluster archive) every bucket the user may back up is
-    backed up, each into its own bucket archive under ARCHIVE/buckets/NAME (its chain
+    Into a cluster archive (a new ARCHIVE without -b, or --all-buckets) every bucket the
+    user may back up is backed up, each into its own bucket archive under ARCHIVE/buckets/NAME (its chain
     incremental on its own; a new bucket starts full, one dropped and created again
     starts a new full backup), one after the other on one Spark start-up. The run then
     records, in ARCHIVE/runs/, each bucket's backup, settings, scopes and collections, and
@@ -166,14 +173,17 @@ def backup(
     for backup (never a plain password); buckets the node no longer has are kept and
     reported.
 
-    Example: dcptool backup -c 127.0.0.1 /backups/cluster --all-buckets
+    Example: dcptool backup -c 127.0.0.1 /backups/cluster --exclude-data logs
     """
-    from dcptool.archive.cluster import archive_kind
+    from dcptool.archive.cluster import archive_kind, bucket_of_archive
     from dcptool.cli.options import parse_ttl
     from dcptool.pipeline.backup import run_backup
 
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
-    if all_buckets or archive_kind(archive) == "cluster":
+    kind = archive_kind(archive)
+    # no -b (nor DCPTOOL_BUCKET): a new archive holds the whole cluster, an archive of one
+    # bucket goes on with its bucket
+    if all_buckets or kind == "cluster" or (kind is None and conn_args.bucket is None):
         _cluster_backup(archive, conn_args, encrypt=encrypt, bucket_config=not disable_bucket_config,
                         users=not disable_users, json_out=json_out, no_progress=no_progress,
                         full=full, partitions=partitions, master=master, level=level,
@@ -188,7 +198,7 @@ def backup(
                          hint="add --all-buckets")
     # a wrong passphrase stops here, before work
     target, new_passphrase = _open_or_plan_encrypted(archive, encrypt)
-    opts = conn_args.options(bucket=conn_args.bucket or "default")
+    opts = conn_args.options(bucket=conn_args.bucket or bucket_of_archive(archive) or "default")
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     # before Spark starts and before the archive is touched: a user who may not stream
     # (or register the watermark) is told so in one line and nothing is left behind

@@ -32,6 +32,7 @@ def run(*args: str, ok: bool = True, env: dict[str, str] | None = None,
         timeout: float = 240) -> subprocess.CompletedProcess:
     e = dict(os.environ if env is None else env)
     e["DCPTOOL_PASSWORD"] = PASSWORD
+    e.pop("DCPTOOL_BUCKET", None)  # without -b a backup is of every bucket
     r = run_dcptool(e, *args, timeout=timeout)  # forked from the warm zygote
     if ok:
         assert r.returncode == 0, (args, r.stderr)
@@ -67,7 +68,8 @@ def test_all_buckets_full_incremental_recreated_and_dropped(node, tmp_path):
         run("node", "user", "add", user, "--role", role, "--data", str(node.data_dir),
             "--password-file", str(pw))
     archive = tmp_path / "cluster"
-    r = run("backup", "-c", c, str(archive), "--all-buckets", "--json", "--no-watermark")
+    # without -b a new archive is a cluster archive of every bucket
+    r = run("backup", "-c", c, str(archive), "--json", "--no-watermark")
     first = json.loads(r.stdout)
     assert sorted(first["buckets"]) == ["big", "default", "travel", "ttl"]
     assert {b["status"] for b in first["buckets"].values()} == {"full"}
@@ -139,7 +141,8 @@ def test_selection_encryption_and_errors(node, tmp_path):
     r = run("backup", "-c", c, str(archive), "--json", env={**os.environ,
             "DCPTOOL_ARCHIVE_PASSPHRASE": "wrong"}, ok=False)
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "wrong passphrase" in r.stderr
-    r = run("backup", "-c", c, str(tmp_path / "one"), "--disable-users", ok=False)
+    r = run("backup", "-c", c, "-b", "travel", str(tmp_path / "one"), "--disable-users",
+            ok=False)
     assert r.returncode == 2 and "cluster archives" in r.stderr
     r = run("backup", "-c", c, str(tmp_path / "none"), "--all-buckets", "-b", "nosuch",
             ok=False)
@@ -169,6 +172,11 @@ def test_selection_encryption_and_errors(node, tmp_path):
     assert not (tmp_path / "carl2" / "buckets" / "big").exists()
     # a bucket archive is not a cluster archive
     run("backup", "-c", c, "-b", "travel", str(tmp_path / "bucket"), "--no-watermark")
+    # without -b an archive of one bucket goes on with its bucket
+    r = run("backup", "-c", c, str(tmp_path / "bucket"), "--no-watermark", "--json")
+    d = json.loads(r.stdout)
+    assert d["type"] == "incremental" and d["watermark"] is None
+    assert Archive.open(tmp_path / "bucket").bucket == "travel"
     r = run("backup", "-c", c, str(tmp_path / "bucket"), "--all-buckets", ok=False)
     assert r.returncode == 2 and "archive of one bucket" in r.stderr
 

@@ -40,6 +40,7 @@ def documented(title: str) -> dict:
 def run(*args: str, ok: bool = True, timeout: float = 240) -> subprocess.CompletedProcess:
     e = dict(os.environ)
     e["DCPTOOL_PASSWORD"] = PASSWORD
+    e.pop("DCPTOOL_BUCKET", None)  # without -b a backup is of every bucket
     r = run_dcptool(e, *args, timeout=timeout)  # forked from the warm zygote
     if ok:
         assert r.returncode == 0, (args, r.stderr)

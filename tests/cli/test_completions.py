@@ -215,4 +215,4 @@ def test_fish_describes_subcommands():
                           f"source {COMP / 'dcptool.fish'}; complete -C 'dcptool ba'"],
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "HOME": "/nonexistent"})
-    assert res.stdout.startswith("backup\tBack up a bucket into an archive"), res.stdout
+    assert res.stdout.startswith("backup\tBack up every bucket of a cluster"), res.stdout

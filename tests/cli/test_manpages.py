@@ -152,7 +152,7 @@ def test_backup_page_reads_as_expected():
                           text=True, env=env, timeout=60).stdout
     # options keep ASCII hyphens (copy-paste works) and are not hyphenated across lines
     assert "--purge-partial" in text and "DCPTOOL_PASSWORD" in text
-    assert "dcptool backup -c couchbase://127.0.0.1 /backups/default" in text
+    assert "dcptool backup -c couchbase://127.0.0.1 /backups/cluster" in text
     assert "ARCHIVE/logs/backup-TIME.log" in text
 
 

@@ -185,12 +185,12 @@ def test_include_and_exclude_stream_only_the_selected_collections(cnode, spark, 
 def test_cli_include_data_from_the_environment_and_its_errors(cnode, tmp_path):
     arc = tmp_path / "cli"
     b = cnode.bucket
-    r = run_cli("backup", str(arc), "--no-watermark", "--json", node=cnode,
+    r = run_cli("backup", str(arc), "-b", b, "--no-watermark", "--json", node=cnode,
                 env_extra={"DCPTOOL_INCLUDE_DATA": f"{b}.s3.c5"})
     assert r.returncode == 0, r.stderr
     ids = _ids(cnode)
     assert _names(_archive_items(arc), ids) == {"s3.c5": 12}
-    bad = run_cli("backup", str(tmp_path / "bad"), "--no-watermark",
+    bad = run_cli("backup", str(tmp_path / "bad"), "-b", b, "--no-watermark",
                   "--include-data", f"{b}.nosuch", node=cnode)
     assert bad.returncode == 2
     assert "scope default.nosuch does not exist" in bad.stderr

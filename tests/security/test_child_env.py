@@ -85,7 +85,7 @@ def _program(cmdline: bytes) -> str:
 def test_spark_jvm_daemon_and_workers_never_see_password_or_passphrase(node, tmp_path):
     archive = tmp_path / "enc"
     env = _env(DCPTOOL_PASSWORD=PW, DCPTOOL_ARCHIVE_PASSPHRASE=PP, DCPTOOL_ENGINE="off")
-    proc = subprocess.Popen([sys.executable, "-m", "dcptool", "backup", "-c",
+    proc = subprocess.Popen([sys.executable, "-m", "dcptool", "backup", "-b", "default", "-c",
                              f"{node.host}:{node.port}", str(archive), "--encrypt", "--json"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, cwd=REPO)
@@ -136,7 +136,7 @@ def test_engine_never_holds_a_secret_and_commands_bring_theirs(node, tmp_path):
         assert len(procs) >= 2, procs  # the engine and its JVM at least
         _no_secret_in(procs)
         archive = tmp_path / "enc"
-        r = subprocess.run([sys.executable, "-m", "dcptool", "backup", "-c",
+        r = subprocess.run([sys.executable, "-m", "dcptool", "backup", "-b", "default", "-c",
                             f"{node.host}:{node.port}", str(archive), "--encrypt", "--json"],
                            env=base, capture_output=True, text=True, cwd=REPO, timeout=240)
         assert r.returncode == 0, r.stderr
@@ -225,7 +225,7 @@ def test_encrypted_archive_refused_on_a_remote_master_without_spark_crypto(node,
             assert master.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.2)
         archive = tmp_path / "enc"
-        r = subprocess.run([sys.executable, "-m", "dcptool", "backup", "-c",
+        r = subprocess.run([sys.executable, "-m", "dcptool", "backup", "-b", "default", "-c",
                             f"{node.host}:{node.port}", str(archive), "--encrypt",
                             "--master", f"spark://127.0.0.1:{port}"],
                            env=_env(DCPTOOL_PASSWORD=PW, DCPTOOL_ARCHIVE_PASSPHRASE=PP,

@@ -60,7 +60,8 @@ def as_user(node, user: str, *args, timeout: float = 120, **env):
     """Run `dcptool ARGS` as `user` (connection options from the environment)."""
     return run_cli(*args, timeout=timeout, env_extra={
         "DCPTOOL_CLUSTER": f"couchbase://{node.host}:{node.port}", "DCPTOOL_USERNAME": user,
-        "DCPTOOL_PASSWORD": pw(user), "DCPTOOL_ENGINE": "off", **env})
+        "DCPTOOL_PASSWORD": pw(user), "DCPTOOL_ENGINE": "off", "DCPTOOL_BUCKET": "default",
+        **env})
 
 
 def tree(path: Path) -> dict[str, tuple[int, int]]:
