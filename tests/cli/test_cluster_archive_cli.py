@@ -7,36 +7,46 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from cliutil import run_dcptool
+from cliutil import documented_under, run_as_cluster_user
 from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
 from dcptool.archive.cluster import ClusterArchive
 
 PASSWORD = "password"
-JSON_DOC = Path(__file__).resolve().parents[2] / "docs" / "json-output.md"
 
 
 def documented_run(title: str = "### dcptool backup --all-buckets") -> dict:
     """docs/json-output.md's example under `title` (`dcptool backup --all-buckets --json`)."""
-    text = JSON_DOC.read_text()
-    at = text.index(title)
-    block = text[text.index("```json\n", at) + 8:]
-    return json.loads(block[:block.index("```")])
+    return documented_under(title)
 
 
-def run(*args: str, ok: bool = True, env: dict[str, str] | None = None,
-        timeout: float = 240) -> subprocess.CompletedProcess:
-    e = dict(os.environ if env is None else env)
-    e["DCPTOOL_PASSWORD"] = PASSWORD
-    e.pop("DCPTOOL_BUCKET", None)  # without -b a backup is of every bucket
-    r = run_dcptool(e, *args, timeout=timeout)  # forked from the warm zygote
-    if ok:
-        assert r.returncode == 0, (args, r.stderr)
-    return r
+def run(*args: str, **kw) -> subprocess.CompletedProcess:
+    return run_as_cluster_user(*args, password=PASSWORD, **kw)
+
+
+def add_user(node, user: str, roles: str, password: str, tmp_path: Path) -> None:
+    """`dcptool node user add` on the running node's directory, then wait until the node
+    has read its users file again (it looks every quarter second): the user logs in."""
+    from dcptool.client.errors import ClientError
+    from dcptool.client.options import ConnOptions
+
+    pw = tmp_path / f"{user}-{node.port}.pw"
+    pw.write_text(password + "\n")
+    run("node", "user", "add", user, "--role", roles, "--data", str(node.data_dir),
+        "--password-file", str(pw))
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            with ConnOptions(node.host, node.port, user, password).connect(bucket=None):
+                return
+        except ClientError:
+            assert time.monotonic() < deadline, f"{user} never logged in"
+            time.sleep(0.1)
 
 
 @pytest.fixture
@@ -63,10 +73,7 @@ def node(tmp_path, on_engine):
 def test_all_buckets_full_incremental_recreated_and_dropped(node, tmp_path):
     c = node.cluster
     for user, role in (("ann", "data_backup[travel]"), ("bob", "data_reader[big]")):
-        pw = tmp_path / f"{user}.pw"
-        pw.write_text(f"{user}-pw\n")
-        run("node", "user", "add", user, "--role", role, "--data", str(node.data_dir),
-            "--password-file", str(pw))
+        add_user(node, user, role, f"{user}-pw", tmp_path)
     archive = tmp_path / "cluster"
     # without -b a new archive is a cluster archive of every bucket
     r = run("backup", "-c", c, str(archive), "--json", "--no-watermark")
@@ -156,10 +163,7 @@ def test_selection_encryption_and_errors(node, tmp_path):
         assert str(archive / "buckets") in r.stderr
     # a bucket the user may see but not back up is left out, before any data moves, or
     # refused when named
-    pw = tmp_path / "carl.pw"
-    pw.write_text(PASSWORD + "\n")
-    run("node", "user", "add", "carl", "--role", "data_backup[ttl],data_reader[big]",
-        "--data", str(node.data_dir), "--password-file", str(pw))
+    add_user(node, "carl", "data_backup[ttl],data_reader[big]", PASSWORD, tmp_path)
     r = run("backup", "-c", c, "-u", "carl", str(tmp_path / "carl"), "--all-buckets",
             "--json", "--disable-users")
     d = json.loads(r.stdout)
@@ -191,10 +195,7 @@ def test_restore_builds_the_cluster_again(node, tmp_path):
     from dcptool.client.options import ConnOptions
 
     c = node.cluster
-    pw = tmp_path / "ann.pw"
-    pw.write_text("ann-pw\n")
-    run("node", "user", "add", "ann", "--role", "data_reader[travel]", "--data",
-        str(node.data_dir), "--password-file", str(pw))
+    add_user(node, "ann", "data_reader[travel]", "ann-pw", tmp_path)
     archive = tmp_path / "cluster"
     run("backup", "-c", c, str(archive), "--all-buckets", "--no-watermark", "-q")
     source = {b: node_documents(opts_for(node, b)) for b in ("default", "travel", "ttl", "big")}
@@ -246,19 +247,13 @@ def test_restore_selects_renames_configures_and_overwrites_users(node, tmp_path)
     from dcptool.client.options import ConnOptions
 
     c = node.cluster
-    pw = tmp_path / "ann.pw"
-    pw.write_text("ann-pw\n")
-    run("node", "user", "add", "ann", "--role", "data_reader[travel2]", "--data",
-        str(node.data_dir), "--password-file", str(pw))
+    add_user(node, "ann", "data_reader[travel2]", "ann-pw", tmp_path)
     archive = tmp_path / "cluster"
     run("backup", "-c", c, str(archive), "--all-buckets", "--no-watermark", "-q")
     with NodeProcess(tmp_path / "target", vbuckets=8) as target:
         t = f"{target.host}:{target.port}"
         run("bucket", "create", "ttl", "-c", t)  # exists, without the recorded max TTL
-        old = tmp_path / "old.pw"
-        old.write_text("old-pw\n")
-        run("node", "user", "add", "ann", "--role", "reader", "--data",
-            str(target.data_dir), "--password-file", str(old))
+        add_user(target, "ann", "reader", "old-pw", tmp_path)
         r = run("restore", str(archive), "-c", t, "--include-data", "travel,ttl",
                 "--map-data", "travel=travel2", "--auto-create-buckets", "--bucket-ram-quota",
                 "128", "--enable-bucket-config", "--enable-users", "--force-users", "--json")

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from cliutil import run_dcptool
+from cliutil import documented_under, run_as_cluster_user
 from docutil import delete, load, node_documents, opts_for
 from nodeprocutil import NodeProcess
 
@@ -27,24 +26,10 @@ from dcptool.archive.clusterruns import RunResolver
 PASSWORD = "password"
 VBS = 64
 BUCKETS = ("default", "events", "travel")
-JSON_DOC = Path(__file__).resolve().parents[2] / "docs" / "json-output.md"
 
 
-def documented(title: str) -> dict:
-    text = JSON_DOC.read_text()
-    at = text.index(title)
-    block = text[text.index("```json\n", at) + 8:]
-    return json.loads(block[:block.index("```")])
-
-
-def run(*args: str, ok: bool = True, timeout: float = 240) -> subprocess.CompletedProcess:
-    e = dict(os.environ)
-    e["DCPTOOL_PASSWORD"] = PASSWORD
-    e.pop("DCPTOOL_BUCKET", None)  # without -b a backup is of every bucket
-    r = run_dcptool(e, *args, timeout=timeout)  # forked from the warm zygote
-    if ok:
-        assert r.returncode == 0, (args, r.stderr)
-    return r
+def run(*args: str, **kw) -> subprocess.CompletedProcess:
+    return run_as_cluster_user(*args, password=PASSWORD, **kw)
 
 
 def live(node, bucket: str) -> dict[bytes, bytes]:
@@ -147,7 +132,7 @@ def test_prune_keep_last_2_then_kept_runs_restore_as_they_were(prepared, copy, t
     before = {b: committed(copy, b) for b in BUCKETS}
     r = run("prune", str(copy), "--keep-last", "2", "--json", "--no-progress")
     d = json.loads(r.stdout)
-    assert set(d) == set(documented("### dcptool prune of a cluster archive"))
+    assert set(d) == set(documented_under("### dcptool prune of a cluster archive"))
     assert d["kept_runs"] == runs[1:] and d["dropped_runs"] == runs[:1]
     assert d["deleted_runs"] == runs[:1] and d["incomplete_runs"] == {}
     assert ClusterArchive.open(copy).run_ids() == runs[1:]
@@ -165,7 +150,7 @@ def test_merge_all_runs_then_the_last_restores_the_node(prepared, copy, target):
     node, _archive, runs, states = prepared
     r = run("merge", str(copy), "--json", "--no-progress")
     d = json.loads(r.stdout)
-    assert set(d) == set(documented("### dcptool merge of a cluster archive"))
+    assert set(d) == set(documented_under("### dcptool merge of a cluster archive"))
     assert d["runs"] == runs
     for b in ("default", "travel"):
         assert d["buckets"][b]["status"] == "merged"
@@ -210,7 +195,7 @@ def test_remove_a_run_and_an_incomplete_run_is_refused(prepared, copy, target):
     events = committed(copy, "events")
     r = run("remove", str(copy), "--run", runs[1], "--json", "--no-progress")
     d = json.loads(r.stdout)
-    assert set(d) == set(documented("### dcptool remove of a cluster archive"))
+    assert set(d) == set(documented_under("### dcptool remove of a cluster archive"))
     assert d["dropped_runs"] == [runs[1]] and d["deleted_runs"] == [runs[1]]
     # the second run's backup merged into the third's; the first run's stays
     m = d["buckets"]["travel"]["merges"]
