@@ -4,19 +4,16 @@ stay in their bucket, the bucket maxTTL, drop and recreate (a new uuid, no old d
 a restart keeping every bucket, and a one-bucket data directory opening unchanged."""
 from __future__ import annotations
 
-import base64
 import json
 import struct
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 
 import pytest
 
 from client.nodeutil import run_cli
 from dcptool.protocol.constants import Opcode, Status
 from nodeprocutil import NodeProcess
+from restutil import rest_request
 
 from .dcputil import DcpClient
 from .mcbputil import Client
@@ -35,19 +32,7 @@ BUCKETS = {
 
 def rest(node, method: str, path: str, form: dict | None = None, auth=ADMIN):
     """(status, body bytes) of a REST request with a form body."""
-    data = urllib.parse.urlencode(form).encode() if form is not None else None
-    req = urllib.request.Request(f"http://127.0.0.1:{node.rest_port}{path}", data=data,
-                                 method=method)
-    token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-    req.add_header("Authorization", f"Basic {token}")
-    if data is not None:
-        req.add_header("Content-Type", "application/x-www-form-urlencoded")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as rsp:
-            return rsp.status, rsp.read()
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, exc.read()
+    return rest_request(node, method, path, form, auth=auth, timeout=30)
 
 
 def get_json(node, path: str):

@@ -5,18 +5,15 @@ GET_COLLECTION_ID / GET_SCOPE_ID, dropped collections (invisible at once, purged
 compaction), the manifest across restarts and the storage format 1 -> 2 migration."""
 from __future__ import annotations
 
-import base64
 import json
 import sqlite3
 import struct
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 
 import pytest
 
 from client.nodeutil import run_cli
+from restutil import rest_request
 from dcptool.protocol import vbucket_of
 from dcptool.protocol.collections import doc_key, encode_leb128
 from dcptool.protocol.constants import Feature, Opcode, Status
@@ -35,19 +32,7 @@ COLL_FEATURES = DEFAULT_FEATURES + (Feature.COLLECTIONS,)
 
 def rest(node, method: str, path: str, form: dict | None = None, auth=ADMIN):
     """(status, JSON body or text) of a REST call."""
-    data = urllib.parse.urlencode(form).encode() if form is not None else None
-    req = urllib.request.Request(f"http://127.0.0.1:{node.rest_port}{path}", data=data,
-                                 method=method)
-    token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-    req.add_header("Authorization", f"Basic {token}")
-    if data is not None:
-        req.add_header("Content-Type", "application/x-www-form-urlencoded")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as rsp:
-            status, body = rsp.status, rsp.read()
-    except urllib.error.HTTPError as exc:
-        with exc:
-            status, body = exc.code, exc.read()
+    status, body = rest_request(node, method, path, form, auth=auth, timeout=10)
     try:
         return status, json.loads(body)
     except ValueError:
