@@ -103,6 +103,16 @@ async def forward(node, request, method: str, path: str,
     return errors
 
 
+async def share(node, request, method: str, path: str,
+                form: dict[str, str] | bytes | None = None) -> dict[str, str]:
+    """A change `request` made on `node`, made on every other member too (`forward`),
+    unless `node` is in no cluster or the request was itself forwarded: {member: error}
+    for the members that did not do it ({} when all did, or when there was none to ask)."""
+    if not clustered(node) or forwarded(request):
+        return {}
+    return await forward(node, request, method, path, form)
+
+
 def bucket_replicas(cmap: ClusterMap, settings: dict[str, Any], first: bool) -> int:
     """The replica count of a bucket's map: the cluster's, unless the bucket's replicaNumber
     says fewer (the first bucket always has the cluster's); never more than the members

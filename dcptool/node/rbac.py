@@ -322,11 +322,9 @@ class RbacApp:
         """A change made here, made on every other member of the cluster too."""
         from . import bucketshare
 
-        if not bucketshare.clustered(self.node) or bucketshare.forwarded(request):
-            return response
         body = await request.read()  # the body the handler read, kept by aiohttp
-        failed = await bucketshare.forward(self.node, request, request.method,
-                                           request.path_qs, body)
+        failed = await bucketshare.share(self.node, request, request.method,
+                                         request.path_qs, body)
         if failed:
             return _json({"message": f"Done on this node, not on "
                                      f"{bucketshare.failed_text(failed)}"}, status=503)

@@ -122,13 +122,12 @@ def add_routes(app: web.Application, node, guard) -> None:
             if changed:
                 return error(changed)
         await node.edit_bucket(bucket, settings)
-        if bucketshare.clustered(node) and not bucketshare.forwarded(request):
-            failed = await bucketshare.forward(
-                node, request, "POST", f"/pools/default/buckets/{bucket.name}",
-                {k: str(v) for k, v in form.items()})
-            if failed:
-                return unavailable(f"Bucket {bucket.name} was not changed on "
-                                   f"{bucketshare.failed_text(failed)}")
+        failed = await bucketshare.share(node, request, "POST",
+                                         f"/pools/default/buckets/{bucket.name}",
+                                         {k: str(v) for k, v in form.items()})
+        if failed:
+            return unavailable(f"Bucket {bucket.name} was not changed on "
+                               f"{bucketshare.failed_text(failed)}")
         return web.Response(status=200)
 
     async def drop(request: web.Request, user: str) -> web.Response:
@@ -140,12 +139,11 @@ def add_routes(app: web.Application, node, guard) -> None:
                                "and cannot be dropped"})
         name = bucket.name
         await node.drop_bucket(bucket)
-        if bucketshare.clustered(node) and not bucketshare.forwarded(request):
-            failed = await bucketshare.forward(node, request, "DELETE",
-                                               f"/pools/default/buckets/{name}")
-            if failed:
-                return unavailable(f"Bucket {name} was not dropped on "
-                                   f"{bucketshare.failed_text(failed)}")
+        failed = await bucketshare.share(node, request, "DELETE",
+                                         f"/pools/default/buckets/{name}")
+        if failed:
+            return unavailable(f"Bucket {name} was not dropped on "
+                               f"{bucketshare.failed_text(failed)}")
         return web.Response(status=200)
 
     app.router.add_post("/pools/default/buckets", guard(create, manage))
