@@ -379,6 +379,22 @@ def ends_as(last_manifest: dict[str, Any], last: str) -> list[str]:
     return out
 
 
+def covered_spans(archive: Archive, ids: Sequence[str]) -> list[list[str]]:
+    """The wall-clock spans the backups `ids` covered (their own, or their originals'),
+    merged where they touch: a merged backup's `extra.merge.covered`, so point-in-time
+    reads still see the gaps between its originals."""
+    from .pointintime import covered, iso
+
+    spans = sorted(s for b in ids for s in covered(archive.manifest(b)))
+    out: list[list[int]] = []
+    for a, b in spans:
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [[iso(a), iso(b)] for a, b in out]
+
+
 class StagedMerge:
     """The merged backup being written in the staging directory."""
 
@@ -403,7 +419,8 @@ class StagedMerge:
         make_dir(bdir)
         info = {"replaced": list(plan.replaced), "from": plan.first, "to": plan.last,
                 "ends_as": ends_as(archive.manifest(plan.last), plan.last),
-                "items_before": plan.items_before, "finished": None}
+                "items_before": plan.items_before, "finished": None,
+                "covered": covered_spans(archive, plan.replaced)}
         intent = {
             "format": "dcptool-backup", "version": FORMAT_VERSION, "archive": archive.uuid,
             "id": plan.merged_id, "parent": plan.parent, "type": plan.type,

@@ -405,6 +405,15 @@ def restore(
                                                      help="Restore the state as of this backup "
                                                           "(its id or an unambiguous beginning "
                                                           "of it; default: the newest).")] = None,
+    to_time: Annotated[Optional[str], typer.Option(
+        "--to-time", metavar="TIME",
+        help="Restore the state as of this time: ISO 8601 with a zone "
+             "(2026-11-28T14:03:00Z, +01:00) or relative (-15m, -2h, -1d). Each vbucket "
+             "goes to its last snapshot boundary at or before TIME (CAS time).")] = None,
+    nearest: Annotated[bool, typer.Option(
+        "--nearest", help="With --to-time in a gap of the archive (no backup was running): "
+                          "restore to the nearest snapshot boundary before TIME instead "
+                          "of refusing.")] = False,
     vbuckets: Annotated[Optional[str], typer.Option("--vbuckets", metavar="LIST",
                                                     help="Only these vbuckets, e.g. 0-15,512.")] = None,
     filter_keys: Annotated[Optional[str], typer.Option("--filter-keys", metavar="REGEX",
@@ -488,6 +497,20 @@ def restore(
 
     Example: dcptool restore /backups/travel -c 127.0.0.1:11210 --include-data travel.inventory --map-data inventory=inventory2
 
+    --to-time TIME restores each vbucket to its last snapshot boundary at or before TIME,
+    a boundary's time being the newest CAS time (a hybrid logical clock: nanoseconds since
+    the epoch) of the vbucket's history up to it; a deduplicated snapshot holding changes
+    from both sides of TIME is restored to its start. The summary gives how far before
+    TIME the cuts fell (the worst and the median; each vbucket's with --json). A time
+    before the archive, without a zone or in the future is refused (exit status 2); so is
+    a time in a gap, when no backup was running (between two backups the later of which
+    did not start within 10 s, plus a continuous backup's checkpoint interval, of the
+    earlier one's end; after the newest one ended), unless --nearest. Batch backups give
+    the granularity of their snapshot boundaries: an archive of hourly backups has a gap
+    between every two of them, and 'dcptool info' draws the archive's window and gaps.
+
+    Example: dcptool restore /backups/default -c 127.0.0.1:11210 --to-time 2026-11-28T14:03:00Z
+
     A cluster archive ('dcptool backup --all-buckets') restores every bucket of its newest
     run (--run: another), each into the target's bucket of its name; --include-data and
     --exclude-data take bare bucket names too, and --map-data OLD=NEW, where OLD is a
@@ -511,6 +534,16 @@ def restore(
                     "--bucket-ram-quota": bucket_ram_quota,
                     "--enable-bucket-config": enable_bucket_config,
                     "--enable-users": enable_users, "--force-users": force_users}
+    at = None
+    if nearest and not to_time:
+        raise UsageError("--nearest goes with --to-time")
+    if to_time:
+        from dcptool.archive.pointintime import parse_time
+
+        at = parse_time(to_time, option="--to-time")
+        if backup_id or run_id:
+            raise UsageError(f"--to-time and {'--backup' if backup_id else '--run'} "
+                             "exclude each other")
     if archive_kind(archive) == "cluster":
         for name, value in (("--backup", backup_id), ("--vbuckets", vbuckets),
                             ("-b/--bucket", conn_args.bucket)):
@@ -524,7 +557,8 @@ def restore(
                          rest_port=rest_port, json_out=json_out, no_progress=no_progress,
                          key_filter=filter_keys, force=force_updates, partitions=partitions,
                          master=master, include_data=include_data, exclude_data=exclude_data,
-                         map_data=map_data)
+                         map_data=map_data, **({"to_time": at, "nearest": nearest}
+                                               if at is not None else {}))
         return
     given = [name for name, value in cluster_only.items() if value]
     if given:
@@ -543,7 +577,7 @@ def restore(
                              key_filter=filter_keys, force=force_updates, dry_run=dry_run,
                              partitions=partitions, master=master, include_data=include_data,
                              exclude_data=exclude_data, map_data=map_data, rest_port=rest_port,
-                             notice=note)
+                             notice=note, to_time=at, nearest=nearest)
     _report_restore(result.as_dict(), json_out, dry_run)
 
 
@@ -600,6 +634,23 @@ def _cluster_restore(archive: str, conn_args: Any, *, json_out: bool, no_progres
         raise typer.Exit(1)
 
 
+def _point_in_time_lines(pit: dict | None) -> list[str]:
+    """What a restore to a time says of its cuts: the time, the worst and median lag."""
+    if not pit:
+        return []
+    lag = pit["lag"]
+    out = [f"state as of {pit['to_time']}: each of {plural(len(pit['vbuckets']), 'vbucket')} "
+           "at its last snapshot boundary at or before it"]
+    if lag["vbuckets"]:
+        out.append(f"cuts fell {lag['worst_seconds']:.3f} s before it at worst, "
+                   f"{lag['median_seconds']:.3f} s at the median ({lag['vbuckets']} vbuckets"
+                   " with data before it)")
+    if pit.get("gap"):
+        out.append(f"the time fell in a gap ({pit['gap']['from']} to {pit['gap']['to']}, no "
+                   "backup running): restored to the nearest boundaries before it")
+    return out
+
+
 def _report_restore(d: dict, json_out: bool, dry_run: bool) -> None:
     """The restore's result (exit status 1 when a write failed)."""
     if d["log"]:
@@ -629,6 +680,8 @@ def _print_restore(d: dict, dry_run: bool) -> None:
                     f"{timing(d['seconds'], d['spark_startup_seconds'])}, "
                     f"{human_rate(d['items_per_second'])} items/s", markup=False)
     for line in _restore_checks(d):
+        console().print(line, markup=False, soft_wrap=True)
+    for line in _point_in_time_lines(d.get("point_in_time")):
         console().print(line, markup=False, soft_wrap=True)
     colls = d.get("collections") or {}
     moved = [f"{a} -> {b}" for a, b in (colls.get("restored") or {}).items() if a != b]

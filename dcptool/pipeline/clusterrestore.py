@@ -140,6 +140,19 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
                          hint=f"restore another run, or leave the bucket out with "
                               f"--exclude-data {bucket}")
     in_run = {n: {**b, "backup": state.resolved[n]} for n, b in in_run.items()}
+    at = restore.get("to_time")
+    if at is not None:
+        # each bucket to the time, by its own archive's coverage: every bucket is checked
+        # (a gap refused) before anything is created or written
+        from dcptool.archive.pointintime import plan_time
+
+        for n in sorted(in_run):
+            when = plan_time(cluster.open_bucket(n), at, nearest=restore.get("nearest", False),
+                             option=f"--to-time (bucket {n})")
+            if not when.chain:
+                raise UsageError(f"bucket {n}: no chain of its archive began by the time "
+                                 "asked")
+            in_run[n]["backup"] = when.chain[-1]
     rest = rest_client_for(opts, rest_port)
     on_target = {b["name"]: b for b in rest.request("GET", "/pools/default/buckets") or []
                  if isinstance(b, dict) and isinstance(b.get("name"), str)}
@@ -182,7 +195,8 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
                                     "restore": None}
             continue
         r = run_restore(cluster.open_bucket(name), dataclasses.replace(opts, bucket=target),
-                        backup=in_run[name]["backup"], dry_run=dry_run, map_data=scope_maps,
+                        backup=None if at is not None else in_run[name]["backup"],
+                        dry_run=dry_run, map_data=scope_maps,
                         include_data=names_of_bucket(include, name),
                         exclude_data=names_of_bucket(exclude, name), rest_port=rest_port,
                         notice=notice, **restore)

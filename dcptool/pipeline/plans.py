@@ -80,6 +80,9 @@ class RestoreTask:
     #: the archive's vbucket count (0: the node's); when it differs from the node's, a
     #: cluster's writes are regrouped by the target vbucket of each key
     archive_vbuckets: int = 0
+    #: restore to this time (ns since the epoch): each vbucket to its last snapshot
+    #: boundary at or before it (archive/pointintime.py); None: as of `backup`
+    at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

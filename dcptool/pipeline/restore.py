@@ -30,6 +30,7 @@ from dcptool.archive import (REC_DELETION, REC_EXPIRATION, REC_MUTATION, Archive
                              storage)
 from dcptool.archive.format import entries_records
 from dcptool.archive.info import dir_size
+from dcptool.archive.pointintime import iso, lag_summary, plan_time, VBucketCut, vbucket_cut
 from dcptool.archive.resolve import resolve
 from dcptool.client.options import ConnOptions
 from dcptool.errors import DcptoolError, UsageError
@@ -258,9 +259,14 @@ def _restore_task(task: RestoreTask, colls: Any) -> RestoreTaskResult:
     # records resolved per vbucket (what was sent), for the run log
     per_vb: dict[int, dict[str, int]] = {}
 
+    cuts: dict[int, dict[str, Any]] = {}
+
     def records_of(vb):
+        part_chain, upto = chain, None
+        if task.at is not None:
+            part_chain, upto, cuts[vb] = time_cut(chain, vb, task.at)
         recs = list(resolved_records(task.archive, vb, task.backup, task.key_filter,
-                                     chain=chain, collections=colls))
+                                     chain=part_chain, collections=colls, upto_seqno=upto))
         kinds = [r[0] for r in recs]
         per_vb[vb] = {k: kinds.count(k) for k in mw.WRITE_KINDS}
         return recs
@@ -306,7 +312,17 @@ def _restore_task(task: RestoreTask, colls: Any) -> RestoreTaskResult:
             writer.write(records())
         out = writer.counts.as_dict()
     return RestoreTaskResult(out, {"vbuckets": per_vb, "seconds": round(time.monotonic() - t0, 3),
-                                   "pid": os.getpid()})
+                                   "pid": os.getpid(), "cuts": cuts})
+
+
+def time_cut(chain, vbucket: int, at: int) -> tuple[list[Any], int, dict[str, Any]]:
+    """(the backups of `chain` to resolve `vbucket` over, the seqno to resolve to, the cut
+    as the result reports it) for a restore to time `at`: the vbucket's last snapshot
+    boundary at or before `at` (archive/pointintime.py)."""
+    held = [b for b in chain if b.entry(vbucket) is not None]
+    cut = vbucket_cut(vbucket, [VBucketHistory(b, vbucket) for b in held], at)
+    return held[:cut.part + 1], cut.seqno, {**cut.as_dict([b.id for b in held]),
+                                            "lag_ns": cut.lag}
 
 
 def _by_target_vbucket(per_vbucket, vbuckets: int, prefixed: bool):
@@ -553,6 +569,8 @@ class RestoreResult:
     target: dict[str, Any] | None = None
     #: what was checked of the archive before writing: backups, files, bytes, records
     checked: dict[str, int] | None = None
+    #: a restore to a time (--to-time): the time, each vbucket's cut, their lags
+    point_in_time: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = self.counts.as_dict()
@@ -563,7 +581,8 @@ class RestoreResult:
                 "spark_startup_seconds": round(self.spark_seconds, 3),
                 "items_per_second": round(total / work, 1) if work > 0 else None,
                 "collections": self.collections, "target": self.target,
-                "checked": self.checked, "log": self.log}
+                "checked": self.checked, "point_in_time": self.point_in_time,
+                "log": self.log}
 
 
 @dataclass(frozen=True)
@@ -587,6 +606,10 @@ class RestoreOptions:
     map_data: list[str] | None = None
     rest_port: int | None = None
     notice: Any = None
+    #: restore to this time (ns since the epoch, archive/pointintime.py) instead of a backup
+    to_time: int | None = None
+    #: with to_time inside a gap: the nearest snapshot boundary before it instead of refusing
+    nearest: bool = False
 
 
 def run_restore(archive: Archive | str, opts: ConnOptions | None = None, *,
@@ -595,12 +618,14 @@ def run_restore(archive: Archive | str, opts: ConnOptions | None = None, *,
                 partitions: int | None = None, master: str | None = None, spark: Any = None,
                 include_data: list[str] | None = None, exclude_data: list[str] | None = None,
                 map_data: list[str] | None = None, rest_port: int | None = None,
-                notice: Any = None) -> RestoreResult:
+                notice: Any = None, to_time: int | None = None,
+                nearest: bool = False) -> RestoreResult:
     """Restore `archive` (opened, or the one at that path) into the node `opts` (None
     with dry_run); see RestoreOptions. The run is logged to `ARCHIVE/logs/restore-*.log`.
     """
     options = RestoreOptions(backup, vbuckets, key_filter, force, dry_run, partitions, master,
-                             spark, include_data, exclude_data, map_data, rest_port, notice)
+                             spark, include_data, exclude_data, map_data, rest_port, notice,
+                             to_time, nearest)
     with RunLog("restore") as rl:
         # tasks may run elsewhere: the archive they get is rooted at its absolute location
         opened = Archive.opened(archive)
@@ -623,7 +648,11 @@ def _run_restore(rl: RunLog, archive: Archive, opts: ConnOptions | None,
     rl.attach(archive.path)
     rl.info("restore%s of %s into %s (pid %d)", " dry run" if o.dry_run else "", archive.path,
             "nothing" if opts is None else f"bucket {opts.bucket} on {opts.address}", os.getpid())
-    chain, held = _restore_scope(archive, o, label)
+    chain, held, when = _restore_scope(archive, o, label)
+    if when is not None:
+        rl.info("restore to time %s%s: chain of backup %s", iso(when.at),
+                f" (in the gap {iso(when.gap[0])} to {iso(when.gap[1])}: --nearest)"
+                if when.gap else "", chain[-1].id)
     # what verify checks, for the backups and vbuckets read: nothing is written otherwise
     files, nbytes, nrecords, secs = check_chain_files(archive, chain, held)
     rl.info("checked %d files (%d bytes, %d records) as verify does in %.2f s", files, nbytes,
@@ -647,6 +676,11 @@ def _run_restore(rl: RunLog, archive: Archive, opts: ConnOptions | None,
                                     # the backups' size as `info` and `verify` give it
                                     "size_on_disk": sum(dir_size(archive.backup_dir(b.id))
                                                         for b in chain)})
+    if when is not None:
+        result.point_in_time = {"to_time": iso(when.at), "nearest": o.nearest,
+                                "gap": None if when.gap is None else
+                                {"from": iso(when.gap[0]), "to": iso(when.gap[1])},
+                                "lag": lag_summary([]), "vbuckets": []}
     _log_restore_plan(rl, archive, chain, held, target, o)
     if held:
         _run_restore_tasks(rl, archive, chain, held, target, o, result)
@@ -673,10 +707,23 @@ class _RestoreTarget:
 
 
 def _restore_scope(archive: Archive, o: RestoreOptions,
-                   label: str) -> tuple[list[Any], list[int]]:
-    """(the chain restored, the vbuckets restored); a usage error for a bad key filter.
+                   label: str) -> tuple[list[Any], list[int], Any]:
+    """(the chain restored, the vbuckets restored, the TimePlan of --to-time or None); a
+    usage error for a bad key filter, or a time outside the archive's coverage.
     `label`: the archive as the caller named it."""
-    chain = archive.chain(o.backup)
+    when = None
+    if o.to_time is not None:
+        if o.backup is not None:
+            raise UsageError("--to-time and --backup exclude each other")
+        if not archive.committed_ids():
+            raise DcptoolError(f"archive {label} has no committed backup to restore")
+        when = plan_time(archive, o.to_time, nearest=o.nearest)
+        if not when.chain:
+            raise UsageError(f"--to-time {iso(o.to_time)}: no chain of the archive began "
+                             "by then")
+        chain = archive.chain(when.chain[-1])
+    else:
+        chain = archive.chain(o.backup)
     if not chain:
         raise DcptoolError(f"archive {label} has no committed backup to restore")
     held = sorted({vb for b in chain for vb in b.vbuckets})
@@ -687,7 +734,7 @@ def _restore_scope(archive: Archive, o: RestoreOptions,
             re.compile(o.key_filter)
         except re.error as exc:
             raise UsageError(f"--filter-keys: bad regular expression: {exc}") from None
-    return chain, held
+    return chain, held, when
 
 
 def _check_target(archive: Archive, opts: ConnOptions, chain: list[Any], held: list[int],
@@ -738,7 +785,8 @@ def _run_restore_tasks(rl: RunLog, archive: Archive, chain: list[Any], held: lis
     n = o.partitions or 2 * default_parallelism(spark)
     tasks = [(RestoreTask(target.opts, archive, backup_id, tuple(g), target.vbuckets,
                           key_filter=o.key_filter, force=o.force, dry_run=o.dry_run,
-                          routes=target.routes, archive_vbuckets=archive.vbucket_count),
+                          routes=target.routes, archive_vbuckets=archive.vbucket_count,
+                          at=o.to_time),
               target.setup.plan)
              for g in plan_groups(held, n)]
     rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master, len(tasks),
@@ -766,3 +814,17 @@ def _run_restore_tasks(rl: RunLog, archive: Archive, chain: list[Any], held: lis
         part = mw.WriteCounts(restored=r["restored"], skipped=r["skipped"], failed=r["failed"],
                               retries=r["retries"], errors=r["errors"])
         result.counts.add(part)
+        for vb, cut in sorted(run.get("cuts", {}).items()):
+            rl.info("vbucket %s: cut at seqno %s (backup %s), %s", vb, cut["seqno"],
+                    cut["backup"], "no record before it" if cut["time"] is None else
+                    f"time {cut['time']}, {cut['lag_seconds']} s before the time asked")
+            if result.point_in_time is not None:
+                result.point_in_time["vbuckets"].append(cut)
+    if result.point_in_time is not None:
+        pit = result.point_in_time
+        pit["vbuckets"].sort(key=lambda c: c["vbucket"])
+        cuts = [VBucketCut(c["vbucket"], 0, c["seqno"], None, c.pop("lag_ns"))
+                for c in pit["vbuckets"]]
+        pit["lag"] = lag_summary(cuts)
+        rl.info("cuts of %d vbuckets: worst lag %s s, median %s s", len(cuts),
+                pit["lag"]["worst_seconds"], pit["lag"]["median_seconds"])

@@ -1,0 +1,202 @@
+"""Restore, examine, export and read an archive as of a time, against real nodes.
+
+A node of 8 vbuckets; a writer thread of the test writes (and deletes) documents in a
+burst and logs each write with the CAS the node acknowledged it with and the time it was
+acknowledged; four backups run during the burst (a full one, then incrementals, so the
+vbuckets have many snapshot boundaries), one after it, and, past a gap of the archive (no
+backup running for longer than the gap tolerance), one more. Module-scoped: the archive
+is built once.
+
+- `restore --to-time T` (T in the middle of the burst) into a second node: each vbucket
+  holds exactly the writer's state at its reported cut (from the writer's log, not from
+  dcptool's reading), every cut at or before T;
+- a time inside the gap is refused in one line naming it; with --nearest it restores;
+- `examine KEY --at`, `export --resolved --at` and the Spark source's `asOf` give the
+  writer's state at the cut.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+from cliutil import cli
+from docutil import node_documents, opts_for
+from nodeprocutil import NodeProcess
+
+from dcptool.archive import Archive
+from dcptool.archive.pointintime import iso, record_time
+from dcptool.pipeline.backup import run_backup
+from dcptool.protocol import Delete, Set, vbucket_of
+from dcptool.protocol.constants import Status
+
+VBS = 8
+KEYS = [f"doc::{i:03d}" for i in range(48)]
+#: the gap tolerance of this module's archive (seconds; DCPTOOL_GAP_TOLERANCE)
+TOLERANCE = "1"
+
+
+class Writer(threading.Thread):
+    """Writes KEYS round-robin (every ninth write a delete of a live key) until stopped;
+    `log` holds (key, value or None for a delete, acknowledged CAS, acknowledged ns)."""
+
+    def __init__(self, opts, start: int = 0):
+        super().__init__(daemon=True)
+        self.opts = opts
+        self.i = start
+        self.log: list[tuple[str, bytes | None, int, int]] = []
+        self.live: set[str] = set()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def write_one(self, conn) -> None:
+        key = KEYS[self.i % len(KEYS)]
+        k = key.encode()
+        vb = vbucket_of(k, VBS)
+        if self.i % 9 == 8 and key in self.live:
+            rsp = conn.request(Delete(key=k, vbucket=vb))
+            value = None
+            self.live.discard(key)
+        else:
+            value = json.dumps({"key": key, "n": self.i}).encode()
+            rsp = conn.request(Set(key=k, value=value, vbucket=vb, datatype=1))
+            self.live.add(key)
+        assert rsp.status == Status.SUCCESS, (key, rsp.status)
+        self.log.append((key, value, rsp.cas, time.time_ns()))
+        self.i += 1
+
+    def run(self) -> None:
+        try:
+            with self.opts.connect() as conn:
+                while not self.stop.is_set():
+                    self.write_one(conn)
+                    time.sleep(0.003)
+        except BaseException as exc:  # noqa: BLE001 (reported by the fixture)
+            self.error = exc
+
+
+def state_at(log, cut_ns: int | None, vbucket: int) -> dict[str, bytes]:
+    """The writer's live documents of `vbucket` as of CAS time `cut_ns` (None: nothing)."""
+    out: dict[str, bytes | None] = {}
+    if cut_ns is not None:
+        for key, value, cas, _ack in log:
+            if vbucket_of(key.encode(), VBS) == vbucket and record_time(cas) <= cut_ns:
+                out[key] = value
+    return {k: v for k, v in out.items() if v is not None}
+
+
+@pytest.fixture(scope="module")
+def pit(tmp_path_factory, spark):
+    """(archive path, writer log, src node, dst node, T in the burst, a time in the gap)."""
+    base = tmp_path_factory.mktemp("pit")
+    path = base / "archive"
+    old = os.environ.get("DCPTOOL_GAP_TOLERANCE")
+    os.environ["DCPTOOL_GAP_TOLERANCE"] = TOLERANCE
+    src = NodeProcess(base / "src", vbuckets=VBS).start()
+    dst = NodeProcess(base / "dst", vbuckets=VBS).start()
+    try:
+        opts = opts_for(src)
+        w = Writer(opts)
+        w.start()
+        time.sleep(0.1)
+        run_backup(opts, path, spark=spark)
+        full_done = time.time_ns()
+        for _ in range(3):
+            run_backup(opts, path, spark=spark)
+        last_done = time.time_ns()
+        w.stop.set()
+        w.join()
+        assert w.error is None, w.error
+        run_backup(opts, path, spark=spark)
+        # T: the middle of the writes acknowledged while the incrementals ran
+        burst = [ack for *_x, ack in w.log if full_done < ack < last_done]
+        assert len(burst) > 50
+        t_mid = burst[len(burst) // 2]
+        time.sleep(float(TOLERANCE) * 2.5)  # a gap: no backup running
+        gap_time = time.time_ns() - int(float(TOLERANCE) * NS_HALF)
+        with opts.connect() as conn:
+            for _ in range(20):
+                w.write_one(conn)
+        run_backup(opts, path, spark=spark)
+        yield path, w.log, src, dst, t_mid, gap_time
+    finally:
+        src.stop()
+        dst.stop()
+        if old is None:
+            os.environ.pop("DCPTOOL_GAP_TOLERANCE", None)
+        else:
+            os.environ["DCPTOOL_GAP_TOLERANCE"] = old
+
+
+NS_HALF = 500_000_000
+
+
+@pytest.fixture
+def login(pit, monkeypatch):
+    monkeypatch.setenv("DCPTOOL_USERNAME", pit[3].username)
+    monkeypatch.setenv("DCPTOOL_PASSWORD", pit[3].password)
+
+
+def _restore(capsys, path, dst, *args):
+    return cli(capsys, "restore", path, "-c", f"{dst.host}:{dst.port}", "--json", *args)
+
+
+def test_restore_to_a_time_in_the_burst_is_the_writers_state_at_each_cut(pit, login, capsys):
+    path, log, _src, dst, t_mid, _gap = pit
+    assert len(Archive.open(path).committed_ids()) == 6
+    rc, out, err = _restore(capsys, path, dst, "--to-time", iso(t_mid))
+    assert rc == 0, err
+    d = json.loads(out)
+    pit_d = d["point_in_time"]
+    at = pit_d["to_time"]
+    assert at == iso(t_mid)
+    cuts = {c["vbucket"]: c for c in pit_d["vbuckets"]}
+    assert sorted(cuts) == list(range(VBS))
+    held = node_documents(opts_for(dst))
+    restored = {k.decode(): v[1] for k, v in held.items() if v[0] == "live"}
+    nonempty = 0
+    for vb, c in cuts.items():
+        assert c["time_ns"] is None or c["time_ns"] <= t_mid
+        want = state_at(log, c["time_ns"], vb)
+        got = {k: v for k, v in restored.items() if vbucket_of(k.encode(), VBS) == vb}
+        assert got == want, f"vbucket {vb} cut {c}"
+        nonempty += bool(want)
+        # nothing the writer wrote between the cut and T was restored, and the cut is
+        # the newest boundary: its lag is what the summary reports
+        at_ns = t_mid // 1000 * 1000  # TIME as given: to the microsecond
+        assert c["lag_seconds"] == pytest.approx((at_ns - c["time_ns"]) / 1e9, abs=1e-6)
+    assert nonempty == VBS
+    lags = sorted(c["lag_seconds"] for c in cuts.values())
+    assert pit_d["lag"]["worst_seconds"] == pytest.approx(lags[-1])
+    assert pit_d["lag"]["median_seconds"] == pytest.approx((lags[3] + lags[4]) / 2)
+    # the writer's state at T is not its final state: the restore is of the middle
+    final = record_time(log[-1][2])
+    assert any(state_at(log, c["time_ns"], vb) != state_at(log, final, vb)
+               for vb, c in cuts.items())
+
+
+def test_a_time_in_a_gap_is_refused_and_nearest_restores(pit, login, capsys):
+    path, log, _src, dst, _t, gap_time = pit
+    rc, out, err = _restore(capsys, path, dst, "--to-time", iso(gap_time))
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "gap" in lines[0] and "--nearest" in lines[0]
+    rc, out, err = _restore(capsys, path, dst, "--to-time", iso(gap_time), "--nearest",
+                            "--dry-run")
+    assert rc == 0, err
+    d = json.loads(out)["point_in_time"]
+    assert d["gap"] is not None and d["nearest"]
+    burst_end = max(record_time(c) for _k, _v, c, ack in log if ack < gap_time)
+    for c in d["vbuckets"]:
+        assert c["time_ns"] <= burst_end
+
+
+def test_bad_times_are_usage_errors(pit, login, capsys):
+    path, _log, _src, dst, _t, _gap = pit
+    for bad in ("2026-11-28T14:03:00", "2999-01-01T00:00:00Z", "2001-01-01T00:00:00Z",
+                "yesterday"):
+        rc, out, err = _restore(capsys, path, dst, "--to-time", bad)
+        assert rc == 2 and out == "", bad
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
