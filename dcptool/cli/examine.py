@@ -37,6 +37,13 @@ def examine(
         "--collection", metavar="SCOPE.COLLECTION",
         help="Only the versions in this collection (default: the key in every "
              "collection).")] = None,
+    at: Annotated[Optional[str], typer.Option(
+        "--at", metavar="TIME",
+        help="Mark the version the key had at this time (ISO 8601 with a zone, or "
+             "relative: -15m), as restore --to-time would restore it.")] = None,
+    nearest: Annotated[bool, typer.Option(
+        "--nearest", help="With --at in a gap of the archive: the nearest snapshot "
+                          "boundary before it instead of refusing.")] = False,
     show_values: Annotated[bool, typer.Option("--values", help="Show each version's value.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the timeline as JSON.")] = False,
     bucket: Annotated[Optional[str], typer.Option(
@@ -55,15 +62,33 @@ def examine(
     Of a cluster archive (backup --all-buckets) it reads the archive of the bucket -b
     names (or of its only bucket).
 
+    --at TIME reads the chain that holds TIME and marks "as of TIME" the version the key
+    had at its vbucket's last snapshot boundary at or before TIME (what 'restore
+    --to-time TIME' writes; none when the key did not exist or was deleted then); a time
+    in a gap of the archive (no backup running) is refused unless --nearest.
+
     Example: dcptool examine /backups/default airline_10 --values
+    Example: dcptool examine /backups/default airline_10 --at 2026-11-28T14:03:00Z
     Example: dcptool examine /backups/cluster airline_10 -b travel-sample
     """
     from dcptool.cli.clusterarchive import open_bucket_archive
     from dcptool.pipeline.examine import examine_key
 
+    from dcptool.errors import UsageError
+
+    when = None
+    if nearest and not at:
+        raise UsageError("--nearest goes with --at")
+    if at:
+        from dcptool.archive.pointintime import parse_time
+
+        when = parse_time(at, option="--at")
+        if backup_id:
+            raise UsageError("--at and --backup exclude each other")
     opened = open_bucket_archive(archive, bucket)
     backup_id = backup_id_arg(opened, backup_id)
-    d = examine_key(opened, key, backup=backup_id, values=show_values, collection=collection)
+    d = examine_key(opened, key, backup=backup_id, values=show_values, collection=collection,
+                    at=when, nearest=nearest)
     if json_out:
         print_json(d)
         if not d["versions"]:
@@ -76,6 +101,8 @@ def examine(
     rows = []
     for v in d["versions"]:
         notes = ["dead branch"] if v["dead"] else (["would restore"] if v["restored"] else [])
+        if v.get("as_of"):
+            notes.insert(0, "as of --at")
         if v["collection_dropped"]:
             notes.append("collection dropped")
         rows.append([v["backup"], v["scope"] or "?", v["collection"] or "?", f"{v['seqno']:,}",
@@ -88,6 +115,14 @@ def examine(
                       "flags", "expiry", "note"], rows,
                 title=f"{d['key']} (vbucket {d['vbucket']})",
                 right=("seqno", "rev", "cas", "size", "flags"))
+    if d.get("at"):
+        a = d["at"]
+        state = ("existed" if a["exists"] else
+                 "did not exist (deleted, or not yet written)")
+        con.print(f"as of {a['to_time']}: the key {state}; vbucket {d['vbucket']} cut at seqno "
+                  f"{a['seqno']} (backup {a['backup']})"
+                  + (f", {a['lag_seconds']:.3f} s before it" if a["lag_seconds"] is not None
+                     else ""), markup=False, highlight=False)
     if show_values:
         for v in d["versions"]:
             text = v.get("value", v.get("value_base64"))

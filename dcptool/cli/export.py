@@ -40,6 +40,14 @@ def export(
     resolved: Annotated[bool, typer.Option(
         "--resolved", help="The newest version of each key (what restore writes) instead of "
                            "every record.")] = False,
+    at: Annotated[Optional[str], typer.Option(
+        "--at", metavar="TIME",
+        help="With --resolved: the state as of this time (ISO 8601 with a zone, or "
+             "relative: -15m), each vbucket at its last snapshot boundary at or before "
+             "it, as restore --to-time.")] = None,
+    nearest: Annotated[bool, typer.Option(
+        "--nearest", help="With --at in a gap of the archive: the nearest snapshot "
+                          "boundary before it instead of refusing.")] = False,
     vbuckets: Annotated[Optional[str], typer.Option("--vbuckets", metavar="LIST",
                                                     help="Only these vbuckets, e.g. 0-15,512.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT if it exists.")] = False,
@@ -60,13 +68,27 @@ def export(
     Of a cluster archive (backup --all-buckets) it writes every bucket's rows (-b: those
     buckets') into OUT, each with a bucket column; --backup then needs one -b NAME.
 
+    --resolved --at TIME writes the documents as they were at TIME (what 'restore
+    --to-time TIME' writes); a time in a gap of the archive (no backup running) is refused
+    unless --nearest.
+
     Example: dcptool export /backups/default /tmp/docs --format parquet --resolved
+    Example: dcptool export /backups/default /tmp/then --resolved --at 2026-11-28T14:03:00Z
     Example: dcptool export /backups/cluster /tmp/all --format jsonl -b travel-sample
     """
     from dcptool.cli.clusterarchive import is_cluster_archive
     from dcptool.pipeline.export import run_export
 
+    from dcptool.errors import UsageError
+
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
+    when = None
+    if nearest and not at:
+        raise UsageError("--nearest goes with --at")
+    if at:
+        from dcptool.archive.pointintime import parse_time
+
+        when = parse_time(at, option="--at")
     if is_cluster_archive(archive):
         opened, names, backup_id = _cluster_export_source(archive, bucket, backup_id)
     else:
@@ -77,12 +99,14 @@ def export(
     with spark_progress("export", disabled=no_progress or json_out):
         result = run_export(opened, out, fmt=fmt.lower(), backup=backup_id, resolved=resolved,
                             vbuckets=vbs, overwrite=overwrite, partitions=partitions,
-                            master=master, buckets=names)
+                            master=master, buckets=names, at=when, nearest=nearest)
     d = result.as_dict()
     if json_out:
         print_json(d)
         return
     what = "resolved documents" if resolved else "records"
+    if d.get("at"):
+        what += f" as of {d['at']}"
     console().print(f"exported {d['rows']:,} {what} to {d['out']} ({d['format']}, "
                     f"{plural(d['files'], 'file')}, {human_bytes(d['bytes'])}) in {d['seconds']:.1f} s")
 

@@ -47,7 +47,8 @@ def _vbucket_option(vbuckets: str | Iterable[int] | None) -> str | None:
 def read_archive(spark, path: Any, *, backup: str | None = None,
                  vbuckets: str | Iterable[int] | None = None, resolved: bool = False,
                  partitions: int | None = None, values: bool = True, progress_files=None,
-                 bucket: str | Iterable[str] | None = None):
+                 bucket: str | Iterable[str] | None = None, as_of: str | int | None = None,
+                 nearest: bool = False):
     """A DataFrame of an archive's records (one row per mutation, deletion, expiration).
 
     `backup`: only that backup's records, or with `resolved` the state as of that backup.
@@ -58,7 +59,10 @@ def read_archive(spark, path: Any, *, backup: str | None = None,
     `values=False` leaves the value column null (faster when only metadata is needed).
     `path`: where the archive is, or the archive opened (`dcptool.archive.Archive`).
     `progress_files` (a pipeline.progress.ProgressFiles): the tasks count the records they
-    read into it, for a progress bar.
+    read into it, for a progress bar. `as_of` (ISO 8601 with a zone, a relative time such
+    as "-15m", or ns since the epoch): the resolved state as of that time, each vbucket at
+    its last snapshot boundary at or before it; a time in a gap of the archive is refused
+    unless `nearest`.
 
     A cluster archive (`path`, or a `dcptool.archive.cluster.ClusterArchive`) gives every
     bucket's rows with a `bucket` column last; `bucket` (a name, a comma list or a list)
@@ -90,7 +94,9 @@ def read_archive(spark, path: Any, *, backup: str | None = None,
     opts: dict[str, Any] = {
         "backup": backup,
         "vbuckets": _vbucket_option(vbuckets),
-        "resolved": "true" if resolved else "false",
+        "resolved": "true" if resolved or as_of is not None else "false",
+        "asOf": _as_of_text(as_of),
+        "nearest": "true" if nearest else None,
         "partitions": str(partitions or 2 * default_parallelism(spark)),
         "values": "true" if values else "false",
         "bucket": names,
@@ -113,6 +119,14 @@ def read_archive(spark, path: Any, *, backup: str | None = None,
         if v is not None:
             reader = reader.option(k, v)
     return reader.load(str(where.absolute()))
+
+
+def _as_of_text(as_of: str | int | None) -> str | None:
+    if as_of is None or isinstance(as_of, str):
+        return as_of
+    from dcptool.archive.pointintime import iso
+
+    return iso(int(as_of))
 
 
 def _cluster_read(path: Any, bucket: str | Iterable[str] | None,

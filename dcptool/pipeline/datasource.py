@@ -3,6 +3,7 @@
     spark.read.format("dcptool").load("/backups/default")                  # every record
     spark.read.format("dcptool").option("backup", ID).load(path)           # one backup's records
     spark.read.format("dcptool").option("resolved", "true").load(path)     # what restore writes
+    spark.read.format("dcptool").option("asOf", "2026-11-28T14:03:00Z").load(path)  # as of a time
 
 Use `dcptool.spark.read_archive` (it registers the source on demand). The schema is in
 `docs/spark.md`; one row per item record (mutation, deletion, expiration).
@@ -19,6 +20,11 @@ restore does (docs/archive-format.md, "Rollbacks and resolution"): records of a 
 above the lowest rollback seqno of any later backup of the chain are dead and skipped, and
 of the rest the newest version of each key wins (tombstones included); documents of a
 collection dropped as of that backup are left out.
+
+`asOf=TIME` (ISO 8601 with a zone, or relative: -15m) is `resolved=true` as of a time:
+each vbucket of the chain that holds TIME is resolved to its last snapshot boundary at or
+before TIME (the rule of `restore --to-time`, archive/pointintime.py); a time in a gap of
+the archive is refused unless `nearest=true`.
 
 Collections: `key` is the document key without its collection prefix; `scope` and
 `collection` name the collection (through the archive's manifests and system events; an
@@ -39,7 +45,7 @@ from typing import Any, Iterable, Iterator
 from dcptool.archive import Archive, backup_path, crypto, storage
 from dcptool.archive.chain import descendant_cuts
 from dcptool.archive.format import entries_records
-from dcptool.archive.reader import iter_vbucket_batches
+from dcptool.archive.reader import iter_vbucket_batches, iter_vbucket_records
 from dcptool.archive.resolve import Drops, drop_dropped, part_cuts
 from dcptool.errors import UsageError
 from dcptool.protocol.collections import DEFAULT_COLLECTION, DEFAULT_SCOPE, split_doc_key
@@ -140,11 +146,15 @@ def _balance(units: list[tuple[int, int, Any]], n: int) -> list[list[Any]]:
 def plan_scan(path: Archive | str | os.PathLike[str], *, backup: str | None = None,
               vbuckets: Iterable[int] | None = None, resolved: bool = False,
               partitions: int | None = None, values: bool = True,
-              validate: bool = False) -> list[ScanPartition]:
+              validate: bool = False, at: int | None = None, nearest: bool = False,
+              at_option: str = "option asOf", nearest_option: str = "option nearest"
+              ) -> list[ScanPartition]:
     """The partitions of a read, for `read_partition`.
 
     Without `resolved`: the records of every committed backup (or only of `backup`).
     With `resolved`: the state as of `backup` (default the newest) over its chain.
+    With `at` (ns since the epoch; implies `resolved`): the state as of that time over the
+    chain that holds it, refused in a gap of the archive unless `nearest`.
     `path`: the opened archive (or where it is: opened here).
     """
     archive = path if isinstance(path, Archive) else Archive.open(path)
@@ -155,6 +165,17 @@ def plan_scan(path: Archive | str | os.PathLike[str], *, backup: str | None = No
     n = partitions or default_partitions()
     units: list[tuple[int, int, Any]] = []
     manifests = archive.manifests()
+    if at is not None:
+        from dcptool.archive.pointintime import plan_time
+
+        if backup is not None:
+            raise UsageError(f"{at_option} and a backup exclude each other")
+        resolved = True
+        chain = plan_time(archive, at, nearest=nearest, option=at_option,
+                          nearest_flag=nearest_option).chain
+        if not chain:
+            return [ScanPartition(archive, (), True, values, validate, at=at)]
+        backup = chain[-1]
     if resolved:
         per_vb: dict[int, list] = {}
         for bid in archive.chain_ids(manifests, backup):
@@ -180,7 +201,7 @@ def plan_scan(path: Archive | str | os.PathLike[str], *, backup: str | None = No
                 if wanted is not None and vb not in wanted:
                     continue
                 units.append((vb, e["bytes"]["files"], (bid, e, cuts[bid].get(vb))))
-    return [ScanPartition(archive, tuple(g), resolved, values, validate)
+    return [ScanPartition(archive, tuple(g), resolved, values, validate, at=at)
             for g in _balance(units, n) or [[]]]
 
 
@@ -417,15 +438,18 @@ class _Batches:
 
 def resolve_parts(parts: list[tuple[str, Path, dict[str, Any]]], *,
                   validate: bool = False, names: ArchiveNames | CollectionNames | None = None,
-                  keep_dropped: bool = False, key: Any = None) -> tuple[list[tuple], list[str]]:
+                  keep_dropped: bool = False, key: Any = None,
+                  upto: int | None = None) -> tuple[list[tuple], list[str]]:
     """Resolve one vbucket over the parts of a chain (oldest first, each (backup id,
     backup dir, manifest entry)): the newest surviving record of each key, and for each
     the id of the backup holding it. Same rule as `dcptool.archive.resolve` (which restore
     uses): records above the lowest rollback seqno of any later part are dead, and the
     documents of a collection a surviving system event dropped are left out (unless
     `keep_dropped`). The system events read are given to `names`. `key`: the archive's
-    data key (None for a plain archive)."""
+    data key (None for a plain archive). `upto`: only records at or below this seqno."""
     cuts = part_cuts([[r["seqno"] for r in e["rollbacks"]] for _, _, e in parts])
+    if upto is not None:
+        cuts = [upto if c is None else min(c, upto) for c in cuts]
     state: dict[bytes, tuple] = {}
     tops: list[int] = []
     owners: list[str] = []
@@ -495,8 +519,12 @@ def _read_partition(part: ScanPartition, on_unit) -> Iterator[Any]:
     validate = part.validate
     if part.resolved:
         for u, (vb, parts) in enumerate(part.units):
+            upto = None
+            if part.at is not None:
+                parts, upto = _time_cut(root, vb, parts, part.at, archive.key)
             recs, owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in parts],
-                                         validate=validate, names=names, key=archive.key)
+                                         validate=validate, names=names, key=archive.key,
+                                         upto=upto)
             for i in range(0, len(recs), BATCH_ROWS):
                 out.add(recs[i:i + BATCH_ROWS], owners[i:i + BATCH_ROWS], vb, None,
                         items_only=True)
@@ -518,6 +546,15 @@ def _read_partition(part: ScanPartition, on_unit) -> Iterator[Any]:
     last = out.flush()
     if last is not None:
         yield last
+
+
+def _time_cut(root: Path, vb: int, parts: list, at: int, key: Any) -> tuple[list, int]:
+    """(the parts to resolve over, the seqno to resolve to) of vbucket `vb` as of time `at`."""
+    from dcptool.archive.pointintime import vbucket_cut
+
+    cut = vbucket_cut(vb, [iter_vbucket_records(backup_path(root, bid), e, key=key)
+                           for bid, e in parts], at)
+    return list(parts[:cut.part + 1]), cut.seqno
 
 
 def read_all(path: str | os.PathLike[str], **kw: Any) -> Iterator[Any]:
@@ -556,10 +593,23 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
         "backup": options.get("backup") or None,
         "vbuckets": parse_vbuckets(options.get("vbuckets"), option="option vbuckets"),
         "resolved": _flag(options, "resolved"),
+        **_as_of(options),
         "partitions": n,
         "values": _flag(options, "values", True),
         "validate": _flag(options, "validate", False),
     }
+
+
+def _as_of(options: dict[str, str]) -> dict[str, Any]:
+    """{"at", "nearest"} of options asOf and nearest ({} without asOf)."""
+    from dcptool.archive.pointintime import parse_time
+
+    text = options.get("asof")
+    if text in (None, ""):
+        if _flag(options, "nearest"):
+            raise UsageError("option nearest goes with option asOf")
+        return {}
+    return {"at": parse_time(text, option="option asOf"), "nearest": _flag(options, "nearest")}
 
 
 def split_bucket_option(kw: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

@@ -48,13 +48,29 @@ def _value_text(value: bytes, datatype: int) -> dict[str, Any]:
 
 def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
                 backup: str | None = None, values: bool = False,
-                vbucket: int | None = None, collection: str | None = None) -> dict[str, Any]:
+                vbucket: int | None = None, collection: str | None = None,
+                at: int | None = None, nearest: bool = False) -> dict[str, Any]:
     """{"key", "vbucket", "versions": [...]} oldest first. With `backup`, only the chain of
     that backup; otherwise every committed backup. `collection` ("scope.collection"): only
-    the versions in collections of that name."""
+    the versions in collections of that name. `at` (ns since the epoch): the chain that
+    holds that time, each version marked `as_of` when it is the key's state at the
+    vbucket's cut for it (restore --to-time's), and "at" gives the cut."""
     from .collnames import CollectionNames
 
     archive = Archive.opened(archive_path)
+    if at is not None:
+        from dcptool.archive.pointintime import plan_time
+
+        if backup is not None:
+            raise UsageError("--at and --backup exclude each other")
+        chain = plan_time(archive, at, nearest=nearest, option="--at").chain
+        if not chain:
+            raise UsageError("--at: no chain of the archive began by then")
+        backup = chain[-1]
+        d = examine_key(archive, key, backup=backup, values=values, vbucket=vbucket,
+                        collection=collection)
+        d["at"] = _mark_as_of(archive, d, backup, at)
+        return d
     k = key.encode("utf-8") if isinstance(key, str) else bytes(key)
     want: tuple[str, str] | None = None
     if collection is not None:
@@ -143,6 +159,27 @@ def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
             "backups_read": len([b for b in ids
                                  if any(e["vbucket"] == vb for e in scope[b]["vbuckets"])]),
             "versions": versions}
+
+
+def _mark_as_of(archive: Archive, d: dict[str, Any], backup: str, at: int) -> dict[str, Any]:
+    """Mark the versions of `d` that are the key's state as of time `at` (`as_of`) and
+    return the cut: the vbucket's last snapshot boundary at or before `at`, resolved as a
+    restore to that time resolves it (rollbacks recorded later not applied)."""
+    from dcptool.archive import VBucketHistory
+    from dcptool.archive.pointintime import iso, vbucket_cut
+    from dcptool.archive.resolve import resolve
+
+    vb = d["vbucket"]
+    held = [b for b in archive.chain(backup) if b.entry(vb) is not None]
+    cut = vbucket_cut(vb, [VBucketHistory(b, vb) for b in held], at)
+    k = d["key"].encode("utf-8")
+    state = resolve([VBucketHistory(b, vb) for b in held[:cut.part + 1]], upto_seqno=cut.seqno)
+    current = {(r[1], r[3]) for dk, r in state.items() if split_doc_key(dk)[1] == k}
+    for v in d["versions"]:
+        v["as_of"] = (v["seqno"], v["cas"]) in current
+    out = {**cut.as_dict([b.id for b in held]), "to_time": iso(at)}
+    out["exists"] = any(v["as_of"] and not v["deleted"] for v in d["versions"])
+    return out
 
 
 __all__ = ["examine_key"]

@@ -31,13 +31,16 @@ class ExportResult:
     rows: int
     backup: str | None
     resolved: bool
+    #: the time of --at (ISO 8601), None for none
+    at: str | None
     files: int
     bytes: int
     seconds: float
 
     def as_dict(self) -> dict[str, Any]:
         return {"out": self.out, "format": self.format, "rows": self.rows,
-                "backup": self.backup, "resolved": self.resolved, "files": self.files,
+                "backup": self.backup, "resolved": self.resolved, "at": self.at,
+                "files": self.files,
                 "bytes": self.bytes, "seconds": round(self.seconds, 3)}
 
 
@@ -46,9 +49,11 @@ def run_export(archive_path: str | os.PathLike[str] | Archive | ClusterArchive,
                fmt: str = "parquet", backup: str | None = None, resolved: bool = False,
                vbuckets: list[int] | None = None, overwrite: bool = False,
                partitions: int | None = None, master: str | None = None,
-               spark=None, buckets: list[str] | None = None) -> ExportResult:
+               spark=None, buckets: list[str] | None = None, at: int | None = None,
+               nearest: bool = False) -> ExportResult:
     """Export a bucket archive, or the buckets of an opened cluster archive (`buckets`,
-    default all) into one output whose rows carry a `bucket` column."""
+    default all) into one output whose rows carry a `bucket` column. `at` (ns since the
+    epoch, with `resolved`): the state as of that time (see archive/pointintime.py)."""
     from .dataframes import read_archive
     from .datasource import plan_cluster_scan, plan_scan, unit_records
     from . import progress
@@ -72,6 +77,15 @@ def run_export(archive_path: str | os.PathLike[str] | Archive | ClusterArchive,
         plan = functools.partial(plan_scan, archive)
         read = read_archive
         key_travels = archive.key is not None
+    if at is not None:
+        if not resolved:
+            raise UsageError("--at goes with --resolved")
+        if backup is not None:
+            raise UsageError("--at and --backup exclude each other")
+        _check_time(archive, buckets, at, nearest)
+        plan = functools.partial(plan, at=at, nearest=nearest, at_option="--at",
+                                 nearest_option="--nearest")
+        read = functools.partial(read, as_of=at, nearest=nearest)
     out = Path(out).absolute()
     if out.exists() and not overwrite:
         if not out.is_dir() or any(out.iterdir()):
@@ -117,8 +131,28 @@ def run_export(archive_path: str | os.PathLike[str] | Archive | ClusterArchive,
                 rows += sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
     if fmt == "parquet":
         rows = spark.read.parquet(str(out)).count()  # from the footers
-    return ExportResult(str(out), fmt, rows, backup, resolved, files, size,
-                        time.monotonic() - t0)
+    return ExportResult(str(out), fmt, rows, backup, resolved,
+                        None if at is None else _iso(at), files, size, time.monotonic() - t0)
+
+
+def _iso(ns: int) -> str:
+    from dcptool.archive.pointintime import iso
+
+    return iso(ns)
+
+
+def _check_time(archive: Any, buckets: list[str] | None, at: int, nearest: bool) -> None:
+    """--at checked against the archive's (each bucket's) coverage before Spark starts."""
+    from dcptool.archive.pointintime import plan_time
+
+    if isinstance(archive, ClusterArchive):
+        from dcptool.archive.clusterread import select_buckets
+
+        for name in select_buckets(archive, buckets):
+            plan_time(archive.open_bucket(name), at, nearest=nearest,
+                      option=f"--at (bucket {name})")
+    else:
+        plan_time(archive, at, nearest=nearest, option="--at")
 
 
 def _cluster_checks(cluster: ClusterArchive, buckets: list[str] | None,

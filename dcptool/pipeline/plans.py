@@ -142,6 +142,9 @@ class ScanPartition:
     #: the bucket of a cluster archive this partition reads (its rows get a `bucket`
     #: column); None for a bucket archive read alone
     bucket: str | None = None
+    #: with `resolved`: the state as of this time (ns since the epoch), each vbucket cut
+    #: at its last snapshot boundary at or before it (archive/pointintime.py)
+    at: int | None = None
 
 
 

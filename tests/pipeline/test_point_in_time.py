@@ -200,3 +200,73 @@ def test_bad_times_are_usage_errors(pit, login, capsys):
         rc, out, err = _restore(capsys, path, dst, "--to-time", bad)
         assert rc == 2 and out == "", bad
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def _writer_state(log, cuts) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for vb, t in cuts.items():
+        out.update(state_at(log, t, vb))
+    return out
+
+
+def test_examine_at_marks_the_version_of_that_time(pit, login, capsys):
+    path, log, _src, dst, t_mid, _gap = pit
+    at = iso(t_mid)
+    rc, out, err = _restore(capsys, path, dst, "--to-time", at, "--dry-run")
+    cuts = {c["vbucket"]: c for c in json.loads(out)["point_in_time"]["vbuckets"]}
+    want = _writer_state(log, {vb: c["time_ns"] for vb, c in cuts.items()})
+    for key in KEYS:
+        rc, out, err = cli(capsys, "examine", path, key, "--at", at, "--json", "--values")
+        assert rc == 0, err
+        d = json.loads(out)
+        cut = cuts[d["vbucket"]]
+        assert (d["at"]["seqno"], d["at"]["time_ns"]) == (cut["seqno"], cut["time_ns"])
+        current = [v for v in d["versions"] if v["as_of"]]
+        assert len(current) <= 1
+        live = [v for v in current if not v["deleted"]]
+        if key in want:
+            assert live and live[0]["value"].encode() == want[key], key
+            assert d["at"]["exists"]
+        else:
+            assert not live and not d["at"]["exists"], key
+    rc, out, err = cli(capsys, "examine", path, KEYS[0], "--at", at)
+    assert rc == 0 and f"as of {at}" in out
+
+
+def test_export_resolved_at_writes_the_state_of_that_time(pit, login, capsys, tmp_path):
+    import base64
+
+    path, log, _src, dst, t_mid, gap_time = pit
+    at = iso(t_mid)
+    rc, out, err = _restore(capsys, path, dst, "--to-time", at, "--dry-run")
+    cuts = {c["vbucket"]: c["time_ns"] for c in json.loads(out)["point_in_time"]["vbuckets"]}
+    rc, out, err = cli(capsys, "export", path, tmp_path / "out", "--resolved", "--at", at,
+                       "--format", "jsonl", "--json", "--no-progress")
+    assert rc == 0, err
+    assert json.loads(out)["at"] == at
+    rows = [json.loads(line) for f in sorted((tmp_path / "out").glob("part-*.jsonl"))
+            for line in f.read_text().splitlines()]
+    got = {r["key"]: base64.b64decode(r["value"]) for r in rows if not r["deleted"]}
+    assert got == _writer_state(log, cuts)
+    # a time in the gap: refused in one line, before Spark
+    rc, out, err = cli(capsys, "export", path, tmp_path / "gap", "--resolved", "--at",
+                       iso(gap_time), "--format", "jsonl")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "gap" in err
+
+
+def test_spark_source_as_of(pit, login, capsys, spark):
+    path, log, _src, dst, t_mid, _gap = pit
+    at = iso(t_mid)
+    rc, out, err = _restore(capsys, path, dst, "--to-time", at, "--dry-run")
+    cuts = {c["vbucket"]: c["time_ns"] for c in json.loads(out)["point_in_time"]["vbuckets"]}
+    from dcptool.pipeline.dataframes import register
+
+    register(spark)
+    df = spark.read.format("dcptool").option("asOf", at).load(str(path))
+    rows = df.where("NOT deleted").select("key", "value").collect()
+    assert {r["key"]: bytes(r["value"]) for r in rows} == _writer_state(log, cuts)
+    # the newest state differs (the burst went on after T)
+    newest = spark.read.format("dcptool").option("resolved", "true").load(str(path))
+    assert newest.where("NOT deleted").count() != len(rows) or {
+        r["key"]: bytes(r["value"]) for r in newest.where("NOT deleted").collect()} != {
+        r["key"]: bytes(r["value"]) for r in rows}
