@@ -109,6 +109,7 @@ def info(
         return
     arch = open_archive(archive)
     desc = describe_archive(arch)
+    window = _add_window(desc, arch)
     policy = Policy(last=keep_last, hourly=keep_hourly, daily=keep_daily, weekly=keep_weekly,
                     monthly=keep_monthly)
     if not policy.empty:
@@ -122,6 +123,7 @@ def info(
         print_json(desc, pretty=True)
         return
     _print_bucket_info(desc, archive)
+    _print_windows([(arch.bucket, window)])
 
 
 def _node_bucket(names: list[str] | None) -> str | None:
@@ -285,6 +287,7 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
     cluster = open_cluster(archive)
     wanted = conn_args.bucket
     desc = describe_cluster(cluster, pick_buckets(cluster, wanted))
+    windows = _add_cluster_windows(cluster, desc)
     if conn_args.cluster is not None:
         _cluster_node_checks(cluster, desc, conn_args)
     if as_json:
@@ -297,6 +300,7 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
                 continue
             table_console().print(f"[bold]bucket {name}[/bold]")
             _print_bucket_info(d, f"{archive}/buckets/{name}")
+        _print_windows(windows)
         return
     con = table_console()
     con.print(f"cluster archive [bold]{desc['path']}[/bold]  created {desc['created']}  "
@@ -332,10 +336,48 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
                     wrap=("buckets backed up",), right=("users", "groups"))
     else:
         con.print("no committed run yet")
+    _print_windows(windows)
     for name, d in desc["buckets"].items():
         if "node_check" in d:
             con.print(f"[bold]bucket {name}[/bold]")
             _print_node_check(d["node_check"], f"{archive}/buckets/{name}")
+
+
+# -- the restorable window (point in time) ---------------------------------------------------
+
+
+def _add_window(desc: dict[str, Any], arch: Archive) -> Any:
+    """desc["point_in_time"]: the archive's restorable window and gaps (JSON); returns what
+    _print_windows draws."""
+    from dcptool.cli.timeline import public, timeline_info
+
+    window = timeline_info(arch)
+    desc["point_in_time"] = public(window)
+    return window
+
+
+def _add_cluster_windows(cluster: Any, desc: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Each described bucket's window (its `point_in_time`), for _print_windows."""
+    from dcptool.errors import DcptoolError
+
+    out = []
+    for name, d in desc["buckets"].items():
+        if "error" in d:
+            continue
+        try:
+            out.append((name, _add_window(d, cluster.open_bucket(name))))
+        except DcptoolError:
+            continue
+    return out
+
+
+def _print_windows(windows: list[tuple[str, Any]]) -> None:
+    """A timeline bar per bucket at the terminal's width."""
+    from dcptool.cli.timeline import timeline_lines
+
+    con = table_console()
+    for line in timeline_lines(windows, con.width):
+        con.print(line, markup=False, highlight=False)
 
 
 def _cluster_node_checks(cluster, desc: dict[str, Any], conn_args: ConnArgs) -> None:
