@@ -18,17 +18,17 @@ Definitions (docs/archive-format.md, "Point in time"):
   time.
 - A backup covers the wall-clock interval its streams ran: from its `started` (its id)
   to its `finished`; a full backup covers only its `finished` (its streams begin with the
-  node's deduplicated disk snapshot: a time while it ran may have no boundary before it). A merged backup covers what its originals covered
-  (`extra.merge.covered`; a merge by an older dcptool: one span from its first original's
-  id to its own id, which is its last original's). Between two backups of a chain there is a gap when the
-  later one did not start within a tolerance of the earlier one's end: the chain's
+  node's deduplicated disk snapshot: a time while it ran may have no boundary before it).
+  A merged backup covers only its end (its originals' end, `extra.merge.covered`), and
+  gives only its start and end boundaries: it keeps the newest version of each key of its
+  range, so the state inside the range is gone. Between two backups there is a gap when
+  the later one did not start within a tolerance of the earlier one's end: the greatest
   `extra.checkpoint_interval` (seconds, a continuous backup's) plus DCPTOOL_GAP_TOLERANCE
   seconds (default DEFAULT_TOLERANCE).
 """
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Sequence
@@ -51,11 +51,6 @@ HLC_COUNTER_BITS = 0xFFFF
 #: seconds a backup may start after the previous one's end without a gap between them
 DEFAULT_TOLERANCE = 10.0
 NS = 1_000_000_000
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION_RE = re.compile(r"^(?:(\d+)([smhdw]))+$")
-_PART_RE = re.compile(r"(\d+)([smhdw])")
-
 
 def record_time(cas: int) -> int:
     """A record's time: nanoseconds since the epoch (the CAS without its logical counter)."""
@@ -84,14 +79,6 @@ def short_time(ns: int) -> str:
     return from_ns(ns).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def parse_duration(text: str, *, option: str = "duration") -> timedelta:
-    """'7d', '12h', '1d12h', '30m', '45s', '2w' as a timedelta; UsageError otherwise."""
-    s = str(text).strip().lower()
-    if not _DURATION_RE.match(s):
-        raise UsageError(f"{option}: {text!r} is not a duration such as 7d, 12h, 1d12h, 30m")
-    return timedelta(seconds=sum(int(n) * _UNITS[u] for n, u in _PART_RE.findall(s)))
-
-
 def parse_time(text: str, *, now: datetime | None = None, option: str = "TIME") -> int:
     """TIME as nanoseconds since the epoch: ISO 8601 with a zone ('2026-11-28T14:03:00Z',
     '2026-11-28T15:03:00+01:00') or relative to now ('-15m', '-2h', '-1d', '-1d6h').
@@ -99,8 +86,10 @@ def parse_time(text: str, *, now: datetime | None = None, option: str = "TIME") 
     now = now or datetime.now(timezone.utc)
     s = str(text).strip()
     if s.startswith("-"):
+        from .retention import parse_duration
+
         try:
-            d = parse_duration(s[1:], option=option)
+            d = parse_duration(s[1:])
         except UsageError:
             raise UsageError(f"{option}: {text!r} is neither an ISO 8601 time with a zone nor "
                              "a relative time such as -15m, -2h, -1d") from None
@@ -131,13 +120,16 @@ class Boundary:
     time: int | None
 
 
-def boundaries(parts: Sequence[Iterable[tuple]]) -> list[Boundary]:
+def boundaries(parts: Sequence[Iterable[tuple]],
+               whole: Sequence[bool] | None = None) -> list[Boundary]:
     """The live snapshot boundaries of one vbucket along a chain (`parts` oldest first, each
     one backup's records of the vbucket), in stream order, each with its time.
 
     Boundaries are those of `resolve.snapshot_boundaries`: stream and rollback positions,
     end positions and the end of every complete snapshot; a rollback record removes the
-    boundaries above its seqno, in its part and the parts before."""
+    boundaries above its seqno, in its part and the parts before. A part marked in `whole`
+    (a merged backup: it holds only the newest version of each key of its range, so the
+    state inside it is not kept) gives its start and end boundaries only."""
     out: list[Boundary] = []
     top: int | None = None  # greatest record time so far
 
@@ -148,28 +140,29 @@ def boundaries(parts: Sequence[Iterable[tuple]]) -> list[Boundary]:
 
     for i, part in enumerate(parts):
         open_end: int | None = None
+        inner = not (whole is not None and whole[i])
         for rec in part:
             t = rec[0]
             if t == REC_MUTATION or t == REC_DELETION or t == REC_EXPIRATION:
                 rt = record_time(rec[3])
                 if top is None or rt > top:
                     top = rt
-                if open_end is not None and rec[1] == open_end:
+                if inner and open_end is not None and rec[1] == open_end:
                     add(i, open_end)
                     open_end = None
             elif t == REC_SYSTEM_EVENT:
-                if open_end is not None and rec[1] == open_end:
+                if inner and open_end is not None and rec[1] == open_end:
                     add(i, open_end)
                     open_end = None
             elif t == SNAPSHOT:
-                if open_end is not None:
+                if inner and open_end is not None:
                     add(i, open_end)
                 open_end = rec[2]
             elif t == STREAM:
                 open_end = None
                 add(i, rec[2])
             elif t == ROLLBACK:
-                if open_end is not None:
+                if inner and open_end is not None:
                     add(i, open_end)
                     open_end = None
                 while out and out[-1].seqno > rec[1]:
@@ -212,11 +205,12 @@ class VBucketCut:
         return d
 
 
-def vbucket_cut(vbucket: int, parts: Sequence[Iterable[tuple]], at: int) -> VBucketCut:
-    """The cut of one vbucket for time `at` over `parts` (its chain, oldest first).
-    A vbucket with no boundary at or before `at` (its history starts later) is cut at
-    seqno 0 (nothing restored)."""
-    b = cut_at(boundaries(parts), at)
+def vbucket_cut(vbucket: int, parts: Sequence[Iterable[tuple]], at: int,
+                whole: Sequence[bool] | None = None) -> VBucketCut:
+    """The cut of one vbucket for time `at` over `parts` (its chain, oldest first; `whole`:
+    which are merged backups, see boundaries()). A vbucket with no boundary at or before
+    `at` (its history starts later) is cut at seqno 0 (nothing restored)."""
+    b = cut_at(boundaries(parts, whole), at)
     if b is None:
         return VBucketCut(vbucket, -1, 0, None, None)
     return VBucketCut(vbucket, b.part, b.seqno, b.time, None if b.time is None else at - b.time)
@@ -255,25 +249,35 @@ def _iso_ns(text: str | None) -> int | None:
     return to_ns(t)
 
 
+def is_merged(manifest: dict[str, Any]) -> bool:
+    """A merged backup (merge, or prune and remove merging forward)."""
+    return isinstance((manifest.get("extra") or {}).get("merge"), dict)
+
+
+def originals_covered(manifest: dict[str, Any]) -> list[tuple[int, int]]:
+    """The spans a merged backup's originals covered (extra.merge.covered; [] when a
+    merge by an older dcptool did not record them)."""
+    spans = ((manifest.get("extra") or {}).get("merge") or {}).get("covered")
+    out = []
+    for s in spans if isinstance(spans, list) else ():
+        if isinstance(s, list) and len(s) == 2:
+            a, b = _iso_ns(s[0]), _iso_ns(s[1])
+            if a is not None and b is not None:
+                out.append((a, b))
+    return out
+
+
 def covered(manifest: dict[str, Any]) -> list[tuple[int, int]]:
-    """The wall-clock intervals (ns) a backup's streams ran: [(started, finished)]; a
-    merged backup's originals' (extra.merge.covered; without it, one span from the first
-    original's id to the merged backup's id, which is its last original's)."""
-    merge = (manifest.get("extra") or {}).get("merge")
-    if isinstance(merge, dict):
-        spans = merge.get("covered")
-        if isinstance(spans, list) and spans:
-            out = []
-            for s in spans:
-                a, b = _iso_ns(s[0]) if isinstance(s, list) and len(s) == 2 else None, \
-                    _iso_ns(s[1]) if isinstance(s, list) and len(s) == 2 else None
-                if a is not None and b is not None:
-                    out.append((a, b))
-            if out:
-                return out
-        first = merge.get("from")
-        start = id_time(first) if isinstance(first, str) else id_time(manifest["id"])
-        return [(start, id_time(manifest["id"]))]
+    """The wall-clock intervals (ns) at which a backup gives the state: [(started,
+    finished)] for an incremental; the end alone for a full backup and for a merged one
+    (a merge keeps the newest version of each key of its range: the state inside the
+    range is gone, its end is exact). A merged backup's end is its originals' (recorded
+    in extra.merge.covered; without it, the merged backup's id, its last original's
+    start)."""
+    if is_merged(manifest):
+        spans = originals_covered(manifest)
+        end = spans[-1][1] if spans else id_time(manifest["id"])
+        return [(end, end)]
     start = _iso_ns(manifest.get("started")) or id_time(manifest["id"])
     start = min(start, id_time(manifest["id"]))
     end = max(_iso_ns(manifest.get("finished")) or start, start)
@@ -449,5 +453,4 @@ def span_text(ns: int) -> str:
 
 
 __all__ = ["Boundary", "Coverage", "TimePlan", "VBucketCut", "boundaries", "chain_for_time",
-           "coverage", "covered", "cut_at", "iso", "lag_summary", "parse_duration",
-           "parse_time", "plan_time", "record_time", "timeline_bar", "vbucket_cut"]
+           "coverage", "covered", "cut_at", "iso", "lag_summary", "parse_time", "plan_time", "record_time", "timeline_bar", "vbucket_cut"]

@@ -56,22 +56,28 @@ BUCKETS: tuple[tuple[str, Any], ...] = (
 
 @dataclass(frozen=True)
 class Policy:
-    """How many backups each rule keeps (0: the rule is off)."""
+    """How many backups each rule keeps (0: the rule is off); `within`: a duration ("7d",
+    None: off) within which of the newest backup every backup is kept."""
 
     last: int = 0
     hourly: int = 0
     daily: int = 0
     weekly: int = 0
     monthly: int = 0
+    within: str | None = None
 
     def __post_init__(self) -> None:
         for k, v in self.as_dict().items():
+            if k == "within":
+                if v is not None:
+                    parse_duration(v, option="--keep-within")
+                continue
             if not isinstance(v, int) or v < 0:
                 raise UsageError(f"--keep-{k} must be a count of 0 or more, not {v!r}")
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return {"last": self.last, "hourly": self.hourly, "daily": self.daily,
-                "weekly": self.weekly, "monthly": self.monthly}
+                "weekly": self.weekly, "monthly": self.monthly, "within": self.within}
 
     @property
     def empty(self) -> bool:
@@ -90,6 +96,12 @@ def apply_policy(ids: Iterable[str], policy: Policy) -> dict[str, list[str]]:
     reasons: dict[str, list[str]] = {b: [] for b in ordered}
     for bid in ordered[:policy.last]:
         reasons[bid].append("last")
+    if policy.within:
+        # restic's --keep-within: every backup within the duration of the newest one
+        kept = within_newest(ordered, policy.within)
+        for bid in ordered:
+            if bid in kept:
+                reasons[bid].append(f"within {policy.within}")
     for name, bucket in BUCKETS:
         n = getattr(policy, name)
         seen: str | None = None
@@ -106,6 +118,17 @@ def apply_policy(ids: Iterable[str], policy: Policy) -> dict[str, list[str]]:
     return reasons
 
 
+def within_newest(ids: Iterable[str], within: str) -> set[str]:
+    """The ids whose time is within the duration `within` ("7d") of the newest id's
+    (restic's --keep-within)."""
+    ordered = sorted(set(ids), reverse=True)
+    if not ordered:
+        return set()
+    span = parse_duration(within, option="--keep-within")
+    newest = backup_time(ordered[0])
+    return {b for b in ordered if newest - backup_time(b) <= span}
+
+
 def select_prune(archive: Archive, policy: Policy) -> tuple[list[str], dict[str, list[str]]]:
     """(the committed backups `policy` does not keep, {id: why kept})."""
     reasons = apply_policy(archive.committed_ids(), policy)
@@ -116,8 +139,9 @@ _DURATION = re.compile(r"(\d+)([smhdw])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def parse_duration(text: str) -> timedelta:
-    """'30d', '12h', '2w', '1d12h', '90m', '45s' -> a timedelta."""
+def parse_duration(text: str, *, option: str | None = None) -> timedelta:
+    """'30d', '12h', '2w', '1d12h', '90m', '45s' -> a timedelta (`option`: named in the
+    error)."""
     t = text.strip().lower()
     pos = 0
     seconds = 0
@@ -127,7 +151,7 @@ def parse_duration(text: str) -> timedelta:
         seconds += int(m.group(1)) * _UNIT[m.group(2)]
         pos = m.end()
     if not t or pos != len(t):
-        raise UsageError(f"duration {text!r} is not understood",
+        raise UsageError(f"{option + ': ' if option else ''}duration {text!r} is not understood",
                          hint="use a number and a unit: s, m, h, d or w (e.g. 30d, 12h, 1d12h)")
     return timedelta(seconds=seconds)
 

@@ -24,6 +24,7 @@ from dcptool.cli.prune import (
     KeepLastOpt,
     KeepMonthlyOpt,
     KeepWeeklyOpt,
+    KeepWithinOpt,
     print_rows,
 )
 
@@ -73,6 +74,7 @@ def info(
     keep_daily: KeepDailyOpt = 0,
     keep_weekly: KeepWeeklyOpt = 0,
     keep_monthly: KeepMonthlyOpt = 0,
+    keep_within: KeepWithinOpt = None,
     conn_args: ConnArgs = None,
 ) -> None:
     """Show the backups an archive holds: id, parent, type, complete or partial, time,
@@ -105,13 +107,13 @@ def info(
 
     if is_cluster_archive(archive):
         _cluster_info(archive, as_json, conn_args, keep_last or keep_hourly or keep_daily
-                      or keep_weekly or keep_monthly)
+                      or keep_weekly or keep_monthly or keep_within)
         return
     arch = open_archive(archive)
     desc = describe_archive(arch)
     window = _add_window(desc, arch)
     policy = Policy(last=keep_last, hourly=keep_hourly, daily=keep_daily, weekly=keep_weekly,
-                    monthly=keep_monthly)
+                    monthly=keep_monthly, within=keep_within)
     if not policy.empty:
         remove, reasons = select_prune(arch, policy)
         _plan, rows = preview(arch, remove, reasons)

@@ -47,6 +47,11 @@ KeepWeeklyOpt = Annotated[int, typer.Option(
 KeepMonthlyOpt = Annotated[int, typer.Option(
     "--keep-monthly", metavar="N", min=0, rich_help_panel=POLICY,
     help="Keep the newest backup of each of the N newest months that have backups (UTC).")]
+KeepWithinOpt = Annotated[Optional[str], typer.Option(
+    "--keep-within", metavar="DURATION", rich_help_panel=POLICY,
+    help="Keep every backup within DURATION (s, m, h, d, w: 7d, 36h, 1d12h) of the newest "
+         "backup, as restic's --keep-within: a continuous archive keeps every point of "
+         "that time, and the other rules thin what is older.")]
 
 ArchiveArg = Annotated[str, typer.Argument(
     metavar="ARCHIVE", help="Archive directory, or s3://BUCKET/PREFIX.", show_default=False)]
@@ -163,6 +168,7 @@ def remove(
         "--older-than", metavar="DURATION",
         help="Remove the backups older than this (s, m, h, d, w: 30d, 12h, 1d12h), by the "
              "time in their ids.")] = None,
+    keep_within: KeepWithinOpt = None,
     buckets: BucketsOpt = None,
     dry_run: DryRunOpt = False,
     level: LevelOpt = None,
@@ -197,7 +203,11 @@ def remove(
     kept run restores exactly as before. --bucket NAME works on those buckets only and
     keeps the run files.
 
+    --keep-within DURATION never removes the backups (runs) within DURATION of the newest
+    one: --older-than leaves them out, and naming one with --backup (--run) is an error.
+
     Example: dcptool remove /backups/default --older-than 90d --dry-run
+    Example: dcptool remove /backups/default --older-than 1d --keep-within 7d
     Example: dcptool remove /backups/default --backup 20261122T101502.123456Z
     Example: dcptool remove /backups/cluster --run 20261120T020000.000000Z
     """
@@ -214,14 +224,14 @@ def remove(
         with spark_progress("remove", disabled=no_progress or json_out or dry_run):
             d = run_cluster_remove(cluster, runs or (), older=older, buckets=buckets,
                                    dry_run=dry_run, level=level, partitions=partitions,
-                                   master=master)
+                                   master=master, keep_within=keep_within)
         _report_cluster(d, json_out)
         return
     no_cluster_options(runs=runs, buckets=buckets)
     opened = open_archive(archive)
     with spark_progress("remove", disabled=no_progress or json_out or dry_run):
         d = run_remove(opened, backups or (), older=older, dry_run=dry_run, level=level,
-                       partitions=partitions, master=master)
+                       partitions=partitions, master=master, keep_within=keep_within)
     _report(d, json_out)
 
 
@@ -233,6 +243,7 @@ def prune(
     keep_daily: KeepDailyOpt = 0,
     keep_weekly: KeepWeeklyOpt = 0,
     keep_monthly: KeepMonthlyOpt = 0,
+    keep_within: KeepWithinOpt = None,
     buckets: BucketsOpt = None,
     dry_run: DryRunOpt = False,
     level: LevelOpt = None,
@@ -246,9 +257,15 @@ def prune(
     Backups are placed in time by the UTC timestamp in their ids (when they began; a merged
     backup keeps its original's). --keep-last N keeps the N newest; --keep-hourly, -daily,
     -weekly and -monthly N keep, going back from the newest, the newest backup of each hour
-    (day, ISO week, month) that has backups, for N such hours (days, weeks, months). A
-    backup any rule keeps is kept, and the newest backup always is. At least one rule is
-    needed.
+    (day, ISO week, month) that has backups, for N such hours (days, weeks, months);
+    --keep-within DURATION keeps every backup within DURATION of the newest (restic's
+    --keep-within). A backup any rule keeps is kept, and the newest backup always is. At
+    least one rule is needed.
+
+    With --keep-within 7d --keep-daily 30 a continuous archive keeps every checkpoint of
+    its last 7 days (restore --to-time to any second of them) and one backup a day before:
+    the removed ones are merged into the kept ones, which keep only their end as a point
+    to restore to, so 'dcptool info' shows gaps between them.
 
     The others are removed as remove removes them: what a kept backup depends on is merged
     into it, the rest is deleted; a run killed midway leaves a restorable archive. 'dcptool
@@ -265,13 +282,14 @@ def prune(
 
     Example: dcptool prune /backups/default --keep-last 3 --keep-daily 7 --keep-weekly 4 --keep-monthly 12
     Example: dcptool prune /backups/default --keep-hourly 24 --dry-run
+    Example: dcptool prune /backups/default --keep-within 7d --keep-daily 30
     Example: dcptool prune /backups/cluster --keep-daily 7 --dry-run
     """
     from dcptool.archive.retention import Policy
     from dcptool.pipeline.prune import run_prune
 
     policy = Policy(last=keep_last, hourly=keep_hourly, daily=keep_daily, weekly=keep_weekly,
-                    monthly=keep_monthly)
+                    monthly=keep_monthly, within=keep_within)
     from dcptool.cli.passphrase import open_archive
 
     cluster = cluster_or_none(archive)

@@ -42,7 +42,7 @@ from dcptool.archive.clusterruns import (
 )
 from dcptool.archive.merging import finish_interrupted_merges, plan_merge
 from dcptool.archive.retention import Policy, apply_policy, backup_time, older_than, \
-    parse_duration
+    parse_duration, within_newest
 from dcptool.errors import UsageError
 
 
@@ -177,9 +177,11 @@ def run_cluster_prune(cluster: ClusterArchive, policy: Policy, *, buckets=None,
 def run_cluster_remove(cluster: ClusterArchive, runs: Iterable[str] = (), *,
                        older: str | None = None, buckets=None, dry_run: bool = False,
                        partitions: int | None = None, master: str | None = None,
-                       level: int | None = None, spark=None) -> dict[str, Any]:
+                       level: int | None = None, spark=None,
+                       keep_within: str | None = None) -> dict[str, Any]:
     """Drop the named runs, or those older than a duration; the result as `remove --json`
-    prints it for a cluster archive."""
+    prints it for a cluster archive. `keep_within`: never the runs within that duration of
+    the newest run."""
     runs = list(runs)
     if bool(runs) == (older is not None):
         raise UsageError("give --run RUN-ID (one or more) or --older-than DURATION",
@@ -187,16 +189,22 @@ def run_cluster_remove(cluster: ClusterArchive, runs: Iterable[str] = (), *,
     ids = cluster.run_ids()
     if not ids:
         raise UsageError(f"{cluster.path} holds no committed backup run to remove")
+    kept = within_newest(ids, keep_within) if keep_within else set()
     if older is not None:
-        drop = [r for r in older_than(ids, parse_duration(older)) if r != ids[-1]]
+        drop = [r for r in older_than(ids, parse_duration(older)) if r != ids[-1]
+                and r not in kept]
     else:
         drop = check_run_ids(cluster, runs)
+        inside = [r for r in drop if r in kept]
+        if inside:
+            raise UsageError(f"run {inside[0]} is within {keep_within} of the newest run "
+                             "(--keep-within)")
         if ids[-1] in drop:
             raise UsageError(f"run {ids[-1]} is the newest: it is never removed (the next "
                              "backup of each bucket continues from its backups)",
                              hint="remove older runs, or take a new backup first")
-    reasons = {r: [] if r in drop else ["newest"] if r == ids[-1] else ["not named"]
-               for r in ids}
+    reasons = {r: [] if r in drop else ["newest"] if r == ids[-1] else
+               [f"within {keep_within}"] if r in kept else ["not named"] for r in ids}
     return _drop_runs("remove", cluster, drop, reasons, buckets=buckets, dry_run=dry_run,
                       partitions=partitions, master=master, level=level, spark=spark,
                       selection={"selection": {"runs": runs, "older_than": older}})

@@ -170,9 +170,12 @@ def plan_scan(path: Archive | str | os.PathLike[str], *, backup: str | None = No
 
         if backup is not None:
             raise UsageError(f"{at_option} and a backup exclude each other")
+        from dcptool.archive.pointintime import is_merged
+
         resolved = True
         chain = plan_time(archive, at, nearest=nearest, option=at_option,
                           nearest_flag=nearest_option).chain
+        merged = tuple(b for b in chain if is_merged(manifests[b]))
         if not chain:
             return [ScanPartition(archive, (), True, values, validate, at=at)]
         backup = chain[-1]
@@ -201,7 +204,8 @@ def plan_scan(path: Archive | str | os.PathLike[str], *, backup: str | None = No
                 if wanted is not None and vb not in wanted:
                     continue
                 units.append((vb, e["bytes"]["files"], (bid, e, cuts[bid].get(vb))))
-    return [ScanPartition(archive, tuple(g), resolved, values, validate, at=at)
+    return [ScanPartition(archive, tuple(g), resolved, values, validate, at=at,
+                          merged=merged if at is not None else ())
             for g in _balance(units, n) or [[]]]
 
 
@@ -521,7 +525,7 @@ def _read_partition(part: ScanPartition, on_unit) -> Iterator[Any]:
         for u, (vb, parts) in enumerate(part.units):
             upto = None
             if part.at is not None:
-                parts, upto = _time_cut(root, vb, parts, part.at, archive.key)
+                parts, upto = _time_cut(root, vb, parts, part.at, archive.key, part.merged)
             recs, owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in parts],
                                          validate=validate, names=names, key=archive.key,
                                          upto=upto)
@@ -548,12 +552,14 @@ def _read_partition(part: ScanPartition, on_unit) -> Iterator[Any]:
         yield last
 
 
-def _time_cut(root: Path, vb: int, parts: list, at: int, key: Any) -> tuple[list, int]:
-    """(the parts to resolve over, the seqno to resolve to) of vbucket `vb` as of time `at`."""
+def _time_cut(root: Path, vb: int, parts: list, at: int, key: Any,
+              merged: tuple[str, ...] = ()) -> tuple[list, int]:
+    """(the parts to resolve over, the seqno to resolve to) of vbucket `vb` as of time `at`
+    (`merged`: the ids of merged backups)."""
     from dcptool.archive.pointintime import vbucket_cut
 
     cut = vbucket_cut(vb, [iter_vbucket_records(backup_path(root, bid), e, key=key)
-                           for bid, e in parts], at)
+                           for bid, e in parts], at, [bid in merged for bid, _e in parts])
     return list(parts[:cut.part + 1]), cut.seqno
 
 

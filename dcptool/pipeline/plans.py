@@ -145,6 +145,9 @@ class ScanPartition:
     #: with `resolved`: the state as of this time (ns since the epoch), each vbucket cut
     #: at its last snapshot boundary at or before it (archive/pointintime.py)
     at: int | None = None
+    #: with `at`: the ids of the merged backups read (their state inside is not kept: only
+    #: their start and end are boundaries)
+    merged: tuple[str, ...] = ()
 
 
 

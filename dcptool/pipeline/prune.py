@@ -16,6 +16,7 @@ from dcptool.archive.retention import (
     parse_duration,
     remove_archive_backups,
     select_prune,
+    within_newest,
 )
 from dcptool.errors import UsageError
 from dcptool.runlog import RunLog
@@ -85,9 +86,10 @@ def run_prune(archive_path: Any, policy: Policy, *, dry_run: bool = False,
 def run_remove(archive_path: Any, backups: Iterable[str] = (), *, older: str | None = None,
                dry_run: bool = False, partitions: int | None = None,
                master: str | None = None, level: int | None = None,
-               spark=None) -> dict[str, Any]:
+               spark=None, keep_within: str | None = None) -> dict[str, Any]:
     """Remove the named backups, or those older than a duration ('30d'); the result as
-    `remove --json` prints it."""
+    `remove --json` prints it. `keep_within` ('7d'): never the backups within that
+    duration of the newest (naming one is an error)."""
     backups = list(backups)
     if bool(backups) == (older is not None):
         raise UsageError("give --backup ID (one or more) or --older-than DURATION",
@@ -96,14 +98,19 @@ def run_remove(archive_path: Any, backups: Iterable[str] = (), *, older: str | N
 
     def select(archive: Archive):
         ids = archive.committed_ids()
+        kept = within_newest(ids, keep_within) if keep_within else set()
         if age is None:
             for b in backups:
                 if b not in ids:
                     archive.manifest(b)  # raises: missing or partial
+                if b in kept:
+                    raise UsageError(f"backup {b} is within {keep_within} of the newest "
+                                     "backup (--keep-within)")
             return backups, None
         # the newest backup is never removed (see dcptool.archive.retention)
-        return [b for b in older_than(ids, age) if b != ids[-1]], None
+        return [b for b in older_than(ids, age) if b != ids[-1] and b not in kept], None
 
     return run_removal("remove", archive_path, select, dry_run=dry_run, strict=age is None,
                 partitions=partitions, master=master, level=level, spark=spark,
-                selection={"selection": {"backups": backups, "older_than": older}})
+                selection={"selection": {"backups": backups, "older_than": older,
+                                         "keep_within": keep_within}})
