@@ -67,13 +67,13 @@ function __dcptool_valued_options
         case 'engine stop'
             echo --timeout
         case 'examine'
-            echo --backup --collection -b --bucket --passphrase-file --passphrase-command
+            echo --backup --collection --at -b --bucket --passphrase-file --passphrase-command
         case 'export'
-            echo --format --backup --vbuckets --master --partitions -b --bucket --passphrase-file --passphrase-command
+            echo --format --backup --at --vbuckets --master --partitions -b --bucket --passphrase-file --passphrase-command
         case 'failover-log'
             echo --vbuckets -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'info'
-            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file --passphrase-file --passphrase-command
+            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --keep-within -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file --passphrase-file --passphrase-command
         case 'key add'
             echo --new-passphrase-file --passphrase-file --passphrase-command
         case 'key list'
@@ -99,13 +99,13 @@ function __dcptool_valued_options
         case 'node user remove'
             echo --data
         case 'prune'
-            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --bucket --level --master --partitions --passphrase-file --passphrase-command
+            echo --keep-last --keep-hourly --keep-daily --keep-weekly --keep-monthly --keep-within --bucket --level --master --partitions --passphrase-file --passphrase-command
         case 'quickstart'
             echo --dir --docs --vbuckets --master
         case 'remove'
-            echo --backup --run --older-than --bucket --level --master --partitions --passphrase-file --passphrase-command
+            echo --backup --run --older-than --keep-within --bucket --level --master --partitions --passphrase-file --passphrase-command
         case 'restore'
-            echo -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --backup --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions --run --bucket-ram-quota --passphrase-file --passphrase-command
+            echo -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --backup --to-time --vbuckets --filter-keys --include-data --exclude-data --map-data --rest-port --master --partitions --run --bucket-ram-quota --passphrase-file --passphrase-command
         case 'tail'
             echo --from --vbuckets --filter --state --until-idle --count --noop-interval --collection --watermark-name --watermark-interval --watermark-ttl -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'verify'
@@ -499,6 +499,8 @@ complete -c dcptool -n '__dcptool_at engine stop' -l json -d 'Print the result a
 complete -c dcptool -n '__dcptool_at engine stop' -s h -l help -d 'Show this message and exit'
 complete -c dcptool -n '__dcptool_at examine' -l backup -x -d 'Only the chain of this backup (its id or an unambiguous beginning of it'
 complete -c dcptool -n '__dcptool_at examine' -l collection -x -d 'Only the versions in this collection (default: the key in every collection)'
+complete -c dcptool -n '__dcptool_at examine' -l at -x -d 'Mark the version the key had at this time (ISO 8601 with a zone, or relative: -15m), as restore --to-time would restore it'
+complete -c dcptool -n '__dcptool_at examine' -l nearest -d 'With --at in a gap of the archive: the nearest snapshot boundary before it instead of refusing'
 complete -c dcptool -n '__dcptool_at examine' -l values -d 'Show each version\'s value'
 complete -c dcptool -n '__dcptool_at examine' -l json -d 'Print the timeline as JSON'
 complete -c dcptool -n '__dcptool_at examine' -s b -l bucket -x -d 'Of a cluster archive: the bucket whose archive to read (needed when it holds more than one)'
@@ -509,6 +511,8 @@ complete -c dcptool -n '__dcptool_at examine' -F
 complete -c dcptool -n '__dcptool_at export' -l format -x -a 'parquet jsonl' -d 'Output format'
 complete -c dcptool -n '__dcptool_at export' -l backup -x -d 'Only this backup\'s records'
 complete -c dcptool -n '__dcptool_at export' -l resolved -d 'The newest version of each key (what restore writes) instead of every record'
+complete -c dcptool -n '__dcptool_at export' -l at -x -d 'With --resolved: the state as of this time (ISO 8601 with a zone, or relative: -15m), each vbucket at its last snapshot boundary at or before it, as restore --to-time'
+complete -c dcptool -n '__dcptool_at export' -l nearest -d 'With --at in a gap of the archive: the nearest snapshot boundary before it instead of refusing'
 complete -c dcptool -n '__dcptool_at export' -l vbuckets -x -d 'Only these vbuckets, e.g'
 complete -c dcptool -n '__dcptool_at export' -l overwrite -d 'Replace OUT if it exists'
 complete -c dcptool -n '__dcptool_at export' -l master -x -d 'Spark master URL (default local[*], the embedded Spark)'
@@ -541,6 +545,7 @@ complete -c dcptool -n '__dcptool_at info' -l keep-hourly -x -d 'Keep the newest
 complete -c dcptool -n '__dcptool_at info' -l keep-daily -x -d 'Keep the newest backup of each of the N newest days that have backups (UTC)'
 complete -c dcptool -n '__dcptool_at info' -l keep-weekly -x -d 'Keep the newest backup of each of the N newest ISO weeks that have backups'
 complete -c dcptool -n '__dcptool_at info' -l keep-monthly -x -d 'Keep the newest backup of each of the N newest months that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at info' -l keep-within -x -d 'Keep every backup within DURATION (s, m, h, d, w: 7d, 36h, 1d12h) of the newest backup, as restic\'s --keep-within: a continuous archive keeps every point of that time, and the other rules thin what is older'
 complete -c dcptool -n '__dcptool_at info' -s c -l cluster -x -d 'Also check this node: warn when its purge seqno is above a vbucket\'s last backed-up seqno, and show the archive\'s high watermark there'
 complete -c dcptool -n '__dcptool_at info' -s u -l username -x -d 'User name (default Administrator)'
 complete -c dcptool -n '__dcptool_at info' -s p -l password -x -d 'Password'
@@ -672,6 +677,7 @@ complete -c dcptool -n '__dcptool_at prune' -l keep-hourly -x -d 'Keep the newes
 complete -c dcptool -n '__dcptool_at prune' -l keep-daily -x -d 'Keep the newest backup of each of the N newest days that have backups (UTC)'
 complete -c dcptool -n '__dcptool_at prune' -l keep-weekly -x -d 'Keep the newest backup of each of the N newest ISO weeks that have backups'
 complete -c dcptool -n '__dcptool_at prune' -l keep-monthly -x -d 'Keep the newest backup of each of the N newest months that have backups (UTC)'
+complete -c dcptool -n '__dcptool_at prune' -l keep-within -x -d 'Keep every backup within DURATION (s, m, h, d, w: 7d, 36h, 1d12h) of the newest backup, as restic\'s --keep-within: a continuous archive keeps every point of that time, and the other rules thin what is older'
 complete -c dcptool -n '__dcptool_at prune' -l bucket -x -d 'Cluster archives: only this bucket\'s archive (repeat for more)'
 complete -c dcptool -n '__dcptool_at prune' -l dry-run -d 'Only show what would be kept, deleted and merged'
 complete -c dcptool -n '__dcptool_at prune' -l level -x -d 'zstd level of merged backups (default: the kept backup\'s)'
@@ -692,6 +698,7 @@ complete -c dcptool -n '__dcptool_at quickstart' -s h -l help -d 'Show this mess
 complete -c dcptool -n '__dcptool_at remove' -l backup -x -d 'A backup to remove (repeat for more)'
 complete -c dcptool -n '__dcptool_at remove' -l run -x -d 'Cluster archives: a backup run to remove (repeat for more)'
 complete -c dcptool -n '__dcptool_at remove' -l older-than -x -d 'Remove the backups older than this (s, m, h, d, w: 30d, 12h, 1d12h), by the time in their ids'
+complete -c dcptool -n '__dcptool_at remove' -l keep-within -x -d 'Keep every backup within DURATION (s, m, h, d, w: 7d, 36h, 1d12h) of the newest backup, as restic\'s --keep-within: a continuous archive keeps every point of that time, and the other rules thin what is older'
 complete -c dcptool -n '__dcptool_at remove' -l bucket -x -d 'Cluster archives: only this bucket\'s archive (repeat for more)'
 complete -c dcptool -n '__dcptool_at remove' -l dry-run -d 'Only show what would be kept, deleted and merged'
 complete -c dcptool -n '__dcptool_at remove' -l level -x -d 'zstd level of merged backups (default: the kept backup\'s)'
@@ -715,6 +722,8 @@ complete -c dcptool -n '__dcptool_at restore' -l client-cert -r -F -d 'Client ce
 complete -c dcptool -n '__dcptool_at restore' -l client-key -r -F -d 'Private key (PEM) of --client-cert'
 complete -c dcptool -n '__dcptool_at restore' -l client-key-passphrase-file -r -F -d 'Read the passphrase of an encrypted --client-key from FILE\'s first line'
 complete -c dcptool -n '__dcptool_at restore' -l backup -x -d 'Restore the state as of this backup (its id or an unambiguous beginning of it'
+complete -c dcptool -n '__dcptool_at restore' -l to-time -x -d 'Restore the state as of this time: ISO 8601 with a zone (2026-11-28T14:03:00Z, +01:00) or relative (-15m, -2h, -1d)'
+complete -c dcptool -n '__dcptool_at restore' -l nearest -d 'With --to-time in a gap of the archive (no backup was running): restore to the nearest snapshot boundary before TIME instead of refusing'
 complete -c dcptool -n '__dcptool_at restore' -l vbuckets -x -d 'Only these vbuckets, e.g'
 complete -c dcptool -n '__dcptool_at restore' -l filter-keys -x -d 'Only keys matching this regex'
 complete -c dcptool -n '__dcptool_at restore' -l force-updates -d 'Overwrite newer versions on the node (skip conflict resolution)'

@@ -69,15 +69,17 @@ class Policy:
     def __post_init__(self) -> None:
         for k, v in self.as_dict().items():
             if k == "within":
-                if v is not None:
-                    parse_duration(v, option="--keep-within")
-                continue
-            if not isinstance(v, int) or v < 0:
+                parse_duration(v, option="--keep-within")
+            elif not isinstance(v, int) or v < 0:
                 raise UsageError(f"--keep-{k} must be a count of 0 or more, not {v!r}")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"last": self.last, "hourly": self.hourly, "daily": self.daily,
-                "weekly": self.weekly, "monthly": self.monthly, "within": self.within}
+        """The rules; "within" (its duration) only when set."""
+        d: dict[str, Any] = {"last": self.last, "hourly": self.hourly, "daily": self.daily,
+                             "weekly": self.weekly, "monthly": self.monthly}
+        if self.within:
+            d["within"] = self.within
+        return d
 
     @property
     def empty(self) -> bool:

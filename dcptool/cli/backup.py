@@ -60,7 +60,7 @@ manual(
                                           "sent, per task what was restored, skipped and failed. "
                                           "The newest 20 are kept (DCPTOOL_LOG_KEEP)."),
     ),
-    env=("DCPTOOL_LOG_KEEP", "DCPTOOL_PROGRESS_INTERVAL"),
+    env=("DCPTOOL_LOG_KEEP", "DCPTOOL_PROGRESS_INTERVAL", "DCPTOOL_GAP_TOLERANCE"),
     see_also=("backup", "info", "verify", "examine"),
 )
 

@@ -19,6 +19,7 @@ manual(
     files=(
         ("ARCHIVE/", "The archive (read only)."),
     ),
+    env=("DCPTOOL_GAP_TOLERANCE",),
     see_also=("info", "export", "restore"),
 )
 

@@ -19,7 +19,7 @@ manual(
         ("ARCHIVE/", "The archive (read only)."),
         ("OUT/", "The Parquet or JSON lines part files written."),
     ),
-    env=("DCPTOOL_PROGRESS_INTERVAL",),
+    env=("DCPTOOL_PROGRESS_INTERVAL", "DCPTOOL_GAP_TOLERANCE"),
     see_also=("info", "examine"),
 )
 

@@ -34,6 +34,7 @@ manual(
     files=(
         ("ARCHIVE/", "The archive (read only); see docs/archive-format.md."),
     ),
+    env=("DCPTOOL_GAP_TOLERANCE",),
     see_also=("backup", "verify", "examine", "merge", "prune"),
 )
 
@@ -88,8 +89,17 @@ def info(
     with that policy would do to each backup: keep it (and why), delete it, or merge it
     into the kept backup that depends on it. Nothing is changed.
 
+    It ends with each bucket's restorable window, the times restore --to-time, examine
+    --at and export --at can go to: a bar at the terminal's width from its earliest to its
+    latest time, the spans when a backup was running drawn full and the gaps (no backup
+    running: more than 10 s between two backups, DCPTOOL_GAP_TOLERANCE) drawn light; a full
+    or merged backup gives only its end. --json has it as point_in_time: {window:
+    {earliest, latest}, gaps: [{from, to}]}. Batch backups give the granularity of their
+    snapshot boundaries, with a gap between every two.
+
     Example: dcptool info /backups/default
     Example: dcptool info /backups/default --keep-daily 7 --keep-weekly 4
+    Example: dcptool info /backups/default --keep-within 7d --keep-daily 30
     Example: dcptool info /backups/default -c couchbase://127.0.0.1
 
     Of a cluster archive (backup --all-buckets) it shows a row per bucket (backups, items,

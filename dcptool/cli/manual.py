@@ -37,6 +37,10 @@ ENV_DOCS = {
                           "$XDG_RUNTIME_DIR/dcptool-engine, else ~/.cache/dcptool/engine).",
     "DCPTOOL_PROGRESS_INTERVAL": "Seconds between the progress reports of a Spark command's "
                                  "tasks, and between the polls that draw them (default 0.25).",
+    "DCPTOOL_GAP_TOLERANCE": "Seconds a backup may start after the previous one ended without "
+                             "a gap of the archive between them, for --to-time, --at and "
+                             "info's window (default 10; a continuous backup's recorded "
+                             "checkpoint interval is added).",
     "NO_COLOR": "When set to anything but the empty string, output has no colour "
                 "(https://no-color.org). Output that is not a terminal never has colour.",
 }
