@@ -113,4 +113,5 @@ def run_remove(archive_path: Any, backups: Iterable[str] = (), *, older: str | N
     return run_removal("remove", archive_path, select, dry_run=dry_run, strict=age is None,
                 partitions=partitions, master=master, level=level, spark=spark,
                 selection={"selection": {"backups": backups, "older_than": older,
-                                         "keep_within": keep_within}})
+                                         **({"keep_within": keep_within}
+                                            if keep_within else {})}})
