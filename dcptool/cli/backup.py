@@ -620,6 +620,9 @@ def _cluster_restore(archive: str, conn_args: Any, *, json_out: bool, no_progres
         verb = "would create" if dry_run else "created"
         if d["created_buckets"]:
             console().print(f"{verb} buckets: {', '.join(d['created_buckets'])}", markup=False)
+        for name, b in d["buckets"].items():
+            for line in _point_in_time_lines((b["restore"] or {}).get("point_in_time")):
+                console().print(f"{name}: {line}", markup=False, soft_wrap=True)
         for name, change in d["configured_buckets"].items():
             console().print(f"{'would change' if dry_run else 'changed'} bucket {name}: "
                             + ", ".join(f"{k}={v}" for k, v in change.items()), markup=False)
