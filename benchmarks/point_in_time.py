@@ -127,7 +127,9 @@ def report(res: dict, json_out: str | None) -> None:
             ("restore, --to-time", f"{res['to_time_s']:.2f} s ({res['to_time_items']:,} items), "
                                    f"x{res['restore_ratio']}"),
             ("lag of the cuts", f"worst {res['lag']['worst_seconds']} s, median "
-                                f"{res['lag']['median_seconds']} s" if res.get("lag") else "-")]
+                                f"{res['lag']['median_seconds']} s, "
+                                f"{res['lag']['exact_vbuckets']} exact" if res.get("lag")
+                                else "-")]
     w = max(len(a) for a, _ in rows)
     for a, b in rows:
         print(f"{a:<{w}}  {b}")

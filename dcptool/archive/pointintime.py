@@ -15,7 +15,9 @@ Definitions (docs/archive-format.md, "Point in time"):
   applied: a rollback removes the boundaries above its seqno) whose time is at or before
   TIME. A deduplicated snapshot holding changes from both sides of TIME is never cut
   inside: the cut is its start (the previous boundary). The cut's lag is TIME minus its
-  time.
+  time; the cut is exact when the vbucket's next change (the next seqno, present: none
+  deduplicated away) is later than TIME: it did not change in between (an idle vbucket's
+  lag is long, its cut exact).
 - A backup covers the wall-clock interval its streams ran: from its `started` (its id)
   to its `finished`; a full backup covers only its `finished` (its streams begin with the
   node's deduplicated disk snapshot: a time while it ran may have no boundary before it).
@@ -110,14 +112,25 @@ def parse_time(text: str, *, now: datetime | None = None, option: str = "TIME") 
 
 # -- boundaries and cuts (one vbucket, from its records) -----------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Boundary:
     """A snapshot boundary of a vbucket's history: the chain part (index) whose records
-    reach it, its seqno, and its time (None: no record before it)."""
+    reach it, its seqno, its time (None: no record before it), and what follows it: the
+    seqno of the first record after it (None: none follows) and that record's time (None
+    for a system event, which has none)."""
 
     part: int
     seqno: int
     time: int | None
+    next_seqno: int | None = None
+    after: int | None = None
+
+    def exact_at(self, at: int) -> bool:
+        """Whether the state at this boundary is the vbucket's state at `at`: the change
+        right after it (the next seqno, none deduplicated away) is known to be later than
+        `at`. With nothing after it, or a seqno missing, the archive cannot tell."""
+        return (self.next_seqno == self.seqno + 1 and self.after is not None
+                and self.after > at)
 
 
 def boundaries(parts: Sequence[Iterable[tuple]],
@@ -147,10 +160,14 @@ def boundaries(parts: Sequence[Iterable[tuple]],
                 rt = record_time(rec[3])
                 if top is None or rt > top:
                     top = rt
+                if out and out[-1].next_seqno is None:
+                    out[-1].next_seqno, out[-1].after = rec[1], rt
                 if inner and open_end is not None and rec[1] == open_end:
                     add(i, open_end)
                     open_end = None
             elif t == REC_SYSTEM_EVENT:
+                if out and out[-1].next_seqno is None:
+                    out[-1].next_seqno = rec[1]
                 if inner and open_end is not None and rec[1] == open_end:
                     add(i, open_end)
                     open_end = None
@@ -188,18 +205,23 @@ def cut_at(bounds: Sequence[Boundary], at: int) -> Boundary | None:
 @dataclass(frozen=True, slots=True)
 class VBucketCut:
     """One vbucket's cut for TIME: the chain part and seqno to resolve to, the boundary's
-    time and its lag (TIME - time, ns; None when the vbucket held no record before it)."""
+    time and its lag (TIME - time, ns; None when the vbucket held no record before it).
+    `exact`: the vbucket's next change after the cut (the next seqno: none of them
+    deduplicated away) is known to be later than TIME, so the state restored is its state
+    at TIME."""
 
     vbucket: int
     part: int
     seqno: int
     time: int | None
     lag: int | None
+    exact: bool = False
 
     def as_dict(self, backup_ids: Sequence[str] | None = None) -> dict[str, Any]:
         d = {"vbucket": self.vbucket, "seqno": self.seqno, "time": iso(self.time),
              "time_ns": self.time,
-             "lag_seconds": None if self.lag is None else round(self.lag / NS, 6)}
+             "lag_seconds": None if self.lag is None else round(self.lag / NS, 6),
+             "exact": self.exact}
         if backup_ids is not None:
             d["backup"] = backup_ids[self.part] if self.part >= 0 else None
         return d
@@ -213,12 +235,15 @@ def vbucket_cut(vbucket: int, parts: Sequence[Iterable[tuple]], at: int,
     b = cut_at(boundaries(parts, whole), at)
     if b is None:
         return VBucketCut(vbucket, -1, 0, None, None)
-    return VBucketCut(vbucket, b.part, b.seqno, b.time, None if b.time is None else at - b.time)
+    return VBucketCut(vbucket, b.part, b.seqno, b.time, None if b.time is None else at - b.time,
+                      b.exact_at(at))
 
 
 def lag_summary(cuts: Iterable[VBucketCut]) -> dict[str, Any]:
-    """{"worst_seconds", "median_seconds", "vbuckets"} over the cuts' lags (vbuckets with
-    no record before their cut have no lag and are left out)."""
+    """{"worst_seconds", "median_seconds", "vbuckets", "exact_vbuckets"} over the cuts' lags
+    (vbuckets with no record before their cut have no lag and are left out of the first
+    three; `exact_vbuckets` counts the cuts that are the vbucket's state at TIME)."""
+    cuts = list(cuts)
     lags = sorted(c.lag for c in cuts if c.lag is not None)
     n = len(lags)
     med = None
@@ -226,7 +251,7 @@ def lag_summary(cuts: Iterable[VBucketCut]) -> dict[str, Any]:
         med = lags[n // 2] if n % 2 else (lags[n // 2 - 1] + lags[n // 2]) / 2
     return {"worst_seconds": round(lags[-1] / NS, 6) if n else None,
             "median_seconds": round(med / NS, 6) if med is not None else None,
-            "vbuckets": n}
+            "vbuckets": n, "exact_vbuckets": sum(1 for c in cuts if c.exact)}
 
 
 # -- coverage and gaps (from the manifests) ------------------------------------------------------

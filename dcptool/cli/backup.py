@@ -648,6 +648,8 @@ def _point_in_time_lines(pit: dict | None) -> list[str]:
         out.append(f"cuts fell {lag['worst_seconds']:.3f} s before it at worst, "
                    f"{lag['median_seconds']:.3f} s at the median ({lag['vbuckets']} vbuckets"
                    " with data before it)")
+    out.append(f"{lag['exact_vbuckets']} of {len(pit['vbuckets'])} exact: no change the "
+               "archive holds between their cut and the time")
     if pit.get("gap"):
         out.append(f"the time fell in a gap ({pit['gap']['from']} to {pit['gap']['to']}, no "
                    "backup running): restored to the nearest boundaries before it")

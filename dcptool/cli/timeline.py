@@ -17,10 +17,17 @@ MIN_BAR = 10
 def timeline_info(archive: Any) -> dict[str, Any] | None:
     """{"window": {"earliest", "latest"}, "gaps": [{"from", "to"}], "gap_tolerance_seconds",
     "granularity"} of a bucket archive (None: no committed backup)."""
-    manifests = archive.manifests()
+    from dcptool.archive.errors import ArchiveError
+
+    manifests = []
+    for bid in archive.committed_ids():
+        try:
+            manifests.append(archive.manifest(bid))
+        except ArchiveError:
+            continue  # a damaged manifest: info names it in its table
     if not manifests:
         return None
-    cov = coverage(manifests.values())
+    cov = coverage(manifests)
     return {**cov.as_json(), "granularity": "snapshot boundaries",
             "_coverage": cov}
 

@@ -825,7 +825,7 @@ def _run_restore_tasks(rl: RunLog, archive: Archive, chain: list[Any], held: lis
     if result.point_in_time is not None:
         pit = result.point_in_time
         pit["vbuckets"].sort(key=lambda c: c["vbucket"])
-        cuts = [VBucketCut(c["vbucket"], 0, c["seqno"], None, c.pop("lag_ns"))
+        cuts = [VBucketCut(c["vbucket"], 0, c["seqno"], None, c.pop("lag_ns"), c["exact"])
                 for c in pit["vbuckets"]]
         pit["lag"] = lag_summary(cuts)
         rl.info("cuts of %d vbuckets: worst lag %s s, median %s s", len(cuts),

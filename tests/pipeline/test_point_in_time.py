@@ -167,6 +167,11 @@ def test_restore_to_a_time_in_the_burst_is_the_writers_state_at_each_cut(pit, lo
         # the newest boundary: its lag is what the summary reports
         at_ns = t_mid // 1000 * 1000  # TIME as given: to the microsecond
         assert c["lag_seconds"] == pytest.approx((at_ns - c["time_ns"]) / 1e9, abs=1e-6)
+        # an exact cut is the writer's state at T itself: no write between its cut and T
+        if c["exact"]:
+            assert state_at(log, at_ns, vb) == want
+            assert not any(c["time_ns"] < record_time(cas) <= at_ns
+                           for key, _v, cas, _a in log if vbucket_of(key.encode(), VBS) == vb)
     assert nonempty == VBS
     lags = sorted(c["lag_seconds"] for c in cuts.values())
     assert pit_d["lag"]["worst_seconds"] == pytest.approx(lags[-1], abs=1e-6)

@@ -215,3 +215,21 @@ def test_keep_within_keeps_every_backup_within_the_duration_of_the_newest():
     assert sum(1 for b in ids if reasons[b]) == 9 + 2
     with pytest.raises(UsageError):
         Policy(within="a week")
+
+
+def test_a_cut_is_exact_when_the_next_change_is_after_the_time():
+    part = [stream(0), snap(1, 2), mut(1, 1.0), mut(2, 2.0, b"\x00j"),
+            snap(3, 4), mut(3, 3.0, b"\x00a"), mut(4, 9.0, b"\x00b"), end(4)]
+    # an idle vbucket: nothing between 1 s and 9 s
+    idle = [stream(0), snap(1, 1), mut(1, 1.0), snap(2, 2), mut(2, 9.0), end(2)]
+    # seqnos 2..3 deduplicated away: their times are unknown
+    gap = [stream(0), snap(1, 1), mut(1, 1.0), snap(2, 4), mut(4, 9.0), end(4)]
+    straddled = vbucket_cut(0, [part], T0 + 5 * NS)
+    exact = vbucket_cut(1, [idle], T0 + 5 * NS)
+    unknown = vbucket_cut(2, [gap], T0 + 5 * NS)
+    assert (straddled.seqno, straddled.exact) == (2, False)
+    assert (exact.seqno, exact.exact) == (1, True) and exact.lag > 3 * NS
+    assert (unknown.seqno, unknown.exact) == (1, False)
+    assert lag_summary([straddled, exact, unknown])["exact_vbuckets"] == 1
+    # after the last record: nothing follows, the archive cannot tell
+    assert not vbucket_cut(0, [part], T0 + 10 * NS).exact
