@@ -134,7 +134,9 @@ class Boundary:
 
 
 def boundaries(parts: Sequence[Iterable[tuple]],
-               whole: Sequence[bool] | None = None) -> list[Boundary]:
+               whole: Sequence[bool] | None = None, *,
+               until: int | None = None,
+               starts: Sequence[int | None] | None = None) -> list[Boundary]:
     """The live snapshot boundaries of one vbucket along a chain (`parts` oldest first, each
     one backup's records of the vbucket), in stream order, each with its time.
 
@@ -142,20 +144,26 @@ def boundaries(parts: Sequence[Iterable[tuple]],
     end positions and the end of every complete snapshot; a rollback record removes the
     boundaries above its seqno, in its part and the parts before. A part marked in `whole`
     (a merged backup: it holds only the newest version of each key of its range, so the
-    state inside it is not kept) gives its start and end boundaries only."""
+    state inside it is not kept) gives its start and end boundaries only. With `until`
+    the reading stops at the first boundary whose time is after it (what follows cannot
+    move the cut for `until`), or at a rollback record of a part that `starts` (each
+    part's start time, ns) shows began after `until`: the archive learnt of that rollback
+    after the time, when the backup recording it began."""
     out: list[Boundary] = []
     top: int | None = None  # greatest record time so far
 
-    def add(i: int, s: int) -> None:
-        if out and out[-1].seqno == s:
-            return
-        out.append(Boundary(i, s, top))
+    def add(i: int, s: int) -> bool:
+        """Add a boundary; True when reading may stop."""
+        if not (out and out[-1].seqno == s):
+            out.append(Boundary(i, s, top))
+        return until is not None and top is not None and top > until
 
     for i, part in enumerate(parts):
         open_end: int | None = None
         inner = not (whole is not None and whole[i])
         for rec in part:
             t = rec[0]
+            stop = False
             if t == REC_MUTATION or t == REC_DELETION or t == REC_EXPIRATION:
                 rt = record_time(rec[3])
                 if top is None or rt > top:
@@ -163,31 +171,37 @@ def boundaries(parts: Sequence[Iterable[tuple]],
                 if out and out[-1].next_seqno is None:
                     out[-1].next_seqno, out[-1].after = rec[1], rt
                 if inner and open_end is not None and rec[1] == open_end:
-                    add(i, open_end)
+                    stop = add(i, open_end)
                     open_end = None
             elif t == REC_SYSTEM_EVENT:
                 if out and out[-1].next_seqno is None:
                     out[-1].next_seqno = rec[1]
                 if inner and open_end is not None and rec[1] == open_end:
-                    add(i, open_end)
+                    stop = add(i, open_end)
                     open_end = None
             elif t == SNAPSHOT:
                 if inner and open_end is not None:
-                    add(i, open_end)
+                    stop = add(i, open_end)
                 open_end = rec[2]
             elif t == STREAM:
                 open_end = None
-                add(i, rec[2])
+                stop = add(i, rec[2])
             elif t == ROLLBACK:
+                if (until is not None and starts is not None and starts[i] is not None
+                        and starts[i] > until):
+                    return out
                 if inner and open_end is not None:
-                    add(i, open_end)
+                    if add(i, open_end):
+                        return out
                     open_end = None
                 while out and out[-1].seqno > rec[1]:
                     out.pop()
-                add(i, rec[1])
+                stop = add(i, rec[1])
             elif t == END:
-                add(i, rec[2])
+                stop = add(i, rec[2])
                 open_end = None
+            if stop:
+                return out
     return out
 
 
@@ -228,11 +242,13 @@ class VBucketCut:
 
 
 def vbucket_cut(vbucket: int, parts: Sequence[Iterable[tuple]], at: int,
-                whole: Sequence[bool] | None = None) -> VBucketCut:
+                whole: Sequence[bool] | None = None,
+                starts: Sequence[int | None] | None = None) -> VBucketCut:
     """The cut of one vbucket for time `at` over `parts` (its chain, oldest first; `whole`:
-    which are merged backups, see boundaries()). A vbucket with no boundary at or before
-    `at` (its history starts later) is cut at seqno 0 (nothing restored)."""
-    b = cut_at(boundaries(parts, whole), at)
+    which are merged backups, `starts`: when each began, see boundaries()). A vbucket with
+    no boundary at or before `at` (its history starts later) is cut at seqno 0 (nothing
+    restored)."""
+    b = cut_at(boundaries(parts, whole, until=at, starts=starts), at)
     if b is None:
         return VBucketCut(vbucket, -1, 0, None, None)
     return VBucketCut(vbucket, b.part, b.seqno, b.time, None if b.time is None else at - b.time,
@@ -272,6 +288,15 @@ def _iso_ns(text: str | None) -> int | None:
     if t.tzinfo is None:
         t = t.replace(tzinfo=timezone.utc)
     return to_ns(t)
+
+
+def part_meta(manifest: dict[str, Any]) -> tuple[bool, int]:
+    """(merged?, start time in ns) of a backup: what vbucket_cut needs of each part."""
+    start = _iso_ns(manifest.get("started")) or id_time(manifest["id"])
+    if is_merged(manifest):  # its originals' start, or its id (its last original's)
+        spans = originals_covered(manifest)
+        start = spans[0][0] if spans else id_time(manifest["id"])
+    return is_merged(manifest), min(start, id_time(manifest["id"]))
 
 
 def is_merged(manifest: dict[str, Any]) -> bool:

@@ -170,12 +170,12 @@ def plan_scan(path: Archive | str | os.PathLike[str], *, backup: str | None = No
 
         if backup is not None:
             raise UsageError(f"{at_option} and a backup exclude each other")
-        from dcptool.archive.pointintime import is_merged
+        from dcptool.archive.pointintime import part_meta
 
         resolved = True
         chain = plan_time(archive, at, nearest=nearest, option=at_option,
                           nearest_flag=nearest_option).chain
-        merged = tuple(b for b in chain if is_merged(manifests[b]))
+        meta = tuple((b, *part_meta(manifests[b])) for b in chain)
         if not chain:
             return [ScanPartition(archive, (), True, values, validate, at=at)]
         backup = chain[-1]
@@ -205,7 +205,7 @@ def plan_scan(path: Archive | str | os.PathLike[str], *, backup: str | None = No
                     continue
                 units.append((vb, e["bytes"]["files"], (bid, e, cuts[bid].get(vb))))
     return [ScanPartition(archive, tuple(g), resolved, values, validate, at=at,
-                          merged=merged if at is not None else ())
+                          parts_meta=meta if at is not None else ())
             for g in _balance(units, n) or [[]]]
 
 
@@ -525,7 +525,8 @@ def _read_partition(part: ScanPartition, on_unit) -> Iterator[Any]:
         for u, (vb, parts) in enumerate(part.units):
             upto = None
             if part.at is not None:
-                parts, upto = _time_cut(root, vb, parts, part.at, archive.key, part.merged)
+                parts, upto = _time_cut(root, vb, parts, part.at, archive.key,
+                                        part.parts_meta)
             recs, owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in parts],
                                          validate=validate, names=names, key=archive.key,
                                          upto=upto)
@@ -553,13 +554,16 @@ def _read_partition(part: ScanPartition, on_unit) -> Iterator[Any]:
 
 
 def _time_cut(root: Path, vb: int, parts: list, at: int, key: Any,
-              merged: tuple[str, ...] = ()) -> tuple[list, int]:
+              parts_meta: tuple[tuple[str, bool, int], ...] = ()) -> tuple[list, int]:
     """(the parts to resolve over, the seqno to resolve to) of vbucket `vb` as of time `at`
-    (`merged`: the ids of merged backups)."""
+    (`parts_meta`: ScanPartition's)."""
     from dcptool.archive.pointintime import vbucket_cut
 
+    meta = {bid: (merged, start) for bid, merged, start in parts_meta}
     cut = vbucket_cut(vb, [iter_vbucket_records(backup_path(root, bid), e, key=key)
-                           for bid, e in parts], at, [bid in merged for bid, _e in parts])
+                           for bid, e in parts], at,
+                      [meta.get(bid, (False, None))[0] for bid, _e in parts],
+                      [meta.get(bid, (False, None))[1] for bid, _e in parts])
     return list(parts[:cut.part + 1]), cut.seqno
 
 

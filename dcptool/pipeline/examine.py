@@ -166,13 +166,14 @@ def _mark_as_of(archive: Archive, d: dict[str, Any], backup: str, at: int) -> di
     return the cut: the vbucket's last snapshot boundary at or before `at`, resolved as a
     restore to that time resolves it (rollbacks recorded later not applied)."""
     from dcptool.archive import VBucketHistory
-    from dcptool.archive.pointintime import is_merged, iso, vbucket_cut
+    from dcptool.archive.pointintime import iso, part_meta, vbucket_cut
     from dcptool.archive.resolve import resolve
 
     vb = d["vbucket"]
     held = [b for b in archive.chain(backup) if b.entry(vb) is not None]
-    cut = vbucket_cut(vb, [VBucketHistory(b, vb) for b in held], at,
-                      [is_merged(b.manifest) for b in held])
+    meta = [part_meta(b.manifest) for b in held]
+    cut = vbucket_cut(vb, [VBucketHistory(b, vb) for b in held], at, [m[0] for m in meta],
+                      [m[1] for m in meta])
     k = d["key"].encode("utf-8")
     state = resolve([VBucketHistory(b, vb) for b in held[:cut.part + 1]], upto_seqno=cut.seqno)
     current = {(r[1], r[3]) for dk, r in state.items() if split_doc_key(dk)[1] == k}

@@ -145,9 +145,10 @@ class ScanPartition:
     #: with `resolved`: the state as of this time (ns since the epoch), each vbucket cut
     #: at its last snapshot boundary at or before it (archive/pointintime.py)
     at: int | None = None
-    #: with `at`: the ids of the merged backups read (their state inside is not kept: only
-    #: their start and end are boundaries)
-    merged: tuple[str, ...] = ()
+    #: with `at`: (backup id, merged?, start time in ns) of each backup of the chain read
+    #: (archive/pointintime.py's part_meta: a merged backup gives only its start and end
+    #: as boundaries; a rollback counts from its backup's start)
+    parts_meta: tuple[tuple[str, bool, int], ...] = ()
 
 
 

@@ -30,7 +30,7 @@ from dcptool.archive import (REC_DELETION, REC_EXPIRATION, REC_MUTATION, Archive
                              storage)
 from dcptool.archive.format import entries_records
 from dcptool.archive.info import dir_size
-from dcptool.archive.pointintime import (VBucketCut, is_merged, iso, lag_summary, plan_time,
+from dcptool.archive.pointintime import (VBucketCut, iso, lag_summary, part_meta, plan_time,
                                         vbucket_cut)
 from dcptool.archive.resolve import resolve
 from dcptool.client.options import ConnOptions
@@ -321,8 +321,9 @@ def time_cut(chain, vbucket: int, at: int) -> tuple[list[Any], int, dict[str, An
     as the result reports it) for a restore to time `at`: the vbucket's last snapshot
     boundary at or before `at` (archive/pointintime.py)."""
     held = [b for b in chain if b.entry(vbucket) is not None]
+    meta = [part_meta(b.manifest) for b in held]
     cut = vbucket_cut(vbucket, [VBucketHistory(b, vbucket) for b in held], at,
-                      [is_merged(b.manifest) for b in held])
+                      [m[0] for m in meta], [m[1] for m in meta])
     return held[:cut.part + 1], cut.seqno, {**cut.as_dict([b.id for b in held]),
                                             "lag_ns": cut.lag}
 

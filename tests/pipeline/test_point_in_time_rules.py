@@ -233,3 +233,26 @@ def test_a_cut_is_exact_when_the_next_change_is_after_the_time():
     assert lag_summary([straddled, exact, unknown])["exact_vbuckets"] == 1
     # after the last record: nothing follows, the archive cannot tell
     assert not vbucket_cut(0, [part], T0 + 10 * NS).exact
+
+
+def test_a_rollback_recorded_after_the_time_does_not_move_the_cut():
+    p0 = [stream(0), snap(1, 5), mut(1, 1.0), mut(5, 2.0, b"\x00j"), end(5)]
+    p1 = [stream(5), snap(6, 6), mut(6, 4.0), end(6)]
+    # later (after 5 s) the node rolled back to 1
+    p2 = [stream(6), (6, 1, 9), snap(2, 2), mut(2, 8.0, b"\x00x"), end(2)]
+    # the backup recording the rollback began at 7 s: the rollback does not apply at 5 s
+    c = vbucket_cut(0, [p0, p1, p2], T0 + 5 * NS, starts=[T0, T0 + 3 * NS, T0 + 7 * NS])
+    assert (c.part, c.seqno) == (1, 6)
+    # it began at 4.5 s: the rollback applies (the archive knew of it by then)
+    c = vbucket_cut(0, [p0, p1, p2], T0 + 5 * NS, starts=[T0, T0 + 3 * NS, T0 + int(4.5 * NS)])
+    assert (c.part, c.seqno) == (2, 1)
+    # the reading stopped at the first boundary after the time: p2 was not read
+    read = []
+
+    def tracked(p, i):
+        for r in p:
+            read.append(i)
+            yield r
+
+    vbucket_cut(0, [tracked(p, i) for i, p in enumerate([p0, p1, p2])], T0 + 3 * NS)
+    assert 2 not in read
