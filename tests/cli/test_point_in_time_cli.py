@@ -97,3 +97,30 @@ def test_cluster_restore_to_a_time_before_the_archive_is_refused(cluster_archive
     rc, out, err = cli(capsys, "restore", archive, "-c", f"{dst.host}:{dst.port}",
                        "--to-time", "-1h", "--run", "x")
     assert rc == 2 and "exclude each other" in err
+
+
+def test_cluster_info_draws_each_buckets_window(cluster_archive, capsys, monkeypatch):
+    archive, _dst, at, _then = cluster_archive
+    rc, out, err = cli(capsys, "info", archive, "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    for b in BUCKETS:
+        w = d["buckets"][b]["point_in_time"]
+        assert w["window"]["earliest"] <= iso(at) <= w["window"]["latest"] and w["gaps"] == []
+    monkeypatch.setenv("COLUMNS", "80")
+    rc, out, err = cli(capsys, "info", archive)
+    assert rc == 0, err
+    bars = [line for line in out.splitlines() if "█" in line and not line.startswith("█")]
+    assert [line.split()[0] for line in bars] == list(BUCKETS)
+    assert all(len(line) <= 80 for line in bars)
+
+
+def test_spark_source_as_of_reads_every_bucket_as_it_was(cluster_archive, spark):
+    from dcptool.pipeline.dataframes import register
+
+    archive, _dst, at, then = cluster_archive
+    register(spark)
+    rows = (spark.read.format("dcptool").option("asOf", iso(at)).load(str(archive))
+            .where("NOT deleted").select("bucket", "key", "value").collect())
+    got = {(r["bucket"], r["key"].encode()): bytes(r["value"]) for r in rows}
+    assert got == {(b, k): v for b in BUCKETS for k, v in then[b].items()}
