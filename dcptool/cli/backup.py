@@ -524,6 +524,10 @@ def restore(
     by a prune that was killed) is refused before anything is written.
 
     Example: dcptool restore /backups/all -c 127.0.0.1 --auto-create-buckets
+
+    Of a cluster archive, --to-time TIME (not with --run) restores the buckets of the newest
+    run, each to TIME by its own archive; every bucket's window is checked before anything
+    is created or written.
     """
     from dcptool.archive.cluster import archive_kind
     from dcptool.cli.passphrase import open_archive
