@@ -501,7 +501,8 @@ def restore(
     a boundary's time being the newest CAS time (a hybrid logical clock: nanoseconds since
     the epoch) of the vbucket's history up to it; a deduplicated snapshot holding changes
     from both sides of TIME is restored to its start. The summary gives how far before
-    TIME the cuts fell (the worst and the median; each vbucket's with --json). A time
+    TIME the cuts fell (the worst and the median; each vbucket's with --json) and
+    how many are exact (the vbucket's next change is known to be after TIME). A time
     before the archive, without a zone or in the future is refused (exit status 2); so is
     a time in a gap, when no backup was running (between two backups the later of which
     did not start within 10 s, plus a continuous backup's checkpoint interval, of the
