@@ -188,6 +188,9 @@ def test_a_time_in_a_gap_is_refused_and_nearest_restores(pit, login, capsys):
     assert rc == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "gap" in lines[0] and "--nearest" in lines[0]
+    rc, out, _err = cli(capsys, "info", path, "--json")
+    gap = json.loads(out)["point_in_time"]["gaps"][0]
+    assert f"from {gap['from']} to {gap['to']}" in lines[0]
     rc, out, err = _restore(capsys, path, dst, "--to-time", iso(gap_time), "--nearest",
                             "--dry-run")
     assert rc == 0, err
