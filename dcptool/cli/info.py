@@ -388,7 +388,8 @@ def _print_windows(windows: list[tuple[str, Any]]) -> None:
     from dcptool.cli.timeline import timeline_lines
 
     con = table_console()
-    for line in timeline_lines(windows, con.width):
+    unicode = (con.encoding or "").lower().replace("-", "").startswith("utf")
+    for line in timeline_lines(windows, con.width, unicode=unicode):
         con.print(line, markup=False, highlight=False)
 
 

@@ -10,6 +10,9 @@ from dcptool.archive.pointintime import NS, coverage, short_time, span_text, tim
 
 COVERED = "█"
 GAP = "░"
+#: where the output cannot encode those
+ASCII_COVERED = "#"
+ASCII_GAP = "."
 #: the narrowest bar drawn
 MIN_BAR = 10
 
@@ -39,9 +42,12 @@ def public(info: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in info.items() if not k.startswith("_")}
 
 
-def timeline_lines(rows: list[tuple[str, dict[str, Any] | None]], width: int) -> list[str]:
+def timeline_lines(rows: list[tuple[str, dict[str, Any] | None]], width: int, *,
+                   unicode: bool = True) -> list[str]:
     """A bar per bucket (`rows`: (name, timeline_info)), its window's ends as times, then
-    what the bars mean. Fits `width` (at least 80 columns are assumed)."""
+    what the bars mean. Fits `width` (at least 80 columns are assumed); `unicode=False`
+    draws with ASCII characters."""
+    full, light = (COVERED, GAP) if unicode else (ASCII_COVERED, ASCII_GAP)
     width = max(80, width)
     named = [(n, i) for n, i in rows if i is not None]
     if not named:
@@ -52,7 +58,7 @@ def timeline_lines(rows: list[tuple[str, dict[str, Any] | None]], width: int) ->
     for name, info in named:
         cov = info["_coverage"]
         out.append(f"{name[:label]:<{label}} {short_time(cov.earliest)} "
-                   f"{timeline_bar(cov, bar, covered_char=COVERED, gap_char=GAP)} "
+                   f"{timeline_bar(cov, bar, covered_char=full, gap_char=light)} "
                    f"{short_time(cov.latest)}")
     for name, info in named:
         cov = info["_coverage"]
@@ -62,8 +68,8 @@ def timeline_lines(rows: list[tuple[str, dict[str, Any] | None]], width: int) ->
             f"{span_text(max(b - a for a, b in gaps))}")
         out.append(f"{name}: {span_text(cov.latest - cov.earliest)} window (UTC), {what}")
     tol = named[0][1]["gap_tolerance_seconds"]
-    out.append(f"{COVERED} a backup was running (any time restores, to each vbucket's "
-               f"snapshot boundary at or before it); {GAP} a gap: no backup running (more "
+    out.append(f"{full} a backup was running (any time restores, to each vbucket's "
+               f"snapshot boundary at or before it); {light} a gap: no backup running (more "
                f"than {tol:g} s between two backups), --nearest needed. Batch backups give "
                "the granularity of their snapshot boundaries: a gap between every two.")
     return out

@@ -256,3 +256,17 @@ def test_a_rollback_recorded_after_the_time_does_not_move_the_cut():
 
     vbucket_cut(0, [tracked(p, i) for i, p in enumerate([p0, p1, p2])], T0 + 3 * NS)
     assert 2 not in read
+
+
+def test_timeline_lines_fit_80_columns_in_unicode_and_ascii():
+    from dcptool.cli.timeline import timeline_lines
+
+    cov = Coverage([(T0, T0 + 60 * NS), (T0 + 3600 * NS, T0 + 3660 * NS)], 10 * NS)
+    info = {**cov.as_json(), "_coverage": cov}
+    for uni, full, light in ((True, "█", "░"), (False, "#", ".")):
+        lines = timeline_lines([("travel-sample", info), ("beer", info)], 80, unicode=uni)
+        bars = lines[1:3]
+        assert [b.split()[0] for b in bars] == ["travel-sample", "beer"]
+        assert all(len(b) <= 80 and full in b and light in b for b in bars)
+        assert "2026-11-28 14:00:00" in bars[0] and "2026-11-28 15:01:00" in bars[0]
+        assert "1 gap, the longest 59 min" in lines[3]
