@@ -124,3 +124,68 @@ def test_spark_source_as_of_reads_every_bucket_as_it_was(cluster_archive, spark)
             .where("NOT deleted").select("bucket", "key", "value").collect())
     got = {(r["bucket"], r["key"].encode()): bytes(r["value"]) for r in rows}
     assert got == {(b, k): v for b in BUCKETS for k, v in then[b].items()}
+
+
+@pytest.fixture(scope="module")
+def merged_archive(tmp_path_factory, spark):
+    """A bucket archive of four backups (a full one, three incrementals, documents changed
+    before each), the middle two then removed (merged into the last); (archive, target
+    node, a time between the second and third backups, what the test wrote by the end of
+    the first backup)."""
+    base = tmp_path_factory.mktemp("pitmerged")
+    archive = base / "archive"
+    mp = pytest.MonkeyPatch()
+    src = NodeProcess(base / "src", vbuckets=VBS).start()
+    dst = NodeProcess(base / "dst", vbuckets=VBS).start()
+    try:
+        mp.setenv("DCPTOOL_USERNAME", src.username)
+        mp.setenv("DCPTOOL_PASSWORD", src.password)
+        mp.delenv("DCPTOOL_BUCKET", raising=False)
+        addr = f"{src.host}:{src.port}"
+        written = {}
+        at = None
+        for rnd in range(4):
+            docs = _docs("default", rnd, 12)
+            with opts_for(src).connect() as conn:
+                load(conn, docs, VBS)
+            if rnd == 0:
+                written = {k.encode(): json.dumps(v).encode() for k, v in docs.items()}
+            assert _run(["backup", str(archive), "-b", "default", "-c", addr,
+                         "--no-watermark", "-q"]) == 0
+            if rnd == 1:
+                at = time.time_ns()
+                time.sleep(0.05)
+        from dcptool.archive import Archive
+
+        ids = Archive.open(archive).committed_ids()
+        assert _run(["remove", str(archive), "--backup", ids[1], "--backup", ids[2], "-q",
+                     "--no-progress"]) == 0
+        yield archive, dst, at, written
+    finally:
+        src.stop()
+        dst.stop()
+        mp.undo()
+
+
+def test_a_merged_backup_restores_only_its_ends(merged_archive, capsys, monkeypatch):
+    archive, dst, at, written = merged_archive
+    # the backups ran a few seconds apart: a tolerance below that shows the gap
+    monkeypatch.setenv("DCPTOOL_GAP_TOLERANCE", "0.1")
+    rc, out, err = cli(capsys, "info", archive, "--json")
+    d = json.loads(out)
+    assert [b["merged_from"] is not None for b in d["backups"]] == [False, True]
+    (gap,) = d["point_in_time"]["gaps"]
+    assert gap["from"] < iso(at) < gap["to"]
+    # the state inside the merged range is gone: the time is in a gap
+    rc, out, err = cli(capsys, "restore", archive, "-c", f"{dst.host}:{dst.port}",
+                       "--to-time", iso(at), "--json")
+    assert rc == 2 and "gap" in err
+    # --nearest: the boundary before the merged range, the end of the full backup
+    rc, out, err = cli(capsys, "restore", archive, "-c", f"{dst.host}:{dst.port}",
+                       "--to-time", iso(at), "--nearest", "--json")
+    assert rc == 0, err
+    pit = json.loads(out)["point_in_time"]
+    first = d["backups"][0]["id"]
+    assert {c["backup"] for c in pit["vbuckets"] if c["time"] is not None} == {first}
+    held = node_documents(opts_for(dst))
+    assert {k: v[1] for k, v in held.items() if v[0] == "live"} == written
