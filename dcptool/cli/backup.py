@@ -52,7 +52,9 @@ manual(
               "is written, or, when the privilege is lost during the run, stopped at the first "
               "refused write, with one line; 1 when a backup read fails the checks verify "
               "makes (one line naming the file, nothing written). 2 when --vbuckets names "
-              "vbuckets the archive does not have. --dry-run exits as the restore would for "
+              "vbuckets the archive does not have, and for a --to-time without a zone, in "
+              "the future, before the archive's window, or in a gap of it (no backup "
+              "running) without --nearest: one line, nothing written. --dry-run exits as the restore would for "
               "every check it makes.",
     files=(
         ("ARCHIVE/backups/ID/", "The backups read (never changed)."),
