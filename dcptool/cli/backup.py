@@ -131,6 +131,10 @@ def backup(
     rotate_size: Annotated[str, typer.Option(
         "--rotate-size", metavar="SIZE", rich_help_panel=CONTINUOUS,
         help="--continuous: ... or once they take this much.")] = "1GiB",
+    stop_after: Annotated[Optional[str], typer.Option(
+        "--stop-after", metavar="DURATION", rich_help_panel=CONTINUOUS,
+        help="--continuous: commit a last checkpoint and exit after this long (default: "
+             "run until Ctrl-C or SIGTERM).")] = None,
 ) -> None:
     """Back up every bucket of a cluster into a cluster archive, or one bucket (-b) into a
     bucket archive: full the first time, incremental afterwards.
@@ -179,6 +183,17 @@ def backup(
 
     Example: DCPTOOL_ARCHIVE_PASSPHRASE_FILE=~/.dcptool-pass dcptool backup -c 127.0.0.1 /backups/secret --encrypt
 
+    With --continuous the backup keeps going: every --checkpoint (10s) it commits what
+    the node sent since the last checkpoint as a small incremental backup (nothing when
+    nothing changed), on one Spark start-up, until Ctrl-C or SIGTERM, which commit a last
+    checkpoint and exit 0. A change the node acknowledged is in the archive within about
+    one interval; a run killed outright loses nothing committed, and the next run resumes
+    where the archive ends. Every --rotate (1h) or --rotate-size (1GiB) the checkpoints
+    are merged into one ordinary backup. A lost node, a dropped connection or a slow
+    store is one line and a retry with backoff; `dcptool info` shows the run and its lag.
+
+    Example: dcptool backup -c 127.0.0.1 -b default /backups/default --continuous --checkpoint 5s
+
     Into a cluster archive (a new ARCHIVE without -b, or --all-buckets) every bucket the
     user may back up is backed up, each into its own bucket archive under ARCHIVE/buckets/NAME (its chain
     incremental on its own; a new bucket starts full, one dropped and created again
@@ -196,6 +211,12 @@ def backup(
 
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
     kind = archive_kind(archive)
+    if not continuous and (stop_after is not None or checkpoint != "10s" or rotate != "1h"
+                           or rotate_size != "1GiB"):
+        from dcptool.errors import UsageError
+
+        raise UsageError("--checkpoint, --rotate, --rotate-size and --stop-after are options "
+                         "of --continuous", hint="add --continuous")
     if continuous:
         if all_buckets or kind == "cluster" or (kind is None and conn_args.bucket is None):
             from dcptool.errors import UsageError
@@ -205,7 +226,7 @@ def backup(
         _continuous_backup(archive, conn_args, encrypt=encrypt, json_out=json_out,
                            no_progress=no_progress, full=full, purge_partial=purge_partial,
                            checkpoint=checkpoint, rotate=rotate, rotate_size=rotate_size,
-                           master=master, backup={
+                           stop_after=stop_after, master=master, backup={
                                "partitions": partitions, "level": level,
                                "vbuckets": parse_vbuckets(vbuckets) if vbuckets else None,
                                "watermark": not no_watermark, "watermark_ttl": ttl,
@@ -314,8 +335,8 @@ def _cluster_backup(archive: str, conn_args: Any, *, encrypt: bool, bucket_confi
 
 def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out: bool,
                        no_progress: bool, full: bool, purge_partial: bool, checkpoint: str,
-                       rotate: str, rotate_size: str, master: str | None,
-                       backup: dict[str, Any]) -> None:
+                       rotate: str, rotate_size: str, stop_after: str | None,
+                       master: str | None, backup: dict[str, Any]) -> None:
     """`backup --continuous`: a checkpoint every --checkpoint until Ctrl-C or SIGTERM."""
     import signal
     import sys
@@ -338,7 +359,9 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
     if size <= 0:
         raise UsageError("--rotate-size must be positive")
     o = ContinuousOptions(checkpoint=every, rotate=parse_ttl(rotate, "--rotate"),
-                          rotate_size=size, notice=note)
+                          rotate_size=size, notice=note,
+                          stop_after=None if stop_after is None else
+                          parse_ttl(stop_after, "--stop-after"))
     target, new_passphrase = _open_or_plan_encrypted(archive, encrypt)
     opts = conn_args.options(bucket=conn_args.bucket or bucket_of_archive(archive) or "default")
     check_privileges(opts, "back up", DCP_PRODUCER,

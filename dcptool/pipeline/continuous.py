@@ -79,6 +79,8 @@ class ContinuousOptions:
     on_checkpoint: Callable[[dict[str, Any]], None] | None = None
     #: stop after this many checkpoints (None: until `stop`)
     max_checkpoints: int | None = None
+    #: stop (with a last checkpoint) this many seconds after the start (None: never)
+    stop_after: float | None = None
     backup: dict[str, Any] = field(default_factory=dict)
 
 
@@ -370,11 +372,13 @@ class ContinuousBackup:
         self._settle_segment()
         backoff = 0.0
         due = time.monotonic()
+        end = None if o.stop_after is None else time.monotonic() + o.stop_after
         while True:
             stopping = o.stop.is_set()
             if not stopping:
-                o.stop.wait(max(0.0, due - time.monotonic()))
-                stopping = o.stop.is_set()
+                o.stop.wait(max(0.0, (due if end is None else min(due, end))
+                                - time.monotonic()))
+                stopping = o.stop.is_set() or (end is not None and time.monotonic() >= end)
             began = time.monotonic()
             try:
                 rec = self.checkpoint()

@@ -1,0 +1,335 @@
+"""`dcptool backup --continuous` end to end: real node processes, real Spark (the command's
+own in a process of its own, or the test session's in this process), real files.
+
+A writer thread changes documents at a steady rate and logs what it wrote; the continuous
+backup is killed outright at a random moment, restarted, stopped with Ctrl-C; the archive
+must then hold every change exactly once (each vbucket's seqnos strictly increasing along
+the chain), verify, and restore to the writer's final state.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from cliutil import cli
+from docutil import delete, load, node_documents, opts_for
+from nodeprocutil import NodeProcess
+
+from dcptool.archive import Archive
+from dcptool.pipeline.restore import run_restore
+
+VBS = 16
+
+
+class Writer(threading.Thread):
+    """Sets (and now and then deletes) documents at a steady rate; logs (key, op, time of
+    the acknowledgement). Reconnects when the node goes away (a restart)."""
+
+    def __init__(self, node: NodeProcess, rate: float = 40.0, keys: int = 150):
+        super().__init__(daemon=True)
+        self.node, self.period, self.keys = node, 1.0 / rate, keys
+        self.stop = threading.Event()
+        self.log: list[tuple[str, str, float]] = []
+        self.errors = 0
+
+    def run(self) -> None:
+        i = 0
+        conn = None
+        while not self.stop.is_set():
+            key = f"w::{i % self.keys:04d}"
+            try:
+                if conn is None:
+                    conn = opts_for(self.node).connect()
+                if i % 11 == 10:
+                    delete(conn, [key], VBS)
+                    op = "delete"
+                else:
+                    load(conn, {key: {"i": i, "pad": "x" * (i % 40)}}, VBS)
+                    op = "set"
+                self.log.append((key, op, time.time()))
+                i += 1
+            except Exception:  # noqa: BLE001 - the node is restarting: try again
+                self.errors += 1
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+                conn = None
+                time.sleep(0.2)
+                continue
+            time.sleep(self.period)
+        if conn is not None:
+            conn.close()
+
+
+class Continuous:
+    """`dcptool backup --continuous --json` as a process of its own: its JSON lines as
+    they come, its stderr."""
+
+    def __init__(self, node: NodeProcess, archive: Path, *extra: str, checkpoint: str = "1s"):
+        env = dict(os.environ, DCPTOOL_PASSWORD=node.password)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dcptool", "backup", "-c", f"{node.host}:{node.port}",
+             "-b", "default", str(archive), "--continuous", "--checkpoint", checkpoint,
+             "--json", "--master", "local[2]", "--partitions", "2", *extra],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+        self.records: list[dict] = []
+        self.err: list[str] = []
+        self._threads = [threading.Thread(target=self._read, args=(self.proc.stdout, True),
+                                          daemon=True),
+                         threading.Thread(target=self._read, args=(self.proc.stderr, False),
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _read(self, stream, out: bool) -> None:
+        for line in stream:
+            if out and line.strip():
+                self.records.append(json.loads(line))
+            elif not out:
+                self.err.append(line.rstrip("\n"))
+
+    def checkpoints(self) -> list[dict]:
+        return [r for r in self.records if r.get("event") == "checkpoint"]
+
+    def wait_checkpoints(self, n: int, timeout: float = 120.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while len(self.checkpoints()) < n:
+            assert self.proc.poll() is None, "\n".join(self.err)
+            assert time.monotonic() < deadline, f"no {n} checkpoints: {self.err}"
+            time.sleep(0.1)
+        return self.checkpoints()
+
+    def wait_caught_up(self, after: float, timeout: float = 60.0) -> dict:
+        """The first checkpoint that began after `after` (epoch) and left nothing behind."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for r in self.checkpoints():
+                if _epoch(r["time"]) - r["seconds"] > after and r["lag"]["default"]["items"] == 0:
+                    return r
+            assert self.proc.poll() is None, "\n".join(self.err)
+            assert time.monotonic() < deadline, f"not caught up: {self.err}"
+            time.sleep(0.1)
+
+    def interrupt(self, timeout: float = 120.0) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        rc = self.proc.wait(timeout)
+        for t in self._threads:
+            t.join(10)
+        return rc
+
+    def kill9(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        for t in self._threads:
+            t.join(10)
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_nothing_twice(archive: Path) -> int:
+    """Along the chain every vbucket's item seqnos strictly increase (nothing was written
+    into the archive twice) and each backup starts where the one before it ended; the
+    number of items."""
+    a = Archive.open(archive)
+    last: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    n = 0
+    for b in a.chain():
+        for e in b.manifest["vbuckets"]:
+            vb = e["vbucket"]
+            if vb in ends and not e.get("rollbacks"):
+                assert e["start"]["seqno"] == ends[vb], (b.id, vb)
+            ends[vb] = e["end"]["seqno"]
+            for rec in b.items(vb):
+                assert rec[1] > last.get(vb, 0), (b.id, vb, rec[1], last.get(vb))
+                last[vb] = rec[1]
+                n += 1
+    return n
+
+
+def _verify(archive: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "dcptool", "verify", str(archive)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _restored_equals(archive: Path, expected: dict, spark, where: Path) -> None:
+    with NodeProcess(where, vbuckets=VBS) as dst:
+        res = run_restore(str(archive), opts_for(dst), spark=spark).as_dict()
+        assert sum(res["failed"].values()) == 0
+        got = node_documents(opts_for(dst))
+    live = {k: v for k, v in expected.items() if v[0] == "live"}
+    assert {k: v for k, v in got.items() if v[0] == "live"} == live
+
+
+def test_kill9_at_random_moments_loses_nothing_and_doubles_nothing(spark, tmp_path):
+    """Under a steady writer: kill -9 at a random moment, start again, Ctrl-C; the archive
+    holds every change once, verifies, and restores to the writer's final state."""
+    rng = random.Random(os.environ.get("PYTEST_SEED", time.time()))
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"base::{i}": {"i": i} for i in range(200)}, VBS)
+        archive = tmp_path / "archive"
+        writer = Writer(node)
+        writer.start()
+        run = Continuous(node, archive)
+        run.wait_checkpoints(2)
+        # info sees it running
+        st = json.loads(subprocess.run(
+            [sys.executable, "-m", "dcptool", "info", str(archive), "--json"],
+            capture_output=True, text=True, timeout=120).stdout)
+        assert st["continuous"]["running"] is True
+        assert st["continuous"]["pid"] == run.proc.pid
+        time.sleep(rng.uniform(0.0, 1.5))  # a random moment: mid-checkpoint or between
+        run.kill9()
+        time.sleep(rng.uniform(0.0, 1.0))
+        run = Continuous(node, archive)
+        run.wait_checkpoints(2)
+        writer.stop.set()
+        writer.join(10)
+        stopped = time.time()
+        last = run.wait_caught_up(stopped)
+        rc = run.interrupt()
+        assert rc == 0, run.err
+        assert last["backup_id"] is None or last["items"] >= 0
+        assert any("stopping: committing a last checkpoint" in ln for ln in run.err)
+        assert run.records[-1]["event"] == "stopped"
+        expected = node_documents(opts)
+    a = Archive.open(archive)
+    assert a.partial_ids() == []
+    assert_nothing_twice(archive)
+    _verify(archive)
+    # every key the writer wrote is in the archive as the node had it
+    _restored_equals(archive, expected, spark, tmp_path / "dst")
+    assert len(writer.log) > 50
+    st = json.loads(subprocess.run(
+        [sys.executable, "-m", "dcptool", "info", str(archive), "--json"],
+        capture_output=True, text=True, timeout=120).stdout)
+    assert st["continuous"]["running"] is False
+
+
+def test_node_restart_is_retried_and_nothing_is_lost(spark, tmp_path):
+    """The node restarts while the continuous backup runs: one line per failed attempt,
+    backoff, then the checkpoints go on; what was written after the restart is backed up."""
+    port = _free_port()
+    with NodeProcess(tmp_path / "src", vbuckets=VBS, extra_args=("--port", str(port))) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"before::{i}": {"i": i} for i in range(100)}, VBS)
+        archive = tmp_path / "archive"
+        run = Continuous(node, archive)
+        run.wait_checkpoints(2)
+        node.stop()
+        time.sleep(2.5)  # at least one checkpoint finds no node
+        node.start()
+        assert node.port == port
+        with opts_for(node).connect() as conn:
+            load(conn, {f"after::{i}": {"i": i} for i in range(100)}, VBS)
+        wrote = time.time()
+        run.wait_caught_up(wrote)
+        assert run.interrupt() == 0, run.err
+        retries = [ln for ln in run.err if "checkpoint failed:" in ln]
+        assert retries and all("retrying in" in ln for ln in retries), run.err
+        expected = node_documents(opts_for(node))
+    assert sum(k.startswith(b"after::") for k in expected) == 100
+    assert_nothing_twice(archive)
+    _verify(archive)
+    _restored_equals(archive, expected, spark, tmp_path / "dst")
+
+
+def test_ctrl_c_commits_a_last_checkpoint_and_exits_0(tmp_path):
+    """With a long interval, what was written after the first checkpoint is committed by
+    the last one Ctrl-C asks for, and the command exits 0."""
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"a::{i}": {"i": i} for i in range(50)}, VBS)
+        archive = tmp_path / "archive"
+        run = Continuous(node, archive, checkpoint="1h")
+        first = run.wait_checkpoints(1)[0]
+        assert first["type"] == "full" and first["items"] == 50
+        with opts.connect() as conn:
+            load(conn, {f"b::{i}": {"i": i} for i in range(30)}, VBS)
+        assert run.interrupt() == 0, run.err
+        cps = run.checkpoints()
+        assert len(cps) == 2 and cps[1]["items"] == 30 and cps[1]["type"] == "incremental"
+        assert cps[1]["lag"]["default"] == {"seconds": 0.0, "items": 0}
+    a = Archive.open(archive)
+    assert len(a.committed_ids()) == 2 and a.partial_ids() == []
+
+
+def test_rotation_makes_ordinary_backups(spark, tmp_path, capsys):
+    """--rotate folds the checkpoints into one backup: fewer backups than checkpoints with
+    data, and info, verify and restore read them as any."""
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        writer = Writer(node, rate=30)
+        writer.start()
+        archive = tmp_path / "archive"
+        try:
+            code, out, err = cli(capsys, "backup", "-c", f"{node.host}:{node.port}",
+                                 "-u", node.username, "-p", node.password, "-b", "default",
+                                 archive, "--continuous", "--checkpoint", "500ms",
+                                 "--rotate", "2s", "--stop-after", "7s", "--json")
+        finally:
+            writer.stop.set()
+            writer.join(10)
+        assert code == 0, err
+        recs = [json.loads(ln) for ln in out.splitlines() if ln.strip()]
+        cps = [r for r in recs if r["event"] == "checkpoint"]
+        stopped = recs[-1]
+        assert stopped["event"] == "stopped" and stopped["rotations"]
+        assert "rotated:" in err
+        with_data = [c for c in cps if c["backup_id"]]
+        a = Archive.open(archive)
+        ids = a.committed_ids()
+        assert len(ids) < len(with_data)
+        merged = [b for b in ids if a.manifest(b).get("merged_from")]
+        assert merged
+        # a last catch-up backup of what the writer wrote during the last checkpoint
+        from dcptool.pipeline.backup import run_backup
+
+        run_backup(opts, archive, spark=spark)
+        expected = node_documents(opts)
+        code, out, err = cli(capsys, "info", archive, "--json")
+        assert code == 0 and json.loads(out)["continuous"]["running"] is False
+    assert_nothing_twice(archive)
+    code, out, err = cli(capsys, "verify", archive)
+    assert code == 0, out + err
+    _restored_equals(archive, expected, spark, tmp_path / "dst")
+
+
+def test_continuous_needs_a_bucket_archive_and_its_own_options(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DCPTOOL_PASSWORD", "x")
+    monkeypatch.delenv("DCPTOOL_BUCKET", raising=False)
+    code, out, err = cli(capsys, "backup", "-c", "127.0.0.1:1", tmp_path / "a", "--continuous")
+    assert code == 2 and "--continuous backs up one bucket" in err and "Traceback" not in err
+    code, out, err = cli(capsys, "backup", "-c", "127.0.0.1:1", "-b", "default",
+                         tmp_path / "a", "--checkpoint", "5s")
+    assert code == 2 and "options of --continuous" in err
+    code, out, err = cli(capsys, "backup", "-c", "127.0.0.1:1", "-b", "default",
+                         tmp_path / "a", "--continuous", "--full")
+    assert code == 2 and "no --full" in err
