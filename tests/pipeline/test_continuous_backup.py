@@ -49,7 +49,8 @@ class Writer(threading.Thread):
             try:
                 if conn is None:
                     conn = opts_for(self.node).connect()
-                if i % 11 == 10:
+                if i % 11 == 10:  # the key set three steps ago
+                    key = f"w::{(i - 3) % self.keys:04d}"
                     delete(conn, [key], VBS)
                     op = "delete"
                 else:
