@@ -308,7 +308,9 @@ def test_rotation_makes_ordinary_backups(spark, tmp_path, capsys):
         a = Archive.open(archive)
         ids = a.committed_ids()
         assert len(ids) < len(with_data)
-        merged = [b for b in ids if a.manifest(b).get("merged_from")]
+        from dcptool.archive.chain import merged_from
+
+        merged = [b for b in ids if merged_from(a.manifest(b))]
         assert merged
         # a last catch-up backup of what the writer wrote during the last checkpoint
         from dcptool.pipeline.backup import run_backup
