@@ -71,7 +71,7 @@ def _start(node: NodeProcess, archive: Path, checkpoint: str) -> tuple[subproces
                 recs.append(json.loads(line))
 
     threading.Thread(target=read, daemon=True).start()
-    proc.argv_text = " ".join(shlex.quote(a) for a in argv[1:])  # type: ignore[attr-defined]
+    proc.argv_text = " ".join(shlex.quote(a) for a in argv[3:])  # type: ignore[attr-defined]
     return proc, recs
 
 
@@ -83,14 +83,15 @@ def _wait_first(proc: subprocess.Popen, recs: list, timeout: float = 180) -> Non
         time.sleep(0.1)
 
 
-def _write(node: NodeProcess, rate: float, seconds: float, vbuckets: int) -> dict[str, float]:
+def _write(node: NodeProcess, rate: float, seconds: float, vbuckets: int,
+           prefix: str) -> dict[str, float]:
     """A new key every 1/rate s for `seconds`; {key: time acknowledged}."""
     acked: dict[str, float] = {}
     with _opts(node).connect() as conn:
         t0 = time.monotonic()
         i = 0
         while time.monotonic() - t0 < seconds:
-            key = f"rpo::{i:08d}".encode()
+            key = f"{prefix}{i:08d}".encode()
             f = Set(key=key, value=b'{"i": %d}' % i, vbucket=vbucket_of(key, vbuckets),
                     datatype=1).to_frame()
             f.opaque = i
@@ -112,7 +113,8 @@ def _committed(archive: Path) -> dict[str, float]:
         done = _epoch(b.manifest["finished"])
         for e in b.manifest["vbuckets"]:
             for rec in b.items(e["vbucket"]):
-                k = bytes(rec[7] if rec[0] == 3 else rec[4]).decode(errors="replace")
+                k = bytes(rec[7] if rec[0] == 3 else rec[4])
+                k = k[1:].decode(errors="replace")  # the default collection's id, 0x00
                 out.setdefault(k, done)
     return out
 
@@ -129,7 +131,7 @@ def rpo(node: NodeProcess, work: Path, interval: str, rate: float, seconds: floa
     archive = work / f"rpo-{interval}"
     proc, recs = _start(node, archive, interval)
     _wait_first(proc, recs)
-    acked = _write(node, rate, seconds, vbuckets)
+    acked = _write(node, rate, seconds, vbuckets, f"rpo-{interval}::")
     time.sleep(parse_duration(interval) + 1)
     proc.send_signal(signal.SIGINT)
     rc = proc.wait(180)
