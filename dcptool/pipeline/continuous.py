@@ -185,6 +185,19 @@ class ContinuousBackup:
         a = self._archive()
         if a is None:
             return
+        # a rotation killed after its merged backup was published: its originals go now
+        from dcptool.archive.merging import finish_interrupted_merges
+
+        from dcptool.archive.errors import ArchiveLockedError
+
+        try:
+            with a.lock("merge"):
+                done = finish_interrupted_merges(a)
+        except ArchiveLockedError as exc:  # the next rotation's merge finishes it
+            self._notice(f"{_one_line(exc)}; going on")
+            done = []
+        if done:
+            self._notice(f"finished an interrupted rotation: removed {', '.join(done)}")
         st = read_status(self.where) or {}
         chain = a.chain_ids() if a.latest_id() else []
         anchor = st.get("anchor")
@@ -257,7 +270,8 @@ class ContinuousBackup:
             if a is not None:  # the passphrase creates a new archive; this one is open
                 backup_kw.pop("passphrase", None)
             result = run_backup(self.opts, a if a is not None else self.archive_at,
-                                spark=self.spark, master=self.master, **backup_kw)
+                                spark=self.spark, master=self.master, notice=self._notice,
+                                on_plan=self._on_plan, **backup_kw)
             self.backups += 1
             self.last_watermark = time.monotonic() if result.watermark else self.last_watermark
             a = self._archive()
@@ -303,6 +317,11 @@ class ContinuousBackup:
         self.last = rec
         self._write_status("running", lag)
         return rec
+
+    def _on_plan(self, plan: dict[str, Any]) -> None:
+        if plan["resumed"]:
+            self._notice(f"resuming partial backup {plan['backup_id']}: {plan['kept']} "
+                         f"vbuckets kept, {plan['to_stream']} to stream")
 
     def _renew_watermark(self, a: Archive | None, members: Any) -> None:
         from .backup import register_archive_watermark, _register_on_cluster

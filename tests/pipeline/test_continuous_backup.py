@@ -77,8 +77,9 @@ class Continuous:
     """`dcptool backup --continuous --json` as a process of its own: its JSON lines as
     they come, its stderr."""
 
-    def __init__(self, node: NodeProcess, archive: Path, *extra: str, checkpoint: str = "1s"):
-        env = dict(os.environ, DCPTOOL_PASSWORD=node.password)
+    def __init__(self, node: NodeProcess, archive: Path, *extra: str, checkpoint: str = "1s",
+                 env: dict | None = None):
+        env = dict(os.environ, DCPTOOL_PASSWORD=node.password, **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dcptool", "backup", "-c", f"{node.host}:{node.port}",
              "-b", "default", str(archive), "--continuous", "--checkpoint", checkpoint,
@@ -230,6 +231,33 @@ def test_kill9_at_random_moments_loses_nothing_and_doubles_nothing(spark, tmp_pa
         [sys.executable, "-m", "dcptool", "info", str(archive), "--json"],
         capture_output=True, text=True, timeout=120).stdout)
     assert st["continuous"]["running"] is False
+
+
+def test_kill9_mid_checkpoint_resumes_its_partial_backup(spark, tmp_path):
+    """Killed while a checkpoint streams (its tasks stalled after a few vbuckets): the next
+    run resumes the partial backup, keeps what it had and streams the rest once."""
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"d::{i}": {"i": i} for i in range(400)}, VBS)
+        archive = tmp_path / "archive"
+        run = Continuous(node, archive, env={"DCPTOOL_FAULT": "stall-after-vbuckets:2"})
+        deadline = time.monotonic() + 120
+        while len(list(archive.glob("backups/*/vb-*.done.json"))) < 2:
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.err
+            time.sleep(0.1)
+        run.kill9()
+        a = Archive.open(archive)
+        assert a.committed_ids() == [] and len(a.partial_ids()) == 1
+        run = Continuous(node, archive)
+        first = run.wait_checkpoints(1)[0]
+        assert first["resumed"] is True and first["items"] == 400
+        assert any(ln.startswith("resuming partial backup") for ln in run.err), run.err
+        assert run.interrupt() == 0, run.err
+        expected = node_documents(opts)
+    assert assert_nothing_twice(archive) == 400
+    _verify(archive)
+    _restored_equals(archive, expected, spark, tmp_path / "dst")
 
 
 def test_node_restart_is_retried_and_nothing_is_lost(spark, tmp_path):
