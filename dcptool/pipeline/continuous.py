@@ -91,7 +91,7 @@ def status_path(archive_path: Any) -> Any:
 def read_status(archive_path: Any) -> dict[str, Any] | None:
     try:
         data = storage.read_bytes(status_path(archive_path))
-    except (FileNotFoundError, OSError):
+    except (OSError, DcptoolError):  # none, or the store cannot be read now
         return None
     try:
         st = json.loads(data)
@@ -166,6 +166,7 @@ class ContinuousBackup:
         self.segment_began: float | None = None
         self.prev_items_time: tuple[int, float] | None = None
         self._opened: Archive | None = None
+        self.last_backup: str | None = None
 
     # -- the archive -------------------------------------------------------------------
 
@@ -199,6 +200,7 @@ class ContinuousBackup:
         if done:
             self._notice(f"finished an interrupted rotation: removed {', '.join(done)}")
         st = read_status(self.where) or {}
+        self.last_backup = st.get("last_backup")
         chain = a.chain_ids() if a.latest_id() else []
         anchor = st.get("anchor")
         if st.get("anchor_set") and (anchor is None or anchor in chain):
@@ -213,9 +215,13 @@ class ContinuousBackup:
     # -- the status file ---------------------------------------------------------------
 
     def _write_status(self, state: str, lag: dict[str, Any] | None = None) -> None:
-        if not (self.where / "archive.json").exists():
+        """Rewrite ARCHIVE/continuous.json; silently not when the store cannot be written
+        now (the failed checkpoint said why already): it is a courtesy for `info`."""
+        if self._archive_or_none() is None:
             return
         last = self.last or {}
+        if last.get("backup_id"):
+            self.last_backup = last["backup_id"]
         doc = {
             "state": state, "pid": os.getpid(), "host": socket.gethostname(),
             "since": self.started_iso, "updated": iso_time(utc_now()),
@@ -223,16 +229,21 @@ class ContinuousBackup:
             "rotate_seconds": self.o.rotate, "rotate_bytes": self.o.rotate_size,
             "last_checkpoint": last.get("time"),
             "last_checkpoint_epoch": self.last_ok,
-            "last_backup": last.get("backup_id") or (read_status(self.where) or {}).get(
-                "last_backup"),
+            "last_backup": self.last_backup,
             "lag_seconds": (lag or {}).get("seconds"), "items_behind": (lag or {}).get("items"),
             "anchor": self.anchor, "anchor_set": True, "segment": list(self.segment),
         }
         try:
             storage.atomic_write_bytes(status_path(self.where), json.dumps(doc).encode(),
                                        durable=False, mode=0o600)
-        except OSError as exc:  # the status is a courtesy; the backups are what counts
-            self._notice(f"could not write {STATUS_FILE}: {_one_line(exc)}")
+        except (OSError, DcptoolError):
+            pass
+
+    def _archive_or_none(self) -> Archive | None:
+        try:
+            return self._archive()
+        except (OSError, DcptoolError):
+            return None
 
     def _notice(self, msg: str) -> None:
         if self.o.notice is not None:

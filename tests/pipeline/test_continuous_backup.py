@@ -412,3 +412,66 @@ def test_live_line_on_a_terminal_shows_lag_and_last_checkpoint(tmp_path):
     assert render(bytes(screen), 160)  # drawn as a terminal shows it
     assert out.startswith("continuous backup of default stopped after"), out
     assert "(1 with data)" in out, out
+
+
+def test_unreachable_s3_endpoint_is_retried_and_nothing_is_lost(spark, tmp_path, monkeypatch):
+    """An archive on S3 whose endpoint goes away while the continuous backup runs: one line
+    per failed checkpoint, backoff, and once the endpoint is back everything written
+    meanwhile is committed."""
+    import s3util
+
+    first_ports: dict = {}
+    real = s3util._free_ports
+
+    def same_ports(n):  # the server comes back at the same address
+        return first_ports.setdefault(n, real(n))
+
+    monkeypatch.setattr(s3util, "_free_ports", same_ports)
+    server = s3util.S3Server(tmp_path / "s3").start()
+    try:
+        bucket = server.new_bucket()
+        url = f"s3://{bucket}/live"
+        for k, v in server.env().items():
+            if k.startswith("AWS_"):
+                monkeypatch.setenv(k, v)
+        monkeypatch.setenv("DCPTOOL_ENGINE", "off")
+        with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+            opts = opts_for(node)
+            with opts.connect() as conn:
+                load(conn, {f"s::{i}": {"i": i} for i in range(100)}, VBS)
+            run = Continuous(node, url)
+            run.wait_checkpoints(1)
+            server.stop()
+            with opts.connect() as conn:
+                load(conn, {f"gone::{i}": {"i": i} for i in range(50)}, VBS)
+            deadline = time.monotonic() + 60
+            while not any("checkpoint failed:" in ln for ln in run.err):
+                assert run.proc.poll() is None and time.monotonic() < deadline, run.err
+                time.sleep(0.2)
+            server.start()
+            back = time.time()
+            run.wait_caught_up(back, timeout=120)
+            assert run.interrupt() == 0, run.err
+            expected = node_documents(opts)
+        fails = [ln for ln in run.err if "checkpoint failed:" in ln]
+        assert fails and all("retrying in" in ln and "\n" not in ln for ln in fails)
+        from dcptool.archive.stores.s3 import CLIENTS
+
+        CLIENTS.clear()
+        assert sum(k.startswith(b"gone::") for k in expected) == 50
+        assert_nothing_twice(url)
+        code = subprocess.run([sys.executable, "-m", "dcptool", "verify", url],
+                              capture_output=True, text=True, timeout=300)
+        assert code.returncode == 0, code.stdout + code.stderr
+        # (a restore of its own: the test session's Spark workers have no S3 credentials)
+        with NodeProcess(tmp_path / "dst", vbuckets=VBS) as dst:
+            r = subprocess.run([sys.executable, "-m", "dcptool", "restore", url, "-c",
+                                f"{dst.host}:{dst.port}", "-b", "default"],
+                               env=dict(os.environ, DCPTOOL_PASSWORD=dst.password),
+                               capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, r.stderr
+            got = node_documents(opts_for(dst))
+        assert {k: v for k, v in got.items() if v[0] == "live"} == \
+            {k: v for k, v in expected.items() if v[0] == "live"}
+    finally:
+        server.stop()
