@@ -396,7 +396,7 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
     def on_signal(signum, frame):  # noqa: ARG001 - a signal handler's signature
         told["n"] += 1
         if told["n"] > 1:
-            runtime._on_interrupt(signum, frame)
+            runtime.interrupt_now(signum, frame)
         o.stop.set()
         note("stopping: committing a last checkpoint (Ctrl-C again abandons it; the next "
              "run resumes it)")
@@ -413,12 +413,11 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
     if json_out:
         print_json({"event": "stopped", **summary})
         return
-    if not json_out:
-        console().print(
-            f"continuous backup of {opts.bucket} stopped after {time.monotonic() - t0:.0f} s: "
-            f"{plural(t['checkpoints'], 'checkpoint')} ({t['backups']} with data), "
-            f"{t['items']:,} items, {plural(t['rotations'], 'rotation')}, "
-            f"{plural(t['files'], 'file')}; last checkpoint {summary['last_checkpoint']}")
+    console().print(
+        f"continuous backup of {opts.bucket} stopped after {time.monotonic() - t0:.0f} s: "
+        f"{plural(t['checkpoints'], 'checkpoint')} ({t['backups']} with data), "
+        f"{t['items']:,} items, {plural(t['rotations'], 'rotation')}, "
+        f"{plural(t['files'], 'file')}; last checkpoint {summary['last_checkpoint']}")
 
 
 def _report_backup(d: dict, json_out: bool) -> None:

@@ -265,7 +265,7 @@ class ContinuousBackup:
     def checkpoint(self) -> dict[str, Any]:
         """One checkpoint: a committed incremental backup of what is new (or nothing, when
         nothing is), the rotation when due, the status file; its record."""
-        from .backup import register_archive_watermark, run_backup, unchanged_vbuckets
+        from .backup import run_backup, unchanged_vbuckets
 
         t0 = time.time()
         m0 = time.monotonic()
@@ -335,8 +335,7 @@ class ContinuousBackup:
                          f"vbuckets kept, {plan['to_stream']} to stream")
 
     def _renew_watermark(self, a: Archive | None, members: Any) -> None:
-        from .backup import register_archive_watermark, _register_on_cluster
-        from .nodeinfo import node_opts  # noqa: F401 - used by _register_on_cluster
+        from .backup import register_archive_watermark, register_on_cluster
 
         if a is None or a.latest_id() is None:
             return
@@ -347,7 +346,7 @@ class ContinuousBackup:
         else:
             from .backup import DEFAULT_WATERMARK_TTL
 
-            _register_on_cluster(self.opts, a, members, ttl or DEFAULT_WATERMARK_TTL,
+            register_on_cluster(self.opts, a, members, ttl or DEFAULT_WATERMARK_TTL,
                                  self._notice)
         self.last_watermark = time.monotonic()
 

@@ -19,7 +19,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 from cliutil import cli
 from docutil import delete, load, node_documents, opts_for
 from nodeprocutil import NodeProcess
