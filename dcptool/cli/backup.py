@@ -37,6 +37,9 @@ manual(
         ("ARCHIVE/backups/ID/", "One directory per backup; manifest.json is written last, so a "
                                 "directory without it is a partial backup."),
         ("ARCHIVE/lock", "Present while a backup or merge writes the archive."),
+        ("ARCHIVE/continuous.json", "With --continuous: the run's status (process, last "
+                                    "checkpoint, lag), rewritten at every checkpoint; what "
+                                    "'dcptool info' shows."),
         ("ARCHIVE/keys/", "The key files of an encrypted archive (--encrypt), one per "
                           "passphrase."),
         ("ARCHIVE/logs/backup-TIME.log", "The log of each run (mode 0600): the plan, one line per "

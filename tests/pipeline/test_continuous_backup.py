@@ -304,6 +304,10 @@ def test_ctrl_c_commits_a_last_checkpoint_and_exits_0(tmp_path):
         assert run.interrupt() == 0, run.err
         cps = run.checkpoints()
         assert len(cps) == 2 and cps[1]["items"] == 30 and cps[1]["type"] == "incremental"
+        # the fields docs/json-output.md documents, and no others
+        from cliutil import documented_under
+
+        assert set(cps[1]) == set(documented_under("### dcptool backup --continuous"))
         assert cps[1]["lag"]["default"] == {"seconds": 0.0, "items": 0}
     a = Archive.open(archive)
     assert len(a.committed_ids()) == 2 and a.partial_ids() == []
