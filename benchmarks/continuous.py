@@ -1,7 +1,8 @@
 """`dcptool backup --continuous`: its RPO under a steady writer, and what it costs idle.
 
     python benchmarks/continuous.py [--rate 50] [--seconds 40] [--intervals 10s,2s]
-                                    [--idle-seconds 120] [--vbuckets 64] [--json FILE]
+                                    [--idle-seconds 120] [--busy-seconds 0] [--vbuckets 64]
+                                    [--json FILE]
 
 A reference node; for each checkpoint interval a continuous backup (`python -m dcptool
 backup ... --continuous --checkpoint I --json`, a process of its own with its own local
@@ -16,6 +17,10 @@ Idle: a continuous backup (checkpoint 10 s) of a node nobody writes to, for IDLE
 after its first checkpoint; the CPU time of its whole process tree (the driver, Spark's
 JVM, the Python workers) over that window as a share of one core, and the tree's RSS at
 the start and the end of the window (flat: the same within noise).
+
+Busy (--busy-seconds): the same figures under the writer, checkpoint 2 s and a rotation
+every 5 minutes, from the end of the first minute on: what a long run's memory does while
+every checkpoint runs a Spark job.
 """
 from __future__ import annotations
 
@@ -56,11 +61,12 @@ def _opts(node: NodeProcess) -> ConnOptions:
     return ConnOptions(node.host, node.port, node.username, node.password, node.bucket)
 
 
-def _start(node: NodeProcess, archive: Path, checkpoint: str) -> tuple[subprocess.Popen, list]:
+def _start(node: NodeProcess, archive: Path, checkpoint: str,
+           rotate: str = "366d") -> tuple[subprocess.Popen, list]:
     env = dict(os.environ, DCPTOOL_PASSWORD=node.password, PYTHONPATH=str(REPO))
     argv = [sys.executable, "-m", "dcptool", "backup", "-c", f"{node.host}:{node.port}",
             "-b", node.bucket, str(archive), "--continuous", "--checkpoint", checkpoint,
-            "--rotate", "366d", "--json", "--no-watermark"]
+            "--rotate", rotate, "--json", "--no-watermark"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, start_new_session=True)
     recs: list[dict] = []
@@ -219,16 +225,57 @@ def idle(node: NodeProcess, work: Path, seconds: float) -> dict:
             "command": "python -m dcptool " + proc.argv_text}  # type: ignore[attr-defined]
 
 
+def busy(node: NodeProcess, work: Path, seconds: float, rate: float, vbuckets: int) -> dict:
+    """RSS of the process tree under a steady writer (checkpoint 2 s, rotation every 5
+    minutes): at the first minute's end and at the end, and the CPU share."""
+    archive = work / "busy"
+    proc, recs = _start(node, archive, "2s", rotate="5m")
+    _wait_first(proc, recs)
+    stop = threading.Event()
+    done: dict = {}
+
+    def writer() -> None:
+        n = 0
+        while not stop.is_set():
+            done.update(_write(node, rate, 5.0, vbuckets, f"busy{n}::"))
+            n += 1
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    time.sleep(min(60.0, seconds / 4))
+    c0, r0 = _usage(_tree(proc.pid))
+    t0 = time.monotonic()
+    rss = [r0]
+    while time.monotonic() - t0 < seconds:
+        time.sleep(min(30.0, seconds))
+        rss.append(_usage(_tree(proc.pid))[1])
+    c1, r1 = _usage(_tree(proc.pid))
+    wall = time.monotonic() - t0
+    stop.set()
+    t.join(30)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(300)
+    cps = [r for r in recs if r.get("event") == "checkpoint"]
+    return {"seconds": round(wall, 1), "writes": len(done), "checkpoints": len(cps),
+            "rotations": sum(1 for r in cps if r.get("rotated")),
+            "cpu_share_of_one_core": round((c1 - c0) / wall, 4),
+            "rss_start_mb": round(r0 / 2**20, 1), "rss_end_mb": round(r1 / 2**20, 1),
+            "rss_max_mb": round(max(rss) / 2**20, 1), "rss_end_over_start": round(r1 / r0, 3),
+            "command": "python -m dcptool " + proc.argv_text}  # type: ignore[attr-defined]
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=50.0, help="writes per second")
     ap.add_argument("--seconds", type=float, default=40.0, help="writing time per interval")
     ap.add_argument("--intervals", default="10s,2s")
     ap.add_argument("--idle-seconds", type=float, default=120.0)
+    ap.add_argument("--busy-seconds", type=float, default=0.0,
+                    help="also: RSS and CPU under the writer this long (checkpoint 2 s)")
     ap.add_argument("--vbuckets", type=int, default=64)
     ap.add_argument("--json", dest="json_file")
     a = ap.parse_args(argv)
-    out: dict = {"rate": a.rate, "vbuckets": a.vbuckets, "rpo": [], "idle": None}
+    out: dict = {"rate": a.rate, "vbuckets": a.vbuckets, "rpo": [], "idle": None, "busy": None}
     with tempfile.TemporaryDirectory(prefix="dcp-cont-") as d:
         work = Path(d)
         with NodeProcess(work / "node", vbuckets=a.vbuckets) as node:
@@ -248,6 +295,15 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{r['rss_end_mb']} MiB (end/start {r['rss_end_over_start']}, max "
                       f"{r['rss_max_mb']}); {r['idle_checkpoints']}/{r['checkpoints']} "
                       f"checkpoints idle\n  {r['command']}", flush=True)
+            if a.busy_seconds > 0:
+                r = busy(node, work, a.busy_seconds, a.rate, a.vbuckets)
+                out["busy"] = r
+                print(f"busy {r['seconds']} s ({r['writes']} writes, {r['checkpoints']} "
+                      f"checkpoints, {r['rotations']} rotations): CPU "
+                      f"{100 * r['cpu_share_of_one_core']:.1f}% of one core; RSS "
+                      f"{r['rss_start_mb']} -> {r['rss_end_mb']} MiB (end/start "
+                      f"{r['rss_end_over_start']}, max {r['rss_max_mb']})\n  {r['command']}",
+                      flush=True)
     if a.json_file:
         Path(a.json_file).write_text(json.dumps(out, indent=2))
     return out
