@@ -390,7 +390,16 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
                 f"{plural(t['backups'], 'checkpoint backup')}, "
                 f"{plural(t['rotations'], 'rotation')}"))
 
+    def on_retry(rec: dict[str, Any]) -> None:
+        if json_out:
+            print_json({"event": "retry", **rec})
+            sys.stdout.flush()
+        if bar is not None:
+            bar.update(task, detail=f"lag {rec['lag'][opts.bucket]['seconds']:.1f} s, "
+                                    f"retrying in {rec['retry_in']:.0f} s")
+
     o.on_checkpoint = on_checkpoint
+    o.on_retry = on_retry
     # Spark first (its Ctrl-C handler), then ours over it: the first Ctrl-C (or SIGTERM)
     # asks for a last checkpoint, a second one abandons it as any backup is interrupted
     spark = runtime.get_context(master)

@@ -161,7 +161,8 @@ def _print_continuous(con: Any, c: dict[str, Any] | None) -> None:
         behind = "?" if c["items_behind"] is None else f"{c['items_behind']:,}"
         con.print(f"continuous backup running: lag {lag} ({behind} items behind), last "
                   f"checkpoint {c['last_checkpoint'] or 'none yet'}, every "
-                  f"{c['checkpoint_seconds']:g} s (pid {c['pid']} on {c['host']})")
+                  f"{c['checkpoint_seconds']:g} s (pid {c['pid']} on {c['host']})"
+                  + (f"; failing: {c['failing']}" if c.get("failing") else ""))
     else:
         con.print(f"continuous backup not running (last checkpoint "
                   f"{c['last_checkpoint'] or 'none'})")

@@ -77,6 +77,8 @@ class ContinuousOptions:
     notice: Callable[[str], None] | None = None
     #: the record of each checkpoint (what --json prints)
     on_checkpoint: Callable[[dict[str, Any]], None] | None = None
+    #: the record of each failed attempt (error, attempt, retry_in, lag)
+    on_retry: Callable[[dict[str, Any]], None] | None = None
     #: stop after this many checkpoints (None: until `stop`)
     max_checkpoints: int | None = None
     #: stop (with a last checkpoint) this many seconds after the start (None: never)
@@ -103,7 +105,8 @@ def read_status(archive_path: Any) -> dict[str, Any] | None:
 def continuous_status(archive_path: Any, now: float | None = None) -> dict[str, Any] | None:
     """What `dcptool info` shows of a continuous backup of the archive: None when none ever
     ran; else {running, pid, host, since, last_checkpoint, last_backup, lag_seconds,
-    items_behind, checkpoint_seconds}. Running: the status says so, it was rewritten
+    items_behind, failing (the last attempt's error while checkpoints fail, else None),
+    checkpoint_seconds}. Running: the status says so, it was rewritten
     within three intervals (a minute at least) and, on this host, its process lives."""
     st = read_status(archive_path)
     if st is None:
@@ -116,14 +119,15 @@ def continuous_status(archive_path: Any, now: float | None = None) -> dict[str, 
     running = st.get("state") == "running" and alive and (fresh or st.get("host") ==
                                                           socket.gethostname())
     lag = st.get("lag_seconds")
-    if running and st.get("last_checkpoint_epoch") and st.get("items_behind"):
+    if running and st.get("last_checkpoint_epoch") and (st.get("items_behind")
+                                                        or st.get("failing")):
         # items were behind at the last checkpoint: they wait since it began at least
         lag = max(float(lag or 0), now - float(st["last_checkpoint_epoch"]))
     return {"running": running, "pid": st.get("pid"), "host": st.get("host"),
             "since": st.get("since"), "last_checkpoint": st.get("last_checkpoint"),
             "last_backup": st.get("last_backup"),
             "lag_seconds": None if lag is None else round(float(lag), 3),
-            "items_behind": st.get("items_behind"),
+            "items_behind": st.get("items_behind"), "failing": st.get("failing"),
             "checkpoint_seconds": interval}
 
 
@@ -167,6 +171,7 @@ class ContinuousBackup:
         self.prev_items_time: tuple[int, float] | None = None
         self._opened: Archive | None = None
         self.last_backup: str | None = None
+        self.failing: str | None = None
 
     # -- the archive -------------------------------------------------------------------
 
@@ -232,6 +237,7 @@ class ContinuousBackup:
             "last_backup": self.last_backup,
             "lag_seconds": (lag or {}).get("seconds"), "items_behind": (lag or {}).get("items"),
             "anchor": self.anchor, "anchor_set": True, "segment": list(self.segment),
+            "failing": self.failing,
         }
         try:
             storage.atomic_write_bytes(status_path(self.where), json.dumps(doc).encode(),
@@ -400,6 +406,7 @@ class ContinuousBackup:
             self.spark = get_context(self.master)
         self._settle_segment()
         backoff = 0.0
+        streak = 0
         due = time.monotonic()
         end = None if o.stop_after is None else time.monotonic() + o.stop_after
         while True:
@@ -422,16 +429,27 @@ class ContinuousBackup:
                     raise DcptoolError(f"the last checkpoint failed: {_one_line(exc)}",
                                        hint="a partial backup is kept; the next backup of "
                                             "the archive resumes it") from None
+                streak += 1
                 self._notice(f"checkpoint failed: {_one_line(exc)}; retrying in "
                              f"{backoff:.0f} s (the lag grows, nothing is lost)")
-                self._write_status("running")
+                # what is behind is unknown now; it waits since the last checkpoint began
+                lag = {"seconds": round(time.time() - (self.last_ok or self.started), 3),
+                       "items": None}
+                self.failing = _one_line(exc)
+                self._write_status("running", lag)
+                if o.on_retry is not None:
+                    o.on_retry({"bucket": self.opts.bucket, "error": self.failing,
+                                "attempt": streak, "retry_in": backoff,
+                                "time": iso_time(utc_now()),
+                                "lag": {self.opts.bucket: lag}})
                 due = time.monotonic() + backoff
                 continue
-            if backoff:
-                self._notice("checkpoint committed again after "
-                             f"{self.failures} failed attempts" if self.failures > 1 else
-                             "checkpoint committed again")
+            if streak:
+                self._notice(f"checkpoint committed again after {streak} failed "
+                             f"attempt{'s' if streak > 1 else ''}")
             backoff = 0.0
+            streak = 0
+            self.failing = None
             if o.on_checkpoint is not None:
                 o.on_checkpoint(rec)
             if stopping or (o.max_checkpoints is not None

@@ -281,6 +281,11 @@ def test_node_restart_is_retried_and_nothing_is_lost(spark, tmp_path):
         assert run.interrupt() == 0, run.err
         retries = [ln for ln in run.err if "checkpoint failed:" in ln]
         assert retries and all("retrying in" in ln for ln in retries), run.err
+        assert any(ln.startswith("checkpoint committed again after") for ln in run.err)
+        # in --json a line per failed attempt, its lag growing
+        rj = [r for r in run.records if r.get("event") == "retry"]
+        assert len(rj) == len(retries) and rj[0]["lag"]["default"]["items"] is None
+        assert [r["attempt"] for r in rj] == list(range(1, len(rj) + 1))
         expected = node_documents(opts_for(node))
     assert sum(k.startswith(b"after::") for k in expected) == 100
     assert_nothing_twice(archive)
