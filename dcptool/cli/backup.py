@@ -400,9 +400,6 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
 
     o.on_checkpoint = on_checkpoint
     o.on_retry = on_retry
-    # Spark first (its Ctrl-C handler), then ours over it: the first Ctrl-C (or SIGTERM)
-    # asks for a last checkpoint, a second one abandons it as any backup is interrupted
-    spark = runtime.get_context(master)
     told = {"n": 0}
 
     def on_signal(signum, frame):  # noqa: ARG001 - a signal handler's signature
@@ -413,10 +410,17 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
         note("stopping: committing a last checkpoint (Ctrl-C again abandons it; the next "
              "run resumes it)")
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     t0 = time.monotonic()
+    previous: dict = {}
     try:
         with live_bar(bar) if bar is not None else nullcontext():
+            # Spark first (its Ctrl-C handler), then ours over it: the first Ctrl-C (or
+            # SIGTERM) asks for a last checkpoint, a second one abandons it as any backup
+            # is interrupted
+            spark = runtime.get_context(master)
+            if bar is not None:
+                bar.update(task, detail="first checkpoint")
+            previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
             summary = run_continuous(opts, target, o, spark=spark, master=master)
     finally:
         for s, h in previous.items():
