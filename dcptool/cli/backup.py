@@ -350,7 +350,7 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
     from dcptool.errors import UsageError
     from dcptool.node.config import parse_size
     from dcptool.pipeline import runtime
-    from dcptool.pipeline.continuous import ContinuousOptions, run_continuous
+    from dcptool.pipeline.continuous import ContinuousOptions, check_alone, run_continuous
 
     if full or purge_partial:
         raise UsageError("--continuous continues the archive: no --full or --purge-partial",
@@ -365,6 +365,7 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
                           rotate_size=size, notice=note,
                           stop_after=None if stop_after is None else
                           parse_ttl(stop_after, "--stop-after"))
+    check_alone(archive)  # before Spark starts
     target, new_passphrase = _open_or_plan_encrypted(archive, encrypt)
     opts = conn_args.options(bucket=conn_args.bucket or bucket_of_archive(archive) or "default")
     check_privileges(opts, "back up", DCP_PRODUCER,

@@ -131,6 +131,27 @@ def continuous_status(archive_path: Any, now: float | None = None) -> dict[str, 
             "checkpoint_seconds": interval}
 
 
+def check_alone(archive_path: Any) -> None:
+    """Refuse (ArchiveLockedError) to run beside another continuous backup of the archive
+    (they would take turns at the lock, each checkpoint of one a wasted wait for the
+    other)."""
+    from dcptool.archive.errors import ArchiveLockedError
+
+    where = storage.location(archive_path)
+    try:
+        if not (where / "archive.json").exists():
+            return
+    except (OSError, DcptoolError):
+        return  # the first checkpoint says what is wrong with the store
+    st = continuous_status(where)
+    if st is not None and st["running"] and not (
+            st["pid"] == os.getpid() and st["host"] == socket.gethostname()):
+        raise ArchiveLockedError(
+            f"a continuous backup of {where} is running already (pid {st['pid']} on "
+            f"{st['host']}, last checkpoint {st['last_checkpoint'] or 'none yet'})",
+            hint="stop it first (Ctrl-C or SIGTERM): 'dcptool info' shows it")
+
+
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, UsageError):
         return False
@@ -400,6 +421,7 @@ class ContinuousBackup:
 
     def run(self) -> dict[str, Any]:
         o = self.o
+        check_alone(self.where)
         if self.spark is None:
             from .runtime import get_context
 

@@ -306,6 +306,15 @@ def test_ctrl_c_commits_a_last_checkpoint_and_exits_0(tmp_path):
         assert first["type"] == "full" and first["items"] == 50
         with opts.connect() as conn:
             load(conn, {f"b::{i}": {"i": i} for i in range(30)}, VBS)
+        # a second continuous backup of the archive is refused in one line
+        second = subprocess.run(
+            [sys.executable, "-m", "dcptool", "backup", "-c", f"{node.host}:{node.port}", "-b",
+             "default", str(archive), "--continuous", "--master", "local[1]"],
+            env=dict(os.environ, DCPTOOL_PASSWORD=node.password), capture_output=True,
+            text=True, timeout=120)
+        assert second.returncode == 3, second.stderr
+        assert "a continuous backup of" in second.stderr and "is running already" in \
+            second.stderr and "Traceback" not in second.stderr
         assert run.interrupt() == 0, run.err
         cps = run.checkpoints()
         assert len(cps) == 2 and cps[1]["items"] == 30 and cps[1]["type"] == "incremental"
