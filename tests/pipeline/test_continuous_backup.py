@@ -212,10 +212,9 @@ def test_kill9_at_random_moments_loses_nothing_and_doubles_nothing(spark, tmp_pa
         writer.stop.set()
         writer.join(10)
         stopped = time.time()
-        last = run.wait_caught_up(stopped)
+        run.wait_caught_up(stopped)
         rc = run.interrupt()
         assert rc == 0, run.err
-        assert last["backup_id"] is None or last["items"] >= 0
         assert any("stopping: committing a last checkpoint" in ln for ln in run.err)
         assert run.records[-1]["event"] == "stopped"
         expected = node_documents(opts)
