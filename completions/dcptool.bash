@@ -21,7 +21,7 @@ _dcptool_subcommands() {
 _dcptool_options() {
     case "$1" in
         "") echo "--version -q --quiet -v --verbose -h --help" ;;
-        "backup") echo "-c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --snappy --no-snappy --client-cert --client-key --client-key-passphrase-file --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl --include-data --exclude-data --encrypt --all-buckets --disable-bucket-config --disable-users --passphrase-file --passphrase-command -h --help" ;;
+        "backup") echo "-c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --snappy --no-snappy --client-cert --client-key --client-key-passphrase-file --full --vbuckets --level --purge-partial --master --partitions --no-progress --json --no-watermark --watermark-ttl --include-data --exclude-data --encrypt --all-buckets --disable-bucket-config --disable-users --continuous --checkpoint --rotate --rotate-size --stop-after --passphrase-file --passphrase-command -h --help" ;;
         "bucket") echo "-h --help" ;;
         "bucket create") echo "--ram-quota --eviction-policy --max-ttl --compression-mode --durability-min-level --replicas --flush --no-flush --conflict-resolution --num-vbuckets --rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --timeout --client-cert --client-key --client-key-passphrase-file --json -h --help" ;;
         "bucket drop") echo "--rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --no-verify --timeout --client-cert --client-key --client-key-passphrase-file --json -h --help" ;;
@@ -81,7 +81,7 @@ _dcptool_options() {
 
 _dcptool_valued_options() {
     case "$1" in
-        "backup") echo "-c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data --passphrase-file --passphrase-command" ;;
+        "backup") echo "-c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data --checkpoint --rotate --rotate-size --stop-after --passphrase-file --passphrase-command" ;;
         "bucket create") echo "--ram-quota --eviction-policy --max-ttl --compression-mode --durability-min-level --replicas --conflict-resolution --num-vbuckets --rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;
         "bucket drop") echo "--rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;
         "bucket edit") echo "--ram-quota --eviction-policy --max-ttl --compression-mode --durability-min-level --replicas --rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file" ;;

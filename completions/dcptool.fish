@@ -31,7 +31,7 @@ end
 function __dcptool_valued_options
     switch "$argv"
         case 'backup'
-            echo -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data --passphrase-file --passphrase-command
+            echo -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --client-cert --client-key --client-key-passphrase-file --vbuckets --level --master --partitions --watermark-ttl --include-data --exclude-data --checkpoint --rotate --rotate-size --stop-after --passphrase-file --passphrase-command
         case 'bucket create'
             echo --ram-quota --eviction-policy --max-ttl --compression-mode --durability-min-level --replicas --conflict-resolution --num-vbuckets --rest-port -c --cluster -u --username -p --password --password-file --password-command -b --bucket --cacert --timeout --client-cert --client-key --client-key-passphrase-file
         case 'bucket drop'
@@ -204,6 +204,11 @@ complete -c dcptool -n '__dcptool_at backup' -l encrypt -d 'Create the new archi
 complete -c dcptool -n '__dcptool_at backup' -l all-buckets -d 'Back up every bucket the user may back up into a cluster archive (a bucket archive per bucket in ARCHIVE/buckets/, and per run the buckets\' settings, scopes and collections, users and groups): what a backup without -b into a new ARCHIVE does'
 complete -c dcptool -n '__dcptool_at backup' -l disable-bucket-config -d 'Cluster archives: leave the buckets\' settings, scopes and collections out of the run'
 complete -c dcptool -n '__dcptool_at backup' -l disable-users -d 'Cluster archives: leave users and groups out of the run (reading them needs an administrator)'
+complete -c dcptool -n '__dcptool_at backup' -l continuous -d 'Keep backing up: commit what is new at every checkpoint until Ctrl-C (which commits a last one and exits 0)'
+complete -c dcptool -n '__dcptool_at backup' -l checkpoint -x -d '--continuous: how often what the node sent is committed'
+complete -c dcptool -n '__dcptool_at backup' -l rotate -x -d '--continuous: fold the checkpoints into one backup once they are this old'
+complete -c dcptool -n '__dcptool_at backup' -l rotate-size -x -d '--continuous: '
+complete -c dcptool -n '__dcptool_at backup' -l stop-after -x -d '--continuous: commit a last checkpoint and exit after this long (default: run until Ctrl-C or SIGTERM)'
 complete -c dcptool -n '__dcptool_at backup' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'
 complete -c dcptool -n '__dcptool_at backup' -l passphrase-command -x -d 'Run COMMAND (split like a shell would, no shell) and use the first line it prints as the passphrase, e.g'
 complete -c dcptool -n '__dcptool_at backup' -s h -l help -d 'Show this message and exit'

@@ -19,6 +19,8 @@ from dcptool.client.privileges import (
 )
 from dcptool.client.vbspec import parse_vbuckets
 
+CONTINUOUS = "Continuous backup"
+
 
 manual(
     "backup",
@@ -35,6 +37,9 @@ manual(
         ("ARCHIVE/backups/ID/", "One directory per backup; manifest.json is written last, so a "
                                 "directory without it is a partial backup."),
         ("ARCHIVE/lock", "Present while a backup or merge writes the archive."),
+        ("ARCHIVE/continuous.json", "With --continuous: the run's status (process, last "
+                                    "checkpoint, lag), rewritten at every checkpoint; what "
+                                    "'dcptool info' shows."),
         ("ARCHIVE/keys/", "The key files of an encrypted archive (--encrypt), one per "
                           "passphrase."),
         ("ARCHIVE/logs/backup-TIME.log", "The log of each run (mode 0600): the plan, one line per "
@@ -118,6 +123,23 @@ def backup(
     disable_users: Annotated[bool, typer.Option(
         "--disable-users", help="Cluster archives: leave users and groups out of the run "
                                 "(reading them needs an administrator).")] = False,
+    continuous: Annotated[bool, typer.Option(
+        "--continuous", rich_help_panel=CONTINUOUS,
+        help="Keep backing up: commit what is new at every checkpoint until Ctrl-C (which "
+             "commits a last one and exits 0). Bucket archives (-b).")] = False,
+    checkpoint: Annotated[str, typer.Option(
+        "--checkpoint", metavar="DURATION", rich_help_panel=CONTINUOUS,
+        help="--continuous: how often what the node sent is committed.")] = "10s",
+    rotate: Annotated[str, typer.Option(
+        "--rotate", metavar="DURATION", rich_help_panel=CONTINUOUS,
+        help="--continuous: fold the checkpoints into one backup once they are this old.")] = "1h",
+    rotate_size: Annotated[str, typer.Option(
+        "--rotate-size", metavar="SIZE", rich_help_panel=CONTINUOUS,
+        help="--continuous: ... or once they take this much.")] = "1GiB",
+    stop_after: Annotated[Optional[str], typer.Option(
+        "--stop-after", metavar="DURATION", rich_help_panel=CONTINUOUS,
+        help="--continuous: commit a last checkpoint and exit after this long (default: "
+             "run until Ctrl-C or SIGTERM).")] = None,
 ) -> None:
     """Back up every bucket of a cluster into a cluster archive, or one bucket (-b) into a
     bucket archive: full the first time, incremental afterwards.
@@ -166,6 +188,17 @@ def backup(
 
     Example: DCPTOOL_ARCHIVE_PASSPHRASE_FILE=~/.dcptool-pass dcptool backup -c 127.0.0.1 /backups/secret --encrypt
 
+    With --continuous the backup keeps going: every --checkpoint (10s) it commits what
+    the node sent since the last checkpoint as a small incremental backup (nothing when
+    nothing changed), on one Spark start-up, until Ctrl-C or SIGTERM, which commit a last
+    checkpoint and exit 0. A change the node acknowledged is in the archive within about
+    one interval; a run killed outright loses nothing committed, and the next run resumes
+    where the archive ends. Every --rotate (1h) or --rotate-size (1GiB) the checkpoints
+    are merged into one ordinary backup. A lost node, a dropped connection or a slow
+    store is one line and a retry with backoff; `dcptool info` shows the run and its lag.
+
+    Example: dcptool backup -c 127.0.0.1 -b default /backups/default --continuous --checkpoint 5s
+
     Into a cluster archive (a new ARCHIVE without -b, or --all-buckets) every bucket the
     user may back up is backed up, each into its own bucket archive under ARCHIVE/buckets/NAME (its chain
     incremental on its own; a new bucket starts full, one dropped and created again
@@ -183,6 +216,27 @@ def backup(
 
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
     kind = archive_kind(archive)
+    if not continuous and (stop_after is not None or checkpoint != "10s" or rotate != "1h"
+                           or rotate_size != "1GiB"):
+        from dcptool.errors import UsageError
+
+        raise UsageError("--checkpoint, --rotate, --rotate-size and --stop-after are options "
+                         "of --continuous", hint="add --continuous")
+    if continuous:
+        if all_buckets or kind == "cluster" or (kind is None and conn_args.bucket is None):
+            from dcptool.errors import UsageError
+
+            raise UsageError("--continuous backs up one bucket into a bucket archive",
+                             hint="add -b BUCKET (a new ARCHIVE, or an archive of one bucket)")
+        _continuous_backup(archive, conn_args, encrypt=encrypt, json_out=json_out,
+                           no_progress=no_progress, full=full, purge_partial=purge_partial,
+                           checkpoint=checkpoint, rotate=rotate, rotate_size=rotate_size,
+                           stop_after=stop_after, master=master, backup={
+                               "partitions": partitions, "level": level,
+                               "vbuckets": parse_vbuckets(vbuckets) if vbuckets else None,
+                               "watermark": not no_watermark, "watermark_ttl": ttl,
+                               "include_data": include_data, "exclude_data": exclude_data})
+        return
     # no -b (nor DCPTOOL_BUCKET): a new archive holds the whole cluster, an archive of one
     # bucket goes on with its bucket
     if all_buckets or kind == "cluster" or (kind is None and conn_args.bucket is None):
@@ -282,6 +336,107 @@ def _cluster_backup(archive: str, conn_args: Any, *, encrypt: bool, bucket_confi
     console().print(t)
     if d["users"] is not None:
         console().print(f"users: {d['users']}  groups: {d['groups']}")
+
+
+def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out: bool,
+                       no_progress: bool, full: bool, purge_partial: bool, checkpoint: str,
+                       rotate: str, rotate_size: str, stop_after: str | None,
+                       master: str | None, backup: dict[str, Any]) -> None:
+    """`backup --continuous`: a checkpoint every --checkpoint until Ctrl-C or SIGTERM."""
+    import signal
+    import sys
+    import time
+
+    from dcptool.archive.cluster import bucket_of_archive
+    from dcptool.cli.options import parse_ttl
+    from dcptool.errors import UsageError
+    from dcptool.node.config import parse_size
+    from dcptool.pipeline import runtime
+    from dcptool.pipeline.continuous import ContinuousOptions, check_alone, run_continuous
+
+    if full or purge_partial:
+        raise UsageError("--continuous continues the archive: no --full or --purge-partial",
+                         hint="run one 'dcptool backup --full' (or --purge-partial) first")
+    every = parse_ttl(checkpoint, "--checkpoint")
+    if every < 0.2:
+        raise UsageError("--checkpoint must be at least 200ms")
+    size = parse_size(rotate_size, what="--rotate-size")
+    if size <= 0:
+        raise UsageError("--rotate-size must be positive")
+    o = ContinuousOptions(checkpoint=every, rotate=parse_ttl(rotate, "--rotate"),
+                          rotate_size=size, notice=note,
+                          stop_after=None if stop_after is None else
+                          parse_ttl(stop_after, "--stop-after"))
+    check_alone(archive)  # before Spark starts
+    target, new_passphrase = _open_or_plan_encrypted(archive, encrypt)
+    opts = conn_args.options(bucket=conn_args.bucket or bucket_of_archive(archive) or "default")
+    check_privileges(opts, "back up", DCP_PRODUCER,
+                     *([WATERMARK_WRITE] if backup["watermark"] else []))
+    o.backup = {**backup, "passphrase": new_passphrase}
+    show = show_progress(no_progress or json_out)
+    bar = new_bar() if show else None
+    task = bar.add_task(f"continuous {opts.bucket}", total=None,
+                        detail="starting Spark") if bar is not None else None
+
+    def on_checkpoint(rec: dict[str, Any]) -> None:
+        if json_out:
+            print_json({"event": "checkpoint", **rec})
+            sys.stdout.flush()
+        if bar is not None:
+            lag = rec["lag"][opts.bucket]
+            rate = rec["items_per_second"]
+            t = rec["totals"]
+            bar.update(task, detail=(
+                f"lag {lag['seconds']:.1f} s, {lag['items'] if lag['items'] is not None else '?'}"
+                f" items behind  last checkpoint {rec['time'][11:19]}  "
+                f"{human_rate(rate) if rate is not None else '-'}  "
+                f"{plural(t['backups'], 'checkpoint backup')}, "
+                f"{plural(t['rotations'], 'rotation')}"))
+
+    def on_retry(rec: dict[str, Any]) -> None:
+        if json_out:
+            print_json({"event": "retry", **rec})
+            sys.stdout.flush()
+        if bar is not None:
+            bar.update(task, detail=f"lag {rec['lag'][opts.bucket]['seconds']:.1f} s, "
+                                    f"retrying in {rec['retry_in']:.0f} s")
+
+    o.on_checkpoint = on_checkpoint
+    o.on_retry = on_retry
+    told = {"n": 0}
+
+    def on_signal(signum, frame):  # noqa: ARG001 - a signal handler's signature
+        told["n"] += 1
+        if told["n"] > 1:
+            runtime.interrupt_now(signum, frame)
+        o.stop.set()
+        note("stopping: committing a last checkpoint (Ctrl-C again abandons it; the next "
+             "run resumes it)")
+
+    t0 = time.monotonic()
+    previous: dict = {}
+    try:
+        with live_bar(bar) if bar is not None else nullcontext():
+            # Spark first (its Ctrl-C handler), then ours over it: the first Ctrl-C (or
+            # SIGTERM) asks for a last checkpoint, a second one abandons it as any backup
+            # is interrupted
+            spark = runtime.get_context(master)
+            if bar is not None:
+                bar.update(task, detail="first checkpoint")
+            previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+            summary = run_continuous(opts, target, o, spark=spark, master=master)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    t = summary["totals"]
+    if json_out:
+        print_json({"event": "stopped", **summary})
+        return
+    console().print(
+        f"continuous backup of {opts.bucket} stopped after {time.monotonic() - t0:.0f} s: "
+        f"{plural(t['checkpoints'], 'checkpoint')} ({t['backups']} with data), "
+        f"{t['items']:,} items, {plural(t['rotations'], 'rotation')}, "
+        f"{plural(t['files'], 'file')}; last checkpoint {summary['last_checkpoint']}")
 
 
 def _report_backup(d: dict, json_out: bool) -> None:

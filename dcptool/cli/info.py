@@ -122,6 +122,7 @@ def info(
     arch = open_archive(archive)
     desc = describe_archive(arch)
     window = _add_window(desc, arch)
+    desc["continuous"] = _continuous(arch)
     policy = Policy(last=keep_last, hourly=keep_hourly, daily=keep_daily, weekly=keep_weekly,
                     monthly=keep_monthly, within=keep_within)
     if not policy.empty:
@@ -158,6 +159,29 @@ def _print_lock(con: Any, locked_by: dict[str, Any] | None) -> None:
                   f"{who.get('time')} ({who.get('purpose')})[/yellow]")
 
 
+def _continuous(arch: Any) -> dict[str, Any] | None:
+    """A continuous backup of the archive (backup --continuous): running or not, its last
+    checkpoint and lag; None when none ever ran."""
+    from dcptool.pipeline.continuous import continuous_status
+
+    return continuous_status(arch.path)
+
+
+def _print_continuous(con: Any, c: dict[str, Any] | None) -> None:
+    if c is None:
+        return
+    if c["running"]:
+        lag = "?" if c["lag_seconds"] is None else f"{c['lag_seconds']:.1f} s"
+        behind = "?" if c["items_behind"] is None else f"{c['items_behind']:,}"
+        con.print(f"continuous backup running: lag {lag} ({behind} items behind), last "
+                  f"checkpoint {c['last_checkpoint'] or 'none yet'}, every "
+                  f"{c['checkpoint_seconds']:g} s (pid {c['pid']} on {c['host']})"
+                  + (f"; failing: {c['failing']}" if c.get("failing") else ""))
+    else:
+        con.print(f"continuous backup not running (last checkpoint "
+                  f"{c['last_checkpoint'] or 'none'})")
+
+
 def _print_bucket_info(desc: dict[str, Any], archive: str) -> None:
     """A bucket archive's description (describe_archive's), as info prints it."""
     a = desc["archive"]
@@ -167,6 +191,7 @@ def _print_bucket_info(desc: dict[str, Any], archive: str) -> None:
               f"v{a['version']}{'  encrypted' if a.get('encrypted') else ''}  "
               f"{human_bytes(a['size_on_disk'])}")
     _print_lock(con, a["locked_by"])
+    _print_continuous(con, desc.get("continuous"))
     backups = desc["backups"]
     if not backups:
         con.print("no backups yet")

@@ -910,7 +910,7 @@ def _register_watermark(rl: RunLog, opts: Any, archive: Archive,
     if members is None:
         wm = register_archive_watermark(opts, archive, ttl=o.watermark_ttl, notice=tell)
     else:
-        wm = _register_on_cluster(opts, archive, members, o.watermark_ttl, tell)
+        wm = register_on_cluster(opts, archive, members, o.watermark_ttl, tell)
     if wm["registered"]:
         rl.info("registered high watermark %s/%s for %d vbuckets (ttl %.0f s)",
                 wm["name"], wm["instance"], wm["vbuckets"], o.watermark_ttl)
@@ -996,7 +996,7 @@ def _check_same_bucket(rl: RunLog, archive: Archive, opts, node_uuid: str | None
              "purpose, or use another archive directory")
 
 
-def _register_on_cluster(opts, archive: Archive, groups: dict[str, list[int]], ttl: float,
+def register_on_cluster(opts, archive: Archive, groups: dict[str, list[int]], ttl: float,
                          notice: Callable[[str], None]) -> dict[str, Any]:
     """The archive's watermark registered on each active node for its own vbuckets."""
     parts = [register_archive_watermark(node_opts(opts, node), archive,

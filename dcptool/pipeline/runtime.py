@@ -192,6 +192,12 @@ def _on_interrupt(signum, frame):  # noqa: ARG001 - a signal handler's signature
     raise KeyboardInterrupt
 
 
+def interrupt_now(signum, frame) -> None:
+    """What Ctrl-C does to a Spark command (the JVM goes, then KeyboardInterrupt), for a
+    command with a handler of its own that gives up on a second Ctrl-C."""
+    _on_interrupt(signum, frame)
+
+
 #: where a note for the user goes (the CLI's notes; nothing for library use)
 _note_sink: Any = None
 

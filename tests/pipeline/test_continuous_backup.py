@@ -1,0 +1,493 @@
+"""`dcptool backup --continuous` end to end: real node processes, real Spark (the command's
+own in a process of its own, or the test session's in this process), real files.
+
+A writer thread changes documents at a steady rate and logs what it wrote; the continuous
+backup is killed outright at a random moment, restarted, stopped with Ctrl-C; the archive
+must then hold every change exactly once (each vbucket's seqnos strictly increasing along
+the chain), verify, and restore to the writer's final state.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from cliutil import cli
+from docutil import delete, load, node_documents, opts_for
+from nodeprocutil import NodeProcess
+
+from dcptool.archive import Archive
+from dcptool.pipeline.restore import run_restore
+
+VBS = 16
+
+
+class Writer(threading.Thread):
+    """Sets (and now and then deletes) documents at a steady rate; logs (key, op, time of
+    the acknowledgement). Reconnects when the node goes away (a restart)."""
+
+    def __init__(self, node: NodeProcess, rate: float = 40.0, keys: int = 150):
+        super().__init__(daemon=True)
+        self.node, self.period, self.keys = node, 1.0 / rate, keys
+        self.stop = threading.Event()
+        self.log: list[tuple[str, str, float]] = []
+        self.errors = 0
+
+    def run(self) -> None:
+        i = 0
+        conn = None
+        while not self.stop.is_set():
+            key = f"w::{i % self.keys:04d}"
+            try:
+                if conn is None:
+                    conn = opts_for(self.node).connect()
+                if i % 11 == 10:  # the key set three steps ago
+                    key = f"w::{(i - 3) % self.keys:04d}"
+                    delete(conn, [key], VBS)
+                    op = "delete"
+                else:
+                    load(conn, {key: {"i": i, "pad": "x" * (i % 40)}}, VBS)
+                    op = "set"
+                self.log.append((key, op, time.time()))
+                i += 1
+            except Exception:  # noqa: BLE001 - the node is restarting: try again
+                self.errors += 1
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+                conn = None
+                time.sleep(0.2)
+                continue
+            time.sleep(self.period)
+        if conn is not None:
+            conn.close()
+
+
+class Continuous:
+    """`dcptool backup --continuous --json` as a process of its own: its JSON lines as
+    they come, its stderr."""
+
+    def __init__(self, node: NodeProcess, archive: Path, *extra: str, checkpoint: str = "1s",
+                 env: dict | None = None):
+        env = dict(os.environ, DCPTOOL_PASSWORD=node.password, **(env or {}))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dcptool", "backup", "-c", f"{node.host}:{node.port}",
+             "-b", "default", str(archive), "--continuous", "--checkpoint", checkpoint,
+             "--json", "--master", "local[2]", "--partitions", "2", *extra],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+        self.records: list[dict] = []
+        self.err: list[str] = []
+        self._threads = [threading.Thread(target=self._read, args=(self.proc.stdout, True),
+                                          daemon=True),
+                         threading.Thread(target=self._read, args=(self.proc.stderr, False),
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _read(self, stream, out: bool) -> None:
+        for line in stream:
+            if out and line.strip():
+                self.records.append(json.loads(line))
+            elif not out:
+                self.err.append(line.rstrip("\n"))
+
+    def checkpoints(self) -> list[dict]:
+        return [r for r in self.records if r.get("event") == "checkpoint"]
+
+    def wait_checkpoints(self, n: int, timeout: float = 120.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while len(self.checkpoints()) < n:
+            assert self.proc.poll() is None, "\n".join(self.err)
+            assert time.monotonic() < deadline, f"no {n} checkpoints: {self.err}"
+            time.sleep(0.1)
+        return self.checkpoints()
+
+    def wait_caught_up(self, after: float, timeout: float = 60.0) -> dict:
+        """The first checkpoint that began after `after` (epoch) and left nothing behind."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for r in self.checkpoints():
+                if _epoch(r["time"]) - r["seconds"] > after and r["lag"]["default"]["items"] == 0:
+                    return r
+            assert self.proc.poll() is None, "\n".join(self.err)
+            assert time.monotonic() < deadline, f"not caught up: {self.err}"
+            time.sleep(0.1)
+
+    def interrupt(self, timeout: float = 120.0) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        rc = self.proc.wait(timeout)
+        for t in self._threads:
+            t.join(10)
+        return rc
+
+    def kill9(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        for t in self._threads:
+            t.join(10)
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_nothing_twice(archive: Path) -> int:
+    """Along the chain every vbucket's item seqnos strictly increase (nothing was written
+    into the archive twice) and each backup starts where the one before it ended; the
+    number of items."""
+    a = Archive.open(archive)
+    last: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    n = 0
+    for b in a.chain():
+        for e in b.manifest["vbuckets"]:
+            vb = e["vbucket"]
+            if vb in ends and not e.get("rollbacks"):
+                assert e["start"]["seqno"] == ends[vb], (b.id, vb)
+            ends[vb] = e["end"]["seqno"]
+            for rec in b.items(vb):
+                assert rec[1] > last.get(vb, 0), (b.id, vb, rec[1], last.get(vb))
+                last[vb] = rec[1]
+                n += 1
+    return n
+
+
+def _verify(archive: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "dcptool", "verify", str(archive)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _restored_equals(archive: Path, expected: dict, spark, where: Path) -> None:
+    with NodeProcess(where, vbuckets=VBS) as dst:
+        res = run_restore(str(archive), opts_for(dst), spark=spark).as_dict()
+        assert sum(res["failed"].values()) == 0
+        got = node_documents(opts_for(dst))
+    live = {k: v for k, v in expected.items() if v[0] == "live"}
+    assert {k: v for k, v in got.items() if v[0] == "live"} == live
+
+
+def test_kill9_at_random_moments_loses_nothing_and_doubles_nothing(spark, tmp_path):
+    """Under a steady writer: kill -9 at a random moment, start again, Ctrl-C; the archive
+    holds every change once, verifies, and restores to the writer's final state."""
+    rng = random.Random(os.environ.get("PYTEST_SEED", time.time()))
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"base::{i}": {"i": i} for i in range(200)}, VBS)
+        archive = tmp_path / "archive"
+        writer = Writer(node)
+        writer.start()
+        run = Continuous(node, archive)
+        run.wait_checkpoints(2)
+        # info sees it running
+        st = json.loads(subprocess.run(
+            [sys.executable, "-m", "dcptool", "info", str(archive), "--json"],
+            capture_output=True, text=True, timeout=120).stdout)
+        assert st["continuous"]["running"] is True
+        assert st["continuous"]["pid"] == run.proc.pid
+        time.sleep(rng.uniform(0.0, 1.5))  # a random moment: mid-checkpoint or between
+        run.kill9()
+        time.sleep(rng.uniform(0.0, 1.0))
+        run = Continuous(node, archive)
+        run.wait_checkpoints(2)
+        writer.stop.set()
+        writer.join(10)
+        stopped = time.time()
+        run.wait_caught_up(stopped)
+        rc = run.interrupt()
+        assert rc == 0, run.err
+        assert any("stopping: committing a last checkpoint" in ln for ln in run.err)
+        assert run.records[-1]["event"] == "stopped"
+        expected = node_documents(opts)
+    a = Archive.open(archive)
+    assert a.partial_ids() == []
+    assert_nothing_twice(archive)
+    _verify(archive)
+    # every key the writer wrote is in the archive as the node had it
+    _restored_equals(archive, expected, spark, tmp_path / "dst")
+    assert len(writer.log) > 50
+    st = json.loads(subprocess.run(
+        [sys.executable, "-m", "dcptool", "info", str(archive), "--json"],
+        capture_output=True, text=True, timeout=120).stdout)
+    assert st["continuous"]["running"] is False
+
+
+def test_kill9_mid_checkpoint_resumes_its_partial_backup(spark, tmp_path):
+    """Killed while a checkpoint streams (its tasks stalled after a few vbuckets): the next
+    run resumes the partial backup, keeps what it had and streams the rest once."""
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"d::{i}": {"i": i} for i in range(400)}, VBS)
+        archive = tmp_path / "archive"
+        run = Continuous(node, archive, env={"DCPTOOL_FAULT": "stall-after-vbuckets:2"})
+        deadline = time.monotonic() + 120
+        while len(list(archive.glob("backups/*/vb-*.done.json"))) < 2:
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.err
+            time.sleep(0.1)
+        run.kill9()
+        a = Archive.open(archive)
+        assert a.committed_ids() == [] and len(a.partial_ids()) == 1
+        run = Continuous(node, archive)
+        first = run.wait_checkpoints(1)[0]
+        assert first["resumed"] is True and first["items"] == 400
+        assert any(ln.startswith("resuming partial backup") for ln in run.err), run.err
+        assert run.interrupt() == 0, run.err
+        expected = node_documents(opts)
+    assert assert_nothing_twice(archive) == 400
+    _verify(archive)
+    _restored_equals(archive, expected, spark, tmp_path / "dst")
+
+
+def test_node_restart_is_retried_and_nothing_is_lost(spark, tmp_path):
+    """The node restarts while the continuous backup runs: one line per failed attempt,
+    backoff, then the checkpoints go on; what was written after the restart is backed up."""
+    port = _free_port()
+    with NodeProcess(tmp_path / "src", vbuckets=VBS, extra_args=("--port", str(port))) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"before::{i}": {"i": i} for i in range(100)}, VBS)
+        archive = tmp_path / "archive"
+        run = Continuous(node, archive)
+        run.wait_checkpoints(2)
+        node.stop()
+        time.sleep(2.5)  # at least one checkpoint finds no node
+        node.start()
+        assert node.port == port
+        with opts_for(node).connect() as conn:
+            load(conn, {f"after::{i}": {"i": i} for i in range(100)}, VBS)
+        wrote = time.time()
+        run.wait_caught_up(wrote)
+        assert run.interrupt() == 0, run.err
+        retries = [ln for ln in run.err if "checkpoint failed:" in ln]
+        assert retries and all("retrying in" in ln for ln in retries), run.err
+        assert any(ln.startswith("checkpoint committed again after") for ln in run.err)
+        # in --json a line per failed attempt, its lag growing
+        rj = [r for r in run.records if r.get("event") == "retry"]
+        assert len(rj) == len(retries) and rj[0]["lag"]["default"]["items"] is None
+        assert [r["attempt"] for r in rj] == list(range(1, len(rj) + 1))
+        expected = node_documents(opts_for(node))
+    assert sum(k.startswith(b"after::") for k in expected) == 100
+    assert_nothing_twice(archive)
+    _verify(archive)
+    _restored_equals(archive, expected, spark, tmp_path / "dst")
+
+
+def test_ctrl_c_commits_a_last_checkpoint_and_exits_0(tmp_path):
+    """With a long interval, what was written after the first checkpoint is committed by
+    the last one Ctrl-C asks for, and the command exits 0."""
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"a::{i}": {"i": i} for i in range(50)}, VBS)
+        archive = tmp_path / "archive"
+        run = Continuous(node, archive, checkpoint="1h")
+        first = run.wait_checkpoints(1)[0]
+        assert first["type"] == "full" and first["items"] == 50
+        with opts.connect() as conn:
+            load(conn, {f"b::{i}": {"i": i} for i in range(30)}, VBS)
+        # a second continuous backup of the archive is refused in one line
+        second = subprocess.run(
+            [sys.executable, "-m", "dcptool", "backup", "-c", f"{node.host}:{node.port}", "-b",
+             "default", str(archive), "--continuous", "--master", "local[1]"],
+            env=dict(os.environ, DCPTOOL_PASSWORD=node.password), capture_output=True,
+            text=True, timeout=120)
+        assert second.returncode == 3, second.stderr
+        assert "a continuous backup of" in second.stderr and "is running already" in \
+            second.stderr and "Traceback" not in second.stderr
+        assert run.interrupt() == 0, run.err
+        cps = run.checkpoints()
+        assert len(cps) == 2 and cps[1]["items"] == 30 and cps[1]["type"] == "incremental"
+        # the fields docs/json-output.md documents, and no others
+        from cliutil import documented_under
+
+        assert set(cps[1]) == set(documented_under("### dcptool backup --continuous"))
+        assert cps[1]["lag"]["default"] == {"seconds": 0.0, "items": 0}
+    a = Archive.open(archive)
+    assert len(a.committed_ids()) == 2 and a.partial_ids() == []
+
+
+def test_rotation_makes_ordinary_backups(spark, tmp_path, capsys):
+    """--rotate folds the checkpoints into one backup: fewer backups than checkpoints with
+    data, and info, verify and restore read them as any."""
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        writer = Writer(node, rate=30)
+        writer.start()
+        archive = tmp_path / "archive"
+        try:
+            code, out, err = cli(capsys, "backup", "-c", f"{node.host}:{node.port}",
+                                 "-u", node.username, "-p", node.password, "-b", "default",
+                                 archive, "--continuous", "--checkpoint", "500ms",
+                                 "--rotate", "2s", "--stop-after", "7s", "--json")
+        finally:
+            writer.stop.set()
+            writer.join(10)
+        assert code == 0, err
+        recs = [json.loads(ln) for ln in out.splitlines() if ln.strip()]
+        cps = [r for r in recs if r["event"] == "checkpoint"]
+        stopped = recs[-1]
+        assert stopped["event"] == "stopped" and stopped["rotations"]
+        assert "rotated:" in err
+        with_data = [c for c in cps if c["backup_id"]]
+        a = Archive.open(archive)
+        ids = a.committed_ids()
+        assert len(ids) < len(with_data)
+        from dcptool.archive.chain import merged_from
+
+        merged = [b for b in ids if merged_from(a.manifest(b))]
+        assert merged
+        # a last catch-up backup of what the writer wrote during the last checkpoint
+        from dcptool.pipeline.backup import run_backup
+
+        run_backup(opts, archive, spark=spark)
+        expected = node_documents(opts)
+        code, out, err = cli(capsys, "info", archive, "--json")
+        assert code == 0 and json.loads(out)["continuous"]["running"] is False
+    assert_nothing_twice(archive)
+    code, out, err = cli(capsys, "verify", archive)
+    assert code == 0, out + err
+    _restored_equals(archive, expected, spark, tmp_path / "dst")
+
+
+def test_continuous_needs_a_bucket_archive_and_its_own_options(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DCPTOOL_PASSWORD", "x")
+    monkeypatch.delenv("DCPTOOL_BUCKET", raising=False)
+    code, out, err = cli(capsys, "backup", "-c", "127.0.0.1:1", tmp_path / "a", "--continuous")
+    assert code == 2 and "--continuous backs up one bucket" in err and "Traceback" not in err
+    code, out, err = cli(capsys, "backup", "-c", "127.0.0.1:1", "-b", "default",
+                         tmp_path / "a", "--checkpoint", "5s")
+    assert code == 2 and "options of --continuous" in err
+    code, out, err = cli(capsys, "backup", "-c", "127.0.0.1:1", "-b", "default",
+                         tmp_path / "a", "--continuous", "--full")
+    assert code == 2 and "no --full" in err
+
+
+def test_live_line_on_a_terminal_shows_lag_and_last_checkpoint(tmp_path):
+    """On a terminal the run draws one live line: the bucket's lag in seconds and items,
+    the last checkpoint's time, items/s; on stdout a summary when it stops."""
+    import pty
+    import re
+    import select
+
+    from termutil import render
+
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        with opts_for(node).connect() as conn:
+            load(conn, {f"t::{i}": {"i": i} for i in range(30)}, VBS)
+        master, slave = pty.openpty()
+        env = dict(os.environ, DCPTOOL_PASSWORD=node.password, COLUMNS="160")
+        env.pop("NO_COLOR", None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dcptool", "backup", "-c", f"{node.host}:{node.port}",
+             "-b", "default", str(tmp_path / "archive"), "--continuous", "--checkpoint", "1s",
+             "--stop-after", "4s", "--master", "local[2]", "--no-watermark"],
+            env=env, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        os.close(slave)
+        screen = bytearray()
+        try:
+            while True:
+                r, _, _ = select.select([master], [], [], 0.2)
+                if r:
+                    try:
+                        chunk = os.read(master, 65536)
+                    except OSError:
+                        break
+                    if not chunk:
+                        break
+                    screen += chunk
+                elif proc.poll() is not None:
+                    break
+            out = proc.stdout.read().decode()
+            assert proc.wait(60) == 0
+        finally:
+            os.close(master)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", bytes(screen).decode(errors="replace"))
+    assert re.search(r"continuous default .*lag \d+\.\d s, \d+ items behind  last checkpoint "
+                     r"\d\d:\d\d:\d\d", text), text[-1500:]
+    assert render(bytes(screen), 160)  # drawn as a terminal shows it
+    assert out.startswith("continuous backup of default stopped after"), out
+    assert "(1 with data)" in out, out
+
+
+def test_unreachable_s3_endpoint_is_retried_and_nothing_is_lost(spark, tmp_path, monkeypatch):
+    """An archive on S3 whose endpoint goes away while the continuous backup runs: one line
+    per failed checkpoint, backoff, and once the endpoint is back everything written
+    meanwhile is committed."""
+    import s3util
+
+    first_ports: dict = {}
+    real = s3util._free_ports
+
+    def same_ports(n):  # the server comes back at the same address
+        return first_ports.setdefault(n, real(n))
+
+    monkeypatch.setattr(s3util, "_free_ports", same_ports)
+    server = s3util.S3Server(tmp_path / "s3").start()
+    try:
+        bucket = server.new_bucket()
+        url = f"s3://{bucket}/live"
+        for k, v in server.env().items():
+            if k.startswith("AWS_"):
+                monkeypatch.setenv(k, v)
+        monkeypatch.setenv("DCPTOOL_ENGINE", "off")
+        with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+            opts = opts_for(node)
+            with opts.connect() as conn:
+                load(conn, {f"s::{i}": {"i": i} for i in range(100)}, VBS)
+            run = Continuous(node, url)
+            run.wait_checkpoints(1)
+            server.stop()
+            with opts.connect() as conn:
+                load(conn, {f"gone::{i}": {"i": i} for i in range(50)}, VBS)
+            deadline = time.monotonic() + 60
+            while not any("checkpoint failed:" in ln for ln in run.err):
+                assert run.proc.poll() is None and time.monotonic() < deadline, run.err
+                time.sleep(0.2)
+            server.start()
+            back = time.time()
+            run.wait_caught_up(back, timeout=120)
+            assert run.interrupt() == 0, run.err
+            expected = node_documents(opts)
+        fails = [ln for ln in run.err if "checkpoint failed:" in ln]
+        assert fails and all("retrying in" in ln and "\n" not in ln for ln in fails)
+        from dcptool.archive.stores.s3 import CLIENTS
+
+        CLIENTS.clear()
+        assert sum(k.startswith(b"gone::") for k in expected) == 50
+        assert_nothing_twice(url)
+        code = subprocess.run([sys.executable, "-m", "dcptool", "verify", url],
+                              capture_output=True, text=True, timeout=300)
+        assert code.returncode == 0, code.stdout + code.stderr
+        # (a restore of its own: the test session's Spark workers have no S3 credentials)
+        with NodeProcess(tmp_path / "dst", vbuckets=VBS) as dst:
+            r = subprocess.run([sys.executable, "-m", "dcptool", "restore", url, "-c",
+                                f"{dst.host}:{dst.port}", "-b", "default"],
+                               env=dict(os.environ, DCPTOOL_PASSWORD=dst.password),
+                               capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, r.stderr
+            got = node_documents(opts_for(dst))
+        assert {k: v for k, v in got.items() if v[0] == "live"} == \
+            {k: v for k, v in expected.items() if v[0] == "live"}
+    finally:
+        server.stop()
