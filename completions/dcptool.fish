@@ -206,7 +206,7 @@ complete -c dcptool -n '__dcptool_at backup' -l disable-bucket-config -d 'Cluste
 complete -c dcptool -n '__dcptool_at backup' -l disable-users -d 'Cluster archives: leave users and groups out of the run (reading them needs an administrator)'
 complete -c dcptool -n '__dcptool_at backup' -l continuous -d 'Keep backing up: commit what is new at every checkpoint until Ctrl-C (which commits a last one and exits 0)'
 complete -c dcptool -n '__dcptool_at backup' -l checkpoint -x -d '--continuous: how often what the node sent is committed'
-complete -c dcptool -n '__dcptool_at backup' -l rotate -x -d '--continuous: fold the checkpoints into one backup once they are this old'
+complete -c dcptool -n '__dcptool_at backup' -l rotate -x -d '--continuous: fold the checkpoints into one backup (every version kept) once they are this old'
 complete -c dcptool -n '__dcptool_at backup' -l rotate-size -x -d '--continuous: '
 complete -c dcptool -n '__dcptool_at backup' -l stop-after -x -d '--continuous: commit a last checkpoint and exit after this long (default: run until Ctrl-C or SIGTERM)'
 complete -c dcptool -n '__dcptool_at backup' -l passphrase-file -r -F -d 'Read the passphrase of an encrypted archive from the first line of this file (else DCPTOOL_ARCHIVE_PASSPHRASE, else a prompt on the terminal)'

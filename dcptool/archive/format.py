@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, NamedTuple
 
+
+from dcptool.errors import UsageError
 
 from . import crypto, storage
 
@@ -330,3 +332,25 @@ def read_json(path: Any, key: Any = None) -> Any:
     """Parse a JSON file (opened under `key` in an encrypted archive); raises OSError or
     ValueError (bad JSON or bad UTF-8, or crypto.TamperedError)."""
     return json.loads(read_bytes(path, key).decode("utf-8"))
+
+
+#: a duration's parts: a number and a unit
+_DURATION = re.compile(r"(\d+)([smhdw])")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str, *, option: str | None = None) -> timedelta:
+    """'30d', '12h', '2w', '1d12h', '90m', '45s' -> a timedelta (`option`: named in the
+    error)."""
+    t = text.strip().lower()
+    pos = 0
+    seconds = 0
+    for m in _DURATION.finditer(t):
+        if m.start() != pos:
+            break
+        seconds += int(m.group(1)) * _UNIT[m.group(2)]
+        pos = m.end()
+    if not t or pos != len(t):
+        raise UsageError(f"{option + ': ' if option else ''}duration {text!r} is not understood",
+                         hint="use a number and a unit: s, m, h, d or w (e.g. 30d, 12h, 1d12h)")
+    return timedelta(seconds=seconds)

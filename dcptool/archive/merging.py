@@ -99,6 +99,8 @@ class VBucketMergePlan:
     failover_log: list[Any]
     #: the rollback record the merged vbucket keeps (it cuts records before the range)
     rollback: dict[str, Any] | None = None
+    #: keep every surviving version (the range's history), not only each key's newest
+    history: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,17 +137,23 @@ class MergePlan:
     records_before: int = 0
     items_before: int = 0
     bytes_before: int = 0
+    #: a history-keeping merge (see plan_merge)
+    history: bool = False
 
 
 # -- one vbucket (runs in a task) -----------------------------------------------------------------
 
 
-def _resolve_with_markers(parts: Sequence[tuple[str, dict[str, Any]]], key: Any = None
-                          ) -> tuple[list[tuple], list[tuple]]:
+def _resolve_with_markers(parts: Sequence[tuple[str, dict[str, Any]]], key: Any = None,
+                          history: bool = False) -> tuple[list[tuple], list[tuple]]:
     """Over the range's parts of one vbucket (oldest first): the surviving snapshot markers
-    in order, and the resolved items with the surviving system events, sorted by seqno."""
+    in order, and the resolved items with the surviving system events, sorted by seqno.
+    With `history`, every surviving item is kept, not only the newest version of each key:
+    each snapshot of the range keeps what it held, so its boundaries stay states of the
+    vbucket (what restore --to-time cuts at)."""
     cuts = part_cuts([[r["seqno"] for r in e["rollbacks"]] for _, e in parts])
     state: dict[bytes, tuple] = {}
+    kept: list[tuple] = []
     markers: list[tuple] = []
     events: list[tuple] = []
     for (bdir, entry), cut in zip(parts, cuts):
@@ -154,10 +162,16 @@ def _resolve_with_markers(parts: Sequence[tuple[str, dict[str, Any]]], key: Any 
                 t = r[0]
                 if t == REC_MUTATION:
                     if cut is None or r[1] <= cut:
-                        state[r[7]] = r
+                        if history:
+                            kept.append(r)
+                        else:
+                            state[r[7]] = r
                 elif t == REC_DELETION or t == REC_EXPIRATION:
                     if cut is None or r[1] <= cut:
-                        state[r[4]] = r
+                        if history:
+                            kept.append(r)
+                        else:
+                            state[r[4]] = r
                 elif t == SNAPSHOT:
                     if cut is not None and r[1] > cut:
                         continue
@@ -167,7 +181,7 @@ def _resolve_with_markers(parts: Sequence[tuple[str, dict[str, Any]]], key: Any 
                 elif t == REC_SYSTEM_EVENT:
                     if cut is None or r[1] <= cut:
                         events.append(r)
-    items = sorted([*state.values(), *events], key=lambda r: r[1])
+    items = sorted([*state.values(), *kept, *events], key=lambda r: r[1])
     return markers, items
 
 
@@ -234,7 +248,7 @@ def merge_vbuckets(target: MergeTarget, plans: Iterable[VBucketMergePlan],
 
 def _write_vbucket(target: MergeTarget, plan: VBucketMergePlan,
                    packer: Packer | None = None) -> tuple[dict[str, Any], tuple[int, str]]:
-    markers, items = _resolve_with_markers(plan.parts, target.archive.key)
+    markers, items = _resolve_with_markers(plan.parts, target.archive.key, plan.history)
     w = VBucketWriter(target.archive, target.merged_id, plan.vbucket, plan.start,
                       plan.failover_log, packer=packer, sync=packer is None)
     try:
@@ -279,8 +293,10 @@ def _merged_id_after(last: str, taken: set[str], below: str | None) -> str:
 
 
 def plan_merge(archive: Archive, first: str | None = None, last: str | None = None, *,
-               level: int | None = None) -> MergePlan:
+               level: int | None = None, history: bool = False) -> MergePlan:
     """Decide the merge of `first`..`last` (default: the whole chain of the newest backup).
+    With `history` the merged backup keeps every version the range held (a continuous
+    backup's rotation: fewer files, the same points in time), else each key's newest.
 
     Raises UsageError for a range that cannot be merged (a partial backup exists, one
     backup only, a backup outside the range descends from inside it)."""
@@ -347,7 +363,7 @@ def plan_merge(archive: Archive, first: str | None = None, last: str | None = No
         if rb is not None and not (vb in pre_ends and rb["seqno"] < pre_ends[vb]):
             rb = None  # it cuts nothing outside the range
         plans[vb] = VBucketMergePlan(vb, tuple(p["parts"]), p["start"], p["end"],
-                                     p["failover_log"], rb)
+                                     p["failover_log"], rb, history)
     comp = dict(manifests[last].get("compression") or {})
     if level is not None:
         comp["level"] = int(level)
@@ -357,7 +373,7 @@ def plan_merge(archive: Archive, first: str | None = None, last: str | None = No
         records_before=sum(manifests[b]["totals"]["records"] for b in rng),
         items_before=sum(manifests[b]["totals"][k] for b in rng
                          for k in ("mutations", "deletions", "expirations")),
-        bytes_before=sum(manifests[b]["totals"]["file_bytes"] for b in rng))
+        bytes_before=sum(manifests[b]["totals"]["file_bytes"] for b in rng), history=history)
 
 
 # -- staging, commit, publish (driver, archive lock held) -----------------------------------------
@@ -395,6 +411,16 @@ def covered_spans(archive: Archive, ids: Sequence[str]) -> list[list[str]]:
     return [[iso(a), iso(b)] for a, b in out]
 
 
+def checkpoint_interval(archive: Archive, ids: Sequence[str]) -> float | None:
+    """The greatest `extra.checkpoint_interval` the backups `ids` recorded (a continuous
+    backup's checkpoints), which a merge of them keeps: the gaps point-in-time reads see
+    between its originals are judged as they were."""
+    vals = [v for b in ids
+            for v in [(archive.manifest(b).get("extra") or {}).get("checkpoint_interval")]
+            if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return max(vals) if vals else None
+
+
 class StagedMerge:
     """The merged backup being written in the staging directory."""
 
@@ -421,6 +447,8 @@ class StagedMerge:
                 "ends_as": ends_as(archive.manifest(plan.last), plan.last),
                 "items_before": plan.items_before, "finished": None,
                 "covered": covered_spans(archive, plan.replaced)}
+        if plan.history:
+            info["history"] = True
         intent = {
             "format": "dcptool-backup", "version": FORMAT_VERSION, "archive": archive.uuid,
             "id": plan.merged_id, "parent": plan.parent, "type": plan.type,
@@ -440,8 +468,11 @@ class StagedMerge:
     def commit(self, summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """Commit the merged backup's manifest in the staging directory and verify the whole
         backup; returns the manifest."""
-        manifest = self.writer.commit(summaries, extra={"merge": {
-            **self.info, "finished": iso_time(utc_now())}})
+        extra: dict[str, Any] = {"merge": {**self.info, "finished": iso_time(utc_now())}}
+        interval = checkpoint_interval(self.archive, self.plan.replaced)
+        if interval is not None:
+            extra["checkpoint_interval"] = interval
+        manifest = self.writer.commit(summaries, extra=extra)
         report = verify_backup_dir(self.target.backup_dir, manifest, key=self.archive.key)
         if not report.ok:
             p = report.problems[0]
@@ -542,7 +573,8 @@ def merge_here(target: MergeTarget, plans: list[VBucketMergePlan]) -> list[dict[
 
 
 def merge_range(archive: Archive, first: str | None = None, last: str | None = None, *,
-                level: int | None = None, run_vbuckets: VBucketRunner = merge_here,
+                level: int | None = None, history: bool = False,
+                run_vbuckets: VBucketRunner = merge_here,
                 expect: Sequence[str] | None = None,
                 on_plan: Callable[[MergePlan], None] | None = None
                 ) -> tuple[MergePlan, dict[str, Any]]:
@@ -550,7 +582,7 @@ def merge_range(archive: Archive, first: str | None = None, last: str | None = N
     stage, write the vbuckets with `run_vbuckets`, commit and verify, publish, remove the
     originals. `expect`: the ids the range must be (a caller that planned it already).
     Nothing in backups/ changes unless the merged backup was committed and verified."""
-    plan = plan_merge(archive, first, last, level=level)
+    plan = plan_merge(archive, first, last, level=level, history=history)
     if expect is not None and list(plan.replaced) != list(expect):
         raise ArchiveError(f"the chain changed: merging {plan.first}..{plan.last} would replace "
                            f"{', '.join(plan.replaced)}, not {', '.join(expect)}",

@@ -46,6 +46,7 @@ from .format import (
     ROLLBACK,
     SNAPSHOT,
     STREAM,
+    parse_duration,
 )
 
 #: the low CAS bits that are a logical counter, not time
@@ -88,8 +89,6 @@ def parse_time(text: str, *, now: datetime | None = None, option: str = "TIME") 
     now = now or datetime.now(timezone.utc)
     s = str(text).strip()
     if s.startswith("-"):
-        from .retention import parse_duration
-
         try:
             d = parse_duration(s[1:])
         except UsageError:
@@ -296,12 +295,20 @@ def part_meta(manifest: dict[str, Any]) -> tuple[bool, int]:
     if is_merged(manifest):  # its originals' start, or its id (its last original's)
         spans = originals_covered(manifest)
         start = spans[0][0] if spans else id_time(manifest["id"])
-    return is_merged(manifest), min(start, id_time(manifest["id"]))
+    whole = is_merged(manifest) and not keeps_history(manifest)
+    return whole, min(start, id_time(manifest["id"]))
 
 
 def is_merged(manifest: dict[str, Any]) -> bool:
     """A merged backup (merge, or prune and remove merging forward)."""
     return isinstance((manifest.get("extra") or {}).get("merge"), dict)
+
+
+def keeps_history(manifest: dict[str, Any]) -> bool:
+    """A merged backup that kept every version of its range (`extra.merge.history`: a
+    continuous backup's rotation): its snapshots are its originals', each boundary a state
+    of the vbucket, and it covers what its originals covered."""
+    return ((manifest.get("extra") or {}).get("merge") or {}).get("history") is True
 
 
 def originals_covered(manifest: dict[str, Any]) -> list[tuple[int, int]]:
@@ -319,18 +326,26 @@ def originals_covered(manifest: dict[str, Any]) -> list[tuple[int, int]]:
 
 def covered(manifest: dict[str, Any]) -> list[tuple[int, int]]:
     """The wall-clock intervals (ns) at which a backup gives the state: [(started,
-    finished)] for an incremental; the end alone for a full backup and for a merged one
+    finished)] for an incremental (from `extra.covers_from` when a continuous backup
+    recorded it); a history-keeping merged backup's originals' spans; the end alone for a full backup and for a merged one
     (a merge keeps the newest version of each key of its range: the state inside the
     range is gone, its end is exact). A merged backup's end is its originals' (recorded
     in extra.merge.covered; without it, the merged backup's id, its last original's
     start)."""
     if is_merged(manifest):
         spans = originals_covered(manifest)
+        if spans and keeps_history(manifest):
+            return spans
         end = spans[-1][1] if spans else id_time(manifest["id"])
         return [(end, end)]
     start = _iso_ns(manifest.get("started")) or id_time(manifest["id"])
     start = min(start, id_time(manifest["id"]))
     end = max(_iso_ns(manifest.get("finished")) or start, start)
+    # a continuous backup's checkpoint: the checkpoints before it since `covers_from` saw
+    # the node unchanged (they wrote no backup), so its coverage begins there
+    since = _iso_ns((manifest.get("extra") or {}).get("covers_from"))
+    if since is not None and manifest.get("type") != "full":
+        start = min(start, since)
     if manifest.get("type") == "full":
         # a full backup's streams begin with the node's disk snapshot, deduplicated: the
         # state is known at its end (each vbucket's first boundary is at or before the
@@ -503,4 +518,4 @@ def span_text(ns: int) -> str:
 
 
 __all__ = ["Boundary", "Coverage", "TimePlan", "VBucketCut", "boundaries", "chain_for_time",
-           "coverage", "covered", "cut_at", "iso", "lag_summary", "parse_time", "plan_time", "record_time", "timeline_bar", "vbucket_cut"]
+           "coverage", "covered", "cut_at", "iso", "keeps_history", "lag_summary", "parse_time", "plan_time", "record_time", "timeline_bar", "vbucket_cut"]

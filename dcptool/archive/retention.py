@@ -31,7 +31,6 @@ remove or prune (`merging.finish_interrupted_merges`).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Mapping
@@ -41,7 +40,7 @@ from dcptool.errors import UsageError
 from .archive import Archive
 from .chain import effective_parents, merged_from
 from .errors import ArchiveError
-from .format import parse_backup_id, utc_now
+from .format import parse_backup_id, parse_duration, utc_now
 from .merging import VBucketRunner, finish_interrupted_merges, merge_here, merge_range, \
     remove_backups
 
@@ -135,27 +134,6 @@ def select_prune(archive: Archive, policy: Policy) -> tuple[list[str], dict[str,
     """(the committed backups `policy` does not keep, {id: why kept})."""
     reasons = apply_policy(archive.committed_ids(), policy)
     return sorted(b for b, why in reasons.items() if not why), reasons
-
-
-_DURATION = re.compile(r"(\d+)([smhdw])")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_duration(text: str, *, option: str | None = None) -> timedelta:
-    """'30d', '12h', '2w', '1d12h', '90m', '45s' -> a timedelta (`option`: named in the
-    error)."""
-    t = text.strip().lower()
-    pos = 0
-    seconds = 0
-    for m in _DURATION.finditer(t):
-        if m.start() != pos:
-            break
-        seconds += int(m.group(1)) * _UNIT[m.group(2)]
-        pos = m.end()
-    if not t or pos != len(t):
-        raise UsageError(f"{option + ': ' if option else ''}duration {text!r} is not understood",
-                         hint="use a number and a unit: s, m, h, d or w (e.g. 30d, 12h, 1d12h)")
-    return timedelta(seconds=seconds)
 
 
 def older_than(ids: Iterable[str], age: timedelta, now: datetime | None = None) -> list[str]:

@@ -132,7 +132,8 @@ def backup(
         help="--continuous: how often what the node sent is committed.")] = "10s",
     rotate: Annotated[str, typer.Option(
         "--rotate", metavar="DURATION", rich_help_panel=CONTINUOUS,
-        help="--continuous: fold the checkpoints into one backup once they are this old.")] = "1h",
+        help="--continuous: fold the checkpoints into one backup (every version kept) "
+             "once they are this old.")] = "1h",
     rotate_size: Annotated[str, typer.Option(
         "--rotate-size", metavar="SIZE", rich_help_panel=CONTINUOUS,
         help="--continuous: ... or once they take this much.")] = "1GiB",
@@ -194,7 +195,8 @@ def backup(
     checkpoint and exit 0. A change the node acknowledged is in the archive within about
     one interval; a run killed outright loses nothing committed, and the next run resumes
     where the archive ends. Every --rotate (1h) or --rotate-size (1GiB) the checkpoints
-    are merged into one ordinary backup. A lost node, a dropped connection or a slow
+    are merged into one ordinary backup that keeps every version they held, so restore
+    --to-time, examine --at and export --at still reach any checkpoint. A lost node, a dropped connection or a slow
     store is one line and a retry with backoff; `dcptool info` shows the run and its lag.
 
     Example: dcptool backup -c 127.0.0.1 -b default /backups/default --continuous --checkpoint 5s

@@ -533,6 +533,9 @@ class BackupOptions:
     include_data: list[str] | None = None
     exclude_data: list[str] | None = None
     passphrase: str | None = None
+    #: more fields for the manifest's `extra` (a continuous backup's checkpoint_interval,
+    #: covers_from)
+    extra: dict[str, Any] | None = None
 
 
 def run_backup(opts: Any, archive: Archive | str | os.PathLike[str], *, full: bool = False,
@@ -543,14 +546,15 @@ def run_backup(opts: Any, archive: Archive | str | os.PathLike[str], *, full: bo
                watermark: bool = True, watermark_ttl: float = DEFAULT_WATERMARK_TTL,
                notice: Callable[[str], None] | None = None,
                include_data: list[str] | None = None, exclude_data: list[str] | None = None,
-               passphrase: str | None = None) -> BackupResult:
+               passphrase: str | None = None,
+               extra: dict[str, Any] | None = None) -> BackupResult:
     """Run one backup of the node `opts` (ConnOptions) into `archive`: opened already (what
     a command passes), or where it is (opened, or created for the node's bucket). See
     BackupOptions for the rest. The run is logged to `ARCHIVE/logs/backup-*.log`.
     """
     o = BackupOptions(full, partitions, master, level, purge_partial, vbuckets, progress,
                       on_plan, spark, watermark, watermark_ttl, notice, include_data,
-                      exclude_data, passphrase)
+                      exclude_data, passphrase, extra)
     with RunLog("backup") as rl:
         result = _run_backup(rl, opts, archive, o)
     result.log = str(rl.path) if rl.path else None
@@ -816,7 +820,8 @@ def _stream_and_commit(rl: RunLog, archive: Archive, opts: Any, node: _NodeState
         _log_vbucket(rl, s.entry, s.run)
     _log_compressed(rl, opts, runs)
     manifest = writer.commit([s.entry for s in summaries],
-                             extra={"node": opts.address, "resumed": resumed},
+                             extra={**(o.extra or {}), "node": opts.address,
+                                    "resumed": resumed},
                              unchanged=unchanged)
     return manifest, kept, streamed, spark_seconds, state
 

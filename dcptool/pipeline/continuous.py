@@ -43,6 +43,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from dcptool.archive import Archive, storage
@@ -304,6 +305,13 @@ class ContinuousBackup:
         rec: dict[str, Any] = {"bucket": self.opts.bucket, "backup_id": None, "type": None,
                                "items": 0, "rollbacks": 0, "files": 0}
         backup_kw = dict(self.o.backup)
+        # for point-in-time reads: how far apart checkpoints are, and that the node was seen
+        # unchanged (or streamed) without a break since the last checkpoint began (the
+        # checkpoints with nothing new in between wrote no backup)
+        backup_kw["extra"] = {"checkpoint_interval": self.o.checkpoint}
+        if self.last_ok is not None and self.failing is None:
+            backup_kw["extra"]["covers_from"] = iso_time(
+                datetime.fromtimestamp(self.last_ok, timezone.utc))
         if not idle:
             if a is not None:  # the passphrase creates a new archive; this one is open
                 backup_kw.pop("passphrase", None)
@@ -391,7 +399,7 @@ class ContinuousBackup:
         if first not in chain:  # the chain changed under us (a prune, a merge): start anew
             self._settle_after_rotation(chain[-1] if chain else None)
             return None
-        res = run_merge(a.path, first=first, last=chain[-1], spark=self.spark,
+        res = run_merge(a.path, first=first, last=chain[-1], spark=self.spark, history=True,
                         master=self.master, partitions=self.o.backup.get("partitions"))
         out = {"merged_id": res.merged_id, "type": res.type, "replaced": len(res.replaced),
                "size": res.size_after, "age_seconds": round(age, 1)}

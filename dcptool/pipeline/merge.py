@@ -162,7 +162,8 @@ class SparkMerger:
 def run_merge(archive_path: str | os.PathLike[str], **kwargs: Any) -> MergeResult:
     """Merge the backups `first`..`last` (default: the whole chain of the newest backup).
 
-    Keyword arguments: first, last, partitions, master, level, spark. The run is logged to
+    Keyword arguments: first, last, partitions, master, level, spark, history (keep every
+    version of the range, as a continuous backup's rotation does). The run is logged to
     `ARCHIVE/logs/merge-*.log`.
     """
     with RunLog("merge") as rl:
@@ -180,7 +181,8 @@ def run_merge(archive_path: str | os.PathLike[str], **kwargs: Any) -> MergeResul
 
 def _run_merge(rl: RunLog, archive_path: str | os.PathLike[str], *, first: str | None = None,
                last: str | None = None, partitions: int | None = None,
-               master: str | None = None, level: int | None = None, spark=None) -> MergeResult:
+               master: str | None = None, level: int | None = None, spark=None,
+               history: bool = False) -> MergeResult:
     t0 = time.monotonic()
     archive = Archive.opened(archive_path)
     rl.attach(archive.path.absolute())
@@ -192,7 +194,8 @@ def _run_merge(rl: RunLog, archive_path: str | os.PathLike[str], *, first: str |
         # the backups' sizes before the merge removes the ones it replaces
         sizes = {b: dir_size(archive.backup_dir(b)) for b in archive.committed_ids()}
         merger = SparkMerger(rl, archive, spark, master, partitions)
-        plan, manifest = merge_range(archive, first, last, level=level, run_vbuckets=merger,
+        plan, manifest = merge_range(archive, first, last, level=level, history=history,
+                                     run_vbuckets=merger,
                                      on_plan=lambda p: merger.prepare() if p.vbuckets else None)
         result = MergeResult(plan.merged_id, plan.type, plan.parent, list(plan.replaced), [],
                              len(plan.vbuckets), records_before=plan.records_before,

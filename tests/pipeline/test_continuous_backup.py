@@ -356,6 +356,23 @@ def test_rotation_makes_ordinary_backups(spark, tmp_path, capsys):
 
         merged = [b for b in ids if merged_from(a.manifest(b))]
         assert merged
+        # the rotation kept every version (extra.merge.history) and each checkpoint its
+        # interval and where its coverage began: a time inside a rotated backup is a point
+        # restore --to-time gives, not a gap
+        m = a.manifest(merged[0])
+        assert m["extra"]["merge"]["history"] is True
+        assert m["extra"]["checkpoint_interval"] == 0.5
+        spans = m["extra"]["merge"]["covered"]
+        assert len(spans) == 1, spans  # the checkpoints followed one another: no gap
+        from dcptool.archive.pointintime import iso, parse_time
+
+        a0, a1 = (parse_time(t) for t in spans[0])
+        inside = iso((a0 + a1) // 2)
+        code, out, err = cli(capsys, "restore", archive, "-c", f"{node.host}:{node.port}",
+                             "-u", node.username, "-p", node.password, "--to-time", inside,
+                             "--dry-run", "--json")
+        assert code == 0, err
+        assert json.loads(out)["point_in_time"]["to_time"]
         # a last catch-up backup of what the writer wrote during the last checkpoint
         from dcptool.pipeline.backup import run_backup
 

@@ -320,3 +320,51 @@ def test_keep_within_keeps_the_recent_backups(pit, capsys):
                        "--dry-run", "--json")
     assert rc == 0, err
     assert json.loads(out)["removed"] == []
+
+
+def test_a_history_keeping_merge_keeps_every_point_in_time(pit, login, capsys, spark,
+                                                            tmp_path):
+    """A continuous backup's rotation merges its checkpoints keeping every version
+    (`run_merge(..., history=True)`): the merged archive cuts every vbucket for T where the
+    originals did, and restores the writer's state there; a plain merge of the same range
+    keeps each key's newest version only, and T inside it is no longer in the window (the
+    range began with the full backup: the window begins at the merged backup's end)."""
+    import shutil
+
+    from dcptool.pipeline.merge import run_merge
+
+    path, log, _src, dst, t_mid, _gap = pit
+    at = iso(t_mid)
+
+    def cuts_of(archive) -> dict[int, tuple]:
+        rc, out, err = _restore(capsys, archive, dst, "--to-time", at, "--dry-run")
+        assert rc == 0, err
+        return {c["vbucket"]: (c["seqno"], c["time_ns"], c["exact"])
+                for c in json.loads(out)["point_in_time"]["vbuckets"]}
+
+    before = cuts_of(path)
+    ids = Archive.open(path).committed_ids()
+    kept, plain = tmp_path / "history", tmp_path / "plain"
+    shutil.copytree(path, kept)
+    shutil.copytree(path, plain)
+    res = run_merge(kept, first=ids[0], last=ids[3], spark=spark, history=True)
+    assert res.replaced == ids[:4]
+    merged = Archive.open(kept).manifest(res.merged_id)
+    assert merged["extra"]["merge"]["history"] is True
+    # every version of the range is still there: as many items as the originals held
+    assert res.items_after == res.items_before
+    assert cuts_of(kept) == before
+    rc, out, err = cli(capsys, "export", kept, tmp_path / "out", "--resolved", "--at", at,
+                       "--format", "jsonl", "--json", "--no-progress")
+    assert rc == 0, err
+    import base64
+
+    rows = [json.loads(line) for f in sorted((tmp_path / "out").glob("part-*.jsonl"))
+            for line in f.read_text().splitlines()]
+    got = {r["key"]: base64.b64decode(r["value"]) for r in rows if not r["deleted"]}
+    assert got == _writer_state(log, {vb: c[1] for vb, c in before.items()})
+    # the plain merge: fewer items, and T is no longer a point the archive can give
+    res = run_merge(plain, first=ids[0], last=ids[3], spark=spark)
+    assert res.items_after < res.items_before
+    rc, out, err = _restore(capsys, plain, dst, "--to-time", at, "--dry-run")
+    assert rc == 2 and "before the archive's window" in err, err

@@ -17,6 +17,7 @@ from dcptool.archive.pointintime import (
     lag_summary,
     parse_time,
     record_time,
+    part_meta,
     timeline_bar,
     to_ns,
     vbucket_cut,
@@ -192,6 +193,34 @@ def test_a_merged_backup_covers_its_end():
     assert covered(manifest(0, 5, "full")) == [(T0 + 5 * NS, T0 + 5 * NS)]
     assert covered(manifest(0, 5)) == [(T0, T0 + 5 * NS)]
 
+
+
+def test_a_history_keeping_merged_backup_covers_its_originals_and_keeps_its_boundaries():
+    """A continuous backup's rotation (extra.merge.history) keeps every version of its
+    range: it covers what its originals covered, and its snapshot boundaries are states."""
+    spans = [[iso(T0), iso(T0 + 50 * NS)], [iso(T0 + 80 * NS), iso(T0 + 99 * NS)]]
+    m = manifest(100, 101)
+    m["extra"] = {"merge": {"from": "x", "covered": spans, "history": True}}
+    assert covered(m) == [(T0, T0 + 50 * NS), (T0 + 80 * NS, T0 + 99 * NS)]
+    whole, start = part_meta(m)
+    assert whole is False and start == T0
+    plain = manifest(100, 101)
+    plain["extra"] = {"merge": {"from": "x", "covered": spans}}
+    assert part_meta(plain)[0] is True
+
+
+def test_a_checkpoint_covers_from_the_checkpoint_before_it(monkeypatch):
+    """Checkpoints that found nothing new wrote no backup: the next one's covers_from says
+    the node was seen unchanged since, so an idle stretch of a continuous backup is no
+    gap; a batch incremental (no covers_from) an hour later still leaves one."""
+    monkeypatch.delenv("DCPTOOL_GAP_TOLERANCE", raising=False)
+    ck = manifest(600, 601, checkpoint_interval=2, covers_from=iso(T0 + 4 * NS))
+    assert covered(ck) == [(T0 + 4 * NS, T0 + 601 * NS)]
+    assert coverage([manifest(0, 5, "full"), ck]).gaps == []
+    assert len(coverage([manifest(0, 5, "full"), manifest(600, 601)]).gaps) == 1
+    # a full backup's state is known at its end only, whatever it records
+    full = manifest(600, 601, "full", covers_from=iso(T0))
+    assert covered(full) == [(T0 + 601 * NS, T0 + 601 * NS)]
 
 def test_the_timeline_bar_draws_spans_and_gaps_in_its_width():
     cov = Coverage([(0, 10), (50, 60), (90, 100)], 0)
