@@ -376,8 +376,8 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
                      *([WATERMARK_WRITE] if backup["watermark"] else []))
     o.backup = {**backup, "passphrase": new_passphrase}
     show = show_progress(no_progress or json_out)
-    bar = new_bar() if show else None
-    task = bar.add_task(f"continuous {opts.bucket}", total=None,
+    bar = new_bar(endless=True) if show else None
+    task = bar.add_task(opts.bucket, total=None,
                         detail="starting Spark") if bar is not None else None
 
     def on_checkpoint(rec: dict[str, Any]) -> None:
@@ -387,13 +387,11 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
         if bar is not None:
             lag = rec["lag"][opts.bucket]
             rate = rec["items_per_second"]
-            t = rec["totals"]
+            # 80 columns: the counts of backups and rotations are in the summary at the end
             bar.update(task, detail=(
                 f"lag {lag['seconds']:.1f} s, {lag['items'] if lag['items'] is not None else '?'}"
-                f" items behind  last checkpoint {rec['time'][11:19]}  "
-                f"{human_rate(rate) if rate is not None else '-'}  "
-                f"{plural(t['backups'], 'checkpoint backup')}, "
-                f"{plural(t['rotations'], 'rotation')}"))
+                f" items behind, checkpoint {rec['time'][11:19]}, "
+                f"{human_rate(rate) if rate is not None else '-'} items/s"))
 
     def on_retry(rec: dict[str, Any]) -> None:
         if json_out:

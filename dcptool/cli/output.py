@@ -141,10 +141,11 @@ class _Narrower:
                               options.update(width=max(1, options.max_width - self.margin)))
 
 
-def new_bar(detail: bool = True):
+def new_bar(detail: bool = True, endless: bool = False):
     """A rich progress bar on stderr, the one every command draws: the stage, the bar, the
     percentage, a detail column (counts), the time elapsed; BAR_MARGIN columns short of the
-    terminal's width. Start it with `live_bar`."""
+    terminal's width. `endless` (work with no end, a continuous backup's): no bar and no
+    percentage, the detail has the room. Start it with `live_bar`."""
     from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn,
                                TimeElapsedColumn)
 
@@ -152,7 +153,9 @@ def new_bar(detail: bool = True):
         def get_renderable(self) -> Any:
             return _Narrower(super().get_renderable(), BAR_MARGIN)
 
-    cols = [TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn()]
+    cols = [TextColumn("[bold]{task.description}")]
+    if not endless:
+        cols += [BarColumn(), TaskProgressColumn()]
     if detail:
         cols.append(TextColumn("{task.fields[detail]}"))
     cols.append(TimeElapsedColumn())

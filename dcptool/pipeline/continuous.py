@@ -185,6 +185,10 @@ class ContinuousBackup:
         self.files = 0
         self.last: dict[str, Any] | None = None
         self.last_ok: float | None = None  # epoch when the last successful checkpoint began
+        #: epoch since which the checkpoints, without a failure, found the node unchanged
+        #: or committed what changed (when the last one with data began, or the first idle
+        #: one); None after a failure or before the first checkpoint
+        self.unchanged_since: float | None = None
         self.last_watermark = 0.0
         self.anchor: str | None = None
         self.segment: list[str] = []
@@ -305,13 +309,13 @@ class ContinuousBackup:
         rec: dict[str, Any] = {"bucket": self.opts.bucket, "backup_id": None, "type": None,
                                "items": 0, "rollbacks": 0, "files": 0}
         backup_kw = dict(self.o.backup)
-        # for point-in-time reads: how far apart checkpoints are, and that the node was seen
-        # unchanged (or streamed) without a break since the last checkpoint began (the
-        # checkpoints with nothing new in between wrote no backup)
+        # for point-in-time reads: how far apart checkpoints are, and since when the
+        # checkpoints before this one, without a failure, found the node unchanged (they
+        # wrote no backup) or committed what changed: an idle stretch is no gap
         backup_kw["extra"] = {"checkpoint_interval": self.o.checkpoint}
-        if self.last_ok is not None and self.failing is None:
+        if self.unchanged_since is not None:
             backup_kw["extra"]["covers_from"] = iso_time(
-                datetime.fromtimestamp(self.last_ok, timezone.utc))
+                datetime.fromtimestamp(self.unchanged_since, timezone.utc))
         if not idle:
             if a is not None:  # the passphrase creates a new archive; this one is open
                 backup_kw.pop("passphrase", None)
@@ -344,6 +348,8 @@ class ContinuousBackup:
             behind = None
         self.checkpoints += 1
         self.last_ok = t0
+        if not idle or self.unchanged_since is None:
+            self.unchanged_since = t0
         done = time.time()
         rate_items = self.items
         if self.prev_items_time is None:
@@ -466,6 +472,7 @@ class ContinuousBackup:
                 lag = {"seconds": round(time.time() - (self.last_ok or self.started), 3),
                        "items": None}
                 self.failing = _one_line(exc)
+                self.unchanged_since = None
                 self._write_status("running", lag)
                 if o.on_retry is not None:
                     o.on_retry({"bucket": self.opts.bucket, "error": self.failing,

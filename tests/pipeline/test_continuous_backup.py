@@ -440,8 +440,8 @@ def test_live_line_on_a_terminal_shows_lag_and_last_checkpoint(tmp_path):
         finally:
             os.close(master)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", bytes(screen).decode(errors="replace"))
-    assert re.search(r"continuous default .*lag \d+\.\d s, \d+ items behind  last checkpoint "
-                     r"\d\d:\d\d:\d\d", text), text[-1500:]
+    assert re.search(r"default +lag \d+\.\d s, \d+ items behind, checkpoint "
+                     r"\d\d:\d\d:\d\d, [-\d.,]+ items/s", text), text[-1500:]
     assert render(bytes(screen), 160)  # drawn as a terminal shows it
     assert out.startswith("continuous backup of default stopped after"), out
     assert "(1 with data)" in out, out
