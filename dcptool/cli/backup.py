@@ -434,7 +434,7 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
         return
     console().print(
         f"continuous backup of {opts.bucket} stopped after {time.monotonic() - t0:.0f} s: "
-        f"{plural(t['checkpoints'], 'checkpoint')} ({t['backups']} with data), "
+        f"{plural(t['checkpoints'], 'checkpoint')} ({t['backups']} wrote a backup), "
         f"{t['items']:,} items, {plural(t['rotations'], 'rotation')}, "
         f"{plural(t['files'], 'file')}; last checkpoint {summary['last_checkpoint']}")
 

@@ -189,6 +189,7 @@ class ContinuousBackup:
         #: or committed what changed (when the last one with data began, or the first idle
         #: one); None after a failure or before the first checkpoint
         self.unchanged_since: float | None = None
+        self.idle_tail = False
         self.last_watermark = 0.0
         self.anchor: str | None = None
         self.segment: list[str] = []
@@ -294,9 +295,12 @@ class ContinuousBackup:
         return sum(max(0, int(s) - int(ends[vb].seqno if vb in ends else 0))
                    for vb, s in seqnos.items())
 
-    def checkpoint(self) -> dict[str, Any]:
+    def checkpoint(self, last: bool = False) -> dict[str, Any]:
         """One checkpoint: a committed incremental backup of what is new (or nothing, when
-        nothing is), the rotation when due, the status file; its record."""
+        nothing is), the rotation when due, the status file; its record. The `last` one of
+        a run commits a backup even when nothing is new, if the checkpoints since the
+        newest backup found the node unchanged: an empty incremental whose covers_from
+        records that stretch (else the archive's window would end at the newest backup)."""
         from .backup import run_backup, unchanged_vbuckets
 
         t0 = time.time()
@@ -306,6 +310,8 @@ class ContinuousBackup:
         latest = a.latest_id() if a is not None else None
         idle = (a is not None and latest is not None and not a.partial_ids()
                 and unchanged_vbuckets(a, latest, seqnos, logs) >= set(seqnos))
+        if idle and last and self.unchanged_since is not None and self.idle_tail:
+            idle = False  # commit the idle stretch (an empty incremental backup)
         rec: dict[str, Any] = {"bucket": self.opts.bucket, "backup_id": None, "type": None,
                                "items": 0, "rollbacks": 0, "files": 0}
         backup_kw = dict(self.o.backup)
@@ -350,6 +356,8 @@ class ContinuousBackup:
         self.last_ok = t0
         if not idle or self.unchanged_since is None:
             self.unchanged_since = t0
+        # whether checkpoints found nothing new since the newest backup was committed
+        self.idle_tail = idle
         done = time.time()
         rate_items = self.items
         if self.prev_items_time is None:
@@ -453,7 +461,7 @@ class ContinuousBackup:
                 stopping = o.stop.is_set() or (end is not None and time.monotonic() >= end)
             began = time.monotonic()
             try:
-                rec = self.checkpoint()
+                rec = self.checkpoint(last=stopping)
             except BaseException as exc:  # noqa: BLE001 - sorted below
                 if not _retryable(exc):
                     self._write_status("stopped")

@@ -444,7 +444,9 @@ def test_live_line_on_a_terminal_shows_lag_and_last_checkpoint(tmp_path):
                      r"\d\d:\d\d:\d\d, [-\d.,]+ items/s", text), text[-1500:]
     assert render(bytes(screen), 160)  # drawn as a terminal shows it
     assert out.startswith("continuous backup of default stopped after"), out
-    assert "(1 with data)" in out, out
+    # the first checkpoint's backup holds the 30 documents; the last one's, empty, records
+    # the idle stretch after it (for restore --to-time)
+    assert "(2 wrote a backup), 30 items" in out, out
 
 
 def test_unreachable_s3_endpoint_is_retried_and_nothing_is_lost(spark, tmp_path, monkeypatch):
