@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 
 import pytest
 from cliutil import cli
@@ -26,12 +27,11 @@ def _docs(bucket: str, rnd: int, n: int = 20) -> dict[str, dict]:
     return {f"{bucket}::{i:02d}": {"bucket": bucket, "round": rnd, "i": i} for i in range(n)}
 
 
-@pytest.fixture(scope="module")
-def cluster_archive(tmp_path_factory, spark):
-    """(archive, target node, the time between the two backups, what each bucket held
-    then, as written)."""
-    base = tmp_path_factory.mktemp("pitcluster")
-    archive = base / "cluster"
+
+@contextmanager
+def _source_and_target(base):
+    """A source and a target node, and the source's login in the commands' environment
+    (no DCPTOOL_BUCKET: a new archive is a cluster archive): (src, dst, src's address)."""
     mp = pytest.MonkeyPatch()
     src = NodeProcess(base / "src", vbuckets=VBS).start()
     dst = NodeProcess(base / "dst", vbuckets=VBS).start()
@@ -39,7 +39,20 @@ def cluster_archive(tmp_path_factory, spark):
         mp.setenv("DCPTOOL_USERNAME", src.username)
         mp.setenv("DCPTOOL_PASSWORD", src.password)
         mp.delenv("DCPTOOL_BUCKET", raising=False)
-        addr = f"{src.host}:{src.port}"
+        yield src, dst, f"{src.host}:{src.port}"
+    finally:
+        src.stop()
+        dst.stop()
+        mp.undo()
+
+
+@pytest.fixture(scope="module")
+def cluster_archive(tmp_path_factory, spark):
+    """(archive, target node, the time between the two backups, what each bucket held
+    then, as written)."""
+    base = tmp_path_factory.mktemp("pitcluster")
+    archive = base / "cluster"
+    with _source_and_target(base) as (src, dst, addr):
         for node in (src, dst):
             rc = _run(["bucket", "create", "second", "-c", f"{node.host}:{node.port}", "-q"])
             assert rc == 0
@@ -57,10 +70,6 @@ def cluster_archive(tmp_path_factory, spark):
                 delete(conn, [f"{b}::19"], VBS)
         assert _run(["backup", str(archive), "-c", addr, "--no-watermark", "-q"]) == 0
         yield archive, dst, at, then
-    finally:
-        src.stop()
-        dst.stop()
-        mp.undo()
 
 
 def _run(args) -> int:
@@ -134,14 +143,7 @@ def merged_archive(tmp_path_factory, spark):
     the first backup)."""
     base = tmp_path_factory.mktemp("pitmerged")
     archive = base / "archive"
-    mp = pytest.MonkeyPatch()
-    src = NodeProcess(base / "src", vbuckets=VBS).start()
-    dst = NodeProcess(base / "dst", vbuckets=VBS).start()
-    try:
-        mp.setenv("DCPTOOL_USERNAME", src.username)
-        mp.setenv("DCPTOOL_PASSWORD", src.password)
-        mp.delenv("DCPTOOL_BUCKET", raising=False)
-        addr = f"{src.host}:{src.port}"
+    with _source_and_target(base) as (src, dst, addr):
         written = {}
         at = None
         for rnd in range(4):
@@ -161,10 +163,6 @@ def merged_archive(tmp_path_factory, spark):
         assert _run(["remove", str(archive), "--backup", ids[1], "--backup", ids[2], "-q",
                      "--no-progress"]) == 0
         yield archive, dst, at, written
-    finally:
-        src.stop()
-        dst.stop()
-        mp.undo()
 
 
 def test_a_merged_backup_restores_only_its_ends(merged_archive, capsys, monkeypatch):
