@@ -325,6 +325,9 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
     wanted = conn_args.bucket
     desc = describe_cluster(cluster, pick_buckets(cluster, wanted))
     windows = _add_cluster_windows(cluster, desc)
+    for name, d in desc["buckets"].items():  # each bucket's entry is its archive's info
+        if "error" not in d:
+            d["continuous"] = _continuous(cluster.open_bucket(name))
     if conn_args.cluster is not None:
         _cluster_node_checks(cluster, desc, conn_args)
     if as_json:
