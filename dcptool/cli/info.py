@@ -412,10 +412,15 @@ def _add_cluster_windows(cluster: Any, desc: dict[str, Any]) -> list[tuple[str, 
 
 
 def _print_windows(windows: list[tuple[str, Any]]) -> None:
-    """A timeline bar per bucket at the terminal's width."""
+    """A timeline bar per bucket at the terminal's width; piped without COLUMNS, 80
+    columns (a bar has no natural width, and 80 reads in any pager or mail)."""
+    import os
+
     from dcptool.cli.timeline import timeline_lines
 
-    con = table_console()
+    con = console()
+    if not con.is_terminal and not os.environ.get("COLUMNS"):
+        con.width = 80
     unicode = (con.encoding or "").lower().replace("-", "").startswith("utf")
     for line in timeline_lines(windows, con.width, unicode=unicode):
         con.print(line, markup=False, highlight=False)

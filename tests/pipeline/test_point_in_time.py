@@ -301,6 +301,12 @@ def test_info_shows_the_window_and_its_gap(pit, capsys, monkeypatch):
     assert bars[0].startswith("default ") and g["from"][:10] in bars[0]
     assert all(len(line) <= 80 for line in out.splitlines()[-4:])
     assert "1 gap" in out
+    # piped with no COLUMNS: the bar keeps to 80 columns (tables take 200 there)
+    monkeypatch.delenv("COLUMNS")
+    rc, out, err = cli(capsys, "info", path)
+    assert rc == 0, err
+    bars = [line for line in out.splitlines() if "█" in line and "░" in line]
+    assert len(bars) == 1 and 60 < len(bars[0]) <= 80, out
 
 
 def test_keep_within_keeps_the_recent_backups(pit, capsys):
