@@ -210,7 +210,12 @@ def spark_progress(label: str, disabled: bool = False) -> Iterator[None]:
             bar.update(task, description=p["phase"], total=None, completed=0, detail="")
 
     with live_bar(bar), progress.reporting(sink):
-        yield
+        try:
+            yield
+        except BaseException:
+            if seen["total"] is None:  # failed before any work: the error line alone
+                bar.live.transient = True
+            raise
         total = seen["total"] or 1
         bar.update(task, description=label, total=total, completed=total,
                    detail=f"{total:,}/{total:,} {seen['unit']}" if seen["total"] else "done")

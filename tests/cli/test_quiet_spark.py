@@ -353,6 +353,27 @@ def test_ctrl_c_takes_the_backup_bar_off_the_screen(node, tmp_path):
     assert_no_noise(before.decode(errors="replace"), after.decode(errors="replace"))
 
 
+def test_a_restore_refused_before_any_work_leaves_no_bar_behind(node, spark, tmp_path):
+    """A restore that fails while it prepares (here: a --to-time before the archive's
+    window) on a terminal: the screen shows the error line alone, not a "preparing" bar
+    above it that never moved."""
+    from docutil import opts_for
+
+    from dcptool.pipeline.backup import run_backup
+
+    archive = tmp_path / "arch"
+    run_backup(opts_for(node), str(archive), spark=spark, watermark=False)
+    columns = 80
+    rc, before, after = pty_session(["restore", str(archive), "-c", f"{node.host}:{node.port}",
+                                     "--to-time", "2001-01-01T00:00:00Z"], lambda _: False,
+                                    columns=columns)
+    assert rc == 2, before
+    screen = [r for r in render(before, columns) if r.strip()]
+    assert screen and screen[0].startswith("dcptool: error: --to-time"), screen
+    assert "before the archive's window" in "".join(screen), screen
+    assert not any(c in r for r in screen for c in BAR) and "preparing" not in "".join(screen)
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_a_restore_logs_interrupted(node, spark, tmp_path):
     """Ctrl-C while a restore's tasks write: one line, 130, and the restore's run log says
