@@ -9,7 +9,7 @@ import typer
 from dcptool.cli.app import app
 from dcptool.cli.connopts import ConnArgs, connection_options
 from dcptool.cli.manual import manual
-from dcptool.cli.options import MasterOpt, NoProgressOpt, PartitionsOpt
+from dcptool.cli.options import MasterOpt, NoProgressOpt, PartitionsOpt, point_in_time
 from dcptool.cli.output import (
     backup_id_arg, console, detail, human_bytes, human_rate, live_bar, new_bar, note, plural,
     print_json, show_progress, spark_progress, timing,
@@ -696,13 +696,8 @@ def restore(
                     "--bucket-ram-quota": bucket_ram_quota,
                     "--enable-bucket-config": enable_bucket_config,
                     "--enable-users": enable_users, "--force-users": force_users}
-    at = None
-    if nearest and not to_time:
-        raise UsageError("--nearest goes with --to-time")
-    if to_time:
-        from dcptool.archive.pointintime import parse_time
-
-        at = parse_time(to_time, option="--to-time")
+    at = point_in_time(to_time, nearest, "--to-time")
+    if at is not None:
         if backup_id or run_id:
             raise UsageError(f"--to-time and {'--backup' if backup_id else '--run'} "
                              "exclude each other")

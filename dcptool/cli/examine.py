@@ -7,6 +7,7 @@ import typer
 
 from dcptool.cli.app import app
 from dcptool.cli.manual import manual
+from dcptool.cli.options import NearestOpt, point_in_time
 from dcptool.cli.output import (
     backup_id_arg, expiry_time, plural, human_bytes, print_json, print_table, table_console,
 )
@@ -42,9 +43,7 @@ def examine(
         "--at", metavar="TIME",
         help="Mark the version the key had at this time (ISO 8601 with a zone, or "
              "relative: -15m), as restore --to-time would restore it.")] = None,
-    nearest: Annotated[bool, typer.Option(
-        "--nearest", help="With --at in a gap of the archive: the nearest snapshot "
-                          "boundary before it instead of refusing.")] = False,
+    nearest: NearestOpt = False,
     show_values: Annotated[bool, typer.Option("--values", help="Show each version's value.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the timeline as JSON.")] = False,
     bucket: Annotated[Optional[str], typer.Option(
@@ -77,15 +76,9 @@ def examine(
 
     from dcptool.errors import UsageError
 
-    when = None
-    if nearest and not at:
-        raise UsageError("--nearest goes with --at")
-    if at:
-        from dcptool.archive.pointintime import parse_time
-
-        when = parse_time(at, option="--at")
-        if backup_id:
-            raise UsageError("--at and --backup exclude each other")
+    when = point_in_time(at, nearest, "--at")
+    if when is not None and backup_id:
+        raise UsageError("--at and --backup exclude each other")
     opened = open_bucket_archive(archive, bucket)
     backup_id = backup_id_arg(opened, backup_id)
     d = examine_key(opened, key, backup=backup_id, values=show_values, collection=collection,

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from dcptool.cli.app import app
-from dcptool.cli.options import MasterOpt, NoProgressOpt, PartitionsOpt
+from dcptool.cli.options import MasterOpt, NearestOpt, NoProgressOpt, PartitionsOpt, point_in_time
 from dcptool.cli.manual import manual
 from dcptool.cli.output import backup_id_arg, console, human_bytes, plural, print_json, spark_progress
 from dcptool.client.vbspec import parse_vbuckets
@@ -45,9 +45,7 @@ def export(
         help="With --resolved: the state as of this time (ISO 8601 with a zone, or "
              "relative: -15m), each vbucket at its last snapshot boundary at or before "
              "it, as restore --to-time.")] = None,
-    nearest: Annotated[bool, typer.Option(
-        "--nearest", help="With --at in a gap of the archive: the nearest snapshot "
-                          "boundary before it instead of refusing.")] = False,
+    nearest: NearestOpt = False,
     vbuckets: Annotated[Optional[str], typer.Option("--vbuckets", metavar="LIST",
                                                     help="Only these vbuckets, e.g. 0-15,512.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT if it exists.")] = False,
@@ -79,16 +77,8 @@ def export(
     from dcptool.cli.clusterarchive import is_cluster_archive
     from dcptool.pipeline.export import run_export
 
-    from dcptool.errors import UsageError
-
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
-    when = None
-    if nearest and not at:
-        raise UsageError("--nearest goes with --at")
-    if at:
-        from dcptool.archive.pointintime import parse_time
-
-        when = parse_time(at, option="--at")
+    when = point_in_time(at, nearest, "--at")
     if is_cluster_archive(archive):
         opened, names, backup_id = _cluster_export_source(archive, bucket, backup_id)
     else:

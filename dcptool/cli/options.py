@@ -1,8 +1,9 @@
 """Options and option parsers more than one command family shares.
 
 The connection options (-c, -u, -p, -b, ...) are `connopts.py`'s; these are the rest: the
-Spark options of the commands that run Spark jobs, `--no-progress`, and the parser of a
-watermark's time to live.
+Spark options of the commands that run Spark jobs, `--no-progress`, the point-in-time
+options (`--nearest` and the check of a time option), and the parser of a watermark's time
+to live.
 """
 from __future__ import annotations
 
@@ -24,6 +25,23 @@ PartitionsOpt = Annotated[Optional[int], typer.Option(
 NoProgressOpt = Annotated[bool, typer.Option(
     "--no-progress", help="No progress bar (there is none anyway unless stderr is a "
                           "terminal, nor with --json).")]
+
+#: `--nearest` of the commands that read an archive `--at` a time (examine, export)
+NearestOpt = Annotated[bool, typer.Option(
+    "--nearest", help="With --at in a gap of the archive: the nearest snapshot "
+                      "boundary before it instead of refusing.")]
+
+
+def point_in_time(text: str | None, nearest: bool, option: str) -> int | None:
+    """The time a point-in-time option (`--to-time`, `--at`) gives, in CAS nanoseconds
+    (None without it); `--nearest` without it is a usage error."""
+    if nearest and not text:
+        raise UsageError(f"--nearest goes with {option}")
+    if not text:
+        return None
+    from dcptool.archive.pointintime import parse_time
+
+    return parse_time(text, option=option)
 
 
 def parse_ttl(text: str, what: str = "--ttl") -> float:
