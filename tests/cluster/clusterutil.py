@@ -124,6 +124,16 @@ def seed004_writes(a: NodeProcess, b: NodeProcess, c: NodeProcess, vbuckets: int
                    doc=lambda i: {"n": i}) -> list[str]:
     """Seed 004's writes, vbucket 0 active on A with replicas B and C: 900 mutations that
     both replicas take, C held there, 100 more that only B takes. Returns the 1000 keys."""
+    keys = seed004_first_900(a, b, c, vbuckets, doc=doc)
+    seed004_last_100(a, keys, vbuckets, doc=doc)
+    wait_seqno(b, 0, 1000)
+    return keys
+
+
+def seed004_first_900(a: NodeProcess, b: NodeProcess, c: NodeProcess, vbuckets: int, *,
+                      doc=lambda i: {"n": i}) -> list[str]:
+    """The first part of seed 004's writes: 900 mutations of vbucket 0 on A that both
+    replicas take, then C's replica held at 900. Returns the 1000 keys of the seed."""
     keys = keys_in(0, vbuckets, 1000)
     with opts_for(a).connect() as conn:
         load(conn, {k: doc(i) for i, k in enumerate(keys[:900])}, vbuckets)
@@ -131,9 +141,25 @@ def seed004_writes(a: NodeProcess, b: NodeProcess, c: NodeProcess, vbuckets: int
     wait_seqno(c, 0, 900)
     with opts_for(c).connect() as conn:
         hold_replication(conn, 0, 900)
+    return keys
+
+
+def seed004_last_100(a: NodeProcess, keys: list[str], vbuckets: int, *,
+                     doc=lambda i: {"n": i}) -> None:
+    """The rest of seed 004's writes: mutations 901-1000 of vbucket 0 on A (only B takes
+    them, C is held)."""
     with opts_for(a).connect() as conn:
         load(conn, {k: doc(900 + i) for i, k in enumerate(keys[900:])}, vbuckets)
-    wait_seqno(b, 0, 1000)
+
+
+def load_each_active(actives: dict[int, NodeProcess], vbuckets: int,
+                     n: int = 20) -> dict[int, list[str]]:
+    """`n` documents `{"vb": VB}` in each vbucket VB of `actives`, written on its active
+    node. Returns each vbucket's keys."""
+    keys = {vb: keys_in(vb, vbuckets, n, prefix=f"v{vb}-") for vb in actives}
+    for vb, node in actives.items():
+        with opts_for(node).connect() as conn:
+            load(conn, {k: {"vb": vb} for k in keys[vb]}, vbuckets)
     return keys
 
 

@@ -13,18 +13,20 @@ import json
 import pytest
 from client.nodeutil import run_cli
 from clusterutil import (
-    addr, failover_log, keys_in, make_cluster, start_nodes, stop_nodes, vbucket_stream,
-    wait_seqno, wait_until,
+    addr, failover_log, load_each_active, make_cluster, seed004_first_900, seed004_last_100,
+    start_nodes, stop_nodes, vbucket_stream, wait_seqno, wait_until,
 )
 from docutil import load, opts_for
 
-from dcptool.client.topology import hold_replication, set_map
+from dcptool.client.topology import set_map
 from dcptool.pipeline.backup import run_backup
 from dcptool.pipeline.restore import run_restore
 
 VBS = 4
 # vbucket 0 on A (replicas B, C), 1 on B, 2 on C, 3 on A
 VBMAP = [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 2, 1]]
+#: the documents of A's branch of vbucket 0 (the one the failover loses past 900)
+BRANCH_A = lambda i: {"n": i, "branch": "A"}  # noqa: E731
 
 
 @pytest.fixture
@@ -47,20 +49,9 @@ def test_backup_across_a_failover_restores_only_cs_history(nodes, spark, tmp_pat
     a, b, c, d, e = (nodes[n] for n in "abcde")
     make_cluster([a, b, c], VBMAP, replicas=2)
     w = failover_log(a, 0)[0][0]
-    keys0 = keys_in(0, VBS, 1000)
-    others = {vb: keys_in(vb, VBS, 20, prefix=f"v{vb}-") for vb in (1, 2, 3)}
-    with opts_for(a).connect() as conn:
-        load(conn, {k: {"n": i, "branch": "A"} for i, k in enumerate(keys0[:900])}, VBS)
-        load(conn, {k: {"vb": 3} for k in others[3]}, VBS)
-    with opts_for(b).connect() as conn:
-        load(conn, {k: {"vb": 1} for k in others[1]}, VBS)
-    with opts_for(c).connect() as conn:
-        load(conn, {k: {"vb": 2} for k in others[2]}, VBS)
-    wait_seqno(c, 0, 900)
-    with opts_for(c).connect() as conn:
-        hold_replication(conn, 0, 900)
-    with opts_for(a).connect() as conn:
-        load(conn, {k: {"n": 900 + i, "branch": "A"} for i, k in enumerate(keys0[900:])}, VBS)
+    others = load_each_active({1: b, 2: c, 3: a}, VBS)
+    keys0 = seed004_first_900(a, b, c, VBS, doc=BRANCH_A)
+    seed004_last_100(a, keys0, VBS, doc=BRANCH_A)
     wait_seqno(b, 0, 1000)
     wait_seqno(b, 3, 20)
     wait_seqno(c, 3, 20)

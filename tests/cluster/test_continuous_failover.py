@@ -18,17 +18,20 @@ import time
 
 import pytest
 from clusterutil import (
-    addr, keys_in, make_cluster, start_nodes, stop_nodes, vbucket_stream, wait_seqno,
+    addr, load_each_active, make_cluster, seed004_first_900, seed004_last_100, start_nodes,
+    stop_nodes, vbucket_stream,
 )
 from docutil import load, node_documents, opts_for
 from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
-from dcptool.client.topology import hold_replication, set_map
+from dcptool.client.topology import set_map
 from dcptool.pipeline.restore import run_restore
 
 VBS = 4
 VBMAP = [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 2, 1]]
+#: the documents of A's branch of vbucket 0 (the one the failover loses past 900)
+BRANCH_A = lambda i: {"n": i, "branch": "A"}  # noqa: E731
 
 
 @pytest.fixture
@@ -78,24 +81,12 @@ def _backed_up_to(archive, vb: int) -> int:
 def test_failover_while_running_records_the_rollback(nodes, spark, tmp_path):
     a, b, c = (nodes[n] for n in "abc")
     make_cluster([a, b, c], VBMAP, replicas=2)
-    keys0 = keys_in(0, VBS, 1000)
-    others = {vb: keys_in(vb, VBS, 20, prefix=f"v{vb}-") for vb in (1, 2, 3)}
-    with opts_for(a).connect() as conn:
-        load(conn, {k: {"n": i, "branch": "A"} for i, k in enumerate(keys0[:900])}, VBS)
-        load(conn, {k: {"vb": 3} for k in others[3]}, VBS)
-    with opts_for(b).connect() as conn:
-        load(conn, {k: {"vb": 1} for k in others[1]}, VBS)
-    with opts_for(c).connect() as conn:
-        load(conn, {k: {"vb": 2} for k in others[2]}, VBS)
-    wait_seqno(c, 0, 900)
-    with opts_for(c).connect() as conn:
-        hold_replication(conn, 0, 900)
+    others = load_each_active({1: b, 2: c, 3: a}, VBS)
+    keys0 = seed004_first_900(a, b, c, VBS, doc=BRANCH_A)
     archive = tmp_path / "archive"
     proc, recs, err = _start(b, archive)
     try:
-        with opts_for(a).connect() as conn:
-            load(conn, {k: {"n": 900 + i, "branch": "A"} for i, k in enumerate(keys0[900:])},
-                 VBS)
+        seed004_last_100(a, keys0, VBS, doc=BRANCH_A)
         # a checkpoint holds A's branch up to 1000
         _wait(lambda: _backed_up_to(archive, 0) >= 1000, proc, err, what="A's 1000 backed up")
         a.kill()
