@@ -220,7 +220,10 @@ def idle(node: NodeProcess, work: Path, seconds: float) -> dict:
             "cpu_share_of_one_core": round((c1 - c0) / wall, 4),
             "rss_start_mb": round(r0 / 2**20, 1), "rss_end_mb": round(r1 / 2**20, 1),
             "rss_max_mb": round(max(samples) / 2**20, 1),
-            "rss_end_over_start": round(r1 / r0, 3), "checkpoints": len(cps),
+            "rss_end_over_start": round(r1 / r0, 3),
+            # the tree's RSS every ~5 minutes (every 30th sample of 10 s)
+            "rss_every_5min_mb": [round(r / 2**20, 1) for r in samples[::30]],
+            "checkpoints": len(cps),
             "idle_checkpoints": sum(1 for r in cps if r["backup_id"] is None),
             "command": "python -m dcptool " + proc.argv_text}  # type: ignore[attr-defined]
 
@@ -268,7 +271,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=50.0, help="writes per second")
     ap.add_argument("--seconds", type=float, default=40.0, help="writing time per interval")
-    ap.add_argument("--intervals", default="10s,2s")
+    ap.add_argument("--intervals", default="10s,2s",
+                    help="checkpoint intervals of the RPO runs (empty: none)")
     ap.add_argument("--idle-seconds", type=float, default=120.0)
     ap.add_argument("--busy-seconds", type=float, default=0.0,
                     help="also: RSS and CPU under the writer this long (checkpoint 2 s)")
@@ -279,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="dcp-cont-") as d:
         work = Path(d)
         with NodeProcess(work / "node", vbuckets=a.vbuckets) as node:
-            for interval in a.intervals.split(","):
+            for interval in filter(None, a.intervals.split(",")):
                 r = rpo(node, work, interval, a.rate, a.seconds, a.vbuckets)
                 out["rpo"].append(r)
                 print(f"checkpoint {interval}: {r['writes']} writes, {r['lost']} lost; RPO "
