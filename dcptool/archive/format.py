@@ -33,6 +33,8 @@ ARCHIVE_JSON = "archive.json"
 BACKUPS_DIR = "backups"
 LOCK_FILE = "lock"
 MANIFEST_JSON = "manifest.json"
+#: a continuous backup's status (`backup --continuous`, read by info and point-in-time reads)
+CONTINUOUS_JSON = "continuous.json"
 BACKUP_JSON = "backup.json"  # written when a backup begins: its intent (id, parent, type, level)
 
 FULL = "full"

@@ -27,6 +27,10 @@ Definitions (docs/archive-format.md, "Point in time"):
   the later one did not start within a tolerance of the earlier one's end: the greatest
   `extra.checkpoint_interval` (seconds, a continuous backup's) plus DCPTOOL_GAP_TOLERANCE
   seconds (default DEFAULT_TOLERANCE).
+- While a continuous backup finds the node unchanged since the archive's newest backup, it
+  writes no backup; its status file (`continuous.json`: `unchanged_backup`,
+  `unchanged_through`) says until when the node held that backup's state, and the window
+  reaches that time (`archive_coverage`).
 """
 from __future__ import annotations
 
@@ -35,9 +39,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Sequence
 
-from dcptool.errors import UsageError
+from dcptool.errors import DcptoolError, UsageError
 
 from .format import (
+    CONTINUOUS_JSON,
     END,
     REC_DELETION,
     REC_EXPIRATION,
@@ -427,6 +432,34 @@ def coverage(manifests: Iterable[dict[str, Any]]) -> Coverage:
     return Coverage(merged, tol)
 
 
+def unchanged_through(archive: Any, newest: str) -> int | None:
+    """When (ns) a continuous backup's last checkpoint found the node as the archive's
+    newest backup `newest` left it (its status file, written as it goes), or None: no
+    status, another backup named, or a file that cannot be read."""
+    import json
+
+    from . import storage
+
+    try:
+        st = json.loads(storage.read_bytes(archive.path / CONTINUOUS_JSON))
+    except (OSError, ValueError, DcptoolError):
+        return None
+    if not isinstance(st, dict) or st.get("unchanged_backup") != newest:
+        return None
+    return _iso_ns(st.get("unchanged_through"))
+
+
+def archive_coverage(archive: Any, manifests: dict[str, dict[str, Any]]) -> Coverage:
+    """The coverage of an archive's committed backups (`manifests`: by id), its window
+    reaching on to when a continuous backup last found the node unchanged since the newest
+    of them (`unchanged_through`)."""
+    cov = coverage(manifests.values())
+    tail = unchanged_through(archive, max(manifests)) if manifests else None
+    if tail is not None and cov.spans and tail > cov.spans[-1][1]:
+        cov.spans[-1] = (cov.spans[-1][0], tail)
+    return cov
+
+
 # -- choosing the chain and checking TIME against the coverage ----------------------------------
 
 @dataclass
@@ -466,7 +499,7 @@ def plan_time(archive: Any, at: int, *, nearest: bool = False, option: str = "--
     manifests = archive.manifests()
     if not manifests:
         raise UsageError(f"archive {archive.path} holds no committed backup")
-    cov = coverage(manifests.values())
+    cov = archive_coverage(archive, manifests)
     if at < cov.earliest:
         raise UsageError(f"{option} {iso(at)} is before the archive's window "
                          f"({iso(cov.earliest)} to {iso(cov.latest)})")

@@ -1,12 +1,14 @@
 """`dcptool info`'s restorable window: each bucket's covered spans and gaps, drawn as a
 one-line bar per bucket at the terminal's width (80 columns fit), and as JSON
-(`point_in_time`: docs/json-output.md). The window comes from the manifests alone
-(archive/pointintime.py): no data file is read."""
+(`point_in_time`: docs/json-output.md). The window comes from the manifests (and a
+continuous backup's status file, archive/pointintime.py): no data file is read."""
 from __future__ import annotations
 
 from typing import Any
 
-from dcptool.archive.pointintime import NS, coverage, short_time, span_text, timeline_bar
+from dcptool.archive.pointintime import (
+    NS, archive_coverage, short_time, span_text, timeline_bar,
+)
 
 COVERED = "█"
 GAP = "░"
@@ -22,15 +24,15 @@ def timeline_info(archive: Any) -> dict[str, Any] | None:
     "granularity"} of a bucket archive (None: no committed backup)."""
     from dcptool.archive.errors import ArchiveError
 
-    manifests = []
+    manifests = {}
     for bid in archive.committed_ids():
         try:
-            manifests.append(archive.manifest(bid))
+            manifests[bid] = archive.manifest(bid)
         except ArchiveError:
             continue  # a damaged manifest: info names it in its table
     if not manifests:
         return None
-    cov = coverage(manifests)
+    cov = archive_coverage(archive, manifests)
     return {**cov.as_json(), "granularity": "snapshot boundaries",
             "_coverage": cov}
 

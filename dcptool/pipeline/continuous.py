@@ -47,13 +47,13 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from dcptool.archive import Archive, storage
-from dcptool.archive.format import iso_time, utc_now
+from dcptool.archive.format import CONTINUOUS_JSON, iso_time, utc_now
 from dcptool.archive.info import dir_size
 from dcptool.errors import DcptoolError, UsageError
 from dcptool.procs import pid_alive
 
 #: the status file a running continuous backup rewrites at every checkpoint
-STATUS_FILE = "continuous.json"
+STATUS_FILE = CONTINUOUS_JSON
 DEFAULT_CHECKPOINT = 10.0
 DEFAULT_ROTATE = 3600.0
 DEFAULT_ROTATE_SIZE = 1 << 30
@@ -190,6 +190,9 @@ class ContinuousBackup:
         #: one); None after a failure or before the first checkpoint
         self.unchanged_since: float | None = None
         self.idle_tail = False
+        #: (the archive's newest backup, epoch): the last checkpoint, begun then, found the
+        #: node as that backup left it (None when the last checkpoint wrote or failed)
+        self.unchanged_through: tuple[str, float] | None = None
         self.last_watermark = 0.0
         self.anchor: str | None = None
         self.segment: list[str] = []
@@ -265,6 +268,12 @@ class ContinuousBackup:
             "lag_seconds": (lag or {}).get("seconds"), "items_behind": (lag or {}).get("items"),
             "anchor": self.anchor, "anchor_set": True, "segment": list(self.segment),
             "failing": self.failing,
+            # the archive's window reaches this far while the node does not change (a
+            # point-in-time read before it gets the newest backup's state)
+            "unchanged_backup": self.unchanged_through[0] if self.unchanged_through else None,
+            "unchanged_through": (iso_time(datetime.fromtimestamp(self.unchanged_through[1],
+                                                                  timezone.utc))
+                                  if self.unchanged_through else None),
         }
         try:
             storage.atomic_write_bytes(status_path(self.where), json.dumps(doc).encode(),
@@ -358,6 +367,7 @@ class ContinuousBackup:
             self.unchanged_since = t0
         # whether checkpoints found nothing new since the newest backup was committed
         self.idle_tail = idle
+        self.unchanged_through = (latest, t0) if idle and latest else None
         done = time.time()
         rate_items = self.items
         if self.prev_items_time is None:
