@@ -135,6 +135,22 @@ def test_spark_source_as_of_reads_every_bucket_as_it_was(cluster_archive, spark)
     assert got == {(b, k): v for b in BUCKETS for k, v in then[b].items()}
 
 
+def test_cluster_export_resolved_at_writes_every_bucket_as_it_was(cluster_archive, capsys,
+                                                                   tmp_path):
+    import base64
+
+    archive, _dst, at, then = cluster_archive
+    rc, out, err = cli(capsys, "export", archive, tmp_path / "out", "--resolved", "--at",
+                       iso(at), "--format", "jsonl", "--json", "--no-progress")
+    assert rc == 0, err
+    assert json.loads(out)["at"] == iso(at)
+    rows = [json.loads(line) for f in sorted((tmp_path / "out").glob("part-*.jsonl"))
+            for line in f.read_text().splitlines()]
+    got = {(r["bucket"], r["key"].encode()): base64.b64decode(r["value"])
+           for r in rows if not r["deleted"]}
+    assert got == {(b, k): v for b in BUCKETS for k, v in then[b].items()}
+
+
 @pytest.fixture(scope="module")
 def merged_archive(tmp_path_factory, spark):
     """A bucket archive of four backups (a full one, three incrementals, documents changed
