@@ -4,7 +4,8 @@ Nodes A, B, C; vbucket 0 active on A (replicas B, C), C's replica held at seqno 
 continuous backup runs through B and checkpoints A's documents up to 1000; A dies, C is
 promoted for vbucket 0 (its history branches at 900). The continuous backup retries while
 the map is in flux, then records vbucket 0's rollback as a batch backup does, and goes on
-from C: the archive restores to exactly C's history.
+from C: the archive restores to exactly C's history. Restored to a time before the
+failover, vbucket 0 is A's branch as the node held it then (the rollback was learnt later).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from docutil import load, node_documents, opts_for
 from nodeprocutil import NodeProcess
 
 from dcptool.archive import Archive
+from dcptool.archive.pointintime import parse_time
 from dcptool.client.topology import set_map
 from dcptool.pipeline.restore import run_restore
 
@@ -86,9 +88,12 @@ def test_failover_while_running_records_the_rollback(nodes, spark, tmp_path):
     archive = tmp_path / "archive"
     proc, recs, err = _start(b, archive)
     try:
+        # the first checkpoint (a full backup) ends at 900, the common history
+        _wait(lambda: _backed_up_to(archive, 0) >= 900, proc, err, what="the first 900")
         seed004_last_100(a, keys0, VBS, doc=BRANCH_A)
         # a checkpoint holds A's branch up to 1000
         _wait(lambda: _backed_up_to(archive, 0) >= 1000, proc, err, what="A's 1000 backed up")
+        t_dead = time.time_ns()  # A's branch is the node's state, 901-1000 about to be lost
         a.kill()
         time.sleep(1.5)  # a checkpoint or two find A gone
         names = [addr(n) for n in (a, b, c)]
@@ -125,6 +130,28 @@ def test_failover_while_running_records_the_rollback(nodes, spark, tmp_path):
         {k: json.loads(v) for k, v in want.items()}
     dead = {k.encode() for k in keys0[900:]} - {keys0[950].encode()}
     assert not dead & set(got)
+    # restore --to-time while A's branch was the node's state: the rollback the archive
+    # learnt of later (a backup that began after the time) does not apply, so vbucket 0 is
+    # as A held it, 1000 documents (docs/archive-format.md, "Point in time"); a time after
+    # the failover's checkpoint is C's history
+    rb_began = parse_time(rb[0]["time"]) - int(rb[0]["seconds"] * 1e9)
+    last = parse_time([r for r in recs if r.get("event") == "checkpoint"][-1]["time"])
+    for when, branch in ((t_dead, "A"), (last, "C")):
+        with NodeProcess(tmp_path / f"dst-{branch}", vbuckets=VBS) as dst:
+            res = run_restore(str(archive), opts_for(dst), spark=spark,
+                              to_time=when).as_dict()
+            assert sum(res["failed"].values()) == 0
+            cut = {c["vbucket"]: c for c in res["point_in_time"]["vbuckets"]}[0]
+            held = {k: json.loads(v[1]) for k, v in node_documents(opts_for(dst)).items()
+                    if v[0] == "live"}
+        if branch == "A":
+            assert when < rb_began and cut["seqno"] == 1000, cut
+            assert held == {**{k.encode(): BRANCH_A(i) for i, k in enumerate(keys0)},
+                            **{k.encode(): {"vb": vb} for vb, ks in others.items()
+                               for k in ks}}
+        else:
+            assert held == {k: json.loads(v) for k, v in want.items()}
+            assert not dead & set(held)
     r = subprocess.run([sys.executable, "-m", "dcptool", "verify", str(archive)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
