@@ -130,10 +130,15 @@ class Sampler:
         self.root: int | None = None
         #: pid -> under the command's tree (True), or not (False); read once per pid
         self.ours: dict[int, bool] = {}
+        #: pid -> its kind, once known for good (see `_kind`)
+        self.kinds: dict[int, str] = {}
         self.peak_kb: dict[str, int] = {}
         self.workers_max_one_kb = 0
         self.workers_sum_kb = 0
         self.samples = 0
+        #: CPU seconds of the sampling thread itself (its cost), and its share of wall
+        self.cpu_s = 0.0
+        self._t0 = time.perf_counter()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -144,6 +149,7 @@ class Sampler:
         with self._lock:
             self.root = root
             self.ours = {} if root is None else {root: True}
+            self.kinds = {}
             self.peak_kb = {}
             self.workers_max_one_kb = self.workers_sum_kb = 0
             self.samples = 0
@@ -161,13 +167,28 @@ class Sampler:
             self.ours[pid] = self.ours.get(ppid, False)
 
     def _kind(self, pid: int, name: str) -> str:
-        """The kind of a process of the command's tree, from its name now (a process
-        started through a script, spark-submit's JVM, changes name when it execs)."""
+        """The kind of a process of the command's tree: its program (argv[0]) once it is
+        java or python (spark-submit's script execs the JVM: a script is looked at again
+        at the next sample), else by its name now."""
+        kind = self.kinds.get(pid)
+        if kind is not None:
+            return kind
         if pid == self.root:
-            return "driver"
-        if name == "java":
-            return "jvm"
-        return "python_workers" if name.startswith("python") else "other"
+            kind = "driver"
+        else:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    prog = os.path.basename(f.read().split(b"\0", 1)[0]).decode(errors="replace")
+            except OSError:
+                prog = name
+            if prog == "java" or name == "java":
+                kind = "jvm"
+            elif prog.startswith("python") or name.startswith("python"):
+                kind = "python_workers"
+            else:
+                return "other"
+        self.kinds[pid] = kind
+        return kind
 
     def sample(self) -> None:
         with self._lock:
@@ -201,6 +222,7 @@ class Sampler:
                 live = set(pids)
                 for pid in [p for p in self.ours if p not in live]:
                     del self.ours[pid]
+                    self.kinds.pop(pid, None)
             for kind, kb in vals.items():
                 if kb > self.peak_kb.get(kind, 0):
                     self.peak_kb[kind] = kb
@@ -209,6 +231,12 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_S):
             self.sample()
+            self.cpu_s = time.thread_time()
+
+    def cost(self) -> dict:
+        wall = time.perf_counter() - self._t0
+        return {"cpu_s": round(self.cpu_s, 2), "wall_s": round(wall, 1),
+                "cpu_share": round(self.cpu_s / wall, 4) if wall else None}
 
     def peaks_mb(self) -> dict:
         with self._lock:
@@ -412,6 +440,7 @@ def measure(n: int, work: Path, procs: int) -> dict:
         res["steps"] = steps
         res["node_disk_bytes"] = {"source": _du(work / "node-source"),
                                   "target": _du(work / "node-target")}
+        res["sampler"] = sampler.cost()
     finally:
         run.close()
     return res
