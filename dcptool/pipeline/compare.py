@@ -13,7 +13,9 @@ do not. Each side is summarised by a count and an order-independent hash of
 differing keys.
 
 One Spark task per group of vbuckets: it resolves the group from the archive files and
-reads the same vbuckets from the node over its own DCP connection. On a member of a cluster
+reads the same vbuckets from the node over its own DCP connection, a few vbucket streams
+at a time (STREAM_WINDOW), each vbucket compared as its stream ends, so that what a task
+holds does not grow with the documents' count. On a member of a cluster
 each vbucket's seqno and failover log come from its active member, and each task reads
 the vbuckets of one member from that member (`pipeline/nodeinfo.cluster_state`), so
 `--against` any member compares the whole bucket of the cluster.
@@ -109,6 +111,12 @@ def compare_task(task: CompareTask) -> list[dict[str, Any]]:
         return _compare_task(task)
 
 
+#: vbucket streams a compare task keeps open at once (same vbucket count): each vbucket is
+#: compared as its stream ends and its keys are let go, so a task holds the node's keys of
+#: this many vbuckets, not of its whole group (flat memory whatever the documents' count)
+STREAM_WINDOW = 8
+
+
 def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
     from dcptool.client.events import (DELETION, EV_CAS, EV_KEY, EV_KIND, EV_REV_SEQNO, EV_SEQNO,
                                        EV_VBUCKET, EXPIRATION, MUTATION)
@@ -117,13 +125,12 @@ def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
     from dcptool.protocol import vbucket_of
     from dcptool.protocol.collections import split_doc_key
 
-    archive = task.archive
-    root = archive.path
     plan: dict[int, VBucketComparePlan] = {p.vbucket: p for p in task.plans}
-    node: dict[int, dict[bytes, tuple]] = {vb: {} for vb in plan}
+    node: dict[int, dict[bytes, tuple]] = {}
     cross = bool(task.node_streams)
     if cross:  # another vbucket count: every key the node holds, given to its archive vbucket
         ends = dict(task.node_streams)
+        node = {vb: {} for vb in plan}
     else:
         ends = {vb: p.stream_end for vb, p in plan.items()}
     streams = {vb: (ZERO, e) for vb, e in ends.items() if e > 0}
@@ -132,12 +139,31 @@ def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
     node_work = sum(e for _s, e in streams.values())
     counted = progress.counted()
     node_done = seen = 0
+    out: list[dict[str, Any]] = []
     if streams:
         config = SessionConfig(name=task.name, no_value=True, consistent=True,
                                collections=True)
         consumer = task.opts.consumer(config)
+        # by vbucket count: STREAM_WINDOW streams at a time, each vbucket compared when its
+        # stream ends; another count: every stream at once (a key's vbucket is known only
+        # once all of the node's vbuckets are read)
+        queue = sorted(streams)
+        window = len(queue) if cross else STREAM_WINDOW
+        open_: set[int] = set()
+
+        def open_more() -> None:
+            batch = {}
+            while queue and len(open_) + len(batch) < window:
+                vb = queue.pop(0)
+                batch[vb] = streams[vb]
+                if not cross:
+                    node[vb] = {}
+            if batch:
+                consumer.add_streams(batch)
+                open_.update(batch)
+
         try:
-            consumer.add_streams(streams)
+            open_more()
             for events in consumer.batches(tick=1.0):
                 for ev in events:
                     kind = ev[EV_KIND]
@@ -155,32 +181,48 @@ def _compare_task(task: CompareTask) -> list[dict[str, Any]]:
                     n = min(seen - node_done, node_work - node_done)
                     node_done += n
                     progress.add(n)
+                if not cross:
+                    live = consumer.session.streams
+                    ended = [vb for vb in open_ if vb in live and live[vb].finished]
+                    for vb in sorted(ended):
+                        open_.discard(vb)
+                        out.append(_vbucket_result(task, plan[vb], node.pop(vb)))
+                    if ended:
+                        open_more()
         finally:
             consumer.close()
     progress.add(node_work - node_done)
-    out = []
+    done = {r["vbucket"] for r in out}
     for vb in sorted(plan):
-        p = plan[vb]
-        recs, _owners = resolve_parts([(bid, backup_path(root, bid), e) for bid, e in p.parts],
-                                      key=archive.key)
-        arch = {}
-        for r in recs:
-            if r[0] == REC_MUTATION:
-                arch[r[7]] = (r[2], r[3], False)
-            else:
-                arch[r[4]] = (r[2], r[3], True)
-        del recs
-        nside = node.pop(vb)
-        a_sum = summarise(arch)
-        n_sum = summarise(nside)
-        res = {"vbucket": vb, "end_seqno": p.end_seqno, "node_high_seqno": p.node_high,
-               "archive": a_sum, "node": n_sum, "match": a_sum == n_sum, "differences": [],
-               "notes": list(p.notes)}
-        if not res["match"]:
-            res["differences"] = compare_states(arch, nside, task.max_keys)
-        out.append(res)
-        progress.add(parts_records(p.parts))
+        if vb not in done:
+            out.append(_vbucket_result(task, plan[vb], node.pop(vb, {})))
+    out.sort(key=lambda r: r["vbucket"])
     return out
+
+
+def _vbucket_result(task: CompareTask, p: VBucketComparePlan,
+                    nside: dict[bytes, tuple]) -> dict[str, Any]:
+    """One vbucket compared: the archive's side resolved, both sides summarised, the first
+    differing keys when they differ."""
+    archive = task.archive
+    recs, _owners = resolve_parts([(bid, backup_path(archive.path, bid), e)
+                                   for bid, e in p.parts], key=archive.key)
+    arch = {}
+    for r in recs:
+        if r[0] == REC_MUTATION:
+            arch[r[7]] = (r[2], r[3], False)
+        else:
+            arch[r[4]] = (r[2], r[3], True)
+    del recs
+    a_sum = summarise(arch)
+    n_sum = summarise(nside)
+    res = {"vbucket": p.vbucket, "end_seqno": p.end_seqno, "node_high_seqno": p.node_high,
+           "archive": a_sum, "node": n_sum, "match": a_sum == n_sum, "differences": [],
+           "notes": list(p.notes)}
+    if not res["match"]:
+        res["differences"] = compare_states(arch, nside, task.max_keys)
+    progress.add(parts_records(p.parts))
+    return res
 
 
 @dataclass

@@ -63,6 +63,18 @@ def test_verify_against_a_fresh_backup_then_a_changed_document(node, spark, tmp_
     assert bad["archive"]["hash"] != bad["node"]["hash"]
     (diff,) = bad["differences"]
     assert diff["key"] == changed and diff["node"] is None and diff["archive"]["deleted"] is False
+    # one task for the 16 vbuckets: it streams a few at a time (compare.STREAM_WINDOW),
+    # each compared as its stream ends; the same answer
+    from dcptool.pipeline.compare import STREAM_WINDOW
+
+    assert VBS > STREAM_WINDOW
+    rc, out, _ = cli(capsys, "verify", path, "--against", "-c", target, "--json",
+                     "--partitions", "1")
+    one = json.loads(out)
+    assert rc == 1 and one["vbuckets_differing"] == [vb]
+    assert [v["vbucket"] for v in one["vbuckets"]] == list(range(VBS))
+    assert [(v["archive"], v["node"]) for v in one["vbuckets"]] == \
+        [(v["archive"], v["node"]) for v in d["vbuckets"]]
 
     # a new backup catches up: a match again
     run_backup(opts, path, spark=spark)
