@@ -455,7 +455,9 @@ class DcpSession:
         n = len(buf)
         pos = 0
         hdr = _HEADER.unpack_from
-        mut = _MUT.unpack_from
+        # a mutation's header and extras in one unpack (55 bytes: every complete mutation
+        # has them; for other frames the fields after the header are not used)
+        full = w.MUTATION.unpack_from
         append = out.append
         last = self._last
         copy = self.config.copy_values
@@ -470,13 +472,16 @@ class DcpSession:
         exp_ext, marker_ext = w.EXPIRATION_EXTLEN, w.MARKER_V1_EXTLEN
         mut_base = w.MUTATION_BASE
         while n - pos >= 24:
-            magic, op, klen, elen, dt, vb, blen, opq, cas = hdr(buf, pos)
+            if n - pos >= mut_base:
+                (magic, op, klen, elen, dt, vb, blen, opq, cas,
+                 seq, rev, flags, exp, lt, _nmeta, nru) = full(buf, pos)
+            else:  # (a frame this short is no complete mutation)
+                magic, op, klen, elen, dt, vb, blen, opq, cas = hdr(buf, pos)
             end = pos + 24 + blen
             if end > n:
                 break
             if magic == req:
                 if op == op_mut and elen == mut_ext:
-                    seq, rev, flags, exp, lt, _nmeta, nru = mut(buf, pos + 24)
                     k = pos + mut_base
                     v = k + klen
                     # SNAPPY: off the hot path; `dt > 1` first, as it is cheaper than the
@@ -489,9 +494,8 @@ class DcpSession:
                             vbucket=vb, opaque=opq, cas=cas, datatype=dt, key=buf[k:v],
                             value=buf[v:end], by_seqno=seq, rev_seqno=rev, flags=flags,
                             expiry=exp, lock_time=lt, nru=nru)))
-                    elif copy:
-                        append((MUTATION, vb, seq, rev, cas, flags, exp, dt, buf[k:v],
-                                buf[v:end]))
+                    elif copy:  # (op: the event's kind, MUTATION, as a local)
+                        append((op, vb, seq, rev, cas, flags, exp, dt, buf[k:v], buf[v:end]))
                     else:
                         append((MUTATION, vb, seq, rev, cas, flags, exp, dt, buf[k:v],
                                 mv[v:end]))
