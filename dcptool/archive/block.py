@@ -92,8 +92,10 @@ def _cas_planes(cas: Sequence[int]) -> bytes:
         col = np.frombuffer(array("Q", cas), dtype=np.uint64)
     except (OverflowError, ValueError, TypeError):  # not u64s: the same bits modulo 2^64
         col = np.array([c & _M64 for c in cas], dtype=np.uint64)
-    deltas = np.diff(col, prepend=np.uint64(0))  # wraps modulo 2^64
-    return deltas.astype(">u8").view(np.uint8).reshape(-1, 8).T.tobytes()
+    deltas = np.empty(len(col), dtype=">u8")
+    deltas[0] = col[0]
+    np.subtract(col[1:], col[:-1], out=deltas[1:])  # wraps modulo 2^64
+    return deltas.view(np.uint8).reshape(-1, 8).T.tobytes()
 
 
 def _cas_values(planes: bytes | memoryview, n: int) -> list[int]:
