@@ -462,6 +462,7 @@ class DcpSession:
         last = self._last
         copy = self.config.copy_values
         typed = self.config.typed
+        plain = copy and not typed
         # bytes of frames flow control does not count (noops, responses); the rest is counted
         uncounted = 0
         # the protocol's plain ints as locals (see dcptool.protocol.wire)
@@ -471,12 +472,15 @@ class DcpSession:
         mut_ext, del1_ext, del2_ext = w.MUTATION_EXTLEN, w.DELETION_V1_EXTLEN, w.DELETION_V2_EXTLEN
         exp_ext, marker_ext = w.EXPIRATION_EXTLEN, w.MARKER_V1_EXTLEN
         mut_base = w.MUTATION_BASE
-        while n - pos >= 24:
-            if n - pos >= mut_base:
+        while True:
+            left = n - pos
+            if left >= mut_base:
                 (magic, op, klen, elen, dt, vb, blen, opq, cas,
                  seq, rev, flags, exp, lt, _nmeta, nru) = full(buf, pos)
-            else:  # (a frame this short is no complete mutation)
+            elif left >= 24:  # (a frame this short is no complete mutation)
                 magic, op, klen, elen, dt, vb, blen, opq, cas = hdr(buf, pos)
+            else:
+                break
             end = pos + 24 + blen
             if end > n:
                 break
@@ -484,9 +488,13 @@ class DcpSession:
                 if op == op_mut and elen == mut_ext:
                     k = pos + mut_base
                     v = k + klen
+                    # the backup's case first: tuples with bytes values, raw or JSON
+                    # (datatype 0, 1: not SNAPPY); `op` is the event's kind, MUTATION
+                    if plain and dt < 2:
+                        append((op, vb, seq, rev, cas, flags, exp, dt, buf[k:v], buf[v:end]))
                     # SNAPPY: off the hot path; `dt > 1` first, as it is cheaper than the
                     # bit test and settles raw and JSON values (0, 1) alone
-                    if dt > 1 and dt & snappy:
+                    elif dt > 1 and dt & snappy:
                         self._compressed(out, MUTATION, vb, opq, cas, dt, buf[k:v], mv[v:end],
                                          seq, rev, flags, exp, lt, nru)
                     elif typed:
@@ -494,7 +502,7 @@ class DcpSession:
                             vbucket=vb, opaque=opq, cas=cas, datatype=dt, key=buf[k:v],
                             value=buf[v:end], by_seqno=seq, rev_seqno=rev, flags=flags,
                             expiry=exp, lock_time=lt, nru=nru)))
-                    elif copy:  # (op: the event's kind, MUTATION, as a local)
+                    elif copy:
                         append((op, vb, seq, rev, cas, flags, exp, dt, buf[k:v], buf[v:end]))
                     else:
                         append((MUTATION, vb, seq, rev, cas, flags, exp, dt, buf[k:v],
