@@ -34,6 +34,8 @@ used by msgpack, so a reader tells a version 2 block from version 1 records by i
 from __future__ import annotations
 
 import struct
+import threading
+from array import array
 from itertools import accumulate, chain, repeat
 from operator import add, sub
 from typing import Sequence
@@ -56,6 +58,19 @@ ROW = 10
 ITEM_COST = 3 * ROW
 
 
+_local = threading.local()
+
+
+def _packer() -> msgpack.Packer:
+    """This thread's msgpack packer for block sections. A packer keeps its buffer between
+    calls: a new one per block started at 256 KiB and grew (reallocated, fresh pages) to
+    the size of the values section each time."""
+    p = getattr(_local, "packer", None)
+    if p is None:
+        p = _local.packer = msgpack.Packer(use_bin_type=True)
+    return p
+
+
 class BlockError(ValueError):
     """The bytes are not a well-formed version 2 block."""
 
@@ -73,11 +88,14 @@ def _cas_planes(cas: Sequence[int]) -> bytes:
     import numpy as np  # here, not at module level: 0.1 s of every CLI start
 
     try:
-        col = np.array(cas, dtype=np.uint64)
+        # through array('Q'): twice as fast as numpy's conversion of a list of Python ints
+        col = np.frombuffer(array("Q", cas), dtype=np.uint64)
     except (OverflowError, ValueError, TypeError):  # not u64s: the same bits modulo 2^64
         col = np.array([c & _M64 for c in cas], dtype=np.uint64)
-    deltas = np.diff(col, prepend=np.uint64(0))  # wraps modulo 2^64
-    return deltas.astype(">u8").view(np.uint8).reshape(-1, 8).T.tobytes()
+    deltas = np.empty(len(col), dtype=">u8")
+    deltas[0] = col[0]
+    np.subtract(col[1:], col[:-1], out=deltas[1:])  # wraps modulo 2^64
+    return deltas.view(np.uint8).reshape(-1, 8).T.tobytes()
 
 
 def _cas_values(planes: bytes | memoryview, n: int) -> list[int]:
@@ -186,7 +204,7 @@ class BlockBuilder:
         """The block's four parts (their concatenation is the frame's content)."""
         rows = self.rows
         seqs, revs, cas, a, b, dts, key_col, values = [rows[j::ROW] for j in range(2, ROW)]
-        p = msgpack.Packer(use_bin_type=True)
+        p = _packer()
         keys = _encode_keys(key_col, p)
         head = p.pack([bytes(self.kinds), self.others, _deltas(seqs), revs, a, b, dts,
                        self.xattrs or None, len(keys)])

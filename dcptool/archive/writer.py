@@ -329,22 +329,48 @@ class VBucketWriter:
             copied = [e[:9] + (bytes(e[9]),) for e in events[lo:lo + n]]
             return lo + self._append_run(copied, 0, n, kind, vb)
         blk = self._blk
+        # the run: this vbucket's mutations from `lo`; each event's fields are the block's
+        # row as they are (BlockBuilder.rows: one extend each)
+        rows = blk.rows
+        base = len(rows)
+        rext = rows.extend
+        stop = max(lo, hi)
+        for i in range(lo, hi):
+            e = events[i]
+            if e[1] != vb or e[0] != kind:
+                stop = i
+                break
+            rext(e)
+        n = stop - lo
+        if n:
+            vbytes = sum(map(len, rows[base + 9::ROW]))  # the run's values
+            if blk.size() + vbytes < self._block:
+                # the whole run fits in the block (the usual case: one check per run)
+                blk.kinds += _MUTATIONS[:n] if n <= 256 else b"\x03" * n
+                blk.vbytes += vbytes
+                self._nm += n
+                self._vbytes += vbytes
+            else:
+                # the block fills up inside the run: item by item, flushing at the limit
+                del rows[base:]
+                self._fill(events, lo, stop)
+        self._account()
+        return stop
+
+    def _fill(self, events: Sequence[tuple], lo: int, hi: int) -> None:
+        """Append the mutation events `events[lo:hi]` (of this vbucket), writing the block
+        out each time it is full."""
+        blk = self._blk
         vbytes = 0
         done = lo
         while done < hi:
             # room: what the block takes before it is full, the items counted as in size()
             room = self._block - blk.size() - (1 - done) * ITEM_COST
-            # the event's fields are the block's row (BlockBuilder.rows): one extend each
             rext = blk.rows.extend
             bv = 0
             i = done
-            stop = hi
             for i in range(done, hi):
                 e = events[i]
-                if e[1] != vb or e[0] != kind:
-                    stop = i
-                    i -= 1
-                    break
                 rext(e)
                 bv += len(e[9])
                 if bv + i * ITEM_COST >= room:
@@ -358,11 +384,7 @@ class VBucketWriter:
             if blk.size() >= self._block:
                 self._flush()
                 blk = self._blk
-            if stop < hi:
-                break
         self._vbytes += vbytes
-        self._account()
-        return done
 
     def write(self, records: Sequence[tuple]) -> None:
         """Append a list of plain record tuples (snapshot markers and items, in the format's

@@ -455,11 +455,14 @@ class DcpSession:
         n = len(buf)
         pos = 0
         hdr = _HEADER.unpack_from
-        mut = _MUT.unpack_from
+        # a mutation's header and extras in one unpack (55 bytes: every complete mutation
+        # has them; for other frames the fields after the header are not used)
+        full = w.MUTATION.unpack_from
         append = out.append
         last = self._last
         copy = self.config.copy_values
         typed = self.config.typed
+        plain = copy and not typed
         # bytes of frames flow control does not count (noops, responses); the rest is counted
         uncounted = 0
         # the protocol's plain ints as locals (see dcptool.protocol.wire)
@@ -469,19 +472,29 @@ class DcpSession:
         mut_ext, del1_ext, del2_ext = w.MUTATION_EXTLEN, w.DELETION_V1_EXTLEN, w.DELETION_V2_EXTLEN
         exp_ext, marker_ext = w.EXPIRATION_EXTLEN, w.MARKER_V1_EXTLEN
         mut_base = w.MUTATION_BASE
-        while n - pos >= 24:
-            magic, op, klen, elen, dt, vb, blen, opq, cas = hdr(buf, pos)
+        while True:
+            left = n - pos
+            if left >= mut_base:
+                (magic, op, klen, elen, dt, vb, blen, opq, cas,
+                 seq, rev, flags, exp, lt, _nmeta, nru) = full(buf, pos)
+            elif left >= 24:  # (a frame this short is no complete mutation)
+                magic, op, klen, elen, dt, vb, blen, opq, cas = hdr(buf, pos)
+            else:
+                break
             end = pos + 24 + blen
             if end > n:
                 break
             if magic == req:
                 if op == op_mut and elen == mut_ext:
-                    seq, rev, flags, exp, lt, _nmeta, nru = mut(buf, pos + 24)
                     k = pos + mut_base
                     v = k + klen
+                    # the backup's case first: tuples with bytes values, raw or JSON
+                    # (datatype 0, 1: not SNAPPY); `op` is the event's kind, MUTATION
+                    if plain and dt < 2:
+                        append((op, vb, seq, rev, cas, flags, exp, dt, buf[k:v], buf[v:end]))
                     # SNAPPY: off the hot path; `dt > 1` first, as it is cheaper than the
                     # bit test and settles raw and JSON values (0, 1) alone
-                    if dt > 1 and dt & snappy:
+                    elif dt > 1 and dt & snappy:
                         self._compressed(out, MUTATION, vb, opq, cas, dt, buf[k:v], mv[v:end],
                                          seq, rev, flags, exp, lt, nru)
                     elif typed:
@@ -490,8 +503,7 @@ class DcpSession:
                             value=buf[v:end], by_seqno=seq, rev_seqno=rev, flags=flags,
                             expiry=exp, lock_time=lt, nru=nru)))
                     elif copy:
-                        append((MUTATION, vb, seq, rev, cas, flags, exp, dt, buf[k:v],
-                                buf[v:end]))
+                        append((op, vb, seq, rev, cas, flags, exp, dt, buf[k:v], buf[v:end]))
                     else:
                         append((MUTATION, vb, seq, rev, cas, flags, exp, dt, buf[k:v],
                                 mv[v:end]))

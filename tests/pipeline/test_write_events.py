@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dcptool.archive import FULL, Archive, VBucketWriter
-from dcptool.archive.reader import iter_vbucket_records
+from dcptool.archive.reader import iter_vbucket_batches, iter_vbucket_records
 from dcptool.client.events import DELETION, EXPIRATION, MUTATION, SNAPSHOT, STREAM_END, STREAM_OPEN
 from dcptool.client.position import ZERO, Position
 from dcptool.pipeline.backup import write_events
@@ -54,9 +54,9 @@ class FakeConsumer:
         return Position(0xAB, s, s, s)
 
 
-def _setup(tmp_path, name, vbs):
+def _setup(tmp_path, name, vbs, **kw):
     a = Archive.create(tmp_path / name, bucket="b", vbuckets=4)
-    bw = a.begin_backup(FULL)
+    bw = a.begin_backup(FULL, **kw)
     writers = {vb: VBucketWriter(a, bw.id, vb, START, (), ) for vb in vbs}
     return a, bw, writers
 
@@ -148,3 +148,36 @@ def test_mutation_run_stops_at_the_first_event_of_another_vbucket_or_kind(tmp_pa
     w[4].stream(START, [])
     with pytest.raises(ValueError, match="one vbucket's mutations"):
         w[4].mutation_events(evs, 3, 6)  # vbucket 3's, then 4's
+
+
+def test_mutation_runs_cut_blocks_where_single_calls_do(tmp_path):
+    """Runs of mutations (whole runs that fit in the block, runs the block fills up inside)
+    give the same frames, record for record, as one `mutation()` call per event."""
+    vbs = (0, 1)
+    # values of 1-3 KB: with 6 KB blocks a run fits whole, or fills the block once or more
+    evs = [(MUTATION, vb, s, 1, 7 * s, 0, 0, 1, b"k-%d-%04d" % (vb, s), b"v" * (1000 + (s * 397) % 2000))
+           for base in range(0, 300, 20) for vb in vbs for s in range(base + 1, base + 21)]
+    a1, bw1, w1 = _setup(tmp_path, "ref", vbs, block_size=6000)
+    a2, bw2, w2 = _setup(tmp_path, "runs", vbs, block_size=6000)
+    for e in evs:
+        w1[e[1]].mutation(*e[2:])
+    i = 0
+    for size in [1, 7, 3, 40, 2, 19] * 100:  # uneven pieces: runs end inside batches too
+        piece = evs[i:i + size]
+        j = 0
+        while j < len(piece):
+            j = w2[piece[j][1]].mutation_run(piece, j)
+        i += size
+        if i >= len(evs):
+            break
+    end = {"uuid": 0, "seqno": 300, "snap_start": 1, "snap_end": 300}
+    for vb in vbs:
+        ref = w1[vb].close(end)
+        got = w2[vb].close(end)
+        frames_ref = [b for b in iter_vbucket_batches(a1.path / "backups" / bw1.id, ref)]
+        frames_got = [b for b in iter_vbucket_batches(a2.path / "backups" / bw2.id, got)]
+        assert len(frames_ref) > 20
+        # the first frame holds the header (with the backup id): compare what follows it
+        assert frames_got[0][1:] == frames_ref[0][1:]
+        assert frames_got[1:] == frames_ref[1:]
+        assert got["counts"] == ref["counts"] and got["bytes"]["values"] == ref["bytes"]["values"]
