@@ -19,7 +19,8 @@ With --cluster the target is a cluster of 3 reference nodes (`dcptool cluster cr
 active on its member.
 
 Reported per side: the rounds' items/s and their median, the ratio of the medians
-(restore / ingest), and CPU seconds by process (the nodes; for the restore the driver,
+(restore / ingest), the ratio of items per CPU second of all the side's processes
+(`cpu_ratio`, restore over ingest), and CPU seconds by process (the nodes; for the restore the driver,
 Spark's JVM and its Python workers; for the ingest its client processes), which the
 machine's other load disturbs less than the wall clock.
 """
@@ -181,10 +182,11 @@ def ingest(nodes: list[NodeProcess], password: str, n: int, prefix: bytes) -> di
     results = [q.get() for _ in procs]
     for p in procs:
         p.join()
-    wall = max(t1 for _, _, t1 in results) - min(t0 for _, t0, _ in results)
-    total = sum(c for c, _, _ in results)
+    wall = max(r[2] for r in results) - min(r[1] for r in results)
+    total = sum(r[0] for r in results)
+    # the clients' CPU while they sent (not while they built their frames)
     return {"items": total, "seconds": round(wall, 3), "items_per_s": round(total / wall),
-            "clients": len(procs)}
+            "clients": len(procs), "clients_cpu_s": round(sum(r[3] for r in results), 2)}
 
 
 def _ingest_keys(host, port, password, idx, prefix, barrier, q) -> None:
@@ -198,11 +200,12 @@ def _ingest_keys(host, port, password, idx, prefix, barrier, q) -> None:
             frames.append(encode_frame(0x80, Opcode.SET, vbucket_of(key, VBUCKETS), i,
                                        datatype=0x01, extras=b"\x00" * 8, key=key, value=body))
     barrier.wait()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     node_ingest.send_frames(s, frames, WINDOW)
     t1 = time.perf_counter()
     s.close()
-    q.put((len(frames), t0, t1))
+    q.put((len(frames), t0, t1, time.process_time() - c0))
 
 
 # -- the archive -----------------------------------------------------------------------------------
@@ -250,6 +253,8 @@ def run(n: int = 200_000, rounds: int = 3, *, cluster: bool = False, archive: st
         spark = spark or get_spark("local[*]")
         spark.sparkContext.parallelize([0], 1).count()
         arch = Path(archive) if archive else make_archive(work, n, spark, password)
+        for _ in docs.values(n, VALUE_SIZE):  # the ingest's documents, made before the rounds
+            pass
         sides = {"restore": [], "ingest": []}
         for i in range(rounds):
             order = ("restore", "ingest") if i % 2 == 0 else ("ingest", "restore")
@@ -263,8 +268,11 @@ def run(n: int = 200_000, rounds: int = 3, *, cluster: bool = False, archive: st
                     else:
                         r = ingest(nodes, password, n, b"ingest-%d-" % i)
                     r["cpu_s"] = cpu_by_kind(before, tree_cpu(me), me, node_pids)
-                    if side == "ingest":  # the client processes have exited: reaped children
-                        r["cpu_s"]["clients"] = r["cpu_s"].pop("driver", 0.0)
+                    if side == "ingest":  # (the driver only built and routed the keys; the
+                        # idle Spark of the benchmark is no part of it)
+                        r["cpu_s"] = {"nodes": r["cpu_s"].get("nodes", 0.0),
+                                      "clients": r.pop("clients_cpu_s")}
+                    r["cpu_s"] = {k: v for k, v in r["cpu_s"].items() if v}
                 finally:
                     stop_target(nodes)
                     shutil.rmtree(work / f"{side}-{i}", ignore_errors=True)
@@ -280,6 +288,13 @@ def run(n: int = 200_000, rounds: int = 3, *, cluster: bool = False, archive: st
                                            / res["ingest"]["median_items_per_s"], 3)
         res["ratios"] = [round(r["items_per_s"] / g["items_per_s"], 3)
                          for r, g in zip(sides["restore"], sides["ingest"])]
+        # items per CPU second of every process of a side (the nodes, and the restore's
+        # driver, JVM and workers or the ingest's clients), restore over ingest: what the
+        # wall ratio would be on cores that nothing else uses, were both CPU-bound
+        cpu = {side: statistics.median(sum(r["cpu_s"].values()) for r in rs)
+               for side, rs in sides.items()}
+        res["cpu_s_total"] = {k: round(v, 2) for k, v in cpu.items()}
+        res["cpu_ratio"] = round(cpu["ingest"] / cpu["restore"], 3) if cpu["restore"] else None
         res["load_average_after"] = round(os.getloadavg()[0], 2)
     finally:
         if work_dir is None:
