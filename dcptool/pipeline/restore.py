@@ -707,6 +707,7 @@ def _run_restore(rl: RunLog, archive: Archive, opts: ConnOptions | None,
         o = dataclasses.replace(o, spark=spark)
         spark_seconds = time.monotonic() - ts
         groups = default_parallelism(spark)
+        rl.info("checking the chain as verify does in %d Spark tasks", groups)
     files, nbytes, nrecords, secs = check_chain_files(archive, chain, held, spark=spark,
                                                       groups=groups)
     rl.info("checked %d files (%d bytes, %d records) as verify does in %.2f s%s", files,
