@@ -208,8 +208,12 @@ def _without_key(error: str) -> str:
 
 #: a restore whose chain holds at least this many records of the vbuckets restored checks
 #: them in Spark tasks, one group of vbuckets each, in parallel (below it, in the driver: a
-#: Spark job costs more than the check)
+#: Spark job costs more than the check) ...
 PARALLEL_CHECK_RECORDS = 50_000
+#: ... when Spark has at least this many slots: on 2 the halved check saved no time against
+#: the second job and each task's reading of the manifests (docs/performance.md, "Restore
+#: against ingest"), and took more CPU from the node the restore then writes to
+PARALLEL_CHECK_SLOTS = 4
 
 
 def check_chain_files(archive: Archive, chain, vbuckets, *,
@@ -707,7 +711,10 @@ def _run_restore(rl: RunLog, archive: Archive, opts: ConnOptions | None,
         o = dataclasses.replace(o, spark=spark)
         spark_seconds = time.monotonic() - ts
         groups = default_parallelism(spark)
-        rl.info("checking the chain as verify does in %d Spark tasks", groups)
+        if groups < PARALLEL_CHECK_SLOTS:
+            groups = 1
+        else:
+            rl.info("checking the chain as verify does in %d Spark tasks", groups)
     files, nbytes, nrecords, secs = check_chain_files(archive, chain, held, spark=spark,
                                                       groups=groups)
     rl.info("checked %d files (%d bytes, %d records) as verify does in %.2f s%s", files,

@@ -284,12 +284,13 @@ def test_restore_refuses_a_changed_end_uuid_in_a_manifest(nodes, archive64, tmp_
 
 def test_a_chain_checked_in_spark_tasks_refuses_a_changed_data_file(nodes, archive64, tmp_path,
                                                                      capsys, admin, monkeypatch):
-    """A restore large enough to check its chain in Spark tasks (the threshold lowered to
-    every restore) still fails before writing anything, in one line naming the file, with
+    """A restore large enough to check its chain in Spark tasks (the thresholds lowered to
+    every restore and the test session's 2 slots) still fails before writing anything, in one line naming the file, with
     verify's exit status; the run log says the check ran in tasks."""
     from dcptool.pipeline import restore
 
     monkeypatch.setattr(restore, "PARALLEL_CHECK_RECORDS", 0)
+    monkeypatch.setattr(restore, "PARALLEL_CHECK_SLOTS", 2)   # the test session's local[2]
     archive = tmp_path / "a"
     shutil.copytree(archive64, archive)
     data = sorted(archive.glob("backups/*/vb-0005-000.mpk.zst"))[0]
@@ -306,6 +307,7 @@ def test_a_chain_checked_in_spark_tasks_restores_every_document(nodes, archive64
     from dcptool.pipeline import restore
 
     monkeypatch.setattr(restore, "PARALLEL_CHECK_RECORDS", 0)
+    monkeypatch.setattr(restore, "PARALLEL_CHECK_SLOTS", 2)   # the test session's local[2]
     with NodeProcess(tmp_path / "t", vbuckets=64) as target:
         rc, _out, err = cli(capsys, "restore", archive64, "-c", _addr(target), "--no-progress")
         assert rc == 0, err
