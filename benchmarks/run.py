@@ -15,10 +15,6 @@
    Spark start-up its --json reports), then `run_backup` end to end from the same node with
    local Spark started in this process, then `run_restore` into a second node (items/s,
    and as a ratio to the node's ingest over 4 connections of item 3);
-9. cluster: restore against ingest on a 3-member `dcptool cluster` (no replicas), in
-   alternating rounds (`benchmarks/restore_ingest.py`): `run_restore` of an archive of N
-   documents against N SETs over 4 connections per member, each member's connections
-   writing the keys of its own vbuckets, all members at once; the ratio of the medians.
 6. rss: peak RSS of the backup task (a fresh process replaying a synthetic stream of 1024
    vbuckets, all in one task) and of the node (disk drain, after a restart) for N and 4N
    documents (4N skipped with --quick);
@@ -30,6 +26,10 @@
    negotiated, and on a bucket whose documents are spread over 100 collections, each as a
    ratio to the same default-only bucket streamed without Collections (the old way), in
    alternating rounds (`benchmarks/collections_backup.py`; the documents of item 7).
+9. cluster: restore against ingest on a 3-member `dcptool cluster` (no replicas), in
+   alternating rounds (`benchmarks/restore_ingest.py`): `run_restore` of an archive of N
+   documents against N SETs over 4 connections per member, each member's connections
+   writing the keys of its own vbuckets, all members at once; the ratio of the medians.
 
 N is 1,000,000 (200,000 with --quick). The existing benchmark modules do the work; this
 module only runs them and collects their figures.
