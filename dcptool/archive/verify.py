@@ -278,7 +278,7 @@ class _VBucketCheck:
         snap = self.snap
         if snap is None or not self.seen_stream or self.end is not None:
             return False
-        if any(type(r) is not tuple or len(r) != 10 for r in run):
+        if set(map(type, run)) != _TUPLE_ONLY or set(map(len, run)) != _TEN:
             return False
         cols = list(zip(*run))
         if set(map(type, cols[0])) != _INT_ONLY:
@@ -294,7 +294,7 @@ class _VBucketCheck:
         if seqnos[0] <= self.last or seqnos[0] < snap[0] or seqnos[-1] > snap[1] \
                 or not all(map(_LT, seqnos, seqnos[1:])):
             return False
-        if self.doc_keys and any(len(k) < 2 or k[0] >= 0x80 for k in keys):
+        if self.doc_keys and (min(map(len, keys)) < 2 or max(map(_FIRST, keys)) >= 0x80):
             return False  # (long collection ids: checked one by one)
         self.last = self.top = seqnos[-1]
         self.counts["records"] += len(run)
@@ -330,6 +330,9 @@ _BYTES_ONLY = {bytes}
 _XATTR_TYPES = {bytes, type(None)}
 _U64 = 1 << 64
 _LT = operator.lt
+_FIRST = operator.itemgetter(0)
+_TUPLE_ONLY = {tuple}
+_TEN = {10}
 #: runs of mutations shorter than this are checked record by record
 _RUN = 8
 
@@ -337,7 +340,12 @@ _RUN = 8
 def _runs(batch: list, check: _VBucketCheck, first: bool):
     """The records of `batch` to check one by one, with None in place of each run of
     mutations `check.mutations` found sound (checked and counted at once)."""
-    kinds = [r[0] if type(r) is tuple and r else None for r in batch]
+    try:
+        kinds = list(map(_FIRST, batch)) if set(map(type, batch)) == _TUPLE_ONLY else None
+    except IndexError:  # an empty record
+        kinds = None
+    if kinds is None:
+        kinds = [r[0] if type(r) is tuple and r else None for r in batch]
     i, n = (1 if first else 0), len(batch)
     if first and n:
         yield batch[0]
