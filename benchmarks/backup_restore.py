@@ -117,7 +117,9 @@ def cold_command(host: str, port: int, password: str, archive: Path) -> dict:
                PYTHONPATH=os.pathsep.join(filter(None, (str(repo), os.environ.get("PYTHONPATH")))))
     env.pop("DCPTOOL_SPARK_MASTER", None)
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "dcptool", "backup", str(archive),
+    # -b: the bucket's own archive (without it, a cluster archive of every bucket, whose
+    # --json gives totals per run instead)
+    p = subprocess.run([sys.executable, "-m", "dcptool", "backup", str(archive), "-b", "default",
                         "-c", f"couchbase://{host}:{port}", "--json"], env=env, cwd=repo,
                        capture_output=True, text=True, stdin=subprocess.DEVNULL)
     wall = time.perf_counter() - t

@@ -64,12 +64,21 @@ def _load(args, barrier=None) -> tuple[int, float, float]:
         frames.append(encode_frame(0x80, Opcode.SET, vbucket_of(key, vbuckets), i,
                                    datatype=0x01 if size >= 64 else 0, extras=b"\x00" * 8,
                                    key=key, value=body))
-    buf = bytearray()
-    received = 0
-    sent = 0
     if barrier is not None:
         barrier.wait()
     t0 = time.perf_counter()
+    send_frames(s, frames, window)
+    t1 = time.perf_counter()
+    s.close()
+    return count, t0, t1
+
+
+def send_frames(s: socket.socket, frames: list[bytes], window: int) -> None:
+    """Send `frames` (SETs) with up to `window` in flight; read and check every answer."""
+    count = len(frames)
+    buf = bytearray()
+    received = 0
+    sent = 0
     s.setblocking(True)
     chunk = 64
     while received < count:
@@ -91,9 +100,6 @@ def _load(args, barrier=None) -> tuple[int, float, float]:
             off += 24 + bl
             received += 1
         del buf[:off]
-    t1 = time.perf_counter()
-    s.close()
-    return count, t0, t1
 
 
 def run(host, port, password, n, size, vbuckets, conns, window, prefix) -> dict:

@@ -1,6 +1,6 @@
 """Issue 11's measurements in one run on one machine: a table on stdout and a JSON file.
 
-    python -m benchmarks run [--quick] [--json FILE] [--only limit,task,node,ingest,e2e,rss,snappy,collections]
+    python -m benchmarks run [--quick] [--json FILE] [--only limit,task,node,ingest,e2e,cluster,rss,snappy,collections]
 
 1. limit: a DCP stream recorded from a reference node (N mutations, JSON documents of ~256
    bytes like the travel sample's, `benchmarks/docs.py`, 16 vbuckets) replayed from a
@@ -26,6 +26,10 @@
    negotiated, and on a bucket whose documents are spread over 100 collections, each as a
    ratio to the same default-only bucket streamed without Collections (the old way), in
    alternating rounds (`benchmarks/collections_backup.py`; the documents of item 7).
+9. cluster: restore against ingest on a 3-member `dcptool cluster` (no replicas), in
+   alternating rounds (`benchmarks/restore_ingest.py`): `run_restore` of an archive of N
+   documents against N SETs over 4 connections per member, each member's connections
+   writing the keys of its own vbuckets, all members at once; the ratio of the medians.
 
 N is 1,000,000 (200,000 with --quick). The existing benchmark modules do the work; this
 module only runs them and collects their figures.
@@ -55,11 +59,12 @@ from benchmarks import (  # noqa: E402
     collections_backup,
     node_drain,
     node_ingest,
+    restore_ingest,
     snappy_backup,
 )
 
 VALUE_SIZE = 256
-SECTIONS = ("limit", "task", "node", "ingest", "e2e", "rss", "snappy", "collections")
+SECTIONS = ("limit", "task", "node", "ingest", "e2e", "cluster", "rss", "snappy", "collections")
 
 
 def _best(fn, repeat: int) -> tuple:
@@ -295,6 +300,14 @@ def table(res: dict) -> str:
             row("5 restore / node ingest, 4 connections", round(
                 e["restore_items_per_s"] / ing["sets_per_s"], 3),
                 f"x; {e['restore_items_per_s']} against {ing['sets_per_s']} sets/s")
+    cl = res.get("cluster")
+    if cl:
+        row("9 restore to a 3-member cluster", cl["restore"]["median_items_per_s"],
+            f"items/s (median of {cl['restore']['items_per_s']})")
+        row("9 cluster ingest, 4 connections a member", cl["ingest"]["median_items_per_s"],
+            f"sets/s (median of {cl['ingest']['items_per_s']})")
+        row("9 cluster restore / cluster ingest", cl["restore_over_ingest"],
+            f"x (rounds: {cl['ratios']}); per CPU second {cl['cpu_ratio']}")
     sn = res.get("snappy")
     if sn:
         for way, name in (("task", "task loop"), ("e2e", "end to end")):
@@ -357,6 +370,15 @@ def main(argv: list[str] | None = None) -> dict:
             # stop Spark before the memory section, so its JVM and Python workers take no
             # CPU or memory from the processes measured there (pyspark's worker daemon may
             # print a BrokenPipeError as it goes: that is Spark's, not a failure)
+            from pyspark.sql import SparkSession
+
+            active = SparkSession.getActiveSession()
+            if active is not None:
+                active.stop()
+        if "cluster" in sections:
+            print("restore and ingest on a 3-member cluster (item 9)", file=sys.stderr,
+                  flush=True)
+            res["cluster"] = restore_ingest.run(n, 2 if a.quick else 3, cluster=True)
             from pyspark.sql import SparkSession
 
             active = SparkSession.getActiveSession()

@@ -133,6 +133,8 @@ class MetaWriter:
         self.counts = WriteCounts()
         #: windows sent and not yet confirmed: (barrier opaque, records, attempt)
         self._inflight: deque[tuple[int, list[tuple], int]] = deque()
+        #: records a confirmed window's node answered NOT_MY_VBUCKET (not counted)
+        self._misrouted: list[tuple] = []
         self._next_window = 0
 
     def write(self, records: Iterable[tuple]) -> WriteCounts:
@@ -155,6 +157,30 @@ class MetaWriter:
             self._inflight.clear()  # the connection is unusable for this writer now
             raise
         return self.counts
+
+    def submit(self, batch: list[tuple]) -> None:
+        """Send `batch` as one or more windows without waiting for them: only the oldest
+        windows are confirmed, while more than `depth` are in flight. `finish` confirms the
+        rest. After an error, `unconfirmed` gives the records to write elsewhere."""
+        for part in _by_bytes(batch, WINDOW_BYTES):
+            self._send(part, 0)
+            while len(self._inflight) >= self.depth:
+                self._confirm_oldest()
+
+    def finish(self) -> WriteCounts:
+        """Confirm every window in flight."""
+        self._confirm_all()
+        return self.counts
+
+    def unconfirmed(self) -> list[tuple]:
+        """The records not known written (after an error: the windows in flight, and the
+        records a node answered NOT_MY_VBUCKET), taken out of the writer."""
+        out = self._misrouted
+        self._misrouted = []
+        for _barrier, batch, _attempt in self._inflight:
+            out.extend(batch)
+        self._inflight.clear()
+        return out
 
     def _confirm_all(self) -> None:
         while self._inflight:
@@ -199,12 +225,13 @@ class MetaWriter:
             opaque += 1
         barrier = base | 0xFFFF
         append(wire.HEADER.pack(req, wire.OP_NOOP, 0, 0, 0, 0, 0, barrier, 0))
-        self.conn.send_bytes(b"".join(parts))
+        # in flight from here: a send that fails leaves the window unconfirmed
         self._inflight.append((barrier, batch, attempt))
+        self.conn.send_bytes(b"".join(parts))
 
     def _confirm_oldest(self) -> None:
         """Read answers up to the oldest window's NOOP; count its records, resend retries."""
-        barrier, batch, attempt = self._inflight.popleft()
+        barrier, batch, attempt = self._inflight[0]
         base = barrier & ~0xFFFF
         failed_idx: dict[int, int] = {}
         while True:
@@ -218,6 +245,7 @@ class MetaWriter:
                 raise ProtocolViolation(f"{self.conn.address} answered an unknown request "
                                         f"(opaque {frame.opaque})", host=self.conn.address)
             failed_idx[i] = frame.status
+        self._inflight.popleft()  # answered: what follows counts or resends its records
         restored = self.counts.restored
         if not failed_idx:
             kinds = [r[0] for r in batch]
@@ -228,6 +256,7 @@ class MetaWriter:
                 restored[WRITE_EXPIRATION] += kinds.count(WRITE_EXPIRATION)
             return
         retry = []
+        misrouted = []
         for i, rec in enumerate(batch):
             kind = rec[0]
             status = failed_idx.get(i)
@@ -247,15 +276,19 @@ class MetaWriter:
                 raise privilege_error(self.conn.username or "?", META_WRITE, "restore into",
                                       self.conn.address, self.conn.bucket, lost=True)
             elif status == Status.NOT_MY_VBUCKET:
-                vb = _vbucket_of_record(rec[1], self.vbuckets, self.prefixed)
-                raise NotMyVbucketError(
-                    f"{self.conn.address} does not hold vbucket {vb} "
-                    f"(key {rec[1][:60]!r})", host=self.conn.address, vbucket=vb)
+                misrouted.append(rec)  # not written here: the caller may send it elsewhere
             else:
                 self.counts.failed[kind] += 1
                 if len(self.counts.errors) < 10:
                     self.counts.errors.append(f"{kind} {rec[1][:60].decode('utf-8', 'replace')}: "
                                               f"{status_name(status)}")
+        if misrouted:
+            self._misrouted.extend(misrouted)
+            self._misrouted.extend(retry)
+            vb = _vbucket_of_record(misrouted[0][1], self.vbuckets, self.prefixed)
+            raise NotMyVbucketError(
+                f"{self.conn.address} does not hold vbucket {vb} "
+                f"(key {misrouted[0][1][:60]!r})", host=self.conn.address, vbucket=vb)
         if retry:
             attempt += 1
             self.counts.retries += len(retry)
@@ -266,25 +299,33 @@ class MetaWriter:
 def write_to_actives(opts, routes: dict[int, str], vbuckets: int,
                      per_vbucket: Iterable[tuple[int, Iterable[tuple]]], *,
                      force: bool = False, window: int = 2000,
-                     reroute_timeout: float = 60.0, prefixed: bool = False) -> WriteCounts:
+                     reroute_timeout: float = 60.0, prefixed: bool = False,
+                     depth: int = 2) -> WriteCounts:
     """Write each vbucket's records to its active node on a cluster.
 
     routes: {vbucket: HOST:PORT of its active node} (from the cluster map); per_vbucket:
-    (vbucket, records) pairs. One connection per node, opened on first use.
+    (vbucket, records) pairs. One connection per node, opened on first use. Records are
+    gathered per node, across vbuckets, into windows of `window`; each node's writer keeps
+    up to `depth` windows in flight (`MetaWriter.submit`) and waits for none while the
+    others are written, so every node applies its windows at once.
 
-    The map may change while the restore runs (a failover, a move). A window answered
-    NOT_MY_VBUCKET, or whose node cannot be reached, is sent again to the vbucket's
-    active as the map read again from the members says (the newest rev that answers),
-    until it is written or `reroute_timeout` seconds pass without a node taking it.
+    The map may change while the restore runs (a failover, a move). The records of a
+    window answered NOT_MY_VBUCKET, or in flight to a node that cannot be reached, are sent
+    again to their vbuckets' actives as the map read again from the members says (the
+    newest rev that answers), until they are written or `reroute_timeout` seconds pass
+    without a node taking them.
     """
     from dcptool.client.errors import ClientError
-    from dcptool.errors import DcptoolError
 
     from .nodeinfo import node_opts
 
     routes = dict(routes)
     writers: dict[str, MetaWriter] = {}
     retired: list[MetaWriter] = []
+    pending: dict[str | None, list[tuple]] = {}
+    #: since when writes have failed without one succeeding (None: the last one worked)
+    failing: list[float] = []
+    delay = [0.05]
 
     def drop(node: str) -> None:
         w = writers.pop(node, None)
@@ -295,44 +336,82 @@ def write_to_actives(opts, routes: dict[int, str], vbuckets: int,
             except OSError:
                 pass
 
-    def send(vb: int, batch: list[tuple]) -> None:
-        deadline = time.monotonic() + reroute_timeout
-        delay = 0.05
-        while True:
-            node = routes.get(vb)
-            try:
-                if node is None:
-                    raise DcptoolError(f"vbucket {vb} has no active node in the cluster map")
-                w = writers.get(node)
-                if w is None:
-                    w = writers[node] = MetaWriter(node_opts(opts, node).connect(), vbuckets,
-                                                   force=force, window=max(window, len(batch)),
-                                                   prefixed=prefixed)
-                w.write(batch)
-                return
-            except (NotMyVbucketError, ClientError, OSError, DcptoolError) as exc:
-                if not isinstance(exc, (NotMyVbucketError, OSError)) and \
-                        not _unreachable(exc) and node is not None:
-                    raise
-                if node is not None:
-                    drop(node)
-                if time.monotonic() > deadline:
-                    raise
-                routes.update(_refresh_routes(opts, routes, node))
-                if routes.get(vb) == node:
-                    time.sleep(delay)  # the map has not changed (yet): a failover under way
-                    delay = min(1.0, delay * 2)
+    def vb_of(rec: tuple) -> int:
+        return _vbucket_of_record(rec[1], vbuckets, prefixed)
+
+    def reroute(node: str | None, exc: Exception, records: list[tuple]) -> None:
+        if not isinstance(exc, (NotMyVbucketError, OSError)) and \
+                not _unreachable(exc) and node is not None:
+            raise exc
+        if node is not None:
+            drop(node)
+        now = time.monotonic()
+        if not failing:
+            failing.append(now)
+        elif now - failing[0] > reroute_timeout:
+            raise exc
+        routes.update(_refresh_routes(opts, routes, node))
+        vbs = [vb_of(r) for r in records]
+        if any(routes.get(vb) == node for vb in vbs):
+            time.sleep(delay[0])  # the map has not changed (yet): a failover under way
+            delay[0] = min(1.0, delay[0] * 2)
+        for rec, vb in zip(records, vbs):
+            pending.setdefault(routes.get(vb), []).append(rec)
+
+    def flush(node: str | None) -> None:
+        batch = pending.pop(node, None)
+        if not batch:
+            return
+        w = None
+        done = 0
+        try:
+            if node is None:
+                raise DcptoolError(f"vbucket {vb_of(batch[0])} has no active node in the "
+                                   "cluster map")
+            w = writers.get(node)
+            if w is None:
+                w = writers[node] = MetaWriter(node_opts(opts, node).connect(), vbuckets,
+                                               force=force, window=window, prefixed=prefixed,
+                                               depth=depth)
+            while done < len(batch):
+                w.submit(batch[done:done + window])
+                done += window
+            failing.clear()
+            delay[0] = 0.05
+        except (NotMyVbucketError, ClientError, OSError, DcptoolError) as exc:
+            lost = batch[done:] if w is None else w.unconfirmed() + batch[done + window:]
+            reroute(node, exc, lost)
+
+    def finish(node: str) -> None:
+        w = writers.get(node)
+        if w is None:
+            return
+        try:
+            w.finish()
+            failing.clear()
+        except (NotMyVbucketError, ClientError, OSError, DcptoolError) as exc:
+            reroute(node, exc, w.unconfirmed())
 
     try:
         for vb, records in per_vbucket:
-            batch: list[tuple] = []
-            for rec in records:
-                batch.append(rec)
+            node = routes.get(vb)
+            it = iter(records)
+            while True:  # in windows as the records come (a generator's too)
+                batch = pending.setdefault(node, [])
+                chunk = list(islice(it, window - len(batch)))
+                if not chunk:
+                    break
+                batch.extend(chunk)
                 if len(batch) >= window:
-                    send(vb, batch)
-                    batch = []
-            if batch:
-                send(vb, batch)
+                    flush(node)
+        # the rest, and whatever a failure sent elsewhere, until every node confirmed all
+        while pending or writers:
+            while pending:
+                flush(next(iter(pending)))
+            for node in list(writers):
+                finish(node)
+                if not pending and node in writers:
+                    drop(node)
     finally:
         for node in list(writers):
             drop(node)

@@ -206,27 +206,70 @@ def _without_key(error: str) -> str:
     return f"{kind} (key not logged: encrypted archive): {rest.rpartition(': ')[2]}"
 
 
-def check_chain_files(archive: Archive, chain, vbuckets) -> tuple[int, int, int, float]:
+#: a restore whose chain holds at least this many records of the vbuckets restored checks
+#: them in Spark tasks, one group of vbuckets each, in parallel (below it, in the driver: a
+#: Spark job costs more than the check) ...
+PARALLEL_CHECK_RECORDS = 50_000
+#: ... when Spark has at least this many slots: on 2 the halved check saved no time against
+#: the second job and each task's reading of the manifests (docs/performance.md, "Restore
+#: against ingest"), and took more CPU from the node the restore then writes to
+PARALLEL_CHECK_SLOTS = 4
+
+
+def check_chain_files(archive: Archive, chain, vbuckets, *,
+                      spark: Any = None, groups: int = 1) -> tuple[int, int, int, float]:
     """Check what `dcptool verify` checks (archive/verify.py's `verify_chain`) for the
     backups a restore of `vbuckets` along `chain` reads, before anything is written: each
     manifest, each data file's size and SHA-256, the done files against the manifest, every
     record, and that each vbucket starts where the chain before it ended. A damaged,
     swapped or changed file fails the whole restore up front instead of leaving a partial
-    one. Returns (files, bytes, records, seconds); raises CorruptFileError naming the first
-    file with a problem."""
+    one. With `spark` and `groups` > 1 the vbuckets are checked in that many Spark tasks
+    (`check_task`), in parallel, all before anything is written. Returns (files, bytes,
+    records, seconds); raises CorruptFileError naming the first file with a problem."""
     from dcptool.archive.errors import CorruptFileError
     from dcptool.archive.verify import verify_chain
 
     t0 = time.monotonic()
-    report = verify_chain(archive, chain, vbuckets)
-    if report.problems:
-        p = report.problems[0]
-        more = len(report.problems) - 1
-        raise CorruptFileError(p.path, p.message + (f" (and {more} more problem"
-                                                    f"{'s' if more != 1 else ''})" if more else ""),
+    if spark is not None and groups > 1 and len(vbuckets) > 1:
+        parts = [(archive, chain[-1].id, tuple(g)) for g in plan_groups(list(vbuckets), groups)]
+        try:
+            reports = run_tasks(spark, reporting_failures(check_task), parts)
+        except Exception as exc:
+            raise task_failure(exc, "restore check task",
+                               "nothing was written; the restore can be rerun") from None
+        order = {b.id: i for i, b in enumerate(chain)}
+        problems, seen = [], set()
+        # the problems in the order one check would give them: by backup, then vbucket
+        for p in sorted((p for r in reports for p in r[3]),
+                        key=lambda p: (order.get(p[2], len(order)),
+                                       -1 if p[3] is None else p[3])):
+            if (p[0], p[1]) not in seen:
+                seen.add((p[0], p[1]))
+                problems.append(p)
+        files, nbytes, nrecords = (sum(r[i] for r in reports) for i in range(3))
+    else:
+        report = verify_chain(archive, chain, vbuckets)
+        problems = [(p.path, p.message) for p in report.problems]
+        files, nbytes, nrecords = (report.files_checked, report.bytes_checked,
+                                   report.records_checked)
+    if problems:
+        path, message = problems[0][:2]
+        more = len(problems) - 1
+        raise CorruptFileError(path, message + (f" (and {more} more problem"
+                                                f"{'s' if more != 1 else ''})" if more else ""),
                                hint="run 'dcptool verify' on the archive; nothing was written")
+    return files, nbytes, nrecords, time.monotonic() - t0
+
+
+def check_task(part: tuple) -> tuple[int, int, int, list[tuple]]:
+    """One Spark task of `check_chain_files`: (archive, backup id, vbuckets) ->
+    (files, bytes, records, problems as (path, message, backup, vbucket))."""
+    from dcptool.archive.verify import verify_chain
+
+    archive, backup, vbuckets = part
+    report = verify_chain(archive, archive.chain(backup), vbuckets)
     return (report.files_checked, report.bytes_checked, report.records_checked,
-            time.monotonic() - t0)
+            [(p.path, p.message, p.backup, p.vbucket) for p in report.problems])
 
 
 #: records a restore task writes between two counts for the progress bar
@@ -255,6 +298,7 @@ def restore_task(task: RestoreTask | tuple) -> RestoreTaskResult:
 def _restore_task(task: RestoreTask, colls: Any) -> RestoreTaskResult:
     prefixed = not colls.strip
     t0 = time.monotonic()
+    began = time.time()
     counts = mw.WriteCounts()
     chain = task.archive.chain(task.backup)
     # records resolved per vbucket (what was sent), for the run log
@@ -313,7 +357,9 @@ def _restore_task(task: RestoreTask, colls: Any) -> RestoreTaskResult:
             writer.write(records())
         out = writer.counts.as_dict()
     return RestoreTaskResult(out, {"vbuckets": per_vb, "seconds": round(time.monotonic() - t0, 3),
-                                   "pid": os.getpid(), "cuts": cuts})
+                                   "pid": os.getpid(), "cuts": cuts,
+                                   # wall clock: the run log places each task in the job
+                                   "began": began, "ended": time.time()})
 
 
 def time_cut(chain, vbucket: int, at: int) -> tuple[list[Any], int, dict[str, Any]]:
@@ -657,9 +703,22 @@ def _run_restore(rl: RunLog, archive: Archive, opts: ConnOptions | None,
                 f" (in the gap {iso(when.gap[0])} to {iso(when.gap[1])}: --nearest)"
                 if when.gap else "", chain[-1].id)
     # what verify checks, for the backups and vbuckets read: nothing is written otherwise
-    files, nbytes, nrecords, secs = check_chain_files(archive, chain, held)
-    rl.info("checked %d files (%d bytes, %d records) as verify does in %.2f s", files, nbytes,
-            nrecords, secs)
+    spark, groups = None, 1
+    if held and sum(chain_records(chain, vb) for vb in held) >= PARALLEL_CHECK_RECORDS:
+        # a large restore: checked in Spark tasks in parallel (Spark is started now)
+        ts = time.monotonic()
+        spark = o.spark or get_context(o.master)
+        o = dataclasses.replace(o, spark=spark)
+        spark_seconds = time.monotonic() - ts
+        groups = default_parallelism(spark)
+        if groups < PARALLEL_CHECK_SLOTS:
+            groups = 1
+        else:
+            rl.info("checking the chain as verify does in %d Spark tasks", groups)
+    files, nbytes, nrecords, secs = check_chain_files(archive, chain, held, spark=spark,
+                                                      groups=groups)
+    rl.info("checked %d files (%d bytes, %d records) as verify does in %.2f s%s", files,
+            nbytes, nrecords, secs, f" ({groups} Spark tasks)" if groups > 1 else "")
     target = _RestoreTarget(archive.vbucket_count)
     if opts is not None:
         target = _check_target(archive, opts, chain, held, sel, o)
@@ -687,6 +746,8 @@ def _run_restore(rl: RunLog, archive: Archive, opts: ConnOptions | None,
     _log_restore_plan(rl, archive, chain, held, target, o)
     if held:
         _run_restore_tasks(rl, archive, chain, held, target, o, result)
+        if spark is not None:  # started for the check: its start-up is the restore's
+            result.spark_seconds += spark_seconds
     result.seconds = time.monotonic() - t0
     d = result.counts.as_dict()
     rl.info("%s backup %s in %.2f s: %s %s; skipped %s; failed %s; %d retries",
@@ -774,6 +835,28 @@ def _log_restore_plan(rl: RunLog, archive: Archive, chain: list[Any], held: list
             if target.info else "")
 
 
+def member_groups(held: list[int], n: int, routes: dict[int, str] | None) -> list[list[int]]:
+    """The vbuckets `held` in `n` groups, one task each. On a cluster (`routes`: {vbucket:
+    its active member}) with at least as many tasks as members, each task writes to one
+    member: the tasks are shared among the members by their vbuckets, so every member is
+    written by tasks of its own, in parallel. With fewer tasks than members (or no routes)
+    round-robin: each task's vbuckets lie on every member, and its writer keeps windows in
+    flight to all of them at once (`metawriter.write_to_actives`)."""
+    if not routes:
+        return plan_groups(held, n)
+    by_member: dict[str, list[int]] = {}
+    for vb in held:
+        by_member.setdefault(routes.get(vb, ""), []).append(vb)
+    if n < len(by_member):
+        return plan_groups(held, n)
+    members = sorted(by_member, key=lambda m: (-len(by_member[m]), m))
+    share = {m: 1 for m in members}
+    for _ in range(n - len(members)):  # the rest to the members with most vbuckets a task
+        m = max(members, key=lambda m: len(by_member[m]) / share[m])
+        share[m] += 1
+    return [g for m in members for g in plan_groups(by_member[m], share[m])]
+
+
 def _run_restore_tasks(rl: RunLog, archive: Archive, chain: list[Any], held: list[int],
                        target: _RestoreTarget, o: RestoreOptions,
                        result: RestoreResult) -> None:
@@ -785,15 +868,19 @@ def _run_restore_tasks(rl: RunLog, archive: Archive, chain: list[Any], held: lis
     result.spark_seconds = time.monotonic() - ts
     check_executors_see(spark, archive.path, name="archive.json",
                         key_travels=archive.key is not None)
-    n = o.partitions or 2 * default_parallelism(spark)
+    # one task per slot: every task writes at once, each over its own connection (a second
+    # wave would wait for the first, while the node has room for more writers)
+    n = o.partitions or default_parallelism(spark)
     tasks = [(RestoreTask(target.opts, archive, backup_id, tuple(g), target.vbuckets,
                           key_filter=o.key_filter, force=o.force, dry_run=o.dry_run,
                           routes=target.routes, archive_vbuckets=archive.vbucket_count,
                           at=o.to_time),
               target.setup.plan)
-             for g in plan_groups(held, n)]
+             for g in member_groups(held, n, target.routes
+                                    if archive.vbucket_count == target.vbuckets else None)]
     rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master, len(tasks),
             time.monotonic() - ts)
+    job_began = time.time()
     try:
         # (the archive is only read: no progress files in it for a master that is not
         # local, whose tasks the bar counts instead)
@@ -807,10 +894,11 @@ def _run_restore_tasks(rl: RunLog, archive: Archive, chain: list[Any], held: lis
         for vb, c in sorted(run.get("vbuckets", {}).items()):
             rl.info("vbucket %s: %s %s", vb, "would write" if o.dry_run else "sent", _kinds(c))
         rl.info("task %d (%d vbuckets): %s %s; skipped (newer on the node) %s; failed "
-                "%s; %d retries; %.3f s", i, len(run.get("vbuckets", {})),
-                "would write" if o.dry_run else "restored",
+                "%s; %d retries; %.3f s (from %.3f to %.3f s into the job)", i,
+                len(run.get("vbuckets", {})), "would write" if o.dry_run else "restored",
                 _kinds(r["restored"]), _kinds(r["skipped"]), _kinds(r["failed"]),
-                r["retries"], run.get("seconds", 0.0))
+                r["retries"], run.get("seconds", 0.0), run.get("began", job_began) - job_began,
+                run.get("ended", job_began) - job_began)
         for e in r["errors"]:
             # the run log stays in the clear beside an encrypted archive: no keys in it
             rl.error("task %d: %s", i, _without_key(e) if archive.encrypted else e)

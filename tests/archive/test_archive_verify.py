@@ -280,3 +280,27 @@ def test_damaged_records_inside_valid_frames_never_crash(pristine, tmp_path):
             assert victim.name in str(exc) or isinstance(exc, ResolutionError)
         shutil.rmtree(path)
     assert found > 0
+
+
+def test_long_runs_of_mutations_name_the_record_at_fault(tmp_path):
+    """Runs of mutations are checked column by column (verify.py `_runs`); one bad record
+    in a long run is still named by its number and its fault, and sound runs are counted."""
+    a = Archive.create(tmp_path / "arc", bucket="b", vbuckets=3)
+    bad_order = mutations(1, 40, per_snapshot=40, prefix=b"\x00a")
+    bad_order[30] = ("mut", 5, b"\x00late")        # seqno 5 after 29, inside the run
+    outside = mutations(1, 40, per_snapshot=40, prefix=b"\x00b")
+    outside[0] = ("snap", 1, 20)                   # items 21..40 lie past their snapshot
+    m = backup(a, "full", {
+        0: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 40),
+            "events": bad_order},
+        1: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 40),
+            "events": outside},
+        2: {"start": ArchivePosition.at(W, 0), "end": ArchivePosition.at(W, 300),
+            "events": mutations(1, 300, per_snapshot=100, prefix=b"\x00c")}})
+    report, probs = problems(a.path)
+    # records: header 0, stream 1, snapshot 2, then the items from 3
+    assert f"{data_file(a.path, m['id'], 0)}: record 32: item seqno 5 does not increase " \
+           "(after 29)" in probs
+    assert f"{data_file(a.path, m['id'], 1)}: record 23: item seqno 21 lies outside its " \
+           "snapshot 1..20" in probs
+    assert not any(p.startswith(str(data_file(a.path, m["id"], 2))) for p in probs)

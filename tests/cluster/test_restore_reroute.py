@@ -118,3 +118,41 @@ def test_restore_into_a_cluster_of_another_vbucket_count(ab, tmp_path, spark):
     assert res.target["rerouted"] and res.target["vbuckets"] == VBS and res.target["nodes"] == 2
     got_a, got_b = node_documents(opts_for(a)), node_documents(opts_for(b))
     assert got_a and got_b and {**got_a, **got_b} == want
+
+
+def test_restore_tasks_are_grouped_by_the_member_they_write():
+    """With at least as many tasks as members, each task's vbuckets are active on one
+    member, and the members share the tasks by their vbuckets; with fewer, round-robin."""
+    from dcptool.pipeline.restore import member_groups
+
+    routes = {vb: ("a:1" if vb % 3 == 0 else "b:2" if vb % 3 == 1 else "c:3")
+              for vb in range(12)}
+    groups = member_groups(list(range(12)), 4, routes)
+    assert sorted(vb for g in groups for vb in g) == list(range(12))
+    assert len(groups) == 4 and all(len({routes[vb] for vb in g}) == 1 for g in groups)
+    assert sorted(len(g) for g in groups) == [2, 2, 4, 4]   # the fourth task: a member's half
+    assert member_groups(list(range(12)), 2, routes) == [list(range(0, 12, 2)),
+                                                         list(range(1, 12, 2))]
+    assert member_groups([0, 1, 2], 4, None) == [[0], [1], [2]]
+
+
+def test_restore_into_a_cluster_with_a_task_per_member(ab, tmp_path, spark):
+    """One task per member (--partitions 2 on two members): every document of the archive
+    lands on its vbucket's active member, with its metadata."""
+    from docutil import node_documents
+    from nodeprocutil import NodeProcess
+
+    from dcptool.pipeline.restore import run_restore
+
+    a, b = ab["a"], ab["b"]
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as src:
+        with opts_for(src).connect() as conn:
+            load(conn, {f"k{i:03d}": {"i": i} for i in range(300)}, VBS)
+            delete(conn, ["k000", "k001"], VBS)
+        run_backup(opts_for(src), tmp_path / "arc", spark=spark)
+        want = node_documents(opts_for(src))
+    res = run_restore(str(tmp_path / "arc"), opts_for(b), spark=spark, partitions=2)
+    assert res.counts.restored == {mw.WRITE_MUTATION: 298, mw.WRITE_DELETION: 2,
+                                   mw.WRITE_EXPIRATION: 0}
+    got_a, got_b = node_documents(opts_for(a)), node_documents(opts_for(b))
+    assert got_a and got_b and {**got_a, **got_b} == want

@@ -280,3 +280,35 @@ def test_restore_refuses_a_changed_end_uuid_in_a_manifest(nodes, archive64, tmp_
     # verify names the vbucket's done file (it no longer says what the manifest says) and
     # its data file (its end record is not the manifest's end); restore the first of them
     _refused(capsys, archive, nodes[2], f"/vb-{vb:04d}")
+
+
+def test_a_chain_checked_in_spark_tasks_refuses_a_changed_data_file(nodes, archive64, tmp_path,
+                                                                     capsys, admin, monkeypatch):
+    """A restore large enough to check its chain in Spark tasks (the thresholds lowered to
+    every restore and the test session's 2 slots) still fails before writing anything, in one line naming the file, with
+    verify's exit status; the run log says the check ran in tasks."""
+    from dcptool.pipeline import restore
+
+    monkeypatch.setattr(restore, "PARALLEL_CHECK_RECORDS", 0)
+    monkeypatch.setattr(restore, "PARALLEL_CHECK_SLOTS", 2)   # the test session's local[2]
+    archive = tmp_path / "a"
+    shutil.copytree(archive64, archive)
+    data = sorted(archive.glob("backups/*/vb-0005-000.mpk.zst"))[0]
+    _flip(data, data.stat().st_size // 2)
+    _refused(capsys, archive, nodes[2], str(data))
+    logs = sorted(archive.glob("logs/restore-*.log"))
+    assert logs and "as verify does in 2 Spark tasks" in logs[-1].read_text()
+
+
+def test_a_chain_checked_in_spark_tasks_restores_every_document(nodes, archive64, tmp_path,
+                                                                capsys, admin, monkeypatch):
+    """The same check on a sound archive: every document restored, each with its metadata
+    (the restore into a fresh node equals the source)."""
+    from dcptool.pipeline import restore
+
+    monkeypatch.setattr(restore, "PARALLEL_CHECK_RECORDS", 0)
+    monkeypatch.setattr(restore, "PARALLEL_CHECK_SLOTS", 2)   # the test session's local[2]
+    with NodeProcess(tmp_path / "t", vbuckets=64) as target:
+        rc, _out, err = cli(capsys, "restore", archive64, "-c", _addr(target), "--no-progress")
+        assert rc == 0, err
+        assert node_documents(opts_for(target)) == node_documents(opts_for(nodes[0]))
