@@ -192,9 +192,15 @@ def attachment() -> Attachment | None:
     return _attachment
 
 
+#: the engine refused this process once (another dcptool, stopping, another master): it
+#: would again, and the command said why already
+_refused = False
+
+
 def _attach_socket(master: str | None, note=None) -> tuple[socket.socket, dict[str, Any]] | None:
     """(the attach connection, the engine's reply), or None (see `attach`)."""
-    if disabled():
+    global _refused
+    if disabled() or _refused:
         return None
     directory = engine_dir()
     sock = _connect(directory)
@@ -209,6 +215,8 @@ def _attach_socket(master: str | None, note=None) -> tuple[socket.socket, dict[s
         return None
     if not reply or not reply.get("ok"):
         sock.close()
+        if reply is not None:
+            _refused = True
         if reply and reply.get("why") and note is not None:
             note(reply["why"])
         return None
