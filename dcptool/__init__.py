@@ -1,7 +1,20 @@
 """dcptool: back up, restore and inspect Couchbase-style data nodes through DCP."""
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError, distribution
 
-try:
-    __version__ = _version("dcptool")
-except PackageNotFoundError:  # running from a source tree without installing
-    __version__ = "0.0.0"
+
+def _installed_version() -> str:
+    """The installed distribution's version, read off its METADATA's header (what
+    importlib.metadata.version gives, without parsing the whole file as a message)."""
+    try:
+        text = distribution("dcptool").read_text("METADATA") or ""
+    except PackageNotFoundError:  # running from a source tree without installing
+        return "0.0.0"
+    for line in text.splitlines():
+        if not line:  # the end of the headers
+            break
+        if line.startswith("Version:"):
+            return line.partition(":")[2].strip()
+    return "0.0.0"
+
+
+__version__ = _installed_version()

@@ -1,3 +1,3 @@
-from dcptool.cli.app import main
+from dcptool.cli import main
 
 main()

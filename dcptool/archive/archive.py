@@ -65,7 +65,7 @@ from .format import (
     vbucket_ranges,
 )
 from . import chain as chains
-from . import crypto, storage
+from . import crypto, manifestcache, storage
 from .lock import ArchiveLock
 from .manifest import check_manifest, check_summary, totals_of
 from .reader import Backup, VBucketHistory
@@ -100,8 +100,49 @@ def _reopened(path: Any, meta: dict[str, Any], key: tuple[str, bytes] | None,
     return Archive(path, meta, None if key is None else crypto.DataKey(*key), key_id)
 
 
+#: below this many bytes of data files, a commit hashes them in one thread
+PARALLEL_HASH_BYTES = 16 << 20
+
 #: manifests this process read and checked, by file identity (see Archive.manifest)
 _MANIFESTS: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+#: each manifest's end positions by vbucket, by the id of the manifest (held with it, so
+#: the id stays its own): a backup asks for the chain's end positions several times
+_ENDS: dict[int, tuple[dict[str, Any], dict[int, ArchivePosition]]] = {}
+
+
+def _manifest_ends(doc: dict[str, Any]) -> dict[int, ArchivePosition]:
+    held = _ENDS.get(id(doc))
+    if held is not None and held[0] is doc:
+        return held[1]
+    ends = {e["vbucket"]: ArchivePosition.coerce(e["end"]) for e in doc["vbuckets"]}
+    if len(_ENDS) >= 512:
+        _ENDS.clear()
+    _ENDS[id(doc)] = (doc, ends)
+    return ends
+
+
+_LOGS: dict[int, tuple[dict[str, Any], dict[int, list[list[int]]]]] = {}
+
+
+def _manifest_logs(doc: dict[str, Any]) -> dict[int, list[list[int]]]:
+    """Each vbucket's failover log in a manifest (kept as `_manifest_ends` keeps ends)."""
+    held = _LOGS.get(id(doc))
+    if held is not None and held[0] is doc:
+        return held[1]
+    logs = {e["vbucket"]: e["failover_log"] for e in doc["vbuckets"]}
+    if len(_LOGS) >= 512:
+        _LOGS.clear()
+    _LOGS[id(doc)] = (doc, logs)
+    return logs
+
+
+def _remember(ident: tuple[Any, ...], doc: dict[str, Any]) -> None:
+    if len(_MANIFESTS) >= 512:
+        _MANIFESTS.clear()
+    _MANIFESTS[ident] = doc
+
 
 #: what Archive.create makes before archive.json: a location holding only these (and
 #: hidden temporary files) is an archive another run is creating at this moment
@@ -355,6 +396,12 @@ class Archive:
             doc = _MANIFESTS.get(ident)
             if doc is not None:
                 return doc
+            # and one an earlier command read and checked (archive/manifestcache.py; never
+            # for an encrypted archive)
+            doc = manifestcache.load(ident) if self.key is None else None
+            if doc is not None:
+                _remember(ident, doc)
+                return doc
             doc = read_json(path, self.key)
         except FileNotFoundError:
             if self.backup_dir(backup_id).is_dir():
@@ -368,9 +415,9 @@ class Archive:
         if problems:
             raise CorruptFileError(path, "; ".join(problems[:3]),
                                    hint=self._damaged_hint(backup_id))
-        if len(_MANIFESTS) >= 512:
-            _MANIFESTS.clear()
-        _MANIFESTS[ident] = doc
+        _remember(ident, doc)
+        if self.key is None:
+            manifestcache.store(ident, doc)
         return doc
 
     def _damaged_hint(self, backup_id: str) -> str:
@@ -462,16 +509,14 @@ class Archive:
         of the next incremental backup."""
         ends: dict[int, ArchivePosition] = {}
         for b in self.chain(upto):
-            for e in b.manifest["vbuckets"]:
-                ends[e["vbucket"]] = ArchivePosition.coerce(e["end"])
+            ends.update(_manifest_ends(b.manifest))
         return ends
 
     def failover_logs(self, upto: str | None = None) -> dict[int, list[list[int]]]:
         """Per vbucket, the newest failover log the chain recorded."""
         logs: dict[int, list[list[int]]] = {}
         for b in self.chain(upto):
-            for e in b.manifest["vbuckets"]:
-                logs[e["vbucket"]] = e["failover_log"]
+            logs.update(_manifest_logs(b.manifest))
         return logs
 
     def history(self, vbucket: int, upto: str | None = None, *,
@@ -914,6 +959,15 @@ class BackupWriter:
         self._remove_unlisted(by_vb, sizes)
         manifest = self._manifest(by_vb, extra, sorted(set(unchanged)))
         atomic_write_json(self.dir / MANIFEST_JSON, manifest, key=self.archive.key)
+        if self.archive.key is None:  # checked above: the next command need not again
+            try:
+                ident = (*storage.identity(self.dir / MANIFEST_JSON),
+                         json.dumps(self.archive.meta, sort_keys=True))
+            except OSError:
+                pass
+            else:
+                # as a reader gets it (JSON's types: lists, not tuples)
+                manifestcache.store(ident, json.loads(json.dumps(manifest)))
         self.committed = True
         self.lock.release()
         return manifest
@@ -949,7 +1003,10 @@ class BackupWriter:
                 return None
 
         pairs = [(s, f) for s in by_vb.values() for f in s["files"]]
-        if rehash and len(pairs) > 1:
+        # threads pay off for large files only: a small job's hundreds of small files
+        # hash faster one after the other than through a pool
+        if rehash and len(pairs) > 1 and sum(int(f.get("size") or 0)
+                                             for _s, f in pairs) >= PARALLEL_HASH_BYTES:
             # hashlib releases the GIL on large buffers: the files hash in parallel
             from concurrent.futures import ThreadPoolExecutor
 

@@ -46,7 +46,7 @@ manual(
                                          "vbucket, rollbacks, retries and timings. The newest 20 "
                                          "are kept (DCPTOOL_LOG_KEEP)."),
     ),
-    env=("DCPTOOL_LOG_KEEP", "DCPTOOL_ARCHIVE_PASSPHRASE"),
+    env=("DCPTOOL_LOG_KEEP", "DCPTOOL_ARCHIVE_PASSPHRASE", "DCPTOOL_MANIFEST_CACHE"),
     see_also=("restore", "info", "verify", "merge", "examine", "key"),
 )
 

@@ -35,6 +35,11 @@ ENV_DOCS = {
                       "its own Spark).",
     "DCPTOOL_ENGINE_DIR": "Where the dcptool engine keeps its socket, state and log (default "
                           "$XDG_RUNTIME_DIR/dcptool-engine, else ~/.cache/dcptool/engine).",
+    "DCPTOOL_MANIFEST_CACHE": "Where commands keep the archive manifests they read and checked, "
+                              "so the next command does not check an unchanged chain again "
+                              "(default $XDG_CACHE_HOME/dcptool/manifests, else "
+                              "~/.cache/dcptool/manifests; off: no cache). Never for an "
+                              "encrypted archive.",
     "DCPTOOL_PROGRESS_INTERVAL": "Seconds between the progress reports of a Spark command's "
                                  "tasks, and between the polls that draw them (default 0.25).",
     "DCPTOOL_GAP_TOLERANCE": "Seconds a backup may start after the previous one ended without "

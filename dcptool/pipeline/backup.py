@@ -85,7 +85,7 @@ from .datafilter import selection
 from .nodeinfo import bucket_uuid, cluster_state, node_opts
 from .plans import BackupTask, VBucketPlan, VBucketSummary
 from .runtime import (check_executors_see, check_master, context_of, default_parallelism,
-                      engine_available, get_context, plan_groups, run_tasks)
+                      engine_available, get_task_context, plan_groups, run_tasks)
 from .tasks import reporting_failures, task_failure
 
 
@@ -854,7 +854,7 @@ def _run_backup_tasks(rl: RunLog, archive: Archive, opts: Any, node: _NodeState,
     if o.progress is not None:
         o.progress(dict(state))
     ts = time.monotonic()
-    spark = o.spark or get_context(o.master)  # RDD jobs: no session needed
+    spark = o.spark or get_task_context(o.master)  # RDD jobs: no session needed
     spark_seconds = time.monotonic() - ts
     n = o.partitions or 2 * default_parallelism(spark)
     groups = plan_groups(list(plan), n)

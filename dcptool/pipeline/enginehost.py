@@ -144,6 +144,9 @@ class Engine:
                     send_json(conn, self.status())
                 elif op == "attach" and group is None:
                     group = self._attach(conn, msg)
+                elif op == "run":
+                    self._run(conn, msg, lines)
+                    return
                 elif op == "cancel" and group is not None:
                     self.cancel(group)
                     send_json(conn, {"ok": True})
@@ -181,9 +184,40 @@ class Engine:
         with self.lock:
             self.attached[group] = time.time()
             self.served += 1
+        conf = self.spark.sparkContext.getConf()
         send_json(conn, {"ok": True, "group": group, "master": self.master,
-                     "port": gp.port, "secret": gp.auth_token})
+                         "port": gp.port, "secret": gp.auth_token,
+                         "parallelism": runtime.default_parallelism(self.spark),
+                         "conf": {k: conf.get(k) for k in runtime.KEY_TRANSPORT_CONF}})
         return group
+
+    def _run(self, conn: socket.socket, msg: dict[str, Any], lines: JsonLines) -> None:
+        """Run a job an attached command handed over (engine.EngineJobs) in its group and
+        send back its pickled result, or the error's text."""
+        import pickle
+
+        group = msg.get("group")
+        with self.lock:
+            known = group in self.attached
+        if not known:
+            send_json(conn, {"ok": False, "error": "no such attached command"})
+            return
+        try:
+            data, slices, ops = pickle.loads(lines.read_bytes(int(msg["bytes"])))
+        except Exception as exc:  # noqa: BLE001 - a bad request is told, not raised
+            send_json(conn, {"ok": False, "error": f"bad job: {exc}"})
+            return
+        sc = self.spark.sparkContext
+        try:
+            sc.setJobGroup(group, "dcptool command", interruptOnCancel=True)
+            rdd = sc.parallelize(data, slices)
+            for kind, fn in ops:
+                rdd = getattr(rdd, kind)(fn)
+            out = pickle.dumps(rdd.collect(), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - the command gets its text (task_failure)
+            send_json(conn, {"ok": False, "error": str(exc) or type(exc).__name__})
+            return
+        conn.sendall(json.dumps({"ok": True, "bytes": len(out)}).encode() + b"\n" + out)
 
     def _stop(self, now: bool) -> None:
         self.stopping = True

@@ -656,6 +656,25 @@ def get_context(master: str | None = None, app_name: str = "dcptool",
         return sc
 
 
+def get_task_context(master: str | None = None):
+    """`get_context` for a command whose jobs are plain RDD jobs (`run_tasks`,
+    `check_executors_see`): on the command line with a running engine and no progress bar
+    counting Spark's tasks, the engine runs them on the command's behalf
+    (`engine.EngineJobs`: no PySpark, no gateway in this process); else `get_context`."""
+    from . import engine
+
+    if (_jvm_output is not None and not engine.disabled() and not _session_active()
+            and not progress.active()):
+        with _lock:
+            jobs = engine.attach_jobs(master or os.environ.get("DCPTOOL_SPARK_MASTER"),
+                                      note=_note_sink)
+        if jobs is not None:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, _on_interrupt)
+            return jobs
+    return get_context(master)
+
+
 def get_spark(master: str | None = None, app_name: str = "dcptool", conf: dict[str, Any] | None = None):
     """Return the active SparkSession or build one for `master` (default local[*]), on
     `get_context`'s SparkContext."""

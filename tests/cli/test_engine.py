@@ -132,9 +132,32 @@ def test_commands_run_on_the_engine(nodes, tmp_path, engine_dir):
     r = cli("backup", "-c", f"{src.host}:{src.port}", str(tmp_path / "own3"), PYTHONPATH=path,
             cwd=elsewhere, **env)  # not the checkout's directory, which `-m` puts first
     assert r.returncode == 0, r.stderr
-    assert "engine runs another dcptool installation" in r.stderr
+    assert r.stderr.count("engine runs another dcptool installation") == 1, r.stderr
     assert_no_noise(r.stdout, r.stderr)
     assert status(engine_dir)["commands_served"] == 4
+
+    # a command's plain RDD jobs are handed to the engine: no PySpark in the command, the
+    # results come back in order, a failed task's error with its cause
+    code = """if True:
+        import json, sys
+        from dcptool.pipeline import engine, runtime
+        runtime.set_jvm_output("quiet")
+        sc = runtime.get_task_context(None)
+        out = {"kind": type(sc).__name__, "master": sc.master,
+               "got": runtime.run_tasks(sc, abs, [-1, -2, 3, -4])}
+        try:
+            runtime.run_tasks(sc, int, ["not a number"])
+        except engine.EngineJobError as exc:
+            out["error"] = "invalid literal for int()" in str(exc)
+        out["pyspark"] = "pyspark" in sys.modules
+        print(json.dumps(out))
+    """
+    r = subprocess.run([sys.executable, "-c", code], env=env_for(**env), capture_output=True,
+                       text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"kind": "EngineJobs", "master": "local[*]",
+                                    "got": [1, 2, 3, 4], "error": True, "pyspark": False}
+    assert status(engine_dir)["commands_served"] == 5
 
     # stop: the engine, its socket and its JVM are gone
     r = cli("engine", "stop", "--json", **env)
