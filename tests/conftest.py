@@ -34,6 +34,9 @@ def pytest_configure(config):
     # cluster archive of every bucket; the tests of that (cluster archives, the README's
     # tour) take DCPTOOL_BUCKET out of their commands' environment
     os.environ["DCPTOOL_BUCKET"] = "default"
+    # the manifests commands read and checked are kept in the run's own directory, not the
+    # user's cache (archive/manifestcache.py); the tests of the cache name theirs
+    os.environ["DCPTOOL_MANIFEST_CACHE"] = os.path.join(d, "manifests")
 
     def cleanup() -> None:
         if os.path.exists(os.path.join(d, "engine.sock")):  # a test's engine left running
