@@ -4,11 +4,14 @@ from importlib.metadata import PackageNotFoundError, distribution
 
 def _installed_version() -> str:
     """The installed distribution's version, read off its METADATA's header (what
-    importlib.metadata.version gives, without parsing the whole file as a message)."""
+    importlib.metadata.version gives, without parsing the whole file as a message); an
+    egg-info directory (an editable install's build, found first from the checkout's root)
+    has PKG-INFO instead."""
     try:
-        text = distribution("dcptool").read_text("METADATA") or ""
+        dist = distribution("dcptool")
     except PackageNotFoundError:  # running from a source tree without installing
         return "0.0.0"
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
     for line in text.splitlines():
         if not line:  # the end of the headers
             break
