@@ -168,6 +168,11 @@ def _run_rate(node: NodeProcess, work: Path, rate: float, seconds: float, checkp
         "kept_up": (worst is not None and worst < 2 * every and writes / wsecs >= 0.97 * rate
                     and held == writes and rc == 0),
         "command": "python -m dcptool " + proc.argv_text,  # type: ignore[attr-defined]
+        # each checkpoint: seconds after the writer began when it ended, its duration, the
+        # items it committed and the items behind at its end; the retries, if any
+        "timeline": [[round(e - (time.time() - (time.monotonic() - t0)), 1), r["seconds"],
+                      r["items"], r["lag"][node.bucket]["items"]] for _s, e, r in spans],
+        "retries": [r for r in recs if r.get("event") == "retry"],
     }
 
 
