@@ -40,7 +40,6 @@ import struct
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,11 +58,8 @@ from dcptool.protocol.constants import Opcode  # noqa: E402
 VBUCKETS = 1024
 POOL = 8192
 TICK = 0.05
-HDR = struct.Struct(">BBHBBHIIQ")
+HDR = node_ingest.HDR  # a request or response header
 
-
-def _epoch(iso: str) -> float:
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def _writer(host: str, port: int, password: str, rate: float, seconds: float, prefix: str,
@@ -147,7 +143,7 @@ def _run_rate(node: NodeProcess, work: Path, rate: float, seconds: float, checkp
     cps = [r for r in recs if r.get("event") == "checkpoint"]
     # the writes' checkpoints: from the second on (the first is the full backup of what
     # was there before); start = end - duration
-    spans = [(_epoch(r["time"]) - r["seconds"], _epoch(r["time"]), r) for r in cps]
+    spans = [(cont._epoch(r["time"]) - r["seconds"], cont._epoch(r["time"]), r) for r in cps]
     lags = [(e - spans[i - 1][0], r) for i, (_s, e, r) in enumerate(spans) if i >= 1]
     worst, worst_rec = max(lags, key=lambda x: x[0]) if lags else (None, None)
     a = Archive.open(archive)
