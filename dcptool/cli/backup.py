@@ -126,7 +126,8 @@ def backup(
     continuous: Annotated[bool, typer.Option(
         "--continuous", rich_help_panel=CONTINUOUS,
         help="Keep backing up: commit what is new at every checkpoint until Ctrl-C (which "
-             "commits a last one and exits 0). Bucket archives (-b).")] = False,
+             "commits a last one and exits 0). One bucket (-b), or every bucket of a "
+             "cluster archive.")] = False,
     checkpoint: Annotated[str, typer.Option(
         "--checkpoint", metavar="DURATION", rich_help_panel=CONTINUOUS,
         help="--continuous: how often what the node sent is committed.")] = "10s",
@@ -201,6 +202,14 @@ def backup(
 
     Example: dcptool backup -c 127.0.0.1 -b default /backups/default --continuous --checkpoint 5s
 
+    Into a cluster archive (without -b) --continuous checkpoints every bucket of the
+    cluster in one loop, each into its bucket archive as above; a bucket that fails is
+    retried on its own, a bucket created meanwhile is picked up, and the cluster's record
+    (settings, scopes and collections, users and groups) follows the checkpoints: its
+    newest run is the last checkpoint of every bucket.
+
+    Example: dcptool backup -c 127.0.0.1 /backups/cluster --continuous
+
     Into a cluster archive (a new ARCHIVE without -b, or --all-buckets) every bucket the
     user may back up is backed up, each into its own bucket archive under ARCHIVE/buckets/NAME (its chain
     incremental on its own; a new bucket starts full, one dropped and created again
@@ -225,15 +234,23 @@ def backup(
         raise UsageError("--checkpoint, --rotate, --rotate-size and --stop-after are options "
                          "of --continuous", hint="add --continuous")
     if continuous:
-        if all_buckets or kind == "cluster" or (kind is None and conn_args.bucket is None):
+        cluster = all_buckets or kind == "cluster" or (kind is None and conn_args.bucket is None)
+        if cluster and vbuckets:
             from dcptool.errors import UsageError
 
-            raise UsageError("--continuous backs up one bucket into a bucket archive",
-                             hint="add -b BUCKET (a new ARCHIVE, or an archive of one bucket)")
+            raise UsageError("--vbuckets selects vbuckets of one bucket", hint="leave it out, "
+                             "or back up one bucket with -b into a bucket archive")
+        if not cluster and (disable_bucket_config or disable_users):
+            from dcptool.errors import UsageError
+
+            raise UsageError("--disable-bucket-config and --disable-users are for cluster "
+                             "archives", hint="add --all-buckets")
         _continuous_backup(archive, conn_args, encrypt=encrypt, json_out=json_out,
                            no_progress=no_progress, full=full, purge_partial=purge_partial,
                            checkpoint=checkpoint, rotate=rotate, rotate_size=rotate_size,
-                           stop_after=stop_after, master=master, backup={
+                           stop_after=stop_after, master=master, cluster=cluster,
+                           bucket_config=not disable_bucket_config, users=not disable_users,
+                           backup={
                                "partitions": partitions, "level": level,
                                "vbuckets": parse_vbuckets(vbuckets) if vbuckets else None,
                                "watermark": not no_watermark, "watermark_ttl": ttl,
@@ -343,8 +360,11 @@ def _cluster_backup(archive: str, conn_args: Any, *, encrypt: bool, bucket_confi
 def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out: bool,
                        no_progress: bool, full: bool, purge_partial: bool, checkpoint: str,
                        rotate: str, rotate_size: str, stop_after: str | None,
-                       master: str | None, backup: dict[str, Any]) -> None:
-    """`backup --continuous`: a checkpoint every --checkpoint until Ctrl-C or SIGTERM."""
+                       master: str | None, backup: dict[str, Any], cluster: bool = False,
+                       bucket_config: bool = True, users: bool = True) -> None:
+    """`backup --continuous`: a checkpoint every --checkpoint until Ctrl-C or SIGTERM; of
+    one bucket into a bucket archive, or (`cluster`) of every bucket into a cluster
+    archive."""
     import signal
     import sys
     import time
@@ -370,36 +390,32 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
                           stop_after=None if stop_after is None else
                           parse_ttl(stop_after, "--stop-after"))
     check_alone(archive)  # before Spark starts
-    target, new_passphrase = _open_or_plan_encrypted(archive, encrypt)
-    opts = conn_args.options(bucket=conn_args.bucket or bucket_of_archive(archive) or "default")
-    check_privileges(opts, "back up", DCP_PRODUCER,
-                     *([WATERMARK_WRITE] if backup["watermark"] else []))
-    o.backup = {**backup, "passphrase": new_passphrase}
+    if cluster:
+        passphrase, new_passphrase = _cluster_passphrase(archive, encrypt)
+        opts = conn_args.options(bucket=conn_args.bucket or "default")
+        o.backup = dict(backup)
+    else:
+        target, new_passphrase = _open_or_plan_encrypted(archive, encrypt)
+        opts = conn_args.options(bucket=conn_args.bucket or bucket_of_archive(archive)
+                                 or "default")
+        check_privileges(opts, "back up", DCP_PRODUCER,
+                         *([WATERMARK_WRITE] if backup["watermark"] else []))
+        o.backup = {**backup, "passphrase": new_passphrase}
     show = show_progress(no_progress or json_out)
     bar = new_bar(endless=True) if show else None
-    task = bar.add_task(opts.bucket, total=None,
-                        detail="starting Spark") if bar is not None else None
+    lines = _ContinuousLines(bar, [] if cluster else [opts.bucket])
 
     def on_checkpoint(rec: dict[str, Any]) -> None:
         if json_out:
             print_json({"event": "checkpoint", **rec})
             sys.stdout.flush()
-        if bar is not None:
-            lag = rec["lag"][opts.bucket]
-            rate = rec["items_per_second"]
-            # 80 columns: the counts of backups and rotations are in the summary at the end
-            bar.update(task, detail=(
-                f"lag {lag['seconds']:.1f} s, {lag['items'] if lag['items'] is not None else '?'}"
-                f" items behind, checkpoint {rec['time'][11:19]}, "
-                f"{human_rate(rate) if rate is not None else '-'} items/s"))
+        lines.checkpoint(rec)
 
     def on_retry(rec: dict[str, Any]) -> None:
         if json_out:
             print_json({"event": "retry", **rec})
             sys.stdout.flush()
-        if bar is not None:
-            bar.update(task, detail=f"lag {rec['lag'][opts.bucket]['seconds']:.1f} s, "
-                                    f"retrying in {rec['retry_in']:.0f} s")
+        lines.retry(rec)
 
     o.on_checkpoint = on_checkpoint
     o.on_retry = on_retry
@@ -421,10 +437,18 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
             # SIGTERM) asks for a last checkpoint, a second one abandons it as any backup
             # is interrupted
             spark = runtime.get_context(master)
-            if bar is not None:
-                bar.update(task, detail="first checkpoint")
+            lines.started()
             previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-            summary = run_continuous(opts, target, o, spark=spark, master=master)
+            if cluster:
+                from dcptool.pipeline.clustercontinuous import run_cluster_continuous
+
+                summary = run_cluster_continuous(
+                    opts, archive, o, passphrase=passphrase, new_passphrase=new_passphrase,
+                    buckets=[conn_args.bucket] if conn_args.bucket else None,
+                    bucket_config=bucket_config, users=users, spark=spark, master=master,
+                    on_buckets=lines.buckets)
+            else:
+                summary = run_continuous(opts, target, o, spark=spark, master=master)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -432,11 +456,121 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
     if json_out:
         print_json({"event": "stopped", **summary})
         return
+    what = (f"{plural(len(summary['buckets']), 'bucket')} ({', '.join(summary['buckets'])})"
+            if cluster else opts.bucket)
+    last = (max((b["last_checkpoint"] or "" for b in summary["buckets"].values()),
+                default="") or None) if cluster else summary["last_checkpoint"]
     console().print(
-        f"continuous backup of {opts.bucket} stopped after {time.monotonic() - t0:.0f} s: "
+        f"continuous backup of {what} stopped after {time.monotonic() - t0:.0f} s: "
         f"{plural(t['checkpoints'], 'checkpoint')} ({t['backups']} wrote a backup), "
         f"{t['items']:,} items, {plural(t['rotations'], 'rotation')}, "
-        f"{plural(t['files'], 'file')}; last checkpoint {summary['last_checkpoint']}")
+        f"{plural(t['files'], 'file')}; last checkpoint {last}", markup=False)
+
+
+def _cluster_passphrase(archive: str, encrypt: bool) -> tuple[Any, str | None]:
+    """(what opens the cluster archive, the new archive's passphrase or None): an existing
+    one is unlocked now (a wrong passphrase stops here, before any work)."""
+    from dcptool.archive import crypto
+    from dcptool.archive.cluster import ClusterArchive, archive_kind
+    from dcptool.cli.passphrase import passphrase_source
+    from dcptool.errors import UsageError
+
+    passphrase: Any = passphrase_source()
+    kind = archive_kind(archive)
+    if kind == "bucket":
+        raise UsageError(f"{archive} is an archive of one bucket, not of a cluster",
+                         hint="back up that bucket with -b, or the cluster into a new archive")
+    if kind == "cluster":
+        cluster = ClusterArchive.open(archive, passphrase=passphrase)
+        if encrypt and not cluster.encrypted:
+            raise UsageError(f"--encrypt: archive {archive} exists and is not encrypted",
+                             hint="back up into a new archive to encrypt")
+        return cluster.passphrase, None
+    if encrypt:
+        return passphrase, crypto.get_passphrase(f"new archive {archive}", confirm=True,
+                                                 source=passphrase)
+    return passphrase, None
+
+
+class _ContinuousLines:
+    """The live lines of a continuous backup: one per bucket, its lag (seconds and items),
+    its last checkpoint's time and items/s, within 80 columns."""
+
+    #: a bucket's name is cut to this many columns (the line's other fields need the rest)
+    NAME = 16
+
+    def __init__(self, bar: Any, buckets: list[str]) -> None:
+        self.bar = bar
+        self.tasks: dict[str, Any] = {}
+        self.at: dict[str, str] = {}
+        self.rate: dict[str, Any] = {}
+        self.waiting = None
+        if bar is None:
+            return
+        if buckets:
+            self.buckets(buckets, detail="starting Spark")
+        else:
+            self.waiting = bar.add_task("buckets", total=None, detail="starting Spark")
+
+    def _label(self, name: str) -> str:
+        return name if len(name) <= self.NAME else name[:self.NAME - 1] + "~"
+
+    def started(self) -> None:
+        if self.bar is None:
+            return
+        for t in [*self.tasks.values(), *([self.waiting] if self.waiting is not None else [])]:
+            self.bar.update(t, detail="first checkpoint")
+
+    def buckets(self, names: list[str], detail: str = "first checkpoint") -> None:
+        """The buckets the run checkpoints now (new ones get a line, dropped ones say so)."""
+        if self.bar is None:
+            return
+        if self.waiting is not None:
+            self.bar.remove_task(self.waiting)
+            self.waiting = None
+        for name in self.tasks:
+            if name not in names:
+                self.bar.update(self.tasks[name], detail="dropped: no more checkpoints")
+        for name in names:
+            if name not in self.tasks:
+                self.tasks[name] = self.bar.add_task(self._label(name), total=None,
+                                                     detail=detail)
+        width = max((len(self._label(n)) for n in self.tasks), default=0)
+        for name, t in self.tasks.items():
+            self.bar.update(t, description=self._label(name).ljust(width))
+
+    def checkpoint(self, rec: dict[str, Any]) -> None:
+        if self.bar is None:
+            return
+        per = rec.get("buckets")
+        one = per is None  # one bucket's record: its line has the room of the terminal
+        if one:
+            per = {rec["bucket"]: rec}
+        for name, r in per.items():
+            self.at[name] = rec["time"][11:19]
+            self.rate[name] = r.get("items_per_second")
+        for name, lag in rec["lag"].items():
+            if name not in self.tasks or name not in self.at:
+                continue
+            rate = self.rate.get(name)
+            failing = (rec.get("failing") or {}).get(name)
+            items = lag["items"] if lag["items"] is not None else "?"
+            secs = f"{lag['seconds']:.1f}" if lag["seconds"] is not None else "?"
+            speed = f"{human_rate(rate) if rate is not None else '-'} items/s"
+            if one:
+                detail = (f"lag {secs} s, {items} items behind, checkpoint {self.at[name]}, "
+                          f"{speed}")
+            else:  # a line per bucket within 80 columns, beside a name of 16 at most
+                detail = (f"lag {secs} s/{items} items, at {self.at[name]}, "
+                          + ("failing" if failing else speed))
+            self.bar.update(self.tasks[name], detail=detail)
+
+    def retry(self, rec: dict[str, Any]) -> None:
+        if self.bar is None or rec["bucket"] not in self.tasks:
+            return
+        self.bar.update(self.tasks[rec["bucket"]],
+                        detail=f"lag {rec['lag'][rec['bucket']]['seconds']:.1f} s, "
+                               f"retrying in {rec['retry_in']:.0f} s")
 
 
 def _report_backup(d: dict, json_out: bool) -> None:

@@ -182,6 +182,27 @@ def _print_continuous(con: Any, c: dict[str, Any] | None) -> None:
                   f"{c['last_checkpoint'] or 'none'})")
 
 
+def _print_cluster_continuous(con: Any, c: dict[str, Any] | None) -> None:
+    """A continuous backup of a cluster archive: running or not, and per bucket how far
+    behind the node it is."""
+    if c is None:
+        return
+    if not c["running"]:
+        con.print(f"continuous backup not running (last checkpoint "
+                  f"{c['last_checkpoint'] or 'none'})")
+        return
+    con.print(f"continuous backup running since {c['since']}, every "
+              f"{c['checkpoint_seconds']:g} s (pid {c['pid']} on {c['host']}):")
+    for name, b in (c.get("buckets") or {}).items():
+        lag = "?" if b["lag_seconds"] is None else f"{b['lag_seconds']:.1f} s"
+        behind = "?" if b["items_behind"] is None else f"{b['items_behind']:,}"
+        con.print(f"  bucket {escape(name)}: lag {lag} ({behind} items behind), last "
+                  f"checkpoint {b['last_checkpoint'] or 'none yet'}"
+                  + (f"; failing: {escape(b['failing'])}" if b.get("failing") else ""))
+    for name in c.get("dropped") or ():
+        con.print(f"  bucket {escape(name)}: not on the node (its backups are kept)")
+
+
 def _print_bucket_info(desc: dict[str, Any], archive: str) -> None:
     """A bucket archive's description (describe_archive's), as info prints it."""
     a = desc["archive"]
@@ -328,6 +349,7 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
     for name, d in desc["buckets"].items():  # each bucket's entry is its archive's info
         if "error" not in d:
             d["continuous"] = _continuous(cluster.open_bucket(name))
+    desc["continuous"] = _continuous(cluster)  # backup --continuous of the cluster archive
     if conn_args.cluster is not None:
         _cluster_node_checks(cluster, desc, conn_args)
     if as_json:
@@ -348,6 +370,7 @@ def _cluster_info(archive: str, as_json: bool, conn_args: ConnArgs, keep: int) -
               f"{'  encrypted' if desc['encrypted'] else ''}  "
               f"{plural(len(desc['buckets']), 'bucket')}  {plural(len(desc['runs']), 'run')}")
     _print_lock(con, desc["locked_by"])
+    _print_cluster_continuous(con, desc.get("continuous"))
     rows = []
     for name, d in desc["buckets"].items():
         if "error" in d:

@@ -96,7 +96,7 @@ def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
     encrypted under `new_passphrase` when given; an encrypted one opens with
     `passphrase`). `backup`: run_backup's options, for each bucket. `on_bucket(name, i,
     n)` is called as each bucket's backup begins."""
-    from dcptool.client.rest import RestError, rest_client_for
+    from dcptool.client.rest import rest_client_for
     from dcptool.pipeline.backup import AnotherBucketError, run_backup
 
     started = time.monotonic()
@@ -106,28 +106,12 @@ def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
     key = cluster.passphrase
     with cluster.lock("backup"):
         rest = rest_client_for(opts, rest_port)
-        try:
-            listed = rest.request("GET", "/pools/default/buckets") or []
-            rbac = rest.request("GET", "/settings/rbac/backup") if users else None
-        except RestError as exc:
-            if exc.forbidden and users:
-                raise UsageError(f"{opts.username} may not read the cluster's users and groups "
-                                 f"({exc})", hint="--disable-users leaves them out") from None
-            raise
-        on_node = {b["name"]: b for b in listed
-                   if isinstance(b, dict) and isinstance(b.get("name"), str)
-                   and BUCKET_NAME_RE.fullmatch(b["name"])}
+        listed = node_buckets(rest)
+        rbac = read_rbac(opts, rest) if users else None
         include = data_names(backup.pop("include_data", None))
         exclude = data_names(backup.pop("exclude_data", None))
-        if include:
-            buckets = sorted({n.split(".", 1)[0] for n in include} | set(buckets or ()))
-        if buckets:
-            missing = sorted(set(buckets) - set(on_node))
-            if missing:
-                raise UsageError(f"{opts.address} has no bucket {', '.join(missing)} "
-                                 "(or the user may not see it)")
-            on_node = {n: on_node[n] for n in buckets}
-        on_node = {n: d for n, d in on_node.items() if n not in exclude}
+        buckets = named_buckets(buckets, include)
+        on_node = selected(opts, listed, buckets, exclude)
         left_out = left_out_for_privileges(opts, on_node, named=bool(buckets),
                                                   watermark=backup.get("watermark", True),
                                                   tell=tell)
@@ -160,12 +144,9 @@ def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
                                      "status": status or r.type}
             if bucket_config:
                 entry["settings"] = settings_of(doc)
-                try:
-                    entry["scopes"] = rest.request(
-                        "GET", f"/pools/default/buckets/{name}/scopes")
-                except RestError as exc:
-                    if exc.status != 404:  # a node without collections has no such endpoint
-                        raise
+                scopes = read_scopes(rest, name)
+                if scopes is not None:
+                    entry["scopes"] = scopes
             record["buckets"][name] = entry
             result.buckets[name] = {"status": entry["status"], "backup": r.as_dict()}
         if not buckets:
@@ -176,13 +157,74 @@ def run_cluster_backup(opts: Any, location: str, *, passphrase: Any = None,
                     tell(f"bucket {name} is in the archive but no longer on {opts.address}: "
                          "its backups are kept")
         if rbac is not None:
-            record["users"] = rbac.get("users", []) if isinstance(rbac, dict) else []
-            record["groups"] = rbac.get("groups", []) if isinstance(rbac, dict) else []
-            record["rbac_version"] = rbac.get("version") if isinstance(rbac, dict) else None
+            record.update(rbac_fields(rbac))
             result.users, result.groups = len(record["users"]), len(record["groups"])
         cluster.write_run(run_id, record)
     result.seconds = time.monotonic() - started
     return result
+
+
+def node_buckets(rest: Any) -> dict[str, dict[str, Any]]:
+    """{name: Couchbase bucket document} of the buckets the node lists to the user."""
+    listed = rest.request("GET", "/pools/default/buckets") or []
+    return {b["name"]: b for b in listed
+            if isinstance(b, dict) and isinstance(b.get("name"), str)
+            and BUCKET_NAME_RE.fullmatch(b["name"])}
+
+
+def read_rbac(opts: Any, rest: Any) -> Any:
+    """The cluster's users and groups as its backup endpoint gives them (a user who may
+    not read them: a one-line UsageError)."""
+    from dcptool.client.rest import RestError
+
+    try:
+        return rest.request("GET", "/settings/rbac/backup")
+    except RestError as exc:
+        if exc.forbidden:
+            raise UsageError(f"{opts.username} may not read the cluster's users and groups "
+                             f"({exc})", hint="--disable-users leaves them out") from None
+        raise
+
+
+def rbac_fields(rbac: Any) -> dict[str, Any]:
+    """What a run's record holds of the users and groups read by `read_rbac`."""
+    ok = isinstance(rbac, dict)
+    return {"users": rbac.get("users", []) if ok else [],
+            "groups": rbac.get("groups", []) if ok else [],
+            "rbac_version": rbac.get("version") if ok else None}
+
+
+def read_scopes(rest: Any, name: str) -> Any:
+    """A bucket's scopes and collections (None: the node has no collections)."""
+    from dcptool.client.rest import RestError
+
+    try:
+        return rest.request("GET", f"/pools/default/buckets/{name}/scopes")
+    except RestError as exc:
+        if exc.status != 404:  # a node without collections has no such endpoint
+            raise
+        return None
+
+
+def named_buckets(buckets: list[str] | None, include: list[str]) -> list[str] | None:
+    """The buckets a selection names (-b, and the buckets --include-data names); None:
+    every bucket."""
+    if include:
+        return sorted({n.split(".", 1)[0] for n in include} | set(buckets or ()))
+    return list(buckets) if buckets else None
+
+
+def selected(opts: Any, on_node: dict[str, Any], buckets: list[str] | None,
+             exclude: list[str]) -> dict[str, Any]:
+    """The buckets of `on_node` the selection leaves in (a named one the node lacks: a
+    one-line UsageError)."""
+    if buckets:
+        missing = sorted(set(buckets) - set(on_node))
+        if missing:
+            raise UsageError(f"{opts.address} has no bucket {', '.join(missing)} "
+                             "(or the user may not see it)")
+        on_node = {n: on_node[n] for n in buckets}
+    return {n: d for n, d in on_node.items() if n not in exclude}
 
 
 def left_out_for_privileges(opts: Any, on_node: dict[str, Any], *, named: bool,

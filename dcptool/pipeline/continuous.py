@@ -119,17 +119,30 @@ def continuous_status(archive_path: Any, now: float | None = None) -> dict[str, 
              else True)
     running = st.get("state") == "running" and alive and (fresh or st.get("host") ==
                                                           socket.gethostname())
+    out = {"running": running, "pid": st.get("pid"), "host": st.get("host"),
+           "since": st.get("since"), "last_checkpoint": st.get("last_checkpoint"),
+           "last_backup": st.get("last_backup"), "lag_seconds": _lag_now(st, running, now),
+           "items_behind": st.get("items_behind"), "failing": st.get("failing"),
+           "checkpoint_seconds": interval}
+    if isinstance(st.get("buckets"), dict):  # a cluster archive's: each bucket's
+        out["buckets"] = {
+            name: {"last_checkpoint": b.get("last_checkpoint"),
+                   "last_backup": b.get("last_backup"),
+                   "lag_seconds": _lag_now(b, running, now),
+                   "items_behind": b.get("items_behind"), "failing": b.get("failing")}
+            for name, b in sorted(st["buckets"].items()) if isinstance(b, dict)}
+        out["dropped"] = st.get("dropped") or []
+    return out
+
+
+def _lag_now(st: dict[str, Any], running: bool, now: float) -> float | None:
+    """The lag a status records, grown since: items were behind at the last checkpoint (or
+    checkpoints fail), so they wait since it began at least."""
     lag = st.get("lag_seconds")
     if running and st.get("last_checkpoint_epoch") and (st.get("items_behind")
                                                         or st.get("failing")):
-        # items were behind at the last checkpoint: they wait since it began at least
         lag = max(float(lag or 0), now - float(st["last_checkpoint_epoch"]))
-    return {"running": running, "pid": st.get("pid"), "host": st.get("host"),
-            "since": st.get("since"), "last_checkpoint": st.get("last_checkpoint"),
-            "last_backup": st.get("last_backup"),
-            "lag_seconds": None if lag is None else round(float(lag), 3),
-            "items_behind": st.get("items_behind"), "failing": st.get("failing"),
-            "checkpoint_seconds": interval}
+    return None if lag is None else round(float(lag), 3)
 
 
 def check_alone(archive_path: Any) -> None:
@@ -202,6 +215,8 @@ class ContinuousBackup:
         self._opened: Archive | None = None
         self.last_backup: str | None = None
         self.failing: str | None = None
+        #: rotate within checkpoint() (False: the caller calls rotate() when it suits it)
+        self.rotate_inline = True
 
     # -- the archive -------------------------------------------------------------------
 
@@ -354,7 +369,8 @@ class ContinuousBackup:
             if (self.o.backup.get("watermark", True)
                     and time.monotonic() - self.last_watermark >= WATERMARK_RENEW):
                 self._renew_watermark(a, members)
-        rec["rotated"] = self._maybe_rotate(a)
+        # a cluster's loop rotates after its run record named this checkpoint (rotate())
+        rec["rotated"] = self._maybe_rotate(a) if self.rotate_inline else None
         # how far behind the node the archive is now
         try:
             now_seqnos, _logs, _m = self._node()
@@ -408,6 +424,21 @@ class ContinuousBackup:
             register_on_cluster(self.opts, a, members, ttl or DEFAULT_WATERMARK_TTL,
                                  self._notice)
         self.last_watermark = time.monotonic()
+
+    def rotate(self) -> dict[str, Any] | None:
+        """The rotation, when due (see _maybe_rotate), outside a checkpoint."""
+        return self._maybe_rotate(self._archive())
+
+    def failed(self, exc: BaseException) -> dict[str, Any]:
+        """A failed checkpoint attempt recorded (the status file says so); its lag: what
+        is behind is unknown now, it waits since the last checkpoint began."""
+        self.failures += 1
+        lag = {"seconds": round(time.time() - (self.last_ok or self.started), 3),
+               "items": None}
+        self.failing = _one_line(exc)
+        self.unchanged_since = None
+        self._write_status("running", lag)
+        return lag
 
     def _maybe_rotate(self, a: Archive | None) -> dict[str, Any] | None:
         """Fold the segment into one backup when it is old or large enough."""
@@ -476,9 +507,9 @@ class ContinuousBackup:
                 if not _retryable(exc):
                     self._write_status("stopped")
                     raise
-                self.failures += 1
                 backoff = min(BACKOFF_MAX, max(BACKOFF_FIRST, backoff * 2))
                 if stopping:
+                    self.failures += 1
                     self._write_status("stopped")
                     raise DcptoolError(f"the last checkpoint failed: {_one_line(exc)}",
                                        hint="a partial backup is kept; the next backup of "
@@ -486,12 +517,7 @@ class ContinuousBackup:
                 streak += 1
                 self._notice(f"checkpoint failed: {_one_line(exc)}; retrying in "
                              f"{backoff:.0f} s (the lag grows, nothing is lost)")
-                # what is behind is unknown now; it waits since the last checkpoint began
-                lag = {"seconds": round(time.time() - (self.last_ok or self.started), 3),
-                       "items": None}
-                self.failing = _one_line(exc)
-                self.unchanged_since = None
-                self._write_status("running", lag)
+                lag = self.failed(exc)
                 if o.on_retry is not None:
                     o.on_retry({"bucket": self.opts.bucket, "error": self.failing,
                                 "attempt": streak, "retry_in": backoff,
