@@ -391,8 +391,12 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
                           parse_ttl(stop_after, "--stop-after"))
     check_alone(archive)  # before Spark starts
     if cluster:
+        from dcptool.client.rest import rest_client_for
+        from dcptool.pipeline.clusterbackup import node_buckets
+
         passphrase, new_passphrase = _cluster_passphrase(archive, encrypt)
         opts = conn_args.options(bucket=conn_args.bucket or "default")
+        node_buckets(rest_client_for(opts, None))  # a node that does not answer: one line
         o.backup = dict(backup)
     else:
         target, new_passphrase = _open_or_plan_encrypted(archive, encrypt)

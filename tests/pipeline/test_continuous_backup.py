@@ -386,11 +386,20 @@ def test_rotation_makes_ordinary_backups(spark, tmp_path, capsys):
     _restored_equals(archive, expected, spark, tmp_path / "dst")
 
 
-def test_continuous_needs_a_bucket_archive_and_its_own_options(tmp_path, capsys, monkeypatch):
+def test_continuous_options_are_checked_before_any_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DCPTOOL_PASSWORD", "x")
     monkeypatch.delenv("DCPTOOL_BUCKET", raising=False)
+    # without -b a new ARCHIVE is a cluster archive (tests/cluster/test_cluster_continuous.py):
+    # a node that does not answer is one line, and no archive is made
     code, out, err = cli(capsys, "backup", "-c", "127.0.0.1:1", tmp_path / "a", "--continuous")
-    assert code == 2 and "--continuous backs up one bucket" in err and "Traceback" not in err
+    assert code == 1 and "cannot connect to 127.0.0.1:1" in err and "Traceback" not in err
+    assert not (tmp_path / "a").exists()
+    code, out, err = cli(capsys, "backup", "-c", "127.0.0.1:1", tmp_path / "a", "--continuous",
+                         "--vbuckets", "0-3")
+    assert code == 2 and "--vbuckets selects vbuckets of one bucket" in err
+    code, out, err = cli(capsys, "backup", "-c", "127.0.0.1:1", "-b", "default",
+                         tmp_path / "a", "--continuous", "--disable-users")
+    assert code == 2 and "are for cluster archives" in err
     code, out, err = cli(capsys, "backup", "-c", "127.0.0.1:1", "-b", "default",
                          tmp_path / "a", "--checkpoint", "5s")
     assert code == 2 and "options of --continuous" in err
