@@ -12,6 +12,7 @@ meanwhile is picked up.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -268,8 +269,28 @@ def test_every_bucket_continuously_through_kill9_and_ctrl_c(tmp_path):
     from dcptool.archive.pointintime import iso, NS
 
     when = iso(int(at * NS))
-    assert _restore_into_fresh_node(archive, tmp_path / "pause", "--to-time", when) == \
-        {b: w.state(until=at) for b, w in writers.items()}
+    then = {b: w.state(until=at) for b, w in writers.items()}
+    assert _restore_into_fresh_node(archive, tmp_path / "pause", "--to-time", when) == then
+    # export --at and examine --at read the same state
+    r = _dcptool("export", archive, tmp_path / "then", "--format", "jsonl", "--resolved",
+                 "--at", when)
+    assert r.returncode == 0, r.stderr
+    exported: dict[str, dict[bytes, int]] = {b: {} for b in BUCKETS}
+    for part in (tmp_path / "then").glob("*.jsonl"):
+        for line in part.read_text().splitlines():
+            d = json.loads(line)
+            if not d["deleted"]:
+                exported[d["bucket"]][d["key"].encode()] = \
+                    json.loads(base64.b64decode(d["value"]))["i"]
+    assert exported == then
+    for b, w in writers.items():  # a key live at the time and one that was not
+        keys = sorted({k for k, *_ in w.log})
+        live = next(k for k in keys if k.encode() in then[b])
+        gone = next((k for k in keys if k.encode() not in then[b]), None)
+        for key in filter(None, (live, gone)):
+            r = _dcptool("examine", archive, key, "-b", b, "--at", when, "--json")
+            assert r.returncode == 0, r.stderr
+            assert json.loads(r.stdout)["at"]["exists"] is (key == live), (b, key)
 
 
 def test_a_failing_bucket_does_not_stop_the_others(tmp_path):
