@@ -11,7 +11,8 @@ turn (by name), then
   run's: each bucket's newest backup, its settings, scopes and collections, the users
   and groups) when any bucket's newest backup or the recorded metadata changed; the
   record it wrote before is deleted then (it named checkpoints the rotations fold away),
-  so `runs/` keeps one record of a continuous backup, its newest: a restore of the newest
+  as is, at the start, the newest run when an earlier continuous backup wrote it, so
+  `runs/` keeps one record of a continuous backup, its newest: a restore of the newest
   run restores the last round; a batch cluster backup's runs are never touched. Settings
   come from the bucket listing each round reads; scopes, collections, users and groups
   are read again at most every METADATA_REFRESH seconds and at every rotation;
@@ -43,7 +44,7 @@ from dcptool.errors import DcptoolError
 
 from .continuous import (
     BACKOFF_FIRST, BACKOFF_MAX, ContinuousBackup, ContinuousOptions, _one_line, check_alone,
-    read_status, status_path,
+    status_path,
 )
 
 #: scopes, collections, users and groups are read again at most this often (and at rotations)
@@ -277,13 +278,18 @@ class ClusterContinuous:
         self.run_id, self.run_named = run_id, same
 
     def _previous_run(self) -> None:
-        """The run record an earlier continuous backup of the archive wrote last: this run
-        replaces it (when the archive's runs end with it: a later cluster backup's run is
-        left alone)."""
-        st = read_status(self.cluster.path) or {}
-        rid = st.get("run")
-        if isinstance(rid, str) and self.cluster.run_ids()[-1:] == [rid]:
-            self.run_id = rid
+        """The run record an earlier continuous backup of the archive wrote last, when it
+        is the archive's newest run: this run replaces it (a later cluster backup's run,
+        or an older one, is left alone)."""
+        ids = self.cluster.run_ids()
+        if not ids:
+            return
+        try:
+            newest = self.cluster.run(ids[-1])
+        except DcptoolError:
+            return
+        if isinstance(newest.get("continuous"), dict):
+            self.run_id = ids[-1]
 
     def _write_status(self, state: str) -> None:
         lags = {n: b.lag for n, b in self.buckets.items()}

@@ -29,6 +29,7 @@ from nodeprocutil import NodeProcess
 from restutil import rest_request
 
 from dcptool.archive import Archive
+from dcptool.archive.cluster import ClusterArchive
 
 VBS = 8
 BUCKETS = ("default", "other")
@@ -228,8 +229,12 @@ def test_every_bucket_continuously_through_kill9_and_ctrl_c(tmp_path):
             assert st["buckets"][b]["continuous"]["running"] is True
         time.sleep(rng.uniform(0.0, 1.5))  # a random moment: mid-checkpoint or between
         run.kill9()
+        before = ClusterArchive.open(archive).run_ids()
         run = Continuous(node, archive)
         run.wait_checkpoints(2)
+        # the run record the killed run wrote last is replaced, not kept beside
+        runs = ClusterArchive.open(archive).run_ids()
+        assert before and len(runs) == len(before) and before[-1] not in runs, (before, runs)
         # a pause of both writers: a time in it is restored to exactly the logs' state
         for w in writers.values():
             w.hold.set()
@@ -348,10 +353,66 @@ def test_a_failing_bucket_does_not_stop_the_others(tmp_path):
     for b, n in (("default", 11), ("other", 11), ("third", 5)):
         assert assert_nothing_twice(archive / "buckets" / b) == n, b
     # the newest run names the buckets still backed up, and other as dropped
-    from dcptool.archive.cluster import ClusterArchive
-
     record = ClusterArchive.open(archive).run()
     assert record["buckets"]["other"] == {"status": "dropped"}
     assert sorted(b for b, e in record["buckets"].items() if e.get("backup")) == \
         ["default", "third"]
     assert record["continuous"]["pid"] == run.proc.pid
+    # the fields docs/json-output.md documents, and no others
+    from cliutil import documented_under
+
+    doc = documented_under("### dcptool backup --continuous of a cluster archive")
+    assert all(set(c) == set(doc) for c in run.checkpoints())
+
+
+def test_live_lines_one_per_bucket_within_80_columns(tmp_path):
+    """On an 80-column terminal the run draws a line per bucket: its lag in seconds and
+    items, its last checkpoint's time, items/s, whole; a summary of the buckets on stdout
+    when it stops."""
+    import pty
+    import re
+    import select
+
+    from termutil import render
+
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        _create_bucket(node, "other")
+        for b in BUCKETS:
+            with opts_for(node, b).connect() as conn:
+                load(conn, {f"{b}::{i}": {"i": i} for i in range(10)}, VBS)
+        master, slave = pty.openpty()
+        env = dict(os.environ, DCPTOOL_PASSWORD=node.password, COLUMNS="80")
+        env.pop("NO_COLOR", None)
+        env.pop("DCPTOOL_BUCKET", None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dcptool", "backup", "-c", f"{node.host}:{node.port}",
+             str(tmp_path / "cluster"), "--continuous", "--checkpoint", "1s",
+             "--stop-after", "3s", "--master", "local[2]", "--no-watermark"],
+            env=env, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        os.close(slave)
+        screen = bytearray()
+        try:
+            while True:
+                r, _, _ = select.select([master], [], [], 0.2)
+                if r:
+                    try:
+                        chunk = os.read(master, 65536)
+                    except OSError:
+                        break
+                    if not chunk:
+                        break
+                    screen += chunk
+                elif proc.poll() is not None:
+                    break
+            out = proc.stdout.read().decode()
+            assert proc.wait(60) == 0
+        finally:
+            os.close(master)
+    lines = render(bytes(screen), 80)
+    for b in BUCKETS:
+        line = re.compile(rf"^{b} +lag \d+\.\d s/\d+ items, at \d\d:\d\d:\d\d, [-\d.,k]+ "
+                          r"items/s +\d+:\d\d:\d\d$")
+        assert any(line.match(ln.rstrip()) for ln in lines), "\n".join(lines[-12:])
+    assert all(len(ln.rstrip()) <= 80 for ln in lines)
+    assert out.startswith("continuous backup of 2 buckets (default, other) stopped after"), out
