@@ -11,7 +11,8 @@ turn (by name), then
   run's: each bucket's newest backup, its settings, scopes and collections, the users
   and groups) when any bucket's newest backup or the recorded metadata changed; the
   record it wrote before is deleted then (it named checkpoints the rotations fold away),
-  as is, at the start, the newest run when an earlier continuous backup wrote it, so
+  as is, at the start, the newest run when an earlier continuous backup wrote it (and it
+  names no bucket this one leaves out), so
   `runs/` keeps one record of a continuous backup, its newest: a restore of the newest
   run restores the last round; a batch cluster backup's runs are never touched. Settings
   come from the bucket listing each round reads; scopes, collections, users and groups
@@ -288,7 +289,11 @@ class ClusterContinuous:
             newest = self.cluster.run(ids[-1])
         except DcptoolError:
             return
-        if isinstance(newest.get("continuous"), dict):
+        from dcptool.archive.clusterruns import named_backups
+
+        # (not one naming a bucket this run leaves out: -b of one bucket keeps it)
+        if (isinstance(newest.get("continuous"), dict)
+                and set(named_backups(newest)) <= set(self.buckets)):
             self.run_id = ids[-1]
 
     def _write_status(self, state: str) -> None:
@@ -357,8 +362,8 @@ class ClusterContinuous:
                 b.lag = b.cb.failed(exc)
                 if stopping:
                     b.failed_last = _one_line(exc)
-                    b.cb._notice(f"the last checkpoint failed: {_one_line(exc)} (a partial "
-                                 "backup is kept; the next backup resumes it)")
+                    b.cb._notice(f"the last checkpoint failed: {_one_line(exc)} (what it "
+                                 "wrote is kept; the next backup resumes it)")
                     continue
                 b.cb._notice(f"checkpoint failed: {_one_line(exc)}; retrying in "
                              f"{b.backoff:.0f} s (the lag grows, nothing is lost)")
@@ -451,8 +456,8 @@ class ClusterContinuous:
 
             self.spark = get_context(self.master)
         self.rest = rest_client_for(self.opts, self.rest_port)
-        self._previous_run()
         self._refresh(first=True)
+        self._previous_run()
         self._metadata(force=True)
         self._write_status("running")
         end = None if o.stop_after is None else time.monotonic() + o.stop_after
@@ -508,8 +513,8 @@ class ClusterContinuous:
             raise DcptoolError(
                 f"the last checkpoint of bucket {name} failed: {why}"
                 + (f" (and of {more} more bucket{'s' * (more > 1)})" if more else ""),
-                hint="the other buckets' last checkpoints are committed; a partial backup "
-                     "is kept, the next backup of the archive resumes it")
+                hint="the other buckets' last checkpoints are committed; what the failed "
+                     "one wrote is kept, the next backup of the archive resumes it")
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
