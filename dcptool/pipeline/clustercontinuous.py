@@ -44,7 +44,7 @@ from dcptool.archive.format import iso_time, utc_now
 from dcptool.errors import DcptoolError
 
 from .continuous import (
-    BACKOFF_FIRST, BACKOFF_MAX, ContinuousBackup, ContinuousOptions, _one_line, check_alone,
+    BACKOFF_FIRST, BACKOFF_MAX, ContinuousBackup, ContinuousOptions, one_line, check_alone,
     status_path,
 )
 
@@ -109,7 +109,7 @@ class ClusterContinuous:
 
     # -- buckets -----------------------------------------------------------------------
 
-    def _notice(self, msg: str) -> None:
+    def notice(self, msg: str) -> None:
         if self.o.notice is not None:
             self.o.notice(msg)
 
@@ -123,7 +123,7 @@ class ClusterContinuous:
         backup["passphrase"] = self.cluster.passphrase
         return ContinuousOptions(checkpoint=self.o.checkpoint, rotate=self.o.rotate,
                                  rotate_size=self.o.rotate_size, stop=self.o.stop,
-                                 notice=lambda msg, n=name: self._notice(f"bucket {n}: {msg}"),
+                                 notice=lambda msg, n=name: self.notice(f"bucket {n}: {msg}"),
                                  backup=backup)
 
     def _add(self, name: str) -> None:
@@ -132,7 +132,7 @@ class ClusterContinuous:
                               self.cluster.bucket_path(name), self._child_options(name),
                               spark=self.spark, master=self.master)
         cb.rotate_inline = False
-        cb._settle_segment()
+        cb.settle_segment()
         self.buckets[name] = _Bucket(name, cb)
         if name in self.dropped:
             self.dropped.remove(name)
@@ -167,17 +167,17 @@ class ClusterContinuous:
         if not self.named:
             for name in sorted(set(self.buckets) - set(want)):
                 b = self.buckets.pop(name)
-                b.cb._write_status("stopped", b.lag)
+                b.cb.write_status("stopped", b.lag)
                 self.dropped.append(name)
                 changed = True
-                self._notice(f"bucket {name} is no longer on {self.opts.address}: its "
+                self.notice(f"bucket {name} is no longer on {self.opts.address}: its "
                              "backups are kept, its checkpoints stop (it is backed up again "
                              "if it comes back)")
             if first:
                 for name in self.cluster.bucket_names():
                     if name not in want:
                         self.dropped.append(name)
-                        self._notice(f"bucket {name} is in the archive but not on "
+                        self.notice(f"bucket {name} is in the archive but not on "
                                      f"{self.opts.address}: its backups are kept")
         new = {n: d for n, d in want.items()
                if n not in self.buckets and n not in self.left_out}
@@ -186,10 +186,10 @@ class ClusterContinuous:
             # refused in one line)
             self.left_out += left_out_for_privileges(
                 self.opts, new, named=bool(self.named),
-                watermark=self.o.backup.get("watermark", True), tell=self._notice)
+                watermark=self.o.backup.get("watermark", True), tell=self.notice)
         for name in sorted(new):
             if not first:
-                self._notice(f"bucket {name} is new on {self.opts.address}: backed up from "
+                self.notice(f"bucket {name} is new on {self.opts.address}: backed up from "
                              "now on")
             self._add(name)
             changed = True
@@ -234,7 +234,7 @@ class ClusterContinuous:
                                                  "pid": os.getpid(),
                                                  "host": socket.gethostname()}}
         for name, b in sorted(self.buckets.items()):
-            a = b.cb._archive_or_none()
+            a = b.cb.archive_or_none()
             latest = a.latest_id() if a is not None else None
             if latest is None:
                 continue
@@ -274,7 +274,7 @@ class ClusterContinuous:
                 if self.run_id is not None and self.run_id in self.cluster.run_ids():
                     delete_run(self.cluster, self.run_id)
         except ArchiveLockedError as exc:
-            self._notice(f"the run record waits: {_one_line(exc)}")
+            self.notice(f"the run record waits: {one_line(exc)}")
             return
         self.run_id, self.run_named = run_id, same
 
@@ -296,7 +296,7 @@ class ClusterContinuous:
                 and set(named_backups(newest)) <= set(self.buckets)):
             self.run_id = ids[-1]
 
-    def _write_status(self, state: str) -> None:
+    def write_status(self, state: str) -> None:
         lags = {n: b.lag for n, b in self.buckets.items()}
         secs = [v["seconds"] for v in lags.values() if v.get("seconds") is not None]
         items = [v["items"] for v in lags.values()]
@@ -337,7 +337,7 @@ class ClusterContinuous:
         try:
             return b.cb.checkpoint(last=last)
         except AnotherBucketError:
-            b.cb._notice("dropped and created again since its last backup: a new full "
+            b.cb.notice("dropped and created again since its last backup: a new full "
                          "backup of it")
             b.cb.o.backup["full"] = True
             try:
@@ -361,11 +361,11 @@ class ClusterContinuous:
                 b.streak += 1
                 b.lag = b.cb.failed(exc)
                 if stopping:
-                    b.failed_last = _one_line(exc)
-                    b.cb._notice(f"the last checkpoint failed: {_one_line(exc)} (what it "
+                    b.failed_last = one_line(exc)
+                    b.cb.notice(f"the last checkpoint failed: {one_line(exc)} (what it "
                                  "wrote is kept; the next backup resumes it)")
                     continue
-                b.cb._notice(f"checkpoint failed: {_one_line(exc)}; retrying in "
+                b.cb.notice(f"checkpoint failed: {one_line(exc)}; retrying in "
                              f"{b.backoff:.0f} s (the lag grows, nothing is lost)")
                 if self.o.on_retry is not None:
                     self.o.on_retry({"bucket": name, "error": b.cb.failing,
@@ -374,7 +374,7 @@ class ClusterContinuous:
                 b.due = time.monotonic() + b.backoff
                 continue
             if b.streak:
-                b.cb._notice(f"checkpoint committed again after {b.streak} failed "
+                b.cb.notice(f"checkpoint committed again after {b.streak} failed "
                              f"attempt{'s' if b.streak > 1 else ''}")
             b.backoff, b.streak = 0.0, 0
             b.cb.failing = None
@@ -396,7 +396,7 @@ class ClusterContinuous:
             except BaseException as exc:  # noqa: BLE001 - the checkpoints are committed
                 if not _bucket_failure(exc):
                     raise
-                b.cb._notice(f"rotation failed: {_one_line(exc)}; the next checkpoint "
+                b.cb.notice(f"rotation failed: {one_line(exc)}; the next checkpoint "
                              "tries again")
                 continue
             if r is not None:
@@ -459,7 +459,7 @@ class ClusterContinuous:
         self._refresh(first=True)
         self._previous_run()
         self._metadata(force=True)
-        self._write_status("running")
+        self.write_status("running")
         end = None if o.stop_after is None else time.monotonic() + o.stop_after
         try:
             while True:
@@ -475,7 +475,7 @@ class ClusterContinuous:
                 try:
                     changed = self._refresh()
                 except DcptoolError as exc:  # the buckets' checkpoints go on
-                    self._notice(f"the node's buckets could not be listed: {_one_line(exc)}")
+                    self.notice(f"the node's buckets could not be listed: {one_line(exc)}")
                     changed = False
                 done = self._round(stopping, began)
                 if done:
@@ -489,23 +489,23 @@ class ClusterContinuous:
                         self._metadata(force=changed or rotating)
                         self._commit_record()
                     except DcptoolError as exc:
-                        self._notice(f"the run record waits: {_one_line(exc)}")
+                        self.notice(f"the run record waits: {one_line(exc)}")
                 if done and self._rotate(done):
-                    self._write_status("running")
-                self._write_status("running")
+                    self.write_status("running")
+                self.write_status("running")
                 if done and o.on_checkpoint is not None:
                     o.on_checkpoint(self._event(done, time.monotonic() - began))
                 if stopping or (o.max_checkpoints is not None
                                 and self.rounds >= o.max_checkpoints):
                     break
         except BaseException:
-            self._write_status("stopped")
+            self.write_status("stopped")
             for b in self.buckets.values():
-                b.cb._write_status("stopped", b.lag)
+                b.cb.write_status("stopped", b.lag)
             raise
         for b in self.buckets.values():
-            b.cb._write_status("stopped", b.lag)
-        self._write_status("stopped")
+            b.cb.write_status("stopped", b.lag)
+        self.write_status("stopped")
         failed = {n: b.failed_last for n, b in sorted(self.buckets.items()) if b.failed_last}
         if failed:
             name, why = next(iter(failed.items()))

@@ -172,7 +172,7 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, (DcptoolError, OSError, ConnectionError, TimeoutError, EOFError))
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
@@ -230,7 +230,7 @@ class ContinuousBackup:
                                             passphrase=self.o.backup.get("passphrase"))
         return self._opened
 
-    def _settle_segment(self) -> None:
+    def settle_segment(self) -> None:
         """The checkpoints since the last rotation, as the status file of an earlier run
         left them: the backups of the newest chain after its anchor."""
         a = self._archive()
@@ -245,10 +245,10 @@ class ContinuousBackup:
             with a.lock("merge"):
                 done = finish_interrupted_merges(a)
         except ArchiveLockedError as exc:  # the next rotation's merge finishes it
-            self._notice(f"{_one_line(exc)}; going on")
+            self.notice(f"{one_line(exc)}; going on")
             done = []
         if done:
-            self._notice(f"finished an interrupted rotation: removed {', '.join(done)}")
+            self.notice(f"finished an interrupted rotation: removed {', '.join(done)}")
         st = read_status(self.where) or {}
         self.last_backup = st.get("last_backup")
         chain = a.chain_ids() if a.latest_id() else []
@@ -264,10 +264,10 @@ class ContinuousBackup:
 
     # -- the status file ---------------------------------------------------------------
 
-    def _write_status(self, state: str, lag: dict[str, Any] | None = None) -> None:
+    def write_status(self, state: str, lag: dict[str, Any] | None = None) -> None:
         """Rewrite ARCHIVE/continuous.json; silently not when the store cannot be written
         now (the failed checkpoint said why already): it is a courtesy for `info`."""
-        if self._archive_or_none() is None:
+        if self.archive_or_none() is None:
             return
         last = self.last or {}
         if last.get("backup_id"):
@@ -296,13 +296,13 @@ class ContinuousBackup:
         except (OSError, DcptoolError):
             pass
 
-    def _archive_or_none(self) -> Archive | None:
+    def archive_or_none(self) -> Archive | None:
         try:
             return self._archive()
         except (OSError, DcptoolError):
             return None
 
-    def _notice(self, msg: str) -> None:
+    def notice(self, msg: str) -> None:
         if self.o.notice is not None:
             self.o.notice(msg)
 
@@ -350,7 +350,7 @@ class ContinuousBackup:
             if a is not None:  # the passphrase creates a new archive; this one is open
                 backup_kw.pop("passphrase", None)
             result = run_backup(self.opts, a if a is not None else self.archive_at,
-                                spark=self.spark, master=self.master, notice=self._notice,
+                                spark=self.spark, master=self.master, notice=self.notice,
                                 on_plan=self._on_plan, **backup_kw)
             self.backups += 1
             self.last_watermark = time.monotonic() if result.watermark else self.last_watermark
@@ -401,12 +401,12 @@ class ContinuousBackup:
             "totals": self.totals(),
         })
         self.last = rec
-        self._write_status("running", lag)
+        self.write_status("running", lag)
         return rec
 
     def _on_plan(self, plan: dict[str, Any]) -> None:
         if plan["resumed"]:
-            self._notice(f"resuming partial backup {plan['backup_id']}: {plan['kept']} "
+            self.notice(f"resuming partial backup {plan['backup_id']}: {plan['kept']} "
                          f"vbuckets kept, {plan['to_stream']} to stream")
 
     def _renew_watermark(self, a: Archive | None, members: Any) -> None:
@@ -417,12 +417,12 @@ class ContinuousBackup:
         ttl = self.o.backup.get("watermark_ttl")
         kw = {} if ttl is None else {"ttl": ttl}
         if members is None:
-            register_archive_watermark(self.opts, a, notice=self._notice, **kw)
+            register_archive_watermark(self.opts, a, notice=self.notice, **kw)
         else:
             from .backup import DEFAULT_WATERMARK_TTL
 
             register_on_cluster(self.opts, a, members, ttl or DEFAULT_WATERMARK_TTL,
-                                 self._notice)
+                                 self.notice)
         self.last_watermark = time.monotonic()
 
     def rotate(self) -> dict[str, Any] | None:
@@ -435,9 +435,9 @@ class ContinuousBackup:
         self.failures += 1
         lag = {"seconds": round(time.time() - (self.last_ok or self.started), 3),
                "items": None}
-        self.failing = _one_line(exc)
+        self.failing = one_line(exc)
         self.unchanged_since = None
-        self._write_status("running", lag)
+        self.write_status("running", lag)
         return lag
 
     def _maybe_rotate(self, a: Archive | None) -> dict[str, Any] | None:
@@ -459,7 +459,7 @@ class ContinuousBackup:
         out = {"merged_id": res.merged_id, "type": res.type, "replaced": len(res.replaced),
                "size": res.size_after, "age_seconds": round(age, 1)}
         self.rotations.append(out)
-        self._notice(f"rotated: {len(res.replaced)} checkpoints merged into backup "
+        self.notice(f"rotated: {len(res.replaced)} checkpoints merged into backup "
                      f"{res.merged_id} ({res.type})")
         self._settle_after_rotation(res.merged_id)
         return out
@@ -469,7 +469,7 @@ class ContinuousBackup:
         self.segment = []
         self.segment_bytes = 0
         self.segment_began = None
-        self._write_status("running")
+        self.write_status("running")
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -489,7 +489,7 @@ class ContinuousBackup:
             from .runtime import get_context
 
             self.spark = get_context(self.master)
-        self._settle_segment()
+        self.settle_segment()
         backoff = 0.0
         streak = 0
         due = time.monotonic()
@@ -505,17 +505,17 @@ class ContinuousBackup:
                 rec = self.checkpoint(last=stopping)
             except BaseException as exc:  # noqa: BLE001 - sorted below
                 if not _retryable(exc):
-                    self._write_status("stopped")
+                    self.write_status("stopped")
                     raise
                 backoff = min(BACKOFF_MAX, max(BACKOFF_FIRST, backoff * 2))
                 if stopping:
                     self.failures += 1
-                    self._write_status("stopped")
-                    raise DcptoolError(f"the last checkpoint failed: {_one_line(exc)}",
+                    self.write_status("stopped")
+                    raise DcptoolError(f"the last checkpoint failed: {one_line(exc)}",
                                        hint="a partial backup is kept; the next backup of "
                                             "the archive resumes it") from None
                 streak += 1
-                self._notice(f"checkpoint failed: {_one_line(exc)}; retrying in "
+                self.notice(f"checkpoint failed: {one_line(exc)}; retrying in "
                              f"{backoff:.0f} s (the lag grows, nothing is lost)")
                 lag = self.failed(exc)
                 if o.on_retry is not None:
@@ -526,7 +526,7 @@ class ContinuousBackup:
                 due = time.monotonic() + backoff
                 continue
             if streak:
-                self._notice(f"checkpoint committed again after {streak} failed "
+                self.notice(f"checkpoint committed again after {streak} failed "
                              f"attempt{'s' if streak > 1 else ''}")
             backoff = 0.0
             streak = 0
@@ -537,7 +537,7 @@ class ContinuousBackup:
                             and self.checkpoints >= o.max_checkpoints):
                 break
             due = began + o.checkpoint
-        self._write_status("stopped", (self.last or {}).get("lag", {}).get(self.opts.bucket))
+        self.write_status("stopped", (self.last or {}).get("lag", {}).get(self.opts.bucket))
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
