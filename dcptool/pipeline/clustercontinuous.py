@@ -171,14 +171,14 @@ class ClusterContinuous:
                 self.dropped.append(name)
                 changed = True
                 self.notice(f"bucket {name} is no longer on {self.opts.address}: its "
-                             "backups are kept, its checkpoints stop (it is backed up again "
-                             "if it comes back)")
+                            "backups are kept, its checkpoints stop (it is backed up again "
+                            "if it comes back)")
             if first:
                 for name in self.cluster.bucket_names():
                     if name not in want:
                         self.dropped.append(name)
                         self.notice(f"bucket {name} is in the archive but not on "
-                                     f"{self.opts.address}: its backups are kept")
+                                    f"{self.opts.address}: its backups are kept")
         new = {n: d for n, d in want.items()
                if n not in self.buckets and n not in self.left_out}
         if new and (first or not self.named):
@@ -190,7 +190,7 @@ class ClusterContinuous:
         for name in sorted(new):
             if not first:
                 self.notice(f"bucket {name} is new on {self.opts.address}: backed up from "
-                             "now on")
+                            "now on")
             self._add(name)
             changed = True
         if first and not self.buckets:
@@ -301,14 +301,13 @@ class ClusterContinuous:
         secs = [v["seconds"] for v in lags.values() if v.get("seconds") is not None]
         items = [v["items"] for v in lags.values()]
         last_ok = [b.cb.last_ok for b in self.buckets.values() if b.cb.last_ok]
+        times = [b.last["time"] for b in self.buckets.values() if b.last]
         doc = {
             "state": state, "pid": os.getpid(), "host": socket.gethostname(),
             "since": self.started_iso, "updated": iso_time(utc_now()),
             "updated_epoch": time.time(), "checkpoint_seconds": self.o.checkpoint,
             "rotate_seconds": self.o.rotate, "rotate_bytes": self.o.rotate_size,
-            "last_checkpoint": max((b.last or {}).get("time") or ""
-                                   for b in self.buckets.values()) or None
-            if self.buckets else None,
+            "last_checkpoint": max(times) if times else None,
             "last_checkpoint_epoch": min(last_ok) if last_ok else None,
             "lag_seconds": max(secs) if secs else None,
             "items_behind": (None if any(i is None for i in items) else sum(items)),
@@ -338,7 +337,7 @@ class ClusterContinuous:
             return b.cb.checkpoint(last=last)
         except AnotherBucketError:
             b.cb.notice("dropped and created again since its last backup: a new full "
-                         "backup of it")
+                        "backup of it")
             b.cb.o.backup["full"] = True
             try:
                 return b.cb.checkpoint(last=last)
@@ -363,10 +362,10 @@ class ClusterContinuous:
                 if stopping:
                     b.failed_last = one_line(exc)
                     b.cb.notice(f"the last checkpoint failed: {one_line(exc)} (what it "
-                                 "wrote is kept; the next backup resumes it)")
+                                "wrote is kept; the next backup resumes it)")
                     continue
                 b.cb.notice(f"checkpoint failed: {one_line(exc)}; retrying in "
-                             f"{b.backoff:.0f} s (the lag grows, nothing is lost)")
+                            f"{b.backoff:.0f} s (the lag grows, nothing is lost)")
                 if self.o.on_retry is not None:
                     self.o.on_retry({"bucket": name, "error": b.cb.failing,
                                      "attempt": b.streak, "retry_in": b.backoff,
@@ -375,7 +374,7 @@ class ClusterContinuous:
                 continue
             if b.streak:
                 b.cb.notice(f"checkpoint committed again after {b.streak} failed "
-                             f"attempt{'s' if b.streak > 1 else ''}")
+                            f"attempt{'s' if b.streak > 1 else ''}")
             b.backoff, b.streak = 0.0, 0
             b.cb.failing = None
             b.lag = rec["lag"][name]
@@ -397,7 +396,7 @@ class ClusterContinuous:
                 if not _bucket_failure(exc):
                     raise
                 b.cb.notice(f"rotation failed: {one_line(exc)}; the next checkpoint "
-                             "tries again")
+                            "tries again")
                 continue
             if r is not None:
                 done[name]["rotated"] = r

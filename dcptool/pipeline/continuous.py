@@ -407,7 +407,7 @@ class ContinuousBackup:
     def _on_plan(self, plan: dict[str, Any]) -> None:
         if plan["resumed"]:
             self.notice(f"resuming partial backup {plan['backup_id']}: {plan['kept']} "
-                         f"vbuckets kept, {plan['to_stream']} to stream")
+                        f"vbuckets kept, {plan['to_stream']} to stream")
 
     def _renew_watermark(self, a: Archive | None, members: Any) -> None:
         from .backup import register_archive_watermark, register_on_cluster
@@ -460,7 +460,7 @@ class ContinuousBackup:
                "size": res.size_after, "age_seconds": round(age, 1)}
         self.rotations.append(out)
         self.notice(f"rotated: {len(res.replaced)} checkpoints merged into backup "
-                     f"{res.merged_id} ({res.type})")
+                    f"{res.merged_id} ({res.type})")
         self._settle_after_rotation(res.merged_id)
         return out
 
@@ -516,7 +516,7 @@ class ContinuousBackup:
                                             "the archive resumes it") from None
                 streak += 1
                 self.notice(f"checkpoint failed: {one_line(exc)}; retrying in "
-                             f"{backoff:.0f} s (the lag grows, nothing is lost)")
+                            f"{backoff:.0f} s (the lag grows, nothing is lost)")
                 lag = self.failed(exc)
                 if o.on_retry is not None:
                     o.on_retry({"bucket": self.opts.bucket, "error": self.failing,
@@ -527,7 +527,7 @@ class ContinuousBackup:
                 continue
             if streak:
                 self.notice(f"checkpoint committed again after {streak} failed "
-                             f"attempt{'s' if streak > 1 else ''}")
+                            f"attempt{'s' if streak > 1 else ''}")
             backoff = 0.0
             streak = 0
             self.failing = None
