@@ -206,8 +206,8 @@ def _restore_into_fresh_node(archive: Path, where: Path, *args: str) -> dict[str
 
 
 def test_every_bucket_continuously_through_kill9_and_ctrl_c(tmp_path):
-    """Two buckets under writers: kill -9 at a random moment, start again, a pause of the
-    writers, Ctrl-C. Every write of both buckets is in the archive once, it verifies,
+    """Two buckets under writers, rotating every 3 s: kill -9 at a random moment, start
+    again, a pause of the writers, Ctrl-C. Every write of both buckets is in the archive once, it verifies,
     info shows both windows (and, while it ran, the run and each bucket's lag), and
     restores to the end and to the pause equal the writers' logs."""
     rng = random.Random(os.environ.get("PYTEST_SEED", time.time()))
@@ -217,7 +217,7 @@ def test_every_bucket_continuously_through_kill9_and_ctrl_c(tmp_path):
         for w in writers.values():
             w.start()
         archive = tmp_path / "cluster"
-        run = Continuous(node, archive)
+        run = Continuous(node, archive, "--rotate", "3s")
         first = run.wait_checkpoints(2)[0]
         assert set(first["lag"]) == set(BUCKETS)
         assert {first["buckets"][b]["type"] for b in BUCKETS} == {"full"}
@@ -230,7 +230,7 @@ def test_every_bucket_continuously_through_kill9_and_ctrl_c(tmp_path):
         time.sleep(rng.uniform(0.0, 1.5))  # a random moment: mid-checkpoint or between
         run.kill9()
         before = ClusterArchive.open(archive).run_ids()
-        run = Continuous(node, archive)
+        run = Continuous(node, archive, "--rotate", "3s")
         run.wait_checkpoints(2)
         # the run record the killed run wrote last is replaced, not kept beside
         runs = ClusterArchive.open(archive).run_ids()
@@ -252,6 +252,8 @@ def test_every_bucket_continuously_through_kill9_and_ctrl_c(tmp_path):
         assert any("stopping: committing a last checkpoint" in ln for ln in run.err)
         stopped = run.records[-1]
         assert stopped["event"] == "stopped" and set(stopped["buckets"]) == set(BUCKETS)
+        # each bucket's checkpoints were rotated in its own archive (the pause among them)
+        assert all(stopped["buckets"][b]["rotations"] for b in BUCKETS), stopped
         final = {b: _live_values(opts_for(node, b)) for b in BUCKETS}
     for b, w in writers.items():
         assert len(w.log) > 40
