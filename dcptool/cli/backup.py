@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -18,6 +18,9 @@ from dcptool.client.privileges import (
     DCP_PRODUCER, META_WRITE, WATERMARK_WRITE, check_privileges,
 )
 from dcptool.client.vbspec import parse_vbuckets
+
+if TYPE_CHECKING:
+    from dcptool.pipeline.continuous import ContinuousOptions
 
 CONTINUOUS = "Continuous backup"
 
@@ -221,77 +224,96 @@ def backup(
 
     Example: dcptool backup -c 127.0.0.1 /backups/cluster --exclude-data logs
     """
-    from dcptool.archive.cluster import archive_kind, bucket_of_archive
     from dcptool.cli.options import parse_ttl
-    from dcptool.pipeline.backup import run_backup
 
     ttl = parse_ttl(watermark_ttl, "--watermark-ttl")
-    kind = archive_kind(archive)
-    if not continuous and (stop_after is not None or checkpoint != "10s" or rotate != "1h"
-                           or rotate_size != "1GiB"):
-        from dcptool.errors import UsageError
-
-        raise UsageError("--checkpoint, --rotate, --rotate-size and --stop-after are options "
-                         "of --continuous", hint="add --continuous")
+    cluster = _into_cluster_archive(archive, conn_args.bucket, all_buckets)
+    if not continuous:
+        _refuse_continuous_only(checkpoint, rotate, rotate_size, stop_after)
+    _refuse_other_kind_options(cluster, vbuckets, disable_bucket_config or disable_users)
+    stream = {"partitions": partitions, "level": level, "watermark": not no_watermark,
+              "watermark_ttl": ttl, "include_data": include_data, "exclude_data": exclude_data}
     if continuous:
-        cluster = all_buckets or kind == "cluster" or (kind is None and conn_args.bucket is None)
-        if cluster and vbuckets:
-            from dcptool.errors import UsageError
-
-            raise UsageError("--vbuckets selects vbuckets of one bucket", hint="leave it out, "
-                             "or back up one bucket with -b into a bucket archive")
-        if not cluster and (disable_bucket_config or disable_users):
-            from dcptool.errors import UsageError
-
-            raise UsageError("--disable-bucket-config and --disable-users are for cluster "
-                             "archives", hint="add --all-buckets")
         _continuous_backup(archive, conn_args, encrypt=encrypt, json_out=json_out,
                            no_progress=no_progress, full=full, purge_partial=purge_partial,
                            checkpoint=checkpoint, rotate=rotate, rotate_size=rotate_size,
                            stop_after=stop_after, master=master, cluster=cluster,
                            bucket_config=not disable_bucket_config, users=not disable_users,
-                           backup={
-                               "partitions": partitions, "level": level,
-                               "vbuckets": parse_vbuckets(vbuckets) if vbuckets else None,
-                               "watermark": not no_watermark, "watermark_ttl": ttl,
-                               "include_data": include_data, "exclude_data": exclude_data})
+                           backup={**stream,
+                                   "vbuckets": parse_vbuckets(vbuckets) if vbuckets else None})
         return
-    # no -b (nor DCPTOOL_BUCKET): a new archive holds the whole cluster, an archive of one
-    # bucket goes on with its bucket
-    if all_buckets or kind == "cluster" or (kind is None and conn_args.bucket is None):
-        _cluster_backup(archive, conn_args, encrypt=encrypt, bucket_config=not disable_bucket_config,
-                        users=not disable_users, json_out=json_out, no_progress=no_progress,
-                        full=full, partitions=partitions, master=master, level=level,
-                        purge_partial=purge_partial, watermark=not no_watermark,
-                        watermark_ttl=ttl, include_data=include_data, exclude_data=exclude_data,
-                        vbuckets=vbuckets)
+    if cluster:
+        _cluster_backup(archive, conn_args, encrypt=encrypt,
+                        bucket_config=not disable_bucket_config, users=not disable_users,
+                        json_out=json_out, no_progress=no_progress, full=full, master=master,
+                        purge_partial=purge_partial, **stream)
         return
-    if disable_bucket_config or disable_users:
-        from dcptool.errors import UsageError
+    _bucket_backup(archive, conn_args, encrypt=encrypt, json_out=json_out,
+                   no_progress=no_progress, vbuckets=vbuckets, full=full, master=master,
+                   purge_partial=purge_partial, **stream)
 
-        raise UsageError("--disable-bucket-config and --disable-users are for cluster archives",
-                         hint="add --all-buckets")
+
+def _into_cluster_archive(archive: str, bucket: str | None, all_buckets: bool) -> bool:
+    """Whether the backup goes into a cluster archive: with --all-buckets, into a cluster
+    archive, or with no -b (nor DCPTOOL_BUCKET) into a new archive, which then holds the
+    whole cluster; an archive of one bucket goes on with its bucket."""
+    from dcptool.archive.cluster import archive_kind
+
+    kind = archive_kind(archive)
+    return all_buckets or kind == "cluster" or (kind is None and bucket is None)
+
+
+def _refuse_continuous_only(checkpoint: str, rotate: str, rotate_size: str,
+                            stop_after: str | None) -> None:
+    """Without --continuous: its options given other than as their defaults are refused."""
+    from dcptool.errors import UsageError
+
+    if stop_after is not None or checkpoint != "10s" or rotate != "1h" or rotate_size != "1GiB":
+        raise UsageError("--checkpoint, --rotate, --rotate-size and --stop-after are options "
+                         "of --continuous", hint="add --continuous")
+
+
+def _refuse_other_kind_options(cluster: bool, vbuckets: str | None, cluster_only: bool) -> None:
+    """--vbuckets is refused into a cluster archive, and `cluster_only` options
+    (--disable-bucket-config, --disable-users) into an archive of one bucket."""
+    from dcptool.errors import UsageError
+
+    if cluster and vbuckets:
+        raise UsageError("--vbuckets selects vbuckets of one bucket", hint="leave it out, "
+                         "or back up one bucket with -b into a bucket archive")
+    if not cluster and cluster_only:
+        raise UsageError("--disable-bucket-config and --disable-users are for cluster "
+                         "archives", hint="add --all-buckets")
+
+
+def _bucket_backup(archive: str, conn_args: ConnArgs, *, encrypt: bool, json_out: bool,
+                   no_progress: bool, vbuckets: str | None, full: bool, master: str | None,
+                   purge_partial: bool, partitions: int | None, level: int, watermark: bool,
+                   watermark_ttl: float, include_data: list[str] | None,
+                   exclude_data: list[str] | None) -> None:
+    """`backup -b`, or into an archive of one bucket."""
+    from dcptool.archive.cluster import bucket_of_archive
+    from dcptool.pipeline.backup import run_backup
+
     # a wrong passphrase stops here, before work
     target, new_passphrase = _open_or_plan_encrypted(archive, encrypt)
     opts = conn_args.options(bucket=conn_args.bucket or bucket_of_archive(archive) or "default")
     vbs = parse_vbuckets(vbuckets) if vbuckets else None
     # before Spark starts and before the archive is touched: a user who may not stream
     # (or register the watermark) is told so in one line and nothing is left behind
-    check_privileges(opts, "back up", DCP_PRODUCER,
-                     *([] if no_watermark else [WATERMARK_WRITE]))
+    check_privileges(opts, "back up", DCP_PRODUCER, *([WATERMARK_WRITE] if watermark else []))
     bar, progress_cb, on_plan = _backup_progress(show_progress(no_progress or json_out))
     with live_bar(bar) if bar is not None else nullcontext():
         result = run_backup(opts, target, passphrase=new_passphrase, full=full,
                             partitions=partitions, master=master, level=level,
                             purge_partial=purge_partial, vbuckets=vbs, progress=progress_cb,
-                            on_plan=on_plan, watermark=not no_watermark, watermark_ttl=ttl,
+                            on_plan=on_plan, watermark=watermark, watermark_ttl=watermark_ttl,
                             notice=note, include_data=include_data, exclude_data=exclude_data)
     _report_backup(result.as_dict(), json_out)
 
 
 def _cluster_backup(archive: str, conn_args: Any, *, encrypt: bool, bucket_config: bool,
-                    users: bool, json_out: bool, no_progress: bool, vbuckets: str | None,
-                    **backup: Any) -> None:
+                    users: bool, json_out: bool, no_progress: bool, **backup: Any) -> None:
     """`backup --all-buckets`, or into a cluster archive."""
     from dcptool.archive import crypto
     from dcptool.archive.cluster import ClusterArchive, archive_kind
@@ -299,9 +321,6 @@ def _cluster_backup(archive: str, conn_args: Any, *, encrypt: bool, bucket_confi
     from dcptool.errors import UsageError
     from dcptool.pipeline.clusterbackup import run_cluster_backup
 
-    if vbuckets:
-        raise UsageError("--vbuckets selects vbuckets of one bucket", hint="leave it out, or "
-                         "back up one bucket with -b into a bucket archive")
     new_passphrase = None
     passphrase: Any = passphrase_source()
     kind = archive_kind(archive)
@@ -370,25 +389,11 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
     import time
 
     from dcptool.archive.cluster import bucket_of_archive
-    from dcptool.cli.options import parse_ttl
-    from dcptool.errors import UsageError
-    from dcptool.node.config import parse_size
     from dcptool.pipeline import runtime
-    from dcptool.pipeline.continuous import ContinuousOptions, check_alone, run_continuous
+    from dcptool.pipeline.continuous import check_alone, run_continuous
 
-    if full or purge_partial:
-        raise UsageError("--continuous continues the archive: no --full or --purge-partial",
-                         hint="run one 'dcptool backup --full' (or --purge-partial) first")
-    every = parse_ttl(checkpoint, "--checkpoint")
-    if every < 0.2:
-        raise UsageError("--checkpoint must be at least 200ms")
-    size = parse_size(rotate_size, what="--rotate-size")
-    if size <= 0:
-        raise UsageError("--rotate-size must be positive")
-    o = ContinuousOptions(checkpoint=every, rotate=parse_ttl(rotate, "--rotate"),
-                          rotate_size=size, notice=note,
-                          stop_after=None if stop_after is None else
-                          parse_ttl(stop_after, "--stop-after"))
+    o = _continuous_options(full=full, purge_partial=purge_partial, checkpoint=checkpoint,
+                            rotate=rotate, rotate_size=rotate_size, stop_after=stop_after)
     check_alone(archive)  # before Spark starts
     if cluster:
         from dcptool.client.rest import rest_client_for
@@ -456,16 +461,50 @@ def _continuous_backup(archive: str, conn_args: Any, *, encrypt: bool, json_out:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    t = summary["totals"]
     if json_out:
         print_json({"event": "stopped", **summary})
         return
+    _print_continuous_stopped(summary, cluster=cluster, bucket=opts.bucket, started=t0)
+
+
+def _continuous_options(*, full: bool, purge_partial: bool, checkpoint: str, rotate: str,
+                        rotate_size: str, stop_after: str | None) -> ContinuousOptions:
+    """--checkpoint, --rotate, --rotate-size and --stop-after checked and parsed (--full
+    and --purge-partial refused: a continuous backup continues the archive)."""
+    from dcptool.cli.options import parse_ttl
+    from dcptool.errors import UsageError
+    from dcptool.node.config import parse_size
+    from dcptool.pipeline.continuous import ContinuousOptions
+
+    if full or purge_partial:
+        raise UsageError("--continuous continues the archive: no --full or --purge-partial",
+                         hint="run one 'dcptool backup --full' (or --purge-partial) first")
+    every = parse_ttl(checkpoint, "--checkpoint")
+    if every < 0.2:
+        raise UsageError("--checkpoint must be at least 200ms")
+    size = parse_size(rotate_size, what="--rotate-size")
+    if size <= 0:
+        raise UsageError("--rotate-size must be positive")
+    return ContinuousOptions(checkpoint=every, rotate=parse_ttl(rotate, "--rotate"),
+                             rotate_size=size, notice=note,
+                             stop_after=None if stop_after is None else
+                             parse_ttl(stop_after, "--stop-after"))
+
+
+def _print_continuous_stopped(summary: dict[str, Any], *, cluster: bool, bucket: str,
+                              started: float) -> None:
+    """The line a continuous backup ends with: of `bucket`, or (`cluster`) of the cluster
+    archive's buckets; how long since `started` (time.monotonic()), what it did and its
+    last checkpoint."""
+    import time
+
+    t = summary["totals"]
     what = (f"{plural(len(summary['buckets']), 'bucket')} ({', '.join(summary['buckets'])})"
-            if cluster else opts.bucket)
+            if cluster else bucket)
     last = (max((b["last_checkpoint"] or "" for b in summary["buckets"].values()),
                 default="") or None) if cluster else summary["last_checkpoint"]
     console().print(
-        f"continuous backup of {what} stopped after {time.monotonic() - t0:.0f} s: "
+        f"continuous backup of {what} stopped after {time.monotonic() - started:.0f} s: "
         f"{plural(t['checkpoints'], 'checkpoint')} ({t['backups']} wrote a backup), "
         f"{t['items']:,} items, {plural(t['rotations'], 'rotation')}, "
         f"{plural(t['files'], 'file')}; last checkpoint {last}", markup=False)
@@ -826,26 +865,11 @@ def restore(
     is created or written.
     """
     from dcptool.archive.cluster import archive_kind
-    from dcptool.cli.passphrase import open_archive
-    from dcptool.errors import UsageError
-    from dcptool.pipeline.restore import run_restore
 
-    cluster_only = {"--run": run_id, "--auto-create-buckets": auto_create_buckets,
-                    "--bucket-ram-quota": bucket_ram_quota,
-                    "--enable-bucket-config": enable_bucket_config,
-                    "--enable-users": enable_users, "--force-users": force_users}
-    at = point_in_time(to_time, nearest, "--to-time")
-    if at is not None:
-        if backup_id or run_id:
-            raise UsageError(f"--to-time and {'--backup' if backup_id else '--run'} "
-                             "exclude each other")
+    at = _restore_time(to_time, nearest, backup_id=backup_id, run_id=run_id)
     if archive_kind(archive) == "cluster":
-        for name, value in (("--backup", backup_id), ("--vbuckets", vbuckets),
-                            ("-b/--bucket", conn_args.bucket)):
-            if value:
-                raise UsageError(f"{name} is for an archive of one bucket",
-                                 hint="a cluster archive restores runs: --run, and "
-                                      "--include-data BUCKET selects buckets")
+        _refuse_bucket_archive_options(backup_id=backup_id, vbuckets=vbuckets,
+                                       bucket=conn_args.bucket)
         _cluster_restore(archive, conn_args, run_id=run_id, auto_create=auto_create_buckets,
                          ram_quota=bucket_ram_quota, bucket_config=enable_bucket_config,
                          users=enable_users, force_users=force_users, dry_run=dry_run,
@@ -855,10 +879,64 @@ def restore(
                          map_data=map_data, **({"to_time": at, "nearest": nearest}
                                                if at is not None else {}))
         return
+    _refuse_cluster_only({"--run": run_id, "--auto-create-buckets": auto_create_buckets,
+                          "--bucket-ram-quota": bucket_ram_quota,
+                          "--enable-bucket-config": enable_bucket_config,
+                          "--enable-users": enable_users, "--force-users": force_users})
+    _bucket_restore(archive, conn_args, backup_id=backup_id, vbuckets=vbuckets,
+                    filter_keys=filter_keys, force_updates=force_updates, dry_run=dry_run,
+                    partitions=partitions, master=master, include_data=include_data,
+                    exclude_data=exclude_data, map_data=map_data, rest_port=rest_port,
+                    json_out=json_out, no_progress=no_progress, to_time=at, nearest=nearest)
+
+
+def _restore_time(to_time: str | None, nearest: bool, *, backup_id: str | None,
+                  run_id: str | None) -> int | None:
+    """--to-time in CAS nanoseconds (None without it), refused with --backup or --run."""
+    from dcptool.errors import UsageError
+
+    at = point_in_time(to_time, nearest, "--to-time")
+    if at is not None:
+        if backup_id or run_id:
+            raise UsageError(f"--to-time and {'--backup' if backup_id else '--run'} "
+                             "exclude each other")
+    return at
+
+
+def _refuse_bucket_archive_options(*, backup_id: str | None, vbuckets: str | None,
+                                   bucket: str | None) -> None:
+    """A cluster archive's restore refuses --backup, --vbuckets and -b/--bucket."""
+    from dcptool.errors import UsageError
+
+    for name, value in (("--backup", backup_id), ("--vbuckets", vbuckets),
+                        ("-b/--bucket", bucket)):
+        if value:
+            raise UsageError(f"{name} is for an archive of one bucket",
+                             hint="a cluster archive restores runs: --run, and "
+                                  "--include-data BUCKET selects buckets")
+
+
+def _refuse_cluster_only(cluster_only: dict[str, Any]) -> None:
+    """A bucket archive's restore refuses the first of the options of cluster archives
+    given ({option: its value})."""
+    from dcptool.errors import UsageError
+
     given = [name for name, value in cluster_only.items() if value]
     if given:
         raise UsageError(f"{given[0]} is for cluster archives",
                          hint="back up with --all-buckets to make one")
+
+
+def _bucket_restore(archive: str, conn_args: ConnArgs, *, backup_id: str | None,
+                    vbuckets: str | None, filter_keys: str | None, force_updates: bool,
+                    dry_run: bool, partitions: int | None, master: str | None,
+                    include_data: list[str] | None, exclude_data: list[str] | None,
+                    map_data: list[str] | None, rest_port: int | None, json_out: bool,
+                    no_progress: bool, to_time: int | None, nearest: bool) -> None:
+    """`restore` of an archive of one bucket."""
+    from dcptool.cli.passphrase import open_archive
+    from dcptool.pipeline.restore import run_restore
+
     # a clear error for a missing or foreign directory (or backup id) before connecting
     opened = open_archive(archive)
     backup_id = backup_id_arg(opened, backup_id)
@@ -872,7 +950,7 @@ def restore(
                              key_filter=filter_keys, force=force_updates, dry_run=dry_run,
                              partitions=partitions, master=master, include_data=include_data,
                              exclude_data=exclude_data, map_data=map_data, rest_port=rest_port,
-                             notice=note, to_time=at, nearest=nearest)
+                             notice=note, to_time=to_time, nearest=nearest)
     _report_restore(result.as_dict(), json_out, dry_run)
 
 

@@ -108,8 +108,7 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
     """Restore run `run_id` (default: the latest) of `cluster` into the node `opts`;
     `restore`: run_restore's options for each bucket (include_data/exclude_data names
     select buckets too: a bare bucket name, or bucket.scope[.collection])."""
-    from dcptool.client.rest import RestError, rest_client_for
-    from dcptool.pipeline.restore import run_restore
+    from dcptool.client.rest import rest_client_for
 
     started = time.monotonic()
     tell = notice or (lambda _msg: None)
@@ -120,39 +119,11 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
     renames, scope_maps = bucket_maps(map_data, set(in_run))
     include = data_names(restore.pop("include_data", None))
     exclude = data_names(restore.pop("exclude_data", None))
-    wanted = set(buckets or ()) | {n.split(".", 1)[0] for n in include}
-    if wanted:
-        unknown = sorted(wanted - set(in_run))
-        if unknown:
-            raise UsageError(f"run {record['id']} holds no bucket {', '.join(unknown)}",
-                             hint=f"its buckets: {', '.join(sorted(in_run)) or 'none'}")
-        in_run = {n: b for n, b in in_run.items() if n in wanted}
-    in_run = {n: b for n, b in in_run.items() if n not in exclude}
-    if not in_run:
-        raise UsageError(f"run {record['id']} holds no bucket to restore"
-                         + (" that the selection leaves in" if (wanted or exclude) else ""))
-    # what the run names, resolved through the merges since (a merged backup that ends
-    # where the named one ended restores the same); a backup gone stops the restore here
-    state = RunResolver(cluster).state(record["id"], in_run)
-    if not state.complete:
-        bucket = next(iter(state.gone))
-        raise UsageError(incomplete_message(state),
-                         hint=f"restore another run, or leave the bucket out with "
-                              f"--exclude-data {bucket}")
-    in_run = {n: {**b, "backup": state.resolved[n]} for n, b in in_run.items()}
+    in_run = _selected_buckets(record["id"], in_run, buckets or [], include, exclude)
+    in_run = _resolved_backups(cluster, record["id"], in_run)
     at = restore.get("to_time")
     if at is not None:
-        # each bucket to the time, by its own archive's coverage: every bucket is checked
-        # (a gap refused) before anything is created or written
-        from dcptool.archive.pointintime import plan_time
-
-        for n in sorted(in_run):
-            when = plan_time(cluster.open_bucket(n), at, nearest=restore.get("nearest", False),
-                             option=f"--to-time (bucket {n})")
-            if not when.chain:
-                raise UsageError(f"bucket {n}: no chain of its archive began by the time "
-                                 "asked")
-            in_run[n]["backup"] = when.chain[-1]
+        _backups_at(cluster, in_run, at, nearest=restore.get("nearest", False))
     rest = rest_client_for(opts, rest_port)
     on_target = {b["name"]: b for b in rest.request("GET", "/pools/default/buckets") or []
                  if isinstance(b, dict) and isinstance(b.get("name"), str)}
@@ -162,6 +133,76 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
                          hint="--auto-create-buckets creates it with its recorded settings")
 
     # what the restore builds, before any document: buckets, their settings, users
+    _build_buckets(rest, opts.address, in_run, renames, on_target, result,
+                   ram_quota=ram_quota, bucket_config=bucket_config, dry_run=dry_run, tell=tell)
+    if users:
+        result.users = _restore_users(rest, record, force_users, dry_run, tell)
+
+    _restore_buckets(opts, cluster, in_run, renames, result, by_time=at is not None,
+                     dry_run=dry_run, scope_maps=scope_maps, include=include, exclude=exclude,
+                     rest_port=rest_port, notice=notice, on_bucket=on_bucket, restore=restore)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _selected_buckets(run: str, in_run: dict[str, dict[str, Any]], buckets: list[str],
+                      include: list[str], exclude: list[str]) -> dict[str, dict[str, Any]]:
+    """The buckets of run `run` (`in_run`) that `buckets` and the --include-data names'
+    buckets select (all without them), less those --exclude-data names; none left, or a
+    bucket named that the run lacks, is a usage error."""
+    wanted = set(buckets) | {n.split(".", 1)[0] for n in include}
+    if wanted:
+        unknown = sorted(wanted - set(in_run))
+        if unknown:
+            raise UsageError(f"run {run} holds no bucket {', '.join(unknown)}",
+                             hint=f"its buckets: {', '.join(sorted(in_run)) or 'none'}")
+        in_run = {n: b for n, b in in_run.items() if n in wanted}
+    in_run = {n: b for n, b in in_run.items() if n not in exclude}
+    if not in_run:
+        raise UsageError(f"run {run} holds no bucket to restore"
+                         + (" that the selection leaves in" if (wanted or exclude) else ""))
+    return in_run
+
+
+def _resolved_backups(cluster: ClusterArchive, run: str,
+                      in_run: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`in_run` with each bucket's backup as the run names it, resolved through the merges
+    since (a merged backup that ends where the named one ended restores the same); a
+    backup gone stops the restore here."""
+    state = RunResolver(cluster).state(run, in_run)
+    if not state.complete:
+        bucket = next(iter(state.gone))
+        raise UsageError(incomplete_message(state),
+                         hint=f"restore another run, or leave the bucket out with "
+                              f"--exclude-data {bucket}")
+    return {n: {**b, "backup": state.resolved[n]} for n, b in in_run.items()}
+
+
+def _backups_at(cluster: ClusterArchive, in_run: dict[str, dict[str, Any]], at: int, *,
+                nearest: bool) -> None:
+    """Each bucket of `in_run` to the time `at`, by its own archive's coverage: its backup
+    becomes the last of the chain that holds the time. Every bucket is checked (a gap
+    refused) before anything is created or written."""
+    from dcptool.archive.pointintime import plan_time
+
+    for n in sorted(in_run):
+        when = plan_time(cluster.open_bucket(n), at, nearest=nearest,
+                         option=f"--to-time (bucket {n})")
+        if not when.chain:
+            raise UsageError(f"bucket {n}: no chain of its archive began by the time "
+                             "asked")
+        in_run[n]["backup"] = when.chain[-1]
+
+
+def _build_buckets(rest: Any, address: str, in_run: dict[str, dict[str, Any]],
+                   renames: dict[str, str], on_target: dict[str, dict[str, Any]],
+                   result: ClusterRestoreResult, *, ram_quota: int | None, bucket_config: bool,
+                   dry_run: bool, tell: Callable[[str], None]) -> None:
+    """Create the target buckets `on_target` lacks with their recorded settings, and
+    (`bucket_config`) give the others the recorded settings they may change; noted in
+    `result` (a dry run changes nothing)."""
+    from dcptool.client.rest import RestError
+
     for name in sorted(in_run):
         target = renames.get(name, name)
         settings = in_run[name].get("settings") or {}
@@ -172,7 +213,7 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
                 try:
                     rest.request("POST", "/pools/default/buckets", form)
                 except RestError as exc:
-                    raise UsageError(f"creating bucket {target} on {opts.address} failed: "
+                    raise UsageError(f"creating bucket {target} on {address} failed: "
                                      f"{exc}") from None
                 tell(f"created bucket {target}")
         elif bucket_config:
@@ -182,8 +223,18 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
                 if not dry_run:
                     rest.request("POST", f"/pools/default/buckets/{target}", change)
                     tell(f"changed bucket {target}'s {', '.join(sorted(change))}")
-    if users:
-        result.users = _restore_users(rest, record, force_users, dry_run, tell)
+
+
+def _restore_buckets(opts: Any, cluster: ClusterArchive, in_run: dict[str, dict[str, Any]],
+                     renames: dict[str, str], result: ClusterRestoreResult, *, by_time: bool,
+                     dry_run: bool, scope_maps: list[str], include: list[str],
+                     exclude: list[str], rest_port: int | None,
+                     notice: Callable[[str], None] | None,
+                     on_bucket: Callable[[str, int, int], None] | None,
+                     restore: dict[str, Any]) -> None:
+    """Restore each bucket of `in_run` as a bucket archive is restored, one after the
+    other, into `result.buckets` (`by_time`: to the time in `restore`, not a backup)."""
+    from dcptool.pipeline.restore import run_restore
 
     for i, name in enumerate(sorted(in_run)):
         target = renames.get(name, name)
@@ -195,15 +246,13 @@ def run_cluster_restore(opts: Any, cluster: ClusterArchive, *, run_id: str | Non
                                     "restore": None}
             continue
         r = run_restore(cluster.open_bucket(name), dataclasses.replace(opts, bucket=target),
-                        backup=None if at is not None else in_run[name]["backup"],
+                        backup=None if by_time else in_run[name]["backup"],
                         dry_run=dry_run, map_data=scope_maps,
                         include_data=names_of_bucket(include, name),
                         exclude_data=names_of_bucket(exclude, name), rest_port=rest_port,
                         notice=notice, **restore)
         result.buckets[name] = {"target": target, "backup": in_run[name]["backup"],
                                 "restore": r.as_dict()}
-    result.seconds = time.monotonic() - started
-    return result
 
 
 def _restore_users(rest: Any, record: dict[str, Any], force: bool, dry_run: bool,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dcptool.archive import Archive
 from dcptool.archive.chain import descendant_cuts
@@ -27,6 +27,9 @@ from dcptool.protocol.collections import hex_id, split_doc_key
 from dcptool.protocol.errors import ProtocolError
 from dcptool.protocol.snappy import SNAPPY, decompress
 from dcptool.protocol.vbucket import vbucket_of
+
+if TYPE_CHECKING:
+    from .collnames import CollectionNames
 
 
 NAMES = {3: "mutation", 4: "deletion", 5: "expiration"}
@@ -59,25 +62,10 @@ def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
 
     archive = Archive.opened(archive_path)
     if at is not None:
-        from dcptool.archive.pointintime import plan_time
-
-        if backup is not None:
-            raise UsageError("--at and --backup exclude each other")
-        chain = plan_time(archive, at, nearest=nearest, option="--at").chain
-        if not chain:
-            raise UsageError("--at: no chain of the archive began by then")
-        backup = chain[-1]
-        d = examine_key(archive, key, backup=backup, values=values, vbucket=vbucket,
-                        collection=collection)
-        d["at"] = _mark_as_of(archive, d, backup, at)
-        return d
+        return _examine_at(archive, key, at, nearest=nearest, backup=backup, values=values,
+                           vbucket=vbucket, collection=collection)
     k = key.encode("utf-8") if isinstance(key, str) else bytes(key)
-    want: tuple[str, str] | None = None
-    if collection is not None:
-        parts = collection.split(".")
-        if len(parts) != 2 or not all(parts):
-            raise UsageError(f"--collection: {collection!r} is not scope.collection")
-        want = (parts[0], parts[1])
+    want = _wanted_collection(collection)
     vb = vbucket_of(k, archive.vbucket_count) if vbucket is None else vbucket
     manifests = archive.manifests()
     ids = archive.chain_ids(manifests, backup) if backup else sorted(manifests)
@@ -136,6 +124,49 @@ def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
                     v.update(_value_text(value, dt))
                 versions.append(v)
     scope_of = names.scope_of()
+    versions = _named_versions(versions, names, scope_of, dropped_any, want)
+    _mark_restored(versions, live_chain, drops, scope_of)
+    return {"archive": str(archive.path), "key": k.decode("utf-8", "replace"), "vbucket": vb,
+            "backups_read": len([b for b in ids
+                                 if any(e["vbucket"] == vb for e in scope[b]["vbuckets"])]),
+            "versions": versions}
+
+
+def _examine_at(archive: Archive, key: str | bytes, at: int, *, nearest: bool,
+                backup: str | None, values: bool, vbucket: int | None,
+                collection: str | None) -> dict[str, Any]:
+    """examine_key `at` a time (ns since the epoch): the chain that holds it, each version
+    marked `as_of` when it is the key's state at the vbucket's cut, and "at" the cut."""
+    from dcptool.archive.pointintime import plan_time
+
+    if backup is not None:
+        raise UsageError("--at and --backup exclude each other")
+    chain = plan_time(archive, at, nearest=nearest, option="--at").chain
+    if not chain:
+        raise UsageError("--at: no chain of the archive began by then")
+    backup = chain[-1]
+    d = examine_key(archive, key, backup=backup, values=values, vbucket=vbucket,
+                    collection=collection)
+    d["at"] = _mark_as_of(archive, d, backup, at)
+    return d
+
+
+def _wanted_collection(collection: str | None) -> tuple[str, str] | None:
+    """--collection "scope.collection" as (scope, collection) (None without it)."""
+    if collection is None:
+        return None
+    parts = collection.split(".")
+    if len(parts) != 2 or not all(parts):
+        raise UsageError(f"--collection: {collection!r} is not scope.collection")
+    return (parts[0], parts[1])
+
+
+def _named_versions(versions: list[dict[str, Any]], names: CollectionNames,
+                    scope_of: dict[int, int], dropped_any: Drops,
+                    want: tuple[str, str] | None) -> list[dict[str, Any]]:
+    """The versions, each given its scope and collection names and whether that
+    collection was dropped (anywhere in what was read), of the collection `want` only
+    when given."""
     kept = []
     for v in versions:
         cid = int(v["collection_id"], 16)
@@ -144,9 +175,13 @@ def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
         v["collection_dropped"] = dropped_any.dropped(cid, scope_of)
         if want is None or (sc, co) == want:
             kept.append(v)
-    versions = kept
-    # the version restore writes, per collection: the last live one on the chain being
-    # restored, unless the chain dropped that collection
+    return kept
+
+
+def _mark_restored(versions: list[dict[str, Any]], live_chain: set[str], drops: Drops,
+                   scope_of: dict[int, int]) -> None:
+    """Mark the version restore writes, per collection: the last live one on the chain
+    being restored (`live_chain`), unless the chain dropped that collection (`drops`)."""
     done: set[str] = set()
     for v in reversed(versions):
         cid = v["collection_id"]
@@ -155,10 +190,6 @@ def examine_key(archive_path: str | os.PathLike[str], key: str | bytes, *,
         done.add(cid)
         if not drops.dropped(int(cid, 16), scope_of):
             v["restored"] = True
-    return {"archive": str(archive.path), "key": k.decode("utf-8", "replace"), "vbucket": vb,
-            "backups_read": len([b for b in ids
-                                 if any(e["vbucket"] == vb for e in scope[b]["vbuckets"])]),
-            "versions": versions}
 
 
 def _mark_as_of(archive: Archive, d: dict[str, Any], backup: str, at: int) -> dict[str, Any]:
