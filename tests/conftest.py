@@ -37,6 +37,9 @@ def pytest_configure(config):
     # the manifests commands read and checked are kept in the run's own directory, not the
     # user's cache (archive/manifestcache.py); the tests of the cache name theirs
     os.environ["DCPTOOL_MANIFEST_CACHE"] = os.path.join(d, "manifests")
+    # the run's encrypted archives get cheap key files (scrypt N=2^10, not 2^17: 0.45 CPU s
+    # each time one is made or opened); the tests of the real cost take this out
+    os.environ["DCPTOOL_TESTONLY_WEAKEN_KDF"] = "1"
 
     def cleanup() -> None:
         if os.path.exists(os.path.join(d, "engine.sock")):  # a test's engine left running

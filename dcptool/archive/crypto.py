@@ -66,6 +66,11 @@ KEY_FORMAT = "dcptool-key"
 SCRYPT_N = 1 << 17
 SCRYPT_R = 8
 SCRYPT_P = 1
+#: DCPTOOL_TESTONLY_WEAKEN_KDF=1 gives new key files scrypt N=2^10 instead (about 1/150 of
+#: the cost), for test suites that make hundreds of encrypted archives, never for an archive
+#: that matters: a key file names its parameters, so the archive stays as weak as they are.
+WEAKEN_KDF_ENV = "DCPTOOL_TESTONLY_WEAKEN_KDF"
+WEAK_SCRYPT_N = 1 << 10
 #: the most a key file may ask for (a changed key file must not make us allocate gigabytes)
 _MAX_N, _MAX_R, _MAX_P = 1 << 20, 32, 16
 
@@ -358,11 +363,20 @@ def _kek(passphrase: str, kdf: dict[str, Any]) -> bytes:
                           n=n, r=r, p=p, dklen=32, maxmem=128 * r * n + (64 << 20))
 
 
+def new_key_cost() -> int:
+    """The scrypt N of new key files: SCRYPT_N, or WEAK_SCRYPT_N under WEAKEN_KDF_ENV=1."""
+    return WEAK_SCRYPT_N if os.environ.get(WEAKEN_KDF_ENV) == "1" else SCRYPT_N
+
+
 def make_key_file(uuid: str, data_key: DataKey, passphrase: str, *,
-                  n: int = SCRYPT_N, r: int = SCRYPT_R, p: int = SCRYPT_P,
+                  n: int | None = None, r: int = SCRYPT_R, p: int = SCRYPT_P,
                   created: str = "") -> dict[str, Any]:
-    """A new key file's document: the data key wrapped under the passphrase."""
+    """A new key file's document: the data key wrapped under the passphrase (scrypt N `n`,
+    by default `new_key_cost()`)."""
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    if n is None:
+        n = new_key_cost()
 
     doc: dict[str, Any] = {
         "format": KEY_FORMAT, "id": secrets.token_hex(8), "archive": uuid, "created": created,

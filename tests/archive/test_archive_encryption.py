@@ -89,6 +89,7 @@ def test_passphrase_change_without_rewriting_data(tmp_path, monkeypatch):
     state = _state(a)
     before = {n: d for n, d in tree_bytes(root).items() if n.startswith("backups/")}
     [old] = crypto.list_keys(a.path, a.meta)
+    monkeypatch.delenv(crypto.WEAKEN_KDF_ENV)  # the added key file has the real cost
     new = crypto.add_key(a.path, a.meta, a.key, "a new passphrase",
                          "2099-01-01T00:00:00.000000Z")
     assert {k["id"] for k in crypto.list_keys(a.path, a.meta)} == {old["id"], new["id"]}
@@ -318,6 +319,7 @@ def test_new_key_files_use_owasp_scrypt_cost_and_old_cost_files_still_open(tmp_p
     """New key files: scrypt N=2^17, r=8, p=1; a key file written at N=2^15 (before the
     change) opens the archive all the same."""
     assert (crypto.SCRYPT_N, crypto.SCRYPT_R, crypto.SCRYPT_P) == (1 << 17, 8, 1)
+    monkeypatch.delenv(crypto.WEAKEN_KDF_ENV)  # the run's cheap key files: not here
     root = tmp_path / "enc"
     _chain(root, 1, passphrase=PASS)
     a = Archive.open(root)
