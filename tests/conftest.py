@@ -99,6 +99,7 @@ _TERMINAL_ENV = ("COLUMNS", "LINES")
 #: them alone on a long module while the other has nothing left
 LONGEST_FIRST = (
     "tests/cluster/test_spark_standalone.py",
+    "tests/cluster/test_cluster_continuous.py",
     "tests/cli/test_engine.py",
     "tests/test_readme.py",
     "tests/cli/test_s3_cli.py",
