@@ -60,8 +60,9 @@ class Sampler(threading.Thread):
     def __init__(self, markers: list[bytes]):
         super().__init__(daemon=True)
         self.markers = markers
-        self.seen: dict[tuple[int, str], list] = {}  # (pid, start time) -> [kind, cpu]
+        self.seen: dict[tuple[int, str], list] = {}  # (pid, start time) -> [kind, cpu, module]
         self.skip: set[tuple[int, str]] = set()
+        self.jvms: list[tuple[str, list]] = []  # (test, record) of every Spark driver JVM
         self.stop = threading.Event()
 
     def sample(self) -> None:
@@ -89,7 +90,9 @@ class Sampler(threading.Thread):
                 if not any(m in env for m in self.markers):
                     self.skip.add(ident)
                     continue
-                self.seen[ident] = rec = [kind(cmd), cpu]
+                self.seen[ident] = rec = [kind(cmd), cpu, test_module(env)]
+                if rec[0] == "Spark drivers (JVM)":
+                    self.jvms.append((current_test(env), rec))
             rec[1] = cpu
             if rec[0].startswith("forked by the zygotes"):
                 try:  # a forked child that exec'd something else since
@@ -107,15 +110,39 @@ class Sampler(threading.Thread):
 
     def table(self) -> tuple[Counter, Counter]:
         cpu, n = Counter(), Counter()
-        for k, c in self.seen.values():
+        for k, c, _ in self.seen.values():
             cpu[k] += c
             n[k] += 1
         return cpu, n
+
+    def by_module(self) -> dict[str, Counter]:
+        """CPU seconds of the processes a test started, by the test's module and kind (the
+        module is the one in PYTEST_CURRENT_TEST when the process was started; processes
+        started outside a test, such as session fixtures' daemons, fall under "-")."""
+        out: dict[str, Counter] = {}
+        for k, c, m in self.seen.values():
+            out.setdefault(m, Counter())[k] += c
+        return out
+
+
+def test_module(env: bytes) -> str:
+    return current_test(env).split("::", 1)[0]
+
+
+def current_test(env: bytes) -> str:
+    """The test (pytest's PYTEST_CURRENT_TEST, without its phase) in a process's environment
+    when it started, or "-"."""
+    for item in env.split(b"\0"):
+        if item.startswith(b"PYTEST_CURRENT_TEST="):
+            return item.split(b"=", 1)[1].decode(errors="replace").rsplit(" ", 1)[0]
+    return "-"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--by-module", type=int, default=0, metavar="N",
+                    help="also print the N modules whose tests' processes took most CPU")
     ap.add_argument("pytest_args", nargs="*", help="after --: arguments for pytest")
     a = ap.parse_args(argv)
     token = secrets.token_hex(8)
@@ -137,8 +164,26 @@ def main(argv: list[str] | None = None) -> int:
           f"CPU / {cores} cores = {total / cores:.0f} s = {total / cores / wall:.2f} of the wall")
     for k, c in cpu.most_common():
         print(f"{c:8.1f} s {c / total:6.1%} {n[k]:6d} processes  {k}")
+    mods = sampler.by_module()
+    if a.by_module:
+        print("\nCPU of the processes each module's tests started (xdist workers excluded):")
+        ranked = sorted(mods.items(), key=lambda kv: -sum(
+            c for k, c in kv[1].items() if not k.startswith("xdist")))
+        for m, kinds in ranked[:a.by_module]:
+            sub = {k: c for k, c in kinds.items() if not k.startswith("xdist")}
+            print(f"{sum(sub.values()):8.1f} s  {m}: " + ", ".join(
+                f"{k} {c:.1f}" for k, c in sorted(sub.items(), key=lambda x: -x[1])))
+    if a.by_module:
+        per_test: dict[str, list[float]] = {}
+        for test, rec in sampler.jvms:
+            per_test.setdefault(test, []).append(rec[1])
+        print(f"\nthe tests that started Spark driver JVMs ({len(sampler.jvms)} JVMs):")
+        for test, cpus in sorted(per_test.items(), key=lambda kv: -sum(kv[1])):
+            print(f"{sum(cpus):8.1f} s {len(cpus):3d} JVMs  {test}")
     if a.json:
         Path(a.json).write_text(json.dumps({
+            "by_module": {m: {k: round(c, 1) for k, c in kinds.items()}
+                          for m, kinds in mods.items()},
             "wall_seconds": round(wall, 1), "cpu_seconds": round(total, 1), "cores": cores,
             "by_kind": {k: {"cpu_seconds": round(c, 1), "processes": n[k]}
                         for k, c in cpu.most_common()}}, indent=2))

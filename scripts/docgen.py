@@ -10,6 +10,7 @@ command family (`dcptool node ...`) gets one page describing all its subcommands
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -838,11 +839,18 @@ def exit_codes_md(tree: Cmd | None = None) -> str:
 # -- checking command lines ------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1)
+def _command():
+    """The CLI's command tree, built once: parsing a line (click's make_context) reads it and
+    never changes it."""
+    return build_command()
+
+
 def parse_args(argv: list[str]) -> tuple[str, ...]:
     """Parse a dcptool command line (without the leading `dcptool`) exactly as the CLI would,
     without running it. Returns the command path; raises the CLI's usage error (the one
     `dcptool` would report) for a line that does not parse."""
-    cmd = build_command()
+    cmd = _command()
     ctx = cmd.make_context(PROG, list(argv))
     path: list[str] = []
     while hasattr(cmd, "commands"):

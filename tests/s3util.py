@@ -76,6 +76,11 @@ class S3Server:
         cmd = [weed_binary(), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                f"-master.port={mp}", f"-master.port.grpc={mg}", "-master.telemetry=false",
                "-master.volumeSizeLimitMB=64", f"-volume.port={vp}", f"-volume.port.grpc={vg}",
+               # a restart at the same address (tests of an endpoint that goes away) must
+               # not wait ~18 s for the one master to elect itself again from its raft
+               # state: the volumes and the filer's store keep the data, and the volume
+               # servers report their volumes to the master as they connect
+               "-master.resumeState=false",
                "-volume.max=0", "-volume.preStopSeconds=0", "-filer", f"-filer.port={fp}",
                "-filer.saveToFilerLimit=262144",
                f"-filer.port.grpc={fg}", "-s3", f"-s3.port={sp}", f"-s3.port.grpc={sg}",
@@ -132,8 +137,11 @@ class S3Server:
         if self.proc is None or self.proc.poll() is not None:
             return
         try:
+            # weed's filer never ends its "graceful" gRPC stop while its peers subscribe:
+            # after a second the process is killed; what it stored is in its files (the
+            # volumes, the filer's leveldb log) already
             os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(5)
+            self.proc.wait(1)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
