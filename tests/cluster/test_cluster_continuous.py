@@ -371,46 +371,22 @@ def test_live_lines_one_per_bucket_within_80_columns(tmp_path):
     """On an 80-column terminal the run draws a line per bucket: its lag in seconds and
     items, its last checkpoint's time, items/s, whole; a summary of the buckets on stdout
     when it stops."""
-    import pty
     import re
-    import select
 
-    from termutil import render
+    from termutil import render, run_with_stderr_on_a_terminal
 
     with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
         _create_bucket(node, "other")
         for b in BUCKETS:
             with opts_for(node, b).connect() as conn:
                 load(conn, {f"{b}::{i}": {"i": i} for i in range(10)}, VBS)
-        master, slave = pty.openpty()
         env = dict(os.environ, DCPTOOL_PASSWORD=node.password, COLUMNS="80")
         env.pop("NO_COLOR", None)
         env.pop("DCPTOOL_BUCKET", None)
-        proc = subprocess.Popen(
+        screen, out = run_with_stderr_on_a_terminal(
             [sys.executable, "-m", "dcptool", "backup", "-c", f"{node.host}:{node.port}",
              str(tmp_path / "cluster"), "--continuous", "--checkpoint", "1s",
-             "--stop-after", "3s", "--master", "local[2]", "--no-watermark"],
-            env=env, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-        os.close(slave)
-        screen = bytearray()
-        try:
-            while True:
-                r, _, _ = select.select([master], [], [], 0.2)
-                if r:
-                    try:
-                        chunk = os.read(master, 65536)
-                    except OSError:
-                        break
-                    if not chunk:
-                        break
-                    screen += chunk
-                elif proc.poll() is not None:
-                    break
-            out = proc.stdout.read().decode()
-            assert proc.wait(60) == 0
-        finally:
-            os.close(master)
+             "--stop-after", "3s", "--master", "local[2]", "--no-watermark"], env)
     lines = render(bytes(screen), 80)
     for b in BUCKETS:
         line = re.compile(rf"^{b} +lag \d+\.\d s/\d+ items, at \d\d:\d\d:\d\d, [-\d.,k]+ "

@@ -411,43 +411,19 @@ def test_continuous_options_are_checked_before_any_work(tmp_path, capsys, monkey
 def test_live_line_on_a_terminal_shows_lag_and_last_checkpoint(tmp_path):
     """On a terminal the run draws one live line: the bucket's lag in seconds and items,
     the last checkpoint's time, items/s; on stdout a summary when it stops."""
-    import pty
     import re
-    import select
 
-    from termutil import render
+    from termutil import render, run_with_stderr_on_a_terminal
 
     with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
         with opts_for(node).connect() as conn:
             load(conn, {f"t::{i}": {"i": i} for i in range(30)}, VBS)
-        master, slave = pty.openpty()
         env = dict(os.environ, DCPTOOL_PASSWORD=node.password, COLUMNS="160")
         env.pop("NO_COLOR", None)
-        proc = subprocess.Popen(
+        screen, out = run_with_stderr_on_a_terminal(
             [sys.executable, "-m", "dcptool", "backup", "-c", f"{node.host}:{node.port}",
              "-b", "default", str(tmp_path / "archive"), "--continuous", "--checkpoint", "1s",
-             "--stop-after", "4s", "--master", "local[2]", "--no-watermark"],
-            env=env, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-        os.close(slave)
-        screen = bytearray()
-        try:
-            while True:
-                r, _, _ = select.select([master], [], [], 0.2)
-                if r:
-                    try:
-                        chunk = os.read(master, 65536)
-                    except OSError:
-                        break
-                    if not chunk:
-                        break
-                    screen += chunk
-                elif proc.poll() is not None:
-                    break
-            out = proc.stdout.read().decode()
-            assert proc.wait(60) == 0
-        finally:
-            os.close(master)
+             "--stop-after", "4s", "--master", "local[2]", "--no-watermark"], env)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", bytes(screen).decode(errors="replace"))
     assert re.search(r"default +lag \d+\.\d s, \d+ items behind, checkpoint "
                      r"\d\d:\d\d:\d\d, [-\d.,]+ items/s", text), text[-1500:]
