@@ -16,14 +16,14 @@ import base64
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 
+from continuousutil import ContinuousRun
+from continuousutil import epoch as _epoch
 from docutil import delete, load, node_documents, opts_for
 from nodeprocutil import NodeProcess
 from restutil import rest_request
@@ -83,76 +83,19 @@ class Writer(threading.Thread):
         return out
 
 
-class Continuous:
+class Continuous(ContinuousRun):
     """`dcptool backup ARCHIVE --continuous --json` (no -b) as a process of its own."""
 
     def __init__(self, node: NodeProcess, archive: Path, *extra: str, checkpoint: str = "1s"):
         env = dict(os.environ, DCPTOOL_PASSWORD=node.password)
         env.pop("DCPTOOL_BUCKET", None)
-        self.proc = subprocess.Popen(
+        super().__init__(
             [sys.executable, "-m", "dcptool", "backup", "-c", f"{node.host}:{node.port}",
              str(archive), "--continuous", "--checkpoint", checkpoint, "--json",
-             "--master", "local[2]", "--partitions", "2", *extra],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True)
-        self.records: list[dict] = []
-        self.err: list[str] = []
-        self._threads = [threading.Thread(target=self._read, args=(s, out), daemon=True)
-                         for s, out in ((self.proc.stdout, True), (self.proc.stderr, False))]
-        for t in self._threads:
-            t.start()
+             "--master", "local[2]", "--partitions", "2", *extra], env)
 
-    def _read(self, stream, out: bool) -> None:
-        for line in stream:
-            if out and line.strip():
-                self.records.append(json.loads(line))
-            elif not out:
-                self.err.append(line.rstrip("\n"))
-
-    def checkpoints(self) -> list[dict]:
-        return [r for r in self.records if r.get("event") == "checkpoint"]
-
-    def wait(self, pred, what: str, timeout: float = 120.0):
-        deadline = time.monotonic() + timeout
-        while True:
-            v = pred()
-            if v:
-                return v
-            assert self.proc.poll() is None, "\n".join(self.err)
-            assert time.monotonic() < deadline, f"{what}: {self.err}"
-            time.sleep(0.1)
-
-    def wait_checkpoints(self, n: int) -> list[dict]:
-        return self.wait(lambda: len(self.checkpoints()) >= n and self.checkpoints(),
-                         f"no {n} checkpoints")
-
-    def wait_caught_up(self, after: float, buckets=BUCKETS) -> dict:
-        """The first checkpoint begun after `after` (epoch) that left nothing behind in
-        any of `buckets`."""
-        def caught():
-            for r in self.checkpoints():
-                if (_epoch(r["time"]) - r["seconds"] > after
-                        and all(r["lag"].get(b, {}).get("items") == 0 for b in buckets)):
-                    return r
-            return None
-        return self.wait(caught, "not caught up")
-
-    def interrupt(self, timeout: float = 120.0) -> int:
-        self.proc.send_signal(signal.SIGINT)
-        rc = self.proc.wait(timeout)
-        for t in self._threads:
-            t.join(10)
-        return rc
-
-    def kill9(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-        for t in self._threads:
-            t.join(10)
-
-
-def _epoch(iso: str) -> float:
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    def wait_caught_up(self, after: float, buckets=BUCKETS, timeout: float = 120.0) -> dict:
+        return super().wait_caught_up(after, buckets, timeout)
 
 
 def _dcptool(*args: str, node: NodeProcess | None = None, timeout: float = 300):

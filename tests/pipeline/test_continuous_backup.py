@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import time
 from pathlib import Path
 
 from cliutil import cli
+from continuousutil import ContinuousRun
+from continuousutil import epoch as _epoch
 from docutil import delete, load, node_documents, opts_for
 from nodeprocutil import NodeProcess
 
@@ -72,75 +73,16 @@ class Writer(threading.Thread):
             conn.close()
 
 
-class Continuous:
-    """`dcptool backup --continuous --json` as a process of its own: its JSON lines as
-    they come, its stderr."""
+class Continuous(ContinuousRun):
+    """`dcptool backup -b default --continuous --json` as a process of its own."""
 
     def __init__(self, node: NodeProcess, archive: Path, *extra: str, checkpoint: str = "1s",
                  env: dict | None = None):
-        env = dict(os.environ, DCPTOOL_PASSWORD=node.password, **(env or {}))
-        self.proc = subprocess.Popen(
+        super().__init__(
             [sys.executable, "-m", "dcptool", "backup", "-c", f"{node.host}:{node.port}",
              "-b", "default", str(archive), "--continuous", "--checkpoint", checkpoint,
              "--json", "--master", "local[2]", "--partitions", "2", *extra],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True)
-        self.records: list[dict] = []
-        self.err: list[str] = []
-        self._threads = [threading.Thread(target=self._read, args=(self.proc.stdout, True),
-                                          daemon=True),
-                         threading.Thread(target=self._read, args=(self.proc.stderr, False),
-                                          daemon=True)]
-        for t in self._threads:
-            t.start()
-
-    def _read(self, stream, out: bool) -> None:
-        for line in stream:
-            if out and line.strip():
-                self.records.append(json.loads(line))
-            elif not out:
-                self.err.append(line.rstrip("\n"))
-
-    def checkpoints(self) -> list[dict]:
-        return [r for r in self.records if r.get("event") == "checkpoint"]
-
-    def wait_checkpoints(self, n: int, timeout: float = 120.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while len(self.checkpoints()) < n:
-            assert self.proc.poll() is None, "\n".join(self.err)
-            assert time.monotonic() < deadline, f"no {n} checkpoints: {self.err}"
-            time.sleep(0.1)
-        return self.checkpoints()
-
-    def wait_caught_up(self, after: float, timeout: float = 60.0) -> dict:
-        """The first checkpoint that began after `after` (epoch) and left nothing behind."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for r in self.checkpoints():
-                if _epoch(r["time"]) - r["seconds"] > after and r["lag"]["default"]["items"] == 0:
-                    return r
-            assert self.proc.poll() is None, "\n".join(self.err)
-            assert time.monotonic() < deadline, f"not caught up: {self.err}"
-            time.sleep(0.1)
-
-    def interrupt(self, timeout: float = 120.0) -> int:
-        self.proc.send_signal(signal.SIGINT)
-        rc = self.proc.wait(timeout)
-        for t in self._threads:
-            t.join(10)
-        return rc
-
-    def kill9(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-        for t in self._threads:
-            t.join(10)
-
-
-def _epoch(iso: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+            dict(os.environ, DCPTOOL_PASSWORD=node.password, **(env or {})))
 
 
 def _free_port() -> int:
