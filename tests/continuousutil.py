@@ -77,3 +77,26 @@ class ContinuousRun:
         self.proc.wait(30)
         for t in self._threads:
             t.join(10)
+
+
+def assert_nothing_twice(archive) -> int:
+    """Along the chain of the bucket archive `archive` (a path or URL) every vbucket's item
+    seqnos strictly increase (nothing was written into the archive twice) and each backup
+    starts where the one before it ended; the number of items."""
+    from dcptool.archive import Archive
+
+    a = Archive.open(archive)
+    last: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    n = 0
+    for b in a.chain():
+        for e in b.manifest["vbuckets"]:
+            vb = e["vbucket"]
+            if vb in ends and not e.get("rollbacks"):
+                assert e["start"]["seqno"] == ends[vb], (b.id, vb)
+            ends[vb] = e["end"]["seqno"]
+            for rec in b.items(vb):
+                assert rec[1] > last.get(vb, 0), (b.id, vb, rec[1], last.get(vb))
+                last[vb] = rec[1]
+                n += 1
+    return n

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from continuousutil import ContinuousRun
+from continuousutil import ContinuousRun, assert_nothing_twice
 from continuousutil import epoch as _epoch
 from docutil import delete, load, node_documents, opts_for
 from nodeprocutil import NodeProcess
@@ -111,26 +111,6 @@ def _info(archive: Path) -> dict:
     r = _dcptool("info", archive, "--json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
-
-
-def assert_nothing_twice(archive: Path) -> int:
-    """Along the chain every vbucket's item seqnos strictly increase and each backup
-    starts where the one before it ended; the number of items."""
-    a = Archive.open(archive)
-    last: dict[int, int] = {}
-    ends: dict[int, int] = {}
-    n = 0
-    for b in a.chain():
-        for e in b.manifest["vbuckets"]:
-            vb = e["vbucket"]
-            if vb in ends and not e.get("rollbacks"):
-                assert e["start"]["seqno"] == ends[vb], (b.id, vb)
-            ends[vb] = e["end"]["seqno"]
-            for rec in b.items(vb):
-                assert rec[1] > last.get(vb, 0), (b.id, vb, rec[1], last.get(vb))
-                last[vb] = rec[1]
-                n += 1
-    return n
 
 
 def _live_values(opts) -> dict[bytes, int]:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from cliutil import cli
-from continuousutil import ContinuousRun
+from continuousutil import ContinuousRun, assert_nothing_twice
 from continuousutil import epoch as _epoch
 from docutil import delete, load, node_documents, opts_for
 from nodeprocutil import NodeProcess
@@ -89,27 +89,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def assert_nothing_twice(archive: Path) -> int:
-    """Along the chain every vbucket's item seqnos strictly increase (nothing was written
-    into the archive twice) and each backup starts where the one before it ended; the
-    number of items."""
-    a = Archive.open(archive)
-    last: dict[int, int] = {}
-    ends: dict[int, int] = {}
-    n = 0
-    for b in a.chain():
-        for e in b.manifest["vbuckets"]:
-            vb = e["vbucket"]
-            if vb in ends and not e.get("rollbacks"):
-                assert e["start"]["seqno"] == ends[vb], (b.id, vb)
-            ends[vb] = e["end"]["seqno"]
-            for rec in b.items(vb):
-                assert rec[1] > last.get(vb, 0), (b.id, vb, rec[1], last.get(vb))
-                last[vb] = rec[1]
-                n += 1
-    return n
 
 
 def _verify(archive: Path) -> None:
