@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -287,6 +288,79 @@ def run_tasks(spark, fn, tasks: list, *, total: int | None = None, unit: str = "
                     progress.Counted(fn, files)).collect()
     with progress.watch_tasks(sc, progress.WORK, len(tasks)):
         return sc.parallelize(tasks, len(tasks)).map(fn).collect()
+
+
+#: a local master: local, local[N], local[*], local[N,F], local[*,F]
+_LOCAL_MASTER = re.compile(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?")
+
+
+def barrier_slots(spark) -> int | None:
+    """How many tasks one barrier stage of `spark` can run at once (Spark's barrier mode
+    starts all of a stage's tasks together, or waits): a local master's slots (its cores
+    over spark.task.cpus). None for any other master, whose free slots are not known here
+    (a barrier stage larger than them fails only after minutes of retries), and for a
+    context that runs no barrier stages (an engine's job runner)."""
+    sc = context_of(spark)
+    if not hasattr(sc, "_jvm") or not hasattr(sc, "parallelize"):
+        return None
+    m = _LOCAL_MASTER.fullmatch(str(getattr(sc, "master", "") or ""))
+    if m is None:
+        return None
+    try:
+        if m.group(1) is None:
+            cores = 1
+        elif m.group(1) == "*":  # as Spark counts them: the JVM's processors
+            cores = int(sc._jvm.java.lang.Runtime.getRuntime().availableProcessors())
+        else:
+            cores = int(m.group(1))
+        per_task = int(sc.getConf().get("spark.task.cpus") or 1)
+    except Exception:  # noqa: BLE001 - no answer from the JVM: no barrier stage
+        return None
+    return max(0, cores // max(1, per_task))
+
+
+class _BarrierPartition:
+    """One partition of a barrier stage (`run_barrier_tasks`): its one task given to `fn`
+    with the stage's `sync`, inside `progress.counting(files)`."""
+
+    def __init__(self, fn: Any, files: Any = None):
+        self.fn = fn
+        self.files = files
+
+    def __call__(self, rows):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        (task,) = list(rows)
+
+        def sync(message: str) -> list[str]:
+            return list(ctx.allGather(message))
+
+        with progress.counting(self.files):
+            result = self.fn(task, sync)
+        yield result
+
+
+def run_barrier_tasks(spark, fn, tasks: list, *, total: int | None = None,
+                      unit: str = "records", near: Any = None) -> list:
+    """`run_tasks` for tasks that run all at once, as one barrier stage: each runs
+    `fn(task, sync)`, where `sync(message)` waits until every task of the stage has called
+    it and returns their messages (strings), in the tasks' order. The caller makes sure
+    the stage fits (`barrier_slots`). A task that fails ends the others."""
+    from .engine import set_job_group
+
+    sc = context_of(spark)
+    set_job_group(sc)
+    if any(_carries_key(t) for t in tasks):
+        check_key_transport(sc)
+    if total is not None and progress.active():
+        with progress.watch_files(sc, total, unit, near) as files:
+            if files is not None:
+                return sc.parallelize(tasks, len(tasks)).barrier().mapPartitions(
+                    _BarrierPartition(fn, files)).collect()
+    with progress.watch_tasks(sc, progress.WORK, len(tasks)):
+        return sc.parallelize(tasks, len(tasks)).barrier().mapPartitions(
+            _BarrierPartition(fn)).collect()
 
 
 def _carries_key(task: Any) -> bool:
