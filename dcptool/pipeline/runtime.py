@@ -319,22 +319,99 @@ def barrier_slots(spark) -> int | None:
     return max(0, cores // max(1, per_task))
 
 
+class _Rendezvous:
+    """Where the tasks of a barrier stage of a local master meet (`run_barrier_tasks`): a
+    Unix socket of the driver's, in a directory only its user may enter, and a token. Each
+    task sends "TOKEN INDEX MESSAGE"; once every task has, each gets every message back
+    (a JSON list, by index). Spark's own `BarrierTaskContext.allGather` waits in steps of a
+    second; this answers as soon as the last task's message is in. When the driver stops
+    it (the job failed), the tasks still waiting read the end of their connection."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.dir = tempfile.mkdtemp(prefix="dcptool-sync-")
+        self.path = os.path.join(self.dir, "s")
+        self.token = secrets.token_hex(16)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen(max(1, n))
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, name="dcptool-barrier", daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self) -> tuple[str, str, int]:
+        return (self.path, self.token, self.n)
+
+    def _serve(self) -> None:
+        got: dict[int, str] = {}
+        try:
+            while len(got) < self.n:
+                conn, _ = self.sock.accept()
+                self.conns.append(conn)
+                line = conn.makefile("rb").readline().decode("utf-8", "replace").rstrip("\n")
+                token, _, rest = line.partition(" ")
+                index, _, message = rest.partition(" ")
+                if not secrets.compare_digest(token, self.token) or not index.isdigit():
+                    conn.close()
+                    continue
+                got[int(index)] = message
+            reply = (json.dumps([got.get(i, "") for i in range(self.n)]) + "\n").encode()
+            for conn in self.conns:
+                try:
+                    conn.sendall(reply)
+                except OSError:
+                    pass
+        except OSError:  # stopped
+            pass
+
+    def close(self) -> None:
+        for s in (self.sock, *self.conns):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def rendezvous_sync(address: tuple[str, str, int], index: int, message: str) -> list[str]:
+    """A task's side of `_Rendezvous`: send `message` as task `index`, wait for every
+    task's. Raises DcptoolError when the driver cannot be reached or stopped waiting."""
+    path, token, _n = address
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            sock.connect(path)
+            sock.sendall(f"{token} {index} {message}\n".encode())
+            line = sock.makefile("rb").readline()
+        except OSError as exc:
+            raise DcptoolError(f"a task of the stage cannot reach the driver at {path}: "
+                               f"{exc.strerror or exc}") from None
+        if not line.endswith(b"\n"):
+            raise DcptoolError("the driver stopped waiting for the tasks of the stage")
+        return json.loads(line)
+    finally:
+        sock.close()
+
+
 class _BarrierPartition:
     """One partition of a barrier stage (`run_barrier_tasks`): its one task given to `fn`
-    with the stage's `sync`, inside `progress.counting(files)`."""
+    with a `sync` through the driver's `_Rendezvous`, inside `progress.counting(files)`."""
 
-    def __init__(self, fn: Any, files: Any = None):
+    def __init__(self, fn: Any, address: tuple[str, str, int], files: Any = None):
         self.fn = fn
+        self.address = address
         self.files = files
 
     def __call__(self, rows):
         from pyspark import BarrierTaskContext
 
-        ctx = BarrierTaskContext.get()
+        index = BarrierTaskContext.get().partitionId()
         (task,) = list(rows)
 
         def sync(message: str) -> list[str]:
-            return list(ctx.allGather(message))
+            return rendezvous_sync(self.address, index, message)
 
         with progress.counting(self.files):
             result = self.fn(task, sync)
@@ -343,24 +420,29 @@ class _BarrierPartition:
 
 def run_barrier_tasks(spark, fn, tasks: list, *, total: int | None = None,
                       unit: str = "records", near: Any = None) -> list:
-    """`run_tasks` for tasks that run all at once, as one barrier stage: each runs
-    `fn(task, sync)`, where `sync(message)` waits until every task of the stage has called
-    it and returns their messages (strings), in the tasks' order. The caller makes sure
-    the stage fits (`barrier_slots`). A task that fails ends the others."""
+    """`run_tasks` for tasks that run all at once, as one barrier stage (Spark's barrier
+    mode starts all of its tasks together, and ends them all when one fails) of a local
+    master: each runs `fn(task, sync)`, where `sync(message)` waits until every task of the
+    stage has called it and returns their messages (strings), in the tasks' order. The
+    caller makes sure the stage fits (`barrier_slots`)."""
     from .engine import set_job_group
 
     sc = context_of(spark)
     set_job_group(sc)
     if any(_carries_key(t) for t in tasks):
         check_key_transport(sc)
-    if total is not None and progress.active():
-        with progress.watch_files(sc, total, unit, near) as files:
-            if files is not None:
-                return sc.parallelize(tasks, len(tasks)).barrier().mapPartitions(
-                    _BarrierPartition(fn, files)).collect()
-    with progress.watch_tasks(sc, progress.WORK, len(tasks)):
-        return sc.parallelize(tasks, len(tasks)).barrier().mapPartitions(
-            _BarrierPartition(fn)).collect()
+    meet = _Rendezvous(len(tasks))
+    try:
+        if total is not None and progress.active():
+            with progress.watch_files(sc, total, unit, near) as files:
+                if files is not None:
+                    return sc.parallelize(tasks, len(tasks)).barrier().mapPartitions(
+                        _BarrierPartition(fn, meet.address, files)).collect()
+        with progress.watch_tasks(sc, progress.WORK, len(tasks)):
+            return sc.parallelize(tasks, len(tasks)).barrier().mapPartitions(
+                _BarrierPartition(fn, meet.address)).collect()
+    finally:
+        meet.close()
 
 
 def _carries_key(task: Any) -> bool:
