@@ -149,17 +149,20 @@ def _key_mapper(plan: CollectionPlan, vbucket: int):
 def resolved_records(archive: Archive | str, vbucket: int, backup: str | None,
                      key_filter: str | None = None, *, chain=None,
                      collections: CollectionPlan | None = None,
-                     upto_seqno: int | None = None):
+                     upto_seqno: int | None = None, checked: bool = False):
     """(kind, key, value, flags, expiry, rev_seqno, cas, datatype) for each resolved key of the
     vbucket, in seqno order. `chain` (from Archive.chain) saves re-reading the manifests when
     many vbuckets are resolved in a row. Keys are doc keys, turned into the target's by
     `collections`; documents of collections dropped as of the point restored are left out.
-    `key_filter` (a regex) is matched against the key without its collection prefix."""
+    `key_filter` (a regex) is matched against the key without its collection prefix.
+    `checked`: the vbucket's records were checked as verify checks them (a restore's check
+    of the chain), so the reader does not check each record's layout again."""
     if chain is None:
         chain = Archive.opened(archive).chain(backup)
     plan = collections or _NO_COLLECTIONS
     pattern = re.compile(key_filter.encode()) if key_filter else None
-    parts = [VBucketHistory(b, vbucket) for b in chain if b.entry(vbucket) is not None]
+    parts = [VBucketHistory(b, vbucket, validate=not checked) for b in chain
+             if b.entry(vbucket) is not None]
     recs = sorted(resolve(parts, upto_seqno=upto_seqno, scope_of=plan.scope_of).values(),
                   key=lambda r: r[1])
     mapkey = _key_mapper(plan, vbucket) if plan.per_item else None
@@ -373,8 +376,10 @@ def _restore_task(task: RestoreTask, colls: Any, chain: list[Any] | None = None
         part_chain, upto = chain, None
         if task.at is not None:
             part_chain, upto, cuts[vb] = time_cut(chain, vb, task.at)
+        # (every restore checks the chain as verify does before any task writes)
         recs = list(resolved_records(task.archive, vb, task.backup, task.key_filter,
-                                     chain=part_chain, collections=colls, upto_seqno=upto))
+                                     chain=part_chain, collections=colls, upto_seqno=upto,
+                                     checked=True))
         kinds = [r[0] for r in recs]
         per_vb[vb] = {k: kinds.count(k) for k in mw.WRITE_KINDS}
         return recs
@@ -998,8 +1003,8 @@ def _run_restore_tasks(rl: RunLog, archive: Archive, chain: list[Any], held: lis
                            "the restore can be rerun: it is idempotent") from None
     if check:
         sums = [sum(c[1][i] for c in outcomes) for i in range(3)]
-        rl.info("checked %d files (%d bytes, %d records) as verify does in %d Spark tasks "
-                "(at most %.2f s each)", *sums, len(outcomes),
+        rl.info("checked %d files (%d bytes, %d records) as verify does in the %d restore "
+                "tasks, before any wrote (at most %.2f s each)", *sums, len(outcomes),
                 max(c[1][3] for c in outcomes))
         if result.checked is not None:
             result.checked.update(files=sums[0], bytes=sums[1], records=sums[2])
