@@ -127,3 +127,8 @@ class VBucketHistory:
     def __iter__(self) -> Iterator[tuple]:
         return self.backup.records(self.vbucket, check_sha256=self.check_sha256,
                                    validate=self.validate)
+
+    def batches(self) -> Iterator[list[tuple]]:
+        """The same records a zstd frame at a time."""
+        return self.backup.batches(self.vbucket, check_sha256=self.check_sha256,
+                                   validate=self.validate)

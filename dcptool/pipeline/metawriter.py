@@ -89,9 +89,9 @@ _VALUE = itemgetter(2)  # of a record: (kind, key, value, flags, expiry, rev_seq
 def _by_bytes(batch: list[tuple], limit: int) -> list[list[tuple]]:
     """`batch` cut into runs whose values hold at most `limit` bytes (a record larger than
     that alone), in order; one C-level pass over the values' lengths when it fits."""
-    ends = list(accumulate(map(len, map(_VALUE, batch))))
-    if ends[-1] <= limit:
+    if sum(map(len, map(_VALUE, batch))) <= limit:
         return [batch]
+    ends = list(accumulate(map(len, map(_VALUE, batch))))
     parts = []
     lo, base = 0, 0
     while lo < len(batch):

@@ -18,6 +18,8 @@ per-item work (`CollectionPlan.per_item`).
 """
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import re
 import time
@@ -61,6 +63,7 @@ from .runtime import (barrier_slots, check_executors_see, context_of, default_pa
                       get_context, plan_groups, run_barrier_tasks, run_tasks)
 from .tasks import reporting_failures, task_failure
 
+_FIRST = operator.itemgetter(0)
 _KIND = {REC_MUTATION: mw.WRITE_MUTATION, REC_DELETION: mw.WRITE_DELETION,
          REC_EXPIRATION: mw.WRITE_EXPIRATION}
 
@@ -164,8 +167,13 @@ def resolved_records(archive: Archive | str, vbucket: int, backup: str | None,
     parts = [VBucketHistory(b, vbucket, validate=not checked) for b in chain
              if b.entry(vbucket) is not None]
     recs = sorted(resolve(parts, upto_seqno=upto_seqno, scope_of=plan.scope_of).values(),
-                  key=lambda r: r[1])
+                  key=_SEQNO)
     mapkey = _key_mapper(plan, vbucket) if plan.per_item else None
+    if pattern is None and mapkey is None and _plain_mutations(recs):
+        # the common case: every record a mutation with neither a separate xattr section
+        # nor a compressed value, written as read: the tuples made in C-level passes
+        yield from zip(itertools.repeat(mw.WRITE_MUTATION), *(map(g, recs) for g in _WRITTEN))
+        return
     for r in recs:
         t = r[0]
         if t == REC_MUTATION:
@@ -189,6 +197,23 @@ def resolved_records(archive: Archive | str, vbucket: int, backup: str | None,
                 continue
             out = (out[0], k, *out[2:])
         yield out
+
+
+_SEQNO = operator.itemgetter(1)
+#: a mutation record's fields as the writer takes them after the kind: key, value, flags,
+#: expiry, rev seqno, cas, datatype
+_WRITTEN = tuple(operator.itemgetter(i) for i in (7, 8, 4, 5, 2, 3, 6))
+_XATTRS = operator.itemgetter(9)
+_DATATYPE = operator.itemgetter(6)
+_NONE_ONLY = {None}
+
+
+def _plain_mutations(recs: list[tuple]) -> bool:
+    """Whether every record is a mutation without a separate xattr section whose value is
+    not snappy-compressed."""
+    return bool(recs) and bytes(map(_FIRST, recs)).count(REC_MUTATION) == len(recs) \
+        and set(map(_XATTRS, recs)) == _NONE_ONLY \
+        and not functools.reduce(operator.or_, map(_DATATYPE, recs), 0) & SNAPPY
 
 
 def _plain(value: bytes, datatype: int, vbucket: int, key: bytes) -> tuple[bytes, int]:
@@ -380,7 +405,7 @@ def _restore_task(task: RestoreTask, colls: Any, chain: list[Any] | None = None
         recs = list(resolved_records(task.archive, vb, task.backup, task.key_filter,
                                      chain=part_chain, collections=colls, upto_seqno=upto,
                                      checked=True))
-        kinds = [r[0] for r in recs]
+        kinds = list(map(_FIRST, recs))
         per_vb[vb] = {k: kinds.count(k) for k in mw.WRITE_KINDS}
         return recs
 
