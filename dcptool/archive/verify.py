@@ -368,7 +368,10 @@ def _runs(batch: list, check: _VBucketCheck, first: bool):
 def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
                            report: VerifyReport, version: int = FORMAT_VERSION,
                            missing: set[str] = frozenset(),  # type: ignore[assignment]
-                           key: Any = None) -> None:
+                           key: Any = None, keep: list | None = None) -> None:
+    """Every record of one vbucket of one backup against its manifest entry. `keep`: a
+    list the batches read are appended to (as the reader gives them with doc keys: for a
+    format 3 file, as read)."""
     vb = entry["vbucket"]
     check = _VBucketCheck(backup_id, entry, version)
     for segment, f in enumerate(entry["files"]):
@@ -392,6 +395,8 @@ def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
                                                        backup_id, vb))
                         return
                 report.records_checked += len(batch)
+                if keep is not None:
+                    keep.append(batch)
         except CorruptFileError as exc:
             report.problems.append(Problem(str(path), exc.reason if exc.offset is None
                                            else f"at byte {exc.offset}: {exc.reason}",
@@ -754,15 +759,24 @@ def verify_chain_shared(archive: Archive, chain: list[Any], vbuckets: Any = None
     return report
 
 
-def verify_chain_vbuckets(archive: Archive, chain: list[Any], vbuckets: Any
+def verify_chain_vbuckets(archive: Archive, chain: list[Any], vbuckets: Any, *,
+                          keep: dict[tuple[str, int], list] | None = None,
+                          keep_bytes: int = 0
                           ) -> tuple[VerifyReport, list[tuple[int, int, int]]]:
     """The per-vbucket part of `verify_chain` for the vbuckets in `vbuckets`, whose
     manifests `verify_chain_shared` found sound: each listed file's size and SHA-256, and
     every record. Returns the report and, for each of its problems, its place in
     `verify_chain`'s order, (backup's index in the chain, phase, entry's index in the
     manifest): sorted by it (stably), the problems of several such checks that share out
-    the vbuckets come in the order one `verify_chain` gives them."""
+    the vbuckets come in the order one `verify_chain` gives them.
+
+    `keep`: a dict that gets {(backup id, vbucket): the record batches read} of the
+    vbuckets found sound (of format 3 backups: their records as a reader gives them), as
+    long as their size in memory (estimated from the manifest: value bytes and
+    KEPT_RECORD_BYTES a record) stays within `keep_bytes`, so that whoever reads them next
+    need not decode them again."""
     report = VerifyReport(str(archive.path))
+    kept = 0
     wanted = frozenset(vbuckets)
     places: list[tuple[int, int, int]] = []
     for bi, b in enumerate(chain):
@@ -777,7 +791,17 @@ def verify_chain_vbuckets(archive: Archive, chain: list[Any], vbuckets: Any
                 _check_entry_files(b.dir, b.id, entry, report, missing, archive.key)
                 places.extend((bi, PHASE_FILES, ei) for _ in range(len(report.problems) - n))
                 n = len(report.problems)
+                size = entry["bytes"]["values"] + KEPT_RECORD_BYTES * entry["counts"]["records"]
+                batches = [] if (keep is not None and version >= COLLECTIONS_VERSION
+                                 and kept + size <= keep_bytes) else None
                 _check_vbucket_records(b.dir, b.id, entry, report, version, missing,
-                                       archive.key)
+                                       archive.key, keep=batches)
                 places.extend((bi, PHASE_RECORDS, ei) for _ in range(len(report.problems) - n))
+                if batches is not None and len(report.problems) == n and keep is not None:
+                    keep[(b.id, entry["vbucket"])] = batches
+                    kept += size
     return report, places
+
+
+#: the memory a decoded record takes besides its value (tuple, key, ints), for `keep_bytes`
+KEPT_RECORD_BYTES = 256

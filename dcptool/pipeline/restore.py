@@ -18,7 +18,9 @@ per-item work (`CollectionPlan.per_item`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import operator
 import os
 import re
@@ -35,7 +37,7 @@ from dcptool.archive.info import dir_size
 from dcptool.archive.pointintime import (VBucketCut, iso, lag_summary, part_meta, plan_time,
                                         vbucket_cut)
 from dcptool.archive.resolve import resolve
-from dcptool.archive.verify import verify_chain_shared
+from dcptool.archive.verify import verify_chain_shared, verify_chain_vbuckets
 from dcptool.client.options import ConnOptions
 from dcptool.errors import DcptoolError, UsageError
 from dcptool.protocol.collections import (
@@ -152,20 +154,24 @@ def _key_mapper(plan: CollectionPlan, vbucket: int):
 def resolved_records(archive: Archive | str, vbucket: int, backup: str | None,
                      key_filter: str | None = None, *, chain=None,
                      collections: CollectionPlan | None = None,
-                     upto_seqno: int | None = None, checked: bool = False):
+                     upto_seqno: int | None = None, checked: bool = False,
+                     kept: dict[tuple[str, int], list] | None = None):
     """(kind, key, value, flags, expiry, rev_seqno, cas, datatype) for each resolved key of the
     vbucket, in seqno order. `chain` (from Archive.chain) saves re-reading the manifests when
     many vbuckets are resolved in a row. Keys are doc keys, turned into the target's by
     `collections`; documents of collections dropped as of the point restored are left out.
     `key_filter` (a regex) is matched against the key without its collection prefix.
     `checked`: the vbucket's records were checked as verify checks them (a restore's check
-    of the chain), so the reader does not check each record's layout again."""
+    of the chain), so the reader does not check each record's layout again. `kept`: record
+    batches the check kept ({(backup id, vbucket): batches}, `verify_chain_vbuckets`),
+    taken out of it and resolved instead of reading the files again."""
     if chain is None:
         chain = Archive.opened(archive).chain(backup)
     plan = collections or _NO_COLLECTIONS
     pattern = re.compile(key_filter.encode()) if key_filter else None
-    parts = [VBucketHistory(b, vbucket, validate=not checked) for b in chain
-             if b.entry(vbucket) is not None]
+    parts = [_KeptPart(kept.pop((b.id, vbucket))) if kept and (b.id, vbucket) in kept
+             else VBucketHistory(b, vbucket, validate=not checked)
+             for b in chain if b.entry(vbucket) is not None]
     recs = sorted(resolve(parts, upto_seqno=upto_seqno, scope_of=plan.scope_of).values(),
                   key=_SEQNO)
     mapkey = _key_mapper(plan, vbucket) if plan.per_item else None
@@ -197,6 +203,19 @@ def resolved_records(archive: Archive | str, vbucket: int, backup: str | None,
                 continue
             out = (out[0], k, *out[2:])
         yield out
+
+
+class _KeptPart:
+    """A part for resolve: record batches read once already."""
+
+    def __init__(self, batches: list[list[tuple]]):
+        self._batches = batches
+
+    def batches(self) -> list[list[tuple]]:
+        return self._batches
+
+    def __iter__(self):
+        return itertools.chain.from_iterable(self._batches)
 
 
 _SEQNO = operator.itemgetter(1)
@@ -325,9 +344,11 @@ def chain_records(chain, vbucket: int) -> int:
     return entries_records(e for e in (b.entry(vbucket) for b in chain) if e is not None)
 
 
-def restore_task(task: RestoreTask | tuple, chain: list[Any] | None = None) -> RestoreTaskResult:
+def restore_task(task: RestoreTask | tuple, chain: list[Any] | None = None,
+                 kept: dict | None = None) -> RestoreTaskResult:
     """One task: `task` is a RestoreTask, or (RestoreTask, CollectionPlan). `chain`: the
-    task's chain when it has it already."""
+    task's chain when it has it already; `kept`: record batches its check kept (see
+    `resolved_records`)."""
     colls = None
     if isinstance(task, tuple):
         task, colls = task
@@ -335,10 +356,14 @@ def restore_task(task: RestoreTask | tuple, chain: list[Any] | None = None) -> R
     prefixed = not colls.strip
     if prefixed:  # doc keys: every connection must negotiate Collections
         task = dataclasses.replace(task, opts=with_collections(task.opts))
-    with storage.pack_cache():  # each pack the task reads from is fetched once
-        return _restore_task(task, colls, chain)
+    with storage.pack_cache(), _gc_paused():  # each pack the task reads from is fetched once
+        return _restore_task(task, colls, chain, kept)
 
 
+#: a restore task that checks its vbuckets keeps up to this much of the records it decoded
+#: (estimated, `verify_chain_vbuckets`) for its writing, which then need not decode them
+#: again; the rest it reads again as it writes
+KEEP_CHECKED_BYTES = 64 << 20
 #: what a restore task of a barrier stage tells the others of its check (`sync`)
 _CHECK_PASSED, _CHECK_FAILED = "passed", "failed"
 
@@ -351,17 +376,39 @@ def checked_restore_task(part: tuple, sync: Any) -> tuple:
     Returns ("written", check, RestoreTaskResult) or ("refused", check, problems): check
     is (files, bytes, records, seconds); problems, this task's, as (place in verify_chain's
     order, path, message). A check that raised fails the task once the others know."""
-    from dcptool.archive.verify import verify_chain_vbuckets
+    with _gc_paused():
+        return _checked_restore_task(part, sync)
 
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The cyclic garbage collector off for a block: a restore task makes millions of
+    tuples (records) and keeps many of them at once, which the collector would walk again
+    and again for no cycle; it runs once the block ends."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _checked_restore_task(part: tuple, sync: Any) -> tuple:
     task = part[0] if isinstance(part, tuple) else part
     t0 = time.monotonic()
     failure: BaseException | None = None
     chain = None
     problems: list[tuple] = []
     files = nbytes = nrecords = 0
+    kept: dict[tuple[str, int], list] = {}
     try:
         chain = task.archive.chain(task.backup)
-        report, places = verify_chain_vbuckets(task.archive, chain, task.vbuckets)
+        # what the check decodes is kept for the writing, within a bound (a to-time
+        # restore's cut reads its own way)
+        report, places = verify_chain_vbuckets(
+            task.archive, chain, task.vbuckets, keep=None if task.at is not None else kept,
+            keep_bytes=KEEP_CHECKED_BYTES)
         problems = [(place, p.path, p.message) for place, p in zip(places, report.problems)]
         files, nbytes, nrecords = (report.files_checked, report.bytes_checked,
                                    report.records_checked)
@@ -374,7 +421,7 @@ def checked_restore_task(part: tuple, sync: Any) -> tuple:
         raise failure
     if any(v != _CHECK_PASSED for v in verdicts):
         return ("refused", check, problems)
-    return ("written", check, restore_task(part, chain))
+    return ("written", check, restore_task(part, chain, kept))
 
 
 def _task_problems(refused: list[list[tuple]]) -> list[tuple[str, str]]:
@@ -384,8 +431,8 @@ def _task_problems(refused: list[list[tuple]]) -> list[tuple[str, str]]:
             sorted((p for ps in refused for p in ps), key=lambda p: tuple(p[0]))]
 
 
-def _restore_task(task: RestoreTask, colls: Any, chain: list[Any] | None = None
-                  ) -> RestoreTaskResult:
+def _restore_task(task: RestoreTask, colls: Any, chain: list[Any] | None = None,
+                  kept: dict | None = None) -> RestoreTaskResult:
     prefixed = not colls.strip
     t0 = time.monotonic()
     began = time.time()
@@ -404,7 +451,7 @@ def _restore_task(task: RestoreTask, colls: Any, chain: list[Any] | None = None
         # (every restore checks the chain as verify does before any task writes)
         recs = list(resolved_records(task.archive, vb, task.backup, task.key_filter,
                                      chain=part_chain, collections=colls, upto_seqno=upto,
-                                     checked=True))
+                                     checked=True, kept=kept if upto is None else None))
         kinds = list(map(_FIRST, recs))
         per_vb[vb] = {k: kinds.count(k) for k in mw.WRITE_KINDS}
         return recs
