@@ -374,7 +374,8 @@ def checked_restore_task(part: tuple, sync: Any) -> tuple:
     (`verify_chain_vbuckets`: their files' sizes and SHA-256, every record), then `sync`
     with the other tasks; it writes (`restore_task`) only when every task's check passed.
     Returns ("written", check, RestoreTaskResult) or ("refused", check, problems): check
-    is (files, bytes, records, seconds checking, seconds waiting for the others); problems, this task's, as (place in verify_chain's
+    is (files, bytes, records, seconds checking, seconds waiting for the others, CPU seconds
+    checking); problems, this task's, as (place in verify_chain's
     order, path, message). A check that raised fails the task once the others know."""
     with _gc_paused():
         return _checked_restore_task(part, sync)
@@ -396,7 +397,7 @@ def _gc_paused():
 
 def _checked_restore_task(part: tuple, sync: Any) -> tuple:
     task = part[0] if isinstance(part, tuple) else part
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     failure: BaseException | None = None
     chain = None
     problems: list[tuple] = []
@@ -415,9 +416,10 @@ def _checked_restore_task(part: tuple, sync: Any) -> tuple:
     except Exception as exc:  # noqa: BLE001 - raised once the other tasks know
         failure = exc
     passed = failure is None and not problems
-    t1 = time.monotonic()
+    t1, c1 = time.monotonic(), time.process_time()
     verdicts = sync(_CHECK_PASSED if passed else _CHECK_FAILED)
-    check = (files, nbytes, nrecords, round(t1 - t0, 3), round(time.monotonic() - t1, 3))
+    check = (files, nbytes, nrecords, round(t1 - t0, 3), round(time.monotonic() - t1, 3),
+             round(c1 - c0, 3))
     if failure is not None:
         raise failure
     if any(v != _CHECK_PASSED for v in verdicts):
@@ -1077,8 +1079,9 @@ def _run_restore_tasks(rl: RunLog, archive: Archive, chain: list[Any], held: lis
     if check:
         sums = [sum(c[1][i] for c in outcomes) for i in range(3)]
         rl.info("checked %d files (%d bytes, %d records) as verify does in the %d restore "
-                "tasks, before any wrote (%s s; then waiting for the others %s s)", *sums,
-                len(outcomes), ", ".join(f"{c[1][3]:.3f}" for c in outcomes),
+                "tasks, before any wrote (%s s, of CPU %s s; then waiting for the others "
+                "%s s)", *sums, len(outcomes), ", ".join(f"{c[1][3]:.3f}" for c in outcomes),
+                ", ".join(f"{c[1][5]:.3f}" for c in outcomes),
                 ", ".join(f"{c[1][4]:.3f}" for c in outcomes))
         if result.checked is not None:
             result.checked.update(files=sums[0], bytes=sums[1], records=sums[2])
