@@ -344,24 +344,29 @@ class _Rendezvous:
         return (self.path, self.token, self.n)
 
     def _serve(self) -> None:
-        got: dict[int, str] = {}
+        # round after round: a master that retries a failed stage runs its tasks again
         try:
-            while len(got) < self.n:
-                conn, _ = self.sock.accept()
-                self.conns.append(conn)
-                line = conn.makefile("rb").readline().decode("utf-8", "replace").rstrip("\n")
-                token, _, rest = line.partition(" ")
-                index, _, message = rest.partition(" ")
-                if not secrets.compare_digest(token, self.token) or not index.isdigit():
+            while True:
+                got: dict[int, str] = {}
+                conns: list[socket.socket] = []
+                while len(got) < self.n:
+                    conn, _ = self.sock.accept()
+                    self.conns.append(conn)
+                    line = conn.makefile("rb").readline().decode("utf-8", "replace")
+                    token, _, rest = line.rstrip("\n").partition(" ")
+                    index, _, message = rest.partition(" ")
+                    if not secrets.compare_digest(token, self.token) or not index.isdigit():
+                        conn.close()
+                        continue
+                    got[int(index)] = message
+                    conns.append(conn)
+                reply = (json.dumps([got.get(i, "") for i in range(self.n)]) + "\n").encode()
+                for conn in conns:
+                    try:
+                        conn.sendall(reply)
+                    except OSError:
+                        pass
                     conn.close()
-                    continue
-                got[int(index)] = message
-            reply = (json.dumps([got.get(i, "") for i in range(self.n)]) + "\n").encode()
-            for conn in self.conns:
-                try:
-                    conn.sendall(reply)
-                except OSError:
-                    pass
         except OSError:  # stopped
             pass
 
