@@ -115,10 +115,20 @@ class Backup:
 class VBucketHistory:
     """One backup's records of one vbucket, re-readable: an iterable part for resolution."""
 
-    def __init__(self, backup: Backup, vbucket: int, *, check_sha256: bool = False):
+    def __init__(self, backup: Backup, vbucket: int, *, check_sha256: bool = False,
+                 validate: bool = True):
         self.backup = backup
         self.vbucket = vbucket
         self.check_sha256 = check_sha256
+        #: False: the records were checked already (verify's check of the chain, which
+        #: checks every record's layout as `validate` does, and more)
+        self.validate = validate
 
     def __iter__(self) -> Iterator[tuple]:
-        return self.backup.records(self.vbucket, check_sha256=self.check_sha256)
+        return self.backup.records(self.vbucket, check_sha256=self.check_sha256,
+                                   validate=self.validate)
+
+    def batches(self) -> Iterator[list[tuple]]:
+        """The same records a zstd frame at a time."""
+        return self.backup.batches(self.vbucket, check_sha256=self.check_sha256,
+                                   validate=self.validate)

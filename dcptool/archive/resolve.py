@@ -24,6 +24,9 @@ manifests and the create events of an archive.
 """
 from __future__ import annotations
 
+import re
+from itertools import islice
+from operator import itemgetter, lt as _LT
 from typing import Iterable, Iterator, Sequence
 
 from dcptool.protocol.collections import (
@@ -147,6 +150,54 @@ def resolve(parts: Sequence[Iterable[tuple]], *, upto_seqno: int | None = None,
     return resolved
 
 
+#: runs of at least this many mutations in a batch are resolved at once (C-level passes)
+_RUN = 16
+_FIRST = itemgetter(0)
+_SEQNO = itemgetter(1)
+_MUTATION_KEY = itemgetter(7)
+_NOT_A_MUTATION = re.compile(b"[^%c]" % REC_MUTATION)
+#: records per batch of a part that is a plain iterable
+_CHUNK = 4096
+
+
+def _batches(part: Iterable[tuple]) -> Iterator[list[tuple]]:
+    """A part's records a batch at a time: the zstd frames of a backup's vbucket (a part
+    with `batches()`, such as VBucketHistory), else chunks of the iterable."""
+    batches = getattr(part, "batches", None)
+    if batches is not None:
+        yield from batches()
+        return
+    it = iter(part)
+    while True:
+        chunk = list(islice(it, _CHUNK))
+        if not chunk:
+            return
+        yield chunk
+
+
+def _segments(batch: list[tuple]) -> list[tuple[int, int, bool]]:
+    """(start, end, a run of mutations?) covering `batch` in order: the runs of at least
+    _RUN mutations, and the rest."""
+    n = len(batch)
+    try:
+        kinds = bytes(map(_FIRST, batch))
+    except (TypeError, ValueError, IndexError):  # a malformed record: one by one
+        return [(0, n, False)]
+    if kinds.count(REC_MUTATION) < _RUN:
+        return [(0, n, False)]
+    out: list[tuple[int, int, bool]] = []
+    prev = 0
+    for p in [m.start() for m in _NOT_A_MUTATION.finditer(kinds)] + [n]:
+        if p - prev >= _RUN:
+            out.append((prev, p, True))
+        elif p > prev:
+            out.append((prev, p, False))
+        if p < n:
+            out.append((p, p + 1, False))
+        prev = p + 1
+    return out
+
+
 def resolve_with_drops(parts: Sequence[Iterable[tuple]], *, upto_seqno: int | None = None
                        ) -> tuple[dict[bytes, tuple], Drops]:
     """({doc key: newest surviving record}, the surviving drops) of one vbucket: resolve()
@@ -160,34 +211,48 @@ def resolve_with_drops(parts: Sequence[Iterable[tuple]], *, upto_seqno: int | No
         top = -1  # highest item seqno read so far in this part
         part_low: int | None = None
         bound = cut if limit is None else (limit if cut is None else min(cut, limit))
-        for rec in part:
-            t = rec[0]
-            if t == REC_MUTATION:
-                key = rec[7]
-            elif t == REC_DELETION or t == REC_EXPIRATION:
-                key = rec[4]
-            elif t == ROLLBACK:
-                s = rec[1]
-                if top > s:
-                    raise ResolutionError(
-                        f"rollback record to seqno {s} follows an item at seqno {top} in the same "
-                        "backup (an archive writer removes those before recording a rollback)")
-                if part_low is None or s < part_low:
-                    part_low = s
-                continue
-            elif t == REC_SYSTEM_EVENT:
-                if bound is None or rec[1] <= bound:
-                    drops.add(rec)
-                continue
-            else:
-                continue
-            seqno = rec[1]
-            if seqno <= top:
-                raise ResolutionError(f"item seqno {seqno} does not increase (after {top})")
-            top = seqno
-            if bound is not None and seqno > bound:
-                continue
-            local[key] = rec
+        for batch in _batches(part):
+            for i, j, run in _segments(batch):
+                recs = batch[i:j] if i or j != len(batch) else batch
+                if run:
+                    # a run of mutations at once: seqnos above the last and increasing, all
+                    # at or below the bound (else record by record, to say what is wrong)
+                    seqnos = list(map(_SEQNO, recs))
+                    if seqnos[0] > top and (bound is None or seqnos[-1] <= bound) \
+                            and all(map(_LT, seqnos, seqnos[1:])):
+                        local.update(zip(map(_MUTATION_KEY, recs), recs))
+                        top = seqnos[-1]
+                        continue
+                for rec in recs:
+                    t = rec[0]
+                    if t == REC_MUTATION:
+                        key = rec[7]
+                    elif t == REC_DELETION or t == REC_EXPIRATION:
+                        key = rec[4]
+                    elif t == ROLLBACK:
+                        s = rec[1]
+                        if top > s:
+                            raise ResolutionError(
+                                f"rollback record to seqno {s} follows an item at seqno {top} "
+                                "in the same backup (an archive writer removes those before "
+                                "recording a rollback)")
+                        if part_low is None or s < part_low:
+                            part_low = s
+                        continue
+                    elif t == REC_SYSTEM_EVENT:
+                        if bound is None or rec[1] <= bound:
+                            drops.add(rec)
+                        continue
+                    else:
+                        continue
+                    seqno = rec[1]
+                    if seqno <= top:
+                        raise ResolutionError(f"item seqno {seqno} does not increase (after "
+                                              f"{top})")
+                    top = seqno
+                    if bound is not None and seqno > bound:
+                        continue
+                    local[key] = rec
         for key, rec in local.items():
             if key not in resolved:
                 resolved[key] = rec

@@ -368,7 +368,10 @@ def _runs(batch: list, check: _VBucketCheck, first: bool):
 def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
                            report: VerifyReport, version: int = FORMAT_VERSION,
                            missing: set[str] = frozenset(),  # type: ignore[assignment]
-                           key: Any = None) -> None:
+                           key: Any = None, keep: list | None = None) -> None:
+    """Every record of one vbucket of one backup against its manifest entry. `keep`: a
+    list the batches read are appended to (as the reader gives them with doc keys: for a
+    format 3 file, as read)."""
     vb = entry["vbucket"]
     check = _VBucketCheck(backup_id, entry, version)
     for segment, f in enumerate(entry["files"]):
@@ -392,6 +395,8 @@ def _check_vbucket_records(bdir: Path, backup_id: str, entry: dict[str, Any],
                                                        backup_id, vb))
                         return
                 report.records_checked += len(batch)
+                if keep is not None:
+                    keep.append(batch)
         except CorruptFileError as exc:
             report.problems.append(Problem(str(path), exc.reason if exc.offset is None
                                            else f"at byte {exc.offset}: {exc.reason}",
@@ -465,44 +470,44 @@ def _check_done(bdir: Path, name: str, backup_id: str, entries: dict[int, dict[s
             return
 
 
-def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
-                 report: VerifyReport, vbuckets: Any = None, key: Any = None) -> set[str]:
-    """Size and SHA-256 of every listed file (members of packs too), of the vbuckets in
-    `vbuckets` (None: all); the done files agree with the manifest; returns the names of
-    the files that are missing."""
-    missing: set[str] = set()
-    listed: set[str] = set()
+def _check_entry_files(bdir: Path, backup_id: str, entry: dict[str, Any],
+                       report: VerifyReport, missing: set[str], key: Any = None) -> None:
+    """Size and SHA-256 of one vbucket's listed files (members of packs too); the names of
+    the missing ones go into `missing`."""
+    vb = entry["vbucket"]
+    sealed = key is not None
+    for f in entry["files"]:
+        path = entry_location(bdir, f)
+        try:
+            size, digest = file_digest(path)
+        except FileNotFoundError:
+            report.problems.append(Problem(str(path), "listed in the manifest but missing",
+                                           backup_id, vb))
+            missing.add(f["name"])
+            continue
+        except OSError as exc:
+            report.problems.append(Problem(str(path), f"cannot read: {exc.strerror}",
+                                           backup_id, vb))
+            continue
+        report.files_checked += 1
+        report.bytes_checked += size
+        if size != f["size"]:
+            report.problems.append(Problem(
+                str(path), f"size is {size} bytes, the manifest says {f['size']} "
+                           f"({'truncated' if size < f['size'] else 'grown'})", backup_id, vb))
+        elif digest != f["sha256"]:
+            why = "the file was tampered with" if sealed else "the file's content changed"
+            report.problems.append(Problem(str(path), "SHA-256 does not match the manifest "
+                                           f"({why})", backup_id, vb))
+
+
+def _check_listing(bdir: Path, backup_id: str, manifest: dict[str, Any],
+                   report: VerifyReport, vbuckets: Any = None, key: Any = None) -> None:
+    """What a backup directory holds besides the listed files: no unlisted data file, and
+    the done files (of the vbuckets in `vbuckets`; None: all) agree with the manifest."""
     sealed = key is not None
     entries = {e["vbucket"]: e for e in manifest["vbuckets"]}
-    for entry in manifest["vbuckets"]:
-        vb = entry["vbucket"]
-        if vbuckets is not None and vb not in vbuckets:
-            listed.update(f.get("pack") or f["name"] for f in entry["files"])
-            continue
-        for f in entry["files"]:
-            listed.add(f.get("pack") or f["name"])
-            path = entry_location(bdir, f)
-            try:
-                size, digest = file_digest(path)
-            except FileNotFoundError:
-                report.problems.append(Problem(str(path), "listed in the manifest but missing",
-                                               backup_id, vb))
-                missing.add(f["name"])
-                continue
-            except OSError as exc:
-                report.problems.append(Problem(str(path), f"cannot read: {exc.strerror}",
-                                               backup_id, vb))
-                continue
-            report.files_checked += 1
-            report.bytes_checked += size
-            if size != f["size"]:
-                report.problems.append(Problem(
-                    str(path), f"size is {size} bytes, the manifest says {f['size']} "
-                               f"({'truncated' if size < f['size'] else 'grown'})", backup_id, vb))
-            elif digest != f["sha256"]:
-                why = "the file was tampered with" if sealed else "the file's content changed"
-                report.problems.append(Problem(str(path), "SHA-256 does not match the manifest "
-                                               f"({why})", backup_id, vb))
+    listed = {f.get("pack") or f["name"] for e in manifest["vbuckets"] for f in e["files"]}
     try:
         names = sorted(storage.listdir(bdir))
     except OSError:
@@ -523,6 +528,18 @@ def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
                                            "manifest", backup_id))
         else:
             report.notes.append(f"{bdir / name}: unexpected file (ignored)")
+
+
+def _check_files(bdir: Path, backup_id: str, manifest: dict[str, Any],
+                 report: VerifyReport, vbuckets: Any = None, key: Any = None) -> set[str]:
+    """Size and SHA-256 of every listed file (members of packs too), of the vbuckets in
+    `vbuckets` (None: all); the done files agree with the manifest; returns the names of
+    the files that are missing."""
+    missing: set[str] = set()
+    for entry in manifest["vbuckets"]:
+        if vbuckets is None or entry["vbucket"] in vbuckets:
+            _check_entry_files(bdir, backup_id, entry, report, missing, key)
+    _check_listing(bdir, backup_id, manifest, report, vbuckets, key)
     return missing
 
 
@@ -703,3 +720,88 @@ def verify_chain(archive: Archive, chain: list[Any], vbuckets: Any = None, *,
                      for bid, m in manifests.items()}
     _continuity(archive, manifests, broken, report)
     return report
+
+
+# -- the same check in two parts: what a restore task checks of its own vbuckets -----------------
+
+#: the phases of one backup's checks in `verify_chain`'s order: listed files, then the
+#: directory's listing (done files, unlisted files), then records
+PHASE_FILES, PHASE_LISTING, PHASE_RECORDS = 0, 1, 2
+
+
+def verify_chain_shared(archive: Archive, chain: list[Any], vbuckets: Any = None) -> VerifyReport:
+    """`verify_chain` without its per-vbucket part (`verify_chain_vbuckets`: the listed
+    files' sizes and SHA-256 and the records): the key files, each manifest, each backup
+    directory's listing (no unlisted data file; the done files, and sealed backup.json,
+    against the manifest) and the chain's continuity. Its problems, when there are any,
+    may not be the first `verify_chain` would name: the caller then runs `verify_chain`."""
+    report = VerifyReport(str(archive.path))
+    wanted = None if vbuckets is None else frozenset(vbuckets)
+    if archive.key is not None:
+        for kpath, why in crypto.check_key_files(archive.path, archive.key):
+            report.problems.append(Problem(kpath, why))
+    manifests: dict[str, dict[str, Any]] = {}
+    broken: set[str] = set()
+    for b in chain:
+        report.backups_checked += 1
+        probs = check_manifest(b.manifest, b.id, archive.meta)
+        if probs:
+            for p in probs:
+                report.problems.append(Problem(str(b.dir / MANIFEST_JSON), p, b.id))
+            broken.add(b.id)
+            continue
+        manifests[b.id] = b.manifest
+        _check_listing(b.dir, b.id, b.manifest, report, wanted, key=archive.key)
+    if wanted is not None:
+        manifests = {bid: {**m, "vbuckets": [e for e in m["vbuckets"] if e["vbucket"] in wanted]}
+                     for bid, m in manifests.items()}
+    _continuity(archive, manifests, broken, report)
+    return report
+
+
+def verify_chain_vbuckets(archive: Archive, chain: list[Any], vbuckets: Any, *,
+                          keep: dict[tuple[str, int], list] | None = None,
+                          keep_bytes: int = 0
+                          ) -> tuple[VerifyReport, list[tuple[int, int, int]]]:
+    """The per-vbucket part of `verify_chain` for the vbuckets in `vbuckets`, whose
+    manifests `verify_chain_shared` found sound: each listed file's size and SHA-256, and
+    every record. Returns the report and, for each of its problems, its place in
+    `verify_chain`'s order, (backup's index in the chain, phase, entry's index in the
+    manifest): sorted by it (stably), the problems of several such checks that share out
+    the vbuckets come in the order one `verify_chain` gives them.
+
+    `keep`: a dict that gets {(backup id, vbucket): the record batches read} of the
+    vbuckets found sound (of format 3 backups: their records as a reader gives them), as
+    long as their size in memory (estimated from the manifest: value bytes and
+    KEPT_RECORD_BYTES a record) stays within `keep_bytes`, so that whoever reads them next
+    need not decode them again."""
+    report = VerifyReport(str(archive.path))
+    kept = 0
+    wanted = frozenset(vbuckets)
+    places: list[tuple[int, int, int]] = []
+    for bi, b in enumerate(chain):
+        report.backups_checked += 1
+        version = b.manifest.get("version", FORMAT_VERSION)
+        with storage.pack_cache():
+            for ei, entry in enumerate(b.manifest["vbuckets"]):
+                if entry["vbucket"] not in wanted:
+                    continue
+                missing: set[str] = set()
+                n = len(report.problems)
+                _check_entry_files(b.dir, b.id, entry, report, missing, archive.key)
+                places.extend((bi, PHASE_FILES, ei) for _ in range(len(report.problems) - n))
+                n = len(report.problems)
+                size = entry["bytes"]["values"] + KEPT_RECORD_BYTES * entry["counts"]["records"]
+                batches = [] if (keep is not None and version >= COLLECTIONS_VERSION
+                                 and kept + size <= keep_bytes) else None
+                _check_vbucket_records(b.dir, b.id, entry, report, version, missing,
+                                       archive.key, keep=batches)
+                places.extend((bi, PHASE_RECORDS, ei) for _ in range(len(report.problems) - n))
+                if batches is not None and len(report.problems) == n and keep is not None:
+                    keep[(b.id, entry["vbucket"])] = batches
+                    kept += size
+    return report, places
+
+
+#: the memory a decoded record takes besides its value (tuple, key, ints), for `keep_bytes`
+KEPT_RECORD_BYTES = 256

@@ -11,8 +11,8 @@ import time
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import accumulate, islice
-from operator import itemgetter
+from itertools import accumulate, chain, islice, repeat
+from operator import add, itemgetter
 from typing import Iterable
 
 from dcptool.client.connection import Connection
@@ -42,13 +42,20 @@ _SETQ_WITH_META = wire.OP_SETQ_WITH_META
 _DELQ_WITH_META = wire.OP_DELQ_WITH_META
 _IS_EXPIRATION = wire.META_IS_EXPIRATION
 _KEY = itemgetter(1)  # of a record
+_KIND, _FLAGS, _EXPIRY, _REV, _CAS, _DATATYPE = (itemgetter(i) for i in (0, 3, 4, 5, 6, 7))
+_MUTATIONS_ONLY = {WRITE_MUTATION}
+_FIRST_BYTE = itemgetter(0)
+_AFTER_FIRST_BYTE = itemgetter(slice(1, None))
 
 
 def logical_keys(batch: list[tuple]) -> list[bytes]:
     """The keys of a batch of doc-key records without their collection prefixes (what a
     key's vbucket is computed from): one slice per key, a LEB128 decode only for ids from
     128 up."""
-    return [k[1:] if k[0] < 0x80 else split_doc_key(k)[1] for k in map(_KEY, batch)]
+    keys = list(map(_KEY, batch))
+    if keys and min(map(len, keys)) and max(map(_FIRST_BYTE, keys)) < 0x80:
+        return list(map(_AFTER_FIRST_BYTE, keys))  # one-byte ids only: C-level passes
+    return [k[1:] if k[0] < 0x80 else split_doc_key(k)[1] for k in keys]
 
 
 def _vbucket_of_record(key: bytes, vbuckets: int, prefixed: bool) -> int:
@@ -89,9 +96,9 @@ _VALUE = itemgetter(2)  # of a record: (kind, key, value, flags, expiry, rev_seq
 def _by_bytes(batch: list[tuple], limit: int) -> list[list[tuple]]:
     """`batch` cut into runs whose values hold at most `limit` bytes (a record larger than
     that alone), in order; one C-level pass over the values' lengths when it fits."""
-    ends = list(accumulate(map(len, map(_VALUE, batch))))
-    if ends[-1] <= limit:
+    if sum(map(len, map(_VALUE, batch))) <= limit:
         return [batch]
+    ends = list(accumulate(map(len, map(_VALUE, batch))))
     parts = []
     lo, base = 0, 0
     while lo < len(batch):
@@ -200,6 +207,17 @@ class MetaWriter:
         req, extlen, opts_extlen = wire.REQ, wire.WITH_META_EXTLEN, wire.WITH_META_OPTIONS_EXTLEN
         # the records' vbuckets in one pass (a call per record would cost)
         vbs = wire.vbuckets_of(logical_keys(batch) if self.prefixed else map(_KEY, batch), n)
+        if not options and set(map(_KIND, batch)) == _MUTATIONS_ONLY:
+            # every record a mutation without options: the requests packed in C-level passes
+            klens = list(map(len, map(_KEY, batch)))
+            bodies = map(add, map(add, klens, map(len, map(_VALUE, batch))), repeat(extlen))
+            heads = map(pack, repeat(req), repeat(_SETQ_WITH_META), klens, repeat(extlen),
+                        map(_DATATYPE, batch), vbs, bodies, range(base, base + len(batch)),
+                        repeat(0), map(_FLAGS, batch), map(_EXPIRY, batch), map(_REV, batch),
+                        map(_CAS, batch))
+            parts = list(chain.from_iterable(zip(heads, map(_KEY, batch), map(_VALUE, batch))))
+            append = parts.append
+            vbs = ()  # (taken)
         for (kind, key, value, flags, expiry, rev, cas, datatype), vb in zip(batch, vbs):
             klen = len(key)
             if kind == WRITE_MUTATION:

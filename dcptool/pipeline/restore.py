@@ -18,6 +18,10 @@ per-item work (`CollectionPlan.per_item`).
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
+import operator
 import os
 import re
 import time
@@ -33,6 +37,7 @@ from dcptool.archive.info import dir_size
 from dcptool.archive.pointintime import (VBucketCut, iso, lag_summary, part_meta, plan_time,
                                         vbucket_cut)
 from dcptool.archive.resolve import resolve
+from dcptool.archive.verify import verify_chain_shared, verify_chain_vbuckets
 from dcptool.client.options import ConnOptions
 from dcptool.errors import DcptoolError, UsageError
 from dcptool.protocol.collections import (
@@ -56,10 +61,11 @@ from .nodeinfo import active_nodes, vbucket_count
 from .collnames import CollectionNames, chain_collections
 from .datafilter import DataSelection, selection, show
 from .plans import RestoreTask, RestoreTaskResult
-from .runtime import (check_executors_see, context_of, default_parallelism, get_context,
-                      plan_groups, run_tasks)
+from .runtime import (barrier_slots, check_executors_see, context_of, default_parallelism,
+                      get_context, plan_groups, run_barrier_tasks, run_tasks)
 from .tasks import reporting_failures, task_failure
 
+_FIRST = operator.itemgetter(0)
 _KIND = {REC_MUTATION: mw.WRITE_MUTATION, REC_DELETION: mw.WRITE_DELETION,
          REC_EXPIRATION: mw.WRITE_EXPIRATION}
 
@@ -148,20 +154,32 @@ def _key_mapper(plan: CollectionPlan, vbucket: int):
 def resolved_records(archive: Archive | str, vbucket: int, backup: str | None,
                      key_filter: str | None = None, *, chain=None,
                      collections: CollectionPlan | None = None,
-                     upto_seqno: int | None = None):
+                     upto_seqno: int | None = None, checked: bool = False,
+                     kept: dict[tuple[str, int], list] | None = None):
     """(kind, key, value, flags, expiry, rev_seqno, cas, datatype) for each resolved key of the
     vbucket, in seqno order. `chain` (from Archive.chain) saves re-reading the manifests when
     many vbuckets are resolved in a row. Keys are doc keys, turned into the target's by
     `collections`; documents of collections dropped as of the point restored are left out.
-    `key_filter` (a regex) is matched against the key without its collection prefix."""
+    `key_filter` (a regex) is matched against the key without its collection prefix.
+    `checked`: the vbucket's records were checked as verify checks them (a restore's check
+    of the chain), so the reader does not check each record's layout again. `kept`: record
+    batches the check kept ({(backup id, vbucket): batches}, `verify_chain_vbuckets`),
+    taken out of it and resolved instead of reading the files again."""
     if chain is None:
         chain = Archive.opened(archive).chain(backup)
     plan = collections or _NO_COLLECTIONS
     pattern = re.compile(key_filter.encode()) if key_filter else None
-    parts = [VBucketHistory(b, vbucket) for b in chain if b.entry(vbucket) is not None]
+    parts = [_KeptPart(kept.pop((b.id, vbucket))) if kept and (b.id, vbucket) in kept
+             else VBucketHistory(b, vbucket, validate=not checked)
+             for b in chain if b.entry(vbucket) is not None]
     recs = sorted(resolve(parts, upto_seqno=upto_seqno, scope_of=plan.scope_of).values(),
-                  key=lambda r: r[1])
+                  key=_SEQNO)
     mapkey = _key_mapper(plan, vbucket) if plan.per_item else None
+    if pattern is None and mapkey is None and _plain_mutations(recs):
+        # the common case: every record a mutation with neither a separate xattr section
+        # nor a compressed value, written as read: the tuples made in C-level passes
+        yield from zip(itertools.repeat(mw.WRITE_MUTATION), *(map(g, recs) for g in _WRITTEN))
+        return
     for r in recs:
         t = r[0]
         if t == REC_MUTATION:
@@ -187,6 +205,36 @@ def resolved_records(archive: Archive | str, vbucket: int, backup: str | None,
         yield out
 
 
+class _KeptPart:
+    """A part for resolve: record batches read once already."""
+
+    def __init__(self, batches: list[list[tuple]]):
+        self._batches = batches
+
+    def batches(self) -> list[list[tuple]]:
+        return self._batches
+
+    def __iter__(self):
+        return itertools.chain.from_iterable(self._batches)
+
+
+_SEQNO = operator.itemgetter(1)
+#: a mutation record's fields as the writer takes them after the kind: key, value, flags,
+#: expiry, rev seqno, cas, datatype
+_WRITTEN = tuple(operator.itemgetter(i) for i in (7, 8, 4, 5, 2, 3, 6))
+_XATTRS = operator.itemgetter(9)
+_DATATYPE = operator.itemgetter(6)
+_NONE_ONLY = {None}
+
+
+def _plain_mutations(recs: list[tuple]) -> bool:
+    """Whether every record is a mutation without a separate xattr section whose value is
+    not snappy-compressed."""
+    return bool(recs) and bytes(map(_FIRST, recs)).count(REC_MUTATION) == len(recs) \
+        and set(map(_XATTRS, recs)) == _NONE_ONLY \
+        and not functools.reduce(operator.or_, map(_DATATYPE, recs), 0) & SNAPPY
+
+
 def _plain(value: bytes, datatype: int, vbucket: int, key: bytes) -> tuple[bytes, int]:
     """A snappy-compressed value decompressed, the bit cleared: dcptool's archives hold
     values decompressed and restore writes them so (an archive written by other means
@@ -206,6 +254,12 @@ def _without_key(error: str) -> str:
     return f"{kind} (key not logged: encrypted archive): {rest.rpartition(': ')[2]}"
 
 
+#: a restore into a target checks the files and records of its vbuckets in its own Spark
+#: tasks, one barrier stage: each task checks its vbuckets, and none writes before every
+#: task's check passed; when the stage does not fit in the slots of a local master (or the
+#: master is not local, or collections are to be created first), the check is done before
+#: the tasks start, as below
+CHECK_IN_TASKS = True
 #: a restore whose chain holds at least this many records of the vbuckets restored checks
 #: them in Spark tasks, one group of vbuckets each, in parallel (below it, in the driver: a
 #: Spark job costs more than the check) ...
@@ -253,12 +307,20 @@ def check_chain_files(archive: Archive, chain, vbuckets, *,
         files, nbytes, nrecords = (report.files_checked, report.bytes_checked,
                                    report.records_checked)
     if problems:
-        path, message = problems[0][:2]
-        more = len(problems) - 1
-        raise CorruptFileError(path, message + (f" (and {more} more problem"
-                                                f"{'s' if more != 1 else ''})" if more else ""),
-                               hint="run 'dcptool verify' on the archive; nothing was written")
+        raise chain_refused(problems)
     return files, nbytes, nrecords, time.monotonic() - t0
+
+
+def chain_refused(problems: list[tuple]) -> Exception:
+    """The error of a restore whose chain `verify` would refuse: the first of `problems`
+    ((path, message), in verify's order) and how many more."""
+    from dcptool.archive.errors import CorruptFileError
+
+    path, message = problems[0][:2]
+    more = len(problems) - 1
+    return CorruptFileError(path, message + (f" (and {more} more problem"
+                                             f"{'s' if more != 1 else ''})" if more else ""),
+                            hint="run 'dcptool verify' on the archive; nothing was written")
 
 
 def check_task(part: tuple) -> tuple[int, int, int, list[tuple]]:
@@ -282,8 +344,11 @@ def chain_records(chain, vbucket: int) -> int:
     return entries_records(e for e in (b.entry(vbucket) for b in chain) if e is not None)
 
 
-def restore_task(task: RestoreTask | tuple) -> RestoreTaskResult:
-    """One task: `task` is a RestoreTask, or (RestoreTask, CollectionPlan)."""
+def restore_task(task: RestoreTask | tuple, chain: list[Any] | None = None,
+                 kept: dict | None = None) -> RestoreTaskResult:
+    """One task: `task` is a RestoreTask, or (RestoreTask, CollectionPlan). `chain`: the
+    task's chain when it has it already; `kept`: record batches its check kept (see
+    `resolved_records`)."""
     colls = None
     if isinstance(task, tuple):
         task, colls = task
@@ -291,16 +356,92 @@ def restore_task(task: RestoreTask | tuple) -> RestoreTaskResult:
     prefixed = not colls.strip
     if prefixed:  # doc keys: every connection must negotiate Collections
         task = dataclasses.replace(task, opts=with_collections(task.opts))
-    with storage.pack_cache():  # each pack the task reads from is fetched once
-        return _restore_task(task, colls)
+    with storage.pack_cache(), _gc_paused():  # each pack the task reads from is fetched once
+        return _restore_task(task, colls, chain, kept)
 
 
-def _restore_task(task: RestoreTask, colls: Any) -> RestoreTaskResult:
+#: a restore task that checks its vbuckets keeps up to this much of the records it decoded
+#: (estimated, `verify_chain_vbuckets`) for its writing, which then need not decode them
+#: again; the rest it reads again as it writes
+KEEP_CHECKED_BYTES = 64 << 20
+#: what a restore task of a barrier stage tells the others of its check (`sync`)
+_CHECK_PASSED, _CHECK_FAILED = "passed", "failed"
+
+
+def checked_restore_task(part: tuple, sync: Any) -> tuple:
+    """One task of a restore whose tasks check the chain themselves (a barrier stage, see
+    `run_barrier_tasks`): the part of `verify_chain` that concerns the task's own vbuckets
+    (`verify_chain_vbuckets`: their files' sizes and SHA-256, every record), then `sync`
+    with the other tasks; it writes (`restore_task`) only when every task's check passed.
+    Returns ("written", check, RestoreTaskResult) or ("refused", check, problems): check
+    is (files, bytes, records, seconds checking, seconds waiting for the others, CPU seconds
+    checking); problems, this task's, as (place in verify_chain's
+    order, path, message). A check that raised fails the task once the others know."""
+    with _gc_paused():
+        return _checked_restore_task(part, sync)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The cyclic garbage collector off for a block: a restore task makes millions of
+    tuples (records) and keeps many of them at once, which the collector would walk again
+    and again for no cycle; it runs once the block ends."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _checked_restore_task(part: tuple, sync: Any) -> tuple:
+    task = part[0] if isinstance(part, tuple) else part
+    t0, c0 = time.monotonic(), time.process_time()
+    failure: BaseException | None = None
+    chain = None
+    problems: list[tuple] = []
+    files = nbytes = nrecords = 0
+    kept: dict[tuple[str, int], list] = {}
+    try:
+        chain = task.archive.chain(task.backup)
+        # what the check decodes is kept for the writing, within a bound (a to-time
+        # restore's cut reads its own way)
+        report, places = verify_chain_vbuckets(
+            task.archive, chain, task.vbuckets, keep=None if task.at is not None else kept,
+            keep_bytes=KEEP_CHECKED_BYTES)
+        problems = [(place, p.path, p.message) for place, p in zip(places, report.problems)]
+        files, nbytes, nrecords = (report.files_checked, report.bytes_checked,
+                                   report.records_checked)
+    except Exception as exc:  # noqa: BLE001 - raised once the other tasks know
+        failure = exc
+    passed = failure is None and not problems
+    t1, c1 = time.monotonic(), time.process_time()
+    verdicts = sync(_CHECK_PASSED if passed else _CHECK_FAILED)
+    check = (files, nbytes, nrecords, round(t1 - t0, 3), round(time.monotonic() - t1, 3),
+             round(c1 - c0, 3))
+    if failure is not None:
+        raise failure
+    if any(v != _CHECK_PASSED for v in verdicts):
+        return ("refused", check, problems)
+    return ("written", check, restore_task(part, chain, kept))
+
+
+def _task_problems(refused: list[list[tuple]]) -> list[tuple[str, str]]:
+    """The problems the tasks of a barrier stage found, in the order one `verify_chain`
+    of all their vbuckets names them."""
+    return [(path, message) for _place, path, message in
+            sorted((p for ps in refused for p in ps), key=lambda p: tuple(p[0]))]
+
+
+def _restore_task(task: RestoreTask, colls: Any, chain: list[Any] | None = None,
+                  kept: dict | None = None) -> RestoreTaskResult:
     prefixed = not colls.strip
     t0 = time.monotonic()
     began = time.time()
     counts = mw.WriteCounts()
-    chain = task.archive.chain(task.backup)
+    if chain is None:
+        chain = task.archive.chain(task.backup)
     # records resolved per vbucket (what was sent), for the run log
     per_vb: dict[int, dict[str, int]] = {}
 
@@ -310,9 +451,11 @@ def _restore_task(task: RestoreTask, colls: Any) -> RestoreTaskResult:
         part_chain, upto = chain, None
         if task.at is not None:
             part_chain, upto, cuts[vb] = time_cut(chain, vb, task.at)
+        # (every restore checks the chain as verify does before any task writes)
         recs = list(resolved_records(task.archive, vb, task.backup, task.key_filter,
-                                     chain=part_chain, collections=colls, upto_seqno=upto))
-        kinds = [r[0] for r in recs]
+                                     chain=part_chain, collections=colls, upto_seqno=upto,
+                                     checked=True, kept=kept if upto is None else None))
+        kinds = list(map(_FIRST, recs))
         per_vb[vb] = {k: kinds.count(k) for k in mw.WRITE_KINDS}
         return recs
 
@@ -703,27 +846,54 @@ def _run_restore(rl: RunLog, archive: Archive, opts: ConnOptions | None,
                 f" (in the gap {iso(when.gap[0])} to {iso(when.gap[1])}: --nearest)"
                 if when.gap else "", chain[-1].id)
     # what verify checks, for the backups and vbuckets read: nothing is written otherwise
-    spark, groups = None, 1
-    if held and sum(chain_records(chain, vb) for vb in held) >= PARALLEL_CHECK_RECORDS:
-        # a large restore: checked in Spark tasks in parallel (Spark is started now)
+    spark, spark_seconds, target, in_tasks = None, 0.0, None, False
+    if held and not o.dry_run and opts is not None and CHECK_IN_TASKS:
+        # the restore's own tasks check their vbuckets, all before any of them writes: the
+        # rest of the check (manifests, listings, continuity) and the target's here first
         ts = time.monotonic()
-        spark = o.spark or get_context(o.master)
-        o = dataclasses.replace(o, spark=spark)
-        spark_seconds = time.monotonic() - ts
-        groups = default_parallelism(spark)
-        if groups < PARALLEL_CHECK_SLOTS:
-            groups = 1
-        else:
-            rl.info("checking the chain as verify does in %d Spark tasks", groups)
-    files, nbytes, nrecords, secs = check_chain_files(archive, chain, held, spark=spark,
-                                                      groups=groups)
-    rl.info("checked %d files (%d bytes, %d records) as verify does in %.2f s%s", files,
-            nbytes, nrecords, secs, f" ({groups} Spark tasks)" if groups > 1 else "")
-    target = _RestoreTarget(archive.vbucket_count)
-    if opts is not None:
-        target = _check_target(archive, opts, chain, held, sel, o)
-    else:  # the library's offline count (no target)
-        target.setup = plan_collections(chain, held, sel)
+        shared = verify_chain_shared(archive, chain, held)
+        shared_seconds = time.monotonic() - ts
+        if not shared.problems:  # (else verify_chain below names the first problem)
+            target = _check_target(archive, opts, chain, held, sel, o, create=False)
+            if not target.setup.would_create:  # (else created once the chain is checked)
+                ts = time.monotonic()
+                spark = o.spark or get_context(o.master)
+                o = dataclasses.replace(o, spark=spark)
+                spark_seconds = time.monotonic() - ts
+                slots = barrier_slots(spark)
+                in_tasks = slots is not None and len(_task_groups(archive, held, target, o,
+                                                                  spark)) <= slots
+    if in_tasks:
+        files = nbytes = nrecords = 0
+        rl.info("checked the manifests, listings and continuity of %d backups in %.2f s; "
+                "the files and records in the restore tasks, before any writes",
+                len(chain), shared_seconds)
+    else:
+        groups = 1
+        if held and sum(chain_records(chain, vb) for vb in held) >= PARALLEL_CHECK_RECORDS:
+            # a large restore: checked in Spark tasks in parallel (Spark is started now)
+            ts = time.monotonic()
+            if spark is None:
+                spark = o.spark or get_context(o.master)
+                o = dataclasses.replace(o, spark=spark)
+                spark_seconds = time.monotonic() - ts
+            groups = default_parallelism(spark)
+            if groups < PARALLEL_CHECK_SLOTS:
+                groups = 1
+            else:
+                rl.info("checking the chain as verify does in %d Spark tasks", groups)
+        files, nbytes, nrecords, secs = check_chain_files(
+            archive, chain, held, spark=spark if groups > 1 else None, groups=groups)
+        rl.info("checked %d files (%d bytes, %d records) as verify does in %.2f s%s", files,
+                nbytes, nrecords, secs, f" ({groups} Spark tasks)" if groups > 1 else "")
+        if target is not None and target.setup.would_create:
+            target = None  # checked again, creating what it lacks now that the chain passed
+    if target is None:
+        target = _RestoreTarget(archive.vbucket_count)
+        if opts is not None:
+            target = _check_target(archive, opts, chain, held, sel, o)
+        else:  # the library's offline count (no target)
+            target.setup = plan_collections(chain, held, sel)
     if o.dry_run:
         target.opts, target.routes = None, None  # the tasks count; they connect to nothing
     colls = target.setup.plan
@@ -745,7 +915,7 @@ def _run_restore(rl: RunLog, archive: Archive, opts: ConnOptions | None,
                                 "lag": lag_summary([]), "vbuckets": []}
     _log_restore_plan(rl, archive, chain, held, target, o)
     if held:
-        _run_restore_tasks(rl, archive, chain, held, target, o, result)
+        _run_restore_tasks(rl, archive, chain, held, target, o, result, check=in_tasks)
         if spark is not None:  # started for the check: its start-up is the restore's
             result.spark_seconds += spark_seconds
     result.seconds = time.monotonic() - t0
@@ -802,15 +972,19 @@ def _restore_scope(archive: Archive, o: RestoreOptions,
 
 
 def _check_target(archive: Archive, opts: ConnOptions, chain: list[Any], held: list[int],
-                  sel: DataSelection, o: RestoreOptions) -> _RestoreTarget:
-    """A dry run checks the target as the restore would (connection, login, bucket,
-    vbucket map, collections), creating and writing nothing."""
+                  sel: DataSelection, o: RestoreOptions,
+                  create: bool | None = None) -> _RestoreTarget:
+    """The target as the restore needs it (connection, login, bucket, vbucket map,
+    collections); the collections it lacks are created unless `create` is False (default:
+    unless a dry run, which creates and writes nothing)."""
+    if create is None:
+        create = not o.dry_run
     copts = with_collections(opts)
     with copts.connect() as conn:
         node_vbuckets = vbucket_count(conn)
         found = active_nodes(copts, conn)
         setup = plan_collections(chain, held, sel, conn=conn, opts=opts,
-                                 rest_port=o.rest_port, notice=o.notice, create=not o.dry_run)
+                                 rest_port=o.rest_port, notice=o.notice, create=create)
     # the tasks speak the key form planned: doc keys, or plain keys for a target
     # without collections
     opts = opts if setup.plan.strip else copts
@@ -857,38 +1031,63 @@ def member_groups(held: list[int], n: int, routes: dict[int, str] | None) -> lis
     return [g for m in members for g in plan_groups(by_member[m], share[m])]
 
 
+def _task_groups(archive: Archive, held: list[int], target: _RestoreTarget,
+                 o: RestoreOptions, spark: Any) -> list[list[int]]:
+    """The vbuckets of each restore task: one task per slot, so every task writes at once,
+    each over its own connection (a second wave would wait for the first, while the node
+    has room for more writers)."""
+    n = o.partitions or default_parallelism(spark)
+    return member_groups(held, n, target.routes
+                         if archive.vbucket_count == target.vbuckets else None)
+
+
 def _run_restore_tasks(rl: RunLog, archive: Archive, chain: list[Any], held: list[int],
                        target: _RestoreTarget, o: RestoreOptions,
-                       result: RestoreResult) -> None:
+                       result: RestoreResult, check: bool = False) -> None:
     """Write (or, dry, count) the vbuckets `held` as Spark tasks; their counts go into
-    `result` and the run log."""
+    `result` and the run log. `check`: the tasks check their vbuckets' files and records
+    first, and write only when every task's check passed (one barrier stage)."""
     backup_id = chain[-1].id
     ts = time.monotonic()
     spark = o.spark or get_context(o.master)  # RDD jobs: no session needed
     result.spark_seconds = time.monotonic() - ts
     check_executors_see(spark, archive.path, name="archive.json",
                         key_travels=archive.key is not None)
-    # one task per slot: every task writes at once, each over its own connection (a second
-    # wave would wait for the first, while the node has room for more writers)
-    n = o.partitions or default_parallelism(spark)
     tasks = [(RestoreTask(target.opts, archive, backup_id, tuple(g), target.vbuckets,
                           key_filter=o.key_filter, force=o.force, dry_run=o.dry_run,
                           routes=target.routes, archive_vbuckets=archive.vbucket_count,
                           at=o.to_time),
               target.setup.plan)
-             for g in member_groups(held, n, target.routes
-                                    if archive.vbucket_count == target.vbuckets else None)]
-    rl.info("spark %s: %d tasks (started in %.1f s)", context_of(spark).master, len(tasks),
-            time.monotonic() - ts)
+             for g in _task_groups(archive, held, target, o, spark)]
+    rl.info("spark %s: %d tasks%s (started in %.1f s)", context_of(spark).master, len(tasks),
+            ", each checking its vbuckets as verify does, all before any writes"
+            if check else "", time.monotonic() - ts)
     job_began = time.time()
     try:
         # (the archive is only read: no progress files in it for a master that is not
         # local, whose tasks the bar counts instead)
-        results = run_tasks(spark, reporting_failures(restore_task), tasks,
-                            total=sum(chain_records(chain, vb) for vb in held))
+        if check:
+            outcomes = run_barrier_tasks(spark, reporting_failures(checked_restore_task),
+                                         tasks, total=sum(chain_records(chain, vb)
+                                                          for vb in held))
+        else:
+            results = run_tasks(spark, reporting_failures(restore_task), tasks,
+                                total=sum(chain_records(chain, vb) for vb in held))
     except Exception as exc:
         raise task_failure(exc, "restore task",
                            "the restore can be rerun: it is idempotent") from None
+    if check:
+        sums = [sum(c[1][i] for c in outcomes) for i in range(3)]
+        rl.info("checked %d files (%d bytes, %d records) as verify does in the %d restore "
+                "tasks, before any wrote (%s s, of CPU %s s; then waiting for the others "
+                "%s s)", *sums, len(outcomes), ", ".join(f"{c[1][3]:.3f}" for c in outcomes),
+                ", ".join(f"{c[1][5]:.3f}" for c in outcomes),
+                ", ".join(f"{c[1][4]:.3f}" for c in outcomes))
+        if result.checked is not None:
+            result.checked.update(files=sums[0], bytes=sums[1], records=sums[2])
+        if any(c[0] == "refused" for c in outcomes):
+            raise chain_refused(_task_problems([c[2] for c in outcomes if c[0] == "refused"]))
+        results = [c[2] for c in outcomes]
     for i, res in enumerate(results):
         r, run = res.counts, res.run
         for vb, c in sorted(run.get("vbuckets", {}).items()):

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -287,6 +288,166 @@ def run_tasks(spark, fn, tasks: list, *, total: int | None = None, unit: str = "
                     progress.Counted(fn, files)).collect()
     with progress.watch_tasks(sc, progress.WORK, len(tasks)):
         return sc.parallelize(tasks, len(tasks)).map(fn).collect()
+
+
+#: a local master: local, local[N], local[*], local[N,F], local[*,F]
+_LOCAL_MASTER = re.compile(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?")
+
+
+def barrier_slots(spark) -> int | None:
+    """How many tasks one barrier stage of `spark` can run at once (Spark's barrier mode
+    starts all of a stage's tasks together, or waits): a local master's slots (its cores
+    over spark.task.cpus). None for any other master, whose free slots are not known here
+    (a barrier stage larger than them fails only after minutes of retries), and for a
+    context that runs no barrier stages (an engine's job runner)."""
+    sc = context_of(spark)
+    if not hasattr(sc, "_jvm") or not hasattr(sc, "parallelize"):
+        return None
+    m = _LOCAL_MASTER.fullmatch(str(getattr(sc, "master", "") or ""))
+    if m is None:
+        return None
+    try:
+        if m.group(1) is None:
+            cores = 1
+        elif m.group(1) == "*":  # as Spark counts them: the JVM's processors
+            cores = int(sc._jvm.java.lang.Runtime.getRuntime().availableProcessors())
+        else:
+            cores = int(m.group(1))
+        per_task = int(sc.getConf().get("spark.task.cpus") or 1)
+    except Exception:  # noqa: BLE001 - no answer from the JVM: no barrier stage
+        return None
+    return max(0, cores // max(1, per_task))
+
+
+class _Rendezvous:
+    """Where the tasks of a barrier stage of a local master meet (`run_barrier_tasks`): a
+    Unix socket of the driver's, in a directory only its user may enter, and a token. Each
+    task sends "TOKEN INDEX MESSAGE"; once every task has, each gets every message back
+    (a JSON list, by index). Spark's own `BarrierTaskContext.allGather` waits in steps of a
+    second; this answers as soon as the last task's message is in. When the driver stops
+    it (the job failed), the tasks still waiting read the end of their connection."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.dir = tempfile.mkdtemp(prefix="dcptool-sync-")
+        self.path = os.path.join(self.dir, "s")
+        self.token = secrets.token_hex(16)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen(max(1, n))
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, name="dcptool-barrier", daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self) -> tuple[str, str, int]:
+        return (self.path, self.token, self.n)
+
+    def _serve(self) -> None:
+        # round after round: a master that retries a failed stage runs its tasks again
+        try:
+            while True:
+                got: dict[int, str] = {}
+                conns: list[socket.socket] = []
+                while len(got) < self.n:
+                    conn, _ = self.sock.accept()
+                    self.conns.append(conn)
+                    line = conn.makefile("rb").readline().decode("utf-8", "replace")
+                    token, _, rest = line.rstrip("\n").partition(" ")
+                    index, _, message = rest.partition(" ")
+                    if not secrets.compare_digest(token, self.token) or not index.isdigit():
+                        conn.close()
+                        continue
+                    got[int(index)] = message
+                    conns.append(conn)
+                reply = (json.dumps([got.get(i, "") for i in range(self.n)]) + "\n").encode()
+                for conn in conns:
+                    try:
+                        conn.sendall(reply)
+                    except OSError:
+                        pass
+                    conn.close()
+        except OSError:  # stopped
+            pass
+
+    def close(self) -> None:
+        for s in (self.sock, *self.conns):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def rendezvous_sync(address: tuple[str, str, int], index: int, message: str) -> list[str]:
+    """A task's side of `_Rendezvous`: send `message` as task `index`, wait for every
+    task's. Raises DcptoolError when the driver cannot be reached or stopped waiting."""
+    path, token, _n = address
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            sock.connect(path)
+            sock.sendall(f"{token} {index} {message}\n".encode())
+            line = sock.makefile("rb").readline()
+        except OSError as exc:
+            raise DcptoolError(f"a task of the stage cannot reach the driver at {path}: "
+                               f"{exc.strerror or exc}") from None
+        if not line.endswith(b"\n"):
+            raise DcptoolError("the driver stopped waiting for the tasks of the stage")
+        return json.loads(line)
+    finally:
+        sock.close()
+
+
+class _BarrierPartition:
+    """One partition of a barrier stage (`run_barrier_tasks`): its one task given to `fn`
+    with a `sync` through the driver's `_Rendezvous`, inside `progress.counting(files)`."""
+
+    def __init__(self, fn: Any, address: tuple[str, str, int], files: Any = None):
+        self.fn = fn
+        self.address = address
+        self.files = files
+
+    def __call__(self, rows):
+        from pyspark import BarrierTaskContext
+
+        index = BarrierTaskContext.get().partitionId()
+        (task,) = list(rows)
+
+        def sync(message: str) -> list[str]:
+            return rendezvous_sync(self.address, index, message)
+
+        with progress.counting(self.files):
+            result = self.fn(task, sync)
+        yield result
+
+
+def run_barrier_tasks(spark, fn, tasks: list, *, total: int | None = None,
+                      unit: str = "records", near: Any = None) -> list:
+    """`run_tasks` for tasks that run all at once, as one barrier stage (Spark's barrier
+    mode starts all of its tasks together, and ends them all when one fails) of a local
+    master: each runs `fn(task, sync)`, where `sync(message)` waits until every task of the
+    stage has called it and returns their messages (strings), in the tasks' order. The
+    caller makes sure the stage fits (`barrier_slots`)."""
+    from .engine import set_job_group
+
+    sc = context_of(spark)
+    set_job_group(sc)
+    if any(_carries_key(t) for t in tasks):
+        check_key_transport(sc)
+    meet = _Rendezvous(len(tasks))
+    try:
+        if total is not None and progress.active():
+            with progress.watch_files(sc, total, unit, near) as files:
+                if files is not None:
+                    return sc.parallelize(tasks, len(tasks)).barrier().mapPartitions(
+                        _BarrierPartition(fn, meet.address, files)).collect()
+        with progress.watch_tasks(sc, progress.WORK, len(tasks)):
+            return sc.parallelize(tasks, len(tasks)).barrier().mapPartitions(
+                _BarrierPartition(fn, meet.address)).collect()
+    finally:
+        meet.close()
 
 
 def _carries_key(task: Any) -> bool:

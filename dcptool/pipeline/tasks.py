@@ -80,9 +80,9 @@ def reporting_failures(fn: Callable[[T], R]) -> Callable[[T], R]:
     or a SystemExit leaves as it is)."""
 
     @functools.wraps(fn)
-    def run(arg: T) -> R:
+    def run(*args: Any) -> R:
         try:
-            return fn(arg)
+            return fn(*args)
         except TaskError:
             raise
         except Exception as err:  # noqa: BLE001 - its cause goes to the driver, typed

@@ -254,3 +254,35 @@ def test_snapshot_boundaries():
     recs = [(1, W, 1000, 1000, 1000, ()), rollback(900), (1, W, 900, 900, 900, ()),
             (2, 901, 920, 0), doc(920, b"x"), (7, X, 920, 920, 920)]
     assert snapshot_boundaries(recs) == [900, 920]
+
+
+# -- long runs of mutations (resolved a run at a time) ----------------------------------------
+
+
+def _one_by_one(parts, upto=None):
+    """resolve() over parts given as generators, so that every record is seen alone."""
+    return resolve([(r for r in p) for p in parts], upto_seqno=upto)
+
+
+def test_long_runs_resolve_as_record_by_record():
+    """Runs of mutations long enough to be taken at once, with keys written again, cut by
+    a later rollback, by a seqno inside a run and by deletions in between: the same state
+    as when the parts yield their records one at a time, and in plain lists."""
+    older = [doc(s, b"k%d" % (s % 30)) for s in range(1, 101)]
+    older[50] = deletion(51, b"k21")  # two runs of 50 and 49 around it
+    newer = [rollback(70)] + [doc(s, b"k%d" % (s % 45)) for s in range(71, 131)] \
+        + [deletion(131, b"k3")] + [doc(s, b"n%d" % s) for s in range(132, 170)]
+    for upto in (None, 85, 140, 60):
+        want = _one_by_one([older, newer], upto)
+        # plain lists are resolved in chunks, with their runs at once
+        assert resolve([older, newer], upto_seqno=upto) == want
+    state = resolve([older, newer])
+    assert state[b"k3"][0] == 4 and state[b"k21"][1] == 111
+    assert state[b"k29"][1] == 119 and resolve([older, newer], upto_seqno=60)[b"k0"][1] == 60
+
+
+def test_a_seqno_that_does_not_increase_inside_a_long_run_is_named():
+    recs = [doc(s, b"k%d" % s) for s in range(1, 41)]
+    recs[25] = doc(20, b"k25")
+    with pytest.raises(ResolutionError, match=r"item seqno 20 does not increase \(after 25\)"):
+        resolve([recs])

@@ -109,6 +109,9 @@ def test_commands_run_on_the_engine(nodes, tmp_path, engine_dir):
     r = cli("restore", str(tmp_path / "arch"), "-c", f"{dst.host}:{dst.port}", "--json", **env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["restored"]["mutation"] == DOCS + 5
+    # its tasks checked their vbuckets themselves, in one barrier stage on the engine's slots
+    (log,) = sorted((tmp_path / "arch" / "logs").glob("restore-*.log"))
+    assert "restore tasks, before any wrote" in log.read_text()
     r = cli("verify", str(tmp_path / "arch"), "--against", "-c", f"{dst.host}:{dst.port}",
             "--json", **env)
     assert r.returncode == 0, r.stdout + r.stderr

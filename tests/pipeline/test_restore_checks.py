@@ -284,11 +284,13 @@ def test_restore_refuses_a_changed_end_uuid_in_a_manifest(nodes, archive64, tmp_
 
 def test_a_chain_checked_in_spark_tasks_refuses_a_changed_data_file(nodes, archive64, tmp_path,
                                                                      capsys, admin, monkeypatch):
-    """A restore large enough to check its chain in Spark tasks (the thresholds lowered to
-    every restore and the test session's 2 slots) still fails before writing anything, in one line naming the file, with
+    """A restore large enough to check its chain in Spark tasks of their own (the thresholds
+    lowered to every restore and the test session's 2 slots; the check in the restore's
+    tasks turned off) still fails before writing anything, in one line naming the file, with
     verify's exit status; the run log says the check ran in tasks."""
     from dcptool.pipeline import restore
 
+    monkeypatch.setattr(restore, "CHECK_IN_TASKS", False)
     monkeypatch.setattr(restore, "PARALLEL_CHECK_RECORDS", 0)
     monkeypatch.setattr(restore, "PARALLEL_CHECK_SLOTS", 2)   # the test session's local[2]
     archive = tmp_path / "a"
@@ -306,9 +308,126 @@ def test_a_chain_checked_in_spark_tasks_restores_every_document(nodes, archive64
     (the restore into a fresh node equals the source)."""
     from dcptool.pipeline import restore
 
+    monkeypatch.setattr(restore, "CHECK_IN_TASKS", False)
     monkeypatch.setattr(restore, "PARALLEL_CHECK_RECORDS", 0)
     monkeypatch.setattr(restore, "PARALLEL_CHECK_SLOTS", 2)   # the test session's local[2]
     with NodeProcess(tmp_path / "t", vbuckets=64) as target:
         rc, _out, err = cli(capsys, "restore", archive64, "-c", _addr(target), "--no-progress")
         assert rc == 0, err
         assert node_documents(opts_for(target)) == node_documents(opts_for(nodes[0]))
+
+
+# -- the check in the restore's own tasks (one barrier stage) ----------------------------------
+
+IN_TASKS = "as verify does in the 2 restore tasks, before any wrote"
+
+
+@pytest.fixture
+def t64c(tmp_path):
+    """A fresh 64-vbucket target that has s1.c1 already: the restore creates nothing on it,
+    so its tasks check the chain themselves."""
+    with NodeProcess(tmp_path / "t64c", vbuckets=64) as t:
+        r = _rest(t)
+        r.create_scope("s1")
+        r.create_collection("s1", "c1")
+        yield t
+
+
+def _last_log(archive) -> str:
+    """The run log of the last restore that was not a dry run."""
+    logs = [t for t in (p.read_text() for p in sorted(archive.glob("logs/restore-*.log")))
+            if "INFO restore dry run of" not in t]
+    assert logs
+    return logs[-1]
+
+
+def _damaged_copy(archive64, tmp_path, *vbuckets: int):
+    """A copy of the archive with one byte changed in the middle of each of the data files of
+    `vbuckets`; returns (the copy, those files)."""
+    archive = tmp_path / "a"
+    shutil.copytree(archive64, archive)
+    files = []
+    for vb in vbuckets:
+        data = sorted(archive.glob(f"backups/*/vb-{vb:04d}-000.mpk.zst"))[0]
+        _flip(data, data.stat().st_size // 2)
+        files.append(data)
+    return archive, files
+
+
+def test_restore_tasks_check_their_vbuckets_then_write_every_document(nodes, archive64, t64c,
+                                                                      capsys, admin):
+    """Into a target that lacks nothing, the 2 restore tasks check their own vbuckets' files
+    and records and then write: every document with its metadata, and the result counts
+    what a dry run's check counts."""
+    rc, out, err = cli(capsys, "restore", archive64, "-c", _addr(t64c), "--json",
+                       "--no-progress")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert IN_TASKS in _last_log(archive64)
+    assert node_documents(opts_for(t64c)) == node_documents(opts_for(nodes[0]))
+    rc, out, err = cli(capsys, "restore", archive64, "-c", _addr(t64c), "--json", "--dry-run")
+    assert rc == 0, err
+    assert d["checked"] == json.loads(out)["checked"]
+
+
+def test_a_damaged_file_one_restore_task_finds_stops_every_task_before_it_writes(
+        nodes, archive64, tmp_path, t64c, capsys, admin):
+    """A changed byte in a data file of vbucket 5 (the second task's): the first task's
+    vbuckets are sound, yet neither task writes; the restore fails in verify's line, with
+    verify's status."""
+    archive, (data,) = _damaged_copy(archive64, tmp_path, 5)
+    _refused(capsys, archive, t64c, str(data))
+    assert not any(_highs(t64c).values())
+    log = _last_log(archive)
+    assert IN_TASKS in log and "restored backup" not in log
+
+
+def test_restore_tasks_name_the_problems_as_the_check_before_the_tasks_does(
+        nodes, archive64, tmp_path, t64c, capsys, admin, monkeypatch):
+    """Damaged files in both tasks' vbuckets: the one line names the first problem verify
+    names and counts the others, the same line the check in the driver gives, and nothing
+    is written."""
+    from dcptool.pipeline import restore
+
+    archive, files = _damaged_copy(archive64, tmp_path, 6, 3)
+    rc, out, _err = cli(capsys, "verify", archive, "--json")
+    first = json.loads(out)["problems"][0]["path"]
+    rc, _out, err = cli(capsys, "restore", archive, "-c", _addr(t64c))
+    line = _one_line(err)
+    assert rc == 1 and first in line and "more problems)" in line, line
+    assert IN_TASKS in _last_log(archive)
+    monkeypatch.setattr(restore, "CHECK_IN_TASKS", False)
+    rc_d, _out, err_d = cli(capsys, "restore", archive, "-c", _addr(t64c))
+    assert (rc_d, _one_line(err_d)) == (rc, line)
+    assert not any(_highs(t64c).values())
+
+
+def test_more_restore_tasks_than_slots_are_checked_before_they_start(nodes, archive64,
+                                                                     tmp_path, t64c, capsys,
+                                                                     admin):
+    """3 tasks on the test session's 2 slots cannot all wait for each other: the chain is
+    checked before the tasks start, a damaged file still fails the restore with nothing
+    written, and a sound archive is restored whole."""
+    archive, (data,) = _damaged_copy(archive64, tmp_path, 5)
+    rc, _out, err = cli(capsys, "restore", archive, "-c", _addr(t64c), "--partitions", "3")
+    assert rc == 1 and str(data) in _one_line(err)
+    log = _last_log(archive)
+    # refused by the check before the tasks: no job was started
+    assert "in the restore tasks" not in log and "spark local" not in log, log
+    assert not any(_highs(t64c).values())
+    rc, _out, err = cli(capsys, "restore", archive64, "-c", _addr(t64c), "--partitions", "3",
+                        "--no-progress")
+    assert rc == 0, err
+    assert "spark local[2]: 3 tasks (started" in _last_log(archive64)
+    assert node_documents(opts_for(t64c)) == node_documents(opts_for(nodes[0]))
+
+
+def test_collections_are_created_only_once_the_chain_is_checked(nodes, archive64, tmp_path,
+                                                               capsys, admin):
+    """A target that lacks s1.c1: a damaged archive fails the restore before anything is
+    created or written on it."""
+    archive, (data,) = _damaged_copy(archive64, tmp_path, 5)
+    with NodeProcess(tmp_path / "t", vbuckets=64) as target:
+        _refused(capsys, archive, target, str(data))
+        assert _rest(target).manifest().scope("s1") is None
+        assert not any(_highs(target).values())
