@@ -333,110 +333,149 @@ def write_to_actives(opts, routes: dict[int, str], vbuckets: int,
     newest rev that answers), until they are written or `reroute_timeout` seconds pass
     without a node taking them.
     """
-    from dcptool.client.errors import ClientError
+    w = _ActiveWriters(opts, routes, vbuckets, force=force, window=window,
+                       reroute_timeout=reroute_timeout, prefixed=prefixed, depth=depth)
+    try:
+        for vb, records in per_vbucket:
+            w.gather(vb, records)
+        w.drain()
+    finally:
+        w.close()
+    return w.counts()
 
-    from .nodeinfo import node_opts
 
-    routes = dict(routes)
-    writers: dict[str, MetaWriter] = {}
-    retired: list[MetaWriter] = []
-    pending: dict[str | None, list[tuple]] = {}
-    #: since when writes have failed without one succeeding (None: the last one worked)
-    failing: list[float] = []
-    delay = [0.05]
+class _ActiveWriters:
+    """`write_to_actives`' state: a MetaWriter per node, the records waiting for each node
+    (None: a vbucket with no active node yet), and since when writes have failed."""
 
-    def drop(node: str) -> None:
-        w = writers.pop(node, None)
+    def __init__(self, opts, routes: dict[int, str], vbuckets: int, *, force: bool,
+                 window: int, reroute_timeout: float, prefixed: bool, depth: int):
+        self.opts = opts
+        self.routes = dict(routes)
+        self.vbuckets = vbuckets
+        self.force, self.window, self.prefixed, self.depth = force, window, prefixed, depth
+        self.reroute_timeout = reroute_timeout
+        self.writers: dict[str, MetaWriter] = {}
+        self.retired: list[MetaWriter] = []
+        self.pending: dict[str | None, list[tuple]] = {}
+        #: since when writes have failed without one succeeding (None: the last one worked)
+        self.failing: float | None = None
+        self.delay = 0.05
+
+    def vb_of(self, rec: tuple) -> int:
+        return _vbucket_of_record(rec[1], self.vbuckets, self.prefixed)
+
+    def gather(self, vb: int, records: Iterable[tuple]) -> None:
+        """Queue a vbucket's records for its node, in windows as they come (a generator's
+        too), writing each window that fills."""
+        node = self.routes.get(vb)
+        it = iter(records)
+        while True:
+            batch = self.pending.setdefault(node, [])
+            chunk = list(islice(it, self.window - len(batch)))
+            if not chunk:
+                break
+            batch.extend(chunk)
+            if len(batch) >= self.window:
+                self.flush(node)
+
+    def drain(self) -> None:
+        """The rest, and whatever a failure sent elsewhere, until every node confirmed
+        all."""
+        while self.pending or self.writers:
+            while self.pending:
+                self.flush(next(iter(self.pending)))
+            for node in list(self.writers):
+                self.finish(node)
+                if not self.pending and node in self.writers:
+                    self.drop(node)
+
+    def close(self) -> None:
+        for node in list(self.writers):
+            self.drop(node)
+
+    def counts(self) -> WriteCounts:
+        total = WriteCounts()
+        for w in self.retired:
+            total.add(w.counts)
+        return total
+
+    def drop(self, node: str) -> None:
+        w = self.writers.pop(node, None)
         if w is not None:
-            retired.append(w)
+            self.retired.append(w)
             try:
                 w.conn.close()
             except OSError:
                 pass
 
-    def vb_of(rec: tuple) -> int:
-        return _vbucket_of_record(rec[1], vbuckets, prefixed)
+    def _succeeded(self) -> None:
+        self.failing = None
+        self.delay = 0.05
 
-    def reroute(node: str | None, exc: Exception, records: list[tuple]) -> None:
+    def reroute(self, node: str | None, exc: Exception, records: list[tuple]) -> None:
+        """Send `records` again to their vbuckets' actives as the map read again says;
+        `exc` is raised when it is not a routing failure or failures lasted too long."""
         if not isinstance(exc, (NotMyVbucketError, OSError)) and \
                 not _unreachable(exc) and node is not None:
             raise exc
         if node is not None:
-            drop(node)
+            self.drop(node)
         now = time.monotonic()
-        if not failing:
-            failing.append(now)
-        elif now - failing[0] > reroute_timeout:
+        if self.failing is None:
+            self.failing = now
+        elif now - self.failing > self.reroute_timeout:
             raise exc
-        routes.update(_refresh_routes(opts, routes, node))
-        vbs = [vb_of(r) for r in records]
-        if any(routes.get(vb) == node for vb in vbs):
-            time.sleep(delay[0])  # the map has not changed (yet): a failover under way
-            delay[0] = min(1.0, delay[0] * 2)
+        self.routes.update(_refresh_routes(self.opts, self.routes, node))
+        vbs = [self.vb_of(r) for r in records]
+        if any(self.routes.get(vb) == node for vb in vbs):
+            time.sleep(self.delay)  # the map has not changed (yet): a failover under way
+            self.delay = min(1.0, self.delay * 2)
         for rec, vb in zip(records, vbs):
-            pending.setdefault(routes.get(vb), []).append(rec)
+            self.pending.setdefault(self.routes.get(vb), []).append(rec)
 
-    def flush(node: str | None) -> None:
-        batch = pending.pop(node, None)
+    def _writer(self, node: str) -> MetaWriter:
+        from .nodeinfo import node_opts
+
+        w = self.writers.get(node)
+        if w is None:
+            w = self.writers[node] = MetaWriter(
+                node_opts(self.opts, node).connect(), self.vbuckets, force=self.force,
+                window=self.window, prefixed=self.prefixed, depth=self.depth)
+        return w
+
+    def flush(self, node: str | None) -> None:
+        from dcptool.client.errors import ClientError
+
+        batch = self.pending.pop(node, None)
         if not batch:
             return
         w = None
         done = 0
         try:
             if node is None:
-                raise DcptoolError(f"vbucket {vb_of(batch[0])} has no active node in the "
-                                   "cluster map")
-            w = writers.get(node)
-            if w is None:
-                w = writers[node] = MetaWriter(node_opts(opts, node).connect(), vbuckets,
-                                               force=force, window=window, prefixed=prefixed,
-                                               depth=depth)
+                raise DcptoolError(f"vbucket {self.vb_of(batch[0])} has no active node in "
+                                   "the cluster map")
+            w = self._writer(node)
             while done < len(batch):
-                w.submit(batch[done:done + window])
-                done += window
-            failing.clear()
-            delay[0] = 0.05
+                w.submit(batch[done:done + self.window])
+                done += self.window
+            self._succeeded()
         except (NotMyVbucketError, ClientError, OSError, DcptoolError) as exc:
-            lost = batch[done:] if w is None else w.unconfirmed() + batch[done + window:]
-            reroute(node, exc, lost)
+            lost = batch[done:] if w is None else w.unconfirmed() + batch[done + self.window:]
+            self.reroute(node, exc, lost)
 
-    def finish(node: str) -> None:
-        w = writers.get(node)
+    def finish(self, node: str) -> None:
+        from dcptool.client.errors import ClientError
+
+        w = self.writers.get(node)
         if w is None:
             return
         try:
             w.finish()
-            failing.clear()
+            self.failing = None
         except (NotMyVbucketError, ClientError, OSError, DcptoolError) as exc:
-            reroute(node, exc, w.unconfirmed())
-
-    try:
-        for vb, records in per_vbucket:
-            node = routes.get(vb)
-            it = iter(records)
-            while True:  # in windows as the records come (a generator's too)
-                batch = pending.setdefault(node, [])
-                chunk = list(islice(it, window - len(batch)))
-                if not chunk:
-                    break
-                batch.extend(chunk)
-                if len(batch) >= window:
-                    flush(node)
-        # the rest, and whatever a failure sent elsewhere, until every node confirmed all
-        while pending or writers:
-            while pending:
-                flush(next(iter(pending)))
-            for node in list(writers):
-                finish(node)
-                if not pending and node in writers:
-                    drop(node)
-    finally:
-        for node in list(writers):
-            drop(node)
-    total = WriteCounts()
-    for w in retired:
-        total.add(w.counts)
-    return total
+            self.reroute(node, exc, w.unconfirmed())
 
 
 def _unreachable(exc: Exception) -> bool:
