@@ -698,6 +698,15 @@ def verify_chain(archive: Archive, chain: list[Any], vbuckets: Any = None, *,
     file's size and SHA-256, no unlisted data file, the done files (and, sealed, backup.json)
     against the manifest, with `records` every record, and that each vbucket starts where the
     chain before it ended. The archive's key files are checked as `verify` does."""
+    return _checked_chain(archive, chain, vbuckets, lambda b, report, wanted: _check_backup(
+        b.dir, b.id, b.manifest, report, records, wanted, key=archive.key))
+
+
+def _checked_chain(archive: Archive, chain: list[Any], vbuckets: Any,
+                   check_backup: Any) -> VerifyReport:
+    """The key files, each manifest, `check_backup(backup, report, wanted vbuckets or
+    None)` for each backup whose manifest is sound, and the continuity of the vbuckets
+    wanted: `verify_chain` and `verify_chain_shared`."""
     report = VerifyReport(str(archive.path))
     wanted = None if vbuckets is None else frozenset(vbuckets)
     if archive.key is not None:
@@ -714,7 +723,7 @@ def verify_chain(archive: Archive, chain: list[Any], vbuckets: Any = None, *,
             broken.add(b.id)
             continue
         manifests[b.id] = b.manifest
-        _check_backup(b.dir, b.id, b.manifest, report, records, wanted, key=archive.key)
+        check_backup(b, report, wanted)
     if wanted is not None:  # continuity of the vbuckets restored only
         manifests = {bid: {**m, "vbuckets": [e for e in m["vbuckets"] if e["vbucket"] in wanted]}
                      for bid, m in manifests.items()}
@@ -735,28 +744,8 @@ def verify_chain_shared(archive: Archive, chain: list[Any], vbuckets: Any = None
     directory's listing (no unlisted data file; the done files, and sealed backup.json,
     against the manifest) and the chain's continuity. Its problems, when there are any,
     may not be the first `verify_chain` would name: the caller then runs `verify_chain`."""
-    report = VerifyReport(str(archive.path))
-    wanted = None if vbuckets is None else frozenset(vbuckets)
-    if archive.key is not None:
-        for kpath, why in crypto.check_key_files(archive.path, archive.key):
-            report.problems.append(Problem(kpath, why))
-    manifests: dict[str, dict[str, Any]] = {}
-    broken: set[str] = set()
-    for b in chain:
-        report.backups_checked += 1
-        probs = check_manifest(b.manifest, b.id, archive.meta)
-        if probs:
-            for p in probs:
-                report.problems.append(Problem(str(b.dir / MANIFEST_JSON), p, b.id))
-            broken.add(b.id)
-            continue
-        manifests[b.id] = b.manifest
-        _check_listing(b.dir, b.id, b.manifest, report, wanted, key=archive.key)
-    if wanted is not None:
-        manifests = {bid: {**m, "vbuckets": [e for e in m["vbuckets"] if e["vbucket"] in wanted]}
-                     for bid, m in manifests.items()}
-    _continuity(archive, manifests, broken, report)
-    return report
+    return _checked_chain(archive, chain, vbuckets, lambda b, report, wanted: _check_listing(
+        b.dir, b.id, b.manifest, report, wanted, key=archive.key))
 
 
 def verify_chain_vbuckets(archive: Archive, chain: list[Any], vbuckets: Any, *,
