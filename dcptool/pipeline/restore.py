@@ -311,6 +311,14 @@ def check_chain_files(archive: Archive, chain, vbuckets, *,
     return files, nbytes, nrecords, time.monotonic() - t0
 
 
+class _Refused(Exception):
+    """The tasks of a restore that check its chain themselves found `problems`."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        super().__init__(problems)
+        self.problems = problems
+
+
 def chain_refused(problems: list[tuple]) -> Exception:
     """The error of a restore whose chain `verify` would refuse: the first of `problems`
     ((path, message), in verify's order) and how many more."""
@@ -1067,27 +1075,33 @@ def _run_restore_tasks(rl: RunLog, archive: Archive, chain: list[Any], held: lis
         # (the archive is only read: no progress files in it for a master that is not
         # local, whose tasks the bar counts instead)
         if check:
+            def checked(outcomes: list) -> None:
+                # before the bar is made whole: a refused restore wrote nothing
+                sums = [sum(c[1][i] for c in outcomes) for i in range(3)]
+                rl.info("checked %d files (%d bytes, %d records) as verify does in the %d "
+                        "restore tasks, before any wrote (%s s, of CPU %s s; then waiting "
+                        "for the others %s s)", *sums, len(outcomes),
+                        ", ".join(f"{c[1][3]:.3f}" for c in outcomes),
+                        ", ".join(f"{c[1][5]:.3f}" for c in outcomes),
+                        ", ".join(f"{c[1][4]:.3f}" for c in outcomes))
+                if result.checked is not None:
+                    result.checked.update(files=sums[0], bytes=sums[1], records=sums[2])
+                if any(c[0] == "refused" for c in outcomes):
+                    raise _Refused(_task_problems(
+                        [c[2] for c in outcomes if c[0] == "refused"]))
+
             outcomes = run_barrier_tasks(spark, reporting_failures(checked_restore_task),
                                          tasks, total=sum(chain_records(chain, vb)
-                                                          for vb in held))
+                                                          for vb in held), then=checked)
+            results = [c[2] for c in outcomes]
         else:
             results = run_tasks(spark, reporting_failures(restore_task), tasks,
                                 total=sum(chain_records(chain, vb) for vb in held))
+    except _Refused as refused:
+        raise chain_refused(refused.problems) from None
     except Exception as exc:
         raise task_failure(exc, "restore task",
                            "the restore can be rerun: it is idempotent") from None
-    if check:
-        sums = [sum(c[1][i] for c in outcomes) for i in range(3)]
-        rl.info("checked %d files (%d bytes, %d records) as verify does in the %d restore "
-                "tasks, before any wrote (%s s, of CPU %s s; then waiting for the others "
-                "%s s)", *sums, len(outcomes), ", ".join(f"{c[1][3]:.3f}" for c in outcomes),
-                ", ".join(f"{c[1][5]:.3f}" for c in outcomes),
-                ", ".join(f"{c[1][4]:.3f}" for c in outcomes))
-        if result.checked is not None:
-            result.checked.update(files=sums[0], bytes=sums[1], records=sums[2])
-        if any(c[0] == "refused" for c in outcomes):
-            raise chain_refused(_task_problems([c[2] for c in outcomes if c[0] == "refused"]))
-        results = [c[2] for c in outcomes]
     for i, res in enumerate(results):
         r, run = res.counts, res.run
         for vb, c in sorted(run.get("vbuckets", {}).items()):

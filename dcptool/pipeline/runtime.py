@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from dcptool import procs
 from dcptool.errors import DcptoolError, mark_interrupted, was_interrupted
@@ -424,12 +424,15 @@ class _BarrierPartition:
 
 
 def run_barrier_tasks(spark, fn, tasks: list, *, total: int | None = None,
-                      unit: str = "records", near: Any = None) -> list:
+                      unit: str = "records", near: Any = None,
+                      then: Callable[[list], None] | None = None) -> list:
     """`run_tasks` for tasks that run all at once, as one barrier stage (Spark's barrier
     mode starts all of its tasks together, and ends them all when one fails) of a local
     master: each runs `fn(task, sync)`, where `sync(message)` waits until every task of the
     stage has called it and returns their messages (strings), in the tasks' order. The
-    caller makes sure the stage fits (`barrier_slots`)."""
+    caller makes sure the stage fits (`barrier_slots`). `then(results)`, when given, runs
+    before the progress reported is made whole: what it raises (e.g. the tasks refused
+    their work) leaves the bar where the tasks left it."""
     from .engine import set_job_group
 
     sc = context_of(spark)
@@ -437,15 +440,21 @@ def run_barrier_tasks(spark, fn, tasks: list, *, total: int | None = None,
     if any(_carries_key(t) for t in tasks):
         check_key_transport(sc)
     meet = _Rendezvous(len(tasks))
+
+    def collected(*extra: Any) -> list:
+        results = sc.parallelize(tasks, len(tasks)).barrier().mapPartitions(
+            _BarrierPartition(fn, meet.address, *extra)).collect()
+        if then is not None:
+            then(results)
+        return results
+
     try:
         if total is not None and progress.active():
             with progress.watch_files(sc, total, unit, near) as files:
                 if files is not None:
-                    return sc.parallelize(tasks, len(tasks)).barrier().mapPartitions(
-                        _BarrierPartition(fn, meet.address, files)).collect()
+                    return collected(files)
         with progress.watch_tasks(sc, progress.WORK, len(tasks)):
-            return sc.parallelize(tasks, len(tasks)).barrier().mapPartitions(
-                _BarrierPartition(fn, meet.address)).collect()
+            return collected()
     finally:
         meet.close()
 

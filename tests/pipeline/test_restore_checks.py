@@ -371,7 +371,7 @@ def test_restore_tasks_check_their_vbuckets_then_write_every_document(nodes, arc
 
 
 def test_a_damaged_file_one_restore_task_finds_stops_every_task_before_it_writes(
-        nodes, archive64, tmp_path, t64c, capsys, admin):
+        nodes, archive64, tmp_path, t64c, capsys, admin, spark):
     """A changed byte in a data file of vbucket 5 (the second task's): the first task's
     vbuckets are sound, yet neither task writes; the restore fails in verify's line, with
     verify's status."""
@@ -380,6 +380,17 @@ def test_a_damaged_file_one_restore_task_finds_stops_every_task_before_it_writes
     assert not any(_highs(t64c).values())
     log = _last_log(archive)
     assert IN_TASKS in log and "restored backup" not in log
+    # the progress a bar would draw: no record counted as restored, though the tasks ran
+    from dcptool.archive.errors import CorruptFileError
+    from dcptool.pipeline import progress
+    from dcptool.pipeline.restore import run_restore
+
+    reports: list[dict] = []
+    with progress.reporting(reports.append), pytest.raises(CorruptFileError):
+        run_restore(archive, opts_for(t64c), spark=spark)
+    counted = [r for r in reports if r["phase"] == progress.WORK]
+    assert counted and counted[-1]["total"] > 0
+    assert all(r["done"] == 0 for r in counted), counted
 
 
 def test_restore_tasks_name_the_problems_as_the_check_before_the_tasks_does(
