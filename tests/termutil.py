@@ -103,35 +103,45 @@ def render(data: bytes | str, columns: int = 80) -> list[str]:
     return ["".join(r).rstrip() for r in rows]
 
 
+def drain_pty(master: int, proc, deadline: float | None = None) -> bytes:
+    """What the pseudo-terminal `master` receives until `proc` has exited and nothing is
+    left to read, its other end closes, or time.monotonic() passes `deadline`."""
+    import os
+    import select
+    import time
+
+    chunks = []
+    while deadline is None or time.monotonic() < deadline:
+        r, _, _ = select.select([master], [], [], 0.2)
+        if r:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        elif proc.poll() is not None:
+            break
+    return b"".join(chunks)
+
+
 def run_with_stderr_on_a_terminal(argv: list[str], env: dict[str, str],
                                   timeout: float = 60) -> tuple[bytes, str]:
     """Run `argv` with its stderr on a pseudo-terminal (stdout a pipe) until it exits:
     (the bytes the terminal received, stdout). Asserts exit status 0."""
     import os
     import pty
-    import select
     import subprocess
 
     master, slave = pty.openpty()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=slave,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     os.close(slave)
-    screen = bytearray()
     try:
-        while True:
-            r, _, _ = select.select([master], [], [], 0.2)
-            if r:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                screen += chunk
-            elif proc.poll() is not None:
-                break
+        screen = drain_pty(master, proc)
         out = proc.stdout.read().decode()
         assert proc.wait(timeout) == 0
     finally:
         os.close(master)
-    return bytes(screen), out
+    return screen, out

@@ -9,7 +9,6 @@ import json
 import os
 import pty
 import re
-import select
 import shlex
 import shutil
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import docgen
 import pytest
+from termutil import drain_pty
 
 from dcptool.cli import app as cli_app
 from dcptool.cli import output
@@ -456,23 +456,10 @@ def _run_in_pty(args, env_extra, cwd) -> str:
     proc = subprocess.Popen([sys.executable, "-m", "dcptool", *args], stdout=slave, stderr=slave,
                             stdin=subprocess.DEVNULL, env=env, cwd=cwd)
     os.close(slave)
-    chunks = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([master], [], [], 0.2)
-        if r:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
+    data = drain_pty(master, proc, time.monotonic() + 60)
     proc.wait(10)
     os.close(master)
-    return b"".join(chunks).decode("utf-8", "replace")
+    return data.decode("utf-8", "replace")
 
 
 def test_colour_only_on_a_terminal_and_never_with_no_color(tmp_path):
