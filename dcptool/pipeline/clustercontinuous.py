@@ -44,8 +44,8 @@ from dcptool.archive.format import iso_time, utc_now
 from dcptool.errors import DcptoolError
 
 from .continuous import (
-    BACKOFF_FIRST, BACKOFF_MAX, ContinuousBackup, ContinuousOptions, one_line, check_alone,
-    status_path,
+    BACKOFF_FIRST, BACKOFF_MAX, ContinuousBackup, ContinuousOptions, ItemRate, check_alone,
+    one_line, status_path,
 )
 
 #: scopes, collections, users and groups are read again at most this often (and at rotations)
@@ -105,7 +105,7 @@ class ClusterContinuous:
         #: the run record this continuous backup wrote last (replaced by the next one)
         self.run_id: str | None = None
         self.run_named: dict[str, Any] | None = None
-        self.prev_items_time: tuple[int, float] | None = None
+        self.rate = ItemRate()
 
     # -- buckets -----------------------------------------------------------------------
 
@@ -407,12 +407,7 @@ class ClusterContinuous:
 
     def _event(self, done: dict[str, dict[str, Any]], seconds: float) -> dict[str, Any]:
         items = sum(b.cb.items for b in self.buckets.values())
-        now = time.time()
-        rate = None
-        if self.prev_items_time is not None:
-            n0, s0 = self.prev_items_time
-            rate = round((items - n0) / (now - s0), 1) if now > s0 else None
-        self.prev_items_time = (items, now)
+        rate = self.rate(items, time.time())
         per = {}
         for name, rec in sorted(done.items()):
             per[name] = {k: rec.get(k) for k in (

@@ -177,6 +177,20 @@ def one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+class ItemRate:
+    """Items per second from one checkpoint to the next: call it with the items so far and
+    the time at each checkpoint (None the first time)."""
+
+    def __init__(self) -> None:
+        self._prev: tuple[int, float] | None = None
+
+    def __call__(self, items: int, now: float) -> float | None:
+        prev, self._prev = self._prev, (items, now)
+        if prev is None or now <= prev[1]:
+            return None
+        return round((items - prev[0]) / (now - prev[1]), 1)
+
+
 class ContinuousBackup:
     """The loop; `run()` returns the run's totals (see `summary`)."""
 
@@ -211,7 +225,7 @@ class ContinuousBackup:
         self.segment: list[str] = []
         self.segment_bytes = 0
         self.segment_began: float | None = None
-        self.prev_items_time: tuple[int, float] | None = None
+        self.rate = ItemRate()
         self._opened: Archive | None = None
         self.last_backup: str | None = None
         self.failing: str | None = None
@@ -385,13 +399,7 @@ class ContinuousBackup:
         self.idle_tail = idle
         self.unchanged_through = (latest, t0) if idle and latest else None
         done = time.time()
-        rate_items = self.items
-        if self.prev_items_time is None:
-            rate = None
-        else:
-            n0, s0 = self.prev_items_time
-            rate = round((rate_items - n0) / (done - s0), 1) if done > s0 else None
-        self.prev_items_time = (rate_items, done)
+        rate = self.rate(self.items, done)
         lag = {"seconds": round(done - t0, 3) if behind else 0.0, "items": behind}
         rec.update({
             "checkpoint": self.checkpoints, "time": iso_time(utc_now()),
