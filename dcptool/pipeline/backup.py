@@ -555,6 +555,12 @@ class BackupOptions:
     #: more fields for the manifest's `extra` (a continuous backup's checkpoint_interval,
     #: covers_from)
     extra: dict[str, Any] | None = None
+    #: {vb: seqno}: stream the named vbuckets no further than this (a continuous backup's
+    #: micro-batch end offset); the node's high seqno where it is lower, as for any vbucket
+    #: not named. The node finishing a snapshot past it is what it is with the high seqno
+    #: read before the stream: the archive records the open snapshot, the next backup
+    #: resumes inside it.
+    end_seqnos: dict[int, int] | None = None
 
 
 def run_backup(opts: Any, archive: Archive | str | os.PathLike[str], *, full: bool = False,
@@ -566,14 +572,15 @@ def run_backup(opts: Any, archive: Archive | str | os.PathLike[str], *, full: bo
                notice: Callable[[str], None] | None = None,
                include_data: list[str] | None = None, exclude_data: list[str] | None = None,
                passphrase: str | None = None,
-               extra: dict[str, Any] | None = None) -> BackupResult:
+               extra: dict[str, Any] | None = None,
+               end_seqnos: dict[int, int] | None = None) -> BackupResult:
     """Run one backup of the node `opts` (ConnOptions) into `archive`: opened already (what
     a command passes), or where it is (opened, or created for the node's bucket). See
     BackupOptions for the rest. The run is logged to `ARCHIVE/logs/backup-*.log`.
     """
     o = BackupOptions(full, partitions, master, level, purge_partial, vbuckets, progress,
                       on_plan, spark, watermark, watermark_ttl, notice, include_data,
-                      exclude_data, passphrase, extra)
+                      exclude_data, passphrase, extra, end_seqnos)
     with RunLog("backup") as rl:
         result = _run_backup(rl, opts, archive, o)
     result.log = str(rl.path) if rl.path else None
@@ -688,6 +695,8 @@ def _node_state(rl: RunLog, opts: Any, o: BackupOptions) -> _NodeState:
     against them before anything is written."""
     # on a cluster, seqnos and failover logs come from each vbucket's active node
     count, seqnos, logs, members = cluster_state(opts, o.vbuckets)
+    if o.end_seqnos:
+        seqnos = bounded_seqnos(seqnos, o.end_seqnos)
     check_vbuckets(o.vbuckets, count)  # vbuckets the bucket does not have: a usage error
     if members is not None:
         rl.info("cluster member: vbuckets stream from their active nodes (%s)",
@@ -704,6 +713,11 @@ def _node_state(rl: RunLog, opts: Any, o: BackupOptions) -> _NodeState:
     node_uuid = bucket_uuid(opts)
     rl.info("bucket %s: uuid %s", opts.bucket, node_uuid or "(the node gives none)")
     return _NodeState(count, seqnos, logs, members, node_man, node_uuid, given)
+
+
+def bounded_seqnos(seqnos: dict[int, int], ends: dict[int, int]) -> dict[int, int]:
+    """The node's high seqnos, each no higher than its bound in `ends` (if any)."""
+    return {vb: min(int(s), int(ends[vb])) if vb in ends else s for vb, s in seqnos.items()}
 
 
 def _begin_or_resume(rl: RunLog, archive: Archive, opts: Any, node: _NodeState,

@@ -61,6 +61,11 @@ DEFAULT_ROTATE_SIZE = 1 << 30
 WATERMARK_RENEW = 60.0
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 30.0
+#: how often (seconds, at most) the driver thread looks at the query and the stop request
+TICK = 1.0
+#: idle looks in a row that found the node moved and no micro-batch taking it before the
+#: driver checkpoints itself
+MOVED_TICKS = 3
 
 
 @dataclass
@@ -333,26 +338,40 @@ class ContinuousBackup:
         return sum(max(0, int(s) - int(ends[vb].seqno if vb in ends else 0))
                    for vb, s in seqnos.items())
 
-    def checkpoint(self, last: bool = False) -> dict[str, Any]:
+    def checkpoint(self, last: bool = False, *, end_seqnos: dict[int, int] | None = None,
+                   micro_batch: int | None = None, idle_only: bool = False,
+                   idle_record: bool = True) -> dict[str, Any] | None:
         """One checkpoint: a committed incremental backup of what is new (or nothing, when
         nothing is), the rotation when due, the status file; its record. The `last` one of
         a run commits a backup even when nothing is new, if the checkpoints since the
         newest backup found the node unchanged: an empty incremental whose covers_from
-        records that stretch (else the archive's window would end at the newest backup)."""
-        from .backup import run_backup, unchanged_vbuckets
+        records that stretch (else the archive's window would end at the newest backup).
+
+        `end_seqnos`: a micro-batch's end offset, {vb: seqno}: each vbucket streams from
+        the archive's committed end no further (`micro_batch`: the batch's id, in the
+        record). `idle_only`: when the node has something new, write nothing and return
+        None (a micro-batch takes it); `idle_record=False`: None for an idle checkpoint."""
+        from .backup import bounded_seqnos, run_backup, unchanged_vbuckets
 
         t0 = time.time()
         m0 = time.monotonic()
         a = self._archive()
         seqnos, logs, members = self._node()
+        if end_seqnos:
+            seqnos = bounded_seqnos(seqnos, self._bounds(a, end_seqnos))
         latest = a.latest_id() if a is not None else None
         idle = (a is not None and latest is not None and not a.partial_ids()
                 and unchanged_vbuckets(a, latest, seqnos, logs) >= set(seqnos))
         if idle and last and self.unchanged_since is not None and self.idle_tail:
             idle = False  # commit the idle stretch (an empty incremental backup)
+        if (idle_only and not idle) or (idle and not idle_record):
+            return None
         rec: dict[str, Any] = {"bucket": self.opts.bucket, "backup_id": None, "type": None,
-                               "items": 0, "rollbacks": 0, "files": 0}
+                               "items": 0, "rollbacks": 0, "files": 0,
+                               "micro_batch": micro_batch}
         backup_kw = dict(self.o.backup)
+        if end_seqnos:
+            backup_kw["end_seqnos"] = self._bounds(a, end_seqnos)
         # for point-in-time reads: how far apart checkpoints are, and since when the
         # checkpoints before this one, without a failure, found the node unchanged (they
         # wrote no backup) or committed what changed: an idle stretch is no gap
@@ -411,6 +430,14 @@ class ContinuousBackup:
         self.last = rec
         self.write_status("running", lag)
         return rec
+
+    @staticmethod
+    def _bounds(a: Archive | None, ends: dict[int, int]) -> dict[int, int]:
+        """A micro-batch's end seqnos, none below where the archive's chain ended on the
+        same history (the archive is the truth: what it holds is never asked for again)."""
+        have = a.end_positions() if a is not None and a.latest_id() else {}
+        return {vb: max(int(e), int(have[vb].seqno)) if vb in have else int(e)
+                for vb, e in ends.items()}
 
     def _on_plan(self, plan: dict[str, Any]) -> None:
         if plan["resumed"]:
@@ -490,6 +517,8 @@ class ContinuousBackup:
                 "backups_per_hour": round(self.backups / hours, 1),
                 "seconds": round(time.time() - self.started, 3)}
 
+    # -- the run: a Structured Streaming query whose micro-batches are the checkpoints --
+
     def run(self) -> dict[str, Any]:
         o = self.o
         check_alone(self.where)
@@ -498,61 +527,266 @@ class ContinuousBackup:
 
             self.spark = get_context(self.master)
         self.settle_segment()
-        backoff = 0.0
-        streak = 0
-        due = time.monotonic()
+        self._lock = threading.Lock()
+        self._closing = False
+        self._fatal: BaseException | None = None
+        self._backoff = 0.0
+        self._streak = 0
+        # the driver's next look at the node (an idle checkpoint) unless a micro-batch
+        # checkpoints first; the first micro-batch runs as the query starts
+        self._due = time.monotonic() + min(o.checkpoint, 1.0)
+        self._moved_ticks = 0
+        self.write_status("running")
         end = None if o.stop_after is None else time.monotonic() + o.stop_after
-        while True:
-            stopping = o.stop.is_set()
-            if not stopping:
-                o.stop.wait(max(0.0, (due if end is None else min(due, end))
-                                - time.monotonic()))
-                stopping = o.stop.is_set() or (end is not None and time.monotonic() >= end)
-            began = time.monotonic()
-            try:
-                rec = self.checkpoint(last=stopping)
-            except BaseException as exc:  # noqa: BLE001 - sorted below
-                if not _retryable(exc):
-                    self.write_status("stopped")
-                    raise
-                backoff = min(BACKOFF_MAX, max(BACKOFF_FIRST, backoff * 2))
-                if stopping:
-                    self.failures += 1
-                    self.write_status("stopped")
-                    raise DcptoolError(f"the last checkpoint failed: {one_line(exc)}",
-                                       hint="a partial backup is kept; the next backup of "
-                                            "the archive resumes it") from None
-                streak += 1
-                self.notice(f"checkpoint failed: {one_line(exc)}; retrying in "
-                            f"{backoff:.0f} s (the lag grows, nothing is lost)")
-                lag = self.failed(exc)
-                if o.on_retry is not None:
-                    o.on_retry({"bucket": self.opts.bucket, "error": self.failing,
-                                "attempt": streak, "retry_in": backoff,
-                                "time": iso_time(utc_now()),
-                                "lag": {self.opts.bucket: lag}})
-                due = time.monotonic() + backoff
-                continue
-            if streak:
-                self.notice(f"checkpoint committed again after {streak} failed "
-                            f"attempt{'s' if streak > 1 else ''}")
-            backoff = 0.0
-            streak = 0
-            self.failing = None
-            if o.on_checkpoint is not None:
-                o.on_checkpoint(rec)
-            if stopping or (o.max_checkpoints is not None
-                            and self.checkpoints >= o.max_checkpoints):
-                break
-            due = began + o.checkpoint
+        self.stream = CheckpointQuery(self)
+        try:
+            self.stream.start()
+            while True:
+                if self._fatal is not None:
+                    raise self._fatal
+                if o.max_checkpoints is not None and self.checkpoints >= o.max_checkpoints:
+                    self._close()
+                    break
+                now = time.monotonic()
+                if o.stop.is_set() or (end is not None and now >= end):
+                    self._close()
+                    self._last_checkpoint()
+                    break
+                self.stream.check()  # a query that died is started again from the archive
+                if now >= self._due:
+                    self._tick()
+                    continue
+                wake = self._due if end is None else min(self._due, end)
+                o.stop.wait(min(max(0.0, wake - now), TICK))
+        except BaseException:
+            self._closing = True
+            self.write_status("stopped")
+            raise
+        finally:
+            self.stream.stop()
         self.write_status("stopped", (self.last or {}).get("lag", {}).get(self.opts.bucket))
         return self.summary()
+
+    def _tick(self) -> None:
+        """The driver's look at the node when no micro-batch ran for an interval (Spark runs
+        none while the node's positions do not move): an idle checkpoint (status file,
+        watermark renewal, rotation on age), or a retry after a failed attempt. A node
+        that moved is left to the micro-batch the next trigger runs; should the query not
+        run one for MOVED_TICKS such looks in a row, the driver checkpoints itself (nothing
+        waits on a query that does not see the node move)."""
+        with self._lock:
+            if self._closing or time.monotonic() < self._due:
+                return  # a micro-batch ran meanwhile
+            began = time.monotonic()
+            force = self._moved_ticks >= MOVED_TICKS
+            try:
+                rec = self.checkpoint(idle_only=not force)
+            except BaseException as exc:  # noqa: BLE001 - sorted in _attempt_failed
+                self._due = time.monotonic() + self._attempt_failed(exc)
+                return
+            self._due = began + self.o.checkpoint
+            if rec is None:
+                self._moved_ticks += 1
+                return
+            if force:
+                self.notice("no micro-batch took the node's changes: the driver "
+                            "checkpointed them")
+            self._committed(rec)
+
+    def batch(self, rows: Callable[[], list[Any]], batch_id: int) -> None:
+        """A micro-batch of the query (foreachBatch): the checkpoint of its offset range,
+        retried with backoff until it commits or the run stops (the query never sees a
+        failure: its next batch would begin past a range the archive lacks)."""
+        with self._lock:
+            while not self._closing and self._fatal is None:
+                began = time.monotonic()
+                try:
+                    ends = {int(r["vbucket"]): int(r["end_seqno"]) for r in rows()}
+                    rec = self.checkpoint(end_seqnos=ends, micro_batch=batch_id)
+                    if rec.get("resumed"):
+                        # a resumed partial backup keeps the vbuckets it completed where
+                        # they ended then: a second pass brings them to the batch's end
+                        self._committed(rec)
+                        rec = self.checkpoint(end_seqnos=ends, micro_batch=batch_id,
+                                              idle_record=False)
+                        if rec is None:
+                            break
+                except BaseException as exc:  # noqa: BLE001 - sorted in _attempt_failed
+                    wait = self._attempt_failed(exc)
+                    if self._fatal is not None or self.o.stop.wait(wait):
+                        break  # the run's last checkpoint (the driver's) takes it over
+                    continue
+                self._committed(rec)
+                break
+            self._due = time.monotonic() + self.o.checkpoint
+
+    def _attempt_failed(self, exc: BaseException) -> float:
+        """A failed checkpoint attempt: one line, the retry record, the backoff (seconds);
+        a usage error (or a bug) stops the run."""
+        if not _retryable(exc):
+            self._fatal = exc
+            return 0.0
+        self._backoff = min(BACKOFF_MAX, max(BACKOFF_FIRST, self._backoff * 2))
+        self._streak += 1
+        self._moved_ticks = 0
+        self.notice(f"checkpoint failed: {one_line(exc)}; retrying in "
+                    f"{self._backoff:.0f} s (the lag grows, nothing is lost)")
+        lag = self.failed(exc)
+        if self.o.on_retry is not None:
+            self.o.on_retry({"bucket": self.opts.bucket, "error": self.failing,
+                             "attempt": self._streak, "retry_in": self._backoff,
+                             "time": iso_time(utc_now()), "lag": {self.opts.bucket: lag}})
+        return self._backoff
+
+    def _committed(self, rec: dict[str, Any]) -> None:
+        if self._streak:
+            self.notice(f"checkpoint committed again after {self._streak} failed "
+                        f"attempt{'s' if self._streak > 1 else ''}")
+        self._backoff = 0.0
+        self._streak = 0
+        self._moved_ticks = 0
+        self.failing = None
+        if self.o.on_checkpoint is not None:
+            self.o.on_checkpoint(rec)
+
+    def _close(self) -> None:
+        """No micro-batch checkpoints from now on (one running ends first), and the query
+        stops."""
+        with self._lock:
+            self._closing = True
+        self.stream.stop()
+
+    def _last_checkpoint(self) -> None:
+        """The run's last checkpoint, after the query stopped: what the node holds now (a
+        trigger cannot be asked for before its time, so the driver runs it, with the same
+        run_backup and commit)."""
+        try:
+            rec = self.checkpoint(last=True)
+        except BaseException as exc:  # noqa: BLE001 - sorted below
+            if not _retryable(exc):
+                raise
+            self.failures += 1
+            raise DcptoolError(f"the last checkpoint failed: {one_line(exc)}",
+                               hint="a partial backup is kept; the next backup of "
+                                    "the archive resumes it") from None
+        self._committed(rec)
 
     def summary(self) -> dict[str, Any]:
         return {"bucket": self.opts.bucket, "archive": str(self.where),
                 "last_checkpoint": (self.last or {}).get("time"),
                 "last_backup": (self.last or {}).get("backup_id"),
                 "rotations": self.rotations, "totals": self.totals()}
+
+
+#: the name of a run's private Spark checkpoint directory (in the temporary directory)
+QUERY_DIR_PREFIX = "dcptool-continuous-"
+#: a query that died is started again; this many times in a row without a micro-batch
+#: between stops the run
+MAX_RESTARTS = 5
+
+
+class CheckpointQuery:
+    """The Structured Streaming query of a continuous backup: `dcptool-stream` in positions
+    mode (a micro-batch is the offset range the source planned, one row per vbucket),
+    `foreachBatch(ContinuousBackup.batch)`, `trigger(processingTime=checkpoint)`.
+
+    Its checkpointLocation is a private temporary directory of the run, removed when the
+    run ends (and, at the next start, when a killed run left it): Spark's checkpoint is
+    never read again, the query's initial offset is the archive's committed end positions.
+    So the archive alone is the truth; Spark's offsets only say when to run a batch and
+    how far it reaches."""
+
+    def __init__(self, cb: ContinuousBackup):
+        self.cb = cb
+        self.session: Any = None
+        self.query: Any = None
+        self.location: str | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        import tempfile
+        from pathlib import Path
+
+        from .dataframes import register
+        from .runtime import get_spark
+        from .streamsource import NAME, connection_json, offset_of
+
+        cb = self.cb
+        if self.session is None:
+            self.session = get_spark(cb.master)
+            register(self.session)
+            remove_stale_query_dirs()
+        a = cb.archive_or_none()
+        ends = a.end_positions() if a is not None and a.latest_id() else {}
+        self.location = tempfile.mkdtemp(prefix=f"{QUERY_DIR_PREFIX}{os.getpid()}-")
+        reader = (self.session.readStream.format(NAME)
+                  .option("positions", "true")
+                  .option("connection", connection_json(cb.opts))
+                  .option("startOffset", json.dumps(offset_of(ends))))
+        if cb.o.backup.get("vbuckets"):
+            from dcptool.client.vbspec import format_vbuckets
+
+            reader = reader.option("vbuckets", format_vbuckets(cb.o.backup["vbuckets"]))
+        ms = max(1, int(round(cb.o.checkpoint * 1000)))
+        self.query = (reader.load().writeStream
+                      .queryName(f"dcptool-continuous-{cb.opts.bucket}-{os.getpid()}")
+                      .foreachBatch(self._batch)
+                      .trigger(processingTime=f"{ms} milliseconds")
+                      .option("checkpointLocation", Path(self.location).as_uri())
+                      .start())
+
+    def _batch(self, df: Any, batch_id: int) -> None:
+        try:
+            self.restarts = 0
+            self.cb.batch(lambda: [r.asDict() for r in df.collect()], int(batch_id))
+        except BaseException as exc:  # noqa: BLE001 - the run stops with it, not the query
+            self.cb._fatal = exc
+
+    def check(self) -> None:
+        """Start the query again when it died (from the archive, as at the start)."""
+        q = self.query
+        if q is None or q.isActive:
+            return
+        try:
+            exc = q.exception()
+        except Exception:  # noqa: BLE001 - the reason is a figure here
+            exc = None
+        why = one_line(exc) if exc is not None else "stopped"
+        self._drop()
+        self.restarts += 1
+        if self.restarts > MAX_RESTARTS:
+            raise DcptoolError(f"the streaming query of the checkpoints stopped: {why}")
+        self.cb.notice(f"the streaming query stopped ({why}); starting it again from the "
+                       "archive")
+        self.start()
+
+    def stop(self) -> None:
+        q, self.query = self.query, None
+        if q is not None:
+            try:
+                q.stop()
+            except Exception:  # noqa: BLE001 - stopping: the JVM may be gone (Ctrl-C twice)
+                pass
+        self._drop()
+
+    def _drop(self) -> None:
+        import shutil
+
+        if self.location is not None:
+            shutil.rmtree(self.location, ignore_errors=True)
+            self.location = None
+
+
+def remove_stale_query_dirs() -> None:
+    """The query directories of runs whose process is gone (a kill -9 leaves its own)."""
+    import glob
+    import shutil
+    import tempfile
+
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), QUERY_DIR_PREFIX + "*")):
+        pid = os.path.basename(d)[len(QUERY_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def run_continuous(opts: Any, archive: Any, o: ContinuousOptions, *, spark: Any = None,

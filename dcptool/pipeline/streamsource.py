@@ -28,6 +28,17 @@ is streamed; `key` is the document key without its collection prefix, `scope` an
 system events of the stream; an id neither names shows as its hex id with a null scope) and
 `collection_id` is its id. Offsets are the vbuckets' high seqnos (all collections).
 
+Positions (`.option("positions", "true")`, what `backup --continuous` runs on): a
+micro-batch streams no items; it is the offset range itself, one row per vbucket of the
+end offset (`POSITIONS_DDL`: vbucket, uuid, start_seqno, end_seqno, moved), so that a
+`foreachBatch` sink can copy exactly that range its own way. In this mode the offsets
+come from every vbucket's active node of a cluster (as a backup plans), the query starts
+at the `startOffset` option (a JSON offset; missing vbuckets at seqno 0) without asking
+the node, and a node that cannot be asked for its positions (restarting, unreachable)
+makes `latestOffset` answer the start offset: no batch, the query lives on and the next
+trigger asks again. The `connection` option (JSON of the connection options, TLS and
+client certificate included) replaces cluster/username/password there.
+
 `trigger(availableNow=True)` freezes the target offsets when the query starts, drains up
 to them and stops. `maxRecordsPerBatch` bounds a micro-batch by seqno ranges (an upper
 bound of the items in them). `commit()` does nothing: DCP keeps no consumer position on
@@ -56,6 +67,11 @@ SCHEMA_DDL = ", ".join(f"{n} {t}" for n, t in COLUMNS)
 
 BATCH_ROWS = 16384
 
+#: the rows of a micro-batch in positions mode: the batch's offset range per vbucket
+POSITIONS_COLUMNS = (("vbucket", "int"), ("uuid", "bigint"), ("start_seqno", "bigint"),
+                     ("end_seqno", "bigint"), ("moved", "boolean"))
+POSITIONS_DDL = ", ".join(f"{n} {t}" for n, t in POSITIONS_COLUMNS)
+
 
 def arrow_schema():
     return _arrow_schema(COLUMNS)
@@ -72,12 +88,16 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
     from dcptool.client.vbspec import parse_vbuckets
 
     options = {str(k).lower(): v for k, v in options.items()}  # Spark's keys are case-insensitive
-    cluster = options.get("cluster")
-    if not cluster:
-        raise UsageError("dcptool-stream: option 'cluster' is required (e.g. couchbase://HOST)")
-    password = options.get("password") or os.environ.get("DCPTOOL_PASSWORD")
-    opts = ConnOptions.from_cli(cluster, options.get("username"), password,
-                                options.get("bucket") or "default", prompt=False)
+    if options.get("connection"):
+        opts = connection_from_json(options["connection"])
+    else:
+        cluster = options.get("cluster")
+        if not cluster:
+            raise UsageError("dcptool-stream: option 'cluster' is required (e.g. "
+                             "couchbase://HOST)")
+        password = options.get("password") or os.environ.get("DCPTOOL_PASSWORD")
+        opts = ConnOptions.from_cli(cluster, options.get("username"), password,
+                                    options.get("bucket") or "default", prompt=False)
     start = (options.get("start") or "beginning").lower()
     if start not in ("beginning", "now"):
         raise UsageError(f"dcptool-stream: option start must be 'beginning' or 'now', not {start!r}")
@@ -94,7 +114,54 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
         "partitions": max(1, partitions),
         "values": str(options.get("values", "true")).lower() in TRUE_WORDS,
         "max_records": max_records,
+        "positions": str(options.get("positions", "false")).lower() in TRUE_WORDS,
+        "start_offset": _start_offset(options.get("startoffset")),
     }
+
+
+def connection_json(opts) -> str:
+    """The `connection` option of connection options `opts` (ConnOptions)."""
+    import dataclasses
+    import json
+
+    d = dataclasses.asdict(opts)
+    if d.get("client_key_password") is not None:
+        d["client_key_password"] = d["client_key_password"].decode("latin-1")
+    return json.dumps(d)
+
+
+def connection_from_json(text: str):
+    import json
+
+    from dcptool.client.options import ConnOptions
+
+    try:
+        d = json.loads(text)
+        if d.get("client_key_password") is not None:
+            d["client_key_password"] = d["client_key_password"].encode("latin-1")
+        return ConnOptions(**d)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise UsageError(f"dcptool-stream: option connection: {exc}") from None
+
+
+def offset_of(positions: dict[int, Any]) -> dict[str, dict[str, int]]:
+    """An offset from {vb: position} (anything with uuid, seqno, snap_start, snap_end,
+    such as the archive's end positions)."""
+    return {str(vb): _entry(p.uuid, p.seqno, p.snap_start, p.snap_end)
+            for vb, p in sorted(positions.items())}
+
+
+def _start_offset(text: str | None) -> dict[str, dict[str, int]] | None:
+    if not text:
+        return None
+    import json
+
+    try:
+        doc = json.loads(text)
+        return {str(int(k)): _entry(v["uuid"], v["seq"], v.get("ss"), v.get("se"))
+                for k, v in doc.items()}
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise UsageError(f"dcptool-stream: option startOffset: {exc}") from None
 
 
 def node_positions(opts, vbuckets: list[int] | None) -> dict[int, dict[str, int]]:
@@ -106,6 +173,28 @@ def node_positions(opts, vbuckets: list[int] | None) -> dict[int, dict[str, int]
     with opts.connect(collections=True) as conn:
         positions = latest_positions(conn, vbuckets)
     return {vb: _entry(p.uuid, p.seqno) for vb, p in positions.items()}
+
+
+def cluster_positions(opts, vbuckets: list[int] | None) -> dict[int, dict[str, int]]:
+    """node_positions over a whole cluster when the node is a member of one: each
+    vbucket's from its active node (as a backup plans them)."""
+    from dcptool.client.position import Position
+
+    from .nodeinfo import cluster_state
+
+    _count, seqnos, logs, _members = cluster_state(opts, vbuckets)
+    out = {}
+    for vb, high in seqnos.items():
+        p = Position.latest(logs.get(vb, ()), high)
+        out[vb] = _entry(p.uuid, p.seqno)
+    return out
+
+
+def position_rows(part: StreamPartition) -> Iterator[tuple]:
+    """The rows of a positions micro-batch's partition: (vbucket, uuid, start seqno, end
+    seqno, moved) per vbucket of its end offset."""
+    for vb, (s, e) in sorted(part.vbuckets.items()):
+        yield (int(vb), int(e["uuid"]), int(s["seq"]), int(e["seq"]), s != e)
 
 
 def _moved(cur: dict[str, int], new: dict[str, int]) -> bool:
@@ -303,9 +392,13 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # t
         self.batch_no = 0
 
     def _latest(self) -> dict[int, dict[str, int]]:
+        if self.cfg["positions"]:
+            return cluster_positions(self.cfg["opts"], self.cfg["vbuckets"])
         return node_positions(self.cfg["opts"], self.cfg["vbuckets"])
 
     def initialOffset(self) -> dict:
+        if self.cfg["start_offset"] is not None:
+            return dict(sorted(self.cfg["start_offset"].items(), key=lambda kv: int(kv[0])))
         latest = self._latest()
         if self.cfg["start"] == "now":
             return {str(vb): latest[vb] for vb in sorted(latest)}
@@ -320,7 +413,13 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # t
         return super().getDefaultReadLimit()
 
     def latestOffset(self, start: dict, limit=None) -> dict:
-        latest = self.target if self.target is not None else self._latest()
+        if self.cfg["positions"] and self.target is None:
+            try:
+                latest = self._latest()
+            except Exception:  # noqa: BLE001 - the node restarts, the network drops: no
+                return start  # batch now; the next trigger asks again (the query lives)
+        else:
+            latest = self.target if self.target is not None else self._latest()
         cap = None
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             cap = limit.max_rows
@@ -337,6 +436,10 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # t
         if not todo:
             return []
         self.batch_no += 1
+        if self.cfg["positions"]:  # the whole range in one small task: no items
+            return [InputPartition(StreamPartition(
+                self.cfg["opts"], f"dcptool-stream:{os.getpid()}:{self.batch_no}",
+                {int(k): (start.get(k) or _entry(0, 0), end[k]) for k in end}, False))]
         out = []
         for i, group in enumerate(plan_groups([int(k) for k in todo], self.cfg["partitions"])):
             out.append(InputPartition(StreamPartition(
@@ -346,6 +449,8 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # t
         return out
 
     def read(self, partition):
+        if self.cfg["positions"]:
+            return position_rows(partition.value)
         return stream_task(partition.value)
 
     def commit(self, end: dict) -> None:
@@ -360,7 +465,9 @@ class DcpStreamDataSource(DataSource):  # type: ignore[misc]
         return NAME
 
     def schema(self) -> str:
-        return SCHEMA_DDL
+        positions = str({str(k).lower(): v for k, v in self.options.items()}
+                        .get("positions", "false")).lower() in TRUE_WORDS
+        return POSITIONS_DDL if positions else SCHEMA_DDL
 
     def streamReader(self, schema):
         return DcpStreamReader(self.options)
