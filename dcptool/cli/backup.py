@@ -195,7 +195,7 @@ def backup(
 
     With --continuous the backup keeps going: every --checkpoint (10s) it commits what
     the node sent since the last checkpoint as a small incremental backup (nothing when
-    nothing changed), on one Spark start-up, until Ctrl-C or SIGTERM, which commit a last
+    nothing changed), each a micro-batch of one Spark Structured Streaming query, until Ctrl-C or SIGTERM, which commit a last
     checkpoint and exit 0. A change the node acknowledged is in the archive within about
     one interval; a run killed outright loses nothing committed, and the next run resumes
     where the archive ends. Every --rotate (1h) or --rotate-size (1GiB) the checkpoints

@@ -29,6 +29,18 @@ them in); without a selection naming buckets the listing is read every round, so
 bucket created on the node while the run goes is picked up (its first checkpoint a full
 backup) and one dropped is reported once and left (its backups kept) as a cluster backup
 does; one dropped and created again starts a new full backup in its archive.
+
+Why rounds and not a Structured Streaming query as a bucket's continuous backup runs
+(continuous.py): a micro-batch is the offset range of one source with a fixed set of
+options, and it returns to Spark only when its range is committed. The rounds are per
+bucket: each bucket fails, backs off and retries on its own while the others commit, and
+the set of buckets (each its own archive) changes while the run goes. In one query a
+bucket that fails would hold up every other bucket's checkpoints until it commits (or
+its range would be dropped from a batch Spark then counts as done), and the source would
+have to list the node's buckets over REST in its runner process each trigger. So the
+cluster loop stays a loop on the same SparkContext; each bucket's checkpoint is the same
+`ContinuousBackup.checkpoint` (the same run_backup, writers and commit, the archive the
+only truth) that a bucket's micro-batch runs.
 """
 from __future__ import annotations
 

@@ -1,20 +1,46 @@
 """`dcptool backup --continuous`: checkpoint a bucket into its archive every few seconds.
 
-The archive is the source of truth; there is no other checkpoint. Every `checkpoint`
-seconds the driver runs one incremental backup (`run_backup`) on its warm Spark context:
-each vbucket streams from where the archive's newest committed backup ended to the
-node's high seqno of that moment, with the batch backup's writers, done files, rollback
-handling and commit (the manifest last). A checkpoint is therefore a small committed
-incremental backup, and
+It runs on Spark as the rest of the pipeline: a Structured Streaming query on the run's
+SparkSession (local[*] by default, any --master) over the project's own DCP source,
 
-- a change the node acknowledged before a checkpoint began is durable in the archive once
-  that checkpoint committed: the RPO is at most one interval plus a checkpoint's run;
+    spark.readStream.format("dcptool-stream").option("positions", "true")
+         .option("startOffset", <the archive's committed end positions>) ...
+         .writeStream.foreachBatch(ContinuousBackup.batch)
+         .trigger(processingTime=<--checkpoint>).start()
+
+(`CheckpointQuery`). In positions mode a micro-batch streams no items: it is the offset
+range the source planned (per vbucket: uuid, start seqno, end seqno), the node's high
+seqnos at the trigger. The batch function turns it into one checkpoint: one incremental
+backup (`run_backup`) with the batch backup's writers, done files, rollback handling and
+commit (the manifest last), each vbucket streaming from where the ARCHIVE's newest
+committed backup ended (not from Spark's start offset) up to the batch's end seqno. A
+checkpoint is therefore a small committed incremental backup.
+
+The archive is the only source of truth. The query's checkpointLocation is a private
+temporary directory of the run, removed when it ends (one a killed run left is removed
+by the next start, unread), and the query's initial offset is the archive's committed
+end positions: a restart starts where the archive is, never where an old Spark
+checkpoint was, and Spark's offsets can never disagree with the archive for longer than
+a batch. A batch returns to Spark only once its range is committed (it retries until
+then, or the run stops), so
+
+- a change the node acknowledged before a trigger is durable in the archive once that
+  micro-batch committed: the RPO is at most one interval plus a checkpoint's run;
 - a kill -9 leaves at most one partial backup, which the next checkpoint (of the next
   start) resumes as any backup resumes a partial one: nothing is lost, nothing is
   streamed into the archive twice, since where each vbucket starts is the archive's
   committed end position and nothing else;
-- a checkpoint with nothing new on the node (every vbucket's high seqno and failover log
-  as the archive has them) writes nothing at all.
+- when the node does not move Spark runs no micro-batch, and nothing is written.
+
+The driver thread waits on the query and does what has no micro-batch, serialised with
+the batch function by a lock: every interval without a batch it looks at the node (an
+idle checkpoint: the status file, the watermark renewed every WATERMARK_RENEW, rotation
+on age, a retry after a failure); a node that moved is left to the next micro-batch
+(should none come for MOVED_TICKS looks, the driver checkpoints it itself). On Ctrl-C or
+SIGTERM (or --stop-after) it lets a running batch finish, stops the query, and runs the
+last checkpoint itself (a trigger cannot be asked for early) with the same run_backup,
+then exits 0. A query that dies (it should not: see below) is started again from the
+archive.
 
 Rotation: the checkpoints since the last rotation (the "segment") are folded into one
 ordinary backup with the merge job (`run_merge`, crash safe: a merge killed midway is
@@ -25,15 +51,13 @@ short the interval.
 Failures (the node restarting, a dropped connection, the archive lock held by another
 writer, an object store that times out) are one line each through `notice`; the next
 attempt waits with backoff (1 s doubling to 30 s, never longer than the interval asks
-otherwise), the lag grows, nothing is lost. Usage errors (another bucket, a wrong data
-selection) stop the run.
+otherwise), the lag grows, nothing is lost. The query never sees them: the source
+answers a node it cannot ask with the start offset (no batch), the batch function
+retries inside the batch, the driver's idle look retries when no batch comes. Usage
+errors (another bucket, a wrong data selection) stop the run.
 
 While it runs, ARCHIVE/continuous.json (see docs/archive-format.md) says so: the
 process, the last checkpoint, the lag. `dcptool info` reads it (`continuous_status`).
-
-The issue asked for a Structured Streaming query; this is the simpler loop on the same
-SparkContext, which shares every piece of the batch backup's commit protocol and so its
-exactly-once guarantee, with no second checkpoint that could disagree with the archive.
 """
 from __future__ import annotations
 
@@ -197,7 +221,9 @@ class ItemRate:
 
 
 class ContinuousBackup:
-    """The loop; `run()` returns the run's totals (see `summary`)."""
+    """A continuous backup of one bucket: `run()` drives the query and returns the run's
+    totals (see `summary`); `checkpoint()` is one checkpoint (the cluster loop calls it
+    per bucket)."""
 
     def __init__(self, opts: Any, archive_at: Any, o: ContinuousOptions, spark: Any = None,
                  master: str | None = None):

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from cliutil import cli
 from continuousutil import ContinuousRun, assert_nothing_twice
@@ -464,3 +465,114 @@ def test_an_idle_continuous_backup_keeps_the_window_open(spark, tmp_path, capsys
         assert "after the archive's window" in str(e)
     else:
         raise AssertionError("a time past the newest backup was accepted without the status")
+
+
+def _spark_noise(lines: list[str]) -> list[str]:
+    """Lines of Spark, Java or py4j on a command's stderr (none may reach the terminal)."""
+    words = ("WARN", "ERROR", "Exception", "Traceback", "py4j", "at org.apache", "log4j",
+             "SLF4J", "Stage ")
+    return [ln for ln in lines if any(w in ln for w in words)]
+
+
+def test_checkpoints_are_micro_batches_of_a_streaming_query(spark, tmp_path):
+    """Each checkpoint with data is a micro-batch of the run's Structured Streaming query:
+    while it commits, that query is active on the run's session and the record carries
+    its batch id (0, then increasing); the query's progress lists the same ids; checkpoints
+    while the node is idle are the driver's (no batch); the query's private checkpoint
+    directory is gone when the run ends."""
+    from dcptool.pipeline.continuous import ContinuousBackup, ContinuousOptions
+
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"m::{i}": {"i": i} for i in range(60)}, VBS)
+        seen: list[tuple[dict, list, Any, str | None]] = []
+        o = ContinuousOptions(checkpoint=1.0, stop_after=9.0, backup={"partitions": 2})
+        cb = ContinuousBackup(opts, tmp_path / "archive", o, spark=spark)
+
+        def on_checkpoint(rec):
+            q = cb.stream.query
+            seen.append((rec, [a.id for a in spark.streams.active], q, cb.stream.location))
+
+        o.on_checkpoint = on_checkpoint
+
+        def write_more():  # three more rounds of changes, then nothing
+            for r in range(3):
+                time.sleep(1.5)
+                with opts.connect() as conn:
+                    load(conn, {f"m::{r}:{i}": {"i": i} for i in range(10)}, VBS)
+
+        t = threading.Thread(target=write_more, daemon=True)
+        t.start()
+        summary = cb.run()
+        t.join(10)
+        expected = node_documents(opts)
+    batches = [(rec, active, q, where) for rec, active, q, where in seen
+               if rec["micro_batch"] is not None]
+    ids = [rec["micro_batch"] for rec, *_ in batches]
+    assert ids and ids[0] == 0 and ids == sorted(set(ids)), ids
+    assert batches[0][0]["type"] == "full" and batches[0][0]["items"] == 60
+    # every change was committed by a micro-batch (the idle ones and the last wrote none)
+    assert sum(rec["items"] for rec, *_ in batches) == 90
+    assert all(rec["backup_id"] is None for rec, *_ in seen if rec["micro_batch"] is None)
+    query = batches[0][2]
+    for rec, active, q, where in batches:
+        assert q is query and q.id in active  # one query, running while the batch committed
+        assert where is not None and "dcptool-continuous-" in where
+    assert {p.batchId for p in query.recentProgress} >= set(ids)
+    assert not query.isActive and not spark.streams.active
+    assert not os.path.exists(batches[0][3])
+    assert summary["totals"]["checkpoints"] == len(seen)
+    # the batches' backups are the archive's, in order, and hold every change once
+    a = Archive.open(tmp_path / "archive")
+    assert [rec["backup_id"] for rec, *_ in batches] == [
+        b for b in a.committed_ids() if b in {rec["backup_id"] for rec, *_ in batches}]
+    assert assert_nothing_twice(tmp_path / "archive") == len(expected) == 90
+
+
+def test_restart_after_kill9_begins_from_the_archive_not_sparks_checkpoint(spark, tmp_path):
+    """A kill -9 leaves the query's Spark checkpoint behind; the next run does not read it
+    (it removes it and starts a query of its own at batch 0) and begins where the archive
+    ends, even when the archive is behind what that old checkpoint recorded (its newest
+    backup deleted here): the changes of the deleted backup are streamed again, once."""
+    import glob
+    import shutil
+    import tempfile
+
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"a::{i}": {"i": i} for i in range(100)}, VBS)
+        archive = tmp_path / "archive"
+        run = Continuous(node, archive)
+        first = run.wait_checkpoints(1)[0]
+        assert first["micro_batch"] == 0 and first["items"] == 100
+        with opts.connect() as conn:
+            load(conn, {f"b::{i}": {"i": i} for i in range(50)}, VBS)
+        second = run.wait(lambda: next((c for c in run.checkpoints() if c["items"] == 50),
+                                       None), "no checkpoint of the 50 changes")
+        assert second["micro_batch"] >= 1
+        old = glob.glob(os.path.join(tempfile.gettempdir(),
+                                     f"dcptool-continuous-{run.proc.pid}-*"))
+        assert len(old) == 1 and os.path.isdir(os.path.join(old[0], "offsets"))
+        run.kill9()
+        assert os.path.isdir(old[0])  # left behind by the kill
+        # the archive now ends before what the old Spark checkpoint recorded
+        shutil.rmtree(archive / "backups" / second["backup_id"])
+        a = Archive.open(archive)
+        assert a.committed_ids() == [first["backup_id"]]
+        run = Continuous(node, archive)
+        again = run.wait_checkpoints(1)[0]
+        assert again["micro_batch"] == 0  # a new query, not the old one's batch 2
+        assert again["type"] == "incremental" and again["items"] == 50
+        assert not os.path.exists(old[0])  # the dead run's checkpoint: removed, unread
+        mine = glob.glob(os.path.join(tempfile.gettempdir(),
+                                      f"dcptool-continuous-{run.proc.pid}-*"))
+        assert len(mine) == 1
+        assert run.interrupt() == 0, run.err
+        assert not os.path.exists(mine[0])
+        assert _spark_noise(run.err) == [], run.err
+        expected = node_documents(opts)
+    assert assert_nothing_twice(archive) == 150
+    _verify(archive)
+    _restored_equals(archive, expected, spark, tmp_path / "dst")
