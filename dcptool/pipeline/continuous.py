@@ -32,9 +32,12 @@ then, or the run stops), so
   committed end position and nothing else;
 - when the node does not move Spark runs no micro-batch, and nothing is written.
 
-The driver thread waits on the query and does what has no micro-batch, serialised with
-the batch function by a lock: every interval without a batch it looks at the node (an
-idle checkpoint: the status file, the watermark renewed every WATERMARK_RENEW, rotation
+The query starts in a thread of its own (Spark starts the source's Python planner and
+runner processes: seconds on a small machine); until it ran its first micro-batch the
+driver checkpoints at each interval as a batch does, so the first checkpoint does not wait
+for it. The driver thread waits on the query and does what has no micro-batch,
+serialised with the batch function by a lock: every interval without a batch it looks at
+the node (an idle checkpoint: the status file, the watermark renewed every WATERMARK_RENEW, rotation
 on age, a retry after a failure); a node that moved is left to the next micro-batch
 (should none come for MOVED_TICKS looks, the driver checkpoints it itself). On Ctrl-C or
 SIGTERM (or --stop-after) it lets a running batch finish, stops the query, and runs the
@@ -560,13 +563,15 @@ class ContinuousBackup:
         self._streak = 0
         # the driver's next look at the node (an idle checkpoint) unless a micro-batch
         # checkpoints first; the first micro-batch runs as the query starts
-        self._due = time.monotonic() + min(o.checkpoint, 1.0)
+        # the driver's next checkpoint unless a micro-batch checkpoints first: at once (the
+        # query takes seconds to start)
+        self._due = time.monotonic()
         self._moved_ticks = 0
         self.write_status("running")
         end = None if o.stop_after is None else time.monotonic() + o.stop_after
         self.stream = CheckpointQuery(self)
         try:
-            self.stream.start()
+            self.stream.start()  # in a thread of its own
             while True:
                 if self._fatal is not None:
                     raise self._fatal
@@ -594,17 +599,21 @@ class ContinuousBackup:
         return self.summary()
 
     def _tick(self) -> None:
-        """The driver's look at the node when no micro-batch ran for an interval (Spark runs
-        none while the node's positions do not move): an idle checkpoint (status file,
-        watermark renewal, rotation on age), or a retry after a failed attempt. A node
-        that moved is left to the micro-batch the next trigger runs; should the query not
-        run one for MOVED_TICKS such looks in a row, the driver checkpoints itself (nothing
-        waits on a query that does not see the node move)."""
+        """The driver's checkpoint when no micro-batch ran for an interval. Until the query
+        ran its first micro-batch (Spark starts the source's Python processes: seconds on a
+        small machine) it is a checkpoint as a batch's, so the first one does not wait for
+        them. Then (Spark runs no batch while the node's positions do not move) it is an
+        idle checkpoint (status file, watermark renewal, rotation on age) or a retry after
+        a failed attempt; a node that moved is left to the micro-batch the next trigger
+        runs, and should the query not run one for MOVED_TICKS such looks in a row, the
+        driver checkpoints itself (nothing waits on a query that does not see the node
+        move)."""
         with self._lock:
             if self._closing or time.monotonic() < self._due:
                 return  # a micro-batch ran meanwhile
             began = time.monotonic()
-            force = self._moved_ticks >= MOVED_TICKS
+            up = self.stream.batches > 0
+            force = not up or self._moved_ticks >= MOVED_TICKS
             try:
                 rec = self.checkpoint(idle_only=not force)
             except BaseException as exc:  # noqa: BLE001 - sorted in _attempt_failed
@@ -614,7 +623,7 @@ class ContinuousBackup:
             if rec is None:
                 self._moved_ticks += 1
                 return
-            if force:
+            if up and force and rec["backup_id"]:
                 self.notice("no micro-batch took the node's changes: the driver "
                             "checkpointed them")
             self._committed(rec)
@@ -676,16 +685,15 @@ class ContinuousBackup:
             self.o.on_checkpoint(rec)
 
     def _close(self) -> None:
-        """No micro-batch checkpoints from now on (one running ends first), and the query
-        stops."""
+        """No micro-batch checkpoints from now on (one running ends first); the query is
+        stopped after the last checkpoint (its start may take a while yet)."""
         with self._lock:
             self._closing = True
-        self.stream.stop()
 
     def _last_checkpoint(self) -> None:
-        """The run's last checkpoint, after the query stopped: what the node holds now (a
-        trigger cannot be asked for before its time, so the driver runs it, with the same
-        run_backup and commit)."""
+        """The run's last checkpoint, once no micro-batch runs any more: what the node holds
+        now (a trigger cannot be asked for before its time, so the driver runs it, with the
+        same run_backup and commit); the query stops after it."""
         try:
             rec = self.checkpoint(last=True)
         except BaseException as exc:  # noqa: BLE001 - sorted below
@@ -728,8 +736,27 @@ class CheckpointQuery:
         self.query: Any = None
         self.location: str | None = None
         self.restarts = 0
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.closed = False
+        #: micro-batches the run's queries ran; when the current query started
+        self.batches = 0
+        self.started = time.monotonic()
 
     def start(self) -> None:
+        """Start the query in a thread of its own (the driver checkpoints meanwhile)."""
+        self.error = None
+        self.thread = threading.Thread(target=self._start, name="dcptool-query-start",
+                                       daemon=True)
+        self.thread.start()
+
+    def _start(self) -> None:
+        try:
+            self._start_query()
+        except BaseException as exc:  # noqa: BLE001 - check() reports it and starts again
+            self.error = exc
+
+    def _start_query(self) -> None:
         import tempfile
         from pathlib import Path
 
@@ -742,9 +769,12 @@ class CheckpointQuery:
             self.session = get_spark(cb.master)
             register(self.session)
             remove_stale_query_dirs()
+        if self.closed:
+            return
         a = cb.archive_or_none()
         ends = a.end_positions() if a is not None and a.latest_id() else {}
         self.location = tempfile.mkdtemp(prefix=f"{QUERY_DIR_PREFIX}{os.getpid()}-")
+        self.started = time.monotonic()
         reader = (self.session.readStream.format(NAME)
                   .option("positions", "true")
                   .option("connection", connection_json(cb.opts))
@@ -764,20 +794,27 @@ class CheckpointQuery:
     def _batch(self, df: Any, batch_id: int) -> None:
         try:
             self.restarts = 0
+            self.batches += 1
             self.cb.batch(lambda: [r.asDict() for r in df.collect()], int(batch_id))
         except BaseException as exc:  # noqa: BLE001 - the run stops with it, not the query
             self.cb._fatal = exc
 
     def check(self) -> None:
-        """Start the query again when it died (from the archive, as at the start)."""
-        q = self.query
-        if q is None or q.isActive:
+        """Start the query again when it died or could not start (from the archive, as at
+        the start)."""
+        if self.closed or self.thread is None or self.thread.is_alive():
             return
-        try:
-            exc = q.exception()
-        except Exception:  # noqa: BLE001 - the reason is a figure here
-            exc = None
+        q = self.query
+        if q is not None and q.isActive:
+            return
+        exc = self.error
+        if exc is None and q is not None:
+            try:
+                exc = q.exception()
+            except Exception:  # noqa: BLE001 - the reason is a figure here
+                exc = None
         why = one_line(exc) if exc is not None else "stopped"
+        self.query = None
         self._drop()
         self.restarts += 1
         if self.restarts > MAX_RESTARTS:
@@ -787,6 +824,9 @@ class CheckpointQuery:
         self.start()
 
     def stop(self) -> None:
+        self.closed = True
+        if self.thread is not None:
+            self.thread.join()  # a query being started: started, then stopped here
         q, self.query = self.query, None
         if q is not None:
             try:

@@ -117,3 +117,52 @@ def test_rollback_is_reread_and_visible(spark, tmp_path):
     for r in after:
         if r["vbucket"] in rollbacks:
             assert r["seqno"] > rollbacks[r["vbucket"]]  # re-read from the rollback point
+
+
+def test_positions_mode_batches_are_offset_ranges_from_the_start_offset(spark, tmp_path):
+    """`positions`: a micro-batch is its offset range, one row per vbucket (no items); the
+    query starts at `startOffset` without asking the node; a node that cannot be asked
+    makes latestOffset answer the start offset (no batch) instead of failing."""
+    from dcptool.pipeline.dataframes import register
+    from dcptool.pipeline.streamsource import DcpStreamReader, connection_json
+
+    register(spark)
+
+    def positions(node, start: dict, n: int) -> list:
+        df = (spark.readStream.format("dcptool-stream").option("positions", "true")
+              .option("connection", connection_json(opts_for(node)))
+              .option("startOffset", json.dumps(start)).load())
+        sink, ckpt = tmp_path / f"p{n}", tmp_path / f"c{n}"
+        q = (df.writeStream.format("parquet").option("checkpointLocation", str(ckpt))
+             .trigger(availableNow=True).start(str(sink)))
+        q.awaitTermination(120)
+        assert q.exception() is None
+        return sorted(sink_rows(spark, sink), key=lambda r: r["vbucket"])
+
+    with NodeProcess(tmp_path / "src", vbuckets=VBS) as node:
+        opts = opts_for(node)
+        with opts.connect() as conn:
+            load(conn, {f"p::{i}": {"i": i} for i in range(100)}, VBS)
+        rows = positions(node, {}, 1)
+        assert [r["vbucket"] for r in rows] == list(range(VBS))
+        assert set(rows[0].asDict()) == {"vbucket", "uuid", "start_seqno", "end_seqno", "moved"}
+        assert all(r["start_seqno"] == 0 and r["moved"] == (r["end_seqno"] > 0) for r in rows)
+        assert sum(r["end_seqno"] for r in rows) == 100
+        # from a start offset (an archive's end positions): only what moved since
+        start = {str(r["vbucket"]): {"uuid": r["uuid"], "seq": r["end_seqno"],
+                                     "ss": r["end_seqno"], "se": r["end_seqno"]} for r in rows}
+        key = "p::new"
+        vb = vbucket_of(key.encode(), VBS)
+        with opts.connect() as conn:
+            load(conn, {key: {"n": 1}}, VBS)
+        rows2 = positions(node, start, 2)
+        moved = [r for r in rows2 if r["moved"]]
+        assert [r["vbucket"] for r in moved] == [vb]
+        assert moved[0]["start_seqno"] == rows[vb]["end_seqno"]
+        assert moved[0]["end_seqno"] == rows[vb]["end_seqno"] + 1
+        assert all(r["start_seqno"] == r["end_seqno"] for r in rows2 if not r["moved"])
+        reader = DcpStreamReader({"connection": connection_json(opts), "positions": "true",
+                                  "startOffset": json.dumps(start)})
+        assert reader.initialOffset() == start
+    # the node is gone: no batch, no error
+    assert reader.latestOffset(start) == start
