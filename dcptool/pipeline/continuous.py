@@ -37,13 +37,13 @@ runner processes: seconds on a small machine); until it ran its first micro-batc
 driver checkpoints at each interval as a batch does, so the first checkpoint does not wait
 for it. The driver thread waits on the query and does what has no micro-batch,
 serialised with the batch function by a lock: every interval without a batch it looks at
-the node (an idle checkpoint: the status file, the watermark renewed every WATERMARK_RENEW, rotation
-on age, a retry after a failure); a node that moved is left to the next micro-batch
-(should none come for MOVED_TICKS looks, the driver checkpoints it itself). On Ctrl-C or
-SIGTERM (or --stop-after) it lets a running batch finish, stops the query, and runs the
-last checkpoint itself (a trigger cannot be asked for early) with the same run_backup,
-then exits 0. A query that dies (it should not: see below) is started again from the
-archive.
+the node (an idle checkpoint: the status file, the watermark renewed every
+WATERMARK_RENEW, rotation on age, a retry after a failure); a node that moved is left to
+the next micro-batch (should none come for MOVED_TICKS looks, the driver checkpoints it
+itself). On Ctrl-C or SIGTERM (or --stop-after) it lets a running batch finish, lets no
+other begin, runs the last checkpoint itself (a trigger cannot be asked for early) with
+the same run_backup, stops the query and exits 0. A query that dies (it should not: see
+below) is started again from the archive.
 
 Rotation: the checkpoints since the last rotation (the "segment") are folded into one
 ordinary backup with the merge job (`run_merge`, crash safe: a merge killed midway is
@@ -561,8 +561,6 @@ class ContinuousBackup:
         self._fatal: BaseException | None = None
         self._backoff = 0.0
         self._streak = 0
-        # the driver's next look at the node (an idle checkpoint) unless a micro-batch
-        # checkpoints first; the first micro-batch runs as the query starts
         # the driver's next checkpoint unless a micro-batch checkpoints first: at once (the
         # query takes seconds to start)
         self._due = time.monotonic()
@@ -634,7 +632,6 @@ class ContinuousBackup:
         failure: its next batch would begin past a range the archive lacks)."""
         with self._lock:
             while not self._closing and self._fatal is None:
-                began = time.monotonic()
                 try:
                     ends = {int(r["vbucket"]): int(r["end_seqno"]) for r in rows()}
                     rec = self.checkpoint(end_seqnos=ends, micro_batch=batch_id)
