@@ -386,8 +386,9 @@ class ContinuousBackup:
         m0 = time.monotonic()
         a = self._archive()
         seqnos, logs, members = self._node()
-        if end_seqnos:
-            seqnos = bounded_seqnos(seqnos, self._bounds(a, end_seqnos))
+        bounds = self._bounds(a, end_seqnos) if end_seqnos else None
+        if bounds:
+            seqnos = bounded_seqnos(seqnos, bounds)
         latest = a.latest_id() if a is not None else None
         idle = (a is not None and latest is not None and not a.partial_ids()
                 and unchanged_vbuckets(a, latest, seqnos, logs) >= set(seqnos))
@@ -399,8 +400,8 @@ class ContinuousBackup:
                                "items": 0, "rollbacks": 0, "files": 0,
                                "micro_batch": micro_batch}
         backup_kw = dict(self.o.backup)
-        if end_seqnos:
-            backup_kw["end_seqnos"] = self._bounds(a, end_seqnos)
+        if bounds:
+            backup_kw["end_seqnos"] = bounds
         # for point-in-time reads: how far apart checkpoints are, and since when the
         # checkpoints before this one, without a failure, found the node unchanged (they
         # wrote no backup) or committed what changed: an idle stretch is no gap
