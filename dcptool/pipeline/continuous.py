@@ -760,7 +760,7 @@ class CheckpointQuery:
 
         from .dataframes import register
         from .runtime import get_spark
-        from .streamsource import NAME, connection_json, offset_of
+        from .streamsource import NAME, connection_options, offset_of
 
         cb = self.cb
         if self.session is None:
@@ -775,7 +775,7 @@ class CheckpointQuery:
         self.started = time.monotonic()
         reader = (self.session.readStream.format(NAME)
                   .option("positions", "true")
-                  .option("connection", connection_json(cb.opts))
+                  .options(**connection_options(cb.opts))
                   .option("startOffset", json.dumps(offset_of(ends))))
         if cb.o.backup.get("vbuckets"):
             from dcptool.client.vbspec import format_vbuckets

@@ -37,7 +37,9 @@ at the `startOffset` option (a JSON offset; missing vbuckets at seqno 0) without
 the node, and a node that cannot be asked for its positions (restarting, unreachable)
 makes `latestOffset` answer the start offset: no batch, the query lives on and the next
 trigger asks again. The `connection` option (JSON of the connection options, TLS and
-client certificate included) replaces cluster/username/password there.
+client certificate included, secrets aside) replaces cluster/username there; the
+password (and a client key's) go in `password` (and `clientKeyPassword`), options whose
+names Spark redacts wherever it shows them.
 
 `trigger(availableNow=True)` freezes the target offsets when the query starts, drains up
 to them and stops. `maxRecordsPerBatch` bounds a micro-batch by seqno ranges (an upper
@@ -89,7 +91,8 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
 
     options = {str(k).lower(): v for k, v in options.items()}  # Spark's keys are case-insensitive
     if options.get("connection"):
-        opts = connection_from_json(options["connection"])
+        opts = connection_from_json(options["connection"], options.get("password"),
+                                    options.get("clientkeypassword"))
     else:
         cluster = options.get("cluster")
         if not cluster:
@@ -119,26 +122,35 @@ def parse_options(options: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def connection_json(opts) -> str:
-    """The `connection` option of connection options `opts` (ConnOptions)."""
+def connection_options(opts) -> dict[str, str]:
+    """The source's options for connection options `opts` (ConnOptions): `connection`, the
+    JSON of everything but the secrets, and the secrets in options of their own,
+    `password` and `clientKeyPassword`, whose names Spark's redaction
+    (`spark.redaction.regex`) hides wherever it shows a plan's or a query's options."""
     import dataclasses
     import json
 
     d = dataclasses.asdict(opts)
-    if d.get("client_key_password") is not None:
-        d["client_key_password"] = d["client_key_password"].decode("latin-1")
-    return json.dumps(d)
+    password = d.pop("password")
+    key_password = d.pop("client_key_password")
+    out = {"connection": json.dumps(d), "password": password}
+    if key_password is not None:
+        out["clientKeyPassword"] = key_password.decode("latin-1")
+    return out
 
 
-def connection_from_json(text: str):
+def connection_from_json(text: str, password: str | None = None,
+                         key_password: str | None = None):
     import json
 
     from dcptool.client.options import ConnOptions
 
     try:
         d = json.loads(text)
-        if d.get("client_key_password") is not None:
-            d["client_key_password"] = d["client_key_password"].encode("latin-1")
+        d["password"] = password if password is not None else (
+            os.environ.get("DCPTOOL_PASSWORD") or "")
+        d["client_key_password"] = (None if key_password is None
+                                    else key_password.encode("latin-1"))
         return ConnOptions(**d)
     except (ValueError, TypeError, AttributeError) as exc:
         raise UsageError(f"dcptool-stream: option connection: {exc}") from None

@@ -122,16 +122,20 @@ def test_rollback_is_reread_and_visible(spark, tmp_path):
 def test_positions_mode_batches_are_offset_ranges_from_the_start_offset(spark, tmp_path):
     """`positions`: a micro-batch is its offset range, one row per vbucket (no items); the
     query starts at `startOffset` without asking the node; a node that cannot be asked
-    makes latestOffset answer the start offset (no batch) instead of failing."""
+    makes latestOffset answer the start offset (no batch) instead of failing; the password
+    is not in the `connection` option nor in the plan Spark shows."""
     from dcptool.pipeline.dataframes import register
-    from dcptool.pipeline.streamsource import DcpStreamReader, connection_json
+    from dcptool.pipeline.streamsource import DcpStreamReader, connection_options
 
     register(spark)
 
     def positions(node, start: dict, n: int) -> list:
         df = (spark.readStream.format("dcptool-stream").option("positions", "true")
-              .option("connection", connection_json(opts_for(node)))
+              .options(**connection_options(opts_for(node)))
               .option("startOffset", json.dumps(start)).load())
+        # the password rides in an option of its own, which Spark redacts in what it shows
+        assert "password" not in json.loads(connection_options(opts_for(node))["connection"])
+        assert "password=*********(redacted)" in df._jdf.queryExecution().toString()
         sink, ckpt = tmp_path / f"p{n}", tmp_path / f"c{n}"
         q = (df.writeStream.format("parquet").option("checkpointLocation", str(ckpt))
              .trigger(availableNow=True).start(str(sink)))
@@ -161,7 +165,7 @@ def test_positions_mode_batches_are_offset_ranges_from_the_start_offset(spark, t
         assert moved[0]["start_seqno"] == rows[vb]["end_seqno"]
         assert moved[0]["end_seqno"] == rows[vb]["end_seqno"] + 1
         assert all(r["start_seqno"] == r["end_seqno"] for r in rows2 if not r["moved"])
-        reader = DcpStreamReader({"connection": connection_json(opts), "positions": "true",
+        reader = DcpStreamReader({**connection_options(opts), "positions": "true",
                                   "startOffset": json.dumps(start)})
         assert reader.initialOffset() == start
     # the node is gone: no batch, no error
