@@ -97,6 +97,7 @@ def _child(req: dict, fds: list[int], close: list) -> None:
         sys.stderr = sys.__stderr__ = _stream(2, True, sys.__stderr__ or sys.stderr)
         import runpy
 
+        _as_a_fresh_process_registers(req["args"])
         main = Path(sys.modules["dcptool"].__file__).parent / "__main__.py"
         sys.argv = [str(main), *req["args"]]
         try:
@@ -135,14 +136,59 @@ def _child(req: dict, fds: list[int], close: list) -> None:
         os._exit(code & 0xFF if code >= 0 else 1)
 
 
+def _as_a_fresh_process_registers(args: list[str]) -> None:
+    """(In the child.) The zygote imported every command's module, so every command is
+    registered on the app, and typer would build all of them (some 160, 0.2 s of CPU) for
+    each command line. A fresh `python -m dcptool CMD` registers CMD's module alone (the
+    command line imports its command only): keep those, as it would have them. Help,
+    completion and unknown names keep them all, as a fresh process registers them all."""
+    from dcptool.cli import app as cli_app
+
+    name = cli_app.command_named(list(args))
+    if name is None:
+        return
+    module = f"dcptool.cli.{cli_app.COMMAND_MODULES[name]}"
+
+    def mine(info) -> bool:
+        group = getattr(info, "typer_instance", None)
+        fn = group.registered_commands[0].callback if group is not None else info.callback
+        return fn.__module__ == module
+
+    cli_app.app.registered_commands[:] = [i for i in cli_app.app.registered_commands if mine(i)]
+    cli_app.app.registered_groups[:] = [i for i in cli_app.app.registered_groups if mine(i)]
+
+
+def _warm_up() -> None:
+    """What every child would otherwise import (or build) for itself, done once here: all
+    of dcptool's commands, the node's REST side (aiohttp, 0.15 s of CPU per node), and the
+    parts typer imports while it builds and parses a command line."""
+    import importlib
+    import runpy  # noqa: F401 - how the child runs dcptool/__main__.py
+
+    import dcptool  # noqa: F401
+    import dcptool.cli.app
+
+    for name in ("dcptool.node.server", "dcptool.node.rest", "dcptool.node.restbuckets",
+                 "dcptool.node.bucketshare", "dcptool.node.loginguard",
+                 "dcptool.node.configpush", "dcptool.pipeline.runtime", "dcptool.runlog",
+                 "dcptool.client.routing", "dcptool.client.watermark", "logging.handlers",
+                 "zoneinfo", "sysconfig", "typer._adapters", "rich._emoji_codes"):
+        importlib.import_module(name)
+
+    dcptool.cli.app.register()  # every command's module
+    import typer.main
+
+    typer.main.get_command(dcptool.cli.app.app)  # typer's lazy imports (the tree is dropped)
+    import typer._click.decorators  # noqa: F401
+    from pydantic.plugin import _loader
+
+    _loader.get_plugins()  # pydantic reads every installed distribution's entry points once
+
+
 def serve(path: str) -> None:
     """The zygote: import dcptool once, then fork a command for each request on the Unix
     socket at `path` and report its exit status on the request's connection."""
-    import dcptool  # noqa: F401
-    import dcptool.cli.app
-    import dcptool.node.server  # noqa: F401
-
-    dcptool.cli.app.register()  # every command's module
+    _warm_up()
 
     parent = os.getppid()
     lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
