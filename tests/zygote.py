@@ -172,7 +172,18 @@ def _warm_up() -> None:
                  "dcptool.node.bucketshare", "dcptool.node.loginguard",
                  "dcptool.node.configpush", "dcptool.pipeline.runtime", "dcptool.runlog",
                  "dcptool.client.routing", "dcptool.client.watermark", "logging.handlers",
-                 "zoneinfo", "sysconfig", "typer._adapters", "rich._emoji_codes"):
+                 "zoneinfo", "sysconfig", "typer._adapters", "rich._emoji_codes",
+                 # what archive commands import as they go (a cluster archive, a chain's
+                 # plan, point-in-time rules), and the pure-Python half of starting Spark
+                 # (no native library that starts threads at import: a fork keeps none)
+                 "dcptool.archive.cluster", "dcptool.archive.clusterread",
+                 "dcptool.cli.clusterarchive", "dcptool.archive.merging",
+                 "dcptool.archive.packing", "dcptool.archive.retention",
+                 "dcptool.archive.pointintime", "dcptool.cli.timeline",
+                 "dcptool.pipeline.tasks", "dcptool.pipeline.plans",
+                 "dcptool.pipeline.nodeinfo", "dcptool.pipeline.continuous",
+                 "dcptool.pipeline.backup", "dcptool.pipeline.engine", "_strptime",
+                 "cloudpickle", "py4j.java_gateway", "pyspark"):
         importlib.import_module(name)
 
     dcptool.cli.app.register()  # every command's module
