@@ -97,7 +97,6 @@ def _child(req: dict, fds: list[int], close: list) -> None:
         sys.stderr = sys.__stderr__ = _stream(2, True, sys.__stderr__ or sys.stderr)
         import runpy
 
-        _as_a_fresh_process_registers(req["args"])
         main = Path(sys.modules["dcptool"].__file__).parent / "__main__.py"
         sys.argv = [str(main), *req["args"]]
         try:
@@ -134,28 +133,6 @@ def _child(req: dict, fds: list[int], close: list) -> None:
                 pass
     finally:
         os._exit(code & 0xFF if code >= 0 else 1)
-
-
-def _as_a_fresh_process_registers(args: list[str]) -> None:
-    """(In the child.) The zygote imported every command's module, so every command is
-    registered on the app, and typer would build all of them (some 160, 0.2 s of CPU) for
-    each command line. A fresh `python -m dcptool CMD` registers CMD's module alone (the
-    command line imports its command only): keep those, as it would have them. Help,
-    completion and unknown names keep them all, as a fresh process registers them all."""
-    from dcptool.cli import app as cli_app
-
-    name = cli_app.command_named(list(args))
-    if name is None:
-        return
-    module = f"dcptool.cli.{cli_app.COMMAND_MODULES[name]}"
-
-    def mine(info) -> bool:
-        group = getattr(info, "typer_instance", None)
-        fn = group.registered_commands[0].callback if group is not None else info.callback
-        return fn.__module__ == module
-
-    cli_app.app.registered_commands[:] = [i for i in cli_app.app.registered_commands if mine(i)]
-    cli_app.app.registered_groups[:] = [i for i in cli_app.app.registered_groups if mine(i)]
 
 
 def _warm_up() -> None:
