@@ -50,6 +50,7 @@ FAST_OPCODES = frozenset({_SET, _SETQ, _SET_WITH_META, _SETQ_WITH_META, _DEL_WIT
                           _DELQ_WITH_META})
 _WITH_META = frozenset({_SET_WITH_META, _SETQ_WITH_META, _DEL_WITH_META, _DELQ_WITH_META})
 _DELETIONS = frozenset({_DEL_WITH_META, _DELQ_WITH_META})
+_META_SETS = frozenset({_SET_WITH_META, _SETQ_WITH_META})
 _QUIET = frozenset({_SETQ, _SETQ_WITH_META, _DELQ_WITH_META})
 
 _JSON = w.DT_JSON
@@ -60,6 +61,10 @@ _FAST_OPTIONS = _SKIP_CR | _IS_EXPIRATION
 _KEY_EEXISTS = int(Status.KEY_EEXISTS)
 _EINTERNAL = int(Status.EINTERNAL)
 MAX_KEY = 250
+#: the first copy of a run's bytes (or its first frame, if larger), and the largest: each
+#: copy is 4x the one before
+_FIRST_CHUNK = 4096
+_MAX_CHUNK = 1 << 20
 MAX_VALUE = 20 * 1024 * 1024
 
 
@@ -86,6 +91,13 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
     now = time.time()
     req = _REQ
     rsp = _RES
+    # keys and values are sliced from a bytes copy of the buffer (one memcpy a chunk; a
+    # bytes slice costs about half a memoryview's slice copied): `data` holds buf[lo:hi],
+    # copied as the run reaches it, in chunks that grow while the run goes on (a run of
+    # one frame before other commands copies little)
+    data = b""
+    lo = hi = 0
+    chunk = _FIRST_CHUNK
     with memoryview(buf) as mv:
         while n - off >= 24:
             magic, op, klen, elen, dt, vbid, blen, opaque, cas = _HEADER(buf, off)
@@ -99,6 +111,12 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
             kend = ks + klen
             if kend > end:
                 break
+            if end > hi:
+                lo = off
+                hi = min(n, max(end, off + chunk))
+                data = bytes(mv[lo:hi])
+                if chunk < _MAX_CHUNK:
+                    chunk <<= 2
             if collections:
                 b = buf[ks]
                 if b:
@@ -113,22 +131,47 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
                     break
                 else:
                     ttl = 0
-                key = bytes(mv[ks:kend])
+                key = data[ks - lo:kend - lo]
             else:
                 if klen > MAX_KEY:
                     break
                 ttl = 0
-                key = b"\x00" + mv[ks:kend]
+                key = b"\x00" + data[ks - lo:kend - lo]
             if op in _WITH_META:
                 if not meta_ok:
                     break
                 vb = vbuckets.get(vbid)
-                got = _with_meta(conn, vb, buf, mv, p, kend, end, op, elen, dt, key, now)
+                if elen == 24 and op in _META_SETS and not dt & ~_JSON and vb is not None \
+                        and vb.state == _ACTIVE:
+                    # the restore's common case, inline: a SET(Q)_WITH_META without options
+                    # (what `_with_meta` does with it, without the call)
+                    flags, expiry, rev, meta_cas = _META(buf, p)
+                    if not meta_cas:
+                        break
+                    value = data[kend - lo:end - lo]
+                    try:
+                        if vb.find(key) is None:
+                            if meta_cas > vb.max_cas:
+                                vb.max_cas = meta_cas
+                            got = vb._commit(Item(key, value, 0, rev, meta_cas, flags, expiry,
+                                                  dt))
+                        else:  # a stored version: full conflict resolution
+                            res = vb.store_with_meta(
+                                key, value, flags=flags, expiry=expiry, rev=rev,
+                                meta_cas=meta_cas, datatype=dt, options=0, deletion=False,
+                                now=now)
+                            got = res.status or res.item
+                    except Exception:
+                        log.exception("%s: command 0x%02x failed", conn.peer, op)
+                        got = _EINTERNAL
+                else:
+                    got = _with_meta(conn, vb, buf, data, lo, p, kend, end, op, elen, dt, key,
+                                     now)
             elif op == _SET or op == _SETQ:
                 if not set_ok or ttl:
                     break
                 vb = vbuckets.get(vbid)
-                got = _set(conn, vb, buf, mv, p, kend, end, op, elen, dt, key)
+                got = _set(conn, vb, buf, data, lo, p, kend, end, op, elen, dt, key)
             else:
                 break
             if got is None:
@@ -156,10 +199,11 @@ def take_writes(conn, buf: bytearray, max_body: int) -> int:
     return off
 
 
-def _with_meta(conn, vb, buf, mv, p: int, kend: int, end: int, op: int, elen: int, dt: int,
-               key: bytes, now: float):
+def _with_meta(conn, vb, buf, data: bytes, lo: int, p: int, kend: int, end: int, op: int,
+               elen: int, dt: int, key: bytes, now: float):
     """Store one SET/DEL(Q)_WITH_META whose header and key `take_writes` checked: the new
-    Item, a status to answer, or None when the request is not for the fast path."""
+    Item, a status to answer, or None when the request is not for the fast path. `data`
+    holds `buf` from offset `lo` on (the key's and value's bytes at least)."""
     if dt & ~_JSON:
         return None
     if elen == 24:
@@ -177,7 +221,7 @@ def _with_meta(conn, vb, buf, mv, p: int, kend: int, end: int, op: int, elen: in
         return None
     if vb is None or vb.state != _ACTIVE:
         return None
-    value = bytes(mv[kend:end])
+    value = data[kend - lo:end - lo]
     try:
         old = vb.find(key)
         if old is not None and not options & _SKIP_CR:
@@ -199,8 +243,8 @@ def _with_meta(conn, vb, buf, mv, p: int, kend: int, end: int, op: int, elen: in
         return _EINTERNAL
 
 
-def _set(conn, vb, buf, mv, p: int, kend: int, end: int, op: int, elen: int, dt: int,
-         key: bytes):
+def _set(conn, vb, buf, data: bytes, lo: int, p: int, kend: int, end: int, op: int,
+         elen: int, dt: int, key: bytes):
     """Store one plain SET/SETQ whose header and key `take_writes` checked: the new Item,
     a status to answer, or None when the request is not for the fast path."""
     if elen != 8 or end - kend > MAX_VALUE:
@@ -220,7 +264,7 @@ def _set(conn, vb, buf, mv, p: int, kend: int, end: int, op: int, elen: int, dt:
     old = vb.find(key)
     if old is not None and old.op == ITEM_MUTATION and old.expiry:
         return None  # may have expired: the generic path turns it into a tombstone
-    value = bytes(mv[kend:end])
+    value = data[kend - lo:end - lo]
     try:
         return vb._commit(Item(key, value, 0, old.rev + 1 if old is not None else 1,
                                vb.next_cas(), flags, 0, dt))

@@ -209,7 +209,17 @@ class VBucket:
         else:
             self.default_high = seqno
         self._put(item)
-        return self._queue(item)
+        # the rest, in both eviction modes: the open checkpoint (streams read it), the
+        # flusher's queue, the expiry heap, the idle streams' wake-ups
+        self.checkpoints.queue(item)
+        self._dirty.append((self.id, item))
+        if item.expiry and item.op == ITEM_MUTATION:
+            heapq.heappush(self._expiry_heap, (item.expiry, self.id, item.key, seqno))
+        if self.waiters:
+            waiters, self.waiters = self.waiters, []
+            for w in waiters:
+                w()
+        return item
 
     def install(self, item: Item) -> None:
         """Make `item` (seqno already set: a replica applying what its active sent) its
@@ -323,19 +333,6 @@ class VBucket:
         self.other_high = other
         self.coll_high = highs
         self.coll_seqnos_built = True
-
-    def _queue(self, item: Item) -> Item:
-        """The rest of a commit, in both eviction modes: the open checkpoint (streams read
-        it), the flusher's queue, the expiry heap, the idle streams' wake-ups."""
-        self.checkpoints.queue(item)
-        self._dirty.append((self.id, item))
-        if item.expiry and item.op == ITEM_MUTATION:
-            heapq.heappush(self._expiry_heap, (item.expiry, self.id, item.key, item.seqno))
-        if self.waiters:
-            waiters, self.waiters = self.waiters, []
-            for w in waiters:
-                w()
-        return item
 
     def _install_value(self, item: Item) -> None:
         items = self.items
