@@ -35,6 +35,7 @@ if str(REPO) not in sys.path:  # after PYTHONPATH: another tree's dcptool may be
 
 import dcptool  # noqa: E402
 from benchmarks import docs  # noqa: E402
+from benchmarks.results import print_and_keep  # noqa: E402
 from dcptool.node.access import Privilege  # noqa: E402
 from dcptool.node.bucket import Bucket  # noqa: E402
 from dcptool.node.ingest import take_writes  # noqa: E402
@@ -164,10 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", dest="json_out", default=None)
     a = ap.parse_args(argv)
     res = run(a.n, a.rounds, a.key_order)
-    print(json.dumps(res, indent=1))
-    if a.json_out:
-        Path(a.json_out).write_text(json.dumps(res, indent=2) + "\n")
-    return res
+    return print_and_keep(res, a.json_out)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ machine's other load disturbs less than the wall clock.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import secrets
@@ -44,6 +43,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
 from benchmarks import docs, node_ingest  # noqa: E402
+from benchmarks.results import print_and_keep  # noqa: E402
 from benchmarks.backup_restore import set_documents  # noqa: E402
 from dcptool.client.options import ConnOptions  # noqa: E402
 from dcptool.protocol import encode_frame, vbucket_of  # noqa: E402
@@ -315,10 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     res = run(a.n, a.rounds, cluster=a.cluster, archive=a.archive, partitions=a.partitions,
               work_dir=a.dir)
-    print(json.dumps(res, indent=1))
-    if a.json_out:
-        Path(a.json_out).write_text(json.dumps(res, indent=2) + "\n")
-    return res
+    return print_and_keep(res, a.json_out)
 
 
 if __name__ == "__main__":
